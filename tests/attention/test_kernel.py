@@ -1,0 +1,134 @@
+"""ELU and ReLU kernel attention: the Σ-form against the explicit N×N weights, masks, and the module contract."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from timm.layers import Attention
+
+from vitconvert.attention.kernel import (
+    EluAttention,
+    ReluAttention,
+    elu_feature,
+    kernel_attention,
+    kernel_attention_reference,
+    relu_feature,
+)
+
+VARIANTS = [EluAttention, ReluAttention]
+VARIANT_IDS = ["elu", "relu"]
+TOKENS = [1, 5, 17, 50]
+
+
+def make_module(cls, num_prefix: int = 1, grid=(4, 4), dim: int = 8, heads: int = 2):
+    torch.manual_seed(0)
+    return cls.from_softmax(Attention(dim=dim, num_heads=heads, qkv_bias=True),
+                            num_prefix_tokens=num_prefix, grid_size=grid).double()
+
+
+def random_tensors(*shapes, dtype=torch.float64, seed: int = 1) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=gen, dtype=dtype) for s in shapes]
+
+
+def random_mask(batch: int, tokens: int) -> torch.Tensor:
+    """Random (B, N) key validity, with every batch item keeping at least its first token."""
+    gen = torch.Generator().manual_seed(2)
+    mask = torch.rand(batch, tokens, generator=gen) > 0.3
+    mask[:, 0] = True
+    return mask
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("cls", VARIANTS, ids=VARIANT_IDS)
+def test_mix_matches_reference_with_gradients(cls, tokens, masked):
+    mod = make_module(cls)
+    shape = (2, mod.num_heads, tokens, mod.head_dim)
+    q, k, v, upstream = random_tensors(shape, shape, shape, shape)
+    key_valid = random_mask(2, tokens) if masked else None
+    results = []
+    for mixer in (mod.mix, mod.reference):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = mixer(*inputs, key_valid, None)
+        results.append((out, torch.autograd.grad((out * upstream).sum(), inputs)))
+    (fast, fast_grads), (slow, slow_grads) = results
+    torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+    for name, g_fast, g_slow in zip("qkv", fast_grads, slow_grads, strict=True):
+        torch.testing.assert_close(g_fast, g_slow, atol=1e-10, rtol=0, msg=f"grad of {name}")
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+@pytest.mark.parametrize("cls", VARIANTS, ids=VARIANT_IDS)
+def test_forward_matches_reference(cls, masked):
+    mod = make_module(cls)
+    (x,) = random_tensors((2, 17, mod.dim))
+    attn_mask = random_mask(2, 17)[:, None, None, :] if masked else None
+    torch.testing.assert_close(mod(x, attn_mask=attn_mask), mod(x, attn_mask=attn_mask, use_reference=True),
+                               atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("feature", [elu_feature, relu_feature], ids=VARIANT_IDS)
+def test_output_is_a_normalised_average_of_values(feature):
+    """Rows of the explicit weights are non-negative and sum to one (ε = 0): constant V passes unchanged."""
+    q, k = (t.abs() for t in random_tensors((2, 2, 9, 4), (2, 2, 9, 4)))  # no all-zero ReLU rows
+    v = torch.ones(2, 2, 9, 4, dtype=torch.float64)
+    out = kernel_attention_reference(feature(q), feature(k), v, None, eps=0.0)
+    assert (feature(q) >= 0).all() and (feature(k) >= 0).all()
+    torch.testing.assert_close(out, v, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("feature", [elu_feature, relu_feature], ids=VARIANT_IDS)
+def test_masked_keys_equal_dropping_them(feature):
+    q, k, v = random_tensors(*[(1, 2, 9, 4)] * 3)
+    key_valid = random_mask(1, 9)
+    keep = key_valid[0]
+    masked = kernel_attention(feature(q), feature(k), v, key_valid, eps=1e-6)
+    dropped = kernel_attention(feature(q), feature(k[:, :, keep]), v[:, :, keep], None, eps=1e-6)
+    torch.testing.assert_close(masked, dropped, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("cls", VARIANTS, ids=VARIANT_IDS)
+def test_masked_tokens_do_not_reach_valid_outputs(cls):
+    mod = make_module(cls)
+    x, noise = random_tensors((2, 17, mod.dim), (2, 17, mod.dim))
+    valid = random_mask(2, 17)
+    attn_mask = valid[:, None, None, :]
+    out = mod(x, attn_mask=attn_mask)
+    changed = mod(torch.where(valid[..., None], x, x + 10 * noise), attn_mask=attn_mask)
+    torch.testing.assert_close(out[valid], changed[valid], atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("all_zero", ["queries", "keys"])
+def test_relu_with_all_zero_features_stays_finite(all_zero):
+    """Negative queries (or keys) have zero ReLU features: ε keeps 0/0 away, output and gradients are 0."""
+    mod = make_module(ReluAttention)
+    q, k, v = (t.requires_grad_() for t in random_tensors(*[(2, 2, 9, 4)] * 3))
+    for mixer in (mod.mix, mod.reference):
+        q_in = -q.abs() if all_zero == "queries" else q
+        k_in = -k.abs() if all_zero == "keys" else k
+        out = mixer(q_in, k_in, v, None, None)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        assert torch.isfinite(out).all() and (out == 0).all()
+        assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("cls", VARIANTS, ids=VARIANT_IDS)
+def test_state_dict_names_match_softmax(cls):
+    src = Attention(dim=64, num_heads=4, qkv_bias=True)
+    new = cls.from_softmax(src, num_prefix_tokens=1, grid_size=(4, 4))
+    assert new.extra_parameter_names() == []
+    assert sorted(new.state_dict()) == sorted(src.state_dict())
+    for name, value in src.state_dict().items():
+        assert torch.equal(new.state_dict()[name], value), name
+    assert new.options == {"eps": 1e-6}
+
+
+@pytest.mark.parametrize("cls", VARIANTS, ids=VARIANT_IDS)
+def test_bf16_is_finite_and_close_to_float32(cls):
+    mod = make_module(cls).float()
+    low = [t.bfloat16() for t in random_tensors(*[(2, 2, 17, 4)] * 3, dtype=torch.float32)]
+    out = mod.mix(*low, None, None)
+    exact = mod.mix(*[t.float() for t in low], None, None)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), exact, atol=2e-2, rtol=2e-2)

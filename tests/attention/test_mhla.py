@@ -1,0 +1,223 @@
+"""MHLA attention: blocked fast form against the explicit N×N oracle, the distance init, the module contract."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from timm.layers import Attention
+
+from vitconvert.attention.kernel import kernel_attention_reference
+from vitconvert.attention.mhla import (
+    MHLAttention,
+    block_layout,
+    distance_weights,
+    reference_block_of,
+    resolve_block_counts,
+)
+
+EXTRA = ["block_mix", "input_norm.weight", "input_norm.bias", "q_rmsnorm.weight", "k_rmsnorm.weight",
+         "lepe.weight", "lepe.bias"]
+
+
+def make_module(num_prefix: int, grid, dim: int = 8, heads: int = 2, **options) -> MHLAttention:
+    """A float64 MHLA module whose extra parameters are random, so that each of them matters."""
+    torch.manual_seed(0)
+    src = Attention(dim=dim, num_heads=heads, qkv_bias=True)
+    mod = MHLAttention.from_softmax(src, num_prefix_tokens=num_prefix, grid_size=grid, **options).double()
+    with torch.no_grad():
+        mod.block_mix.uniform_(0.1, 1.0)
+        for name, p in mod.named_parameters():
+            if name in ("lepe.weight", "lepe.bias", "q_rmsnorm.weight", "k_rmsnorm.weight"):
+                p.normal_(std=0.5).add_(1.0 if "rmsnorm" in name else 0.0)
+    return mod
+
+
+def random_qkv(batch: int, heads: int, tokens: int, head_dim: int, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randn(batch, heads, tokens, head_dim, generator=gen, dtype=dtype) for _ in range(3)]
+
+
+def random_mask(batch: int, tokens: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(2)
+    mask = torch.rand(batch, tokens, generator=gen) > 0.3
+    mask[:, 0] = True
+    return mask
+
+
+# (grid, blocks_per_side, prefix): divisible, uneven, rectangular, more blocks than rows, one block, no grid.
+CASES = [((2, 2), 2, 0), ((4, 4), 2, 1), ((6, 6), 2, 5), ((6, 6), 4, 1), ((5, 7), 2, 0), ((5, 7), [3, 2], 5),
+         ((2, 3), 3, 1), ((14, 14), None, 1), ((4, 4), 1, 1), (None, 2, 1), (None, None, 0)]
+
+
+@pytest.mark.parametrize("grid,blocks,num_prefix", CASES)
+@pytest.mark.parametrize("masked", [False, True])
+def test_mix_matches_reference(grid, blocks, num_prefix, masked):
+    mod = make_module(num_prefix, grid, blocks_per_side=blocks)
+    tokens = num_prefix + (grid[0] * grid[1] if grid else 6)
+    q, k, v = random_qkv(2, mod.num_heads, tokens, mod.head_dim)
+    key_valid = random_mask(2, tokens) if masked else None
+    fast = mod.mix(q, k, v, key_valid, grid)
+    slow = mod.reference(q, k, v, key_valid, grid)
+    assert fast.shape == q.shape
+    torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("options", [{}, {"qk_rmsnorm": False, "lepe_kernel": 3}, {"lepe_kernel": 0}])
+def test_mix_matches_reference_with_options(options):
+    mod = make_module(1, (4, 4), blocks_per_side=2, **options)
+    q, k, v = random_qkv(2, mod.num_heads, 17, mod.head_dim)
+    torch.testing.assert_close(mod.mix(q, k, v, None, (4, 4)), mod.reference(q, k, v, None, (4, 4)),
+                               atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("grid,blocks,num_prefix", [((4, 4), 2, 1), ((5, 7), 2, 5), ((2, 2), 2, 0)])
+def test_gradients_match_reference(grid, blocks, num_prefix):
+    mod = make_module(num_prefix, grid, blocks_per_side=blocks)
+    tokens = num_prefix + grid[0] * grid[1]
+    q, k, v = (t.requires_grad_() for t in random_qkv(2, mod.num_heads, tokens, mod.head_dim))
+    key_valid = random_mask(2, tokens)
+    params = [mod.block_mix, mod.lepe.weight, mod.lepe.bias, mod.q_rmsnorm.weight, mod.k_rmsnorm.weight]
+    probe = torch.randn_like(q)
+    grads = []
+    for mixer in (mod.mix, mod.reference):
+        out = mixer(q, k, v, key_valid, grid)
+        grads.append(torch.autograd.grad((out * probe).sum(), [q, k, v, *params]))
+    for fast, slow in zip(*grads, strict=True):
+        assert fast.abs().max() > 0
+        torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+
+
+def test_invalid_tokens_do_not_reach_valid_outputs():
+    mod = make_module(1, (4, 4), blocks_per_side=2)
+    q, k, v = random_qkv(2, mod.num_heads, 17, mod.head_dim)
+    key_valid = random_mask(2, 17)
+    before = mod.mix(q, k, v, key_valid, (4, 4))
+    noise = (~key_valid)[:, None, :, None] * 100.0
+    after = mod.mix(q + noise, k - noise, v + noise, key_valid, (4, 4))
+    keep = key_valid[:, None, :, None].expand_as(before)
+    torch.testing.assert_close(after[keep], before[keep], atol=1e-10, rtol=0)
+
+
+def test_no_grid_is_relu_kernel_attention():
+    mod = make_module(1, None, qk_rmsnorm=False)
+    q, k, v = random_qkv(2, mod.num_heads, 7, mod.head_dim)
+    expected = kernel_attention_reference(q.relu() + 1e-6, k.relu() + 1e-6, v, None, 1e-6)
+    torch.testing.assert_close(mod.mix(q, k, v, None, None), expected, atol=1e-12, rtol=0)
+
+
+def test_blocks_only_see_their_mixture():
+    """With W = I and no prefix, a query's output depends on its own block's keys only."""
+    mod = make_module(0, (4, 4), blocks_per_side=2, lepe_kernel=0)
+    with torch.no_grad():
+        mod.block_mix.copy_(torch.eye(4))
+    q, k, v = random_qkv(1, mod.num_heads, 16, mod.head_dim)
+    block_of = torch.tensor(reference_block_of((4, 4), (2, 2)))
+    before = mod.mix(q, k, v, None, (4, 4))
+    v2 = v.clone()
+    v2[:, :, block_of == 3] += 10.0
+    after = mod.mix(q, k, v2, None, (4, 4))
+    same = (block_of != 3)[None, None, :, None].expand_as(before)
+    torch.testing.assert_close(after[same], before[same])
+    assert not torch.allclose(after[~same], before[~same])
+
+
+def test_distance_init_for_two_by_two_blocks():
+    w = distance_weights((2, 2), "cos")
+    near, far = math.cos(math.pi / 4 / math.sqrt(2)), math.cos(math.pi / 4)
+    column = torch.tensor([1.0, near, near, far], dtype=torch.float64) / (1 + 2 * near + far)
+    torch.testing.assert_close(w[:, 0], column)
+    torch.testing.assert_close(w, w.T)
+
+
+@pytest.mark.parametrize("counts", [(1, 1), (2, 2), (3, 3), (2, 4)])
+@pytest.mark.parametrize("transform", ["cos", "linear", "exp", "local"])
+def test_distance_init_shape(counts, transform):
+    w = distance_weights(counts, transform)
+    m = counts[0] * counts[1]
+    assert w.shape == (m, m) and (w >= 0).all()
+    torch.testing.assert_close(w.sum(dim=0), torch.ones(m, dtype=w.dtype))
+    assert (w.diagonal() >= w.max(dim=0).values).all()  # each block keeps the largest share of its state
+    unnormalised = w * (1 / w.diagonal())[None, :]  # diagonal of the raw transform is f(0) = 1
+    torch.testing.assert_close(unnormalised, unnormalised.T)
+
+
+def test_block_counts_and_uneven_blocks():
+    assert resolve_block_counts((14, 14), None, 7) == (2, 2)
+    assert resolve_block_counts((24, 16), None, 7) == (3, 2)
+    assert resolve_block_counts((4, 4), None, 7) == (1, 1)
+    assert resolve_block_counts(None, None, 7) == (1, 1)
+    assert resolve_block_counts(None, [2, 3], 7) == (2, 3)
+    sizes = torch.bincount(torch.tensor(reference_block_of((5, 7), (2, 2))))
+    assert sizes.tolist() == [12, 9, 8, 6]  # rows 3+2, columns 4+3
+    gather, slot, length = block_layout((5, 7), (2, 2), torch.device("cpu"))
+    assert length == 12 and torch.equal(gather[slot], torch.arange(35))
+
+
+def softmax_source(dim: int = 64) -> Attention:
+    torch.manual_seed(0)
+    return Attention(dim=dim, num_heads=4, qkv_bias=True)
+
+
+def test_forward_matches_reference_forward_on_other_grids():
+    src = softmax_source()
+    mod = MHLAttention.from_softmax(src, num_prefix_tokens=1, grid_size=(4, 4), blocks_per_side=2).double()
+    mask = torch.ones(2, 1, 1, 17, dtype=torch.bool)
+    mask[1, ..., 9:] = False
+    for tokens, attn_mask in ((17, None), (17, mask), (37, None)):  # 37: a 6×6 grid, same 2×2 blocks
+        x = torch.randn(2, tokens, 64, dtype=torch.float64)
+        fast = mod(x, attn_mask=attn_mask)
+        slow = mod(x, attn_mask=attn_mask, use_reference=True)
+        assert fast.shape == x.shape
+        torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+
+
+def test_parameters_extra_and_matched():
+    src = softmax_source()
+    mod = MHLAttention.from_softmax(src, num_prefix_tokens=1, grid_size=(14, 14))
+    assert sorted(mod.extra_parameter_names()) == sorted(EXTRA)
+    assert mod.block_mix.shape == (4, 4) and mod.lepe.weight.shape == (64, 1, 5, 5)
+    torch.testing.assert_close(mod.block_mix, distance_weights((2, 2)).float())
+    new_state = mod.state_dict()
+    for name, value in src.state_dict().items():
+        assert torch.equal(new_state[name], value), name
+    bare = MHLAttention.from_softmax(src, grid_size=(14, 14), qk_rmsnorm=False, input_norm=False, lepe_kernel=0)
+    assert bare.extra_parameter_names() == ["block_mix"]
+
+
+def test_default_options_are_json_and_validated():
+    opts = json.loads(json.dumps(MHLAttention.default_options))
+    assert opts == MHLAttention.default_options and opts["transform"] == "cos" and opts["eps"] == 1e-6
+    with pytest.raises(ValueError, match="window"):
+        MHLAttention.from_softmax(softmax_source(), window=4)
+    with pytest.raises(ValueError, match="transform"):
+        MHLAttention.from_softmax(softmax_source(), transform="gaussian")
+    with pytest.raises(ValueError, match="lepe_kernel"):
+        MHLAttention.from_softmax(softmax_source(), lepe_kernel=4)
+
+
+def test_reset_extra_parameters_reinitialises():
+    mod = MHLAttention.from_softmax(softmax_source(), num_prefix_tokens=1, grid_size=(14, 14))
+    with torch.no_grad():
+        for p in mod.parameters():
+            p.zero_()
+    mod.reset_extra_parameters()
+    for name, p in mod.named_parameters():
+        assert (p.abs().sum() > 0) == (name in EXTRA and name != "input_norm.bias"), name
+    assert torch.equal(mod.input_norm.weight, torch.ones(64)) and torch.equal(mod.q_rmsnorm.weight, torch.ones(64))
+
+
+def test_bf16_is_finite_and_close_to_fp32():
+    mod = MHLAttention.from_softmax(softmax_source(), num_prefix_tokens=1, grid_size=(4, 4), blocks_per_side=2)
+    x = torch.randn(2, 17, 64)
+    ref = mod(x)
+    q, k, v = random_qkv(2, 4, 17, 16, dtype=torch.float32)
+    mixed = mod.mix(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, (4, 4))
+    assert mixed.dtype == torch.bfloat16 and torch.isfinite(mixed).all()
+    torch.testing.assert_close(mixed.float(), mod.mix(q, k, v, None, (4, 4)), atol=3e-2, rtol=3e-2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = mod(x)
+    assert low.dtype == torch.bfloat16 and torch.isfinite(low).all()
+    assert (low.float() - ref).abs().max() < 0.05 * ref.abs().max()

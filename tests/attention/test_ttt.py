@@ -1,0 +1,169 @@
+"""TTT attention: the closed-form step against the autograd oracle, and the module contract."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from timm.layers import Attention
+from torch import nn
+from torch.nn import functional as F
+
+from vitconvert.attention.ttt import TTTAttention, normalize_keys
+
+EXTRA = ["fast_w1", "fast_w2", "fast_w3", "q_conv.weight", "q_conv.bias", "k_conv.weight", "k_conv.bias"]
+
+
+def make_module(num_prefix: int, grid, dim: int = 8, heads: int = 2, **options) -> TTTAttention:
+    """A float64 TTT module with fast weights large enough that the SwiGLU's nonlinearity matters."""
+    torch.manual_seed(0)
+    src = Attention(dim=dim, num_heads=heads, qkv_bias=True)
+    mod = TTTAttention.from_softmax(src, num_prefix_tokens=num_prefix, grid_size=grid, **options).double()
+    with torch.no_grad():
+        for w in (mod.fast_w1, mod.fast_w2, mod.fast_w3):
+            w.normal_(std=0.5)
+        for conv in (mod.q_conv, mod.k_conv):
+            conv.weight.normal_(std=0.5)
+            conv.bias.normal_(std=0.5)
+    return mod
+
+
+def random_qkv(batch: int, heads: int, tokens: int, head_dim: int, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randn(batch, heads, tokens, head_dim, generator=gen, dtype=dtype) for _ in range(3)]
+
+
+def random_mask(batch: int, tokens: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(2)
+    mask = torch.rand(batch, tokens, generator=gen) > 0.3
+    mask[:, 0] = True
+    return mask
+
+
+CASES = [((2, 2), 0), ((4, 4), 1), ((7, 7), 5), ((4, 4), 0), ((2, 2), 5), ((7, 7), 1), (None, 1)]
+
+
+@pytest.mark.parametrize("grid,num_prefix", CASES)
+@pytest.mark.parametrize("masked", [False, True])
+def test_mix_matches_reference(grid, num_prefix, masked):
+    mod = make_module(num_prefix, grid)
+    tokens = num_prefix + (grid[0] * grid[1] if grid else 6)
+    q, k, v = random_qkv(2, mod.num_heads, tokens, mod.head_dim)
+    key_valid: torch.Tensor | None = random_mask(2, tokens) if masked else None
+    fast = mod.mix(q, k, v, key_valid, grid)
+    slow = mod.reference(q, k, v, key_valid, grid)
+    assert fast.shape == q.shape
+    torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("grid,num_prefix", [((4, 4), 1), ((2, 2), 5), (None, 0)])
+def test_gradients_match_reference(grid, num_prefix):
+    mod = make_module(num_prefix, grid, inner_lr=0.7)
+    tokens = num_prefix + (grid[0] * grid[1] if grid else 5)
+    q, k, v = (t.requires_grad_() for t in random_qkv(2, mod.num_heads, tokens, mod.head_dim))
+    key_valid = random_mask(2, tokens)
+    params = [mod.fast_w1, mod.fast_w2, mod.fast_w3]
+    if grid is not None:
+        params += [mod.q_conv.weight, mod.k_conv.weight, mod.q_conv.bias, mod.k_conv.bias]
+    probe = torch.randn_like(q)
+    grads = []
+    for mixer in (mod.mix, mod.reference):
+        out = mixer(q, k, v, key_valid, grid)
+        grads.append(torch.autograd.grad((out * probe).sum(), [q, k, v, *params]))
+    for fast, slow in zip(*grads, strict=True):
+        assert fast.abs().max() > 0
+        torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+
+
+def test_invalid_tokens_do_not_reach_valid_outputs():
+    mod = make_module(1, (4, 4))
+    q, k, v = random_qkv(2, mod.num_heads, 17, mod.head_dim)
+    key_valid = random_mask(2, 17)
+    before = mod.mix(q, k, v, key_valid, (4, 4))
+    noise = (~key_valid)[:, None, :, None] * 100.0
+    after = mod.mix(q + noise, k - noise, v + noise, key_valid, (4, 4))
+    keep = key_valid[:, None, :, None].expand_as(before)
+    torch.testing.assert_close(after[keep], before[keep], atol=1e-10, rtol=0)
+
+
+def test_key_norm_is_instance_norm_with_eps_one():
+    k = torch.randn(2, 3, 10, 4, dtype=torch.float64)
+    # The reference: F.instance_norm over tokens of each (head, channel), eps=1.0.
+    expected = F.instance_norm(k.permute(0, 1, 3, 2).reshape(2, 12, 10), eps=1.0)
+    expected = expected.reshape(2, 3, 4, 10).permute(0, 1, 3, 2)
+    torch.testing.assert_close(normalize_keys(k, None, 1.0), expected)
+    all_valid = torch.ones(2, 10, dtype=torch.bool)
+    torch.testing.assert_close(normalize_keys(k, all_valid, 1.0), expected)
+
+
+def test_inner_lr_zero_is_the_initial_model():
+    mod = make_module(0, None, inner_lr=0.0)
+    q, k, v = random_qkv(1, mod.num_heads, 5, mod.head_dim)
+    out = mod.mix(q, k, v, None, None)
+    expected = (F.silu(q @ mod.fast_w1) * (q @ mod.fast_w2)) @ mod.fast_w3
+    torch.testing.assert_close(out, expected)
+
+
+def softmax_source(dim: int = 64) -> Attention:
+    torch.manual_seed(0)
+    return Attention(dim=dim, num_heads=4, qkv_bias=True)
+
+
+def test_forward_matches_reference_forward():
+    src = softmax_source()
+    mod = TTTAttention.from_softmax(src, num_prefix_tokens=1, grid_size=(4, 4)).double()
+    x = torch.randn(2, 17, 64, dtype=torch.float64)
+    mask = torch.ones(2, 1, 1, 17, dtype=torch.bool)
+    mask[1, ..., 9:] = False
+    for attn_mask in (None, mask):
+        fast = mod(x, attn_mask=attn_mask)
+        slow = mod(x, attn_mask=attn_mask, use_reference=True)
+        assert fast.shape == x.shape
+        torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+
+
+def test_parameters_extra_and_matched():
+    src = softmax_source()
+    mod = TTTAttention.from_softmax(src, num_prefix_tokens=1, grid_size=(4, 4))
+    assert sorted(mod.extra_parameter_names()) == sorted(EXTRA)
+    assert mod.fast_w1.shape == (4, 16, 16)
+    assert mod.q_conv.weight.shape == (64, 1, 3, 3)
+    new_state = mod.state_dict()
+    for name, value in src.state_dict().items():
+        assert torch.equal(new_state[name], value), name
+    for w in (mod.fast_w1, mod.fast_w2, mod.fast_w3):
+        assert 0.01 < w.std() < 0.03 and w.abs().max() <= 2.0
+
+
+def test_default_options_are_json_and_validated():
+    assert json.loads(json.dumps(TTTAttention.default_options)) == {"inner_lr": 1.0, "key_norm_eps": 1.0}
+    with pytest.raises(ValueError, match="chunk_size"):
+        TTTAttention.from_softmax(softmax_source(), chunk_size=4)
+
+
+def test_reset_extra_parameters_reinitialises():
+    mod = TTTAttention.from_softmax(softmax_source(), num_prefix_tokens=1, grid_size=(4, 4))
+    with torch.no_grad():
+        for p in mod.parameters():
+            p.zero_()
+    mod.reset_extra_parameters()
+    for name, p in mod.named_parameters():
+        assert (p.abs().sum() > 0) == (name in EXTRA), name
+
+
+def test_bf16_is_finite_and_close_to_fp32():
+    mod = TTTAttention.from_softmax(softmax_source(), num_prefix_tokens=1, grid_size=(4, 4))
+    with torch.no_grad():
+        for w in (mod.fast_w1, mod.fast_w2, mod.fast_w3):
+            nn.init.normal_(w, std=0.3)
+    x = torch.randn(2, 17, 64)
+    ref = mod(x)
+    q, k, v = random_qkv(2, 4, 17, 16, dtype=torch.float32)
+    mixed = mod.mix(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, (4, 4))
+    assert mixed.dtype == torch.bfloat16 and torch.isfinite(mixed).all()
+    torch.testing.assert_close(mixed.float(), mod.mix(q, k, v, None, (4, 4)), atol=3e-2, rtol=3e-2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = mod(x)
+    assert low.dtype == torch.bfloat16 and torch.isfinite(low).all()
+    assert (low.float() - ref).abs().max() < 0.05 * ref.abs().max()

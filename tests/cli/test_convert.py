@@ -1,0 +1,125 @@
+"""The CLI through typer's CliRunner (and once through the installed console script)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import timm
+from conftest import tiny_model
+from typer.testing import CliRunner
+
+from vitconvert.cli import app
+
+runner = CliRunner()
+TINY_ARGS = ["--no-pretrained"]
+
+
+@pytest.fixture
+def timm_folder(tmp_path):
+    timm.models.save_for_hf(tiny_model("vit"), str(tmp_path / "src"), safe_serialization=True)
+    return tmp_path / "src"
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def assert_one_line_error(result, text: str):
+    assert result.exit_code != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert text in lines[0]
+    assert "Traceback" not in result.output + result.stderr
+
+
+def test_convert_writes_folder_and_info_reads_it(tmp_path, timm_folder, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("convert", str(timm_folder), "--to", "mhla", "--out", "m")
+    assert result.exit_code == 0, result.output
+    assert "mimetic" in result.output and "wrote" in result.output
+    assert (tmp_path / ".vitconvert" / "last_convert").read_text().strip() == str((tmp_path / "m").resolve())
+    result = invoke("info", "m", "--json")
+    info = json.loads(result.stdout)
+    assert info["variant"] == "mhla" and info["source"] == str(timm_folder)
+    assert "conversion report" in invoke("info", "m").output
+
+
+def test_convert_default_out_and_options(tmp_path, timm_folder, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("convert", str(timm_folder), "--to", "inline", "--option", "local_residual=true",
+                    "--attn-init", "copy", "--num-classes", "5", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["out"] == "vit_tiny_patch16_224-inline" and report["options"]["local_residual"] is True
+    assert report["num_classes"] == 5
+
+
+def test_list_shows_aliases_and_variants():
+    result = invoke("list", "--json")
+    data = json.loads(result.stdout)
+    assert data["aliases"]["deit_small"] == "deit_small_patch16_224"
+    assert set(data["variants"]) == {"elu", "relu", "inline", "mhla", "ttt"}
+    assert "deit_small" in invoke("list").output
+
+
+@pytest.mark.parametrize("args,text", [
+    (["convert", "deit_smal", "--to", "elu"], "did you mean"),
+    (["convert", "deit_tiny", "--to", "softmax2", *TINY_ARGS], "valid: elu, relu, inline, mhla, ttt"),
+    (["convert", "./missing", "--to", "elu"], "path not found"),
+    (["convert", "hf-hub:bad id!", "--to", "elu"], "invalid Hub id"),
+    (["convert", "resnet18", "--to", "elu", *TINY_ARGS], "no global softmax attention"),
+    (["convert", "deit_tiny", "--to", "elu", "--num-classes", "0", *TINY_ARGS], "at least 1"),
+    (["convert", "deit_tiny", "--to", "elu", "--attn-init", "svd", *TINY_ARGS], "valid: mimetic, copy, random"),
+    (["convert", "deit_tiny", "--to", "elu", "--option", "nokey", *TINY_ARGS], "KEY=VALUE"),
+    (["convert", "deit_tiny", "--to", "elu", "--option", "colour=red", *TINY_ARGS], "unknown option"),
+    (["info", "./missing"], "not found"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, args, text):
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(invoke(*args), text)
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_bad_files(tmp_path, timm_folder, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(invoke("convert", "empty", "--to", "elu"), "no config.json")
+    weights = timm_folder / "model.safetensors"
+    shutil.copy(weights, tmp_path / "w.safetensors")
+    assert_one_line_error(invoke("convert", "w.safetensors", "--to", "elu", "--arch", "deit_small_patch16_224"),
+                          "do not fit")
+    weights.write_bytes(weights.read_bytes()[:700])
+    assert_one_line_error(invoke("convert", str(timm_folder), "--to", "elu", "--out", "o"), "corrupt or truncated")
+    assert not (tmp_path / "o").exists()
+
+
+def test_existing_output_needs_force(tmp_path, timm_folder, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert invoke("convert", str(timm_folder), "--to", "elu", "--out", "m").exit_code == 0
+    before = (tmp_path / "m" / "model.safetensors").read_bytes()
+    assert_one_line_error(invoke("convert", str(timm_folder), "--to", "relu", "--out", "m"), "--force")
+    assert (tmp_path / "m" / "model.safetensors").read_bytes() == before
+    assert invoke("convert", str(timm_folder), "--to", "relu", "--out", "m", "--force").exit_code == 0
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["vitconvert"]["variant"] == "relu"
+
+
+def test_converting_a_converted_model_is_refused(tmp_path, timm_folder, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    invoke("convert", str(timm_folder), "--to", "elu", "--out", "m")
+    assert_one_line_error(invoke("convert", "m", "--to", "relu", "--out", "n"), "already a linear-attention")
+
+
+def test_installed_console_script(tmp_path, timm_folder):
+    exe = shutil.which("vitconvert", path=os.path.dirname(sys.executable)) or shutil.which("vitconvert")
+    assert exe, "the vitconvert console script is not installed"
+    done = subprocess.run([exe, "convert", str(timm_folder), "--to", "elu", "--out", str(tmp_path / "m")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    bad = subprocess.run([exe, "convert", "deit_smal", "--to", "elu"], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr

@@ -1,0 +1,123 @@
+"""SOURCE strings through timm's loading: names, aliases, folders, weight files, the offline Hub cache."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from conftest import FAMILIES, place_in_hub_cache, tiny_model
+
+from vitconvert.errors import VitconvertError
+from vitconvert.sources import load_source, resolve_alias
+
+
+def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.fixture
+def timm_folder(tmp_path):
+    model = tiny_model("vit")
+    timm.models.save_for_hf(model, str(tmp_path / "timm"), safe_serialization=True)
+    return model, tmp_path / "timm"
+
+
+def test_alias_and_name_without_pretrained():
+    assert resolve_alias("deit_small") == "deit_small_patch16_224"
+    src = load_source("deit_tiny", pretrained=False, img_size=32, patch_size=8, depth=1)
+    assert src.arch == "deit_tiny_patch16_224" and not src.pretrained
+
+
+def test_timm_folder_plain_and_local_dir(timm_folder):
+    model, folder = timm_folder
+    for spec in (str(folder), f"local-dir:{folder}"):
+        src = load_source(spec)
+        assert _same(src.model, model) and src.arch == "vit_tiny_patch16_224"
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_weights_file_with_arch(tmp_path, suffix):
+    model = tiny_model("vit", num_classes=10)
+    path = tmp_path / f"w{suffix}"
+    if suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file(model.state_dict(), str(path))
+    else:
+        torch.save({"model": model.state_dict()}, path)
+    _, kwargs = FAMILIES["vit"]
+    src = load_source(str(path), arch="vit_tiny_patch16_224", **kwargs)
+    assert _same(src.model, model) and src.model.num_classes == 10
+
+
+def test_pickled_objects_are_never_unpickled(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    path = tmp_path / "evil.pth"
+    torch.save({"x": Evil()}, path)
+    with pytest.raises(VitconvertError, match="cannot read"):
+        load_source(str(path), arch="vit_tiny_patch16_224")
+
+
+def test_weights_that_do_not_fit_arch(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "w.safetensors"
+    save_file(tiny_model("vit").state_dict(), str(path))
+    with pytest.raises(VitconvertError, match="do not fit"):
+        load_source(str(path), arch="deit_small_patch16_224", img_size=32, patch_size=8)
+
+
+def test_weights_file_needs_arch(tmp_path):
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(b"x")
+    with pytest.raises(VitconvertError, match="--arch"):
+        load_source(str(path))
+
+
+def test_corrupt_safetensors_in_folder(timm_folder):
+    _, folder = timm_folder
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:500])
+    with pytest.raises(VitconvertError, match="corrupt or truncated"):
+        load_source(str(folder))
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("deit_smal", "did you mean"),
+    ("./no/such/folder", "path not found"),
+    ("hf-hub:bad id!", "invalid Hub id"),
+    ("", "empty"),
+])
+def test_bad_sources(spec, message):
+    with pytest.raises(VitconvertError, match=message):
+        load_source(spec, pretrained=False)
+
+
+def test_folder_without_config(tmp_path):
+    (tmp_path / "x").mkdir()
+    with pytest.raises(VitconvertError, match="no config.json"):
+        load_source(str(tmp_path / "x"))
+
+
+def test_pretrained_name_offline_gives_clear_error(monkeypatch, tmp_path):
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    with pytest.raises(VitconvertError, match="--no-pretrained"):
+        load_source("deit_tiny", pretrained=True, depth=1)
+
+
+def test_timm_repo_from_offline_hub_cache(timm_folder, tmp_path, monkeypatch):
+    import huggingface_hub.constants as c
+
+    model, folder = timm_folder
+    place_in_hub_cache(tmp_path / "cache", "timm/tiny_vit_test", folder)
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    src = load_source("hf-hub:timm/tiny_vit_test")
+    assert _same(src.model, model)

@@ -1,0 +1,181 @@
+"""InLine attention (Han et al., NeurIPS 2024, "Bridging the Divide"; repo LeapLabTHU/InLine).
+
+Injective linear attention: φ = identity, and the weights sum to one by subtraction instead of division,
+w_ij = (s/N)·q_i·k_j − (s/N)·q_i·k̄ + 1/N, so that queries differing only in scale still get different
+weights (division by Σ_j φ(q_i)·φ(k_j) would cancel the scale). Summed over j:
+out_i = (s/N)·q_iᵀ(Σ_j k_j v_jᵀ) + (1 − s·q_i·k̄)·v̄, an O(N·d²) form. Same parameters as softmax attention.
+
+Option ``local_residual`` (off by default: the paper's "identical shapes" claim suggests it is not part of the
+core) adds the reference code's local attention residual: a 3×3 depthwise convolution over the spatial
+tokens' V, with per-image, per-channel kernels predicted from the mean of the layer input x (all tokens,
+class token included, as in the reference's ``x.mean(dim=1)``). Prefix tokens get no residual.
+
+Choices beyond the reference (which has no padding mask and a square grid after one class token):
+- with a key mask, N, k̄, v̄, Σ_j k_j v_jᵀ and the mean token go over valid tokens only, and masked tokens'
+  V are zeroed before the convolution, so padding reaches no output;
+- when the tokens form no known grid (``grid is None``) the residual is skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .base import Grid, LinearAttention, from_grid, key_validity, split_prefix, to_grid
+
+KERNEL = 3  # the reference's 3×3 local window
+
+
+def _valid_count(key_valid: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """(B, 1, 1, 1) number of valid keys (at least 1, so an all-masked item stays finite)."""
+    if key_valid is None:
+        return like.new_full((1, 1, 1, 1), like.shape[-2])
+    return key_valid.sum(dim=-1).clamp(min=1).to(like.dtype)[:, None, None, None]
+
+
+def inline_attention(q, k, v, key_valid: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+    """Σ-form of InLine attention on (B, H, N, d) tensors, in their dtype."""
+    n = _valid_count(key_valid, k)
+    if key_valid is not None:
+        m = key_valid[:, None, :, None].to(k.dtype)
+        k, v = k * m, v * m
+    state = k.transpose(-2, -1) @ v  # (B, H, d, d): Σ_j k_j v_jᵀ
+    k_mean = k.sum(dim=-2, keepdim=True) / n
+    v_mean = v.sum(dim=-2, keepdim=True) / n
+    return (scale / n) * (q @ state) + (1 - scale * (q * k_mean).sum(dim=-1, keepdim=True)) * v_mean
+
+
+def inline_weights(q, k, key_valid: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+    """The explicit (B, H, N, N) weights w_ij as the paper writes them; masked keys get weight 0."""
+    B, _, N, _ = k.shape
+    valid = key_valid if key_valid is not None else torch.ones(B, N, dtype=torch.bool, device=k.device)
+    n = valid.sum(dim=-1).clamp(min=1).to(k.dtype)[:, None, None, None]
+    k_bar = (k * valid[:, None, :, None].to(k.dtype)).sum(dim=-2, keepdim=True) / n
+    w = (scale / n) * (q @ k.transpose(-2, -1)) - (scale / n) * (q @ k_bar.transpose(-2, -1)) + 1 / n
+    return w * valid[:, None, None, :].to(w.dtype)
+
+
+def local_residual(v, kernels, grid: tuple[int, int], num_prefix: int, key_valid: Optional[torch.Tensor]):
+    """(B, H, N_spatial, d) depthwise 3×3 conv of the spatial V with per-image kernels (B, C, 3, 3).
+
+    One grouped conv over the batch folded into channels, as the reference does.
+    """
+    _, spatial = split_prefix(v, num_prefix)
+    if key_valid is not None:
+        spatial = spatial * key_valid[:, None, num_prefix:, None].to(v.dtype)
+    image = to_grid(spatial, grid)
+    B, C, h, w = image.shape
+    out = F.conv2d(image.reshape(1, B * C, h, w), kernels.reshape(B * C, 1, KERNEL, KERNEL),
+                   padding=KERNEL // 2, groups=B * C)
+    return from_grid(out.reshape(B, C, h, w), v.shape[1])
+
+
+def local_residual_reference(v, kernels, grid: tuple[int, int], num_prefix: int,
+                             key_valid: Optional[torch.Tensor]):
+    """The same residual as an explicit sum over the nine zero-padded shifts of the V image."""
+    _, spatial = split_prefix(v, num_prefix)
+    if key_valid is not None:
+        spatial = spatial * key_valid[:, None, num_prefix:, None].to(v.dtype)
+    image = to_grid(spatial, grid)
+    h, w = grid
+    padded = F.pad(image, (1, 1, 1, 1))
+    out = torch.zeros_like(image)
+    for i in range(KERNEL):
+        for j in range(KERNEL):
+            out = out + kernels[:, :, i, j, None, None] * padded[:, :, i:i + h, j:j + w]
+    return from_grid(out, v.shape[1])
+
+
+def add_to_spatial(out: torch.Tensor, residual: torch.Tensor, num_prefix: int) -> torch.Tensor:
+    prefix, spatial = split_prefix(out, num_prefix)
+    return torch.cat((prefix, spatial + residual), dim=2)
+
+
+class InLineAttention(LinearAttention):
+    """InLine attention; optionally with the reference code's predicted local 3×3 residual on V."""
+
+    variant = "inline"
+    default_options = {"local_residual": False}
+
+    def __init__(self, like: nn.Module, num_prefix_tokens: int = 1, grid_size: Grid = None, **options: Any):
+        super().__init__(like, num_prefix_tokens, grid_size, **options)
+        self.local_kernel_predictor: Optional[nn.Sequential] = None
+        if self.options["local_residual"]:
+            factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
+            in_dim, C, H = self.qkv_weights()[0].shape[1], self.attn_dim, self.num_heads
+            self.local_kernel_predictor = nn.Sequential(
+                nn.Conv1d(in_dim, C, 1, groups=H, **factory),
+                nn.GELU(),
+                nn.Conv1d(C, KERNEL * KERNEL * C, 1, groups=H, **factory),
+            )
+        # Kernels of the current forward call: predicted from x, which mix() does not receive.
+        self._local_kernels: Optional[torch.Tensor] = None
+
+    def reset_extra_parameters(self) -> None:
+        """PyTorch's default conv init, as the reference leaves it."""
+        if self.local_kernel_predictor is not None:
+            for layer in self.local_kernel_predictor:
+                if isinstance(layer, nn.Conv1d):
+                    layer.reset_parameters()
+
+    def predict_local_kernels(self, x: torch.Tensor, key_valid: Optional[torch.Tensor]) -> torch.Tensor:
+        """(B, C, 3, 3) depthwise kernels from the mean token of the layer input (valid tokens only)."""
+        if key_valid is None:
+            mean = x.mean(dim=1)
+        else:
+            m = key_valid[:, :, None].to(x.dtype)
+            mean = (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)
+        return self.local_kernel_predictor(mean[:, :, None]).reshape(x.shape[0], self.attn_dim, KERNEL, KERNEL)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+        rope: Optional[torch.Tensor] = None,
+        use_reference: bool = False,
+        **softmax_only: Any,
+    ) -> torch.Tensor:
+        """The shared forward; with ``local_residual`` the kernels are predicted from x first."""
+        if self.local_kernel_predictor is not None and self.resolve_grid(x.shape[1]) is not None:
+            self._local_kernels = self.predict_local_kernels(x, key_validity(attn_mask, x.shape[0], x.shape[1]))
+        try:
+            return super().forward(x, attn_mask, is_causal, rope, use_reference, **softmax_only)
+        finally:
+            self._local_kernels = None
+
+    def _kernels_for(self, grid: Grid, local_kernels: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        if self.local_kernel_predictor is None or grid is None:
+            return None
+        kernels = local_kernels if local_kernels is not None else self._local_kernels
+        if kernels is None:
+            raise RuntimeError("local_residual predicts its kernels from the layer input: call forward(x) "
+                               "or pass local_kernels=predict_local_kernels(x, key_valid)")
+        return kernels
+
+    def mix(self, q, k, v, key_valid: Optional[torch.Tensor], grid: Grid,
+            local_kernels: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """O(N·d²) InLine attention, sums in float32 at least, plus the local residual if enabled."""
+        dtype = v.dtype
+        acc = torch.promote_types(dtype, torch.float32)
+        kernels = self._kernels_for(grid, local_kernels)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            q, k, v = q.to(acc), k.to(acc), v.to(acc)
+            out = inline_attention(q, k, v, key_valid, self.scale)
+            if kernels is not None:
+                residual = local_residual(v, kernels.to(acc), grid, self.num_prefix_tokens, key_valid)
+                out = add_to_spatial(out, residual, self.num_prefix_tokens)
+        return out.to(dtype)
+
+    def reference(self, q, k, v, key_valid: Optional[torch.Tensor], grid: Grid,
+                  local_kernels: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Explicit N×N weights times V, plus the residual as a literal shifted sum."""
+        out = inline_weights(q, k, key_valid, self.scale) @ v
+        kernels = self._kernels_for(grid, local_kernels)
+        if kernels is not None:
+            residual = local_residual_reference(v, kernels.to(v.dtype), grid, self.num_prefix_tokens, key_valid)
+            out = add_to_spatial(out, residual, self.num_prefix_tokens)
+        return out

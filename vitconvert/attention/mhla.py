@@ -1,0 +1,280 @@
+"""MHLA (Zhang et al., ICLR 2026, "Restoring Expressivity of Linear Attention via Token-Level Multi-Head").
+
+One global d×d state makes every query of plain kernel attention see the same summary of all keys. MHLA
+splits the spatial grid into M blocks ("token-level heads"), keeps one state per block,
+S_b = Σ_{j∈b} φ(k_j) v_jᵀ and z_b = Σ_{j∈b} φ(k_j), and lets a query of block a read the mixture
+Σ_b W_ab S_b with a learnable M×M matrix W initialised from the distances between block centres:
+out_i = φ(q_i)ᵀ Σ_b W_ab S_b / (φ(q_i)ᵀ Σ_b W_ab z_b + ε), φ(x) = relu(x) + ε, plus LePE (a depthwise conv over
+V on the grid). Cost O(N·d² + M²·d²). Reference code: DAGroup-PKU/MHLA,
+``mhla_image_classification/models/modules/attention/mhla.py``. Its denominator mixes the scalars φ(q)·z_own
+across blocks by in-block position (Σ_b W_ab φ(q_{b,i})·z_b, queries of other blocks); we use φ(q_i)ᵀ Σ_b W_ab z_b,
+the form under which each query's weights over the keys sum to one.
+
+Choices where the reference (square grids divisible into square blocks, no class token) says nothing:
+- blocks: the block counts per axis are fixed at construction (``blocks_per_side``, or ``round(side / block_side)``
+  from ``grid_size``, or one block when neither is known), so W keeps its meaning and learned values on any grid;
+  a grid of another size is split into the same counts of larger or smaller blocks. Row r goes to block row
+  ⌊r·M_h/h⌋ (likewise columns), so non-divisible grids get blocks whose sides differ by at most one token.
+  Block centres for the init are (i + ½, j + ½) in block units, as in the reference.
+- prefix tokens (class, distillation, registers) form one more, global block: their queries read Σ_b S_b plus the
+  prefix state, and every query reads the prefix keys with weight 1 (W extended by a row and column of ones).
+- ``grid is None`` (no known grid): one block over all tokens, i.e. relu + ε kernel attention, and no LePE.
+- a key mask removes keys from every sum and zeroes their V before LePE, so padding reaches no valid output.
+- ``input_norm``: the reference's LayerNorm sits on the layer input before the q/k/v projection, so it is applied
+  to x in ``forward`` (mix receives projected q, k, v). With a pretrained source it re-standardises norm1's
+  output, so the copied projections no longer see exactly the softmax input; ``input_norm=False`` keeps them.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .base import Grid, LinearAttention, from_grid, split_prefix, to_grid
+from .kernel import kernel_attention, kernel_attention_reference
+
+TRANSFORMS = ("cos", "linear", "exp", "local")
+
+
+def resolve_block_counts(grid_size: Grid, blocks_per_side: Any, block_side: int) -> tuple[int, int]:
+    """(M_h, M_w) blocks per axis: given, or chosen so that blocks of ``grid_size`` are ~block_side tokens wide."""
+    if blocks_per_side is not None:
+        counts = (blocks_per_side, blocks_per_side) if isinstance(blocks_per_side, int) else tuple(blocks_per_side)
+        if len(counts) != 2 or min(counts) < 1:
+            raise ValueError(f"blocks_per_side must be a positive int or a pair of them, got {blocks_per_side!r}")
+        return int(counts[0]), int(counts[1])
+    if grid_size is None:
+        return 1, 1
+    return tuple(max(1, math.floor(side / block_side + 0.5)) for side in grid_size)  # type: ignore[return-value]
+
+
+def block_distances(counts: tuple[int, int]) -> torch.Tensor:
+    """(M, M) Euclidean distances between block centres (i + ½, j + ½), blocks numbered row-major."""
+    rows, cols = torch.meshgrid(torch.arange(counts[0]), torch.arange(counts[1]), indexing="ij")
+    centres = torch.stack((rows.flatten(), cols.flatten()), dim=-1).double() + 0.5
+    return torch.cdist(centres, centres)
+
+
+def distance_weights(counts: tuple[int, int], transform: str = "cos", exp_sigma: float = 3.0,
+                     local_threshold: float = 1.5) -> torch.Tensor:
+    """The reference's init of W: a decreasing function of block distance, each column summing to one.
+
+    Column b says how block b's state is spread over the readers a, so near blocks dominate and no block's
+    state is amplified or lost in total.
+    """
+    dist = block_distances(counts)
+    longest = dist.max() if dist.max() > 0 else torch.ones((), dtype=dist.dtype)
+    if transform == "cos":
+        weights = torch.cos(dist / longest * math.pi / 4)
+    elif transform == "linear":
+        weights = 1.0 - dist / longest
+    elif transform == "exp":
+        weights = torch.exp(-dist / exp_sigma)
+    elif transform == "local":
+        weights = (dist <= local_threshold).double()
+    else:
+        raise ValueError(f"unknown transform {transform!r}; valid: {', '.join(TRANSFORMS)}")
+    return weights / weights.sum(dim=0, keepdim=True)
+
+
+@lru_cache(maxsize=32)
+def block_layout(grid: tuple[int, int], counts: tuple[int, int], device: torch.device):
+    """Index tensors that turn the row-major spatial tokens into padded blocks (M, L) and back.
+
+    Returns ``gather`` (M·L,) token index of each block slot (h·w = the appended zero token for padding) and
+    ``slot`` (h·w,) the slot of each token, so ``padded[..., gather, :]`` is blocked and ``blocked[..., slot, :]``
+    is back in token order. Blocks of a non-divisible grid differ by one row or column, hence the padding.
+    """
+    (h, w), (mh, mw) = grid, counts
+    block_row = torch.arange(h) * mh // h
+    block_col = torch.arange(w) * mw // w
+    block_of = (block_row[:, None] * mw + block_col[None, :]).flatten()
+    sizes = torch.bincount(block_of, minlength=mh * mw)
+    length = int(sizes.max())
+    order = torch.argsort(block_of, stable=True)
+    starts = torch.cumsum(sizes, 0) - sizes
+    rank = torch.arange(h * w) - starts[block_of[order]]
+    slot = torch.empty(h * w, dtype=torch.long)
+    slot[order] = block_of[order] * length + rank
+    gather = torch.full((mh * mw * length,), h * w, dtype=torch.long)
+    gather[slot] = torch.arange(h * w)
+    return gather.to(device), slot.to(device), length
+
+
+def reference_block_of(grid: tuple[int, int], counts: tuple[int, int]) -> list[int]:
+    """Block of each spatial token, token by token: row r, column c -> block (⌊r·M_h/h⌋, ⌊c·M_w/w⌋)."""
+    (h, w), (mh, mw) = grid, counts
+    return [(r * mh // h) * mw + c * mw // w for r in range(h) for c in range(w)]
+
+
+def rms_over_heads(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """RMSNorm of each token over all heads' channels, as the reference's ``RMSNorm(dim)`` on q and k."""
+    B, H, N, d = t.shape
+    flat = F.rms_norm(t.transpose(1, 2).reshape(B, N, H * d), (H * d,), weight.to(t.dtype))
+    return flat.reshape(B, N, H, d).transpose(1, 2)
+
+
+def lepe_reference(v_image: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
+    """The depthwise conv as an explicit sum over the zero-padded shifts of the V image."""
+    size = conv.kernel_size[0]
+    h, w = v_image.shape[-2:]
+    padded = F.pad(v_image, (size // 2,) * 4)
+    weight = conv.weight.to(v_image.dtype)
+    out = conv.bias.to(v_image.dtype)[None, :, None, None].expand_as(v_image)
+    for i in range(size):
+        for j in range(size):
+            out = out + weight[None, :, 0, i, j, None, None] * padded[:, :, i:i + h, j:j + w]
+    return out
+
+
+class MHLAttention(LinearAttention):
+    """Multi-head linear attention over token blocks, mixed by a learnable distance-initialised matrix."""
+
+    variant = "mhla"
+    default_options = {
+        "blocks_per_side": None,  # int or [M_h, M_w]; None: from grid_size and block_side
+        "block_side": 7,  # target block side in tokens when blocks_per_side is None (14×14 -> 2×2 blocks)
+        "transform": "cos",  # distance -> W init: cos, linear, exp, local (the reference's column-normalised ones)
+        "exp_sigma": 3.0,  # for transform "exp"
+        "local_threshold": 1.5,  # for transform "local"
+        "qk_rmsnorm": True,  # the reference's RMSNorm on q and k (on in all its registered models)
+        "input_norm": True,  # the reference's LayerNorm on the layer input
+        "lepe_kernel": 5,  # depthwise conv over V on the grid; 0 turns LePE off
+        "eps": 1e-6,
+    }
+
+    def __init__(self, like: nn.Module, num_prefix_tokens: int = 1, grid_size: Grid = None, **options: Any):
+        super().__init__(like, num_prefix_tokens, grid_size, **options)
+        opts = self.options
+        if opts["transform"] not in TRANSFORMS:
+            raise ValueError(f"unknown transform {opts['transform']!r}; valid: {', '.join(TRANSFORMS)}")
+        self.block_counts = resolve_block_counts(self.grid_size, opts["blocks_per_side"], opts["block_side"])
+        factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
+        blocks = self.block_counts[0] * self.block_counts[1]
+        self.block_mix = nn.Parameter(torch.empty(blocks, blocks, **factory))
+        in_dim, C = self.qkv_weights()[0].shape[1], self.attn_dim
+        self.input_norm = nn.LayerNorm(in_dim, **factory) if opts["input_norm"] else None
+        self.q_rmsnorm = nn.RMSNorm(C, **factory) if opts["qk_rmsnorm"] else None
+        self.k_rmsnorm = nn.RMSNorm(C, **factory) if opts["qk_rmsnorm"] else None
+        size = opts["lepe_kernel"]
+        if size and size % 2 == 0:
+            raise ValueError(f"lepe_kernel must be odd (or 0 for no LePE), got {size}")
+        self.lepe = nn.Conv2d(C, C, size, padding=size // 2, groups=C, **factory) if size else None
+
+    def reset_extra_parameters(self) -> None:
+        """W from block distances; PyTorch's defaults for LePE and the norms, as the reference leaves them."""
+        opts = self.options
+        with torch.no_grad():
+            self.block_mix.copy_(distance_weights(self.block_counts, opts["transform"], opts["exp_sigma"],
+                                                  opts["local_threshold"]))
+        for module in (self.input_norm, self.q_rmsnorm, self.k_rmsnorm, self.lepe):
+            if module is not None:
+                module.reset_parameters()
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                rope: Optional[torch.Tensor] = None, use_reference: bool = False, **softmax_only: Any) -> torch.Tensor:
+        """The shared forward on the LayerNorm'd input (the reference normalises before projecting q, k, v)."""
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        return super().forward(x, attn_mask, is_causal, rope, use_reference, **softmax_only)
+
+    # -- shared by mix and reference ----------------------------------------------------------------
+    def features(self, q: torch.Tensor, k: torch.Tensor, key_valid: Optional[torch.Tensor]):
+        """φ(q), φ(k) = relu(·) + ε after the optional RMSNorm; masked keys get φ = 0 (ε would keep them)."""
+        eps = self.options["eps"]
+        if self.q_rmsnorm is not None:
+            q, k = rms_over_heads(q, self.q_rmsnorm.weight), rms_over_heads(k, self.k_rmsnorm.weight)
+        phi_q, phi_k = F.relu(q) + eps, F.relu(k) + eps
+        if key_valid is not None:
+            phi_k = phi_k * key_valid[:, None, :, None].to(phi_k.dtype)
+        return phi_q, phi_k
+
+    def _check_grid(self, tokens: int, grid: tuple[int, int]) -> None:
+        if tokens - self.num_prefix_tokens != grid[0] * grid[1]:
+            raise ValueError(f"{tokens} tokens do not form {self.num_prefix_tokens} prefix tokens and a "
+                             f"{grid[0]}x{grid[1]} grid")
+
+    def _masked_spatial_v(self, v: torch.Tensor, key_valid: Optional[torch.Tensor]) -> torch.Tensor:
+        spatial = split_prefix(v, self.num_prefix_tokens)[1]
+        if key_valid is not None:
+            spatial = spatial * key_valid[:, None, self.num_prefix_tokens:, None].to(v.dtype)
+        return spatial
+
+    # -- the variant ----------------------------------------------------------------------------------
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+            grid: Grid) -> torch.Tensor:
+        """Blocked states, mixed by W, read by each query; gathers instead of loops; sums in float32 at least."""
+        dtype = v.dtype
+        acc = torch.promote_types(dtype, torch.float32)
+        eps = self.options["eps"]
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            q, k, v = q.to(acc), k.to(acc), v.to(acc)
+            phi_q, phi_k = self.features(q, k, key_valid)
+            if grid is None:
+                return kernel_attention(phi_q, phi_k, v, None, eps).to(dtype)
+            self._check_grid(q.shape[2], grid)
+            out = self._blocked_attention(phi_q, phi_k, v, grid)
+            if self.lepe is not None:
+                lepe = F.conv2d(to_grid(self._masked_spatial_v(v, key_valid), grid), self.lepe.weight.to(acc),
+                                self.lepe.bias.to(acc), padding=self.lepe.padding, groups=self.lepe.groups)
+                out = torch.cat((out[:, :, :self.num_prefix_tokens],
+                                 out[:, :, self.num_prefix_tokens:] + from_grid(lepe, self.num_heads)), 2)
+        return out.to(dtype)
+
+    def _blocked_attention(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                           grid: tuple[int, int]) -> torch.Tensor:
+        B, H, _, d = v.shape
+        eps = self.options["eps"]
+        gather, slot, length = block_layout(tuple(grid), self.block_counts, v.device)
+        blocks = self.block_counts[0] * self.block_counts[1]
+        (q_pre, q_sp), (k_pre, k_sp), (v_pre, v_sp) = (split_prefix(t, self.num_prefix_tokens)
+                                                     for t in (phi_q, phi_k, v))
+
+        def blocked(t: torch.Tensor) -> torch.Tensor:  # (B, H, h·w, d) -> (B, H, M, L, d), zero padded
+            padded = torch.cat((t, t.new_zeros(B, H, 1, d)), dim=2)
+            return padded[:, :, gather].reshape(B, H, blocks, length, d)
+
+        k_blk = blocked(k_sp)
+        states = k_blk.transpose(-2, -1) @ blocked(v_sp)  # (B, H, M, d, d): S_b
+        sums = k_blk.sum(dim=-2)  # (B, H, M, d): z_b
+        prefix_state, prefix_sum = k_pre.transpose(-2, -1) @ v_pre, k_pre.sum(dim=-2)
+        mix = self.block_mix.to(v.dtype)
+        mixed_states = torch.einsum("ab,zhbde->zhade", mix, states) + prefix_state[:, :, None]
+        mixed_sums = torch.einsum("ab,zhbd->zhad", mix, sums) + prefix_sum[:, :, None]
+        q_blk = blocked(q_sp)
+        numerator = q_blk @ mixed_states
+        denominator = (q_blk * mixed_sums[:, :, :, None]).sum(dim=-1, keepdim=True) + eps
+        spatial = (numerator / denominator).reshape(B, H, blocks * length, d)[:, :, slot]
+        global_state = states.sum(dim=2) + prefix_state
+        global_sum = sums.sum(dim=2, keepdim=True) + prefix_sum[:, :, None]
+        prefix = (q_pre @ global_state) / ((q_pre * global_sum).sum(dim=-1, keepdim=True) + eps)
+        return torch.cat((prefix, spatial), dim=2)
+
+    def reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                  grid: Grid) -> torch.Tensor:
+        """Explicit N×N weights A_ij = φ(q_i)·φ(k_j)·W̃[block(i), block(j)], rows normalised, times V, + LePE.
+
+        W̃ is W with a last row and column of ones for the global prefix block.
+        """
+        eps = self.options["eps"]
+        phi_q, phi_k = self.features(q, k, key_valid)
+        if grid is None:
+            return kernel_attention_reference(phi_q, phi_k, v, None, eps)
+        self._check_grid(q.shape[2], grid)
+        blocks = self.block_counts[0] * self.block_counts[1]
+        extended = torch.ones(blocks + 1, blocks + 1, dtype=v.dtype, device=v.device)
+        extended[:blocks, :blocks] = self.block_mix.to(v.dtype)
+        block_of = torch.tensor([blocks] * self.num_prefix_tokens + reference_block_of(grid, self.block_counts),
+                                device=v.device)
+        scores = (phi_q @ phi_k.transpose(-2, -1)) * extended[block_of][:, block_of]
+        out = (scores @ v) / (scores.sum(dim=-1, keepdim=True) + eps)
+        if self.lepe is not None:
+            lepe = lepe_reference(to_grid(self._masked_spatial_v(v, key_valid), grid), self.lepe)
+            out = torch.cat((out[:, :, :self.num_prefix_tokens],
+                             out[:, :, self.num_prefix_tokens:] + from_grid(lepe, self.num_heads)), 2)
+        return out

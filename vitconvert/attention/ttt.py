@@ -1,0 +1,195 @@
+"""TTT attention: one test-time gradient step of a per-head SwiGLU inner model (LeapLabTHU, Transformer-to-TTT).
+
+Per head the inner model is f_W(x) = (silu(x W1) ⊙ (x W2)) W3 with learnable initial fast weights W1, W2, W3
+(d×d each, one set per head). Keys are instance-normalised over tokens (biased variance, eps 1.0), then q and
+k each get a residual 3×3 depthwise conv on the patch grid. One full-batch gradient step on the inner loss
+
+    L = −(s/N) Σ_j ⟨f_W(k_j), v_j⟩,    s = d^{-1/2},  N = number of valid keys,
+
+with learning rate ``inner_lr`` gives W' = W − lr·∇L, and out_i = f_{W'}(q_i). The gradients are closed form
+(d×d sums over tokens), so the cost is O(N·d²) and no N×N tensor is ever formed.
+
+Choices beyond the reference (which has no class token, no padding mask and a square grid only):
+
+- Prefix tokens (class, distillation, registers) are not on the grid: they skip the convs, but their keys
+  and values take part in the key statistics and the inner loss (every query of softmax attention sees the
+  class token; leaving it out would cut it off from the patches), and their queries read the updated model.
+- ``grid`` None (no known grid, e.g. packed patches): both convs are skipped.
+- ``key_valid``: invalid tokens are left out of the key statistics and the inner loss, and enter the convs
+  as zeros (like the grid border), so nothing of an invalid token reaches a valid token's output.
+- Full-batch only: neither the reference nor ViT³ has a mini-batch (chunked) form for this non-causal layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .base import Grid, LinearAttention, from_grid, split_prefix, to_grid
+
+FastWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def inner_model(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
+    """f_W(x) = (silu(x W1) ⊙ (x W2)) W3 on (..., N, d) tokens with (..., d, d) weights."""
+    return (F.silu(x @ w1) * (x @ w2)) @ w3
+
+
+def normalize_keys(k: torch.Tensor, valid: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Instance norm of (B, H, N, d) keys over the tokens, per channel, statistics from valid tokens only.
+
+    With no mask this is ``F.instance_norm`` (biased variance, no affine), as the reference applies it.
+    """
+    if valid is None:
+        mean = k.mean(dim=-2, keepdim=True)
+        var = k.var(dim=-2, unbiased=False, keepdim=True)
+    else:
+        m = valid[:, None, :, None].to(k.dtype)
+        count = m.sum(dim=-2, keepdim=True).clamp(min=1.0)
+        mean = (k * m).sum(dim=-2, keepdim=True) / count
+        var = ((k - mean).square() * m).sum(dim=-2, keepdim=True) / count
+    return (k - mean) * torch.rsqrt(var + eps)
+
+
+def inner_gradients(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None, weights: FastWeights,
+                    scale: float) -> FastWeights:
+    """dL/dW1, dL/dW2, dL/dW3 of L = −(s/N) Σ_j ⟨f_W(k_j), v_j⟩, by hand, each (B, H, d, d).
+
+    With a = kW1, b = kW2, h = silu(a)⊙b and g = dL/d f = −(s/N) v: dW3 = hᵀg, dh = gW3ᵀ,
+    da = dh⊙b⊙silu'(a), db = dh⊙silu(a), dW1 = kᵀda, dW2 = kᵀdb. Sums over tokens are d×d matmuls.
+    """
+    w1, w2, w3 = weights
+    if valid is None:
+        g = v * (-scale / v.shape[-2])
+    else:
+        m = valid.to(v.dtype)
+        count = m.sum(dim=-1).clamp(min=1.0)
+        g = v * m[:, None, :, None] * (-scale / count)[:, None, None, None]
+    a, b = k @ w1, k @ w2
+    sig = torch.sigmoid(a)
+    act = a * sig
+    dh = g @ w3.transpose(-2, -1)
+    da = dh * b * sig * (1.0 + a * (1.0 - sig))
+    db = dh * act
+    kt = k.transpose(-2, -1)
+    return kt @ da, kt @ db, (act * b).transpose(-2, -1) @ g
+
+
+class TTTAttention(LinearAttention):
+    """Softmax attention's q/k/v/proj around a test-time-trained SwiGLU inner model per head."""
+
+    variant = "ttt"
+    default_options: ClassVar[dict[str, Any]] = {"inner_lr": 1.0, "key_norm_eps": 1.0}
+
+    def __init__(self, like: nn.Module, num_prefix_tokens: int = 1, grid_size: Grid = None, **options: Any):
+        super().__init__(like, num_prefix_tokens, grid_size, **options)
+        factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
+        shape = (self.num_heads, self.head_dim, self.head_dim)
+        self.fast_w1 = nn.Parameter(torch.empty(shape, **factory))
+        self.fast_w2 = nn.Parameter(torch.empty(shape, **factory))
+        self.fast_w3 = nn.Parameter(torch.empty(shape, **factory))
+        # Channels in head-major order (head * d + c), the layout of both timm's qkv and the reference.
+        dim = self.attn_dim
+        self.q_conv = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim, **factory)
+        self.k_conv = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim, **factory)
+        self.reset_extra_parameters()
+
+    def reset_extra_parameters(self) -> None:
+        """Fast weights trunc-normal std 0.02 (as the reference); the convs keep PyTorch's default init."""
+        for w in (self.fast_w1, self.fast_w2, self.fast_w3):
+            nn.init.trunc_normal_(w, std=0.02)
+        self.q_conv.reset_parameters()
+        self.k_conv.reset_parameters()
+
+    def fast_weights(self, dtype: torch.dtype) -> FastWeights:
+        return self.fast_w1.to(dtype), self.fast_w2.to(dtype), self.fast_w3.to(dtype)
+
+    # -- fast form ---------------------------------------------------------------------------------
+    def local_conv(self, t: torch.Tensor, conv: nn.Conv2d, grid: Grid, valid: torch.Tensor | None):
+        """t + depthwise conv(t) on the grid's spatial tokens; prefix tokens pass through unchanged."""
+        if grid is None:
+            return t
+        prefix, spatial = split_prefix(t, self.num_prefix_tokens)
+        inp = spatial if valid is None else spatial * valid[:, None, self.num_prefix_tokens:, None].to(t.dtype)
+        bias = conv.bias.to(t.dtype) if conv.bias is not None else None
+        local = F.conv2d(to_grid(inp, grid), conv.weight.to(t.dtype), bias, padding=1, groups=conv.groups)
+        return torch.cat([prefix, spatial + from_grid(local, self.num_heads)], dim=2)
+
+    def mix(self, q, k, v, key_valid: torch.Tensor | None, grid: Grid) -> torch.Tensor:
+        """Closed-form step in float32 at least (autocast off: the d×d sums over N tokens need the range)."""
+        dtype = v.dtype
+        acc = torch.promote_types(dtype, torch.float32)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            q, k, v = q.to(acc), k.to(acc), v.to(acc)
+            k = normalize_keys(k, key_valid, self.options["key_norm_eps"])
+            q = self.local_conv(q, self.q_conv, grid, key_valid)
+            k = self.local_conv(k, self.k_conv, grid, key_valid)
+            weights = self.fast_weights(acc)
+            grads = inner_gradients(k, v, key_valid, weights, self.scale)
+            lr = self.options["inner_lr"]
+            w1, w2, w3 = (w - lr * g for w, g in zip(weights, grads, strict=True))
+            out = inner_model(q, w1, w2, w3)
+        return out.to(dtype)
+
+    # -- literal form (test oracle) ------------------------------------------------------------------
+    def reference(self, q, k, v, key_valid: torch.Tensor | None, grid: Grid) -> torch.Tensor:
+        """Per (batch, head): literal norm and conv, autograd step on the literal loss, then f_{W'}(q_i)."""
+        B, H, N, _ = q.shape
+        valid = key_valid if key_valid is not None else torch.ones(B, N, dtype=torch.bool, device=q.device)
+        grad_enabled = torch.is_grad_enabled()
+        lr = self.options["inner_lr"]
+        with torch.enable_grad():
+            k = self._reference_key_norm(k, valid)
+            q = self._reference_conv(q, self.q_conv, grid, valid)
+            k = self._reference_conv(k, self.k_conv, grid, valid)
+            per_batch = []
+            for b in range(B):
+                keys = [j for j in range(N) if valid[b, j]]
+                per_head = []
+                for h in range(H):
+                    weights = [w[h] if w.requires_grad else w[h].detach().requires_grad_()
+                               for w in (self.fast_w1, self.fast_w2, self.fast_w3)]
+                    terms = [torch.dot(inner_model(k[b, h, j][None], *weights)[0], v[b, h, j]) for j in keys]
+                    loss = -(self.scale / max(len(keys), 1)) * (sum(terms) if terms else 0.0 * weights[0].sum())
+                    grads = torch.autograd.grad(loss, weights, create_graph=True)
+                    updated = [w - lr * g for w, g in zip(weights, grads, strict=True)]
+                    per_head.append(torch.stack([inner_model(q[b, h, i][None], *updated)[0] for i in range(N)]))
+                per_batch.append(torch.stack(per_head))
+            out = torch.stack(per_batch)
+        return out if grad_enabled else out.detach()
+
+    def _reference_key_norm(self, k: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for b in range(k.shape[0]):
+            kv = k[b][:, valid[b]]
+            mean = kv.mean(dim=1, keepdim=True) if kv.shape[1] else torch.zeros_like(k[b, :, :1])
+            var = ((kv - mean) ** 2).mean(dim=1, keepdim=True) if kv.shape[1] else torch.zeros_like(mean)
+            rows.append((k[b] - mean) / torch.sqrt(var + self.options["key_norm_eps"]))
+        return torch.stack(rows)
+
+    def _reference_conv(self, t: torch.Tensor, conv: nn.Conv2d, grid: Grid, valid: torch.Tensor) -> torch.Tensor:
+        """Residual 3×3 depthwise cross-correlation written out tap by tap, zero outside the grid."""
+        if grid is None:
+            return t
+        npt, (rows, cols) = self.num_prefix_tokens, grid
+        H, d = t.shape[1], t.shape[3]
+        weight = conv.weight.reshape(H, d, 3, 3)
+        bias = conv.bias.reshape(H, d) if conv.bias is not None else torch.zeros_like(weight[..., 0, 0])
+        out = []
+        for i in range(t.shape[2]):
+            if i < npt:
+                out.append(t[:, :, i])
+                continue
+            r, c = divmod(i - npt, cols)
+            total = t[:, :, i] + bias
+            for dr in (-1, 0, 1):
+                for dc in (-1, 0, 1):
+                    if 0 <= r + dr < rows and 0 <= c + dc < cols:
+                        j = npt + (r + dr) * cols + (c + dc)
+                        tap = weight[:, :, dr + 1, dc + 1] * t[:, :, j]
+                        total = total + tap * valid[:, j, None, None].to(t.dtype)
+            out.append(total)
+        return torch.stack(out, dim=2)

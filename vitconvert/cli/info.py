@@ -1,0 +1,92 @@
+"""``vitconvert list`` (aliases, variants, recipes) and ``vitconvert info FOLDER``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from . import app
+from .common import console, user_errors
+
+
+def recipe_dirs() -> list[Path]:
+    """Where recipes live: the repo's recipes/ (source checkouts) and the package copy (installs)."""
+    here = Path(__file__).resolve().parents[1]
+    return [p for p in (here.parent / "recipes", here / "recipes") if p.is_dir()]
+
+
+@app.command("list")
+@user_errors
+def list_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """Short model aliases, linear-attention variants and training recipes."""
+    from ..attention import VARIANTS
+    from ..sources import ALIASES
+
+    recipes = sorted({p.stem for d in recipe_dirs() for p in d.glob("*.yaml")})
+    if as_json:
+        variants = {k: dict(v.default_options) for k, v in VARIANTS.items()}
+        typer.echo(json.dumps({"aliases": ALIASES, "variants": variants, "recipes": recipes}))
+        return
+    aliases = Table(title="model aliases")
+    aliases.add_column("alias")
+    aliases.add_column("timm name")
+    for alias, name in ALIASES.items():
+        aliases.add_row(alias, name)
+    variants = Table(title="variants (--to)")
+    variants.add_column("name")
+    variants.add_column("options (--option KEY=VALUE)")
+    variants.add_column("what it is")
+    for name, cls in VARIANTS.items():
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        variants.add_row(name, ", ".join(f"{k}={v}" for k, v in cls.default_options.items()), doc)
+    console.print(aliases)
+    console.print(variants)
+    if recipes:
+        console.print("recipes: " + ", ".join(recipes))
+    console.print("Any timm model name, hf-hub:org/name, a folder or a weights file (--arch) is also a SOURCE.")
+
+
+@app.command()
+@user_errors
+def info(folder: str = typer.Argument(..., help="a vitconvert model or run folder, or hf-hub:org/name"),
+         as_json: bool = typer.Option(False, "--json", help="print config.json's vitconvert block as JSON")) -> None:
+    """What a converted model is and what was copied."""
+    from ..errors import VitconvertError
+    from ..sources import hub_folder, read_config
+    from .convert import report_table
+
+    path = hub_folder(folder) if folder.startswith("hf-hub:") else Path(folder)
+    if not path.is_dir():
+        raise VitconvertError(f"folder not found: {folder}")
+    cfg = read_config(path)
+    block = cfg.get("vitconvert")
+    if block is None:
+        raise VitconvertError(f"{folder} is not a vitconvert folder (its config.json has no 'vitconvert' block)")
+    if as_json:
+        typer.echo(json.dumps({"architecture": cfg.get("architecture"), "num_classes": cfg.get("num_classes"),
+                               **block}))
+        return
+    summary = Table(show_header=False, title=str(folder))
+    summary.add_column(style="bold")
+    summary.add_column()
+    weights = path / "model.safetensors"
+    rows = {
+        "architecture": cfg.get("architecture"),
+        "variant": f"{block.get('variant')} {block.get('options') or ''}",
+        "source": block.get("source"),
+        "classes": cfg.get("num_classes"),
+        "init": ", ".join(f"{k}={v}" for k, v in (block.get("init") or {}).items()),
+        "attention layers": block.get("replaced"),
+        "weights": f"{weights.stat().st_size / 2**20:.1f} MiB" if weights.exists() else "missing",
+        "written by": ", ".join(f"{k} {v}" for k, v in (block.get("versions") or {}).items()),
+    }
+    for key, value in rows.items():
+        summary.add_row(key, str(value))
+    console.print(summary)
+    if block.get("groups"):
+        console.print(report_table(block, "conversion report"))
+    for note in block.get("notes", []):
+        console.print(f"[yellow]note:[/] {note}")

@@ -1,0 +1,90 @@
+"""convert(): a softmax timm ViT -> a linear-attention ViT initialised by a recipe."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import timm
+import torch
+from torch import nn
+
+from .errors import VitconvertError
+from .init import InitRecipe, InitReport, apply_recipe
+from .surgery import SurgeryReport, swap_attention
+
+
+@dataclass
+class ConversionReport:
+    """Everything ``convert`` did; saved in config.json's "vitconvert" block and shown by the CLI."""
+
+    surgery: SurgeryReport
+    init: InitReport
+    recipe: InitRecipe
+    source: Optional[str] = None
+    num_classes: Optional[int] = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "variant": self.surgery.variant,
+            "options": self.surgery.options,
+            "source": self.source,
+            "init": self.recipe.to_dict(),
+            "num_classes": self.num_classes,
+            "replaced": len(self.surgery.replaced),
+            "source_attention": self.surgery.source_classes,
+            "notes": self.surgery.notes,
+            "groups": self.init.to_list(),
+            "totals": self.init.totals(),
+        }
+
+
+def fresh_like(model: nn.Module, seed: int, **overrides: Any) -> nn.Module:
+    """timm's own random init of ``model``'s architecture (same seed -> same weights)."""
+    arch = getattr(model, "pretrained_cfg", {}).get("architecture")
+    if not arch or not timm.is_model(arch):
+        raise VitconvertError("random init needs a model built by timm.create_model (its architecture is unknown)")
+    args = {**getattr(model, "_model_args", {}), **getattr(model, "pretrained_model_args", {}), **overrides}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return timm.create_model(arch, pretrained=False, **args)
+
+
+def convert(
+    model: nn.Module,
+    to: str,
+    attn_init: str = "mimetic",
+    mlp_init: str = "copy",
+    rest_init: str = "copy",
+    seed: int = 0,
+    num_classes: Optional[int] = None,
+    options: Optional[dict[str, Any]] = None,
+    source: Optional[str] = None,
+) -> tuple[nn.Module, ConversionReport]:
+    """A linear-attention copy of ``model``; ``model`` itself is left unchanged and stays a valid teacher."""
+    recipe = InitRecipe(attn_init, mlp_init, rest_init, seed)
+    if num_classes is not None and num_classes < 1:
+        raise VitconvertError(f"--num-classes must be at least 1 (got {num_classes})")
+    reheaded = num_classes is not None and num_classes != getattr(model, "num_classes", None)
+    student = copy.deepcopy(model)
+    if reheaded:
+        if not hasattr(student, "reset_classifier"):
+            raise VitconvertError(f"{type(model).__name__} cannot be re-headed (no reset_classifier)")
+        student.reset_classifier(num_classes)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(recipe.seed)
+        student, surgery = swap_attention(student, to, options, inplace=True)
+    fresh = None
+    if recipe.needs_fresh_model or reheaded:
+        fresh = fresh_like(model, recipe.seed, **({"num_classes": num_classes} if reheaded else {}))
+    init_report = apply_recipe(student, recipe, fresh, reheaded)
+    if reheaded:
+        student.pretrained_cfg = {**student.pretrained_cfg, "num_classes": num_classes}
+        student._model_args = {**getattr(student, "_model_args", {}), "num_classes": num_classes}
+    student.eval() if not model.training else student.train()
+    report = ConversionReport(surgery, init_report, recipe, source=source,
+                              num_classes=getattr(student, "num_classes", num_classes))
+    student.vitconvert_report = report.to_dict()
+    return student, report

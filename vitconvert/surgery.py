@@ -1,0 +1,97 @@
+"""Find every global softmax attention in a timm ViT family and swap it for a linear variant.
+
+The family adapters are data: which attention classes are global softmax self-attention, and which
+model-level softmax-only modules (shared relative-position biases) become unused once attention is linear.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from timm.layers import Attention, AttentionRope
+from timm.models.beit import Attention as BeitAttention
+from timm.models.eva import EvaAttention
+from timm.models.vision_transformer_relpos import RelPosAttention
+from torch import nn
+
+from .attention import VARIANTS, LinearAttention
+from .errors import VitconvertError
+
+# Global (all-token) softmax self-attention classes of timm's ViT families.
+SOFTMAX_ATTENTION: tuple[type[nn.Module], ...] = (Attention, AttentionRope, EvaAttention, BeitAttention,
+                                                  RelPosAttention)
+# Model-level modules that only produce softmax logit biases.
+SHARED_LOGIT_BIAS = ("rel_pos_bias", "shared_rel_pos")
+
+
+@dataclass
+class SurgeryReport:
+    """What the swap did, for the conversion report and the model card."""
+
+    variant: str
+    options: dict[str, Any]
+    replaced: list[str] = field(default_factory=list)
+    source_classes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def find_softmax_attention(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(qualified name, module) of every global softmax self-attention in ``model``."""
+    return [(n, m) for n, m in model.named_modules() if type(m) in SOFTMAX_ATTENTION]
+
+
+def model_geometry(model: nn.Module) -> tuple[int, Optional[tuple[int, int]]]:
+    """Prefix-token count and patch grid of a timm ViT (the grid is None for NaFlex's packed patches)."""
+    num_prefix = getattr(model, "num_prefix_tokens", None)
+    if num_prefix is None:
+        num_prefix = int(getattr(model, "cls_token", None) is not None)
+    embeds = getattr(model, "patch_embed", None) or getattr(model, "embeds", None)
+    grid = getattr(embeds, "grid_size", None)
+    if grid is None and embeds is not None and getattr(embeds, "patch_embed", None) is not None:
+        grid = getattr(embeds.patch_embed, "grid_size", None)
+    return int(num_prefix), (tuple(int(g) for g in grid) if grid is not None else None)
+
+
+def swap_attention(model: nn.Module, variant: str, options: Optional[dict[str, Any]] = None,
+                   inplace: bool = False) -> tuple[nn.Module, SurgeryReport]:
+    """Return a copy of ``model`` (the original stays a valid teacher) with linear attention everywhere."""
+    if variant not in VARIANTS:
+        raise VitconvertError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    options = dict(options or {})
+    found = find_softmax_attention(model)
+    if not found:
+        linear = [n for n, m in model.named_modules() if isinstance(m, LinearAttention)]
+        if linear:
+            raise VitconvertError("this model already has linear attention (a vitconvert model); "
+                                  "convert its softmax source instead")
+        raise VitconvertError(f"{type(model).__name__} has no global softmax attention to convert "
+                              "(only ViT families with all-token self-attention are supported)")
+    target = model if inplace else copy.deepcopy(model)
+    num_prefix, grid = model_geometry(target)
+    cls = VARIANTS[variant]
+    report = SurgeryReport(variant, {**cls.default_options, **options})
+    for name, module in find_softmax_attention(target):
+        try:
+            new = cls.from_softmax(module, num_prefix_tokens=num_prefix, grid_size=grid, **options)
+        except ValueError as e:
+            raise VitconvertError(str(e)) from None
+        parent, _, attr = name.rpartition(".")
+        setattr(target.get_submodule(parent) if parent else target, attr, new)
+        report.replaced.append(name)
+        if type(module).__name__ not in report.source_classes:
+            report.source_classes.append(type(module).__name__)
+        for dropped in new.dropped:
+            note = f"per-layer {dropped} (a softmax logit bias) dropped: no linear analogue"
+            if note not in report.notes:
+                report.notes.append(note)
+    for attr in SHARED_LOGIT_BIAS:
+        if getattr(target, attr, None) is not None:
+            setattr(target, attr, None)
+            report.notes.append(f"shared {attr} (a softmax logit bias) dropped: no linear analogue")
+    if getattr(target, "rope", None) is not None:
+        report.notes.append("rotary position embedding kept: applied to q and k before the feature map")
+    if grid is None:
+        report.notes.append("no fixed patch grid: grid-based parts fall back to their grid-free form")
+    return target, report
