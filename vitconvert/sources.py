@@ -152,6 +152,13 @@ def hub_folder(spec: str) -> Path:
     except (LocalEntryNotFoundError, RepositoryNotFoundError, HfHubHTTPError, OSError) as e:
         where = f"{repo}@{revision}" if revision else repo
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        if offline and isinstance(e, LocalEntryNotFoundError):
+            from .hub import cached_revisions
+
+            cached = cached_revisions(repo)
+            have = f"cached revisions: {', '.join(cached)}" if cached else "nothing of this repo is cached"
+            raise VitconvertError(f"{where} is not in the Hub cache and HF_HUB_OFFLINE is set ({have}); "
+                                  "unset HF_HUB_OFFLINE to download it") from None
         hint = " (HF_HUB_OFFLINE is set and it is not in the Hub cache)" if offline else ""
         raise VitconvertError(f"cannot get {where} from the Hugging Face Hub{hint}: {_first_line(e)}") from None
 

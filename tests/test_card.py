@@ -1,0 +1,145 @@
+"""The model card: Hub metadata that huggingface_hub parses, every section present when its data is."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import yaml
+from conftest import tiny_model
+from huggingface_hub import ModelCard, ModelCardData
+
+import vitconvert
+from vitconvert.attention import VARIANTS
+from vitconvert.card import CARD_MARKER, MIMETIC_BIBTEX, VARIANT_BIBTEX, base_model, render_card
+
+RECIPE = {"data": {"dataset": "torch/cifar100", "img_size": 32}, "optim": {"name": "adamw", "lr": 0.002},
+          "epochs": 300, "distill": {"loss": "mse", "weight": 1.0}}
+METRICS = {"top1": 81.25, "top5": 95.5, "loss": 0.91, "epochs": 300}
+
+
+def converted_config(variant: str = "elu", **meta) -> dict:
+    """config.json of a converted tiny model, as folder.py writes it."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    student, _ = vitconvert.convert(tiny_model("vit"), variant, source="vit_tiny")
+    with tempfile.TemporaryDirectory() as tmp:
+        vitconvert.save(student, Path(tmp) / "m", **meta)
+        return json.loads((Path(tmp) / "m" / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    return converted_config("mhla", pretrained=True)
+
+
+def trained(config: dict) -> dict:
+    cfg = copy.deepcopy(config)
+    cfg["vitconvert"].update(recipe=RECIPE, metrics=METRICS, teacher="deit_small",
+                             lineage=[{"step": "distill", "epochs": 300, "teacher": "deit_small"}],
+                             compare=[{"layer": 0, "mse": 0.012, "cosine": 0.98}, {"layer": 1, "mse": 0.02}])
+    return cfg
+
+
+def test_metadata_parses_with_huggingface_hub(config):
+    text = render_card(config, repo_id="me/x")
+    card = ModelCard(text)
+    assert isinstance(card.data, ModelCardData)
+    data = card.data.to_dict()
+    assert data["library_name"] == "timm" and data["pipeline_tag"] == "image-classification"
+    assert data["tags"] == ["vitconvert", "linear-attention", "mhla", "image-classification"]
+    assert data["license"] == "apache-2.0"  # inherited from the source's pretrained_cfg
+    assert data["base_model"] == "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # timm's hf_hub_id of the tag
+    assert "model-index" not in data and "datasets" not in data  # nothing measured yet
+    assert ModelCardData(**yaml.safe_load(text.split("---")[1]), ignore_metadata_errors=False)
+
+
+def test_trained_card_has_datasets_and_model_index(config):
+    card = ModelCard(render_card(trained(config), repo_id="me/x"))
+    assert card.data.datasets == ["uoft-cs/cifar100"]
+    assert card.data.model_name == "x"
+    results = {r.metric_name: r.metric_value for r in card.data.eval_results}
+    assert results == {"Top-1 accuracy": 81.25, "Top-5 accuracy": 95.5}
+    assert card.data.eval_results[0].dataset_type == "uoft-cs/cifar100"
+
+
+def test_sections_in_order_and_recipe_verbatim(config):
+    text = render_card(trained(config), repo_id="me/x")
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert headings == ["How to use", "Conversion report", "Per-layer comparison with the teacher",
+                        "Training recipe", "Results", "Lineage", "Citation"]
+    recipe_block = text.split("```yaml\n")[1].split("```")[0]
+    assert yaml.safe_load(recipe_block) == RECIPE
+    assert "| top1 | 81.25 |" in text and "| epochs | 300 |" in text
+    assert "| 0 | 0.012 | 0.98 |" in text and "| 1 | 0.02 |  |" in text
+    lineage = text.split("## Lineage")[1].split("##")[0]
+    assert lineage.index("**source**") < lineage.index("**convert**") < lineage.index("**distill**")
+    assert lineage.count("**distill**") == 1 and "teacher deit_small" in lineage
+    assert "not yet trained" not in text
+
+
+def test_converted_card_says_untrained_and_reports_groups(config):
+    text = render_card(config)
+    assert CARD_MARKER in text and "Converted, not yet trained" in text
+    assert 'vitconvert.load("hf-hub:ORG/NAME")' in text  # placeholder until push knows the repo
+    for row in config["vitconvert"]["groups"]:
+        assert f"| {row['group']} | {row['action']} | {row['tensors']} | {row['params']:,} |" in text
+    assert "**total**" in text and "## Training recipe" not in text and "## Results" not in text
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_citations_name_the_paper_and_the_variant(variant):
+    text = render_card(converted_config(variant))
+    assert "Copy the Same, Distill the Difference" in text.split("## Citation")[1]
+    assert VARIANT_BIBTEX[variant] in text and MIMETIC_BIBTEX in text  # default attention init is mimetic
+    assert ModelCard(text).data.tags[2] == variant
+
+
+def test_mimetic_cited_only_when_used(config):
+    cfg = copy.deepcopy(config)
+    cfg["vitconvert"]["init"]["attn"] = "copy"
+    assert MIMETIC_BIBTEX not in render_card(cfg)
+
+
+@pytest.mark.parametrize("source,pretrained,expected", [
+    ("hf-hub:facebook/deit-small@v2", True, "facebook/deit-small"),
+    ("vit_tiny", True, "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"),
+    ("vit_tiny", False, None),  # random weights: nothing to derive from
+    ("./my_folder", True, None),  # a local folder has no Hub id
+    ("weights/model.safetensors", True, None),
+    ("digits", True, None),  # a bundled model, not a timm name
+])
+def test_base_model(config, source, pretrained, expected):
+    cfg = copy.deepcopy(config)
+    cfg["vitconvert"].update(source=source, pretrained=pretrained)
+    assert base_model(cfg) == expected
+    assert ModelCard(render_card(cfg)).data.base_model == expected
+
+
+def test_hub_dataset_ids_pass_through_and_unknown_names_stay(config):
+    cfg = trained(config)
+    cfg["vitconvert"]["recipe"] = {"data": {"dataset": "hfds/timm/oxford-iiit-pet"}}
+    assert ModelCard(render_card(cfg)).data.datasets == ["timm/oxford-iiit-pet"]
+    cfg["vitconvert"]["recipe"] = {"dataset": "my_private_set"}
+    assert ModelCard(render_card(cfg)).data.datasets == ["my_private_set"]
+
+
+def test_card_of_a_distill_run_as_the_trainer_writes_it(config):
+    """Flat recipe (``data: <name or path>``), metrics in percent, the teacher's SOURCE, a compare report."""
+    cfg = copy.deepcopy(config)
+    cfg["vitconvert"].update(
+        recipe={"name": "in1k", "data": "/datasets/imagenet/", "epochs": 300, "lr": 0.004},
+        metrics={"dataset": "imagenet", "split": "validation", "top1": 72.31, "top5": 91.02, "loss": 1.1,
+                 "epochs": 300, "best_top1": 72.4, "best_epoch": 296},
+        teacher="deit_tiny",
+        compare={"layers": [{"layer": 0, "attn_mse": 0.5, "attn_cos": 0.9, "block_cos": 0.99}],
+                 "top1_agreement": 0.93, "logit_kl": None, "images": 64})
+    text = render_card(cfg, repo_id="me/deit_tiny-mhla")
+    card = ModelCard(text)
+    assert card.data.datasets == ["ILSVRC/imagenet-1k"]  # the image folder's name, mapped to the Hub dataset
+    assert card.data.eval_results[0].metric_value == 72.31
+    assert "| 0 | 0.5 | 0.9 | 0.99 |" in text and "top1 agreement: 0.93" in text and "logit kl" not in text
+    assert "**distill**: teacher deit_tiny, epochs 300" in text and "| best_epoch | 296 |" in text

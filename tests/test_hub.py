@@ -1,0 +1,320 @@
+"""push_folder through a monkeypatched HfApi (the network is never reached), and loading back from the Hub cache."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import socket
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import timm
+import torch
+from conftest import image_batch, place_in_hub_cache, tiny_model
+from huggingface_hub import HfApi, ModelCard
+
+import vitconvert
+from vitconvert.card import CARD_MARKER
+from vitconvert.errors import VitconvertError
+from vitconvert.hub import NEVER, push_folder
+
+FAKE_TOKEN = "hf_FakeTokenForTests0123456789abcdef"
+
+
+@pytest.fixture(scope="session")
+def templates(tmp_path_factory) -> dict[str, Path]:
+    """One converted tiny folder per variant for the whole session (Mimetic init is the slow part)."""
+    return {}
+
+
+@pytest.fixture
+def make_folder(templates, tmp_path_factory):
+    """make_folder(path, variant="elu", run=False): a converted tiny model folder at ``path``; ``run`` adds
+    what a distill run folder holds beside the model (recipe, metrics, curves, checkpoints)."""
+    def make(path: Path, variant: str = "elu", run: bool = False) -> Path:
+        if variant not in templates:
+            student, _ = vitconvert.convert(tiny_model("vit"), variant, source="vit_tiny")
+            templates[variant] = vitconvert.save(student, tmp_path_factory.mktemp("tpl") / variant, pretrained=False)
+        shutil.copytree(templates[variant], path)
+        if run:
+            (path / "recipe.yaml").write_text("# quick recipe\ndata:\n  dataset: torch/cifar10\nepochs: 2\n")
+            (path / "metrics.jsonl").write_text('{"epoch": 0, "top1": 10.0}\n{"epoch": 1, "top1": 12.5}\n')
+            (path / "curves.png").write_bytes(b"\x89PNG fake")
+            (path / "checkpoint-last").mkdir()
+            (path / "checkpoint-last" / "optimizer.pt").write_bytes(b"state")
+            (path / "best").mkdir()
+            (path / "best" / "model.safetensors").write_bytes(b"weights")
+            (path / "events.out.tfevents.1").write_bytes(b"tb")
+            (path / "optimizer.pt").write_bytes(b"state")
+        return path
+
+    return make
+
+
+class FakeHub:
+    """Records what reaches huggingface_hub; ``fail`` makes the named call raise."""
+
+    def __init__(self, monkeypatch, fail: dict | None = None):
+        self.calls: list[tuple[str, tuple, dict]] = []
+        self.fail = fail or {}
+        for name in ("create_repo", "create_branch", "upload_folder"):
+            monkeypatch.setattr(HfApi, name, self._record(name))
+
+    def _record(self, name):
+        def method(api, *args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            if name in self.fail:
+                raise self.fail[name]
+            return type("CommitInfo", (), {"commit_url": "https://huggingface.co/me/x/commit/abc"})()
+        return method
+
+    def kwargs(self, name: str) -> dict:
+        return next(kw for n, _, kw in self.calls if n == name)
+
+
+@pytest.fixture
+def online(monkeypatch):
+    """Offline mode off (conftest turns it on) and no ambient login, so tests decide where the token comes from."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any socket connection or Hub call fails the test (whatever offline mode says)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    for name in ("create_repo", "create_branch", "upload_folder"):
+        monkeypatch.setattr(HfApi, name, refuse)
+    monkeypatch.setattr(huggingface_hub, "get_token", refuse)
+
+
+def test_dry_run_lists_model_and_run_files_only(tmp_path, online, no_network, make_folder):
+    folder = make_folder(tmp_path / "run", run=True)
+    plan = push_folder(folder, "me/x", dry_run=True)
+    sizes = dict(plan.files)
+    assert sorted(sizes) == ["README.md", "config.json", "curves.png", "metrics.jsonl", "model.safetensors",
+                             "recipe.yaml"]
+    assert all(sizes[name] == (folder / name).stat().st_size for name in sizes)
+    assert plan.skipped == ["best/", "checkpoint-last/", "events.out.tfevents.1", "optimizer.pt"]
+    assert plan.dry_run and plan.commit_url is None and plan.card == "refreshed"
+
+
+def test_dry_run_refreshes_card_atomically_with_repo_and_recipe(tmp_path, online, no_network, make_folder):
+    folder = make_folder(tmp_path / "run", run=True)
+    push_folder(folder, "me/x", dry_run=True)
+    text = (folder / "README.md").read_text()
+    assert 'vitconvert.load("hf-hub:me/x")' in text and "## Training recipe" in text
+    assert ModelCard(text).data.datasets == ["uoft-cs/cifar10"]  # from the run's recipe.yaml
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_hand_written_card_is_kept_but_must_parse(tmp_path, online, no_network, make_folder):
+    folder = make_folder(tmp_path / "m")
+    (folder / "README.md").write_text("---\nlicense: mit\n---\n# my notes\n")
+    assert push_folder(folder, "me/x", dry_run=True).card == "kept"
+    assert (folder / "README.md").read_text().endswith("# my notes\n")
+    (folder / "README.md").write_text("---\nlicense: [mit\n---\n# broken\n")
+    with pytest.raises(VitconvertError, match="metadata does not parse"):
+        push_folder(folder, "me/x", dry_run=True)
+
+
+def test_push_arguments_reach_huggingface_hub(tmp_path, monkeypatch, online, make_folder):
+    folder = make_folder(tmp_path / "run", run=True)
+    hub = FakeHub(monkeypatch)
+    plan = push_folder(folder, "me/x", private=True, revision="exp1", commit_message="first", token=FAKE_TOKEN)
+    assert [n for n, _, _ in hub.calls] == ["create_repo", "create_branch", "upload_folder"]
+    create = hub.kwargs("create_repo")
+    assert hub.calls[0][1] == ("me/x",) and create["exist_ok"] is True and create["private"] is True
+    assert create["token"] == FAKE_TOKEN and create["repo_type"] == "model"
+    assert hub.kwargs("create_branch") == {"branch": "exp1", "token": FAKE_TOKEN, "repo_type": "model",
+                                           "exist_ok": True}
+    upload = hub.kwargs("upload_folder")
+    assert upload["repo_id"] == "me/x" and Path(upload["folder_path"]) == folder
+    assert upload["revision"] == "exp1" and upload["commit_message"] == "first" and upload["token"] == FAKE_TOKEN
+    assert sorted(upload["allow_patterns"]) == sorted(name for name, _ in plan.files)
+    assert upload["ignore_patterns"] == NEVER and "checkpoint-*" in NEVER
+    assert plan.commit_url.endswith("/commit/abc")
+
+
+def test_push_to_main_needs_no_branch_and_has_a_default_message(tmp_path, monkeypatch, online, make_folder):
+    hub = FakeHub(monkeypatch)
+    push_folder(make_folder(tmp_path / "m"), "me/x", token=FAKE_TOKEN)
+    assert [n for n, _, _ in hub.calls] == ["create_repo", "upload_folder"]
+    upload = hub.kwargs("upload_folder")
+    assert upload["revision"] is None and hub.kwargs("create_repo")["private"] is False
+    assert upload["commit_message"].startswith("Upload vit_tiny_patch16_224 with elu attention")
+    assert sorted(upload["allow_patterns"]) == ["README.md", "config.json", "model.safetensors"]
+
+
+def test_token_from_env_then_cached_login(tmp_path, monkeypatch, online, make_folder):
+    folder = make_folder(tmp_path / "m")
+    hub = FakeHub(monkeypatch)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_cached")
+    push_folder(folder, "me/x")
+    assert hub.kwargs("create_repo")["token"] == "hf_cached"
+    monkeypatch.setenv("HF_TOKEN", "hf_env")
+    hub.calls.clear()
+    push_folder(folder, "me/x")
+    assert hub.kwargs("create_repo")["token"] == "hf_env"
+    hub.calls.clear()
+    push_folder(folder, "me/x", token="hf_flag")
+    assert hub.kwargs("upload_folder")["token"] == "hf_flag"
+
+
+def test_missing_token_says_how_to_log_in(tmp_path, monkeypatch, online, make_folder):
+    hub = FakeHub(monkeypatch)
+    with pytest.raises(VitconvertError, match="hf auth login") as info:
+        push_folder(make_folder(tmp_path / "m"), "me/x")
+    assert "HF_TOKEN" in str(info.value) and hub.calls == []
+
+
+def test_token_is_never_written_or_logged(tmp_path, monkeypatch, online, caplog, make_folder):
+    import httpx2 as http  # the HTTP library of this huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError
+
+    folder = make_folder(tmp_path / "run", run=True)
+    caplog.set_level(logging.DEBUG)
+    FakeHub(monkeypatch)
+    push_folder(folder, "me/x", token=FAKE_TOKEN)
+    echo = HfHubHTTPError(f"400 Bad Request: token {FAKE_TOKEN} is malformed",
+                          response=http.Response(400, request=http.Request("POST", "https://huggingface.co")))
+    FakeHub(monkeypatch, fail={"upload_folder": echo})
+    with pytest.raises(VitconvertError) as info:
+        push_folder(folder, "me/x", token=FAKE_TOKEN)
+    assert FAKE_TOKEN not in str(info.value) and "***" in str(info.value)
+    assert FAKE_TOKEN not in caplog.text
+    for f in tmp_path.rglob("*"):
+        assert not f.is_file() or FAKE_TOKEN.encode() not in f.read_bytes(), f
+
+
+def hub_errors():
+    import httpx2 as http
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
+
+    def response(code: int):
+        return http.Response(code, request=http.Request("POST", "https://huggingface.co/api/repos/create"))
+
+    return [
+        (http.ConnectError("[Errno -3] Temporary failure in name resolution"), "cannot reach the Hugging Face Hub"),
+        (ConnectionError("connection reset"), "cannot reach the Hugging Face Hub"),
+        (TimeoutError("timed out"), "cannot reach the Hugging Face Hub"),
+        (OfflineModeIsEnabled("offline"), "cannot reach the Hugging Face Hub"),
+        (HfHubHTTPError("401 Unauthorized", response=response(401)), "refused the token"),
+        (HfHubHTTPError("403 Forbidden", response=response(403)), "write access"),
+        (HfHubHTTPError("500 Server Error", response=response(500)), "500"),
+        (RepositoryNotFoundError("404 not found", response=response(404)), "does not exist or your token"),
+    ]
+
+
+@pytest.mark.parametrize("stage", ["create_repo", "upload_folder"])
+@pytest.mark.parametrize("error,text", hub_errors(), ids=lambda v: type(v).__name__ if isinstance(v, Exception)
+                         else None)
+def test_hub_failures_are_one_line(tmp_path, monkeypatch, online, stage, error, text, make_folder):
+    FakeHub(monkeypatch, fail={stage: error})
+    with pytest.raises(VitconvertError, match=text) as info:
+        push_folder(make_folder(tmp_path / "m"), "me/x", token=FAKE_TOKEN)
+    message = str(info.value)
+    assert "\n" not in message
+    if "token" not in text:
+        assert "nothing was committed" in message
+
+
+def test_offline_push_refuses_before_any_call(tmp_path, monkeypatch, make_folder):
+    hub = FakeHub(monkeypatch)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(VitconvertError, match="HF_HUB_OFFLINE is set"):
+        push_folder(make_folder(tmp_path / "m"), "me/x", token=FAKE_TOKEN)
+    assert hub.calls == []
+
+
+@pytest.mark.parametrize("repo,text", [
+    ("noslash", "expected org/name"), ("a/b/c", "expected org/name"), ("bad id/x", "expected org/name"),
+    ("", "expected org/name"), ("me/x@dev", "--revision"), ("me/--x", "expected org/name"),
+])
+def test_invalid_repo_ids(tmp_path, repo, text):
+    with pytest.raises(VitconvertError, match=text):
+        push_folder(tmp_path, repo, dry_run=True)
+
+
+def test_hf_hub_prefix_is_tolerated(tmp_path, online, no_network, make_folder):
+    assert push_folder(make_folder(tmp_path / "m"), "hf-hub:me/x", dry_run=True).repo_id == "me/x"
+
+
+def test_folders_that_cannot_be_pushed(tmp_path, online, no_network, make_folder):
+    with pytest.raises(VitconvertError, match="folder not found"):
+        push_folder(tmp_path / "missing", "me/x", dry_run=True)
+    timm.models.save_for_hf(tiny_model("vit"), str(tmp_path / "plain"), safe_serialization=True)
+    with pytest.raises(VitconvertError, match="not a vitconvert folder"):
+        push_folder(tmp_path / "plain", "me/x", dry_run=True)
+    folder = make_folder(tmp_path / "m")
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(VitconvertError, match="has no model.safetensors"):
+        push_folder(folder, "me/x", dry_run=True)
+    folder = make_folder(tmp_path / "t")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:500])
+    with pytest.raises(VitconvertError, match="corrupt or truncated"):
+        push_folder(folder, "me/x", dry_run=True)
+
+
+# -- loading back by id, offline from the Hub cache ----------------------------------------------------------
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    cache = tmp_path / "hub-cache"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_pushed_folder_loads_back_by_id_bit_exact(tmp_path, hub_cache, no_network, make_folder):
+    """The issue's "done when": the dry-run's folder, laid out as the Hub cache, loads by hf-hub:me/x offline."""
+    folder = make_folder(tmp_path / "m", variant="mhla")
+    push_folder(folder, "me/x", dry_run=True)
+    place_in_hub_cache(hub_cache, "me/x", folder)
+    place_in_hub_cache(hub_cache, "me/x", folder, revision="v1")
+    original = vitconvert.load(folder)
+    snippet = (folder / "README.md").read_text().split("```python\n")[1].split("```")[0]
+    scope: dict = {}
+    exec(snippet, scope)  # the card's two lines, as a reader would run them
+    for model in (scope["model"], vitconvert.load("hf-hub:me/x@v1")):
+        a, b = original.state_dict(), model.state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        x = image_batch(original)
+        assert torch.equal(original(x), model(x))
+
+
+def test_timm_repo_loads_from_cache_bit_exact(tmp_path, hub_cache):
+    source = tiny_model("vit")
+    timm.models.save_for_hf(source, str(tmp_path / "src"), safe_serialization=True)
+    place_in_hub_cache(hub_cache, "timm/tiny_vit", tmp_path / "src")
+    loaded = vitconvert.load("hf-hub:timm/tiny_vit")
+    a, b = source.state_dict(), loaded.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_missing_revision_offline_is_one_clear_line(tmp_path, hub_cache, make_folder):
+    place_in_hub_cache(hub_cache, "me/x", make_folder(tmp_path / "m"))
+    with pytest.raises(VitconvertError) as info:
+        vitconvert.load("hf-hub:me/x@nope")
+    assert re.fullmatch(r"me/x@nope is not in the Hub cache and HF_HUB_OFFLINE is set \(cached revisions: main\); "
+                        r"unset HF_HUB_OFFLINE to download it", str(info.value))
+    with pytest.raises(VitconvertError, match="nothing of this repo is cached"):
+        vitconvert.load("hf-hub:me/other")
+
+
+def test_card_marker_is_in_every_saved_folder(tmp_path, make_folder):
+    folder = make_folder(tmp_path / "m")
+    assert CARD_MARKER in (folder / "README.md").read_text()
+    assert json.loads((folder / "config.json").read_text())["vitconvert"]["variant"] == "elu"

@@ -1,0 +1,266 @@
+"""Push a model or run folder to the Hugging Face Hub as a complete repo: weights, config, card, recipe.
+
+The folder is validated (it must load) and its card refreshed before anything is sent; the upload is one
+``upload_folder`` call, hence one commit: a failure leaves no half-uploaded revision. The token is passed to
+huggingface_hub and nowhere else: never printed, logged or written.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+from .errors import VitconvertError
+
+MODEL_FILES = ("config.json", "model.safetensors", "README.md")
+RUN_FILES = ("recipe.yaml", "metrics.jsonl")  # present in a distill run folder
+EXTRA_PATTERNS = ("*.png",)  # training curves, top level only
+# Never sent even if a pattern above should ever match them: resumable state is large and private.
+NEVER = ["checkpoint-*", "checkpoint-*/**", "best/**", "*.pt", "*.pth", "*.bin", "optimizer*", ".*"]
+LOGIN_HINT = ("run `hf auth login` (or `huggingface-cli login`), set HF_TOKEN, or pass --token")
+
+
+@dataclass
+class PushPlan:
+    """What a push sends (or, with dry_run, would send)."""
+
+    folder: str
+    repo_id: str
+    revision: Optional[str]
+    files: list[tuple[str, int]]  # (name in repo, bytes)
+    skipped: list[str]  # top-level entries of the folder that are not sent
+    card: str  # "refreshed" or "kept" (a hand-written README.md without our marker)
+    dry_run: bool
+    url: str = ""
+    commit_url: Optional[str] = None
+    token_source: Optional[str] = None  # where a token would come from; never the token itself
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# -- input checks ------------------------------------------------------------------------------------
+def check_repo_id(repo_id: str) -> str:
+    """``org/name`` as the Hub accepts it; ``hf-hub:`` is tolerated, a revision belongs in --revision."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    repo = (repo_id or "").strip().removeprefix("hf-hub:")
+    if "@" in repo:
+        raise VitconvertError(f"invalid repo id {repo_id!r}: give the branch with --revision, not @")
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        repo = ""
+    if repo.count("/") != 1:
+        raise VitconvertError(f"invalid repo id {repo_id!r}: expected org/name (your user or organisation name, "
+                              "a slash, then letters, digits, '-', '_' or '.')")
+    return repo
+
+
+def check_folder(folder: Path) -> dict[str, Any]:
+    """config.json with a "vitconvert" block and weights that load strictly into it: what a user could use."""
+    from .folder import load_folder_model
+    from .sources import read_config
+
+    if not folder.is_dir():
+        raise VitconvertError(f"folder not found: {folder}")
+    config = read_config(folder)
+    if "vitconvert" not in config:
+        raise VitconvertError(f"{folder} is not a vitconvert folder (its config.json has no 'vitconvert' block); "
+                              "convert it first with `vitconvert convert`")
+    load_folder_model(folder, config)
+    return config
+
+
+def card_config(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """config.json as the card sees it: a run folder's recipe.yaml fills in a recipe the block lacks."""
+    block = dict(config.get("vitconvert") or {})
+    recipe_file = folder / "recipe.yaml"
+    if not block.get("recipe") and recipe_file.is_file():
+        try:
+            recipe = yaml.safe_load(recipe_file.read_text())
+        except yaml.YAMLError as e:
+            raise VitconvertError(f"{recipe_file} is not valid YAML ({str(e).splitlines()[0]})") from None
+        if isinstance(recipe, dict):
+            block["recipe"] = recipe
+    return {**config, "vitconvert": block}
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """A temporary sibling, then os.replace: readers see the old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def refresh_card(folder: Path, config: dict[str, Any], repo_id: Optional[str]) -> str:
+    """Re-render README.md unless the user wrote their own (no marker); either way its metadata must parse."""
+    from huggingface_hub import ModelCard
+
+    from .card import CARD_MARKER, render_card
+
+    readme = folder / "README.md"
+    if readme.is_file() and CARD_MARKER not in readme.read_text(encoding="utf-8", errors="replace"):
+        action = "kept"
+    else:
+        write_atomic(readme, render_card(card_config(folder, config), repo_id=repo_id))
+        action = "refreshed"
+    try:
+        ModelCard(readme.read_text(encoding="utf-8"))
+    except Exception as e:  # the Hub would refuse the commit for the same reason
+        raise VitconvertError(f"{readme}: its metadata does not parse ({str(e).splitlines()[0]})") from None
+    return action
+
+
+def upload_files(folder: Path) -> tuple[list[Path], list[str]]:
+    """(files to send, top-level entries left out): model files, run recipe/metrics, curves; nothing else."""
+    from fnmatch import fnmatch
+
+    missing = [n for n in MODEL_FILES if not (folder / n).is_file()]
+    if missing:
+        raise VitconvertError(f"{folder} lacks {', '.join(missing)}")
+    keep, skipped = [], []
+    for entry in sorted(folder.iterdir()):
+        wanted = entry.name in MODEL_FILES + RUN_FILES or any(fnmatch(entry.name, p) for p in EXTRA_PATTERNS)
+        if entry.is_file() and wanted and not entry.name.startswith("."):
+            keep.append(entry)
+        else:
+            skipped.append(entry.name + ("/" if entry.is_dir() else ""))
+    return keep, skipped
+
+
+# -- tokens and errors -------------------------------------------------------------------------------
+def token_source(token: Optional[str]) -> Optional[str]:
+    """Where a token would come from, without reading it over the network (dry runs stay offline)."""
+    from huggingface_hub import constants
+
+    if token:
+        return "--token"
+    if os.environ.get("HF_TOKEN"):
+        return "HF_TOKEN"
+    return "cached login" if Path(constants.HF_TOKEN_PATH).is_file() else None
+
+
+def resolve_token(token: Optional[str]) -> str:
+    """--token, else HF_TOKEN, else the cached login; none is one line saying how to log in."""
+    import huggingface_hub
+
+    if token:
+        return token
+    try:
+        found = os.environ.get("HF_TOKEN") or huggingface_hub.get_token()
+    except Exception as e:  # e.g. a failed OIDC exchange
+        raise VitconvertError(f"cannot get a Hugging Face token ({type(e).__name__}); {LOGIN_HINT}") from None
+    if not found:
+        raise VitconvertError(f"no Hugging Face token found: {LOGIN_HINT}")
+    return found
+
+
+def cached_revisions(repo_id: str) -> list[str]:
+    """Branches/tags of ``repo_id`` in the local Hub cache (its refs/), for the offline error message."""
+    from huggingface_hub import constants
+
+    refs = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "refs"
+    return sorted(str(p.relative_to(refs)) for p in refs.rglob("*") if p.is_file()) if refs.is_dir() else []
+
+
+def hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    env = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return env or bool(getattr(constants, "HF_HUB_OFFLINE", False))
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """Connection failures of whichever HTTP library this huggingface_hub uses (httpx or requests)."""
+    import importlib
+
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "ConnectionError"),
+                         ("requests", "Timeout")):
+        try:
+            errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+def describe_hub_error(e: BaseException, repo_id: str, token: str, stage: str) -> str:
+    """One line for any failure of the Hub calls, with the token scrubbed from whatever the server said."""
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    nothing = "nothing was committed (the upload is a single commit)"
+    if isinstance(e, RepositoryNotFoundError):
+        msg = f"cannot access {repo_id}: it does not exist or your token cannot write to it; {LOGIN_HINT}"
+    elif isinstance(e, HfHubHTTPError):
+        code = getattr(getattr(e, "response", None), "status_code", None)
+        if code == 401:
+            msg = f"the Hub refused the token (401 Unauthorized); {LOGIN_HINT}"
+        elif code == 403:
+            msg = f"your token may not write to {repo_id} (403 Forbidden): use a token with write access; {nothing}"
+        else:
+            msg = f"the Hub failed to {stage} {repo_id} ({code or 'HTTP error'}: {first}); {nothing}"
+    elif isinstance(e, _connection_errors()):
+        msg = f"cannot reach the Hugging Face Hub to {stage} {repo_id} ({type(e).__name__}: {first}); {nothing}"
+    else:
+        msg = f"push to {repo_id} failed while trying to {stage} ({type(e).__name__}: {first}); {nothing}"
+    return msg.replace(token, "***") if token else msg
+
+
+# -- the push --------------------------------------------------------------------------------------------
+def default_commit_message(config: dict[str, Any]) -> str:
+    from . import __version__
+
+    block = config.get("vitconvert", {})
+    return f"Upload {config.get('architecture', 'model')} with {block.get('variant', '?')} attention (vitconvert " \
+           f"{__version__})"
+
+
+def push_folder(folder: Union[str, Path], repo_id: str, *, private: bool = False, revision: Optional[str] = None,
+                commit_message: Optional[str] = None, token: Optional[str] = None,
+                dry_run: bool = False) -> PushPlan:
+    """Validate ``folder``, refresh its card and upload it to ``repo_id`` in one commit (or only plan, dry_run)."""
+    folder = Path(folder).expanduser()
+    repo_id = check_repo_id(repo_id)
+    if revision is not None and not revision.strip():
+        raise VitconvertError("--revision is empty: give a branch name or leave it out for main")
+    config = check_folder(folder)
+    card = refresh_card(folder, config, repo_id)
+    files, skipped = upload_files(folder)
+    plan = PushPlan(str(folder), repo_id, revision, [(f.name, f.stat().st_size) for f in files], skipped, card,
+                    dry_run, url=f"https://huggingface.co/{repo_id}" + (f"/tree/{revision}" if revision else ""),
+                    token_source=token_source(token))
+    if dry_run:
+        return plan
+    if hub_offline():
+        raise VitconvertError("HF_HUB_OFFLINE is set: unset it to push, or use --dry-run to see what would be sent")
+    secret = resolve_token(token)
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    stage = "create"
+    try:
+        api.create_repo(repo_id, token=secret, private=private, repo_type="model", exist_ok=True)
+        if revision and revision != "main":
+            stage = "create branch on"
+            api.create_branch(repo_id, branch=revision, token=secret, repo_type="model", exist_ok=True)
+        stage = "upload to"
+        info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
+                                 token=secret, commit_message=commit_message or default_commit_message(config),
+                                 allow_patterns=[glob.escape(name) for name, _ in plan.files], ignore_patterns=NEVER)
+    except Exception as e:
+        raise VitconvertError(describe_hub_error(e, repo_id, secret, stage)) from None
+    plan.commit_url = getattr(info, "commit_url", None)
+    return plan
