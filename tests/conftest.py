@@ -9,7 +9,7 @@ import timm
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
-torch.set_num_threads(min(2, torch.get_num_threads()))
+torch.set_num_threads(1)  # pytest -n 2 runs two workers on two cores: one thread each, no oversubscription
 
 TINY = dict(embed_dim=32, num_heads=2, depth=2)
 # family -> (timm name, kwargs giving a model of a few hundred kB at 32 px)

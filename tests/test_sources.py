@@ -121,3 +121,11 @@ def test_timm_repo_from_offline_hub_cache(timm_folder, tmp_path, monkeypatch):
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
     src = load_source("hf-hub:timm/tiny_vit_test")
     assert _same(src.model, model)
+
+
+def test_digits_names_the_bundled_teacher():
+    from vitconvert.assets import TEACHER_DIR
+
+    src = load_source("digits")
+    assert src.spec == "digits" and src.arch == "vit_tiny_patch16_224" and src.model.num_classes == 10
+    assert _same(src.model, load_source(str(TEACHER_DIR)).model)

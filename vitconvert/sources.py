@@ -1,7 +1,8 @@
 """SOURCE string -> a timm softmax ViT, through timm's own loading.
 
-A source is a timm name, a short alias, ``hf-hub:org/name[@revision]``, ``local-dir:PATH`` or a plain
-folder path (timm ``save_for_hf`` layout or a vitconvert folder), or a weights file used with ``arch``.
+A source is a timm name, a short alias, ``digits`` (the bundled teacher), ``hf-hub:org/name[@revision]``,
+``local-dir:PATH`` or a plain folder path (timm ``save_for_hf`` layout or a vitconvert folder), or a weights
+file used with ``arch``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,15 @@ ALIASES: dict[str, str] = {
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 
 
+def bundled_folder(name: str) -> Optional[Path]:
+    """Model folders shipped in the package (offline): ``digits`` is the quickstart's softmax teacher."""
+    if name == "digits":
+        from .assets import teacher_folder
+
+        return teacher_folder()
+    return None
+
+
 @dataclass
 class Source:
     """A loaded softmax model and where it came from (recorded in the converted folder)."""
@@ -59,7 +69,7 @@ class Source:
 
 @lru_cache(maxsize=1)
 def _known_names() -> tuple[str, ...]:
-    return tuple(timm.list_models()) + tuple(ALIASES)
+    return tuple(timm.list_models()) + tuple(ALIASES) + ("digits",)
 
 
 def resolve_alias(name: str) -> str:
@@ -179,6 +189,9 @@ def load_source(spec: str, pretrained: bool = True, arch: Optional[str] = None, 
         if path.is_dir():
             return load_folder(path, spec, **model_kwargs)
         return load_weights_file(path, spec, arch, **model_kwargs)
+    bundled = bundled_folder(spec)
+    if bundled is not None:
+        return load_folder(bundled, spec, **model_kwargs)
     name = resolve_alias(spec)
     if not timm.is_model(name):
         raise VitconvertError(f"unknown model {spec!r}{suggest(spec)}")

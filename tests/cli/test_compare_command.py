@@ -1,0 +1,80 @@
+"""`vitconvert compare` through typer's CliRunner on a tiny image folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+import timm
+from conftest import tiny_model
+from PIL import Image
+from test_compare import one_thread  # noqa: F401  (autouse fixture)
+from test_convert import assert_one_line_error
+from typer.testing import CliRunner
+
+import vitconvert
+from vitconvert.cli import app
+
+runner = CliRunner()
+CLASSES = 3
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A softmax teacher folder, its converted student (which records it as source) and val/ images."""
+    root = tmp_path_factory.mktemp("compare")
+    teacher = tiny_model("vit", num_classes=CLASSES)
+    timm.models.save_for_hf(teacher, str(root / "teacher"), safe_serialization=True)
+    student, _ = vitconvert.convert(teacher, to="elu", source=str(root / "teacher"))
+    vitconvert.save(student, root / "student")
+    colours = [(200, 30, 30), (30, 200, 30), (30, 30, 200)]
+    for c in range(CLASSES):
+        folder = root / "data" / "val" / f"class{c}"
+        folder.mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (40, 40), tuple(v + 20 * i for v in colours[c])).save(folder / f"{i}.png")
+    return root
+
+
+def invoke(*args: str):
+    return runner.invoke(app, ["compare", *map(str, args)])
+
+
+def test_json_report(setup):
+    result = invoke(setup / "student", "--data", setup / "data", "--batches", 2, "--batch-size", 4, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["images"] == 6 and report["teacher"] == str(setup / "teacher")
+    assert [row["layer"] for row in report["layers"]] == [0, 1]
+    assert all(row["attn_mse"] > 0 and -1 <= row["attn_cos"] <= 1 for row in report["layers"])
+    assert 0 <= report["top1_agreement"] <= 1 and report["logit_kl"] >= 0
+
+
+def test_table_and_plot(setup, tmp_path):
+    result = invoke(setup / "student", "--teacher", setup / "teacher", "--data", setup / "data",
+                    "--batches", 1, "--batch-size", 2, "--plot", tmp_path / "gaps.png")
+    assert result.exit_code == 0, result.output
+    assert "attn cos" in result.output and "top-1 agreement" in result.output and "2 images" in result.output
+    assert (tmp_path / "gaps.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_input_is_one_line(setup, tmp_path, monkeypatch):
+    student, data = setup / "student", setup / "data"
+    assert_one_line_error(invoke(student, "--data", tmp_path / "missing"), "data folder not found")
+    assert_one_line_error(invoke(setup / "teacher", "--data", data), "not a vitconvert model folder")
+    assert_one_line_error(invoke(tmp_path, "--data", data), "no config.json")
+    timm.models.save_for_hf(tiny_model("vit", depth=3, num_classes=CLASSES), str(tmp_path / "deep"))
+    assert_one_line_error(invoke(student, "--teacher", tmp_path / "deep", "--data", data), "differ in depth")
+    assert_one_line_error(invoke(student, "--data", data, "--batches", 0), "at least 1")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert_one_line_error(invoke(student, "--data", data, "--plot", tmp_path / "x.png"), "needs matplotlib")
+
+
+def test_moved_teacher_asks_for_teacher_option(setup, tmp_path):
+    shutil.copytree(setup / "student", tmp_path / "student")
+    config = json.loads((tmp_path / "student" / "config.json").read_text())
+    config["vitconvert"]["source"] = str(tmp_path / "gone")
+    (tmp_path / "student" / "config.json").write_text(json.dumps(config))
+    assert_one_line_error(invoke(tmp_path / "student", "--data", setup / "data"), "--teacher")

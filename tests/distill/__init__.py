@@ -1,0 +1,1 @@
+"""Tests of vitconvert.distill (a package, so its conftest and helpers have unique module names)."""

@@ -1,0 +1,101 @@
+"""Data: folders and names through timm, reproducible order and augmentation, one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+from vitconvert.distill.data import (
+    EpochBatchSampler,
+    TransformedDataset,
+    check_classes,
+    input_config,
+    open_dataset,
+    train_transform,
+)
+from vitconvert.distill.models import teacher_normalizer
+from vitconvert.errors import VitconvertError
+from vitconvert.recipes import Recipe
+
+from .helpers import make_images
+
+
+def test_train_shares_are_disjoint_equal_and_resumable():
+    shares = [EpochBatchSampler(23, 3, seed=1, train=True, rank=r, world=2) for r in range(2)]
+    batches = [s.batches() for s in shares]
+    flat = [i for b in batches for batch in b for i in batch]
+    assert len(flat) == len(set(flat)) == 18 and all(len(b) == 3 for b in batches)  # 23 // 2 // 3 * 3 per rank
+    shares[0].start = 2
+    assert list(shares[0]) == batches[0][2:] and len(shares[0]) == 1
+    shares[0].epoch = 1
+    assert shares[0].batches() != batches[0]  # a new order each epoch
+
+
+def test_eval_shares_cover_every_image_once_with_padding():
+    shares = [EpochBatchSampler(5, 2, seed=0, train=False, rank=r, world=2).batches() for r in range(2)]
+    assert [len(b) for b in shares] == [2, 2]
+    flat = sorted(i for b in shares for batch in b for i in batch)
+    assert flat == [-1, 0, 1, 2, 3, 4]
+
+
+def test_augmentation_is_a_function_of_seed_epoch_and_index(images):
+    base = open_dataset(str(images), "train")
+    recipe = Recipe(img_size=32, rand_augment="rand-m9-mstd0.5-inc1", reprob=0.25)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
+                              num_heads=2, depth=1)
+    ds = TransformedDataset(base, train_transform(recipe, input_config(model, recipe)), seed=7)
+    first = ds[3][0]
+    ds[5]  # neither what was loaded before
+    torch.manual_seed(123)  # nor the global RNG matters
+    assert torch.equal(ds[3][0], first)
+    ds.epoch = 1
+    assert not torch.equal(ds[3][0], first)
+    state = torch.get_rng_state()
+    ds[0]
+    assert torch.equal(state, torch.get_rng_state())  # and is left untouched
+
+
+def test_folder_errors(tmp_path):
+    with pytest.raises(VitconvertError, match="data folder not found"):
+        open_dataset(str(tmp_path / "missing"), "train")
+    (tmp_path / "empty" / "train" / "a").mkdir(parents=True)
+    with pytest.raises(VitconvertError, match="holds no images"):
+        open_dataset(str(tmp_path / "empty"), "train")
+    make_images(tmp_path / "noval", val_per_class=0)
+    (tmp_path / "noval" / "val").rename(tmp_path / "noval" / "other")
+    with pytest.raises(VitconvertError, match="has no validation/val/valid/ folder"):
+        open_dataset(str(tmp_path / "noval"), "validation")
+    with pytest.raises(VitconvertError, match="needs --data-dir"):
+        open_dataset("torch/cifar10", "train")
+    with pytest.raises(VitconvertError, match="pass --download"):
+        open_dataset("torch/cifar10", "train", data_dir=str(tmp_path))
+
+
+def test_class_count_must_match_the_head(images):
+    ds = open_dataset(str(images), "validation")
+    assert len(ds) == 6
+    check_classes(ds, 3)
+    with pytest.raises(VitconvertError, match="3 classes but the student's head has 10.*--num-classes 3"):
+        check_classes(ds, 10)
+
+
+def test_digits_come_from_the_bundled_assets():
+    pytest.importorskip("vitconvert.assets")
+    train, val = open_dataset("digits", "train"), open_dataset("digits", "validation")
+    assert len(train) == 1500 and len(val) == 297
+    image, label = train[0]
+    assert image.mode == "RGB" and 0 <= label < 10
+
+
+def test_teacher_gets_its_own_normalisation():
+    teacher = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
+                                num_heads=2, depth=1)
+    teacher.pretrained_cfg = {**teacher.pretrained_cfg, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+    inp = input_config(teacher, Recipe(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)))
+    renorm = teacher_normalizer(inp, teacher, torch.device("cpu"))
+    pixels = torch.rand(2, 3, 4, 4)
+    student_view = (pixels - torch.tensor(inp.mean).view(1, 3, 1, 1)) / torch.tensor(inp.std).view(1, 3, 1, 1)
+    assert torch.allclose(renorm(student_view), (pixels - 0.5) / 0.5, atol=1e-6)
+    same = input_config(teacher, Recipe(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)))
+    assert teacher_normalizer(same, teacher, torch.device("cpu")) is None

@@ -1,0 +1,101 @@
+"""Recipes: YAML -> one validated frozen dataclass; overrides; the stored text reloads to the same recipe."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from vitconvert.errors import VitconvertError
+from vitconvert.recipes import Recipe, available_recipes, build_recipe, load_recipe, recipe_changes
+
+PAPER_DATASETS = ("cifar10", "cifar100", "stl10", "food101", "flowers102", "pets", "imagenet1k")
+
+
+@pytest.mark.parametrize("name", PAPER_DATASETS)
+def test_paper_recipes_follow_xu_et_al(name):
+    recipe, text = load_recipe(name)
+    assert recipe.name == name and text.startswith("#")
+    assert (recipe.opt, recipe.weight_decay, recipe.min_lr, recipe.epochs) == ("adamw", 0.05, 1e-6, 300)
+    assert (recipe.img_size, recipe.interpolation, recipe.rand_augment) == (224, "bicubic", "rand-m9-mstd0.5-inc1")
+    assert (recipe.color_jitter, recipe.smoothing, recipe.reprob) == (0.4, 0.1, 0.25)
+    assert (recipe.mixup, recipe.cutmix, recipe.mixup_switch_prob) == (0.8, 1.0, 0.5)
+    assert recipe.resolved_drop_path(192) == 0.0 and recipe.resolved_drop_path(384) == 0.1
+    expected = (4096, 4e-3, 50) if name == "imagenet1k" else (512, 2e-3, 50)
+    assert (recipe.batch_size, recipe.lr, recipe.warmup_epochs) == expected
+
+
+def test_every_shipped_recipe_loads():
+    assert set(PAPER_DATASETS) <= set(available_recipes())
+    for name in available_recipes():
+        assert isinstance(load_recipe(name)[0], Recipe)
+
+
+def test_recipe_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Recipe().lr = 1.0  # type: ignore[misc]
+
+
+def test_unknown_key_is_named_with_a_suggestion(tmp_path):
+    (tmp_path / "r.yaml").write_text("epochs: 3\nlearning_rate: 0.1\n")
+    with pytest.raises(VitconvertError, match="unknown recipe key 'learning_rate'"):
+        load_recipe(str(tmp_path / "r.yaml"))
+    with pytest.raises(VitconvertError, match="'warmup_epoch'; did you mean warmup_epochs"):
+        load_recipe(None, {"warmup_epoch": 3})
+
+
+@pytest.mark.parametrize("values,text", [
+    ({"epochs": "ten"}, "epochs: expected int"),
+    ({"epochs": 0}, "epochs must be at least 1"),
+    ({"attn_loss": "l3"}, "not one of mse, cosine, smooth_l1"),
+    ({"attn_target": "mine"}, "not one of own, teacher-forced"),
+    ({"drop_path": "big"}, "drop_path must be 'auto'"),
+    ({"batch_size": 10, "accum_steps": 4}, "not divisible by accum_steps"),
+    ({"stages": "attn:5,finetune:5", "epochs": 3}, "do not fit in 3 epochs"),
+    ({"stages": "warmup"}, "unknown stage 'warmup'"),
+    ({"lr": None}, "lr cannot be null"),
+])
+def test_bad_values_are_refused(values, text):
+    with pytest.raises(VitconvertError, match=text):
+        build_recipe(values)
+
+
+def test_types_are_coerced():
+    recipe = build_recipe({"lr": 1, "scale": [0.5, 1], "mean": [0.5, 0.5, 0.5], "img_size": 8})
+    assert recipe.lr == 1.0 and isinstance(recipe.lr, float) and recipe.scale == (0.5, 1.0) and recipe.img_size == 8
+
+
+@pytest.mark.parametrize("stages,epochs,plan", [
+    ("joint", 4, [("joint", 4)]),
+    ("attn,finetune", 5, [("attn", 3), ("finetune", 2)]),
+    ("attn:1,finetune", 5, [("attn", 1), ("finetune", 4)]),
+])
+def test_stage_plans(stages, epochs, plan):
+    recipe = Recipe(stages=stages, epochs=epochs)
+    assert recipe.stage_plan() == plan
+    assert [recipe.stage_at(e) for e in range(epochs)] == [s for s, n in plan for _ in range(n)]
+
+
+def test_overrides_are_stored_after_the_text_and_reload_to_the_same_recipe(tmp_path):
+    recipe, text = load_recipe("cifar100", {"epochs": 600, "data": "/data/c100"})
+    assert recipe.epochs == 600 and recipe.data == "/data/c100"
+    assert text.startswith(load_recipe("cifar100")[1]) and "overrides from the command line" in text
+    (tmp_path / "recipe.yaml").write_text(text)
+    assert load_recipe(str(tmp_path / "recipe.yaml"))[0] == recipe
+
+
+def test_the_default_recipe_text_reloads_too(tmp_path):
+    recipe, text = load_recipe(None, {"epochs": 2})
+    (tmp_path / "default.yaml").write_text(text)
+    assert dataclasses.replace(load_recipe(str(tmp_path / "default.yaml"))[0], name="default") == recipe
+
+
+def test_recipe_changes_ignore_where_and_how_fast():
+    old = Recipe().to_dict()
+    assert recipe_changes(old, Recipe(workers=8, data_dir="/elsewhere", log_interval=1)) == []
+    assert recipe_changes(old, Recipe(lr=0.1)) == ["lr: 0.002 -> 0.1"]
+
+
+def test_missing_recipe_lists_the_shipped_ones():
+    with pytest.raises(VitconvertError, match="recipe not found: nope.*cifar100"):
+        load_recipe("nope")

@@ -1,0 +1,63 @@
+"""``vitconvert compare STUDENT --data DATA``: which layers the student has not learned yet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from . import app
+from .common import console, user_errors
+
+
+def gap_table(report: dict[str, Any], title: str) -> Table:
+    """Per-layer rows of ``CompareReport.to_dict()``; the logit numbers go below the table."""
+    table = Table(title=title)
+    for col in ("layer", "attn MSE", "attn cos", "block cos"):
+        table.add_column(col, justify="right")
+    for row in report["layers"]:
+        table.add_row(str(row["layer"]), f"{row['attn_mse']:.4g}", f"{row['attn_cos']:.4f}", f"{row['block_cos']:.4f}")
+    return table
+
+
+@app.command()
+@user_errors
+def compare(
+    student: str = typer.Argument(..., help="a vitconvert model folder (or run folder), or hf-hub:org/name"),
+    teacher: Optional[str] = typer.Option(None, help="softmax teacher SOURCE [default: the student's recorded source]"),
+    data: str = typer.Option(..., help="image folder with val/ (class subfolders), a timm dataset name, or digits"),
+    split: str = typer.Option("val", help="which split of DATA"),
+    batches: int = typer.Option(10, help="how many batches to compare on (a fixed random sample of images)"),
+    batch_size: int = typer.Option(32, help="images per batch"),
+    workers: int = typer.Option(0, help="data loader worker processes"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of the table"),
+    plot: Optional[Path] = typer.Option(None, help="also write the per-layer curves as a PNG here"),
+) -> None:
+    """Run teacher and student on the same images: per-layer attention and block gaps, top-1 agreement, KL."""
+    from ..compare import compare_models, image_batches, plot_compare, require_matplotlib
+    from ..distill.models import load_student, load_teacher, teacher_spec
+
+    if plot is not None:
+        require_matplotlib()  # fail before the work, not after it
+    model = load_student(student)
+    spec = teacher_spec(model, teacher)
+    softmax = load_teacher(spec, model, seed=0, recorded=teacher is None)
+    loader = image_batches(data, model, split, batches, batch_size, workers=workers)
+    report = compare_models(softmax, model, loader)
+    info = report.to_dict()
+    if plot is not None:
+        plot_compare(report, plot, title=f"{Path(student).name} vs {spec}")
+    if as_json:
+        typer.echo(json.dumps({**info, "teacher": spec, **({"plot": str(plot)} if plot else {})}))
+        return
+    console.print(gap_table(info, f"{student} vs {spec}"))
+    console.print(f"{report.images} images of {data} ({split})")
+    if report.top1_agreement is None:
+        console.print("[yellow]note:[/] teacher and student heads differ: no top-1 agreement or logit KL")
+    else:
+        console.print(f"top-1 agreement {report.top1_agreement:.2%}   logit KL(teacher‖student) {report.logit_kl:.4g}")
+    if plot is not None:
+        console.print(f"[green]wrote[/] {plot}")

@@ -1,0 +1,108 @@
+"""Forward hooks on the attention modules of teacher and student: one forward each, nothing recomputed.
+
+The teacher's hooks keep each softmax attention's output (and, for ``teacher-forced``, its input); the
+student's keep each linear attention's output. In teacher-forced mode the student's attention modules are
+also applied to the teacher's inputs at the same layer, as LoLCATs does, inside the student's forward so
+that DDP and FSDP see a single call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from ..attention import LinearAttention
+from ..errors import VitconvertError
+from ..surgery import find_softmax_attention
+
+Captured = tuple[tuple[Any, ...], dict[str, Any]]  # (args, kwargs) of one attention call
+
+
+def attention_width(module: nn.Module) -> int:
+    proj = getattr(module, "proj", None)
+    if isinstance(proj, nn.Linear):
+        return proj.out_features
+    qkv = getattr(module, "qkv", None) or getattr(module, "q_proj", None)
+    return int(qkv.in_features)
+
+
+def attention_pairs(student: nn.Module, teacher: nn.Module) -> tuple[list[LinearAttention], list[nn.Module]]:
+    """Student linear attention and teacher softmax attention, layer by layer; refuses models that differ."""
+    mine = [m for m in student.modules() if isinstance(m, LinearAttention)]
+    theirs = [m for _, m in find_softmax_attention(teacher)]
+    if not mine:
+        raise VitconvertError("the student has no linear attention: convert it first (vitconvert convert)")
+    if not theirs:
+        raise VitconvertError("the teacher has no softmax attention: give a softmax ViT as --teacher "
+                              "(a converted vitconvert model cannot teach)")
+    if len(mine) != len(theirs):
+        raise VitconvertError(f"teacher and student differ in depth: the teacher has {len(theirs)} attention "
+                              f"layers, the student {len(mine)}; use the student's softmax source as --teacher")
+    for i, (s, t) in enumerate(zip(mine, theirs, strict=True)):
+        if attention_width(s) != attention_width(t):
+            raise VitconvertError(f"teacher and student differ in width at layer {i}: {attention_width(t)} vs "
+                                  f"{attention_width(s)}; use the student's softmax source as --teacher")
+    return mine, theirs
+
+
+class TeacherTap:
+    """The teacher, run once per batch under no_grad in eval mode, with its attention outputs kept."""
+
+    def __init__(self, teacher: nn.Module, modules: list[nn.Module], keep_inputs: bool):
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.keep_inputs = keep_inputs
+        self.outputs: list[torch.Tensor] = []
+        self.inputs: list[Captured] = []
+        self.handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in modules]
+
+    def _hook(self, module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
+        self.outputs.append(output)
+        if self.keep_inputs:
+            self.inputs.append((args, kwargs))
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], list[Captured]]:
+        self.outputs, self.inputs = [], []
+        logits = self.teacher(images)
+        outputs, inputs = self.outputs, self.inputs
+        self.outputs, self.inputs = [], []
+        return logits, outputs, inputs
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+class DistillStudent(nn.Module):
+    """The student and its attention outputs behind one forward; its state dict is the student's, prefixed."""
+
+    def __init__(self, student: nn.Module, attention: list[LinearAttention]):
+        super().__init__()
+        self.student = student
+        self._attention = attention  # student submodules, deliberately not registered a second time
+        self._captured: list[torch.Tensor] = []
+        self._capturing = False
+        self.handles = [m.register_forward_hook(self._hook) for m in attention]
+
+    def _hook(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        if self._capturing:
+            self._captured.append(output)
+
+    def forward(self, images: Optional[torch.Tensor], forced: Optional[list[Captured]] = None,
+                need_logits: bool = True, capture: bool = True) -> tuple[Optional[torch.Tensor], list[torch.Tensor]]:
+        """(logits or None, attention outputs): on its own hidden states, or on ``forced`` teacher inputs."""
+        self._captured, self._capturing = [], capture and forced is None
+        try:
+            logits = self.student(images) if need_logits else None
+        finally:
+            self._capturing = False
+        outputs, self._captured = self._captured, []
+        if forced is not None and capture:
+            outputs = [m(*args, **kwargs) for m, (args, kwargs) in zip(self._attention, forced, strict=True)]
+        return logits, outputs
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()

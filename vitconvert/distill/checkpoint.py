@@ -1,0 +1,199 @@
+"""checkpoint-last/: everything a run needs to continue bit-for-bit, written atomically, never unpickled.
+
+Tensors (model, EMA, optimizer state, torch RNG states) go to safetensors; the rest (position, recipe,
+optimizer param groups, scheduler, scaler, python/numpy RNG states) to trainer.json. The data loader needs
+no RNG state of its own: its order and augmentation are functions of (seed, epoch, index) (data.py).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ..errors import VitconvertError
+from ..folder import atomic_folder
+
+CHECKPOINT = "checkpoint-last"
+FORMAT = 1
+
+
+@dataclass
+class Position:
+    """Where training stands: the epoch being trained, micro-batches of it consumed, optimizer updates done."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+    best_top1: float = -1.0
+    best_epoch: int = 0
+    epoch_sums: list[float] = field(default_factory=list)  # running loss sums of the unfinished epoch
+    window_sums: list[float] = field(default_factory=list)  # ... and since the last metrics.jsonl step record
+
+
+# -- RNG states ------------------------------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    """This process's python, numpy, torch (and CUDA) generator states."""
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {"python": [version, list(mt), gauss],
+                             "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+                             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(mt), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2 ** 32)
+    torch.manual_seed(seed)
+
+
+# -- optimizer state <-> safetensors + JSON ----------------------------------------------------------------
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def split_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """An FQN-keyed optimizer state dict -> (tensors, JSON-able rest)."""
+    tensors: dict[str, torch.Tensor] = {}
+    extra: dict[str, dict[str, Any]] = {}
+    for name, per_param in state["state"].items():
+        for key, value in per_param.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{name}/{key}"] = value.detach().cpu().contiguous()
+            else:
+                extra.setdefault(name, {})[key] = _jsonable(value)
+    return tensors, {"param_groups": _jsonable(state["param_groups"]), "extra": extra}
+
+
+def join_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[str, dict[str, Any]] = {}
+    for flat, value in tensors.items():
+        name, _, key = flat.rpartition("/")
+        state.setdefault(name, {})[key] = value
+    for name, values in meta.get("extra", {}).items():
+        state.setdefault(name, {}).update(values)
+    groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
+              for g in meta["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+# -- write / read ----------------------------------------------------------------------------------------
+def _json_only(state: dict[str, Any]) -> dict[str, Any]:
+    """Keep what JSON can hold exactly (timm schedulers recompute the rest from the step count)."""
+    out = {}
+    for key, value in state.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        out[key] = value
+    return out
+
+
+def write_checkpoint(run: Path, *, model: dict[str, torch.Tensor], optimizer: dict[str, Any],
+                     ema: Optional[dict[str, torch.Tensor]], scheduler: dict[str, Any], scaler: dict[str, Any],
+                     position: Position, recipe: dict[str, Any], rng: list[dict[str, Any]]) -> Path:
+    """Write ``run/checkpoint-last`` atomically (a temporary sibling renamed over the old one)."""
+    from safetensors.torch import save_file
+
+    rng_tensors: dict[str, torch.Tensor] = {}
+    rng_json = []
+    for rank, state in enumerate(rng):
+        rng_tensors[f"rank{rank}.torch"] = state["torch"]
+        for i, cuda in enumerate(state.get("cuda") or []):
+            rng_tensors[f"rank{rank}.cuda{i}"] = cuda
+        rng_json.append({"python": state["python"], "numpy": state["numpy"], "cuda": len(state.get("cuda") or [])})
+    opt_tensors, opt_meta = split_optimizer(optimizer)
+    with atomic_folder(run / CHECKPOINT, force=True) as tmp:
+        save_file({k: v.contiguous() for k, v in model.items()}, str(tmp / "model.safetensors"))
+        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+        if ema is not None:
+            save_file({k: v.detach().cpu().contiguous() for k, v in ema.items()}, str(tmp / "ema.safetensors"))
+        save_file(rng_tensors, str(tmp / "rng.safetensors"))
+        meta = {"format": FORMAT, "position": asdict(position), "recipe": recipe, "world": len(rng),
+                "optimizer": opt_meta, "scheduler": _json_only(scheduler), "scaler": _json_only(scaler),
+                "rng": rng_json}
+        (tmp / "trainer.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return run / CHECKPOINT
+
+
+@dataclass
+class Checkpoint:
+    """A read checkpoint-last folder; tensors are loaded on demand."""
+
+    folder: Path
+    meta: dict[str, Any]
+
+    @property
+    def position(self) -> Position:
+        return Position(**self.meta["position"])
+
+    @property
+    def recipe(self) -> dict[str, Any]:
+        return self.meta["recipe"]
+
+    def _tensors(self, name: str) -> dict[str, torch.Tensor]:
+        from safetensors.torch import load_file
+
+        path = self.folder / name
+        try:
+            return load_file(str(path))
+        except Exception as e:
+            reason = (str(e).splitlines() or [type(e).__name__])[0][:120]
+            raise VitconvertError(f"cannot read {path}: corrupt or truncated ({reason})") from None
+
+    def model(self) -> dict[str, torch.Tensor]:
+        return self._tensors("model.safetensors")
+
+    def optimizer(self) -> dict[str, Any]:
+        return join_optimizer(self._tensors("optimizer.safetensors"), self.meta["optimizer"])
+
+    def ema(self) -> Optional[dict[str, torch.Tensor]]:
+        return self._tensors("ema.safetensors") if (self.folder / "ema.safetensors").is_file() else None
+
+    def rng(self, rank: int) -> Optional[dict[str, Any]]:
+        """This rank's RNG state, or None when the run was saved with fewer processes."""
+        if rank >= len(self.meta["rng"]):
+            return None
+        tensors = self._tensors("rng.safetensors")
+        saved = self.meta["rng"][rank]
+        return {"python": saved["python"], "numpy": saved["numpy"], "torch": tensors[f"rank{rank}.torch"],
+                "cuda": [tensors[f"rank{rank}.cuda{i}"] for i in range(saved.get("cuda", 0))]}
+
+
+def read_checkpoint(run: Path) -> Checkpoint:
+    folder = run / CHECKPOINT
+    meta_file = folder / "trainer.json"
+    if not meta_file.is_file():
+        raise VitconvertError(f"--resume: {run} has no {CHECKPOINT}/ to resume from (start without --resume)")
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise VitconvertError(f"{meta_file} is not valid JSON: the checkpoint is damaged") from None
+    if meta.get("format", 0) > FORMAT:
+        raise VitconvertError(f"{folder} was written by a newer vitconvert (checkpoint format {meta['format']})")
+    return Checkpoint(folder, meta)

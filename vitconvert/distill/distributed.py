@@ -1,0 +1,154 @@
+"""torch.distributed for distill: torchrun's environment, DDP/FSDP wrapping, reductions. One process = no-ops.
+
+Under ``torchrun`` (RANK/WORLD_SIZE set) each process trains on its share of the data; gradients are
+averaged by DDP (or FSDP for models too large to replicate), metrics are summed across processes, and only
+rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import VitconvertError
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def pick_device(requested: Optional[str], local_rank: int) -> torch.device:
+    if requested:
+        try:
+            device = torch.device(requested)
+        except RuntimeError:
+            raise VitconvertError(f"unknown --device {requested!r} (cpu, cuda, cuda:1, mps)") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise VitconvertError("--device cuda, but no CUDA GPU is available")
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", local_rank)
+        return device
+    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def setup(requested_device: Optional[str] = None) -> DistEnv:
+    """Read torchrun's environment; start the process group (NCCL on GPUs, gloo on CPUs) when world > 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(requested_device, local_rank)
+    if world > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return DistEnv(rank, world, local_rank, device)
+
+
+def teardown(env: DistEnv) -> None:
+    if env.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_sum(env: DistEnv, values: torch.Tensor) -> torch.Tensor:
+    """Element-wise sum over processes (float64 on the reducing device)."""
+    values = values.detach().to(env.device, torch.float64)
+    if env.distributed:
+        dist.all_reduce(values)
+    return values
+
+
+def any_rank(env: DistEnv, flag: bool) -> bool:
+    """True on every process when it is true on any (a stop request must be agreed on, or ranks deadlock)."""
+    if not env.distributed:
+        return flag
+    return bool(all_sum(env, torch.tensor([float(flag)])).item() > 0)
+
+
+def gather(env: DistEnv, obj: Any) -> list[Any]:
+    """Every process's ``obj`` (small picklable state, e.g. RNG states), in rank order."""
+    if not env.distributed:
+        return [obj]
+    out: list[Any] = [None] * env.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        dist.barrier()
+
+
+def replicate(module: nn.Module, env: DistEnv) -> nn.Module:
+    """DDP over the currently trainable parameters (a no-op in one process)."""
+    if not env.distributed:
+        return module
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(module, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+
+
+def shard(module: nn.Module, env: DistEnv, attention_types: tuple[type, ...]) -> nn.Module:
+    """FSDP2 in place: each attention and MLP module a shard unit (teacher-forced calls unshard them alone)."""
+    from timm.layers import GluMlp, Mlp, SwiGLU
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if not env.distributed:
+        raise VitconvertError("--fsdp needs several processes: start with torchrun --nproc_per_node N")
+    mesh = init_device_mesh(env.device.type, (env.world,))
+    units = (*attention_types, Mlp, GluMlp, SwiGLU)
+    for sub in list(module.modules()):
+        if sub is not module and isinstance(sub, units):
+            fully_shard(sub, mesh=mesh)
+    fully_shard(module, mesh=mesh)
+    return module
+
+
+def is_fsdp(module: Optional[nn.Module]) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def gradient_sync(wrapped: Optional[nn.Module], sync: bool) -> AbstractContextManager:
+    """Skip the gradient all-reduce on accumulation micro-steps (DDP's no_sync, FSDP2's requires_gradient_sync)."""
+    if is_fsdp(wrapped):
+        wrapped.set_requires_gradient_sync(sync)  # type: ignore[union-attr]
+        return nullcontext()
+    if sync or not hasattr(wrapped, "no_sync"):
+        return nullcontext()
+    return wrapped.no_sync()  # type: ignore[union-attr]
+
+
+def reshard(module: nn.Module) -> None:
+    """FSDP2 keeps the root unsharded after a forward; state-dict helpers need the sharded parameters back."""
+    for sub in module.modules():
+        if is_fsdp(sub):
+            sub.reshard()  # type: ignore[attr-defined]
+
+
+def full_model_state(wrapped: Optional[nn.Module], plain: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on the CPU, gathered from shards under FSDP (a collective: call on all ranks)."""
+    if is_fsdp(wrapped):
+        reshard(plain)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(plain, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().cpu().clone() for k, v in plain.state_dict().items()}

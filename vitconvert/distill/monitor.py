@@ -1,0 +1,143 @@
+"""What a run reports: metrics.jsonl (always), TensorBoard (when installed), a rich progress bar, a PNG.
+
+metrics.jsonl holds one JSON object per line: ``{"kind": "step", ...}`` every log_interval optimizer steps
+and ``{"kind": "epoch", ...}`` after each validation. A resumed run first drops records past its
+checkpoint, so the file reads as if the run had never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+METRICS = "metrics.jsonl"
+CURVES = "curves.png"
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash
+    return records
+
+
+class Monitor:
+    """Writes records on rank 0; other ranks hold a disabled one."""
+
+    def __init__(self, run: Path, enabled: bool, keep_until: Optional[tuple[int, int]] = None):
+        self.path = run / METRICS
+        self.enabled = enabled
+        self.tb = None
+        if not enabled:
+            return
+        if keep_until is not None:  # resuming: (completed epochs, optimizer steps) of the checkpoint
+            epochs, step = keep_until
+            kept = [r for r in read_records(self.path)
+                    if (r.get("kind") == "epoch" and r.get("epoch", 0) <= epochs)
+                    or (r.get("kind") == "step" and r.get("step", 0) <= step)]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run / "tensorboard"))
+        except ImportError:
+            self.tb = None
+
+    def log(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            prefix = "epoch" if record.get("kind") == "epoch" else "train"
+            x = record.get("step", 0)
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("step", "epoch") and math.isfinite(value):
+                    self.tb.add_scalar(f"{prefix}/{key}", value, x)
+            self.tb.flush()
+
+    def epochs(self) -> list[dict[str, Any]]:
+        return [r for r in read_records(self.path) if r.get("kind") == "epoch"]
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def plot_curves(run: Path) -> Optional[Path]:
+    """Training loss per step and validation top-1 per epoch as a PNG (only when matplotlib is installed)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    records = read_records(run / METRICS)
+    steps = [r for r in records if r.get("kind") == "step"]
+    epochs = [r for r in records if r.get("kind") == "epoch"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for key in ("loss", "task", "attn", "kd"):
+        points = [(r["step"], r[key]) for r in steps if key in r]
+        if points:
+            left.plot(*zip(*points, strict=True), label=key)
+    left.set_xlabel("optimizer step")
+    left.set_ylabel("training loss")
+    left.set_yscale("log")
+    left.legend()
+    for key in ("val_top1", "val_top5"):
+        points = [(r["epoch"], 100 * r[key]) for r in epochs if key in r]
+        if points:
+            right.plot(*zip(*points, strict=True), marker="o", label=key.removeprefix("val_"))
+    right.set_xlabel("epoch")
+    right.set_ylabel("validation accuracy (%)")
+    right.legend()
+    fig.suptitle(run.name)
+    fig.tight_layout()
+    out = run / CURVES
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+class Bar:
+    """Epoch lines and, on a terminal, a rich progress bar per epoch (loss terms, img/s, ETA), on stderr."""
+
+    def __init__(self, show: bool):
+        self.console = Console(stderr=True)
+        self.show = show
+        self.animate = show and self.console.is_terminal
+        self.progress: Optional[Progress] = None
+        self.task: Any = None
+
+    def start(self, description: str, total: int, done: int) -> None:
+        if not self.animate:
+            return
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[terms]}"), TimeRemainingColumn(), console=self.console,
+                                 transient=True)
+        self.progress.start()
+        self.task = self.progress.add_task(description, total=total, completed=done, terms="")
+
+    def advance(self, terms: Optional[str] = None) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, advance=1, **({"terms": terms} if terms is not None else {}))
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def print(self, line: str) -> None:
+        if self.show:
+            self.console.print(line, highlight=False, soft_wrap=True)

@@ -1,0 +1,35 @@
+"""SIGINT/SIGTERM during training: finish the step, save checkpoint-last, exit with a one-line message."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, Optional
+
+from ..errors import VitconvertError
+
+
+class TrainingStopped(VitconvertError):
+    """A stop signal arrived: the checkpoint was saved and ``--resume`` continues the run."""
+
+
+class StopRequest:
+    """The handlers set a flag the loop reads after each optimizer step; a second signal acts at once."""
+
+    def __init__(self) -> None:
+        self.requested: Optional[str] = None
+        self.previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = signal.Signals(signum).name
+        signal.signal(signum, self.previous.get(signum, signal.SIG_DFL))
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():  # signals can only be caught there
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

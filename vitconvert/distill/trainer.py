@@ -1,0 +1,411 @@
+"""The distill loop, as plain as timm's train.py: teacher forward, student forward, loss, step; repeat.
+
+The Trainer owns the state the loop shares (models, optimizer, EMA, position) and the moments it is saved:
+best/ when validation improves, checkpoint-last/ at each epoch end and on a stop signal.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..errors import VitconvertError
+from ..evaluate import autocast_for, eval_sums, metrics_from_sums
+from ..recipes import Recipe, recipe_changes
+from . import data, models
+from . import distributed as D
+from .capture import DistillStudent, TeacherTap, attention_pairs
+from .checkpoint import CHECKPOINT, Position, read_checkpoint, restore_rng, rng_state, seed_everything, write_checkpoint
+from .losses import DistillLoss, LossWeights
+from .monitor import Bar, Monitor, plot_curves
+from .runfolder import card_metrics, prepare_run_folder, write_model_folder
+from .signals import StopRequest, TrainingStopped
+
+TERMS = ("loss", "task", "attn", "kd")  # the running sums: each term × images, then the image count
+
+
+@dataclass
+class DistillJob:
+    """One distill run: the student folder, the recipe, where to write, and how to run (not what to learn)."""
+
+    student: str
+    recipe: Recipe
+    out: Path
+    recipe_text: str = ""
+    teacher: Optional[str] = None
+    resume: bool = False
+    force: bool = False
+    device: Optional[str] = None
+    fsdp: bool = False
+    compile: bool = False
+    show: bool = True  # epoch lines, and a progress bar on a terminal, on stderr
+
+
+@dataclass
+class RunResult:
+    folder: Path
+    metrics: dict[str, Any]  # final validation (fractions), best top-1 and its epoch
+    seconds: float
+
+
+class Trainer:
+    def __init__(self, job: DistillJob, env: D.DistEnv):
+        r = self.recipe = job.recipe
+        self.job, self.env, self.run_dir = job, env, Path(job.out)
+        student = models.load_student(job.student)
+        self.report = dict(getattr(student, "vitconvert_report", {}))
+        self.teacher_spec = models.teacher_spec(student, job.teacher)
+        teacher = models.load_teacher(self.teacher_spec, student, r.seed, recorded=job.teacher is None)
+        mine, theirs = attention_pairs(student, teacher)
+        models.check_kd(student, teacher, r.kd_weight)
+        self.inp = data.input_config(student, r)
+        models.check_sizes(student, teacher, self.inp.img_size)
+        if job.fsdp and (r.ema or "attn" in [s for s, _ in r.stage_plan()]):
+            raise VitconvertError("--fsdp trains every parameter without EMA: drop ema and the attn stage, "
+                                  "or run without --fsdp (DDP)")
+        self.build_data(student)
+        models.set_drop_path(student, r.resolved_drop_path(models.embed_width(student)))
+        self.export = copy.deepcopy(student).eval()  # the CPU model that folders are written from
+        models.export_config(self.export, self.inp)
+        self.channels_last = env.device.type == "cuda"
+        memory = torch.channels_last if self.channels_last else torch.preserve_format
+        student.to(env.device, memory_format=memory)
+        teacher.to(env.device, memory_format=memory)
+        self.forced = r.attn_target == "teacher-forced"
+        self.model = DistillStudent(student, mine)
+        self.tap = TeacherTap(teacher, theirs, keep_inputs=self.forced)
+        self.to_teacher = models.teacher_normalizer(self.inp, teacher, env.device)
+        self.attn_ids, self.attn_types = models.attention_param_ids(mine), tuple({type(m) for m in mine})
+        self.pos = Position()
+        self.ckpt = prepare_run_folder(self.run_dir, r, job.recipe_text, job.resume, job.force, env)
+        if self.ckpt is not None:
+            self.pos = self.ckpt.position
+            student.load_state_dict(self.ckpt.model())
+        self.wrapped: Any = D.shard(self.model, env, self.attn_types) if job.fsdp else None  # before the optimizer
+        self.build_optimization(student)
+        if self.ckpt is not None and self.ema is not None and self.ckpt.ema() is not None:
+            self.ema.module.load_state_dict(self.ckpt.ema())
+        keep = (self.pos.epoch, self.pos.step) if self.ckpt is not None else None
+        self.monitor = Monitor(self.run_dir, env.is_main, keep_until=keep)
+        self.bar = Bar(job.show and env.is_main)
+        self.stage = ""
+        if job.compile:
+            student.compile()
+
+    # -- setup ----------------------------------------------------------------------------------------
+    def build_data(self, student: torch.nn.Module) -> None:
+        r, env = self.recipe, self.env
+        train = data.open_dataset(r.data, r.train_split, r.data_dir, r.download)
+        val = data.open_dataset(r.data, r.val_split, r.data_dir, r.download)
+        self.num_classes = int(student.num_classes)
+        data.check_classes(train, self.num_classes)
+        self.labels_checked = data.dataset_classes(train) is not None
+        if r.batch_size % (env.world * r.accum_steps):
+            raise VitconvertError(f"batch_size {r.batch_size} is not divisible by {env.world} process(es) × "
+                                  f"{r.accum_steps} accumulation step(s)")
+        micro = r.batch_size // (env.world * r.accum_steps)
+        self.mixup = data.mixup_for(r, self.num_classes)
+        if self.mixup is not None and micro % 2:
+            raise VitconvertError(f"mixup/cutmix need an even batch per process and step (got {micro}): change "
+                                  "batch_size, or set mixup and cutmix to 0")
+        batches = len(train) // env.world // micro  # type: ignore[arg-type]
+        self.updates_per_epoch = batches // r.accum_steps
+        if self.updates_per_epoch < 1:
+            raise VitconvertError(f"the training split has {len(train)} images: fewer than one optimizer step of "  # type: ignore[arg-type]
+                                  f"batch_size {r.batch_size}; lower --batch-size")
+        self.micro_per_epoch = self.updates_per_epoch * r.accum_steps
+        train_set = data.TransformedDataset(train, data.train_transform(r, self.inp), seed=r.seed)
+        val_set = data.TransformedDataset(val, data.eval_transform(self.inp))
+        where = dict(workers=r.workers, rank=env.rank, world=env.world, pin_memory=env.device.type == "cuda")
+        self.train_loader = data.make_loader(train_set, micro, r.seed, train=True, **where)
+        self.val_loader = data.make_loader(val_set, micro, r.seed, train=False, **where)
+
+    def build_optimization(self, student: torch.nn.Module) -> None:
+        from timm.optim import create_optimizer_v2
+        from timm.scheduler import create_scheduler_v2
+        from timm.utils import ModelEmaV3
+
+        r = self.recipe
+        self.optimizer = create_optimizer_v2(student, opt=r.opt, lr=r.lr, weight_decay=r.weight_decay,
+                                             momentum=r.momentum)
+        self.scheduler, _ = create_scheduler_v2(self.optimizer, sched=r.sched, num_epochs=r.epochs, min_lr=r.min_lr,
+                                                warmup_lr=r.warmup_lr, warmup_epochs=r.warmup_epochs,
+                                                step_on_epochs=not r.sched_on_updates,
+                                                updates_per_epoch=self.updates_per_epoch)
+        fp16 = self.env.device.type == "cuda" and r.amp and r.amp_dtype == "float16"
+        self.scaler = torch.amp.GradScaler("cuda") if fp16 else None
+        self.ema = ModelEmaV3(student, decay=r.ema_decay) if r.ema else None
+        self.loss = DistillLoss(r, mixup_active=self.mixup is not None)
+
+    def enter_stage(self, stage: str) -> None:
+        """Stage ``attn`` trains attention parameters only; DDP is rebuilt over what is trainable (FSDP: all)."""
+        self.stage, self.weights = stage, LossWeights.for_stage(self.recipe, stage)
+        self.run_student = not (stage == "attn" and self.forced)  # teacher-forced attn: attention calls only
+        self.run_teacher = bool(self.weights.attn or self.weights.kd)  # attn_weight 0 and no KD: a scratch baseline
+        if self.job.fsdp:
+            return
+        for p in self.model.student.parameters():
+            p.requires_grad_(stage != "attn" or id(p) in self.attn_ids)
+        self.wrapped = None
+        self.wrapped = D.replicate(self.model, self.env)
+
+    def restore(self) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        ckpt, env = self.ckpt, self.env
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        set_optimizer_state_dict(self.model, self.optimizer, ckpt.optimizer(),
+                                 options=StateDictOptions(full_state_dict=True))
+        if recipe_changes(ckpt.recipe, self.recipe):  # --resume --force: the new recipe's settings and schedule
+            for group, values in zip(self.optimizer.param_groups, hyper, strict=True):
+                group.update(values)
+            self.scheduler.step(self.pos.epoch)
+            self.scheduler.step_update(self.pos.step)
+        else:
+            self.scheduler.load_state_dict(ckpt.meta["scheduler"])
+        if self.scaler is not None and ckpt.meta.get("scaler"):
+            self.scaler.load_state_dict(ckpt.meta["scaler"])
+        saved = ckpt.rng(env.rank) if ckpt.meta.get("world") == env.world else None
+        if saved is None:
+            self.bar.print(f"note: the checkpoint was written by {ckpt.meta.get('world')} process(es), this run "
+                           f"has {env.world}: training continues, but not bitwise as the original would have")
+            seed_everything(self.recipe.seed + env.rank + 1000 * self.pos.epoch)
+        else:
+            restore_rng(saved)
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def fit(self, on_step: Optional[Callable[[Trainer], None]] = None) -> RunResult:
+        r, start = self.recipe, time.perf_counter()
+        self.enter_stage(r.stage_at(min(self.pos.epoch, r.epochs - 1)))
+        self.epoch_sums = self.sums_tensor(self.pos.epoch_sums if self.env.is_main else [])
+        self.window = self.sums_tensor(self.pos.window_sums if self.env.is_main else [])
+        if self.ckpt is not None:
+            self.restore()
+        else:
+            seed_everything(r.seed + self.env.rank)
+        with StopRequest() as stop:
+            for epoch in range(self.pos.epoch, r.epochs):
+                if r.stage_at(epoch) != self.stage:
+                    self.enter_stage(r.stage_at(epoch))
+                self.train_epoch(epoch, stop, on_step)
+                self.end_epoch(epoch)
+        return self.finish(time.perf_counter() - start)
+
+    def sums_tensor(self, values: list[float]) -> torch.Tensor:
+        return torch.tensor(values or [0.0] * (len(TERMS) + 1), dtype=torch.float64, device=self.env.device)
+
+    def train_epoch(self, epoch: int, stop: StopRequest, on_step: Optional[Callable[[Trainer], None]]) -> None:
+        r = self.recipe
+        data.set_epoch(self.train_loader, epoch, self.pos.batch)
+        self.model.train()
+        self.window_start = time.perf_counter()
+        self.bar.start(f"epoch {epoch + 1}/{r.epochs} {self.stage}", self.updates_per_epoch,
+                       self.pos.batch // r.accum_steps)
+        try:
+            for images, targets in self.train_loader:
+                if self.pos.batch >= self.micro_per_epoch:
+                    break
+                sync = (self.pos.batch + 1) % r.accum_steps == 0
+                sums = self.micro_step(images, targets, sync)
+                self.epoch_sums += sums
+                self.window += sums
+                self.pos.batch += 1
+                if not sync:
+                    continue
+                self.optimizer_step()
+                terms = self.log_step(epoch) if self.pos.step % r.log_interval == 0 else None
+                self.bar.advance(terms)
+                if on_step is not None:
+                    on_step(self)
+                if D.any_rank(self.env, stop.requested is not None):
+                    self.save_checkpoint()
+                    raise TrainingStopped(f"stopped by {stop.requested or 'a signal'} at epoch {epoch + 1}, step "
+                                          f"{self.pos.step}; checkpoint saved in {self.run_dir / CHECKPOINT}: "
+                                          "continue with --resume")
+        finally:
+            self.bar.stop()
+        if self.window[-1] > 0:
+            self.log_step(epoch)
+
+    def micro_step(self, images: torch.Tensor, targets: torch.Tensor, sync: bool) -> torch.Tensor:
+        """Forward both models and backward one micro-batch; returns [loss, task, attn, kd] × images, images."""
+        env, r = self.env, self.recipe
+        images = images.to(env.device, non_blocking=True)
+        targets = targets.to(env.device, non_blocking=True)
+        if not self.labels_checked:
+            if int(targets.max()) >= self.num_classes:
+                raise VitconvertError(f"the data has labels up to {int(targets.max())} but the student's head has "
+                                      f"{self.num_classes} classes: convert with --num-classes")
+            self.labels_checked = True
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        if self.mixup is not None:
+            images, targets = self.mixup(images, targets)
+        t_logits, t_outs, t_inputs = None, [], None
+        if self.run_teacher:
+            with autocast_for(env.device, r.amp, r.amp_dtype):
+                t_logits, t_outs, t_inputs = self.tap(self.to_teacher(images) if self.to_teacher else images)
+        with D.gradient_sync(self.wrapped, sync and env.distributed):
+            with autocast_for(env.device, r.amp, r.amp_dtype):
+                logits, s_outs = self.wrapped(images, forced=t_inputs if self.forced else None,
+                                              need_logits=self.run_student)
+            loss, terms = self.loss(self.weights, logits, targets, s_outs, t_outs, t_logits)
+            scaled = loss / r.accum_steps
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        zero = loss.new_zeros(())
+        values = torch.stack([loss.detach()] + [terms.get(k, zero) for k in TERMS[1:]]).double()
+        count = torch.tensor([images.shape[0]], dtype=torch.float64, device=env.device)
+        return torch.cat([values * images.shape[0], count])
+
+    def optimizer_step(self) -> None:
+        from timm.utils import dispatch_clip_grad
+
+        r = self.recipe
+        if r.clip_grad:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            dispatch_clip_grad(params, r.clip_grad, mode=r.clip_mode)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.pos.step += 1
+        self.scheduler.step_update(num_updates=self.pos.step)
+        if self.ema is not None:
+            self.ema.update(self.model.student, step=self.pos.step)
+
+    # -- reporting ------------------------------------------------------------------------------------
+    def check_finite(self, sums: torch.Tensor, epoch: int) -> None:
+        if bool(torch.isfinite(sums).all()):
+            return
+        saved = read_checkpoint(self.run_dir).position.epoch if (self.run_dir / CHECKPOINT).is_dir() else None
+        where = (f"the last good checkpoint ({self.run_dir / CHECKPOINT}, after epoch {saved}) is kept: resume from "
+                 "it with a lower --lr or --set clip_grad=1.0" if saved is not None else "no checkpoint was written")
+        raise VitconvertError(f"the loss became NaN or infinite at epoch {epoch + 1}, step {self.pos.step}; "
+                              f"training stopped and {where}")
+
+    def log_step(self, epoch: int) -> str:
+        totals = D.all_sum(self.env, self.window)
+        self.check_finite(totals, epoch)
+        n = float(totals[-1])
+        record: dict[str, Any] = {"kind": "step", "epoch": epoch + 1, "step": self.pos.step,
+                                  "lr": self.optimizer.param_groups[0]["lr"]}
+        active = {"loss": True, "task": bool(self.weights.task), "attn": bool(self.weights.attn),
+                  "kd": bool(self.weights.kd)}
+        record.update({k: float(totals[i]) / n for i, k in enumerate(TERMS) if active[k]})
+        record["img_s"] = n / max(time.perf_counter() - self.window_start, 1e-9)
+        self.monitor.log(record)
+        self.window.zero_()
+        self.window_start = time.perf_counter()
+        return " ".join(f"{k} {record[k]:.4f}" for k in TERMS if k in record) + f"  {record['img_s']:.0f} img/s"
+
+    def validate(self) -> dict[str, Any]:
+        r, env = self.recipe, self.env
+        if self.ema is not None:
+            forward: Callable[[torch.Tensor], torch.Tensor] = self.ema.module
+        else:  # the module itself: FSDP shards in place, DDP's wrapper would sync buffers on every call
+            forward = lambda x: self.model(x, capture=False)[0]  # noqa: E731
+        self.model.eval()
+        sums = D.all_sum(env, eval_sums(forward, self.val_loader, env.device, r.amp, self.channels_last))
+        self.model.train()
+        sums[-1] /= env.world
+        return metrics_from_sums(sums)
+
+    def end_epoch(self, epoch: int) -> None:
+        started = time.perf_counter()
+        train = D.all_sum(self.env, self.epoch_sums)
+        self.check_finite(train, epoch)
+        val = self.validate()
+        self.scheduler.step(epoch + 1)
+        n = float(train[-1])
+        record: dict[str, Any] = {"kind": "epoch", "epoch": epoch + 1, "step": self.pos.step, "stage": self.stage,
+                                  "lr": self.optimizer.param_groups[0]["lr"]}
+        record.update({f"train_{k}": float(train[i]) / n for i, k in enumerate(TERMS)
+                       if k == "loss" or float(train[i])})
+        record.update({"val_top1": val["top1"], "val_top5": val["top5"], "val_loss": val["loss"], "val_n": val["n"],
+                       "val_seconds": time.perf_counter() - started})
+        self.monitor.log(record)
+        improved = val["top1"] > self.pos.best_top1
+        if improved:
+            self.pos.best_top1, self.pos.best_epoch = val["top1"], epoch + 1
+        self.pos.epoch, self.pos.batch = epoch + 1, 0
+        self.epoch_sums.zero_()
+        if improved:
+            self.write_model(self.run_dir / "best", self.card_metrics(record))
+        self.save_checkpoint()
+        self.bar.print(f"epoch {epoch + 1}/{self.recipe.epochs} [{self.stage}] train loss {record['train_loss']:.4f}"
+                       f"  val top1 {100 * val['top1']:.2f}%  top5 {100 * val['top5']:.2f}%  loss {val['loss']:.4f}")
+
+    def card_metrics(self, record: dict[str, Any]) -> dict[str, Any]:
+        return card_metrics(self.recipe, record, self.pos.best_top1, self.pos.best_epoch)
+
+    # -- writing --------------------------------------------------------------------------------------
+    def student_state(self) -> dict[str, torch.Tensor]:
+        if self.ema is not None:
+            return {k: v.detach().cpu().clone() for k, v in self.ema.module.state_dict().items()}
+        state = D.full_model_state(self.wrapped, self.model)
+        return {k.removeprefix("student."): v for k, v in state.items()}
+
+    def write_model(self, folder: Path, metrics: dict[str, Any]) -> None:
+        """A model folder of the evaluated weights (EMA when on) with the recipe and results in its card."""
+        state = self.student_state()
+        if self.env.is_main:
+            meta = {**self.report, "recipe": self.recipe.to_dict(), "metrics": metrics, "teacher": self.teacher_spec}
+            write_model_folder(self.export, state, folder, meta, in_place=folder == self.run_dir)
+
+    def save_checkpoint(self) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        D.reshard(self.model)
+        optim = get_optimizer_state_dict(self.model, self.optimizer,
+                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        model = D.full_model_state(self.wrapped, self.model)
+        epoch_sums, window = D.all_sum(self.env, self.epoch_sums), D.all_sum(self.env, self.window)
+        self.check_finite(torch.cat([epoch_sums, window]), self.pos.epoch)
+        rng = D.gather(self.env, rng_state())
+        if self.env.is_main:
+            position = replace(self.pos, epoch_sums=epoch_sums.tolist(), window_sums=window.tolist())
+            write_checkpoint(self.run_dir, model={k.removeprefix("student."): v for k, v in model.items()},
+                             optimizer=optim, ema=self.ema.module.state_dict() if self.ema is not None else None,
+                             scheduler=self.scheduler.state_dict(),
+                             scaler=self.scaler.state_dict() if self.scaler is not None else {},
+                             position=position, recipe=self.recipe.to_dict(), rng=rng)
+        D.barrier(self.env)
+
+    def finish(self, seconds: float) -> RunResult:
+        epochs = self.monitor.epochs() if self.env.is_main else []
+        last = epochs[-1] if epochs else None
+        metrics: dict[str, Any] = {"best_top1": self.pos.best_top1, "best_epoch": self.pos.best_epoch,
+                                   "epochs": self.recipe.epochs, "seconds": seconds}
+        if last is not None:
+            metrics.update({"top1": last["val_top1"], "top5": last["val_top5"], "loss": last["val_loss"],
+                            "n": last.get("val_n")})
+            self.write_model(self.run_dir, {**self.card_metrics(last), "train_seconds": round(seconds, 1)})
+        else:
+            self.write_model(self.run_dir, {})
+        if self.env.is_main:
+            plot_curves(self.run_dir)
+        self.monitor.close()
+        self.tap.close()
+        self.model.close()
+        return RunResult(self.run_dir, metrics, seconds)
+
+
+def run(job: DistillJob, on_step: Optional[Callable[[Trainer], None]] = None) -> RunResult:
+    """Distill ``job.student`` from its teacher per ``job.recipe`` into the run folder ``job.out``."""
+    env = D.setup(job.device)
+    try:
+        return Trainer(job, env).fit(on_step)
+    finally:
+        D.teardown(env)
+
+

@@ -1,0 +1,94 @@
+"""Top-1/top-5 accuracy, loss and throughput of any model (linear or softmax) on a dataset split.
+
+The same loop validates every epoch of a distill run (its sums are then added across processes), so
+``vitconvert eval RUN`` and the run's own validation report the same numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Optional, Union
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader
+
+from .errors import VitconvertError
+
+
+def autocast_for(device: torch.device, enabled: bool = True, dtype: str = "bfloat16") -> AbstractContextManager:
+    """bf16 (or fp16) autocast on CUDA; CPU runs stay float32, the reference numbers."""
+    if enabled and device.type == "cuda":
+        return torch.autocast("cuda", dtype=getattr(torch, dtype))
+    return nullcontext()
+
+
+@torch.no_grad()
+def eval_sums(forward: Callable[[torch.Tensor], torch.Tensor], loader: DataLoader, device: torch.device,
+              amp: bool = True, channels_last: bool = False) -> torch.Tensor:
+    """[loss sum, top-1 hits, top-5 hits, images, seconds]; targets < 0 (padding for equal shares) are skipped."""
+    sums = torch.zeros(5, dtype=torch.float64, device=device)
+    start = time.perf_counter()
+    for images, targets in loader:
+        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with autocast_for(device, amp):
+            logits = forward(images)
+        logits = logits.float()
+        keep = targets >= 0
+        logits, targets = logits[keep], targets[keep]
+        if targets.numel() == 0:
+            continue
+        if int(targets.max()) >= logits.shape[-1]:
+            raise VitconvertError(f"the data has labels up to {int(targets.max())} but the model has "
+                                  f"{logits.shape[-1]} classes")
+        top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+        hits = top == targets[:, None]
+        sums[0] += F.cross_entropy(logits, targets, reduction="sum").double()
+        sums[1] += hits[:, :1].any(-1).sum()
+        sums[2] += hits.any(-1).sum()
+        sums[3] += targets.numel()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    sums[4] = time.perf_counter() - start
+    return sums
+
+
+def metrics_from_sums(sums: torch.Tensor) -> dict[str, Any]:
+    loss, top1, top5, n, seconds = sums.tolist()
+    if n == 0:
+        raise VitconvertError("the evaluation split holds no images")
+    return {"top1": top1 / n, "top5": top5 / n, "loss": loss / n, "n": int(n),
+            "img_s": n / seconds if seconds > 0 else float("inf")}
+
+
+def load_model(spec: str) -> nn.Module:
+    """A vitconvert model or run folder, or any SOURCE that convert accepts (a softmax teacher too)."""
+    from .folder import load
+
+    return load(spec)
+
+
+def evaluate(model: Union[str, nn.Module], data: str, split: str = "val", batch_size: int = 64,
+             device: Optional[str] = None, data_dir: Optional[str] = None, download: bool = False,
+             workers: Optional[int] = 0, amp: bool = True) -> dict[str, Any]:
+    """{"top1", "top5" (fractions), "loss", "n", "img_s"} of ``model`` on ``data``'s ``split``."""
+    from .distill.data import TransformedDataset, check_classes, eval_transform, input_config, make_loader, open_dataset
+    from .distill.distributed import pick_device
+
+    if batch_size < 1:
+        raise VitconvertError(f"--batch-size must be at least 1 (got {batch_size})")
+    net = load_model(model) if isinstance(model, str) else model
+    dev = pick_device(device, 0)
+    base = open_dataset(data, split, data_dir, download)
+    classes = getattr(net, "num_classes", None)
+    if classes:
+        check_classes(base, classes, what="model")
+    ds = TransformedDataset(base, eval_transform(input_config(net)))
+    loader = make_loader(ds, batch_size, 0, train=False, workers=workers, pin_memory=dev.type == "cuda")
+    net = net.eval().to(dev)
+    return metrics_from_sums(eval_sums(net, loader, dev, amp=amp))

@@ -1,0 +1,262 @@
+"""A training recipe: YAML + command-line overrides -> one frozen, validated dataclass.
+
+The recipe is data so that any run can be repeated: the run folder keeps the YAML text as given plus the
+overrides (``recipe.yaml``), and the model card shows the resolved values. Field names follow timm's
+train.py arguments where one exists (``reprob``, ``mixup``, ``smoothing``, ``clip_grad``...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+from .errors import VitconvertError
+
+ATTN_LOSSES = ("mse", "cosine", "smooth_l1")
+ATTN_TARGETS = ("own", "teacher-forced")
+STAGES = ("joint", "attn", "finetune")
+AMP_DTYPES = ("bfloat16", "float16")
+# Fields that say where or how fast, not what is trained: changing them does not change a resumed run's result.
+OPERATIONAL = frozenset({"data_dir", "download", "workers", "log_interval"})
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Every knob of a distill run. Defaults: the Xu et al. (2024) small-dataset recipe (method.md)."""
+
+    name: str = "default"
+    # -- data -------------------------------------------------------------------------------------
+    data: Optional[str] = None  # image folder with train/ and val/, a timm dataset name (torch/cifar100), digits
+    data_dir: Optional[str] = None  # root for timm dataset names
+    download: bool = False
+    train_split: str = "train"
+    val_split: str = "validation"  # folders: val/, valid/ or validation/
+    workers: Optional[int] = None  # DataLoader workers per process; None: up to 8, by the CPUs
+    # -- input and augmentation (timm.data.create_transform, timm.data.Mixup) -------------------------
+    img_size: Optional[int] = None  # None: the student's own input size
+    interpolation: str = "bicubic"
+    crop_pct: Optional[float] = None  # eval centre crop; None: the student's pretrained_cfg
+    mean: Optional[tuple[float, ...]] = None  # None: the student's pretrained_cfg
+    std: Optional[tuple[float, ...]] = None
+    no_aug: bool = False
+    scale: tuple[float, ...] = (0.08, 1.0)  # RandomResizedCrop area range
+    hflip: float = 0.5
+    color_jitter: Optional[float] = 0.4
+    rand_augment: Optional[str] = "rand-m9-mstd0.5-inc1"
+    reprob: float = 0.25
+    remode: str = "pixel"
+    recount: int = 1
+    mixup: float = 0.8
+    cutmix: float = 1.0
+    mixup_prob: float = 1.0
+    mixup_switch_prob: float = 0.5
+    mixup_mode: str = "batch"
+    smoothing: float = 0.1
+    # -- optimisation (timm.optim, timm.scheduler) ---------------------------------------------------
+    epochs: int = 300
+    batch_size: int = 512  # global: per optimizer step, over all processes and accumulation steps
+    accum_steps: int = 1
+    opt: str = "adamw"
+    lr: float = 2e-3
+    weight_decay: float = 0.05
+    momentum: float = 0.9
+    clip_grad: Optional[float] = None
+    clip_mode: str = "norm"
+    sched: str = "cosine"
+    min_lr: float = 1e-6
+    warmup_epochs: int = 50
+    warmup_lr: float = 1e-6
+    sched_on_updates: bool = True  # the lr changes every optimizer step, not every epoch
+    drop_path: Union[float, str] = "auto"  # auto: 0 for ViT-Tiny widths (<= 192), 0.1 for larger
+    ema: bool = False
+    ema_decay: float = 0.9998
+    amp: bool = True  # autocast on CUDA only; CPU runs are float32
+    amp_dtype: str = "bfloat16"
+    seed: int = 0
+    # -- distillation ---------------------------------------------------------------------------------
+    attn_weight: float = 1.0
+    attn_loss: str = "mse"
+    attn_target: str = "own"  # own: each model on its own hidden states; teacher-forced: LoLCATs-style
+    kd_weight: float = 0.0
+    kd_temperature: float = 1.0
+    stages: str = "joint"  # e.g. "attn:5,finetune": epochs per stage; stages without a count share the rest
+    # -- logging ------------------------------------------------------------------------------------
+    log_interval: int = 10  # optimizer steps between metrics.jsonl step records
+
+    def __post_init__(self) -> None:
+        for name, value, valid in (("attn_loss", self.attn_loss, ATTN_LOSSES),
+                                   ("attn_target", self.attn_target, ATTN_TARGETS),
+                                   ("amp_dtype", self.amp_dtype, AMP_DTYPES),
+                                   ("mixup_mode", self.mixup_mode, ("batch", "pair", "elem"))):
+            if value not in valid:
+                raise VitconvertError(f"recipe {name}: {value!r} is not one of {', '.join(valid)}")
+        for name in ("epochs", "batch_size", "accum_steps", "recount", "log_interval"):
+            if getattr(self, name) < 1:
+                raise VitconvertError(f"recipe {name} must be at least 1 (got {getattr(self, name)})")
+        if self.batch_size % self.accum_steps:
+            raise VitconvertError(f"recipe batch_size {self.batch_size} is not divisible by accum_steps "
+                                  f"{self.accum_steps}")
+        if self.drop_path != "auto" and not (isinstance(self.drop_path, float) and 0 <= self.drop_path < 1):
+            raise VitconvertError(f"recipe drop_path must be 'auto' or a number in [0, 1) (got {self.drop_path!r})")
+        if self.img_size is not None and self.img_size < 1:
+            raise VitconvertError(f"recipe img_size must be positive (got {self.img_size})")
+        for name in ("lr", "weight_decay", "attn_weight", "kd_weight", "smoothing", "mixup", "cutmix", "reprob"):
+            if getattr(self, name) < 0:
+                raise VitconvertError(f"recipe {name} must not be negative (got {getattr(self, name)})")
+        if self.kd_temperature <= 0:
+            raise VitconvertError(f"recipe kd_temperature must be positive (got {self.kd_temperature})")
+        self.stage_plan()  # validates the stage string
+
+    def stage_plan(self) -> list[tuple[str, int]]:
+        """[(stage, epochs)] summing to ``epochs``: "attn:5,finetune" -> [("attn", 5), ("finetune", epochs-5)]."""
+        parts = [p.strip() for p in self.stages.split(",") if p.strip()]
+        if not parts:
+            raise VitconvertError("recipe stages is empty; use e.g. joint or attn:5,finetune")
+        named: list[tuple[str, Optional[int]]] = []
+        for part in parts:
+            name, sep, count = part.partition(":")
+            if name not in STAGES:
+                raise VitconvertError(f"unknown stage {name!r} in {self.stages!r}; valid: {', '.join(STAGES)}")
+            try:
+                epochs = int(count) if sep else None
+            except ValueError:
+                raise VitconvertError(f"stage {part!r}: the epoch count must be an integer") from None
+            named.append((name, epochs))
+        fixed = sum(e for _, e in named if e is not None)
+        free = [i for i, (_, e) in enumerate(named) if e is None]
+        rest = self.epochs - fixed
+        if (free and rest < len(free)) or (not free and rest != 0):
+            raise VitconvertError(f"stages {self.stages!r} do not fit in {self.epochs} epochs")
+        plan = [(n, e or 0) for n, e in named]
+        for rank, i in enumerate(free):
+            plan[i] = (plan[i][0], rest // len(free) + (rank < rest % len(free)))
+        if any(e < 1 for _, e in plan):
+            raise VitconvertError(f"every stage in {self.stages!r} needs at least one epoch")
+        return plan
+
+    def stage_at(self, epoch: int) -> str:
+        """The stage that trains epoch ``epoch`` (0-based)."""
+        end = 0
+        for name, epochs in self.stage_plan():
+            end += epochs
+            if epoch < end:
+                return name
+        return self.stage_plan()[-1][0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    def resolved_drop_path(self, width: int) -> float:
+        if self.drop_path == "auto":
+            return 0.0 if width <= 192 else 0.1
+        return float(self.drop_path)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Recipe)}
+HINTS = typing.get_type_hints(Recipe)
+
+
+def coerce(key: str, value: Any) -> Any:
+    """``value`` checked against the field's type (ints accepted for floats, lists for tuples)."""
+    if key not in FIELDS:
+        close = difflib.get_close_matches(key, FIELDS, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise VitconvertError(f"unknown recipe key {key!r}{hint}")
+    hint = HINTS[key]
+    args = typing.get_args(hint)
+    if value is None:
+        if type(None) in args:
+            return None
+        raise VitconvertError(f"recipe {key} cannot be null")
+    options = [a for a in args if a is not type(None)] if typing.get_origin(hint) is Union else [hint]
+    for option in options:
+        if option is bool and isinstance(value, bool):
+            return value
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if option is str and isinstance(value, str):
+            return value
+        if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            return tuple(float(v) for v in value)
+    names = " or ".join(getattr(o, "__name__", str(o)).replace("tuple", "list of numbers") for o in options)
+    raise VitconvertError(f"recipe {key}: expected {names}, got {value!r}")
+
+
+def recipe_dirs() -> list[Path]:
+    """Where named recipes live: the repository's recipes/ and a packaged copy."""
+    here = Path(__file__).resolve().parent
+    return [p for p in (here.parent / "recipes", here / "recipes") if p.is_dir()]
+
+
+def available_recipes() -> list[str]:
+    return sorted({p.stem for d in recipe_dirs() for p in d.glob("*.yaml")})
+
+
+def find_recipe(spec: str) -> Path:
+    """A recipe file: a path, or a name in recipes/ (``cifar100`` -> recipes/cifar100.yaml)."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    for folder in recipe_dirs():
+        candidate = folder / f"{spec.removesuffix('.yaml')}.yaml"
+        if candidate.is_file():
+            return candidate
+    names = ", ".join(available_recipes()) or "none installed"
+    raise VitconvertError(f"recipe not found: {spec} (a YAML file, or one of: {names})")
+
+
+def parse_recipe_text(text: str, where: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise VitconvertError(f"{where} is not valid YAML ({reason})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise VitconvertError(f"{where} must be a mapping of recipe keys to values")
+    return data
+
+
+def build_recipe(values: dict[str, Any]) -> Recipe:
+    return Recipe(**{k: coerce(str(k), v) for k, v in values.items()})
+
+
+def overrides_text(overrides: dict[str, Any]) -> str:
+    if not overrides:
+        return ""
+    body = yaml.safe_dump(overrides, sort_keys=False, default_flow_style=False).strip()
+    return f"\n# overrides from the command line (later keys win)\n{body}\n"
+
+
+def load_recipe(spec: Optional[str] = None, overrides: Optional[dict[str, Any]] = None) -> tuple[Recipe, str]:
+    """(recipe, text to store): the file's text as written plus the overrides, which YAML reads last-wins."""
+    overrides = {k: v for k, v in (overrides or {}).items()}
+    if spec is None:
+        values: dict[str, Any] = {}
+        text = "# vitconvert's default recipe (no --recipe given)\n" + yaml.safe_dump(
+            Recipe().to_dict(), sort_keys=False)
+    else:
+        path = find_recipe(spec)
+        text = path.read_text()
+        values = parse_recipe_text(text, str(path))
+        values.setdefault("name", path.stem)
+    recipe = build_recipe({**values, **overrides})
+    text = text if text.endswith("\n") else text + "\n"
+    return recipe, text + overrides_text(overrides)
+
+
+def recipe_changes(old: dict[str, Any], new: Recipe) -> list[str]:
+    """What differs between a stored recipe dict and ``new``, ignoring operational fields: ``key: a -> b``."""
+    current, defaults = new.to_dict(), Recipe().to_dict()
+    keys = [k for k in current if k not in OPERATIONAL and old.get(k, defaults[k]) != current[k]]
+    return [f"{k}: {old.get(k)!r} -> {current[k]!r}" for k in keys]
