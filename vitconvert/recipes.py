@@ -192,9 +192,10 @@ def coerce(key: str, value: Any) -> Any:
 
 
 def recipe_dirs() -> list[Path]:
-    """Where named recipes live: the repository's recipes/ and a packaged copy."""
-    here = Path(__file__).resolve().parent
-    return [p for p in (here.parent / "recipes", here / "recipes") if p.is_dir()]
+    """Where named recipes live: ``vitconvert/recipe_files``, a link to the repository's recipes/ that
+    wheels ship as real files, so `--recipe cifar100` works in a checkout and in an installed package alike."""
+    packaged = Path(__file__).resolve().parent / "recipe_files"
+    return [packaged] if packaged.is_dir() else []
 
 
 def available_recipes() -> list[str]:

@@ -12,20 +12,15 @@ from . import app
 from .common import console, user_errors
 
 
-def recipe_dirs() -> list[Path]:
-    """Where recipes live: the repo's recipes/ (source checkouts) and the package copy (installs)."""
-    here = Path(__file__).resolve().parents[1]
-    return [p for p in (here.parent / "recipes", here / "recipes") if p.is_dir()]
-
-
 @app.command("list")
 @user_errors
 def list_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Short model aliases, linear-attention variants and training recipes."""
     from ..attention import VARIANTS
+    from ..recipes import available_recipes
     from ..sources import ALIASES
 
-    recipes = sorted({p.stem for d in recipe_dirs() for p in d.glob("*.yaml")})
+    recipes = available_recipes()
     if as_json:
         variants = {k: dict(v.default_options) for k, v in VARIANTS.items()}
         typer.echo(json.dumps({"aliases": ALIASES, "variants": variants, "recipes": recipes}))
