@@ -99,3 +99,32 @@ def test_recipe_changes_ignore_where_and_how_fast():
 def test_missing_recipe_lists_the_shipped_ones():
     with pytest.raises(VitconvertError, match="recipe not found: nope.*cifar100"):
         load_recipe("nope")
+
+
+@pytest.mark.parametrize("values,text", [
+    ({"new_params": {"lr_scal": 10}}, "unknown recipe key new_params.lr_scal; did you mean lr_scale"),
+    ({"new_params": {"speed": 2}}, "unknown recipe key new_params.speed; valid: lr_scale, weight_decay, warmup"),
+    ({"new_params": {"lr_scale": 0}}, "new_params.lr_scale must be positive"),
+    ({"new_params": {"lr_scale": "fast"}}, "new_params.lr_scale: expected float"),
+    ({"new_params": {"warmup_epochs": -1}}, "new_params.warmup_epochs must not be negative"),
+    ({"new_params": 10}, "expected a mapping such as {lr_scale: 10}"),
+    ({"freeze_copied_epochs": 5, "epochs": 3}, "freeze_copied_epochs must be between 0 and epochs"),
+    ({"layer_decay": 1.5}, "layer_decay must be in"),
+    ({"compare_batches": -1}, "compare_batches must not be negative"),
+])
+def test_bad_parameter_group_values_are_refused(values, text):
+    with pytest.raises(VitconvertError, match=text.replace("{", r"\{").replace("}", r"\}")):
+        build_recipe(values)
+
+
+def test_new_params_overrides_merge_into_the_file_and_reload(tmp_path):
+    (tmp_path / "r.yaml").write_text("epochs: 4\nnew_params:\n  lr_scale: 10\n  warmup_epochs: 1\n")
+    recipe, text = load_recipe(str(tmp_path / "r.yaml"), {"new_params.weight_decay": 0.1})
+    assert recipe.new_params.lr_scale == 10.0 and recipe.new_params.warmup_epochs == 1
+    assert recipe.new_params.weight_decay == 0.1
+    (tmp_path / "again.yaml").write_text(text)
+    assert dataclasses.replace(load_recipe(str(tmp_path / "again.yaml"))[0], name="r") == recipe
+    assert recipe.to_dict()["new_params"] == {"lr_scale": 10.0, "weight_decay": 0.1, "warmup_epochs": 1}
+    assert Recipe(new_params={"lr_scale": 10}).new_params == recipe.new_params.__class__(lr_scale=10.0)
+    assert recipe_changes({k: v for k, v in Recipe().to_dict().items() if k != "new_params"}, Recipe()) == []
+    assert recipe_changes(Recipe().to_dict(), Recipe(compare_batches=0)) == []  # operational: no --force

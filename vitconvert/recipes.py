@@ -23,7 +23,41 @@ ATTN_TARGETS = ("own", "teacher-forced")
 STAGES = ("joint", "attn", "finetune")
 AMP_DTYPES = ("bfloat16", "float16")
 # Fields that say where or how fast, not what is trained: changing them does not change a resumed run's result.
-OPERATIONAL = frozenset({"data_dir", "download", "workers", "log_interval"})
+OPERATIONAL = frozenset({"data_dir", "download", "workers", "log_interval", "compare_batches"})
+
+
+@dataclass(frozen=True)
+class NewParams:
+    """How the weights ``convert`` initialised fresh (not copied) train: their own LR multiplier, weight decay
+    and warmup, because they start far from any optimum while the copied ones start near one."""
+
+    lr_scale: float = 1.0  # × the schedule's lr (× the layer-decay scale when layer_decay is on)
+    weight_decay: Optional[float] = None  # None: the recipe's weight_decay (biases, norms, tokens: always 0)
+    warmup_epochs: Optional[int] = None  # None: the recipe's warmup_epochs
+
+    def __post_init__(self) -> None:
+        if self.lr_scale <= 0:
+            raise VitconvertError(f"recipe new_params.lr_scale must be positive (got {self.lr_scale})")
+        for name in ("weight_decay", "warmup_epochs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise VitconvertError(f"recipe new_params.{name} must not be negative (got {value})")
+
+    @classmethod
+    def from_value(cls, value: Any) -> NewParams:
+        """A mapping from YAML (every sub-key checked, as top-level keys are), or a NewParams."""
+        if isinstance(value, NewParams):
+            return value
+        if not isinstance(value, dict):
+            raise VitconvertError(f"recipe new_params: expected a mapping such as {{lr_scale: 10}}, got {value!r}")
+        valid = {f.name: f for f in dataclasses.fields(cls)}
+        for key in value:
+            if key not in valid:
+                close = difflib.get_close_matches(str(key), valid, n=1)
+                hint = f"; did you mean {close[0]}?" if close else f"; valid: {', '.join(valid)}"
+                raise VitconvertError(f"unknown recipe key new_params.{key}{hint}")
+        hints = typing.get_type_hints(cls)
+        return cls(**{k: _coerce_value(f"new_params.{k}", hints[k], v) for k, v in value.items()})
 
 
 @dataclass(frozen=True)
@@ -86,6 +120,11 @@ class Recipe:
     kd_weight: float = 0.0
     kd_temperature: float = 1.0
     stages: str = "joint"  # e.g. "attn:5,finetune": epochs per stage; stages without a count share the rest
+    # -- parameter groups (distill/param_groups.py) -------------------------------------------------
+    new_params: NewParams = NewParams()  # the freshly initialised weights' lr_scale, weight_decay, warmup_epochs
+    freeze_copied_epochs: int = 0  # the copied weights do not change for this many first epochs
+    layer_decay: Optional[float] = None  # layer-wise lr decay (timm param_groups_layer_decay), e.g. 0.75
+    compare_batches: int = 4  # validation batches of the end-of-run teacher comparison (0: none)
     # -- logging ------------------------------------------------------------------------------------
     log_interval: int = 10  # optimizer steps between metrics.jsonl step records
 
@@ -111,6 +150,15 @@ class Recipe:
                 raise VitconvertError(f"recipe {name} must not be negative (got {getattr(self, name)})")
         if self.kd_temperature <= 0:
             raise VitconvertError(f"recipe kd_temperature must be positive (got {self.kd_temperature})")
+        if not isinstance(self.new_params, NewParams):  # Recipe(new_params={...}) from Python
+            object.__setattr__(self, "new_params", NewParams.from_value(self.new_params))
+        if not 0 <= self.freeze_copied_epochs <= self.epochs:
+            raise VitconvertError(f"recipe freeze_copied_epochs must be between 0 and epochs ({self.epochs}) "
+                                  f"(got {self.freeze_copied_epochs})")
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            raise VitconvertError(f"recipe layer_decay must be in (0, 1] or null (got {self.layer_decay})")
+        if self.compare_batches < 0:
+            raise VitconvertError(f"recipe compare_batches must not be negative (got {self.compare_batches})")
         self.stage_plan()  # validates the stage string
 
     def stage_plan(self) -> list[tuple[str, int]]:
@@ -168,8 +216,13 @@ def coerce(key: str, value: Any) -> Any:
         close = difflib.get_close_matches(key, FIELDS, n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
         raise VitconvertError(f"unknown recipe key {key!r}{hint}")
-    hint = HINTS[key]
+    return _coerce_value(key, HINTS[key], value)
+
+
+def _coerce_value(key: str, hint: Any, value: Any) -> Any:
     args = typing.get_args(hint)
+    if hint is NewParams:
+        return NewParams.from_value({} if value is None else value)
     if value is None:
         if type(None) in args:
             return None
@@ -239,9 +292,23 @@ def overrides_text(overrides: dict[str, Any]) -> str:
     return f"\n# overrides from the command line (later keys win)\n{body}\n"
 
 
+def nest_overrides(overrides: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """``new_params.lr_scale=10`` -> ``new_params: {…the file's sub-keys…, lr_scale: 10}``: a mapping override
+    merges into the file's mapping, and is stored whole, so re-reading recipe.yaml (last key wins) is the same."""
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        head, dot, sub = str(key).partition(".")
+        if dot:
+            key, value = head, {sub: value}
+        base = out.get(key, values.get(key))
+        if isinstance(value, dict) and isinstance(base, dict):
+            value = {**base, **value}
+        out[key] = value
+    return out
+
+
 def load_recipe(spec: Optional[str] = None, overrides: Optional[dict[str, Any]] = None) -> tuple[Recipe, str]:
     """(recipe, text to store): the file's text as written plus the overrides, which YAML reads last-wins."""
-    overrides = {k: v for k, v in (overrides or {}).items()}
     if spec is None:
         values: dict[str, Any] = {}
         text = "# vitconvert's default recipe (no --recipe given)\n" + yaml.safe_dump(
@@ -251,6 +318,7 @@ def load_recipe(spec: Optional[str] = None, overrides: Optional[dict[str, Any]] 
         text = path.read_text()
         values = parse_recipe_text(text, str(path))
         values.setdefault("name", path.stem)
+    overrides = nest_overrides(overrides or {}, values)
     recipe = build_recipe({**values, **overrides})
     text = text if text.endswith("\n") else text + "\n"
     return recipe, text + overrides_text(overrides)

@@ -27,6 +27,24 @@ DROPPED = ("relative_position_bias_table", "rel_pos")
 Grid = Optional[tuple[int, int]]
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half types, the dtype itself otherwise: token sums need float32's range and precision."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def full_precision(like: torch.Tensor) -> torch.autocast:
+    """Autocast off on ``like``'s device: inside, matmuls of float32 tensors stay float32.
+
+    Without it, autocast would run the d×d state matmuls (sums over all N tokens) in bf16/fp16.
+    """
+    return torch.autocast(device_type=like.device.type, enabled=False)
+
+
+def flat_heads(t: torch.Tensor) -> torch.Tensor:
+    """(B, H, …) -> (B·H, …) for bmm/baddbmm; a view when the layout allows it (always for B = 1)."""
+    return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
+
+
 def key_validity(attn_mask: Optional[torch.Tensor], batch: int, tokens: int) -> Optional[torch.Tensor]:
     """(B, N) bool of keys a softmax query may attend to, from timm's additive or boolean mask.
 

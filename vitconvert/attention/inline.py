@@ -24,28 +24,36 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import Grid, LinearAttention, from_grid, key_validity, split_prefix, to_grid
+from .base import (
+    Grid,
+    LinearAttention,
+    accumulation_dtype,
+    flat_heads,
+    from_grid,
+    full_precision,
+    key_validity,
+    split_prefix,
+    to_grid,
+)
 
 KERNEL = 3  # the reference's 3×3 local window
 
 
-def _valid_count(key_valid: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    """(B, 1, 1, 1) number of valid keys (at least 1, so an all-masked item stays finite)."""
-    if key_valid is None:
-        return like.new_full((1, 1, 1, 1), like.shape[-2])
-    return key_valid.sum(dim=-1).clamp(min=1).to(like.dtype)[:, None, None, None]
-
-
 def inline_attention(q, k, v, key_valid: Optional[torch.Tensor], scale: float) -> torch.Tensor:
-    """Σ-form of InLine attention on (B, H, N, d) tensors, in their dtype."""
-    n = _valid_count(key_valid, k)
+    """Σ-form of InLine attention on (B, H, N, d) tensors, in their dtype.
+
+    Written as out_i = (s/n)·q_iᵀ Σ_j k_j (v_j − v̄)ᵀ + v̄ (the paper's k̄ term folded into the state), so one
+    matmul [k | 1]ᵀ[v | 1] gives Σ k vᵀ, Σ k, Σ v and n together, and one baddbmm reads every query out.
+    """
+    B, H, N, d = q.shape
+    k1, v1 = F.pad(k, (0, 1), value=1.0), F.pad(v, (0, 1), value=1.0)
     if key_valid is not None:
-        m = key_valid[:, None, :, None].to(k.dtype)
-        k, v = k * m, v * m
-    state = k.transpose(-2, -1) @ v  # (B, H, d, d): Σ_j k_j v_jᵀ
-    k_mean = k.sum(dim=-2, keepdim=True) / n
-    v_mean = v.sum(dim=-2, keepdim=True) / n
-    return (scale / n) * (q @ state) + (1 - scale * (q * k_mean).sum(dim=-1, keepdim=True)) * v_mean
+        k1 = k1 * key_valid[:, None, :, None].to(k.dtype)  # masked keys leave every sum, n included
+    sums = k1.transpose(-2, -1) @ v1  # (B, H, d+1, d+1): [[Σ k vᵀ, Σ k], [Σ vᵀ, n]]
+    n = sums[..., d:, d:].clamp(min=1)  # at least 1, so an all-masked item stays finite
+    v_mean = sums[..., d:, :d] / n
+    state = (sums[..., :d, :d] - sums[..., :d, d:] @ v_mean) * (scale / n)
+    return torch.baddbmm(flat_heads(v_mean), flat_heads(q), flat_heads(state)).view(B, H, N, d)
 
 
 def inline_weights(q, k, key_valid: Optional[torch.Tensor], scale: float) -> torch.Tensor:
@@ -160,9 +168,9 @@ class InLineAttention(LinearAttention):
             local_kernels: Optional[torch.Tensor] = None) -> torch.Tensor:
         """O(N·d²) InLine attention, sums in float32 at least, plus the local residual if enabled."""
         dtype = v.dtype
-        acc = torch.promote_types(dtype, torch.float32)
+        acc = accumulation_dtype(dtype)
         kernels = self._kernels_for(grid, local_kernels)
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        with full_precision(q):
             q, k, v = q.to(acc), k.to(acc), v.to(acc)
             out = inline_attention(q, k, v, key_valid, self.scale)
             if kernels is not None:

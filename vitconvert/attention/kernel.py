@@ -2,20 +2,47 @@
 
 out_i = φ(q_i)ᵀ (Σ_j φ(k_j) v_jᵀ) / (φ(q_i)ᵀ Σ_j φ(k_j) + ε). The d×d state S and the normaliser z are
 formed once per head, so the cost is O(N·d²). Same parameters as softmax attention.
+
+Speed (see docs/performance.md): V gets a column of ones, so one batched matmul gives [S | z] and one more
+gives numerator and denominator together — two passes over the tokens instead of five. φ_elu is computed as
+max(x, 0) + 2^(log2 e · min(x, 0)), equal to elu(x) + 1, because ``F.elu`` goes through ``expm1``, which is
+12× slower than this on the benchmark CPU.
+
+Optional GPU path: with VITCONVERT_FLA=1 on CUDA, the state comes from flash-linear-attention (extra ``fast``).
+Off by default: fla has causal kernels only, so just its final state is our formula, and one cuBLAS matmul
+computes that state already (docs/performance.md).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Callable
+from functools import lru_cache
 from typing import ClassVar, Optional
 
 import torch
 from torch.nn import functional as F
 
-from .base import Grid, LinearAttention
+from .base import Grid, LinearAttention, accumulation_dtype, full_precision
+
+LOG2_E = 1.4426950408889634  # exp(x) = 2^(x·log2 e)
 
 
 def elu_feature(x: torch.Tensor) -> torch.Tensor:
+    """elu(x) + 1 = max(x, 0) + 2^(log2(e)·min(x, 0)), without expm1 or exp, and with two allocations.
+
+    ``F.elu`` goes through expm1 and ``torch.exp`` is the precise (1-ulp) exp; both are several times slower
+    on CPUs than ``exp2`` (docs/performance.md), whose extra rounding (from the product by log2 e) is a few
+    ulp. min(x, 0) is x − max(x, 0) so that the gradient at 0 is elu's 1 (clamp's would be 0); the in-place
+    ops are autograd-safe because threshold saves its input and subtraction and scaling save nothing.
+    """
+    pos = F.threshold(x, 0.0, 0.0)
+    return pos.add_((x - pos).mul_(LOG2_E).exp2_())
+
+
+def elu_feature_literal(x: torch.Tensor) -> torch.Tensor:
+    """elu(x) + 1 exactly as the paper writes it; the reference's feature map."""
     return F.elu(x) + 1.0
 
 
@@ -23,18 +50,50 @@ def relu_feature(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x)
 
 
+def with_ones(v: torch.Tensor) -> torch.Tensor:
+    """(…, N, d) -> (…, N, d+1) with a last column of ones: φ(K)ᵀ[V | 1] = [S | z] in one matmul."""
+    return F.pad(v, (0, 1), value=1.0)
+
+
+def fla_enabled(t: torch.Tensor) -> bool:
+    """The flash-linear-attention state kernel: opt-in (VITCONVERT_FLA=1), CUDA only, when the package imports."""
+    return t.is_cuda and os.environ.get("VITCONVERT_FLA", "0") == "1" and fla_installed()
+
+
+@lru_cache(maxsize=1)
+def fla_installed() -> bool:
+    return importlib.util.find_spec("fla") is not None
+
+
+def fla_state(phi_k: torch.Tensor, v1: torch.Tensor) -> torch.Tensor:
+    """[S | z] (B, H, d, d+1) from flash-linear-attention's chunked kernel.
+
+    fla's linear-attention kernels are causal; the final state after all N tokens, Σ_j φ(k_j)[v_j | 1]ᵀ, is
+    exactly the non-causal state (fla accumulates it in float32), and its causal outputs are discarded.
+    """
+    from fla.ops.linear_attn import chunk_linear_attn  # lazy: optional extra `fast`
+
+    tokens_major = [t.transpose(1, 2).contiguous() for t in (phi_k, phi_k, v1)]  # fla takes [B, T, H, K]
+    _, state = chunk_linear_attn(*tokens_major, scale=1.0, output_final_state=True, normalize=False)
+    return state.to(v1.dtype)
+
+
 def kernel_attention(phi_q, phi_k, v, key_valid: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     """Σ-form of normalised kernel attention on (B, H, N, d) features; sums in float32 at least."""
     dtype = v.dtype
-    acc = torch.promote_types(dtype, torch.float32)
-    phi_q, phi_k, v = phi_q.to(acc), phi_k.to(acc), v.to(acc)
-    if key_valid is not None:
-        phi_k = phi_k * key_valid[:, None, :, None].to(acc)
-    state = phi_k.transpose(-2, -1) @ v  # (B, H, d, d): Σ_j φ(k_j) v_jᵀ
-    z = phi_k.sum(dim=-2, keepdim=True)  # (B, H, 1, d): Σ_j φ(k_j)
-    numerator = phi_q @ state
-    denominator = (phi_q * z).sum(dim=-1, keepdim=True) + eps
-    return (numerator / denominator).to(dtype)
+    acc = accumulation_dtype(dtype)
+    with full_precision(v):
+        phi_q, phi_k = phi_q.to(acc), phi_k.to(acc)
+        v1 = with_ones(v.to(acc))
+        if key_valid is not None:
+            phi_k = phi_k * key_valid[:, None, :, None].to(acc)
+        if fla_enabled(v):
+            state = fla_state(phi_k, v1)
+        else:
+            state = phi_k.transpose(-2, -1) @ v1  # (B, H, d, d+1): [Σ_j φ(k_j) v_jᵀ | Σ_j φ(k_j)]
+        out = phi_q @ state  # (B, H, N, d+1): [numerator | denominator]
+        out = out[..., :-1] / (out[..., -1:] + eps)
+    return out.to(dtype)
 
 
 def kernel_attention_reference(phi_q, phi_k, v, key_valid: Optional[torch.Tensor], eps: float) -> torch.Tensor:
@@ -47,6 +106,7 @@ def kernel_attention_reference(phi_q, phi_k, v, key_valid: Optional[torch.Tensor
 
 class KernelAttention(LinearAttention):
     feature: ClassVar[Callable[[torch.Tensor], torch.Tensor]]
+    reference_feature: ClassVar[Callable[[torch.Tensor], torch.Tensor]]
     default_options = {"eps": 1e-6}
 
     def mix(self, q, k, v, key_valid, grid: Grid):
@@ -54,7 +114,7 @@ class KernelAttention(LinearAttention):
         return kernel_attention(phi(q), phi(k), v, key_valid, self.options["eps"])
 
     def reference(self, q, k, v, key_valid, grid: Grid):
-        phi = type(self).feature
+        phi = type(self).reference_feature
         return kernel_attention_reference(phi(q), phi(k), v, key_valid, self.options["eps"])
 
 
@@ -63,6 +123,7 @@ class EluAttention(KernelAttention):
 
     variant = "elu"
     feature = staticmethod(elu_feature)
+    reference_feature = staticmethod(elu_feature_literal)
 
 
 class ReluAttention(KernelAttention):
@@ -70,3 +131,4 @@ class ReluAttention(KernelAttention):
 
     variant = "relu"
     feature = staticmethod(relu_feature)
+    reference_feature = staticmethod(relu_feature)

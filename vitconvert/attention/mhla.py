@@ -35,8 +35,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import Grid, LinearAttention, from_grid, split_prefix, to_grid
-from .kernel import kernel_attention, kernel_attention_reference
+from .base import (
+    Grid,
+    LinearAttention,
+    accumulation_dtype,
+    from_grid,
+    full_precision,
+    split_prefix,
+    to_grid,
+)
+from .kernel import kernel_attention, kernel_attention_reference, with_ones
 
 TRANSFORMS = ("cos", "linear", "exp", "local")
 
@@ -83,6 +91,25 @@ def distance_weights(counts: tuple[int, int], transform: str = "cos", exp_sigma:
 
 
 @lru_cache(maxsize=32)
+def block_slots(grid: tuple[int, int], counts: tuple[int, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(gather, slot, length) of :func:`block_layout` as plain ints (traceable by torch.compile, cached)."""
+    (h, w), (mh, mw) = grid, counts
+    block_of = [(r * mh // h) * mw + c * mw // w for r in range(h) for c in range(w)]
+    sizes = [0] * (mh * mw)
+    for b in block_of:
+        sizes[b] += 1
+    length = max(sizes)
+    filled = [0] * (mh * mw)
+    slot = []
+    for b in block_of:
+        slot.append(b * length + filled[b])
+        filled[b] += 1
+    gather = [h * w] * (mh * mw * length)
+    for token, s in enumerate(slot):
+        gather[s] = token
+    return tuple(gather), tuple(slot), length
+
+
 def block_layout(grid: tuple[int, int], counts: tuple[int, int], device: torch.device):
     """Index tensors that turn the row-major spatial tokens into padded blocks (M, L) and back.
 
@@ -90,20 +117,55 @@ def block_layout(grid: tuple[int, int], counts: tuple[int, int], device: torch.d
     ``slot`` (h·w,) the slot of each token, so ``padded[..., gather, :]`` is blocked and ``blocked[..., slot, :]``
     is back in token order. Blocks of a non-divisible grid differ by one row or column, hence the padding.
     """
+    gather, slot, length = (block_slots.__wrapped__ if torch.compiler.is_compiling() else block_slots)(
+        tuple(grid), tuple(counts))
+    return (torch.tensor(gather, dtype=torch.long, device=device),
+            torch.tensor(slot, dtype=torch.long, device=device), length)
+
+
+@lru_cache(maxsize=32)
+def block_indices(grid: tuple[int, int], counts: tuple[int, int], device: torch.device):
+    """(gather with padding -> token 0, real-slot mask, slot, length) on ``device``, built once per grid."""
+    gather, slot, length = block_layout(grid, counts, device)
+    spatial = grid[0] * grid[1]
+    return gather.clamp(max=spatial - 1), gather < spatial, slot, length
+
+
+def cached_block_indices(grid: tuple[int, int], counts: tuple[int, int], device: torch.device):
+    """:func:`block_indices` from its cache in eager mode; traced afresh (constants) under torch.compile."""
+    if torch.compiler.is_compiling():
+        return block_indices.__wrapped__(grid, counts, device)
+    with torch.inference_mode(False):  # cached for later calls, which may record autograd (index_select saves it)
+        return block_indices(grid, counts, device)
+
+
+def to_blocks(t: torch.Tensor, grid: tuple[int, int], counts: tuple[int, int], zero_padding: bool) -> torch.Tensor:
+    """(B, H, h·w, c) spatial tokens -> (B, H, M, L, c) blocks, in one copy.
+
+    Divisible grids need only a reshape; otherwise one gather, whose padding slots repeat token 0 (harmless for
+    queries, whose padding outputs are dropped) or, with ``zero_padding``, are zeroed (for the values side, so
+    padding adds nothing to the block states).
+    """
+    B, H, _, c = t.shape
     (h, w), (mh, mw) = grid, counts
-    block_row = torch.arange(h) * mh // h
-    block_col = torch.arange(w) * mw // w
-    block_of = (block_row[:, None] * mw + block_col[None, :]).flatten()
-    sizes = torch.bincount(block_of, minlength=mh * mw)
-    length = int(sizes.max())
-    order = torch.argsort(block_of, stable=True)
-    starts = torch.cumsum(sizes, 0) - sizes
-    rank = torch.arange(h * w) - starts[block_of[order]]
-    slot = torch.empty(h * w, dtype=torch.long)
-    slot[order] = block_of[order] * length + rank
-    gather = torch.full((mh * mw * length,), h * w, dtype=torch.long)
-    gather[slot] = torch.arange(h * w)
-    return gather.to(device), slot.to(device), length
+    if h % mh == 0 and w % mw == 0:
+        blocks = t.reshape(B, H, mh, h // mh, mw, w // mw, c).transpose(3, 4)
+        return blocks.reshape(B, H, mh * mw, (h // mh) * (w // mw), c)
+    index, real, _, length = cached_block_indices(tuple(grid), tuple(counts), t.device)
+    blocks = t.index_select(2, index).view(B, H, mh * mw, length, c)
+    if zero_padding:
+        blocks = blocks * real.to(t.dtype).view(mh * mw, length, 1)
+    return blocks
+
+
+def from_blocks(t: torch.Tensor, grid: tuple[int, int], counts: tuple[int, int]) -> torch.Tensor:
+    """Inverse of :func:`to_blocks`: (B, H, M, L, c) -> (B, H, h·w, c) in token order."""
+    B, H, _, _, c = t.shape
+    (h, w), (mh, mw) = grid, counts
+    if h % mh == 0 and w % mw == 0:
+        grid_order = t.reshape(B, H, mh, mw, h // mh, w // mw, c).transpose(3, 4)
+        return grid_order.reshape(B, H, h * w, c)
+    return t.flatten(2, 3).index_select(2, cached_block_indices(tuple(grid), tuple(counts), t.device)[2])
 
 
 def reference_block_of(grid: tuple[int, int], counts: tuple[int, int]) -> list[int]:
@@ -189,7 +251,7 @@ class MHLAttention(LinearAttention):
         eps = self.options["eps"]
         if self.q_rmsnorm is not None:
             q, k = rms_over_heads(q, self.q_rmsnorm.weight), rms_over_heads(k, self.k_rmsnorm.weight)
-        phi_q, phi_k = F.relu(q) + eps, F.relu(k) + eps
+        phi_q, phi_k = F.threshold(q, 0.0, 0.0).add_(eps), F.threshold(k, 0.0, 0.0).add_(eps)  # relu + ε, in place
         if key_valid is not None:
             phi_k = phi_k * key_valid[:, None, :, None].to(phi_k.dtype)
         return phi_q, phi_k
@@ -208,51 +270,43 @@ class MHLAttention(LinearAttention):
     # -- the variant ----------------------------------------------------------------------------------
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
             grid: Grid) -> torch.Tensor:
-        """Blocked states, mixed by W, read by each query; gathers instead of loops; sums in float32 at least."""
+        """Blocked states, mixed by W, read by each query; reshapes/gathers, no loops; sums in float32 at least."""
         dtype = v.dtype
-        acc = torch.promote_types(dtype, torch.float32)
+        acc = accumulation_dtype(dtype)
         eps = self.options["eps"]
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        with full_precision(q):
             q, k, v = q.to(acc), k.to(acc), v.to(acc)
             phi_q, phi_k = self.features(q, k, key_valid)
             if grid is None:
                 return kernel_attention(phi_q, phi_k, v, None, eps).to(dtype)
             self._check_grid(q.shape[2], grid)
-            out = self._blocked_attention(phi_q, phi_k, v, grid)
+            lepe = None
             if self.lepe is not None:
                 lepe = F.conv2d(to_grid(self._masked_spatial_v(v, key_valid), grid), self.lepe.weight.to(acc),
                                 self.lepe.bias.to(acc), padding=self.lepe.padding, groups=self.lepe.groups)
-                out = torch.cat((out[:, :, :self.num_prefix_tokens],
-                                 out[:, :, self.num_prefix_tokens:] + from_grid(lepe, self.num_heads)), 2)
+                lepe = from_grid(lepe, self.num_heads)
+            out = self._blocked_attention(phi_q, phi_k, v, tuple(grid), lepe)
         return out.to(dtype)
 
     def _blocked_attention(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                           grid: tuple[int, int]) -> torch.Tensor:
+                           grid: tuple[int, int], lepe: Optional[torch.Tensor]) -> torch.Tensor:
+        """V carries a ones column: each block matmul gives [S_b | z_b], each readout [numerator | denominator]."""
         B, H, _, d = v.shape
-        eps = self.options["eps"]
-        gather, slot, length = block_layout(tuple(grid), self.block_counts, v.device)
-        blocks = self.block_counts[0] * self.block_counts[1]
-        (q_pre, q_sp), (k_pre, k_sp), (v_pre, v_sp) = (split_prefix(t, self.num_prefix_tokens)
-                                                     for t in (phi_q, phi_k, v))
-
-        def blocked(t: torch.Tensor) -> torch.Tensor:  # (B, H, h·w, d) -> (B, H, M, L, d), zero padded
-            padded = torch.cat((t, t.new_zeros(B, H, 1, d)), dim=2)
-            return padded[:, :, gather].reshape(B, H, blocks, length, d)
-
-        k_blk = blocked(k_sp)
-        states = k_blk.transpose(-2, -1) @ blocked(v_sp)  # (B, H, M, d, d): S_b
-        sums = k_blk.sum(dim=-2)  # (B, H, M, d): z_b
-        prefix_state, prefix_sum = k_pre.transpose(-2, -1) @ v_pre, k_pre.sum(dim=-2)
-        mix = self.block_mix.to(v.dtype)
-        mixed_states = torch.einsum("ab,zhbde->zhade", mix, states) + prefix_state[:, :, None]
-        mixed_sums = torch.einsum("ab,zhbd->zhad", mix, sums) + prefix_sum[:, :, None]
-        q_blk = blocked(q_sp)
-        numerator = q_blk @ mixed_states
-        denominator = (q_blk * mixed_sums[:, :, :, None]).sum(dim=-1, keepdim=True) + eps
-        spatial = (numerator / denominator).reshape(B, H, blocks * length, d)[:, :, slot]
-        global_state = states.sum(dim=2) + prefix_state
-        global_sum = sums.sum(dim=2, keepdim=True) + prefix_sum[:, :, None]
-        prefix = (q_pre @ global_state) / ((q_pre * global_sum).sum(dim=-1, keepdim=True) + eps)
+        eps, counts = self.options["eps"], self.block_counts
+        npt = self.num_prefix_tokens
+        v1 = with_ones(v)
+        (q_pre, q_sp), (k_pre, k_sp), (v_pre, v_sp) = (split_prefix(t, npt) for t in (phi_q, phi_k, v1))
+        states = to_blocks(k_sp, grid, counts, False).transpose(-2, -1) @ to_blocks(v_sp, grid, counts, True)
+        prefix_state = k_pre.transpose(-2, -1) @ v_pre  # (B, H, d, d+1): the prefix block [S_p | z_p]
+        blocks = counts[0] * counts[1]
+        mix = self.block_mix.to(v.dtype).expand(B, H, blocks, blocks)  # an explicit bmm: matmul would fold and copy
+        mixed = (mix @ states.reshape(B, H, blocks, d * (d + 1))).view_as(states)
+        read = to_blocks(q_sp, grid, counts, False) @ (mixed + prefix_state[:, :, None])  # (B, H, M, L, d+1)
+        spatial = from_blocks(read[..., :-1] / (read[..., -1:] + eps), grid, counts)
+        if lepe is not None:
+            spatial = spatial + lepe
+        prefix = q_pre @ (states.sum(dim=2) + prefix_state)
+        prefix = prefix[..., :-1] / (prefix[..., -1:] + eps)
         return torch.cat((prefix, spatial), dim=2)
 
     def reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],

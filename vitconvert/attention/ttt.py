@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import Grid, LinearAttention, from_grid, split_prefix, to_grid
+from .base import Grid, LinearAttention, accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
 
 FastWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -44,38 +44,47 @@ def normalize_keys(k: torch.Tensor, valid: torch.Tensor | None, eps: float) -> t
     With no mask this is ``F.instance_norm`` (biased variance, no affine), as the reference applies it.
     """
     if valid is None:
-        mean = k.mean(dim=-2, keepdim=True)
-        var = k.var(dim=-2, unbiased=False, keepdim=True)
+        var, mean = torch.var_mean(k, dim=-2, unbiased=False, keepdim=True)  # one pass for both
     else:
         m = valid[:, None, :, None].to(k.dtype)
         count = m.sum(dim=-2, keepdim=True).clamp(min=1.0)
         mean = (k * m).sum(dim=-2, keepdim=True) / count
         var = ((k - mean).square() * m).sum(dim=-2, keepdim=True) / count
-    return (k - mean) * torch.rsqrt(var + eps)
+    inv_std = torch.rsqrt(var + eps)
+    return torch.addcmul(-mean * inv_std, k, inv_std)  # (k − mean)/std in one pass over the tokens
 
 
-def inner_gradients(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None, weights: FastWeights,
-                    scale: float) -> FastWeights:
-    """dL/dW1, dL/dW2, dL/dW3 of L = −(s/N) Σ_j ⟨f_W(k_j), v_j⟩, by hand, each (B, H, d, d).
+def swiglu_readout(x: torch.Tensor, w12: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
+    """f_W(x) with W1 and W2 side by side as one (…, d, 2d) matrix: one matmul for both branches."""
+    a, b = (x @ w12).chunk(2, dim=-1)
+    return (F.silu(a) * b) @ w3
+
+
+def inner_gradients(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None, w12: torch.Tensor,
+                    w3: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """dL/d[W1 | W2] (B, H, d, 2d) and dL/dW3 (B, H, d, d) of L = −(s/N) Σ_j ⟨f_W(k_j), v_j⟩, by hand.
 
     With a = kW1, b = kW2, h = silu(a)⊙b and g = dL/d f = −(s/N) v: dW3 = hᵀg, dh = gW3ᵀ,
     da = dh⊙b⊙silu'(a), db = dh⊙silu(a), dW1 = kᵀda, dW2 = kᵀdb. Sums over tokens are d×d matmuls.
+    For speed the −s/N factor scales d×d matrices instead of the N tokens of v, and a, b (and dW1, dW2)
+    come from one matmul each with W1 and W2 side by side.
     """
-    w1, w2, w3 = weights
+    d = k.shape[-1]
+    coef: float | torch.Tensor
     if valid is None:
-        g = v * (-scale / v.shape[-2])
+        coef = -scale / k.shape[-2]
     else:
         m = valid.to(v.dtype)
-        count = m.sum(dim=-1).clamp(min=1.0)
-        g = v * m[:, None, :, None] * (-scale / count)[:, None, None, None]
-    a, b = k @ w1, k @ w2
+        v = v * m[:, None, :, None]
+        coef = (-scale / m.sum(dim=-1).clamp(min=1.0))[:, None, None, None]
+    a, b = (k @ w12).split(d, dim=-1)
     sig = torch.sigmoid(a)
     act = a * sig
-    dh = g @ w3.transpose(-2, -1)
-    da = dh * b * sig * (1.0 + a * (1.0 - sig))
-    db = dh * act
-    kt = k.transpose(-2, -1)
-    return kt @ da, kt @ db, (act * b).transpose(-2, -1) @ g
+    dh = v @ (w3.transpose(-2, -1) * coef)  # (B, H, N, d): gW3ᵀ with g = coef·v
+    da = dh * b * sig * (a - act + 1.0)  # silu'(a) = σ(a)(1 + a(1 − σ(a)))
+    dw12 = k.transpose(-2, -1) @ torch.cat((da, dh * act), dim=-1)
+    dw3 = ((act * b).transpose(-2, -1) @ v) * coef
+    return dw12, dw3
 
 
 class TTTAttention(LinearAttention):
@@ -109,29 +118,38 @@ class TTTAttention(LinearAttention):
 
     # -- fast form ---------------------------------------------------------------------------------
     def local_conv(self, t: torch.Tensor, conv: nn.Conv2d, grid: Grid, valid: torch.Tensor | None):
-        """t + depthwise conv(t) on the grid's spatial tokens; prefix tokens pass through unchanged."""
+        """t + depthwise conv(t) on the grid's spatial tokens; prefix tokens pass through unchanged.
+
+        Without a mask the residual is folded into the kernel (+1 on the centre tap): one pass, not two.
+        """
         if grid is None:
             return t
         prefix, spatial = split_prefix(t, self.num_prefix_tokens)
-        inp = spatial if valid is None else spatial * valid[:, None, self.num_prefix_tokens:, None].to(t.dtype)
+        weight = conv.weight.to(t.dtype)
         bias = conv.bias.to(t.dtype) if conv.bias is not None else None
-        local = F.conv2d(to_grid(inp, grid), conv.weight.to(t.dtype), bias, padding=1, groups=conv.groups)
+        if valid is None:
+            centre = torch.zeros_like(weight)
+            centre[..., 1, 1] = 1.0
+            local = F.conv2d(to_grid(spatial, grid), weight + centre, bias, padding=1, groups=conv.groups)
+            return torch.cat([prefix, from_grid(local, self.num_heads)], dim=2)
+        inp = spatial * valid[:, None, self.num_prefix_tokens:, None].to(t.dtype)
+        local = F.conv2d(to_grid(inp, grid), weight, bias, padding=1, groups=conv.groups)
         return torch.cat([prefix, spatial + from_grid(local, self.num_heads)], dim=2)
 
     def mix(self, q, k, v, key_valid: torch.Tensor | None, grid: Grid) -> torch.Tensor:
         """Closed-form step in float32 at least (autocast off: the d×d sums over N tokens need the range)."""
         dtype = v.dtype
-        acc = torch.promote_types(dtype, torch.float32)
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        acc = accumulation_dtype(dtype)
+        with full_precision(q):
             q, k, v = q.to(acc), k.to(acc), v.to(acc)
             k = normalize_keys(k, key_valid, self.options["key_norm_eps"])
             q = self.local_conv(q, self.q_conv, grid, key_valid)
             k = self.local_conv(k, self.k_conv, grid, key_valid)
-            weights = self.fast_weights(acc)
-            grads = inner_gradients(k, v, key_valid, weights, self.scale)
+            w1, w2, w3 = self.fast_weights(acc)
+            w12 = torch.cat((w1, w2), dim=-1)
+            dw12, dw3 = inner_gradients(k, v, key_valid, w12, w3, self.scale)
             lr = self.options["inner_lr"]
-            w1, w2, w3 = (w - lr * g for w, g in zip(weights, grads, strict=True))
-            out = inner_model(q, w1, w2, w3)
+            out = swiglu_readout(q, w12 - lr * dw12, w3 - lr * dw3)
         return out.to(dtype)
 
     # -- literal form (test oracle) ------------------------------------------------------------------

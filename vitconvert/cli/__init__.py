@@ -15,7 +15,7 @@ app = typer.Typer(
 )
 
 # Each module registers its command(s) on `app` when imported; one line per command file.
-COMMAND_MODULES = ["convert", "info", "push", "compare", "distill", "eval"]
+COMMAND_MODULES = ["convert", "info", "push", "compare", "quickstart", "distill", "eval", "bench"]
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"{__name__}.{_name}")

@@ -102,7 +102,7 @@ def join_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> di
 
 
 # -- write / read ----------------------------------------------------------------------------------------
-def _json_only(state: dict[str, Any]) -> dict[str, Any]:
+def json_only(state: dict[str, Any]) -> dict[str, Any]:
     """Keep what JSON can hold exactly (timm schedulers recompute the rest from the step count)."""
     out = {}
     for key, value in state.items():
@@ -135,7 +135,7 @@ def write_checkpoint(run: Path, *, model: dict[str, torch.Tensor], optimizer: di
             save_file({k: v.detach().cpu().contiguous() for k, v in ema.items()}, str(tmp / "ema.safetensors"))
         save_file(rng_tensors, str(tmp / "rng.safetensors"))
         meta = {"format": FORMAT, "position": asdict(position), "recipe": recipe, "world": len(rng),
-                "optimizer": opt_meta, "scheduler": _json_only(scheduler), "scaler": _json_only(scaler),
+                "optimizer": opt_meta, "scheduler": json_only(scheduler), "scaler": json_only(scaler),
                 "rng": rng_json}
         (tmp / "trainer.json").write_text(json.dumps(meta, indent=1) + "\n")
     return run / CHECKPOINT

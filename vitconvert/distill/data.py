@@ -284,3 +284,42 @@ def set_epoch(loader: DataLoader, epoch: int, start: int = 0) -> None:
     loader.batch_sampler.epoch = epoch  # type: ignore[union-attr]
     loader.batch_sampler.start = start  # type: ignore[union-attr]
     loader.dataset.epoch = epoch  # type: ignore[attr-defined]
+
+
+@dataclass
+class RunData:
+    """A distill run's loaders, its validation set (the end-of-run comparison samples it) and epoch arithmetic."""
+
+    train: DataLoader
+    val: DataLoader
+    val_set: TransformedDataset
+    mixup: Optional[Callable]
+    labels_checked: bool  # the dataset says its class count; otherwise labels are checked on the first batch
+    micro: int  # images per process and forward
+    updates_per_epoch: int
+    micro_per_epoch: int
+
+
+def run_data(r: Recipe, inp: InputConfig, num_classes: int, rank: int, world: int, pin_memory: bool) -> RunData:
+    """Open both splits and check them against the head and the batch arithmetic before any model runs."""
+    train = open_dataset(r.data, r.train_split, r.data_dir, r.download)  # type: ignore[arg-type]
+    val = open_dataset(r.data, r.val_split, r.data_dir, r.download)  # type: ignore[arg-type]
+    check_classes(train, num_classes)
+    if r.batch_size % (world * r.accum_steps):
+        raise VitconvertError(f"batch_size {r.batch_size} is not divisible by {world} process(es) × "
+                              f"{r.accum_steps} accumulation step(s)")
+    micro = r.batch_size // (world * r.accum_steps)
+    mixup = mixup_for(r, num_classes)
+    if mixup is not None and micro % 2:
+        raise VitconvertError(f"mixup/cutmix need an even batch per process and step (got {micro}): change "
+                              "batch_size, or set mixup and cutmix to 0")
+    updates = len(train) // world // micro // r.accum_steps  # type: ignore[arg-type]
+    if updates < 1:
+        raise VitconvertError(f"the training split has {len(train)} images: fewer than one optimizer step of "  # type: ignore[arg-type]
+                              f"batch_size {r.batch_size}; lower --batch-size")
+    train_set = TransformedDataset(train, train_transform(r, inp), seed=r.seed)
+    val_set = TransformedDataset(val, eval_transform(inp))
+    where = dict(workers=r.workers, rank=rank, world=world, pin_memory=pin_memory)
+    return RunData(make_loader(train_set, micro, r.seed, train=True, **where),  # type: ignore[arg-type]
+                   make_loader(val_set, micro, r.seed, train=False, **where), val_set, mixup,  # type: ignore[arg-type]
+                   dataset_classes(train) is not None, micro, updates, updates * r.accum_steps)

@@ -20,8 +20,10 @@ from ..evaluate import autocast_for, eval_sums, metrics_from_sums
 from ..recipes import Recipe, recipe_changes
 from . import data, models
 from . import distributed as D
+from . import param_groups as groups
 from .capture import DistillStudent, TeacherTap, attention_pairs
 from .checkpoint import CHECKPOINT, Position, read_checkpoint, restore_rng, rng_state, seed_everything, write_checkpoint
+from .final_compare import compare_at_end
 from .losses import DistillLoss, LossWeights
 from .monitor import Bar, Monitor, plot_curves
 from .runfolder import card_metrics, prepare_run_folder, write_model_folder
@@ -66,10 +68,12 @@ class Trainer:
         models.check_kd(student, teacher, r.kd_weight)
         self.inp = data.input_config(student, r)
         models.check_sizes(student, teacher, self.inp.img_size)
-        if job.fsdp and (r.ema or "attn" in [s for s, _ in r.stage_plan()]):
-            raise VitconvertError("--fsdp trains every parameter without EMA: drop ema and the attn stage, "
-                                  "or run without --fsdp (DDP)")
-        self.build_data(student)
+        if job.fsdp and (r.ema or "attn" in [s for s, _ in r.stage_plan()] or r.freeze_copied_epochs):
+            raise VitconvertError("--fsdp trains every parameter without EMA: drop ema, the attn stage and "
+                                  "freeze_copied_epochs, or run without --fsdp (DDP)")
+        self.num_classes = int(student.num_classes)
+        self.feed = data.run_data(r, self.inp, self.num_classes, env.rank, env.world, env.device.type == "cuda")
+        self.labels_checked = self.feed.labels_checked
         models.set_drop_path(student, r.resolved_drop_path(models.embed_width(student)))
         self.export = copy.deepcopy(student).eval()  # the CPU model that folders are written from
         models.export_config(self.export, self.inp)
@@ -82,6 +86,9 @@ class Trainer:
         self.tap = TeacherTap(teacher, theirs, keep_inputs=self.forced)
         self.to_teacher = models.teacher_normalizer(self.inp, teacher, env.device)
         self.attn_ids, self.attn_types = models.attention_param_ids(mine), tuple({type(m) for m in mine})
+        self.frozen_ids = groups.frozen_ids(student, r)
+        for epoch in range(r.epochs):  # a stage with nothing to train would fail in backward(), epochs later
+            self.trainable(epoch)
         self.pos = Position()
         self.ckpt = prepare_run_folder(self.run_dir, r, job.recipe_text, job.resume, job.force, env)
         if self.ckpt is not None:
@@ -99,59 +106,31 @@ class Trainer:
             student.compile()
 
     # -- setup ----------------------------------------------------------------------------------------
-    def build_data(self, student: torch.nn.Module) -> None:
-        r, env = self.recipe, self.env
-        train = data.open_dataset(r.data, r.train_split, r.data_dir, r.download)
-        val = data.open_dataset(r.data, r.val_split, r.data_dir, r.download)
-        self.num_classes = int(student.num_classes)
-        data.check_classes(train, self.num_classes)
-        self.labels_checked = data.dataset_classes(train) is not None
-        if r.batch_size % (env.world * r.accum_steps):
-            raise VitconvertError(f"batch_size {r.batch_size} is not divisible by {env.world} process(es) × "
-                                  f"{r.accum_steps} accumulation step(s)")
-        micro = r.batch_size // (env.world * r.accum_steps)
-        self.mixup = data.mixup_for(r, self.num_classes)
-        if self.mixup is not None and micro % 2:
-            raise VitconvertError(f"mixup/cutmix need an even batch per process and step (got {micro}): change "
-                                  "batch_size, or set mixup and cutmix to 0")
-        batches = len(train) // env.world // micro  # type: ignore[arg-type]
-        self.updates_per_epoch = batches // r.accum_steps
-        if self.updates_per_epoch < 1:
-            raise VitconvertError(f"the training split has {len(train)} images: fewer than one optimizer step of "  # type: ignore[arg-type]
-                                  f"batch_size {r.batch_size}; lower --batch-size")
-        self.micro_per_epoch = self.updates_per_epoch * r.accum_steps
-        train_set = data.TransformedDataset(train, data.train_transform(r, self.inp), seed=r.seed)
-        val_set = data.TransformedDataset(val, data.eval_transform(self.inp))
-        where = dict(workers=r.workers, rank=env.rank, world=env.world, pin_memory=env.device.type == "cuda")
-        self.train_loader = data.make_loader(train_set, micro, r.seed, train=True, **where)
-        self.val_loader = data.make_loader(val_set, micro, r.seed, train=False, **where)
-
     def build_optimization(self, student: torch.nn.Module) -> None:
-        from timm.optim import create_optimizer_v2
-        from timm.scheduler import create_scheduler_v2
         from timm.utils import ModelEmaV3
 
         r = self.recipe
-        self.optimizer = create_optimizer_v2(student, opt=r.opt, lr=r.lr, weight_decay=r.weight_decay,
-                                             momentum=r.momentum)
-        self.scheduler, _ = create_scheduler_v2(self.optimizer, sched=r.sched, num_epochs=r.epochs, min_lr=r.min_lr,
-                                                warmup_lr=r.warmup_lr, warmup_epochs=r.warmup_epochs,
-                                                step_on_epochs=not r.sched_on_updates,
-                                                updates_per_epoch=self.updates_per_epoch)
+        self.optimizer, self.scheduler = groups.create_optimization(student, r, self.feed.updates_per_epoch)
         fp16 = self.env.device.type == "cuda" and r.amp and r.amp_dtype == "float16"
         self.scaler = torch.amp.GradScaler("cuda") if fp16 else None
         self.ema = ModelEmaV3(student, decay=r.ema_decay) if r.ema else None
-        self.loss = DistillLoss(r, mixup_active=self.mixup is not None)
+        self.loss = DistillLoss(r, mixup_active=self.feed.mixup is not None)
 
-    def enter_stage(self, stage: str) -> None:
-        """Stage ``attn`` trains attention parameters only; DDP is rebuilt over what is trainable (FSDP: all)."""
-        self.stage, self.weights = stage, LossWeights.for_stage(self.recipe, stage)
+    def trainable(self, epoch: int) -> set[int]:
+        return groups.trainable_ids(self.recipe, epoch, self.model.student, self.attn_ids, self.frozen_ids)
+
+    def enter_stage(self, epoch: int) -> None:
+        """Stage ``attn`` trains attention parameters only, freeze_copied_epochs holds the copied ones still
+        (requires_grad off: no gradient, no weight decay, no optimizer state); DDP is rebuilt over what trains."""
+        (stage, self.frozen), r = groups.phase(self.recipe, epoch), self.recipe
+        self.stage, self.weights = stage, LossWeights.for_stage(r, stage)
         self.run_student = not (stage == "attn" and self.forced)  # teacher-forced attn: attention calls only
         self.run_teacher = bool(self.weights.attn or self.weights.kd)  # attn_weight 0 and no KD: a scratch baseline
         if self.job.fsdp:
             return
+        trainable = self.trainable(epoch)
         for p in self.model.student.parameters():
-            p.requires_grad_(stage != "attn" or id(p) in self.attn_ids)
+            p.requires_grad_(id(p) in trainable)
         self.wrapped = None
         self.wrapped = D.replicate(self.model, self.env)
 
@@ -160,7 +139,12 @@ class Trainer:
 
         ckpt, env = self.ckpt, self.env
         hyper = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        set_optimizer_state_dict(self.model, self.optimizer, ckpt.optimizer(),
+        saved = ckpt.optimizer()
+        if len(saved["param_groups"]) != len(hyper):
+            raise VitconvertError(f"the checkpoint's optimizer has {len(saved['param_groups'])} parameter groups, "
+                                  f"this recipe makes {len(hyper)}: new_params and layer_decay cannot change "
+                                  "mid-run; start over (--force without --resume)")
+        set_optimizer_state_dict(self.model, self.optimizer, saved,
                                  options=StateDictOptions(full_state_dict=True))
         if recipe_changes(ckpt.recipe, self.recipe):  # --resume --force: the new recipe's settings and schedule
             for group, values in zip(self.optimizer.param_groups, hyper, strict=True):
@@ -182,7 +166,7 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------------
     def fit(self, on_step: Optional[Callable[[Trainer], None]] = None) -> RunResult:
         r, start = self.recipe, time.perf_counter()
-        self.enter_stage(r.stage_at(min(self.pos.epoch, r.epochs - 1)))
+        self.enter_stage(min(self.pos.epoch, r.epochs - 1))
         self.epoch_sums = self.sums_tensor(self.pos.epoch_sums if self.env.is_main else [])
         self.window = self.sums_tensor(self.pos.window_sums if self.env.is_main else [])
         if self.ckpt is not None:
@@ -191,8 +175,8 @@ class Trainer:
             seed_everything(r.seed + self.env.rank)
         with StopRequest() as stop:
             for epoch in range(self.pos.epoch, r.epochs):
-                if r.stage_at(epoch) != self.stage:
-                    self.enter_stage(r.stage_at(epoch))
+                if groups.phase(r, epoch) != (self.stage, self.frozen):
+                    self.enter_stage(epoch)
                 self.train_epoch(epoch, stop, on_step)
                 self.end_epoch(epoch)
         return self.finish(time.perf_counter() - start)
@@ -202,14 +186,14 @@ class Trainer:
 
     def train_epoch(self, epoch: int, stop: StopRequest, on_step: Optional[Callable[[Trainer], None]]) -> None:
         r = self.recipe
-        data.set_epoch(self.train_loader, epoch, self.pos.batch)
+        data.set_epoch(self.feed.train, epoch, self.pos.batch)
         self.model.train()
         self.window_start = time.perf_counter()
-        self.bar.start(f"epoch {epoch + 1}/{r.epochs} {self.stage}", self.updates_per_epoch,
+        self.bar.start(f"epoch {epoch + 1}/{r.epochs} {self.stage}", self.feed.updates_per_epoch,
                        self.pos.batch // r.accum_steps)
         try:
-            for images, targets in self.train_loader:
-                if self.pos.batch >= self.micro_per_epoch:
+            for images, targets in self.feed.train:
+                if self.pos.batch >= self.feed.micro_per_epoch:
                     break
                 sync = (self.pos.batch + 1) % r.accum_steps == 0
                 sums = self.micro_step(images, targets, sync)
@@ -245,8 +229,8 @@ class Trainer:
             self.labels_checked = True
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        if self.mixup is not None:
-            images, targets = self.mixup(images, targets)
+        if self.feed.mixup is not None:
+            images, targets = self.feed.mixup(images, targets)
         t_logits, t_outs, t_inputs = None, [], None
         if self.run_teacher:
             with autocast_for(env.device, r.amp, r.amp_dtype):
@@ -298,7 +282,7 @@ class Trainer:
         self.check_finite(totals, epoch)
         n = float(totals[-1])
         record: dict[str, Any] = {"kind": "step", "epoch": epoch + 1, "step": self.pos.step,
-                                  "lr": self.optimizer.param_groups[0]["lr"]}
+                                  **groups.logged_lrs(self.optimizer)}
         active = {"loss": True, "task": bool(self.weights.task), "attn": bool(self.weights.attn),
                   "kd": bool(self.weights.kd)}
         record.update({k: float(totals[i]) / n for i, k in enumerate(TERMS) if active[k]})
@@ -315,7 +299,7 @@ class Trainer:
         else:  # the module itself: FSDP shards in place, DDP's wrapper would sync buffers on every call
             forward = lambda x: self.model(x, capture=False)[0]  # noqa: E731
         self.model.eval()
-        sums = D.all_sum(env, eval_sums(forward, self.val_loader, env.device, r.amp, self.channels_last))
+        sums = D.all_sum(env, eval_sums(forward, self.feed.val, env.device, r.amp, self.channels_last))
         self.model.train()
         sums[-1] /= env.world
         return metrics_from_sums(sums)
@@ -328,7 +312,7 @@ class Trainer:
         self.scheduler.step(epoch + 1)
         n = float(train[-1])
         record: dict[str, Any] = {"kind": "epoch", "epoch": epoch + 1, "step": self.pos.step, "stage": self.stage,
-                                  "lr": self.optimizer.param_groups[0]["lr"]}
+                                  **groups.logged_lrs(self.optimizer)}
         record.update({f"train_{k}": float(train[i]) / n for i, k in enumerate(TERMS)
                        if k == "loss" or float(train[i])})
         record.update({"val_top1": val["top1"], "val_top5": val["top5"], "val_loss": val["loss"], "val_n": val["n"],
@@ -355,11 +339,16 @@ class Trainer:
         state = D.full_model_state(self.wrapped, self.model)
         return {k.removeprefix("student."): v for k, v in state.items()}
 
-    def write_model(self, folder: Path, metrics: dict[str, Any]) -> None:
-        """A model folder of the evaluated weights (EMA when on) with the recipe and results in its card."""
+    def write_model(self, folder: Path, metrics: dict[str, Any], final: bool = False) -> None:
+        """A model folder of the evaluated weights (EMA when on) with the recipe and results in its card; the
+        final one also with the per-layer comparison with the teacher (compare.json/.png, the card's table)."""
         state = self.student_state()
         if self.env.is_main:
             meta = {**self.report, "recipe": self.recipe.to_dict(), "metrics": metrics, "teacher": self.teacher_spec}
+            if final and self.recipe.compare_batches:
+                self.export.load_state_dict(state)
+                meta["compare"] = compare_at_end(self.tap.teacher, self.export, self.feed, self.inp, self.recipe,
+                                                 self.env.device, self.run_dir, self.teacher_spec, self.bar.print)
             write_model_folder(self.export, state, folder, meta, in_place=folder == self.run_dir)
 
     def save_checkpoint(self) -> None:
@@ -389,14 +378,13 @@ class Trainer:
         if last is not None:
             metrics.update({"top1": last["val_top1"], "top5": last["val_top5"], "loss": last["val_loss"],
                             "n": last.get("val_n")})
-            self.write_model(self.run_dir, {**self.card_metrics(last), "train_seconds": round(seconds, 1)})
-        else:
-            self.write_model(self.run_dir, {})
+        self.tap.close()  # hooks off: the comparison puts its own on the same modules
+        self.model.close()
+        card = {**self.card_metrics(last), "train_seconds": round(seconds, 1)} if last is not None else {}
+        self.write_model(self.run_dir, card, final=True)
         if self.env.is_main:
             plot_curves(self.run_dir)
         self.monitor.close()
-        self.tap.close()
-        self.model.close()
         return RunResult(self.run_dir, metrics, seconds)
 
 

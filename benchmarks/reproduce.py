@@ -1,0 +1,222 @@
+"""The paper's comparison at toy scale: what to copy and what to distil, on the bundled digits.
+
+For every variant and seed, at one equal epoch budget (the quickstart recipe), train a student from each
+init configuration below through ``vitconvert.convert`` and ``vitconvert.distill`` exactly as a user would,
+and record its final validation top-1. Then write the mean ± std table and a plot into docs/results.md
+(between the ``reproduce`` markers, leaving the prose around them alone) and docs/results.png.
+
+    python benchmarks/reproduce.py                      # 5 variants × 3 seeds × 8 configs = 120 runs
+    python benchmarks/reproduce.py --jobs 2 --epochs 5  # two single-threaded workers
+    python benchmarks/reproduce.py --report-only        # rebuild table and plot from the recorded runs
+
+Every finished run is appended to benchmarks/results/reproduce.jsonl; a rerun skips runs already recorded
+with the same settings, so an interrupted benchmark continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "reproduce.jsonl"
+DOC = ROOT / "docs" / "results.md"
+PLOT = ROOT / "docs" / "results.png"
+BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
+VARIANTS = ("elu", "relu", "inline", "mhla", "ttt")
+OPTIONS: dict[str, dict[str, Any]] = {"mhla": {"blocks_per_side": 2}}  # 2×2 token-level heads on the 4×4 grid
+
+
+@dataclass(frozen=True)
+class Config:
+    """One init configuration of the paper's ablation: what each parameter group starts from, and the loss."""
+
+    name: str
+    label: str
+    attn_init: str
+    mlp_init: str
+    rest_init: str
+    distill: bool
+
+
+CONFIGS = (
+    Config("scratch", "scratch (all random)", "random", "random", "random", False),
+    Config("attn-copy", "attention copied, rest random", "copy", "random", "random", False),
+    Config("mlp+random", "MLPs copied, attention random", "random", "copy", "copy", False),
+    Config("mlp+random+d", "MLPs copied, attention random, distilled", "random", "copy", "copy", True),
+    Config("mlp+copy", "MLPs copied, attention copied", "copy", "copy", "copy", False),
+    Config("mlp+copy+d", "MLPs copied, attention copied, distilled", "copy", "copy", "copy", True),
+    Config("mlp+mimetic", "MLPs copied, attention Mimetic", "mimetic", "copy", "copy", False),
+    Config("mlp+mimetic+d", "MLPs copied, attention Mimetic, distilled", "mimetic", "copy", "copy", True),
+)
+BY_NAME = {c.name: c for c in CONFIGS}
+
+
+def run_one(variant: str, config: Config, seed: int, epochs: int, threads: int) -> dict[str, Any]:
+    """convert -> save -> distill (attention loss on or off) -> the run's final val top-1; folders are discarded."""
+    import torch
+
+    from vitconvert import convert, save
+    from vitconvert.distill import distill
+    from vitconvert.sources import load_source
+
+    torch.set_num_threads(threads)
+    teacher = load_source("digits").model
+    student, _ = convert(teacher, to=variant, attn_init=config.attn_init, mlp_init=config.mlp_init,
+                         rest_init=config.rest_init, seed=seed, options=OPTIONS.get(variant), source="digits")
+    work = Path(tempfile.mkdtemp(prefix=f"reproduce-{variant}-{config.name}-{seed}-"))
+    try:
+        start = save(student, work / "init", pretrained=True)
+        overrides = {"epochs": epochs, "seed": seed, "attn_weight": 1.0 if config.distill else 0.0, "kd_weight": 0.0}
+        result = distill(start, work / "run", recipe="quickstart", overrides=overrides, show=False, device="cpu")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"variant": variant, "config": config.name, "seed": seed, "epochs": epochs,
+            "top1": result.metrics["top1"], "top5": result.metrics["top5"], "loss": result.metrics["loss"],
+            "seconds": round(result.seconds, 2)}
+
+
+def read_records(epochs: int) -> list[dict[str, Any]]:
+    if not RESULTS.is_file():
+        return []
+    rows = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("epochs") == epochs and r.get("kind", "run") == "run"]
+
+
+def run_all(variants: list[str], seeds: list[int], epochs: int, jobs: int) -> None:
+    done = {(r["variant"], r["config"], r["seed"]) for r in read_records(epochs)}
+    todo = [(v, c, s) for v in variants for s in seeds for c in CONFIGS if (v, c.name, s) not in done]
+    print(f"{len(todo)} runs to do ({len(done)} already recorded), {epochs} epochs each, {jobs} job(s)", flush=True)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(run_one, v, c, s, epochs, threads): (v, c.name, s) for v, c, s in todo}
+        for i, future in enumerate(as_completed(futures), 1):
+            record = future.result()
+            with RESULTS.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            elapsed = time.perf_counter() - started
+            print(f"[{i}/{len(todo)}] {record['variant']:6s} {record['config']:14s} seed {record['seed']}: "
+                  f"top-1 {100 * record['top1']:.2f}% ({record['seconds']:.0f}s; {elapsed / 60:.1f} min so far)",
+                  flush=True)
+
+
+# -- the report --------------------------------------------------------------------------------------
+def summarise(records: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[float, float, int]]:
+    """(variant, config) -> (mean, std, runs) of top-1 in percent; std is the sample std over seeds."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in records:
+        groups.setdefault((r["variant"], r["config"]), []).append(100 * r["top1"])
+    return {k: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)) for k, v in groups.items()}
+
+
+def teacher_top1() -> float:
+    from vitconvert.evaluate import evaluate
+    from vitconvert.sources import load_source
+
+    return 100 * evaluate(load_source("digits").model, "digits", device="cpu")["top1"]
+
+
+def markdown_table(stats: dict, variants: list[str], teacher: float) -> str:
+    head = "| configuration | " + " | ".join(variants) + " |"
+    lines = [head, "|---|" + "---:|" * len(variants)]
+    for c in CONFIGS:
+        cells = []
+        for v in variants:
+            mean, std, n = stats.get((v, c.name), (float("nan"), 0.0, 0))
+            cells.append(f"{mean:.1f} ± {std:.1f}" if n else "–")
+        lines.append(f"| {c.label} | " + " | ".join(cells) + " |")
+    lines.append("| softmax teacher (one model) | " + " | ".join(f"{teacher:.1f}" for _ in variants) + " |")
+    return "\n".join(lines)
+
+
+def plot(stats: dict, variants: list[str], teacher: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / len(CONFIGS)
+    colors = plt.get_cmap("tab10").colors
+    for i, c in enumerate(CONFIGS):
+        xs = [j + (i - (len(CONFIGS) - 1) / 2) * width for j in range(len(variants))]
+        means = [stats.get((v, c.name), (float("nan"), 0, 0))[0] for v in variants]
+        stds = [stats.get((v, c.name), (0, 0.0, 0))[1] for v in variants]
+        ax.bar(xs, means, width, yerr=stds, capsize=2, label=c.label, color=colors[i % len(colors)],
+               hatch="//" if c.distill else None, edgecolor="white", linewidth=0.5)
+    ax.axhline(teacher, color="black", linestyle="--", linewidth=1, label=f"softmax teacher ({teacher:.1f}%)")
+    ax.set_xticks(range(len(variants)), variants)
+    ax.set_ylabel("digits val top-1 (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(variants: list[str], epochs: int) -> None:
+    records = read_records(epochs)
+    if not records:
+        raise SystemExit(f"no recorded runs with {epochs} epochs in {RESULTS}")
+    stats = summarise(records)
+    shown = [v for v in variants if any(k[0] == v for k in stats)]
+    teacher = teacher_top1()
+    plot(stats, shown, teacher, PLOT)
+    seeds = sorted({r["seed"] for r in records})
+    minutes = sum(r["seconds"] for r in records) / 60
+    import timm
+    import torch
+
+    block = "\n".join([
+        BEGIN,
+        f"Digits val top-1 (%), mean ± std over seeds {', '.join(map(str, seeds))}; {epochs} epochs per run, "
+        f"recipe `recipes/quickstart.yaml`; {len(records)} runs, {minutes:.0f} min of training in all "
+        f"({platform.machine()}, torch {torch.__version__.split('+')[0]}, timm {timm.__version__}). "
+        "Written by `python benchmarks/reproduce.py`.",
+        "",
+        markdown_table(stats, shown, teacher),
+        "",
+        f"![digits val top-1 per variant and init configuration]({PLOT.name})",
+        END,
+    ])
+    text = DOC.read_text() if DOC.is_file() else f"# Results\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text or END not in text:
+        text = text.rstrip() + f"\n\n{BEGIN}\n{END}\n"
+    before, rest = text.split(BEGIN, 1)
+    after = rest.split(END, 1)[1]
+    DOC.write_text(before + block + after)
+    print(f"wrote {DOC} and {PLOT}")
+    (RESULTS.parent / "reproduce-summary.json").write_text(json.dumps(
+        {"epochs": epochs, "seeds": seeds, "teacher_top1": teacher,
+         "mean_std_runs": {f"{v}/{c}": list(s) for (v, c), s in sorted(stats.items())}}, indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--epochs", type=int, default=5, help="the equal epoch budget of every run")
+    parser.add_argument("--jobs", type=int, default=1, help="parallel single-process runs (threads split evenly)")
+    parser.add_argument("--report-only", action="store_true", help="only rebuild docs/results.md and the plot")
+    args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    if not args.report_only:
+        run_all(variants, seeds, args.epochs, args.jobs)
+    write_report(variants, args.epochs)
+
+
+if __name__ == "__main__":
+    main()

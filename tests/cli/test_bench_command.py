@@ -1,0 +1,85 @@
+"""``vitconvert bench`` through typer's CliRunner: JSON, the table, a vitconvert folder, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import timm
+from conftest import tiny_model
+from typer.testing import CliRunner
+
+from vitconvert.cli import app
+
+runner = CliRunner()
+FAST = ["--threads", "1", "--repeats", "1", "--no-pretrained"]
+
+
+@pytest.fixture(scope="module")
+def timm_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bench") / "src"
+    timm.models.save_for_hf(tiny_model("vit"), str(folder), safe_serialization=True)
+    return folder
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def assert_one_line_error(result, text: str):
+    assert result.exit_code != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert text in lines[0]
+
+
+def test_json_has_a_row_per_model_size_and_mode(timm_folder):
+    result = invoke("bench", str(timm_folder), "--to", "elu,mhla", "--img-size", "32,48", "--train", "--json",
+                    "--batch-size", "2", *FAST)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    rows = report["results"]
+    assert len(rows) == 2 * 2 * 3
+    assert {(r["img_size"], r["tokens"]) for r in rows} == {(32, 17), (48, 37)}
+    for r in rows:
+        assert r["img_per_s"] > 0 and r["ms_per_img"] > 0 and r["batch_size"] == 2
+        softmax = next(s for s in rows if s["model"] == "softmax" and s["img_size"] == r["img_size"]
+                       and s["mode"] == r["mode"])
+        assert r["speedup"] == pytest.approx(softmax["ms_per_img"] / r["ms_per_img"])
+    assert report["arch"] == "vit_tiny_patch16_224" and report["threads"] == 1
+
+
+def test_table_and_plot(timm_folder, tmp_path):
+    pytest.importorskip("matplotlib")
+    result = invoke("bench", str(timm_folder), "--to", "relu", "--plot", str(tmp_path / "s.png"), *FAST)
+    assert result.exit_code == 0, result.output
+    assert "speedup" in result.stdout and "relu" in result.stdout and "softmax" in result.stdout
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_vitconvert_folder_benches_its_own_variant_against_its_source(timm_folder, tmp_path):
+    converted = tmp_path / "m"
+    assert invoke("convert", str(timm_folder), "--to", "ttt", "--out", str(converted)).exit_code == 0
+    result = invoke("bench", str(converted), "--json", *FAST)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [r["model"] for r in report["results"]] == ["softmax", "ttt"]
+    assert report["arch"] == "vit_tiny_patch16_224"
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--to", "elu,softmax2"], "unknown variant 'softmax2'"),
+    (["--img-size", "224,abc"], "positive integers"),
+    (["--img-size", "0"], "positive integers"),
+    (["--batch-size", "0"], "at least 1"),
+    (["--threads", "0"], "at least 1"),
+    (["--clock", "sundial"], "unknown clock"),
+    (["--device", "tpu"], "unknown device"),
+    (["--to", "elu", "--option", "colour=red"], "unknown option"),
+])
+def test_bad_input_is_one_line(timm_folder, args, text):
+    assert_one_line_error(invoke("bench", str(timm_folder), *args, "--repeats", "1"), text)
+
+
+def test_unknown_source_is_one_line():
+    assert_one_line_error(invoke("bench", "deit_smal", "--no-pretrained"), "did you mean")

@@ -1,0 +1,150 @@
+"""bench: sane fields, speedup = softmax ms / variant ms, FLOPs against a hand count. Nothing here times anything."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from vitconvert.bench import (
+    BenchRow,
+    benchmark,
+    flops_per_image,
+    linear_copy,
+    memory_slope,
+    parse_sizes,
+    parse_variants,
+    peak_memory_bytes,
+    plot_speedups,
+)
+from vitconvert.errors import VitconvertError
+
+# The tiny ViT of conftest at 48 px: patch 8 -> 36 patches + class token, width 32, 2 heads of 16, depth 2.
+N, C, D, LAYERS, CLASSES, PATCHES = 37, 32, 16, 2, 1000, 36
+SHARED = 2 * PATCHES * C * 3 * 8 * 8 + LAYERS * 2 * N * C * (3 * C + C + 2 * 4 * C) + 2 * C * CLASSES
+
+
+@pytest.fixture(scope="module")
+def report():
+    return benchmark(tiny_model("vit", img_size=48), ["elu", "ttt"], batch_size=2, train=True, repeats=2,
+                     threads=1)
+
+
+def test_rows_have_sane_fields(report):
+    assert [(r.model, r.mode) for r in report.rows] == [
+        (m, mode) for mode in ("infer", "train") for m in ("softmax", "elu", "ttt")]
+    for row in report.rows:
+        assert row.img_size == 48 and row.tokens == N and row.batch_size == 2
+        assert row.ms_per_img > 0 and row.img_per_s > 0 and row.peak_mem_mb > 0
+        assert math.isclose(row.img_per_s, 1e3 / row.ms_per_img)
+        assert len(row.times_ms) == 2
+    assert report.threads == 1 and report.device == "cpu"
+
+
+def test_speedup_is_softmax_ms_over_variant_ms(report):
+    for mode in ("infer", "train"):
+        rows = {r.model: r for r in report.rows if r.mode == mode}
+        assert rows["softmax"].speedup == 1.0
+        for name in ("elu", "ttt"):
+            assert math.isclose(rows[name].speedup, rows["softmax"].ms_per_img / rows[name].ms_per_img)
+
+
+def test_flop_bound_matches_a_hand_count(report):
+    """Softmax: shared + 4·N²·C per layer; ELU: shared + φ(K)ᵀ[V|1] and φ(Q)·[S|z], 2·N·C·(d+1) each."""
+    softmax = SHARED + LAYERS * 4 * N * N * C
+    elu = SHARED + LAYERS * 4 * N * C * (D + 1)
+    rows = {r.model: r for r in report.rows if r.mode == "infer"}
+    assert rows["softmax"].gflops_per_img * 1e9 == pytest.approx(softmax)
+    assert rows["elu"].gflops_per_img * 1e9 == pytest.approx(elu)
+    assert rows["elu"].flop_bound == pytest.approx(softmax / elu)
+    assert rows["ttt"].flop_bound < rows["elu"].flop_bound  # its inner step costs more than a kernel readout
+
+
+def test_flops_count_per_image_whatever_the_batch():
+    model = tiny_model("vit", img_size=48)
+    one = flops_per_image(model, torch.randn(1, 3, 48, 48))
+    assert flops_per_image(model, torch.randn(3, 3, 48, 48)) == pytest.approx(one)
+    assert flops_per_image(linear_copy(model, "relu"), torch.randn(1, 3, 48, 48)) < one
+
+
+def test_other_image_sizes_rebuild_the_source():
+    report = benchmark(tiny_model("vit"), ["relu"], img_sizes=[32, 64], repeats=1, threads=1)
+    assert [(r.img_size, r.tokens) for r in report.rows] == [(32, 17), (32, 17), (64, 65), (64, 65)]
+
+
+def test_cpu_clock_and_no_memory():
+    report = benchmark(tiny_model("vit"), ["relu"], repeats=1, threads=1, clock="cpu", memory=False)
+    assert report.clock == "cpu" and all(r.peak_mem_mb is None and r.ms_per_img > 0 for r in report.rows)
+    with pytest.raises(VitconvertError, match="unknown clock"):
+        benchmark(tiny_model("vit"), ["relu"], clock="sundial")
+
+
+def test_threads_are_restored():
+    before = torch.get_num_threads()
+    benchmark(tiny_model("vit"), ["relu"], repeats=1, threads=1)
+    assert torch.get_num_threads() == before
+
+
+def test_peak_memory_sees_cpu_tensors():
+    kept = []
+
+    def step() -> None:
+        kept.append(torch.ones(2**20, dtype=torch.uint8))  # 1 MiB, alive at the end
+        torch.ones(3 * 2**20, dtype=torch.uint8)  # 3 MiB, freed at once: only the peak sees it
+
+    peak = peak_memory_bytes(step, torch.device("cpu"))
+    assert 4 * 2**20 <= peak < 5 * 2**20
+
+
+def row(model: str, tokens: int, mem: float) -> BenchRow:
+    return BenchRow(model, 0, tokens, "infer", 1, 1.0, 1.0, mem, 1.0, 1.0, 1.0)
+
+
+def test_memory_slope():
+    linear = [row("elu", n, 3.0 * n) for n in (256, 1024, 4096)]
+    quadratic = [row("softmax", n, 1e-3 * n * n) for n in (256, 1024, 4096)]
+    assert memory_slope(linear + quadratic, "elu") == pytest.approx(1.0)
+    assert memory_slope(linear + quadratic, "softmax") == pytest.approx(2.0)
+    assert memory_slope(linear[:1], "elu") is None
+
+
+@pytest.mark.parametrize("text,expected", [("elu", ["elu"]), (" elu, relu ,elu", ["elu", "relu"]), (None, None)])
+def test_parse_variants(text, expected):
+    assert parse_variants(text) == expected
+
+
+@pytest.mark.parametrize("text,message", [("softmax", "unknown variant 'softmax'"), (",", "at least one")])
+def test_parse_variants_errors(text, message):
+    with pytest.raises(VitconvertError, match=message):
+        parse_variants(text)
+
+
+def test_parse_sizes():
+    assert parse_sizes("224, 512,224") == [224, 512]
+    for bad in ("224,abc", "0", "-32", "224,,512", "2.5"):
+        with pytest.raises(VitconvertError, match="positive integers"):
+            parse_sizes(bad)
+
+
+def test_bad_arguments():
+    model = tiny_model("vit")
+    with pytest.raises(VitconvertError, match="at least 1"):
+        benchmark(model, ["elu"], batch_size=0)
+    with pytest.raises(VitconvertError, match="unknown variant"):
+        benchmark(model, ["softmax"])
+
+
+def test_plot_writes_png(report, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = plot_speedups(report, tmp_path / "speed.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_is_one_clear_error(report, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(VitconvertError, match=r"pip install 'vitconvert\[plot\]'"):
+        plot_speedups(report, tmp_path / "speed.png")

@@ -1,0 +1,81 @@
+"""``vitconvert bench SOURCE --to elu,relu --img-size 224,512``: speed and memory against the softmax source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from . import app
+from .common import console, parse_options, user_errors
+
+
+def bench_table(report: dict[str, Any]) -> Table:
+    """One row per (size, mode, model); speedups against the softmax row of the same size and mode."""
+    title = (f"{report['arch']} on {report['device']} ({report['threads']} threads, batch {report['batch_size']}, "
+             f"median of {report['repeats']}, {report['clock']} clock)")
+    table = Table(title=title)
+    for col in ("px", "tokens", "mode", "model", "ms/img", "img/s", "MiB", "GFLOP", "speedup", "bound"):
+        table.add_column(col, justify="left" if col in ("mode", "model") else "right")
+    last = None
+    for row in report["results"]:
+        if last is not None and (row["img_size"], row["mode"]) != last:
+            table.add_section()
+        last = (row["img_size"], row["mode"])
+        softmax = row["model"] == "softmax"
+        memory = "-" if row["peak_mem_mb"] is None else f"{row['peak_mem_mb']:.1f}"
+        table.add_row(
+            str(row["img_size"]), str(row["tokens"] or "?"), row["mode"], row["model"], f"{row['ms_per_img']:.1f}",
+            f"{row['img_per_s']:.2f}", memory, f"{row['gflops_per_img']:.2f}",
+            "" if softmax else f"{row['speedup']:.2f}×", "" if softmax else f"{row['flop_bound']:.2f}×")
+    return table
+
+
+@app.command()
+@user_errors
+def bench(
+    source: str = typer.Argument(..., help="timm name, alias, hf-hub:org/name, timm or vitconvert folder"),
+    to: Optional[str] = typer.Option(None, "--to", help="variants, comma-separated (default: all, or the folder's)"),
+    img_size: Optional[str] = typer.Option(None, "--img-size", help="image sizes, comma-separated (default: the "
+                                                                      "model's); the source is rebuilt at each"),
+    batch_size: int = typer.Option(1, help="images per step"),
+    train: bool = typer.Option(False, "--train", help="also time a training step (forward + backward)"),
+    repeats: int = typer.Option(5, help="timed rounds; every model runs once per round, in turns"),
+    warmup: int = typer.Option(1, help="untimed rounds first"),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's)"),
+    device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
+    pretrained: bool = typer.Option(True, "--pretrained/--no-pretrained", help="load pretrained weights of names "
+                                                                              "(speed does not depend on them)"),
+    option: Optional[list[str]] = typer.Option(None, "--option", help="variant option KEY=VALUE (repeatable)"),
+    clock: str = typer.Option("wall", help="wall, or cpu: the process's CPU time (steady on a shared machine; "
+                                             "use it with --threads 1)"),
+    memory: bool = typer.Option(True, "--memory/--no-memory", help="also measure peak memory (one more step)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of the table"),
+    plot: Optional[Path] = typer.Option(None, help="also write speedup against tokens as a PNG here"),
+) -> None:
+    """Time the softmax source and each linear variant in one process, taking turns: img/s, memory, speedups."""
+    from ..bench import benchmark, parse_sizes, parse_variants, plot_speedups, require_matplotlib
+
+    variants = parse_variants(to)
+    sizes = parse_sizes(img_size)
+    if plot is not None:
+        require_matplotlib()  # fail before the work, not after it
+    progress = Console(stderr=True)
+    report = benchmark(source, variants, sizes, batch_size=batch_size, train=train, repeats=repeats, warmup=warmup,
+                       pretrained=pretrained, device=device, threads=threads, options=parse_options(option),
+                       memory=memory, clock=clock,
+                       log=None if as_json else lambda msg: progress.print(f"[dim]timing {msg}[/]"))
+    if plot is not None:
+        plot_speedups(report, plot)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps({**report.to_dict(), **({"plot": str(plot)} if plot else {})}))
+        return
+    console.print(bench_table(report.to_dict()))
+    console.print("speedup = softmax ms / model ms (same size and mode); FLOP bound = softmax FLOPs / model FLOPs")
+    if plot is not None:
+        console.print(f"[green]wrote[/] {plot}")
