@@ -132,11 +132,11 @@ def own_img_size(model: nn.Module) -> int:
 def reference_for(source: Union[str, nn.Module], pretrained: bool = True) -> Reference:
     """The softmax model behind SOURCE: a timm name/folder/file, a vitconvert folder (its recorded source
     architecture, random weights: weights do not change speed), or a model object built by timm."""
-    from .sources import load_source, read_config
+    from .sources import hub_folder, load_source, read_config
 
     if isinstance(source, nn.Module):
         return _reference_from_module(source)
-    folder = Path(source)
+    folder = hub_folder(source) if source.startswith("hf-hub:") else Path(source.removeprefix("local-dir:"))
     if folder.is_dir() and (folder / "config.json").is_file() and "vitconvert" in read_config(folder):
         block = read_config(folder)["vitconvert"]
 
@@ -152,8 +152,6 @@ def reference_for(source: Union[str, nn.Module], pretrained: bool = True) -> Ref
                          [variant] if variant in VARIANTS else list(VARIANTS),
                          {variant: dict(block.get("options") or {})} if variant else {})
     src = load_source(source, pretrained=pretrained)
-    if src.vitconvert is not None:  # e.g. hf-hub: of a vitconvert model
-        return _reference_from_module(src.model, arch=src.arch)
     default = own_img_size(src.model)
 
     def build(size: Optional[int]) -> nn.Module:
@@ -411,12 +409,16 @@ def plot_speedups(report: BenchReport, path: Union[str, Path]) -> Path:
             ax.plot([r.tokens for r in rows], [r.speedup for r in rows], style, marker="o", color=colour,
                     label=f"{name} ({mode})")
             if mode == modes[0]:
-                ax.plot([r.tokens for r in rows], [r.flop_bound for r in rows], "--", color=colour, alpha=0.4)
+                ax.plot([r.tokens for r in rows], [r.flop_bound for r in rows], "--", color=colour, alpha=0.4,
+                        label="FLOP bound" if i == 0 else None)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xscale("log")
+    ticks = sorted({r.tokens for r in report.rows if r.tokens})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("tokens")
     ax.set_ylabel("speedup over softmax (×)")
-    ax.set_title(f"{report.arch} on {report.device} ({report.threads} threads), dashed: FLOP bound", fontsize=10)
+    ax.set_title(f"{report.arch} on {report.device} ({report.threads} threads, {report.clock} clock)", fontsize=10)
     ax.legend(loc="best", fontsize=8)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -110,8 +110,13 @@ class KernelAttention(LinearAttention):
     default_options = {"eps": 1e-6}
 
     def mix(self, q, k, v, key_valid, grid: Grid):
+        """φ on q and k together: fewer passes, and for batches the stacked copy is the layout bmm needs."""
         phi = type(self).feature
-        return kernel_attention(phi(q), phi(k), v, key_valid, self.options["eps"])
+        if q.shape[0] > 1 and q.shape == k.shape:  # (B, H) views cannot fold into one bmm batch: copy once, here
+            phi_q, phi_k = phi(torch.stack((q, k))).unbind(0)
+        else:  # one image: (1, H, N, d) views of the qkv output fold into (H, N, d) without a copy
+            phi_q, phi_k = phi(q), phi(k)
+        return kernel_attention(phi_q, phi_k, v, key_valid, self.options["eps"])
 
     def reference(self, q, k, v, key_valid, grid: Grid):
         phi = type(self).reference_feature
