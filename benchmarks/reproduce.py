@@ -5,9 +5,9 @@ init configuration below through ``vitconvert.convert`` and ``vitconvert.distill
 and record its final validation top-1. Then write the mean ± std table and a plot into docs/results.md
 (between the ``reproduce`` markers, leaving the prose around them alone) and docs/results.png.
 
-    python benchmarks/reproduce.py                      # 5 variants × 3 seeds × 8 configs = 120 runs
-    python benchmarks/reproduce.py --jobs 2 --epochs 5  # two single-threaded workers
-    python benchmarks/reproduce.py --report-only        # rebuild table and plot from the recorded runs
+    python benchmarks/reproduce.py                  # 5 variants × 3 seeds × 8 configs = 120 runs, 2 workers
+    python benchmarks/reproduce.py --jobs 8         # on a bigger machine (each worker gets cores / jobs threads)
+    python benchmarks/reproduce.py --report-only    # rebuild table and plot from the recorded runs
 
 Every finished run is appended to benchmarks/results/reproduce.jsonl; a rerun skips runs already recorded
 with the same settings, so an interrupted benchmark continues where it stopped.
@@ -208,7 +208,7 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--epochs", type=int, default=5, help="the equal epoch budget of every run")
-    parser.add_argument("--jobs", type=int, default=1, help="parallel single-process runs (threads split evenly)")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel runs; the CPU threads are split evenly")
     parser.add_argument("--report-only", action="store_true", help="only rebuild docs/results.md and the plot")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]

@@ -27,7 +27,8 @@ def results_table(result: dict) -> Table:
         twin = scratch.get(row["variant"])
         gap = f"{100 * (row['top1'] - twin['top1']):+.2f} pt" if twin else ""
         table.add_section()
-        table.add_row(row["variant"], "copied + distilled", f"{100 * row['top1']:.2f}%", gap, f"{row['seconds']:.0f}s")
+        table.add_row(row["variant"], "copied+Mimetic, distilled", f"{100 * row['top1']:.2f}%", gap,
+                      f"{row['seconds']:.0f}s")
         if twin:
             table.add_row(f"{row['variant']} scratch", "random, task loss", f"{100 * twin['top1']:.2f}%", "",
                           f"{twin['seconds']:.0f}s")
@@ -43,6 +44,7 @@ def quickstart(
     seed: int = typer.Option(0, help="seed of the init and the training"),
     scratch: bool = typer.Option(True, "--scratch/--no-scratch", help="also train each variant from scratch"),
     device: Optional[str] = typer.Option(None, help="cpu, cuda, cuda:1 [default: cuda if available]"),
+    threads: int = typer.Option(1, help="CPU threads (0: torch's default); 1 is fastest for these tiny models"),
     force: bool = typer.Option(False, "--force", help="overwrite the runs of an earlier quickstart in --out"),
     as_json: bool = typer.Option(False, "--json", help="print the results as one JSON object"),
 ) -> None:
@@ -57,7 +59,7 @@ def quickstart(
         log.print(f"[green]{row.name}[/]: val top-1 {100 * row.top1:.2f}%{time}")
 
     result = run_quickstart(chosen, out, epochs=epochs, seed=seed, scratch=scratch, device=device, force=force,
-                            progress=progress).to_dict()
+                            threads=threads or None, progress=progress).to_dict()
     if as_json:
         typer.echo(json.dumps(result))
         return
