@@ -69,3 +69,12 @@ def place_in_hub_cache(cache: os.PathLike, repo_id: str, folder: os.PathLike, re
     (root / "refs").mkdir(exist_ok=True)
     (root / "refs" / revision).write_text(sha)
     return sha
+
+
+def assert_one_line_error(result, text: str) -> None:
+    """A CLI failure as users must see it: non-zero exit, exactly one `error: ...` line, no traceback."""
+    assert result.exit_code != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert text in lines[0]
+    assert "Traceback" not in result.output + result.stderr

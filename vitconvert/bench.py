@@ -42,6 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from .attention import VARIANTS
 from .errors import VitconvertError
 from .surgery import model_geometry, swap_attention
+from .threads import torch_threads
 
 SOFTMAX = "softmax"
 MODES = ("infer", "train")
@@ -307,16 +308,9 @@ def benchmark(
         raise VitconvertError(f"unknown clock {clock!r}; valid: {', '.join(CLOCKS)}")
     if device is not None and device.split(":")[0] not in ("cpu", "cuda"):
         raise VitconvertError(f"unknown device {device!r}; valid: cpu, cuda")
-    if threads is not None and threads < 1:
-        raise VitconvertError(f"--threads must be at least 1 (got {threads})")
-    previous_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         return _benchmark(source, variants, img_sizes, batch_size, train, repeats, warmup, pretrained, device,
                           options, log, memory, clock)
-    finally:
-        torch.set_num_threads(previous_threads)
 
 
 def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]], img_sizes: Optional[Sequence[int]],

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import VitconvertError
+from .threads import torch_threads
 
 DATA = "digits"
 RECIPE = "quickstart"
@@ -108,17 +109,9 @@ def run_quickstart(variants: Sequence[str] = DEFAULT_VARIANTS, out: Path = Path(
     nothing from more, run 10× slower when other programs share the cores, and repeat their numbers exactly
     only at a fixed count.
     """
-    import torch
 
-    if threads is not None and threads < 1:
-        raise VitconvertError(f"--threads must be at least 1 (got {threads})")
-    previous = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         return _run(variants, Path(out), epochs, seed, scratch, device, force, progress)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _run(variants: Sequence[str], out: Path, epochs: Optional[int], seed: int, scratch: bool,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import timm
-from conftest import tiny_model
+from conftest import assert_one_line_error, tiny_model
 from typer.testing import CliRunner
 
 from vitconvert.cli import app
@@ -24,13 +24,6 @@ def timm_folder(tmp_path_factory):
 
 def invoke(*args: str):
     return runner.invoke(app, list(args))
-
-
-def assert_one_line_error(result, text: str):
-    assert result.exit_code != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert text in lines[0]
 
 
 def test_json_has_a_row_per_model_size_and_mode(timm_folder):

@@ -8,10 +8,9 @@ import sys
 
 import pytest
 import timm
-from conftest import tiny_model
+from conftest import assert_one_line_error, tiny_model
 from PIL import Image
 from test_compare import one_thread  # noqa: F401  (autouse fixture)
-from test_convert import assert_one_line_error
 from typer.testing import CliRunner
 
 import vitconvert

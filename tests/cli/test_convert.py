@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import timm
-from conftest import tiny_model
+from conftest import assert_one_line_error, tiny_model
 from typer.testing import CliRunner
 
 from vitconvert.cli import app
@@ -27,14 +27,6 @@ def timm_folder(tmp_path):
 
 def invoke(*args: str):
     return runner.invoke(app, list(args))
-
-
-def assert_one_line_error(result, text: str):
-    assert result.exit_code != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert text in lines[0]
-    assert "Traceback" not in result.output + result.stderr
 
 
 def test_convert_writes_folder_and_info_reads_it(tmp_path, timm_folder, monkeypatch):
