@@ -157,10 +157,12 @@ def measure_speed(plan: Plan, model: str, size: int, variants: list[str], device
                   fla: bool, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """One benchmark call (softmax and ``variants`` taking turns), the batch halved until it fits."""
     batch = max(1, int(plan.batch[size] * MODEL_BATCH_SCALE.get(model, 1.0)))
+    softmax = softmax_source(plan, model, size)
+    fused = [m.fused_attn for m in softmax.modules() if hasattr(m, "fused_attn")]
     while True:
         try:
             with fla_path(fla):
-                report = benchmark(softmax_source(plan, model, size), variants, batch_size=batch, train=True,
+                report = benchmark(softmax, variants, batch_size=batch, train=True,
                                    repeats=plan.repeats, warmup=2, device=str(device), threads=plan.threads,
                                    amp="bfloat16", compile=plan.compile_backend if compiled else None, log=log)
             break
@@ -170,7 +172,8 @@ def measure_speed(plan: Plan, model: str, size: int, variants: list[str], device
                 raise
             batch //= 2
             log(f"out of memory: {model} {size} px, retrying at batch {batch}")
-    setting = {"source": model, "compile": report.compile, "fla": fla, "amp": report.amp}
+    setting = {"source": model, "compile": report.compile, "fla": fla, "amp": report.amp,
+               "softmax_sdpa": bool(fused) and all(fused)}  # timm's fused_attn: F.scaled_dot_product_attention
     return [{**setting, **{k: v for k, v in asdict(r).items() if k != "times_ms"}} for r in report.rows]
 
 

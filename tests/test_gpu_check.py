@@ -50,6 +50,7 @@ def test_dry_run_measures_every_variant_eager_and_compiled_with_targets_never_ju
     compiled = {(r["img_size"], r["model"]) for r in rows if r["compile"] == "eager"}
     assert compiled == {(s, v) for s in plan.compile_sizes for v in ["softmax", *VARIANTS]}
     assert all(r["amp"] == "bfloat16" and r["img_per_s"] > 0 and r["peak_mem_mb"] > 0 for r in rows)
+    assert all(r["softmax_sdpa"] for r in rows)  # the baseline is timm's fused attention
     for r in rows:
         assert r["verdict"] == ("dry run" if r["model"] != "softmax" else "—")
         assert r["target"] == (plan.targets[r["img_size"]] if r["model"] != "softmax" else None)
