@@ -178,16 +178,22 @@ def measure_speed(plan: Plan, model: str, size: int, variants: list[str], device
 
 
 def speed_runs(plan: Plan) -> Iterator[tuple[str, str, int, bool, bool]]:
-    """(label, model, size, compiled, fla) in order of importance: eager for all, then compiled, then fla."""
-    for model in plan.models:
-        for size in plan.sizes:
-            yield f"eager {model} {size}px", model, size, False, False
-    for model in plan.compile_models:
-        for size in plan.compile_sizes:
-            yield f"compiled {model} {size}px", model, size, True, False
+    """(label, model, size, compiled, fla) in order of importance: the first model eager at every size, fla
+    (cheap), compiled at the largest size; then the other models eager; then the other compiled sizes."""
+    first, *others = plan.models
+    for size in plan.sizes:
+        yield f"eager {first} {size}px", first, size, False, False
     for model in plan.fla_models:
         for size in plan.sizes:
             yield f"fla {model} {size}px", model, size, False, True
+    for model in plan.compile_models:
+        yield f"compiled {model} {plan.compile_sizes[-1]}px", model, plan.compile_sizes[-1], True, False
+    for model in others:
+        for size in plan.sizes:
+            yield f"eager {model} {size}px", model, size, False, False
+    for model in plan.compile_models:
+        for size in plan.compile_sizes[:-1]:
+            yield f"compiled {model} {size}px", model, size, True, False
 
 
 # -- 2. bf16 against fp32 -----------------------------------------------------------------------------
@@ -310,7 +316,9 @@ def cost(speed: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]:
 
 
 # -- the run ------------------------------------------------------------------------------------------
-def run_check(plan: Plan, device: torch.device, budget_s: float, log: Callable[[str], None]) -> Check:
+def run_check(plan: Plan, device: torch.device, budget_s: float, log: Callable[[str], None],
+              save: Callable[[Check], None] = lambda check: None) -> Check:
+    """Every section in order while the budget lasts; ``save`` after each, so a killed run keeps what it found."""
     check = Check(environment(device), dry_run=device.type != "cuda")
     deadline = time.perf_counter() + budget_s
     fla_ready = device.type == "cuda" and fla_version() is not None
@@ -325,6 +333,14 @@ def run_check(plan: Plan, device: torch.device, budget_s: float, log: Callable[[
         except Exception as e:  # one broken path must not hide the others: the report says what raised
             check.errors.append(f"{label}: {first_line(e)}")
             return None
+        finally:
+            check.cost = cost(check.speed, plan)
+            save(check)
+
+    def judged_speed(model: str, size: int, variants: list[str], compiled: bool, fla: bool) -> None:
+        for row in measure_speed(plan, model, size, variants, device, compiled, fla, log):
+            row["target"], row["verdict"] = verdict(row, plan.targets, check.dry_run)
+            check.speed.append(row)
 
     for label, model, size, compiled, fla in speed_runs(plan):
         if fla and not fla_ready:
@@ -336,14 +352,12 @@ def run_check(plan: Plan, device: torch.device, budget_s: float, log: Callable[[
                 if not fla_enabled(torch.empty(0, device=device)):
                     check.skipped.append(f"{label}: {FLA_ENV}=1 does not enable the fla path")
                     continue
-        rows = section(label, measure_speed, plan, model, size, variants, device, compiled, fla, log)
-        for row in rows or []:
-            row["target"], row["verdict"] = verdict(row, plan.targets, check.dry_run)
-            check.speed.append(row)
+        section(label, judged_speed, model, size, variants, compiled, fla)
         if label == f"eager {plan.models[0]} {plan.sizes[-1]}px":  # the rest is worth less than these two
             check.precision = section("bf16 vs fp32", precision, plan, device) or []
             check.distill = section("distill", distill, plan, device) or {}
     check.cost = cost(check.speed, plan)
+    save(check)
     return check
 
 
@@ -393,10 +407,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     console = Console(width=None if sys.stdout.isatty() else 180)
     log = lambda text: console.log(text)  # noqa: E731
-    check = run_check(QUICK if args.quick else FULL, device, args.budget_s, log)
     out = args.out or ROOT / "benchmarks" / "results" / f"gpu-check-{device.type}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(asdict(check), indent=1))
+
+    def save(check: Check) -> None:  # whole or not at all: a reader never sees half a file
+        partial = out.with_name(out.name + ".partial")
+        partial.write_text(json.dumps(asdict(check), indent=1))
+        partial.replace(out)
+
+    check = run_check(QUICK if args.quick else FULL, device, args.budget_s, log, save)
     print_tables(check, console)
     console.print(f"wrote {out}")
     return 1 if check.errors else 0

@@ -95,3 +95,23 @@ def test_cuda_without_a_gpu_is_one_line_error(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 2 and not (tmp_path / "x.json").exists()
     assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_spent_budget_skips_every_section_by_name_and_still_saves():
+    script = load_script()
+    saved = []
+    check = script.run_check(script.QUICK, torch.device("cpu"), budget_s=-1, log=lambda text: None,
+                             save=lambda c: saved.append(len(c.skipped)))
+    labels = [label for label, *_ in script.speed_runs(script.QUICK)]
+    assert check.speed == [] and check.distill == {} and check.errors == []
+    assert [s.split(":")[0] for s in check.skipped] == [*labels[:2], "bf16 vs fp32", "distill", *labels[2:]]
+    assert saved and saved[-1] == len(check.skipped)  # written after every section, and at the end
+
+
+def test_full_plan_runs_what_matters_most_first():
+    script = load_script()
+    labels = [label for label, *_ in script.speed_runs(script.FULL)]
+    assert labels[:3] == ["eager deit_small 224px", "eager deit_small 512px", "eager deit_small 1024px"]
+    assert labels.index("compiled deit_small 1024px") < labels.index("eager deit_tiny 224px")
+    assert labels[-1] == "compiled deit_small 224px"
+    assert {label.split()[1] for label in labels if label.startswith("eager")} == set(script.FULL.models)
