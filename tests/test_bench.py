@@ -148,3 +148,51 @@ def test_plot_without_matplotlib_is_one_clear_error(report, tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(VitconvertError, match=r"pip install 'vitconvert\[plot\]'"):
         plot_speedups(report, tmp_path / "speed.png")
+
+
+def test_amp_runs_the_forward_under_autocast_and_plain_runs_stay_float32():
+    from vitconvert.bench import make_step
+
+    model = tiny_model("vit", img_size=32)
+    seen = []
+    model.head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    x = torch.randn(1, 3, 32, 32)
+    for mode in ("infer", "train"):
+        make_step(model, x, mode, amp="bfloat16")()
+        make_step(model, x, mode)()
+    assert seen == [torch.bfloat16, torch.float32] * 2
+
+
+def test_compile_runs_every_model_through_the_named_backend_and_records_it():
+    from torch._dynamo import register_backend
+
+    graphs = []
+
+    @register_backend
+    def vitconvert_test_counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    report = benchmark(tiny_model("vit", img_size=32), ["elu", "relu"], repeats=1, warmup=0, train=True,
+                       threads=1, memory=False, amp="bfloat16", compile="vitconvert_test_counting")
+    assert report.compile == "vitconvert_test_counting" and report.amp == "bfloat16"
+    assert report.to_dict()["compile"] == "vitconvert_test_counting"
+    assert len(graphs) >= 3 * 2  # each of the three models, in inference and in training
+    assert len(report.rows) == 6 and all(r.img_per_s > 0 for r in report.rows)
+
+
+def test_unknown_autocast_dtype_is_a_user_error():
+    with pytest.raises(VitconvertError, match="unknown autocast dtype 'bf17'"):
+        benchmark(tiny_model("vit", img_size=32), ["elu"], amp="bf17")
+
+
+@pytest.mark.parametrize(("warmup", "mode", "amp", "compile", "rounds"), [
+    (1, "infer", None, None, 0),  # counting FLOPs was the warm-up of a plain inference
+    (1, "train", None, None, 1),
+    (1, "infer", "bfloat16", None, 1),  # FLOPs are counted in float32: bf16 kernels are still cold
+    (0, "infer", None, "inductor", 1),  # a compiled model compiles in its first call, never in a timed one
+])
+def test_warmup_rounds(warmup, mode, amp, compile, rounds):
+    from vitconvert.bench import warmup_rounds
+
+    assert warmup_rounds(warmup, mode, amp, compile) == rounds

@@ -28,8 +28,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -76,6 +76,8 @@ class BenchReport:
     repeats: int
     rows: list[BenchRow]
     clock: str = "wall"
+    amp: Optional[str] = None  # autocast dtype of the forward ("bfloat16"), None for the model's own dtype
+    compile: Optional[str] = None  # torch.compile backend, None when not compiled
 
     def to_dict(self) -> dict[str, Any]:
         return {**{k: v for k, v in asdict(self).items() if k != "rows"}, "results": [asdict(r) for r in self.rows]}
@@ -186,14 +188,17 @@ def linear_copy(softmax: nn.Module, variant: str, options: Optional[dict[str, An
 
 
 # -- measuring --------------------------------------------------------------------------------------
-def make_step(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], None]:
+def make_step(model: nn.Module, x: torch.Tensor, mode: str, amp: Optional[str] = None) -> Callable[[], None]:
     """One inference forward, or one training step (forward + backward; the optimizer update is the same
-    for every model and left out)."""
+    for every model and left out); the forward under ``amp`` autocast (e.g. "bfloat16") when given."""
+    def autocast() -> AbstractContextManager:
+        return torch.autocast(x.device.type, dtype=getattr(torch, amp)) if amp else nullcontext()
+
     if mode == "infer":
         model.eval()
 
         def infer() -> None:
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast():
                 model(x)
 
         return infer
@@ -201,7 +206,8 @@ def make_step(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], None
     target = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
 
     def train() -> None:
-        out = model(x)
+        with autocast():
+            out = model(x)
         F.cross_entropy(out.float().flatten(1), target).backward()
         for p in model.parameters():
             p.grad = None
@@ -300,23 +306,48 @@ def benchmark(
     log: Optional[Callable[[str], None]] = None,
     memory: bool = True,
     clock: str = "wall",
+    amp: Optional[str] = None,
+    compile: Optional[str] = None,
 ) -> BenchReport:
-    """Time the softmax source and each variant at each image size, taking turns; see the module doc."""
+    """Time the softmax source and each variant at each image size, taking turns; see the module doc.
+
+    ``amp`` runs every forward under autocast of that dtype; ``compile`` names a torch.compile backend
+    ("inductor"), applied to every model after its FLOPs are counted (the first timed rounds include no
+    compilation: warm-up compiles)."""
     if batch_size < 1 or repeats < 1 or warmup < 0:
         raise VitconvertError("--batch-size and --repeats must be at least 1")
     if clock not in CLOCKS:
         raise VitconvertError(f"unknown clock {clock!r}; valid: {', '.join(CLOCKS)}")
     if device is not None and device.split(":")[0] not in ("cpu", "cuda"):
         raise VitconvertError(f"unknown device {device!r}; valid: cpu, cuda")
-    with torch_threads(threads):
-        return _benchmark(source, variants, img_sizes, batch_size, train, repeats, warmup, pretrained, device,
-                          options, log, memory, clock)
+    if amp is not None and not isinstance(getattr(torch, amp, None), torch.dtype):
+        raise VitconvertError(f"unknown autocast dtype {amp!r}; e.g. bfloat16, float16")
+    with torch_threads(threads), compile_cache(compile):
+        report = _benchmark(source, variants, img_sizes, batch_size, train, repeats, warmup, pretrained, device,
+                            options, log, memory, clock, amp, compile)
+    return replace(report, amp=amp, compile=compile)
+
+
+@contextmanager
+def compile_cache(backend: Optional[str]) -> Iterator[None]:
+    """Room in dynamo's cache for every model and mode that take turns (its default, 8 graphs per code object,
+    would make the later ones run eager without a word), and a clean cache afterwards."""
+    if backend is None:
+        yield
+        return
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(cache_size_limit=256, accumulated_cache_size_limit=4096):
+        try:
+            yield
+        finally:
+            torch._dynamo.reset()
 
 
 def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]], img_sizes: Optional[Sequence[int]],
                batch_size: int, train: bool, repeats: int, warmup: int, pretrained: bool, device: Optional[str],
                options: Optional[dict[str, Any]], log: Optional[Callable[[str], None]], memory: bool,
-               clock: str) -> BenchReport:
+               clock: str, amp: Optional[str], compile: Optional[str]) -> BenchReport:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise VitconvertError("--device cuda: no CUDA device is available")
@@ -338,20 +369,30 @@ def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]],
         x = torch.randn(batch_size, 3, size, size, generator=torch.Generator().manual_seed(0)).to(dev)
         tokens = tokens_of(softmax)
         flops = {k: flops_per_image(m, x) for k, m in models.items()}  # also the first inference warm-up
+        if compile:
+            models = {k: torch.compile(m, backend=compile) for k, m in models.items()}
         for mode in MODES if train else MODES[:1]:
             if log:
                 log(f"{size} px ({tokens} tokens), {mode}: {', '.join(models)}")
-            rows += _measure(models, x, mode, dev, repeats, warmup, size, tokens, flops, memory, clock)
+            rows += _measure(models, x, mode, dev, repeats, warmup_rounds(warmup, mode, amp, compile), size,
+                             tokens, flops, memory, clock, amp)
         del models, softmax
     return BenchReport(str(source) if not isinstance(source, nn.Module) else ref.arch, ref.arch, str(dev),
                        torch.get_num_threads(), batch_size, repeats, rows, clock)
 
 
+def warmup_rounds(warmup: int, mode: str, amp: Optional[str], compile: Optional[str]) -> int:
+    """FLOP counting already ran one plain inference forward; a compiled model needs one round to compile."""
+    if compile:
+        return max(warmup, 1)
+    return max(warmup - 1, 0) if mode == "infer" and amp is None else warmup
+
+
 def _measure(models: dict[str, nn.Module], x: torch.Tensor, mode: str, dev: torch.device, repeats: int,
              warmup: int, size: int, tokens: Optional[int], flops: dict[str, float], memory: bool,
-             clock: str) -> list[BenchRow]:
-    steps = {k: make_step(m, x, mode) for k, m in models.items()}
-    for _ in range(max(warmup - 1, 0) if mode == "infer" else warmup):  # FLOP counting warmed inference up
+             clock: str, amp: Optional[str] = None) -> list[BenchRow]:
+    steps = {k: make_step(m, x, mode, amp) for k, m in models.items()}
+    for _ in range(warmup):
         for step in steps.values():
             step()
     times: dict[str, list[float]] = {k: [] for k in steps}

@@ -28,15 +28,17 @@ def autocast_for(device: torch.device, enabled: bool = True, dtype: str = "bfloa
 
 @torch.no_grad()
 def eval_sums(forward: Callable[[torch.Tensor], torch.Tensor], loader: DataLoader, device: torch.device,
-              amp: bool = True, channels_last: bool = False) -> torch.Tensor:
-    """[loss sum, top-1 hits, top-5 hits, images, seconds]; targets < 0 (padding for equal shares) are skipped."""
+              amp: bool = True, channels_last: bool = False, amp_dtype: str = "bfloat16") -> torch.Tensor:
+    """[loss sum, top-1 hits, top-5 hits, images, seconds]; targets < 0 (padding for equal shares) are skipped.
+
+    ``amp_dtype`` is the training run's: a float16 run is on a GPU without bf16, where bf16 autocast raises."""
     sums = torch.zeros(5, dtype=torch.float64, device=device)
     start = time.perf_counter()
     for images, targets in loader:
         images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        with autocast_for(device, amp):
+        with autocast_for(device, amp, amp_dtype):
             logits = forward(images)
         logits = logits.float()
         keep = targets >= 0

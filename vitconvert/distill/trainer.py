@@ -299,7 +299,7 @@ class Trainer:
         else:  # the module itself: FSDP shards in place, DDP's wrapper would sync buffers on every call
             forward = lambda x: self.model(x, capture=False)[0]  # noqa: E731
         self.model.eval()
-        sums = D.all_sum(env, eval_sums(forward, self.feed.val, env.device, r.amp, self.channels_last))
+        sums = D.all_sum(env, eval_sums(forward, self.feed.val, env.device, r.amp, self.channels_last, r.amp_dtype))
         self.model.train()
         sums[-1] /= env.world
         return metrics_from_sums(sums)

@@ -1,0 +1,425 @@
+"""The CUDA paths in one short run: speed and memory against fused-SDPA softmax, bf16 error, distill, cost.
+
+    python benchmarks/gpu_check.py                          # one GPU: a few minutes (--budget-s caps it)
+    python benchmarks/gpu_check.py --device cpu --quick     # the dry run the test suite runs (seconds)
+
+For deit_tiny/small/base (pretrained=False: speed does not depend on weights) converted to every variant:
+  1. forward and training-step img/s and peak memory next to the softmax source (timm's fused_attn, i.e.
+     PyTorch SDPA) at 224/512/1024 px under bf16 autocast, eager; then compiled; then with the
+     flash-linear-attention state kernel (VITCONVERT_FLA=1, elu/relu) where fla is installed;
+  2. bf16 against fp32 features of each variant at 1024 px: relative error, and no NaN/inf;
+  3. 50 steps of the real distill trainer on synthetic images (AMP, channels_last, --compile), stopped by
+     SIGTERM at step 30 and resumed: the loss must fall and the resumed run must reach step 50;
+  4. the GPU-hours of the imagenet1k and cifar100 recipes from the measured img/s.
+Sections run in that order of importance; one not started before --budget-s is recorded as skipped. Targets
+(issue 14): every O(N) variant >= 2x softmax at 1024 px, none below 0.9x at 224 px, training and inference.
+On a CPU every verdict reads "dry run": those numbers check the script, not the targets. Batches start at a
+size that fits an H200 (141 GB) and halve on out-of-memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import timm
+import torch
+from PIL import Image
+from rich.console import Console
+from rich.table import Table
+
+import vitconvert
+from vitconvert.attention import VARIANTS
+from vitconvert.attention.kernel import fla_enabled
+from vitconvert.bench import SOFTMAX, benchmark, linear_copy
+from vitconvert.recipes import load_recipe
+from vitconvert.sources import load_source
+
+ROOT = Path(__file__).resolve().parents[1]
+FLA_ENV = "VITCONVERT_FLA"
+FLA_VARIANTS = ("elu", "relu")  # the variants whose state can come from fla's kernel
+DATASET_IMAGES = {"imagenet1k": 1_281_167, "cifar100": 50_000}  # training images per epoch
+NOT_MEASURED = "—"
+SYNTHETIC_CLASSES = 4
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run measures; FULL fits a few minutes of one H200, QUICK a few seconds of one CPU core."""
+
+    models: tuple[str, ...]
+    sizes: tuple[int, ...]
+    targets: dict[int, float]  # image size -> least speedup over softmax every O(N) variant must reach
+    batch: dict[int, int]  # image size -> starting batch of deit_small (tiny doubles it, base halves it)
+    repeats: int
+    compile_backend: str
+    compile_models: tuple[str, ...]
+    compile_sizes: tuple[int, ...]
+    fla_models: tuple[str, ...]
+    precision_size: int
+    distill_size: int
+    distill_batch: int
+    distill_steps: int  # per epoch; two epochs, stopped in the second and resumed
+    distill_compile: bool
+    workers: int
+    threads: Optional[int]
+    depth: Optional[int] = None  # blocks of every model; None: the architecture's own (12)
+
+
+FULL = Plan(("deit_small", "deit_tiny", "deit_base"), (224, 512, 1024), {224: 0.9, 1024: 2.0},
+            {224: 256, 512: 64, 1024: 16}, repeats=5, compile_backend="inductor", compile_models=("deit_small",),
+            compile_sizes=(224, 1024), fla_models=("deit_small",), precision_size=1024, distill_size=224,
+            distill_batch=64, distill_steps=25, distill_compile=True, workers=8, threads=None)
+# The dry run: the same code on a CPU at toy sizes; dynamo's "eager" backend traces without a C++ build.
+QUICK = Plan(("deit_tiny",), (32, 64), {32: 0.9, 64: 2.0}, {32: 2, 64: 2}, repeats=1, compile_backend="eager",
+             compile_models=("deit_tiny",), compile_sizes=(32,), fla_models=("deit_tiny",), precision_size=64,
+             distill_size=32, distill_batch=2, distill_steps=2, distill_compile=False, workers=0, threads=1, depth=2)
+MODEL_BATCH_SCALE = {"deit_tiny": 2.0, "deit_small": 1.0, "deit_base": 0.5}
+
+
+@dataclass
+class Check:
+    """Everything one run found; ``skipped`` names sections not run and why, ``errors`` what raised."""
+
+    env: dict[str, Any]
+    dry_run: bool
+    speed: list[dict[str, Any]] = field(default_factory=list)
+    precision: list[dict[str, Any]] = field(default_factory=list)
+    distill: dict[str, Any] = field(default_factory=dict)
+    cost: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    cuda = device.type == "cuda"
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
+            "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None, "timm": timm.__version__,
+            "fla": fla_version(), "python": platform.python_version()}
+
+
+def fla_version() -> Optional[str]:
+    try:
+        from importlib.metadata import version
+
+        return version("flash-linear-attention")
+    except Exception:
+        return None
+
+
+@contextmanager
+def fla_path(on: bool) -> Iterator[None]:
+    """VITCONVERT_FLA set for the models built and run inside, whatever the caller's environment says."""
+    before = os.environ.get(FLA_ENV)
+    os.environ[FLA_ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        os.environ.pop(FLA_ENV) if before is None else os.environ.__setitem__(FLA_ENV, before)
+
+
+def softmax_source(plan: Plan, model: str, size: int, **kwargs: Any) -> torch.nn.Module:
+    """The softmax model ``model`` (a timm name or alias) at ``size`` px with random weights."""
+    depth = {"depth": plan.depth} if plan.depth else {}
+    return load_source(model, pretrained=False, img_size=size, **depth, **kwargs).model
+
+
+def first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
+# -- 1. speed -----------------------------------------------------------------------------------------
+def verdict(row: dict[str, Any], targets: dict[int, float], dry_run: bool) -> tuple[Optional[float], str]:
+    """(target, "pass"/"FAIL"/"dry run"/"—") of one row: softmax rows and sizes without a target have none."""
+    target = targets.get(row["img_size"]) if row["model"] != SOFTMAX else None
+    if target is None:
+        return None, NOT_MEASURED
+    if dry_run:
+        return target, "dry run"
+    return target, "pass" if row["speedup"] >= target else "FAIL"
+
+
+def measure_speed(plan: Plan, model: str, size: int, variants: list[str], device: torch.device, compiled: bool,
+                  fla: bool, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """One benchmark call (softmax and ``variants`` taking turns), the batch halved until it fits."""
+    batch = max(1, int(plan.batch[size] * MODEL_BATCH_SCALE.get(model, 1.0)))
+    softmax = softmax_source(plan, model, size)
+    fused = [m.fused_attn for m in softmax.modules() if hasattr(m, "fused_attn")]
+    while True:
+        try:
+            with fla_path(fla):
+                report = benchmark(softmax, variants, batch_size=batch, train=True,
+                                   repeats=plan.repeats, warmup=2, device=str(device), threads=plan.threads,
+                                   amp="bfloat16", compile=plan.compile_backend if compiled else None, log=log)
+            break
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            if batch == 1:
+                raise
+            batch //= 2
+            log(f"out of memory: {model} {size} px, retrying at batch {batch}")
+    setting = {"source": model, "compile": report.compile, "fla": fla, "amp": report.amp,
+               "softmax_sdpa": bool(fused) and all(fused)}  # timm's fused_attn: F.scaled_dot_product_attention
+    return [{**setting, **{k: v for k, v in asdict(r).items() if k != "times_ms"}} for r in report.rows]
+
+
+def speed_runs(plan: Plan) -> Iterator[tuple[str, str, int, bool, bool]]:
+    """(label, model, size, compiled, fla) in order of importance: the first model eager at every size, fla
+    (cheap), compiled at the largest size; then the other models eager; then the other compiled sizes."""
+    first, *others = plan.models
+    for size in plan.sizes:
+        yield f"eager {first} {size}px", first, size, False, False
+    for model in plan.fla_models:
+        for size in plan.sizes:
+            yield f"fla {model} {size}px", model, size, False, True
+    for model in plan.compile_models:
+        yield f"compiled {model} {plan.compile_sizes[-1]}px", model, plan.compile_sizes[-1], True, False
+    for model in others:
+        for size in plan.sizes:
+            yield f"eager {model} {size}px", model, size, False, False
+    for model in plan.compile_models:
+        for size in plan.compile_sizes[:-1]:
+            yield f"compiled {model} {size}px", model, size, True, False
+
+
+# -- 2. bf16 against fp32 -----------------------------------------------------------------------------
+def precision(plan: Plan, device: torch.device) -> list[dict[str, Any]]:
+    """Relative error of bf16-autocast features against fp32 ones, and whether any is NaN/inf, per model."""
+    size = plan.precision_size
+    softmax = softmax_source(plan, plan.models[0], size).to(device).eval()
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0)).to(device)
+    rows = []
+    for name in [SOFTMAX, *VARIANTS]:
+        model = softmax if name == SOFTMAX else linear_copy(softmax, name).to(device).eval()
+        with torch.inference_mode():
+            exact = model.forward_features(x).float()
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                half = model.forward_features(x).float()
+        finite = bool(torch.isfinite(half).all())
+        error = float((half - exact).norm() / exact.norm()) if finite else float("inf")
+        rows.append({"model": name, "source": plan.models[0], "img_size": size, "rel_error": error,
+                     "finite": finite})
+    return rows
+
+
+# -- 3. distill ---------------------------------------------------------------------------------------
+def synthetic_images(root: Path, per_class: int, classes: int = SYNTHETIC_CLASSES, size: int = 32) -> Path:
+    """train/ and val/ of noise tinted by class: learnable, so the loss of a working run falls."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", per_class), ("val", max(2, per_class // 8))):
+        for c in range(classes):
+            folder = root / split / f"c{c}"
+            folder.mkdir(parents=True)
+            for i in range(count):
+                tint = np.zeros(3, dtype=np.int16)
+                tint[c % 3] = 150 if c < 3 else 0
+                pixels = np.clip(rng.integers(0, 100, (size, size, 3)) + tint, 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    return root
+
+
+def student_folder(root: Path, softmax: torch.nn.Module) -> Path:
+    """A converted student whose recorded teacher is ``softmax`` saved as a local folder (no download)."""
+    teacher = root / "teacher"
+    timm.models.save_for_hf(softmax, str(teacher), safe_serialization=True)
+    source = load_source(str(teacher))
+    student, _ = vitconvert.convert(source.model, "elu", source=str(teacher))
+    return vitconvert.save(student, root / "student", pretrained=True)
+
+
+def distill(plan: Plan, device: torch.device) -> dict[str, Any]:
+    """2 epochs of ``distill_steps`` steps; SIGTERM a fifth into the second epoch, then --resume to the end."""
+    from vitconvert.distill import DistillJob, TrainingStopped, run
+
+    steps = plan.distill_steps
+    stop_at = steps + max(1, steps // 5)
+    if steps * plan.distill_batch % SYNTHETIC_CLASSES:
+        raise ValueError(f"distill_steps × distill_batch must be a multiple of {SYNTHETIC_CLASSES}")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        softmax = softmax_source(plan, plan.models[0], plan.distill_size, num_classes=SYNTHETIC_CLASSES)
+        student = student_folder(root, softmax)
+        data = synthetic_images(root / "data", per_class=steps * plan.distill_batch // SYNTHETIC_CLASSES)
+        overrides = {"data": str(data), "epochs": 2, "batch_size": plan.distill_batch, "warmup_epochs": 0,
+                     "lr": 5e-4, "log_interval": 1, "workers": plan.workers, "rand_augment": None,
+                     "color_jitter": None, "reprob": 0.0, "mixup": 0.0, "cutmix": 0.0, "drop_path": 0.0,
+                     "compare_batches": 0, "amp": True, "amp_dtype": "bfloat16"}
+        recipe, text = load_recipe(None, overrides)
+
+        def job(resume: bool) -> DistillJob:
+            return DistillJob(str(student), recipe, root / "run", text, resume=resume, device=str(device),
+                              compile=plan.distill_compile, show=False)
+
+        def stop(trainer) -> None:
+            if trainer.pos.step == stop_at:
+                signal.raise_signal(signal.SIGTERM)
+
+        started = time.perf_counter()
+        stopped = ""
+        try:
+            run(job(resume=False), on_step=stop)
+        except TrainingStopped as e:
+            stopped = str(e).split(";")[0]
+        result = run(job(resume=True))
+        records = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r.get("kind") == "step"]
+    speeds = [r["img_s"] for r in records if r.get("kind") == "step"][2:]  # past compilation
+    window = max(1, len(losses) // 10)
+    first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
+    final_step = max((r["step"] for r in records if r.get("kind") == "step"), default=0)
+    return {"steps": final_step, "expected_steps": 2 * steps, "stopped": stopped, "resumed": bool(stopped),
+            "first_loss": first, "last_loss": last, "loss_falls": last < first, "compile": plan.distill_compile,
+            "amp": "bfloat16", "channels_last": device.type == "cuda", "batch": plan.distill_batch,
+            "img_size": plan.distill_size, "img_s": sorted(speeds)[len(speeds) // 2] if speeds else None,
+            "top1": result.metrics.get("top1"), "seconds": time.perf_counter() - started,
+            "ok": bool(stopped) and final_step == 2 * steps and last < first}
+
+
+# -- 4. cost ------------------------------------------------------------------------------------------
+def cost(speed: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]:
+    """GPU-hours of each recipe: epochs × images × (teacher forward + student training step) per image.
+
+    Both per-image times come from the eager bf16 rows at the recipe's image size (the smallest measured size
+    in a dry run); data loading, validation and the optimizer update are left out, so this is a lower bound.
+    """
+    rows = []
+    eager = [r for r in speed if not r["compile"] and not r["fla"]]
+    for name, images in DATASET_IMAGES.items():
+        recipe, _ = load_recipe(name)
+        size = recipe.img_size if recipe.img_size in plan.sizes else plan.sizes[0]
+        for source in plan.models:
+            at = {(r["model"], r["mode"]): r for r in eager if r["source"] == source and r["img_size"] == size}
+            teacher = at.get((SOFTMAX, "infer"))
+            for model in [SOFTMAX, *VARIANTS]:
+                student = at.get((model, "train"))
+                if teacher is None or student is None:
+                    continue
+                seconds = 1 / teacher["img_per_s"] + 1 / student["img_per_s"]
+                rows.append({"recipe": name, "images": images, "epochs": recipe.epochs, "img_size": size,
+                             "source": source, "model": model, "img_per_s": 1 / seconds,
+                             "gpu_hours": recipe.epochs * images * seconds / 3600})
+    return rows
+
+
+# -- the run ------------------------------------------------------------------------------------------
+def run_check(plan: Plan, device: torch.device, budget_s: float, log: Callable[[str], None],
+              save: Callable[[Check], None] = lambda check: None) -> Check:
+    """Every section in order while the budget lasts; ``save`` after each, so a killed run keeps what it found."""
+    check = Check(environment(device), dry_run=device.type != "cuda")
+    deadline = time.perf_counter() + budget_s
+    fla_ready = device.type == "cuda" and fla_version() is not None
+
+    def section(label: str, work: Callable[..., Any], *args: Any) -> Any:
+        if time.perf_counter() > deadline:
+            check.skipped.append(f"{label}: --budget-s {budget_s:.0f} spent")
+            return None
+        log(label)
+        try:
+            return work(*args)
+        except Exception as e:  # one broken path must not hide the others: the report says what raised
+            check.errors.append(f"{label}: {first_line(e)}")
+            return None
+        finally:
+            check.cost = cost(check.speed, plan)
+            save(check)
+
+    def judged_speed(model: str, size: int, variants: list[str], compiled: bool, fla: bool) -> None:
+        for row in measure_speed(plan, model, size, variants, device, compiled, fla, log):
+            row["target"], row["verdict"] = verdict(row, plan.targets, check.dry_run)
+            check.speed.append(row)
+
+    for label, model, size, compiled, fla in speed_runs(plan):
+        if fla and not fla_ready:
+            check.skipped.append(f"{label}: {'CUDA only' if device.type != 'cuda' else 'fla is not installed'}")
+            continue
+        variants = list(FLA_VARIANTS) if fla else list(VARIANTS)
+        if fla:
+            with fla_path(True):
+                if not fla_enabled(torch.empty(0, device=device)):
+                    check.skipped.append(f"{label}: {FLA_ENV}=1 does not enable the fla path")
+                    continue
+        section(label, judged_speed, model, size, variants, compiled, fla)
+        if label == f"eager {plan.models[0]} {plan.sizes[-1]}px":  # the rest is worth less than these two
+            check.precision = section("bf16 vs fp32", precision, plan, device) or []
+            check.distill = section("distill", distill, plan, device) or {}
+    check.cost = cost(check.speed, plan)
+    save(check)
+    return check
+
+
+def print_tables(check: Check, console: Console) -> None:
+    env = check.env
+    title = f"gpu_check on {env['gpu']} ({env['device']}), torch {env['torch']}, CUDA {env['cuda']}, {env['date']}"
+    table = Table(title=title + ("  [DRY RUN: not GPU numbers]" if check.dry_run else ""))
+    for column in ("source", "px", "mode", "compile", "fla", "model", "batch", "img/s", "× softmax", "FLOP bound",
+                   "peak MB", "target", "verdict"):
+        table.add_column(column, justify="left" if column in ("source", "mode", "model", "verdict") else "right")
+    for r in check.speed:
+        table.add_row(r["source"], str(r["img_size"]), r["mode"], r["compile"] or "-", "on" if r["fla"] else "-",
+                      r["model"], str(r["batch_size"]), f"{r['img_per_s']:.1f}", f"{r['speedup']:.2f}",
+                      f"{r['flop_bound']:.2f}", f"{r['peak_mem_mb']:.0f}" if r["peak_mem_mb"] is not None else "-",
+                      f"≥{r['target']}×" if r["target"] else NOT_MEASURED, r["verdict"])
+    console.print(table)
+    for p in check.precision:
+        console.print(f"bf16 vs fp32 {p['source']} {p['img_size']}px {p['model']}: relative error "
+                      f"{p['rel_error']:.2e}, {'finite' if p['finite'] else 'NaN/inf'}")
+    if check.distill:
+        d = check.distill
+        console.print(f"distill: {d['steps']}/{d['expected_steps']} steps, loss {d['first_loss']:.4f} -> "
+                      f"{d['last_loss']:.4f}, resumed after '{d['stopped']}': {'ok' if d['ok'] else 'FAILED'}")
+    costs = Table(title="GPU-hours of a recipe (teacher forward + student step, measured img/s; a lower bound)")
+    for column in ("recipe", "epochs × images", "px", "source", "model", "img/s", "GPU-hours"):
+        costs.add_column(column)
+    for c in check.cost:
+        costs.add_row(c["recipe"], f"{c['epochs']} × {c['images']:,}", str(c["img_size"]), c["source"], c["model"],
+                      f"{c['img_per_s']:.1f}", f"{c['gpu_hours']:.1f}")
+    console.print(costs)
+    for line in check.skipped:
+        console.print(f"skipped: {line}")
+    for line in check.errors:
+        console.print(f"[red]error[/]: {line}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", help="cuda (the check) or cpu (a dry run)")
+    parser.add_argument("--quick", action="store_true", help="toy sizes: the dry run of the test suite")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="start no section after this many seconds")
+    parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/...)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but no CUDA GPU is available (a dry run: --device cpu --quick)", file=sys.stderr)
+        return 2
+    console = Console(width=None if sys.stdout.isatty() else 180)
+    log = lambda text: console.log(text)  # noqa: E731
+    out = args.out or ROOT / "benchmarks" / "results" / f"gpu-check-{device.type}{'-quick' if args.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(check: Check) -> None:  # whole or not at all: a reader never sees half a file
+        partial = out.with_name(out.name + ".partial")
+        partial.write_text(json.dumps(asdict(check), indent=1))
+        partial.replace(out)
+
+    check = run_check(QUICK if args.quick else FULL, device, args.budget_s, log, save)
+    print_tables(check, console)
+    console.print(f"wrote {out}")
+    return 1 if check.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

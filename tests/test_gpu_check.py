@@ -1,0 +1,117 @@
+"""benchmarks/gpu_check.py: its CPU dry run end to end (a real process), and its verdicts and cost by hand."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitconvert.attention import VARIANTS
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+
+
+@functools.cache
+def load_script():
+    """The script as a module (benchmarks/ is not a package); registered first, as its dataclasses need."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-check") / "check.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    return done, json.loads(out.read_text()) if out.is_file() else None
+
+
+def test_dry_run_exits_cleanly_and_says_it_is_a_dry_run(dry_run):
+    done, check = dry_run
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert check["dry_run"] is True and check["errors"] == []
+    assert "DRY RUN" in done.stdout and check["env"]["device"] == "cpu"
+
+
+def test_dry_run_measures_every_variant_eager_and_compiled_with_targets_never_judged(dry_run):
+    plan = load_script().QUICK
+    rows = dry_run[1]["speed"]
+    eager = {(r["img_size"], r["mode"], r["model"]) for r in rows if r["compile"] is None}
+    assert eager == {(s, m, v) for s in plan.sizes for m in ("infer", "train") for v in ["softmax", *VARIANTS]}
+    compiled = {(r["img_size"], r["model"]) for r in rows if r["compile"] == "eager"}
+    assert compiled == {(s, v) for s in plan.compile_sizes for v in ["softmax", *VARIANTS]}
+    assert all(r["amp"] == "bfloat16" and r["img_per_s"] > 0 and r["peak_mem_mb"] > 0 for r in rows)
+    assert all(r["softmax_sdpa"] for r in rows)  # the baseline is timm's fused attention
+    for r in rows:
+        assert r["verdict"] == ("dry run" if r["model"] != "softmax" else "—")
+        assert r["target"] == (plan.targets[r["img_size"]] if r["model"] != "softmax" else None)
+    assert any("fla" in s and "CUDA only" in s for s in dry_run[1]["skipped"])
+
+
+def test_dry_run_checks_bf16_distills_resumes_and_costs(dry_run):
+    check = dry_run[1]
+    assert {p["model"] for p in check["precision"]} == {"softmax", *VARIANTS}
+    assert all(p["finite"] and 0 < p["rel_error"] < 0.05 for p in check["precision"])
+    d = check["distill"]
+    assert d["ok"] and d["resumed"] and "SIGTERM" in d["stopped"]
+    assert d["steps"] == d["expected_steps"] and d["last_loss"] < d["first_loss"]
+    assert {c["recipe"] for c in check["cost"]} == {"imagenet1k", "cifar100"}
+    assert {c["model"] for c in check["cost"]} == {"softmax", *VARIANTS}
+
+
+def test_verdict_passes_at_the_target_and_fails_below_it():
+    verdict = load_script().verdict
+    targets = {224: 0.9, 1024: 2.0}
+    assert verdict({"model": "elu", "img_size": 1024, "speedup": 2.0}, targets, False) == (2.0, "pass")
+    assert verdict({"model": "elu", "img_size": 1024, "speedup": 1.99}, targets, False) == (2.0, "FAIL")
+    assert verdict({"model": "elu", "img_size": 224, "speedup": 0.5}, targets, True) == (0.9, "dry run")
+    assert verdict({"model": "elu", "img_size": 512, "speedup": 0.5}, targets, False) == (None, "—")
+    assert verdict({"model": "softmax", "img_size": 1024, "speedup": 1.0}, targets, False) == (None, "—")
+
+
+def test_cost_is_epochs_times_images_times_teacher_and_student_seconds():
+    script = load_script()
+    plan = script.QUICK
+    size = plan.sizes[0]
+    rows = [{"source": plan.models[0], "img_size": size, "compile": None, "fla": False, "model": m, "mode": mode,
+             "img_per_s": s} for m, mode, s in (("softmax", "infer", 400.0), ("elu", "train", 100.0))]
+    (cifar,) = [c for c in script.cost(rows, plan) if c["recipe"] == "cifar100"]
+    assert cifar["model"] == "elu" and cifar["epochs"] == 300 and cifar["images"] == 50_000
+    assert cifar["gpu_hours"] == pytest.approx(300 * 50_000 * (1 / 400 + 1 / 100) / 3600)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_a_gpu_is_one_line_error(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "x.json")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and not (tmp_path / "x.json").exists()
+    assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_spent_budget_skips_every_section_by_name_and_still_saves():
+    script = load_script()
+    saved = []
+    check = script.run_check(script.QUICK, torch.device("cpu"), budget_s=-1, log=lambda text: None,
+                             save=lambda c: saved.append(len(c.skipped)))
+    labels = [label for label, *_ in script.speed_runs(script.QUICK)]
+    assert check.speed == [] and check.distill == {} and check.errors == []
+    assert [s.split(":")[0] for s in check.skipped] == [*labels[:2], "bf16 vs fp32", "distill", *labels[2:]]
+    assert saved and saved[-1] == len(check.skipped)  # written after every section, and at the end
+
+
+def test_full_plan_runs_what_matters_most_first():
+    script = load_script()
+    labels = [label for label, *_ in script.speed_runs(script.FULL)]
+    assert labels[:3] == ["eager deit_small 224px", "eager deit_small 512px", "eager deit_small 1024px"]
+    assert labels.index("compiled deit_small 1024px") < labels.index("eager deit_tiny 224px")
+    assert labels[-1] == "compiled deit_small 224px"
+    assert {label.split()[1] for label in labels if label.startswith("eager")} == set(script.FULL.models)
