@@ -129,3 +129,37 @@ def test_digits_names_the_bundled_teacher():
     src = load_source("digits")
     assert src.spec == "digits" and src.arch == "vit_tiny_patch16_224" and src.model.num_classes == 10
     assert _same(src.model, load_source(str(TEACHER_DIR)).model)
+
+
+@pytest.mark.parametrize("value,offline", [("1", True), ("true", True), ("YES", True), ("on", True),
+                                           ("off", False), ("0", False), ("", False), ("false", False)])
+def test_hf_hub_offline_is_read_one_way_everywhere(monkeypatch, value, offline):
+    """huggingface_hub's own true values decide, for the source resolver and for push alike ("off" is online)."""
+    import huggingface_hub
+    import huggingface_hub.constants as c
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from vitconvert.hub import hub_offline
+    from vitconvert.sources import hub_folder
+
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", value)
+    assert hub_offline() is offline
+
+    def not_cached(*args, **kwargs):
+        raise LocalEntryNotFoundError("not in the cache")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", not_cached)
+    with pytest.raises(VitconvertError) as info:
+        hub_folder("hf-hub:me/not-cached")
+    assert ("HF_HUB_OFFLINE is set" in str(info.value)) is offline
+
+
+def test_hf_hub_offline_set_before_huggingface_hub_was_imported_counts(monkeypatch):
+    import huggingface_hub.constants as c
+
+    from vitconvert.hub import hub_offline
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)  # e.g. TRANSFORMERS_OFFLINE=1, which huggingface_hub also reads
+    assert hub_offline()

@@ -40,7 +40,7 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from .attention import VARIANTS
-from .errors import VitconvertError
+from .errors import VitconvertError, first_line
 from .surgery import model_geometry, swap_attention
 from .threads import torch_threads
 
@@ -361,7 +361,7 @@ def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]],
         try:
             softmax = ref.build(size)
         except (RuntimeError, ValueError, AssertionError, TypeError) as e:  # sizes timm cannot take
-            raise VitconvertError(f"cannot build {ref.arch} at {size} px: {str(e).splitlines()[0]}") from None
+            raise VitconvertError(f"cannot build {ref.arch} at {size} px: {first_line(e)}") from None
         models = {SOFTMAX: softmax}
         for name in names:
             models[name] = linear_copy(softmax, name, {**ref.options.get(name, {}), **(options or {})})

@@ -165,7 +165,8 @@ def compare_models(teacher: nn.Module, student: nn.Module, batches: Iterable[Any
 
 
 def image_batches(data: str, model: nn.Module, split: str = "val", batches: int = 10, batch_size: int = 32,
-                  seed: int = 0, workers: int = 0) -> DataLoader:
+                  seed: int = 0, workers: int = 0, data_dir: Optional[str] = None,
+                  download: bool = False) -> DataLoader:
     """A fixed random sample of ``batches × batch_size`` images of ``data`` through ``model``'s eval transform.
 
     Random rather than the first images, because folders list their classes in order. Errors (a missing
@@ -175,7 +176,7 @@ def image_batches(data: str, model: nn.Module, split: str = "val", batches: int 
 
     if batches < 1 or batch_size < 1:
         raise VitconvertError(f"--batches and --batch-size must be at least 1 (got {batches}, {batch_size})")
-    base = open_dataset(data, split)
+    base = open_dataset(data, split, data_dir, download)
     chosen = torch.randperm(len(base), generator=torch.Generator().manual_seed(seed))[:batches * batch_size]
     sample = TransformedDataset(Subset(base, chosen.tolist()), eval_transform(input_config(model)))
     return make_loader(sample, batch_size, seed, train=False, workers=workers)

@@ -3,3 +3,11 @@
 
 class VitconvertError(Exception):
     """A problem with the user's input (names, paths, files, options), explained in one sentence."""
+
+
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """The first non-empty line of an exception's message (cut at ``limit``), or its type name when empty."""
+    for line in str(e).splitlines():
+        if line.strip():
+            return line.strip()[:limit]
+    return type(e).__name__

@@ -22,7 +22,7 @@ from torch import nn
 
 from . import __version__
 from .attention import LinearAttention
-from .errors import VitconvertError
+from .errors import VitconvertError, first_line
 
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
@@ -108,7 +108,7 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except Exception as e:
-        reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        reason = first_line(e, limit=160)
         raise VitconvertError(f"cannot read {path}: corrupt or truncated safetensors ({reason})") from None
 
 
@@ -129,7 +129,7 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise VitconvertError(f"{folder}/{WEIGHTS} does not fit its config.json: {str(e).splitlines()[0]}") from None
+        raise VitconvertError(f"{folder}/{WEIGHTS} does not fit its config.json: {first_line(e)}") from None
     model.vitconvert_report = {k: v for k, v in block.items() if k not in ("format_version", "versions")}
     return model.eval()
 

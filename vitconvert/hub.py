@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from .errors import VitconvertError
+from .errors import VitconvertError, first_line
 
 MODEL_FILES = ("config.json", "model.safetensors", "README.md")
 RUN_FILES = ("recipe.yaml", "metrics.jsonl")  # present in a distill run folder
@@ -86,7 +86,7 @@ def card_config(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
         try:
             recipe = yaml.safe_load(recipe_file.read_text())
         except yaml.YAMLError as e:
-            raise VitconvertError(f"{recipe_file} is not valid YAML ({str(e).splitlines()[0]})") from None
+            raise VitconvertError(f"{recipe_file} is not valid YAML ({first_line(e)})") from None
         if isinstance(recipe, dict):
             block["recipe"] = recipe
     return {**config, "vitconvert": block}
@@ -119,7 +119,7 @@ def refresh_card(folder: Path, config: dict[str, Any], repo_id: Optional[str]) -
     try:
         ModelCard(readme.read_text(encoding="utf-8"))
     except Exception as e:  # the Hub would refuse the commit for the same reason
-        raise VitconvertError(f"{readme}: its metadata does not parse ({str(e).splitlines()[0]})") from None
+        raise VitconvertError(f"{readme}: its metadata does not parse ({first_line(e)})") from None
     return action
 
 
@@ -178,8 +178,10 @@ def cached_revisions(repo_id: str) -> list[str]:
 def hub_offline() -> bool:
     from huggingface_hub import constants
 
-    env = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-    return env or bool(getattr(constants, "HF_HUB_OFFLINE", False))
+    """HF_HUB_OFFLINE as huggingface_hub reads it (its constant, set at its import, also covers
+    TRANSFORMERS_OFFLINE), or set since then, parsed with its own list of true values ("off" is online)."""
+    now = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in constants.ENV_VARS_TRUE_VALUES
+    return now or bool(constants.HF_HUB_OFFLINE)
 
 
 def _connection_errors() -> tuple[type[BaseException], ...]:
@@ -200,7 +202,7 @@ def describe_hub_error(e: BaseException, repo_id: str, token: str, stage: str) -
     """One line for any failure of the Hub calls, with the token scrubbed from whatever the server said."""
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    first = first_line(e)
     nothing = "nothing was committed (the upload is a single commit)"
     if isinstance(e, RepositoryNotFoundError):
         msg = f"cannot access {repo_id}: it does not exist or your token cannot write to it; {LOGIN_HINT}"

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from .errors import VitconvertError
+from .errors import VitconvertError, first_line
 
 ATTN_LOSSES = ("mse", "cosine", "smooth_l1")
 ATTN_TARGETS = ("own", "teacher-forced")
@@ -272,7 +272,7 @@ def parse_recipe_text(text: str, where: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        reason = first_line(e)
         raise VitconvertError(f"{where} is not valid YAML ({reason})") from None
     if data is None:
         return {}

@@ -19,7 +19,7 @@ import timm
 import torch
 from torch import nn
 
-from .errors import VitconvertError
+from .errors import VitconvertError, first_line
 
 ALIASES: dict[str, str] = {
     "deit_tiny": "deit_tiny_patch16_224",
@@ -103,7 +103,7 @@ def load_state_file(path: Path) -> dict[str, torch.Tensor]:
             return load_file(str(path))
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors and torch raise many types for truncated/corrupt files
-        reason = _first_line(e)
+        reason = first_line(e)
         raise VitconvertError(f"cannot read {path}: corrupt, truncated or not a weights file ({reason})") from None
     for key in ("state_dict", "model", "model_ema", "module"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
@@ -114,21 +114,16 @@ def load_state_file(path: Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
-
-
 def _create(name: str, pretrained: bool, spec: str, **kwargs: Any) -> nn.Module:
     try:
         return timm.create_model(name, pretrained=pretrained, **kwargs)
     except RuntimeError as e:
-        msg = _first_line(e)
+        msg = first_line(e)
         if "size mismatch" in str(e) or "Missing key" in str(e) or "Unexpected key" in str(e):
             raise VitconvertError(f"the weights of {spec} do not fit architecture {name}: {msg}") from None
         raise VitconvertError(f"cannot build {spec}: {msg}") from None
     except (OSError, ValueError) as e:
-        msg = _first_line(e)
+        msg = first_line(e)
         if pretrained and ("offline" in msg.lower() or "connect" in msg.lower() or "resolve" in msg.lower()
                            or "cache" in msg.lower() or "not found" in msg.lower() or "404" in msg):
             raise VitconvertError(
@@ -161,7 +156,9 @@ def hub_folder(spec: str) -> Path:
                                       allow_patterns=["config.json", "*.safetensors", "README.md", "*.yaml"]))
     except (LocalEntryNotFoundError, RepositoryNotFoundError, HfHubHTTPError, OSError) as e:
         where = f"{repo}@{revision}" if revision else repo
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        from .hub import hub_offline
+
+        offline = hub_offline()
         if offline and isinstance(e, LocalEntryNotFoundError):
             from .hub import cached_revisions
 
@@ -170,7 +167,7 @@ def hub_folder(spec: str) -> Path:
             raise VitconvertError(f"{where} is not in the Hub cache and HF_HUB_OFFLINE is set ({have}); "
                                   "unset HF_HUB_OFFLINE to download it") from None
         hint = " (HF_HUB_OFFLINE is set and it is not in the Hub cache)" if offline else ""
-        raise VitconvertError(f"cannot get {where} from the Hugging Face Hub{hint}: {_first_line(e)}") from None
+        raise VitconvertError(f"cannot get {where} from the Hugging Face Hub{hint}: {first_line(e)}") from None
 
 
 def load_source(spec: str, pretrained: bool = True, arch: Optional[str] = None, **model_kwargs: Any) -> Source:
@@ -228,7 +225,7 @@ def _check_weights_readable(folder: Path) -> None:
                 for key in fh.keys():
                     fh.get_slice(key)
         except Exception as e:
-            raise VitconvertError(f"cannot read {f}: corrupt or truncated safetensors ({_first_line(e)})") from None
+            raise VitconvertError(f"cannot read {f}: corrupt or truncated safetensors ({first_line(e)})") from None
 
 
 def load_weights_file(path: Path, spec: str, arch: Optional[str], **model_kwargs: Any) -> Source:

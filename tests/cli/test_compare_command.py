@@ -77,3 +77,15 @@ def test_moved_teacher_asks_for_teacher_option(setup, tmp_path):
     config["vitconvert"]["source"] = str(tmp_path / "gone")
     (tmp_path / "student" / "config.json").write_text(json.dumps(config))
     assert_one_line_error(invoke(tmp_path / "student", "--data", setup / "data"), "--teacher")
+
+
+def test_timm_dataset_names_take_data_dir(setup, tmp_path):
+    """compare reads `torch/...` names as eval and distill do: under --data-dir (download only when asked)."""
+    result = invoke(setup / "student", "--data", "torch/image_folder", "--data-dir", setup / "data", "--batches", 2,
+                    "--batch-size", 4, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["images"] == 6
+    assert_one_line_error(invoke(setup / "student", "--data", "torch/cifar100"), "torch/cifar100 needs --data-dir")
+    assert_one_line_error(invoke(setup / "student", "--data", "torch/cifar100", "--data-dir", tmp_path),
+                          f"cannot open torch/cifar100 (val) under {tmp_path}")
+    assert list(tmp_path.iterdir()) == []  # nothing downloaded without --download

@@ -69,6 +69,10 @@ def test_list_shows_aliases_and_variants():
     (["convert", "deit_tiny", "--to", "elu", "--attn-init", "svd", *TINY_ARGS], "valid: mimetic, copy, random"),
     (["convert", "deit_tiny", "--to", "elu", "--option", "nokey", *TINY_ARGS], "KEY=VALUE"),
     (["convert", "deit_tiny", "--to", "elu", "--option", "colour=red", *TINY_ARGS], "unknown option"),
+    (["convert", "deit_tiny", "--to", "elu", "--option", "eps=[1", *TINY_ARGS], "--option eps: cannot read '[1'"),
+    (["convert", "deit_tiny", "--to", "ttt", "--option", "x={a: 1", *TINY_ARGS], "--option x: cannot read '{a: 1'"),
+    (["bench", "deit_tiny", "--option", "eps=[1"], "--option eps: cannot read '[1'"),
+    (["distill", "--set", "lr=[1"], "--set lr: cannot read '[1'"),
     (["info", "./missing"], "not found"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, args, text):

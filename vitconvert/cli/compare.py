@@ -30,6 +30,8 @@ def compare(
     teacher: Optional[str] = typer.Option(None, help="softmax teacher SOURCE [default: the student's recorded source]"),
     data: str = typer.Option(..., help="image folder with val/ (class subfolders), a timm dataset name, or digits"),
     split: str = typer.Option("val", help="which split of DATA"),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="root of timm dataset names"),
+    download: bool = typer.Option(False, "--download", help="let timm/torchvision download the dataset"),
     batches: int = typer.Option(10, help="how many batches to compare on (a fixed random sample of images)"),
     batch_size: int = typer.Option(32, help="images per batch"),
     workers: int = typer.Option(0, help="data loader worker processes"),
@@ -45,7 +47,8 @@ def compare(
     model = load_student(student)
     spec = teacher_spec(model, teacher)
     softmax = load_teacher(spec, model, seed=0, recorded=teacher is None)
-    loader = image_batches(data, model, split, batches, batch_size, workers=workers)
+    loader = image_batches(data, model, split, batches, batch_size, workers=workers, data_dir=data_dir,
+                           download=download)
     report = compare_models(softmax, model, loader)
     info = report.to_dict()
     if plot is not None:

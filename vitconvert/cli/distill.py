@@ -7,26 +7,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-import yaml
 
 from . import app
-from .common import console, user_errors
+from .common import console, parse_pairs, user_errors
 
 
 def parse_sets(pairs: Optional[list[str]]) -> dict[str, Any]:
-    """``["key=value", ...]`` -> recipe overrides, values read as YAML (3, 0.5, null, [0.5, 1.0], cosine)."""
-    from ..errors import VitconvertError
-
-    values: dict[str, Any] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise VitconvertError(f"--set expects KEY=VALUE, got {pair!r}")
-        try:
-            values[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise VitconvertError(f"--set {key}: cannot read {value!r} as a value") from None
-    return values
+    """``--set key=value`` pairs: recipe overrides."""
+    return parse_pairs(pairs, "--set")
 
 
 def default_student() -> Path:

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ..errors import VitconvertError
+from ..errors import VitconvertError, first_line
 from ..folder import atomic_folder
 
 CHECKPOINT = "checkpoint-last"
@@ -163,7 +163,7 @@ class Checkpoint:
         try:
             return load_file(str(path))
         except Exception as e:
-            reason = (str(e).splitlines() or [type(e).__name__])[0][:120]
+            reason = first_line(e, limit=120)
             raise VitconvertError(f"cannot read {path}: corrupt or truncated ({reason})") from None
 
     def model(self) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..errors import VitconvertError
+from ..errors import VitconvertError, first_line
 from ..recipes import Recipe
 
 TRAIN_SPLITS = ("train", "training")
@@ -73,7 +74,7 @@ def open_named(prefix: str, name: str, spec: str, split: str, data_dir: Optional
             return getattr(tvd, cls)(root, split=train if is_train_split(split) else test, download=download)
         return timm.data.create_dataset(spec, root=root, split=split, download=download)
     except (RuntimeError, OSError, FileNotFoundError, ValueError, AssertionError) as e:
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        reason = first_line(e)
         hint = "" if download else "; pass --download to fetch it (needs a network)"
         raise VitconvertError(f"cannot open {spec} ({split}) under {root or 'the Hugging Face cache'}: "
                               f"{reason}{hint}") from None
@@ -161,12 +162,16 @@ def input_config(model: nn.Module, recipe: Optional[Recipe] = None) -> InputConf
 
 
 def train_transform(recipe: Recipe, inp: InputConfig) -> Callable[[Any], torch.Tensor]:
+    """timm's training transform for the recipe (posterize made safe for every magnitude: see augment.py)."""
     from timm.data import create_transform
 
-    return create_transform(inp.img_size, is_training=True, no_aug=recipe.no_aug, scale=tuple(recipe.scale),
-                            hflip=recipe.hflip, color_jitter=recipe.color_jitter or 0.0,
-                            auto_augment=recipe.rand_augment, interpolation=inp.interpolation, mean=inp.mean,
-                            std=inp.std, re_prob=recipe.reprob, re_mode=recipe.remode, re_count=recipe.recount)
+    from .augment import fix_posterize
+
+    transform = create_transform(inp.img_size, is_training=True, no_aug=recipe.no_aug, scale=tuple(recipe.scale),
+                                 hflip=recipe.hflip, color_jitter=recipe.color_jitter or 0.0,
+                                 auto_augment=recipe.rand_augment, interpolation=inp.interpolation, mean=inp.mean,
+                                 std=inp.std, re_prob=recipe.reprob, re_mode=recipe.remode, re_count=recipe.recount)
+    return fix_posterize(transform)
 
 
 def eval_transform(inp: InputConfig) -> Callable[[Any], torch.Tensor]:
@@ -263,10 +268,39 @@ def default_workers(world: int) -> int:
 
 
 def ignore_interrupts(worker_id: int) -> None:
-    """Ctrl-C, and schedulers' SIGTERM to a whole process group, reach the loader workers too: they ignore both,
-    so the trainer can finish its step and save (workers exit with the loader or when their parent does)."""
+    """Loader workers ignore Ctrl-C and a scheduler's SIGTERM to the whole process group (the trainer finishes
+    its step, saves, then ends them), but still end on the SIGTERM their parent sends: torch's own worker
+    handler does that, and multiprocessing's exit code terminates daemonic children with SIGTERM and then
+    joins them, so a worker that ignored its parent's SIGTERM kept a failed run waiting forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if not hasattr(signal, "sigwaitinfo"):  # no sender pid to tell them apart (macOS, Windows): torch's handler
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started from here on inherit the mask
+    threading.Thread(target=end_on_parent_sigterm, args=(os.getppid(),), daemon=True,
+                     name="vitconvert-sigterm").start()
+
+
+def end_on_parent_sigterm(parent: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)  # as torch's worker handler does for its parent's SIGTERM
+
+
+class ClosingLoader(DataLoader):
+    """A DataLoader whose worker processes end when the loop over it ends, also when the loop raises.
+
+    An exception's traceback keeps torch's iterator alive, so its ``__del__`` (which stops the workers) would
+    only run at interpreter exit; here the workers are stopped as soon as the loop is left, one way or another.
+    """
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        batches = super().__iter__()
+        try:
+            yield from batches
+        finally:
+            stop = getattr(batches, "_shutdown_workers", None)  # what the iterator's __del__ calls
+            if stop is not None:
+                stop()
 
 
 def make_loader(ds: TransformedDataset, batch_size: int, seed: int, train: bool, workers: Optional[int],
@@ -274,9 +308,9 @@ def make_loader(ds: TransformedDataset, batch_size: int, seed: int, train: bool,
     """A loader whose order and augmentation do not depend on the global RNG or on the worker count."""
     sampler = EpochBatchSampler(len(ds), batch_size, seed, train, rank, world)
     workers = default_workers(world) if workers is None else workers
-    return DataLoader(ds, batch_sampler=sampler, num_workers=workers, pin_memory=pin_memory,
-                      generator=torch.Generator().manual_seed(seed), persistent_workers=False,
-                      worker_init_fn=ignore_interrupts if workers else None)
+    return ClosingLoader(ds, batch_sampler=sampler, num_workers=workers, pin_memory=pin_memory,
+                         generator=torch.Generator().manual_seed(seed), persistent_workers=False,
+                         worker_init_fn=ignore_interrupts if workers else None)
 
 
 def set_epoch(loader: DataLoader, epoch: int, start: int = 0) -> None:

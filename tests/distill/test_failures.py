@@ -1,0 +1,162 @@
+"""A failure never hangs: an exception in a loader worker, the teacher, a hook or in saving ends the command with
+one `error:` line and a non-zero exit within seconds, no process left behind, and checkpoint-last/ intact.
+
+Each case is a real `vitconvert` process (the failure patched in before the CLI starts; loader workers are forked,
+so they inherit it). It used to hang: the workers ignored SIGTERM, so multiprocessing's exit handler, which
+terminates daemonic children and then joins them, waited forever on a worker an exception had left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .helpers import FAST, make_images, make_student
+
+HARNESS = r"""
+import os, sys, time
+from pathlib import Path
+
+kind, mark = os.environ["FAIL_KIND"], Path(os.environ["FAIL_MARK"])
+calls = {"n": 0}
+
+def failing(message):
+    mark.write_text(str(time.time()))
+    return RuntimeError(message)
+
+if kind == "item37":
+    from vitconvert.distill import data
+    getitem = data.TransformedDataset.__getitem__
+    def broken(self, index):
+        if index == 37:
+            raise failing("item 37 cannot be read")
+        return getitem(self, index)
+    data.TransformedDataset.__getitem__ = broken
+elif kind == "teacher":  # epoch 2 of 12 steps each
+    from vitconvert.distill import capture
+    call = capture.TeacherTap.__call__
+    def broken(self, images):
+        calls["n"] += 1
+        if calls["n"] == 15:
+            raise failing("the teacher failed")
+        return call(self, images)
+    capture.TeacherTap.__call__ = broken
+elif kind == "hook":  # two attention hooks per training forward: step 15, in epoch 2
+    from vitconvert.distill import capture
+    hook = capture.DistillStudent._hook
+    def broken(self, module, args, output):
+        calls["n"] += module.training  # validation runs the hooks too
+        if calls["n"] == 30:
+            raise failing("a hook failed")
+        return hook(self, module, args, output)
+    capture.DistillStudent._hook = broken
+elif kind == "save":  # the second checkpoint dies after its first file: a disk that filled up
+    import safetensors.torch
+    save_file = safetensors.torch.save_file
+    def broken(tensors, filename, *args, **kwargs):
+        if str(filename).endswith("optimizer.safetensors"):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise OSError(28, "No space left on device", filename) from failing("disk full")
+        return save_file(tensors, filename, *args, **kwargs)
+    safetensors.torch.save_file = broken
+
+from vitconvert.cli import main
+sys.argv = ["vitconvert", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("failures")
+    # 48 training images: 12 full batches of 4, so item 37 is in every epoch (no tail dropped); 42 to validate.
+    return make_student(root), make_images(root / "images", per_class=16, val_per_class=14)
+
+
+def session_processes(sid: int) -> list[str]:
+    """Processes (not zombies) still in the session the command started."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(stat.parent.name)
+    return found
+
+
+def run_failing(kind: str, args: list, tmp_path: Path) -> subprocess.CompletedProcess:
+    mark = tmp_path / "failed-at"
+    env = {**os.environ, "FAIL_KIND": kind, "FAIL_MARK": str(mark), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "COLUMNS": "200"}
+    env.pop("VITCONVERT_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-c", HARNESS, *map(str, args)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{kind}: vitconvert {args[0]} hung after the failure")
+    ended = time.time()
+    left = session_processes(proc.pid)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert mark.is_file(), f"the failure was never injected: {err}"
+    assert ended - float(mark.read_text()) < 10, f"{ended - float(mark.read_text()):.1f} s from failure to exit"
+    assert left == [], f"processes left behind: {left}"
+    assert proc.returncode != 0
+    lines = err.strip().splitlines()  # epoch lines may come first
+    assert lines[-1].startswith("error: ") and sum(line.startswith("error:") for line in lines) == 1, err
+    assert "Traceback" not in out + err
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def distill_args(student: Path, images: Path, run: Path, workers: int, epochs: int = 1) -> list:
+    sets = {**FAST, "epochs": epochs, "workers": workers, "compare_batches": 0}
+    return ["distill", student, "--data", images, "--out", run,
+            *[a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_worker_exception_ends_distill_eval_and_compare(setup, tmp_path, workers):
+    student, images = setup
+    runs = {
+        "distill": distill_args(student, images, tmp_path / "run", workers),
+        "eval": ["eval", student, "--data", images, "--batch-size", 4, "--workers", workers],
+        "compare": ["compare", student, "--data", images, "--batches", 12, "--batch-size", 4, "--workers", workers],
+    }
+    for command, args in runs.items():
+        (tmp_path / command).mkdir()
+        result = run_failing("item37", args, tmp_path / command)
+        assert "item 37 cannot be read" in result.stderr, (command, result.stderr)
+        if workers:
+            assert "(in DataLoader worker process" in result.stderr, result.stderr
+
+
+def test_a_worker_exception_ends_quickstart(tmp_path):
+    result = run_failing("item37", ["quickstart", "--out", tmp_path / "qs", "--epochs", 1, "--variants", "elu"],
+                         tmp_path)
+    assert "item 37 cannot be read" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["teacher", "hook", "save"])
+def test_a_failure_in_epoch_two_keeps_the_checkpoint_of_epoch_one(setup, tmp_path, kind):
+    student, images = setup
+    run = tmp_path / "run"
+    result = run_failing(kind, distill_args(student, images, run, workers=2, epochs=2), tmp_path)
+    assert {"teacher": "the teacher failed", "hook": "a hook failed", "save": "No space left"}[kind] in result.stderr
+    meta = json.loads((run / "checkpoint-last" / "trainer.json").read_text())
+    assert meta["position"]["epoch"] == 1 and meta["position"]["batch"] == 0
+    assert {p.name for p in (run / "checkpoint-last").iterdir()} >= {"model.safetensors", "optimizer.safetensors",
+                                                                     "rng.safetensors", "trainer.json"}
+    assert sorted(p.name for p in run.iterdir() if "tmp" in p.name) == []  # no half-written sibling
