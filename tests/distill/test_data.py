@@ -99,3 +99,35 @@ def test_teacher_gets_its_own_normalisation():
     assert torch.allclose(renorm(student_view), (pixels - 0.5) / 0.5, atol=1e-6)
     same = input_config(teacher, Recipe(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)))
     assert teacher_normalizer(same, teacher, torch.device("cpu")) is None
+
+
+def child_processes() -> set[int]:
+    import os
+    from pathlib import Path
+
+    return {int(p) for task in Path(f"/proc/{os.getpid()}/task").iterdir()
+            for p in (task / "children").read_text().split()}
+
+
+class Broken(TransformedDataset):
+    def __getitem__(self, index):
+        if index == 5:
+            raise RuntimeError("item 5 cannot be read")
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("where", ["worker", "loop"])
+def test_loader_workers_end_with_the_loop_even_when_it_raises(images, where):
+    """Not at interpreter exit: the exception's traceback keeps torch's iterator (whose __del__ would stop them)."""
+    from torchvision.transforms.functional import pil_to_tensor
+
+    from vitconvert.distill.data import make_loader
+
+    before = child_processes()
+    loader = make_loader(Broken(open_dataset(str(images), "train"), pil_to_tensor), 2, 0, train=False, workers=2)
+    with pytest.raises(RuntimeError, match="item 5 cannot be read" if where == "worker" else "the teacher failed"):
+        for _ in loader:
+            assert len(child_processes() - before) == 2
+            if where == "loop":
+                raise RuntimeError("the teacher failed")
+    assert child_processes() - before == set()

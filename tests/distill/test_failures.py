@@ -68,6 +68,16 @@ elif kind == "save":  # the second checkpoint dies after its first file: a disk 
         return save_file(tensors, filename, *args, **kwargs)
     safetensors.torch.save_file = broken
 
+elif kind == "slow":  # not a failure: slow images, and a mark once the workers read them
+    from vitconvert.distill import data
+    getitem = data.TransformedDataset.__getitem__
+    def slow(self, index):
+        if not mark.exists():
+            mark.write_text(str(time.time()))
+        time.sleep(0.05)
+        return getitem(self, index)
+    data.TransformedDataset.__getitem__ = slow
+
 from vitconvert.cli import main
 sys.argv = ["vitconvert", *sys.argv[1:]]
 main()
@@ -160,3 +170,29 @@ def test_a_failure_in_epoch_two_keeps_the_checkpoint_of_epoch_one(setup, tmp_pat
     assert {p.name for p in (run / "checkpoint-last").iterdir()} >= {"model.safetensors", "optimizer.safetensors",
                                                                      "rng.safetensors", "trainer.json"}
     assert sorted(p.name for p in run.iterdir() if "tmp" in p.name) == []  # no half-written sibling
+
+
+def test_a_sigterm_to_the_process_group_still_stops_cleanly_with_a_checkpoint(setup, tmp_path):
+    """A scheduler's SIGTERM reaches the workers too: they ignore it, so the trainer finishes its step and saves
+    (and then ends them), rather than failing on workers killed under it."""
+    student, images = setup
+    run, mark = tmp_path / "run", tmp_path / "failed-at"
+    env = {**os.environ, "FAIL_KIND": "slow", "FAIL_MARK": str(mark), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", HARNESS, *map(str, distill_args(student, images, run, 2, 3))],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not mark.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # a few steps in
+        os.killpg(proc.pid, signal.SIGTERM)
+        sent = time.time()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert time.time() - sent < 10
+    assert session_processes(proc.pid) == []
+    assert proc.returncode != 0 and err.strip().splitlines()[-1].startswith("error: stopped by SIGTERM"), err
+    assert json.loads((run / "checkpoint-last" / "trainer.json").read_text())["position"]["step"] >= 1
