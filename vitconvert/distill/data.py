@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Optional
 
@@ -267,22 +268,22 @@ def default_workers(world: int) -> int:
     return max(0, min(8, (os.cpu_count() or 1) // max(world, 1) - 1))
 
 
-def ignore_interrupts(worker_id: int) -> None:
+def ignore_interrupts(loader_pid: int, worker_id: int) -> None:
     """Loader workers ignore Ctrl-C and a scheduler's SIGTERM to the whole process group (the trainer finishes
-    its step, saves, then ends them), but still end on the SIGTERM their parent sends: torch's own worker
-    handler does that, and multiprocessing's exit code terminates daemonic children with SIGTERM and then
-    joins them, so a worker that ignored its parent's SIGTERM kept a failed run waiting forever."""
+    its step, saves, then ends them), but still end on a SIGTERM from the process that reads them: torch's own
+    worker handler ends on it, and multiprocessing's exit code terminates daemonic children with SIGTERM and
+    then joins them, so a worker that ignored it kept a failed run waiting forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not hasattr(signal, "sigwaitinfo"):  # no sender pid to tell them apart (macOS, Windows): torch's handler
         return
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started from here on inherit the mask
-    threading.Thread(target=end_on_parent_sigterm, args=(os.getppid(),), daemon=True,
-                     name="vitconvert-sigterm").start()
+    threading.Thread(target=end_on_sigterm_from, args=(loader_pid,), daemon=True, name="vitconvert-sigterm").start()
 
 
-def end_on_parent_sigterm(parent: int) -> None:
+def end_on_sigterm_from(loader_pid: int) -> None:
+    """(The loader's pid, not the parent's: under the forkserver start method the parent is the server.)"""
     while True:
-        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == loader_pid:
             os._exit(0)  # as torch's worker handler does for its parent's SIGTERM
 
 
@@ -310,7 +311,7 @@ def make_loader(ds: TransformedDataset, batch_size: int, seed: int, train: bool,
     workers = default_workers(world) if workers is None else workers
     return ClosingLoader(ds, batch_sampler=sampler, num_workers=workers, pin_memory=pin_memory,
                          generator=torch.Generator().manual_seed(seed), persistent_workers=False,
-                         worker_init_fn=ignore_interrupts if workers else None)
+                         worker_init_fn=partial(ignore_interrupts, os.getpid()) if workers else None)
 
 
 def set_epoch(loader: DataLoader, epoch: int, start: int = 0) -> None:
