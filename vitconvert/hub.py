@@ -176,10 +176,10 @@ def cached_revisions(repo_id: str) -> list[str]:
 
 
 def hub_offline() -> bool:
-    from huggingface_hub import constants
-
     """HF_HUB_OFFLINE as huggingface_hub reads it (its constant, set at its import, also covers
     TRANSFORMERS_OFFLINE), or set since then, parsed with its own list of true values ("off" is online)."""
+    from huggingface_hub import constants
+
     now = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in constants.ENV_VARS_TRUE_VALUES
     return now or bool(constants.HF_HUB_OFFLINE)
 
