@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 import yaml
 
+from .timm_registry import source_architecture
+
 PAPER = "Copy the Same, Distill the Difference: Initializing Linear Vision Transformers"
 VARIANT_PAPERS = {
     "elu": "Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)",
@@ -92,7 +94,7 @@ def base_model(config: dict[str, Any]) -> Optional[str]:
 
     if not timm.is_model(resolve_alias(source.split(".")[0])):
         return None  # a local folder or file, or a bundled model: no Hub id we could name
-    arch, tag = config.get("architecture"), config.get("pretrained_cfg", {}).get("tag")
+    arch, tag = source_architecture(config)[0], config.get("pretrained_cfg", {}).get("tag")
     cfg = get_pretrained_cfg(f"{arch}.{tag}" if tag else str(arch))
     return getattr(cfg, "hf_hub_id", None) or None
 
@@ -124,7 +126,7 @@ def top1_of(metrics: dict[str, Any]) -> Optional[float]:
 
 def model_name(config: dict[str, Any], repo_id: Optional[str]) -> str:
     block = config.get("vitconvert", {})
-    return repo_id.split("/")[-1] if repo_id else f"{config.get('architecture', 'model')}-{block.get('variant', '?')}"
+    return repo_id.split("/")[-1] if repo_id else f"{source_architecture(config)[0]}-{block.get('variant', '?')}"
 
 
 def card_metadata(config: dict[str, Any], repo_id: Optional[str] = None) -> dict[str, Any]:
@@ -190,7 +192,7 @@ def facts(config: dict[str, Any]) -> str:
     pre = config.get("pretrained_cfg", {})
     options = block.get("options") or {}
     rows = {
-        "architecture": f"`{config.get('architecture', '?')}` (timm)",
+        "architecture": f"`{source_architecture(config)[0]}` (timm)",
         "attention": f"**{block.get('variant', '?')}** linear attention in {block.get('replaced', '?')} layers"
                      + (f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""),
         "parameters": f"{sum((block.get('totals') or {}).values()):,}" if block.get("totals") else None,
@@ -280,7 +282,7 @@ def render_card(config: dict[str, Any], repo_id: Optional[str] = None) -> str:
     """The whole README.md; ``repo_id`` (known when pushing) goes into the loading snippet."""
     block = config.get("vitconvert", {})
     variant = block.get("variant", "?")
-    arch = config.get("architecture", "?")
+    arch = source_architecture(config)[0]
     hub_id = repo_id or PLACEHOLDER_ID
     parts = [
         f"---\n{yaml.safe_dump(card_metadata(config, repo_id), sort_keys=False).strip()}\n---",
