@@ -202,10 +202,10 @@ class LinearAttention(nn.Module):
     def configure(cls, **defaults: Any) -> type[LinearAttention]:
         """A subclass whose constructor defaults to ``defaults`` (options, ``num_prefix_tokens``, ``grid_size``):
         timm's ``attn_layer=`` takes a class, so this is how a variant's options reach it."""
-        try:
-            inspect.signature(cls).bind_partial(1, **defaults)
-        except TypeError as e:
-            raise ValueError(f"{cls.__name__}.configure: {e}") from None
+        valid = set(cls.default_options) | set(inspect.signature(LinearAttention.__init__).parameters)
+        unknown = set(defaults) - (valid - {"self", "options", "dim"})
+        if unknown:
+            raise ValueError(f"{cls.__name__}.configure: unknown argument(s) {', '.join(sorted(unknown))}")
         base = cls
 
         def __init__(self: LinearAttention, *args: Any, **kwargs: Any) -> None:
