@@ -63,6 +63,21 @@ def test_timm_loading_with_a_new_head_keeps_the_rest(tmp_path):
     assert all(torch.equal(v, ref[k]) for k, v in model.state_dict().items() if not k.startswith("head."))
 
 
+@pytest.mark.parametrize("variant", ["elu", "mhla"])
+def test_timm_loads_at_another_image_size(tmp_path, variant):
+    """timm's img_size override resamples the position embeddings as for any ViT; MHLA keeps its block counts."""
+    student, _ = vitconvert.convert(tiny_model("vit", img_size=112), variant, attn_init="copy")  # 14×14 patches
+    folder = vitconvert.save(student, tmp_path / "m")
+    model = timm.create_model(f"local-dir:{folder}", pretrained=True, img_size=224).eval()
+    assert model.pos_embed.shape[1] == 1 + 28 * 28 and model.blocks[0].attn.grid_size == (28, 28)
+    if variant == "mhla":
+        assert model.blocks[0].attn.block_counts == student.blocks[0].attn.block_counts == (2, 2)
+    reference = student.state_dict()
+    assert all(torch.equal(v, reference[k]) for k, v in model.state_dict().items() if k != "pos_embed")
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randn(1, 3, 224, 224))).all()
+
+
 @pytest.fixture
 def hub_cache(tmp_path, monkeypatch):
     """An offline Hub cache (huggingface_hub's layout) that both timm and vitconvert read."""
@@ -124,7 +139,9 @@ def test_config_names_our_entrypoint_and_the_softmax_source(tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["architecture"] == "vitconvert_mhla" and cfg["vitconvert"]["format_version"] == 2
     assert cfg["model_args"]["architecture"] == "vit_small_patch14_reg4_dinov2"
-    assert cfg["model_args"]["options"] == cfg["vitconvert"]["options"] == VARIANTS["mhla"].default_options
+    assert cfg["vitconvert"]["options"] == VARIANTS["mhla"].default_options
+    # timm's model_args pin what the grid chose (a 4×4 grid, blocks of ~7 tokens: one block)
+    assert cfg["model_args"]["options"] == {**VARIANTS["mhla"].default_options, "blocks_per_side": [1, 1]}
     assert "vitconvert_mhla" in timm.list_models("vitconvert_*")
 
 
@@ -140,3 +157,9 @@ def test_entrypoint_builds_a_linear_model_from_scratch():
     attn = model.blocks[0].attn
     assert attn.variant == "mhla" and attn.num_prefix_tokens == 5 and attn.grid_size == (4, 4)
     assert attn.block_counts == (2, 2) and torch.isfinite(model(torch.randn(1, 3, 28, 28))).all()
+
+
+def test_features_only_through_timm_is_refused_with_the_alternative(tmp_path):
+    _, folder = saved(tmp_path, "vit", "elu")
+    with pytest.raises(VitconvertError, match="forward_intermediates"):
+        timm.create_model(f"local-dir:{folder}", pretrained=True, features_only=True)

@@ -84,7 +84,8 @@ def write_model_files(model: nn.Module, folder: Path, meta: dict[str, Any],
     state_backup = model.training
     save_for_hf(model.eval(), str(folder), model_args=export_model_args(model), safe_serialization=True)
     model.train(state_backup)
-    config = timm_config(json.loads((folder / "config.json").read_text()), variant, options)
+    pinned = next(m for m in model.modules() if isinstance(m, LinearAttention)).pinned_options()
+    config = timm_config(json.loads((folder / "config.json").read_text()), variant, pinned)
     config["vitconvert"] = {"format_version": FORMAT_VERSION, **meta, "variant": variant, "options": options,
                             "versions": versions()}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")

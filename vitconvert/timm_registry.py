@@ -13,11 +13,12 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, Optional
 
 import timm
-from timm.models import load_pretrained, register_model
+from timm.models import load_pretrained, model_entrypoint, register_model
 from timm.models import vision_transformer as timm_vit
 from torch import nn
 
@@ -94,9 +95,11 @@ def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: O
     model = timm.create_model(architecture, pretrained=False, pretrained_cfg=pretrained_cfg, cache_dir=cache_dir,
                               **kwargs)
     model, _ = swap_attention(model, variant, options, inplace=True)
-    if pretrained:
+    if pretrained:  # with the family's own filter, as timm loads it (e.g. position embeddings for a new img_size)
+        family = sys.modules[model_entrypoint(architecture).__module__]
         load_pretrained(model, pretrained_cfg=model.pretrained_cfg, num_classes=model.num_classes,
-                        in_chans=kwargs.get("in_chans", 3), strict=True, cache_dir=cache_dir)
+                        in_chans=kwargs.get("in_chans", 3), filter_fn=getattr(family, "checkpoint_filter_fn", None),
+                        strict=True, cache_dir=cache_dir)
     return model
 
 

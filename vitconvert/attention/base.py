@@ -235,6 +235,10 @@ class LinearAttention(nn.Module):
     def reset_extra_parameters(self) -> None:
         """Give the parameters softmax attention does not have their method's default init."""
 
+    def pinned_options(self) -> dict[str, Any]:
+        """Options that rebuild this module's parameter shapes on any image size (what timm's model_args store)."""
+        return dict(self.options)
+
     # -- shared machinery --------------------------------------------------------------------------
     def extra_parameter_names(self) -> list[str]:
         """Names (relative to this module) of parameters with no softmax counterpart."""

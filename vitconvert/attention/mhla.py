@@ -255,6 +255,10 @@ class MHLAttention(LinearAttention):
         size = opts["lepe_kernel"]
         self.lepe = nn.Conv2d(C, C, size, padding=size // 2, groups=C, **factory) if size else None
 
+    def pinned_options(self) -> dict[str, Any]:
+        """The block counts chosen from the grid, fixed: W (M×M) keeps its shape when timm rebuilds at another size."""
+        return {**self.options, "blocks_per_side": list(self.block_counts)}
+
     def reset_extra_parameters(self) -> None:
         """W from block distances; PyTorch's defaults for LePE and the norms, as the reference leaves them."""
         opts = self.options
