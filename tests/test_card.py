@@ -143,3 +143,83 @@ def test_card_of_a_distill_run_as_the_trainer_writes_it(config):
     assert card.data.eval_results[0].metric_value == 72.31
     assert "| 0 | 0.5 | 0.9 | 0.99 |" in text and "top1 agreement: 0.93" in text and "logit kl" not in text
     assert "**distill**: teacher deit_tiny, epochs 300" in text and "| best_epoch | 296 |" in text
+
+
+def run_card_snippet(text: str, workdir, monkeypatch) -> dict:
+    """Execute the card's "How to use" code as shown, in ``workdir`` with the image.jpg it opens."""
+    import numpy as np
+    from PIL import Image
+
+    code = text.split("## How to use")[1].split("```python\n")[1].split("```")[0]
+    monkeypatch.chdir(workdir)
+    pixels = np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save("image.jpg")
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    return scope
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    import huggingface_hub.constants as c
+
+    cache = tmp_path / "hub-cache"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+@pytest.mark.parametrize("variant", ["elu", "mhla"])
+def test_card_snippet_runs_as_shown_and_gives_the_vitconvert_model(tmp_path, hub_cache, monkeypatch, variant):
+    import json
+
+    import torch
+    from conftest import place_in_hub_cache
+
+    student, _ = vitconvert.convert(tiny_model("vit"), variant, source="vit_tiny")
+    folder = vitconvert.save(student, tmp_path / "m")
+    place_in_hub_cache(hub_cache, "me/x", folder)
+    text = render_card(json.loads((folder / "config.json").read_text()), repo_id="me/x")
+    assert "timm.create_model(\"hf-hub:me/x\", pretrained=True)" in text and "import vitconvert" in text
+    assert f"Unknown model (vitconvert_{variant})" in text  # what plain timm says (tests/test_timm_loading.py)
+    scope = run_card_snippet(text, tmp_path, monkeypatch)
+    reference = vitconvert.load("hf-hub:me/x")
+    assert all(torch.equal(v, reference.state_dict()[k]) for k, v in scope["model"].state_dict().items())
+    with torch.no_grad():
+        expected = reference(scope["transform"](scope["image"]).unsqueeze(0)).softmax(dim=-1).topk(5)
+    assert torch.equal(scope["top5"].indices, expected.indices) and torch.equal(scope["top5"].values, expected.values)
+
+
+def test_card_of_a_format1_folder_says_vitconvert_load(tmp_path, hub_cache, monkeypatch):
+    """A folder written by vitconvert 0.1 names the softmax architecture: its card must not offer timm."""
+    import json
+    from pathlib import Path
+
+    from conftest import place_in_hub_cache
+
+    folder = Path(__file__).parent / "fixtures" / "format1" / "elu"
+    place_in_hub_cache(hub_cache, "me/old", folder)
+    text = render_card(json.loads((folder / "config.json").read_text()), repo_id="me/old")
+    assert "timm.create_model" not in text.split("## How to use")[1].split("```")[1]
+    scope = run_card_snippet(text, tmp_path, monkeypatch)
+    assert scope["model"].blocks[0].attn.variant == "elu"
+
+
+def test_card_invents_no_links(config, monkeypatch):
+    import importlib.metadata
+
+    from vitconvert import card
+
+    text = render_card(config)
+    links = re.findall(r"\]\((https?://[^)]+)\)", text)
+    assert all(link.startswith("https://huggingface.co/") for link in links), links
+    assert "github.com/vitconvert" not in text and "the `vitconvert` Python package" in text
+
+    class Metadata:
+        def get_all(self, name):
+            return ["Repository, https://example.org/vitconvert"] if name == "Project-URL" else None
+
+    monkeypatch.setattr(importlib.metadata, "metadata", lambda name: Metadata())
+    assert card.package_link() == "[vitconvert](https://example.org/vitconvert)"  # only a declared URL is linked

@@ -23,7 +23,8 @@ def test_save_load_round_trip_bit_exact(tmp_path, variant):
     x = image_batch(student)
     assert torch.equal(student.eval()(x), loaded(x))
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
-    assert cfg["vitconvert"]["variant"] == variant and cfg["architecture"] == "vit_tiny_patch16_224"
+    assert cfg["vitconvert"]["variant"] == variant and cfg["architecture"] == f"vitconvert_{variant}"
+    assert cfg["model_args"]["architecture"] == "vit_tiny_patch16_224"  # the softmax source, for our entrypoint
     assert cfg["vitconvert"]["groups"] and cfg["vitconvert"]["versions"]["timm"]
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["README.md", "config.json", "model.safetensors"]
 

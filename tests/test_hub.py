@@ -278,16 +278,20 @@ def hub_cache(tmp_path, monkeypatch) -> Path:
     return cache
 
 
-def test_pushed_folder_loads_back_by_id_bit_exact(tmp_path, hub_cache, no_network, make_folder):
+def test_pushed_folder_loads_back_by_id_bit_exact(tmp_path, hub_cache, no_network, make_folder, monkeypatch):
     """The issue's "done when": the dry-run's folder, laid out as the Hub cache, loads by hf-hub:me/x offline."""
+    from PIL import Image
+
     folder = make_folder(tmp_path / "m", variant="mhla")
     push_folder(folder, "me/x", dry_run=True)
     place_in_hub_cache(hub_cache, "me/x", folder)
     place_in_hub_cache(hub_cache, "me/x", folder, revision="v1")
     original = vitconvert.load(folder)
     snippet = (folder / "README.md").read_text().split("```python\n")[1].split("```")[0]
+    monkeypatch.chdir(tmp_path)
+    Image.new("RGB", (48, 40), (200, 30, 90)).save("image.jpg")  # the image the snippet opens
     scope: dict = {}
-    exec(snippet, scope)  # the card's two lines, as a reader would run them
+    exec(snippet, scope)  # the card's snippet, as a reader would run it
     for model in (scope["model"], vitconvert.load("hf-hub:me/x@v1")):
         a, b = original.state_dict(), model.state_dict()
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import timm
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -141,17 +140,20 @@ def reference_for(source: Union[str, nn.Module], pretrained: bool = True) -> Ref
         return _reference_from_module(source)
     folder = hub_folder(source) if source.startswith("hf-hub:") else Path(source.removeprefix("local-dir:"))
     if folder.is_dir() and (folder / "config.json").is_file() and "vitconvert" in read_config(folder):
-        block = read_config(folder)["vitconvert"]
+        from .timm_registry import create_source_model, source_architecture
+
+        config = read_config(folder)
+        block = config["vitconvert"]
 
         def build_folder(size: Optional[int]) -> nn.Module:
             kwargs = {"img_size": size} if size else {}
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(0)
-                return timm.create_model(f"local-dir:{folder}", pretrained=False, **kwargs)
+                return create_source_model(config, **kwargs)
 
         model = build_folder(None)
         variant = block.get("variant")
-        return Reference(build_folder, read_config(folder).get("architecture", "?"), own_img_size(model),
+        return Reference(build_folder, source_architecture(config)[0], own_img_size(model),
                          [variant] if variant in VARIANTS else list(VARIANTS),
                          {variant: dict(block.get("options") or {})} if variant else {})
     src = load_source(source, pretrained=pretrained)

@@ -14,9 +14,12 @@ Sections whose data is absent are left out.
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Any, Optional
 
 import yaml
+
+from .timm_registry import is_vitconvert_architecture, source_architecture
 
 PAPER = "Copy the Same, Distill the Difference: Initializing Linear Vision Transformers"
 VARIANT_PAPERS = {
@@ -92,7 +95,7 @@ def base_model(config: dict[str, Any]) -> Optional[str]:
 
     if not timm.is_model(resolve_alias(source.split(".")[0])):
         return None  # a local folder or file, or a bundled model: no Hub id we could name
-    arch, tag = config.get("architecture"), config.get("pretrained_cfg", {}).get("tag")
+    arch, tag = source_architecture(config)[0], config.get("pretrained_cfg", {}).get("tag")
     cfg = get_pretrained_cfg(f"{arch}.{tag}" if tag else str(arch))
     return getattr(cfg, "hf_hub_id", None) or None
 
@@ -124,7 +127,7 @@ def top1_of(metrics: dict[str, Any]) -> Optional[float]:
 
 def model_name(config: dict[str, Any], repo_id: Optional[str]) -> str:
     block = config.get("vitconvert", {})
-    return repo_id.split("/")[-1] if repo_id else f"{config.get('architecture', 'model')}-{block.get('variant', '?')}"
+    return repo_id.split("/")[-1] if repo_id else f"{source_architecture(config)[0]}-{block.get('variant', '?')}"
 
 
 def card_metadata(config: dict[str, Any], repo_id: Optional[str] = None) -> dict[str, Any]:
@@ -190,7 +193,7 @@ def facts(config: dict[str, Any]) -> str:
     pre = config.get("pretrained_cfg", {})
     options = block.get("options") or {}
     rows = {
-        "architecture": f"`{config.get('architecture', '?')}` (timm)",
+        "architecture": f"`{source_architecture(config)[0]}` (timm)",
         "attention": f"**{block.get('variant', '?')}** linear attention in {block.get('replaced', '?')} layers"
                      + (f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""),
         "parameters": f"{sum((block.get('totals') or {}).values()):,}" if block.get("totals") else None,
@@ -276,11 +279,51 @@ def citations(block: dict[str, Any]) -> str:
     return "```bibtex\n" + "\n\n".join(entries) + "\n```"
 
 
+def package_link() -> str:
+    """vitconvert, linked only to a URL its installed package metadata declares ([project.urls]); never invented."""
+    try:
+        urls = importlib.metadata.metadata("vitconvert").get_all("Project-URL") or []
+    except importlib.metadata.PackageNotFoundError:
+        urls = []
+    for entry in urls:  # "Label, https://..."
+        label, _, url = entry.partition(",")
+        if label.strip().lower() in ("homepage", "repository", "source") and url.strip().startswith("https://"):
+            return f"[vitconvert]({url.strip()})"
+    return "the `vitconvert` Python package"
+
+
+def how_to_use(config: dict[str, Any], hub_id: str) -> str:
+    """The loading snippet (runnable as shown: tests/test_card.py runs it) and what it needs."""
+    variant = config.get("vitconvert", {}).get("variant", "?")
+    if not is_vitconvert_architecture(config.get("architecture")):  # format 1 (vitconvert 0.1): timm would misread it
+        return (
+            "## How to use\n\n```python\nimport vitconvert\n\n"
+            f'model = vitconvert.load("hf-hub:{hub_id}")  # a timm model in eval mode\n```\n\n'
+            "This folder was written by vitconvert 0.1: its config.json names the softmax architecture, so load it "
+            "with `vitconvert.load` (`timm.create_model` would build softmax attention). Saving the loaded model "
+            "again (`vitconvert.save`) writes a folder that timm loads too."
+        )
+    return (
+        "## How to use\n\n```python\nimport timm\nimport torch\nfrom PIL import Image\n\n"
+        "import vitconvert  # registers vitconvert's linear-attention models with timm\n\n"
+        f'model = timm.create_model("hf-hub:{hub_id}", pretrained=True).eval()\n'
+        f'# the same model: vitconvert.load("hf-hub:{hub_id}")\n'
+        "transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))\n"
+        'image = Image.open("image.jpg").convert("RGB")\n'
+        "with torch.no_grad():\n"
+        "    top5 = model(transform(image).unsqueeze(0)).softmax(dim=-1).topk(5)\n```\n\n"
+        f"`import vitconvert` is needed: config.json names the architecture `vitconvert_{variant}`, which "
+        "vitconvert registers with timm. Without it timm stops with `RuntimeError: Unknown model "
+        f"(vitconvert_{variant})` instead of building softmax attention around these weights. "
+        f"`vitconvert info hf-hub:{hub_id}` summarises the model."
+    )
+
+
 def render_card(config: dict[str, Any], repo_id: Optional[str] = None) -> str:
     """The whole README.md; ``repo_id`` (known when pushing) goes into the loading snippet."""
     block = config.get("vitconvert", {})
     variant = block.get("variant", "?")
-    arch = config.get("architecture", "?")
+    arch = source_architecture(config)[0]
     hub_id = repo_id or PLACEHOLDER_ID
     parts = [
         f"---\n{yaml.safe_dump(card_metadata(config, repo_id), sort_keys=False).strip()}\n---",
@@ -288,16 +331,12 @@ def render_card(config: dict[str, Any], repo_id: Optional[str] = None) -> str:
         f"# {model_name(config, repo_id)}",
         f"`{arch}` with its softmax attention replaced by **{variant}** linear attention, whose cost grows "
         f"linearly (O(N)) with the number of tokens instead of quadratically. Made with "
-        f"[vitconvert](https://github.com/vitconvert/vitconvert) following *{PAPER}*: what has the same role and "
+        f"{package_link()} following *{PAPER}*: what has the same role and "
         f"shape as in the softmax source is copied, the attention is initialised by the "
         f"`{(block.get('init') or {}).get('attn', '?')}` recipe.",
         status(block),
         facts(config),
-        "## How to use\n\n```python\nimport vitconvert\n"
-        f'model = vitconvert.load("hf-hub:{hub_id}")  # a timm model in eval mode\n```\n\n'
-        "It needs `pip install vitconvert`: `timm.create_model` alone would build softmax attention, which these "
-        "weights do not fit. Preprocess as the source did: `timm.data.create_transform("
-        "**timm.data.resolve_data_config({}, model=model))`. `vitconvert info hf-hub:" + hub_id + "` summarises it.",
+        how_to_use(config, hub_id),
         "## Conversion report\n\nWhat each group of parameters started from: *copied* from the softmax source, "
         "*mimetic* (Trockman & Kolter's analytical attention init), *default-init* (parameters softmax attention "
         "does not have, set by the variant's own init) or *random*.\n\n" + report_table(block)

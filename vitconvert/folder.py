@@ -1,8 +1,11 @@
 """The model folder, vitconvert's unit of exchange: config.json + model.safetensors + README.md.
 
 config.json is timm's own (``save_for_hf``: architecture, model_args, pretrained_cfg) plus a "vitconvert"
-block, so the folder is also a valid Hub repo. Writes are atomic (temporary sibling, then rename); reads
-rebuild the timm architecture, swap attention as recorded, and load strictly.
+block, so the folder is also a valid Hub repo. Its ``architecture`` is ``vitconvert_<variant>`` (format 2), a
+timm model that ``import vitconvert`` registers (timm_registry.py): timm builds the linear model from the folder,
+and plain timm refuses instead of building softmax attention. Writes are atomic (temporary sibling, then
+rename); reads rebuild the architecture (format 1 folders: the softmax one, then swap attention as recorded)
+and load strictly.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from torch import nn
 from . import __version__
 from .attention import LinearAttention
 from .errors import VitconvertError, first_line
+from .timm_registry import export_model_args, timm_config
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: config.json named the softmax architecture (vitconvert 0.1)
 WEIGHTS = "model.safetensors"
 
 
@@ -78,9 +82,10 @@ def write_model_files(model: nn.Module, folder: Path, meta: dict[str, Any],
 
     variant, options = linear_attention_spec(model)
     state_backup = model.training
-    save_for_hf(model.eval(), str(folder), safe_serialization=True)
+    save_for_hf(model.eval(), str(folder), model_args=export_model_args(model), safe_serialization=True)
     model.train(state_backup)
-    config = json.loads((folder / "config.json").read_text())
+    pinned = next(m for m in model.modules() if isinstance(m, LinearAttention)).pinned_options()
+    config = timm_config(json.loads((folder / "config.json").read_text()), variant, pinned)
     config["vitconvert"] = {"format_version": FORMAT_VERSION, **meta, "variant": variant, "options": options,
                             "versions": versions()}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -125,7 +130,8 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
             model = timm.create_model(f"local-dir:{folder}", pretrained=False)
         except Exception as e:
             raise VitconvertError(f"cannot rebuild the architecture in {folder}/config.json: {e}") from None
-        model, _ = swap_attention(model, block["variant"], block.get("options", {}), inplace=True)
+        if not any(isinstance(m, LinearAttention) for m in model.modules()):  # format 1: timm built softmax
+            model, _ = swap_attention(model, block["variant"], block.get("options", {}), inplace=True)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:

@@ -224,9 +224,10 @@ def describe_hub_error(e: BaseException, repo_id: str, token: str, stage: str) -
 # -- the push --------------------------------------------------------------------------------------------
 def default_commit_message(config: dict[str, Any]) -> str:
     from . import __version__
+    from .timm_registry import source_architecture
 
     block = config.get("vitconvert", {})
-    return f"Upload {config.get('architecture', 'model')} with {block.get('variant', '?')} attention (vitconvert " \
+    return f"Upload {source_architecture(config)[0]} with {block.get('variant', '?')} attention (vitconvert " \
            f"{__version__})"
 
 

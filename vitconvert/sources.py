@@ -205,7 +205,9 @@ def load_folder(folder: Path, spec: str, **model_kwargs: Any) -> Source:
         from .folder import load_folder_model
 
         model = load_folder_model(folder, cfg)
-        return Source(model, cfg.get("architecture", "?"), spec, True, vitconvert=cfg["vitconvert"])
+        from .timm_registry import source_architecture
+
+        return Source(model, source_architecture(cfg)[0], spec, True, vitconvert=cfg["vitconvert"])
     if "architecture" not in cfg:
         raise VitconvertError(f"{folder}/config.json has no 'architecture': not a timm model folder")
     if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):

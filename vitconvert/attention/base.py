@@ -10,8 +10,10 @@ matched parameters by name.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
-from typing import Any, ClassVar, Optional
+from collections.abc import Callable
+from typing import Any, ClassVar, Optional, TypedDict
 
 import torch
 from timm.layers.pos_embed_sincos import apply_rot_embed_cat
@@ -59,27 +61,126 @@ def key_validity(attn_mask: Optional[torch.Tensor], batch: int, tokens: int) -> 
     return valid.expand(batch, tokens)
 
 
+class AttentionArgs(TypedDict, total=False):
+    """timm's attention constructor arguments (``timm.layers.Attention``; what ``Block`` passes to ``attn_layer``),
+    plus the token geometry a linear variant needs. Typed keyword arguments of every variant."""
+
+    attn_head_dim: Optional[int]
+    dim_out: Optional[int]
+    qkv_bias: bool
+    qk_norm: bool
+    scale_norm: bool
+    proj_bias: bool
+    gated: bool
+    attn_drop: float
+    proj_drop: float
+    norm_layer: Optional[Callable[..., nn.Module]]
+    num_prefix_tokens: int
+    grid_size: Grid
+    device: Any
+    dtype: Optional[torch.dtype]
+
+
 class LinearAttention(nn.Module):
-    """Base of every variant: softmax projections in, a linear token mixer in the middle."""
+    """Base of every variant: softmax projections in, a linear token mixer in the middle.
+
+    Built two ways, both leaving an initialised module: like timm's ``Attention`` (``dim, num_heads, qkv_bias,
+    qk_norm, ...``; so a variant is a timm ``attn_layer``), or from a softmax module with :meth:`from_softmax`,
+    which copies its projections. A variant's own options are typed keyword-only arguments of its constructor;
+    ``default_options`` is derived from them and ``self.options`` holds their values (saved in config.json).
+    """
 
     variant: ClassVar[str] = ""
-    # Default options of the variant; stored in config.json so that load() rebuilds it exactly.
+    # Default options of the variant (its keyword-only constructor arguments); stored in config.json.
     default_options: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, like: nn.Module, num_prefix_tokens: int = 1, grid_size: Grid = None, **options: Any):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__ and "default_options" not in cls.__dict__:
+            params = inspect.signature(cls.__init__).parameters.values()
+            cls.default_options = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        attn_head_dim: Optional[int] = None,
+        dim_out: Optional[int] = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Optional[Callable[..., nn.Module]] = None,
+        num_prefix_tokens: int = 1,
+        grid_size: Grid = None,
+        device: Any = None,
+        dtype: Optional[torch.dtype] = None,
+        options: Optional[dict[str, Any]] = None,
+    ):
         super().__init__()
-        unknown = set(options) - set(self.default_options)
-        if unknown:
-            raise ValueError(f"unknown option(s) for {self.variant!r}: {', '.join(sorted(unknown))}; "
-                             f"valid: {', '.join(self.default_options) or 'none'}")
-        self.options = {**self.default_options, **options}
-        self.num_heads: int = like.num_heads
-        self.head_dim: int = getattr(like, "head_dim", None) or _infer_head_dim(like)
-        self.num_kv_heads: int = getattr(like, "num_kv_heads", None) or self.num_heads  # grouped-query attention
-        self.attn_dim = self.num_heads * self.head_dim
-        self.scale = self.head_dim ** -0.5
+        if attn_drop:
+            raise ValueError(f"attn_drop={attn_drop}: linear attention forms no attention weights to drop "
+                             "(use proj_drop)")
+        if (qk_norm or scale_norm) and norm_layer is None:
+            raise ValueError("qk_norm and scale_norm need a norm_layer")
+        dd = {"device": device, "dtype": dtype}
+        head_dim = attn_head_dim or dim // num_heads
+        if attn_head_dim is None and dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.options: dict[str, Any] = dict(options or {})
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.num_kv_heads = num_heads  # grouped-query attention only by from_softmax
+        self.attn_dim = num_heads * head_dim
+        self.scale = head_dim ** -0.5
         self.num_prefix_tokens = num_prefix_tokens
-        self.grid_size: Grid = tuple(grid_size) if grid_size is not None else None
+        self.grid_size: Grid = tuple(grid_size) if grid_size is not None else None  # type: ignore[assignment]
+        self.rotate_half = False
+        self.source_class: Optional[str] = None
+        self.dropped: list[str] = []
+        # timm's Attention layout, in MATCHED_MODULES order (state-dict order does not depend on the way in)
+        self.qkv: Optional[nn.Linear] = nn.Linear(dim, self.attn_dim * 3, bias=qkv_bias, **dd)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            self.register_module(name, None)
+        self.q_norm = norm_layer(head_dim, **dd) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(head_dim, **dd) if qk_norm else nn.Identity()
+        self.norm = norm_layer(self.attn_dim, **dd) if scale_norm else nn.Identity()
+        self.gate = nn.Linear(dim, self.attn_dim, bias=qkv_bias, **dd) if gated else None
+        self.proj = nn.Linear(self.attn_dim, dim_out or dim, bias=proj_bias, **dd)
+        for name in MATCHED_PARAMS:
+            self.register_parameter(name, None)
+        self.register_buffer("k_bias", None, persistent=False)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.dim = self.proj.out_features
+        self.build_extra_parameters()
+        if self.proj.weight.device.type != "meta":  # from_softmax builds on meta and initialises once, after
+            self.reset_extra_parameters()
+
+    @classmethod
+    def from_softmax(cls, module: nn.Module, num_prefix_tokens: int = 1, grid_size: Grid = None,
+                     **options: Any) -> LinearAttention:
+        """A variant with ``module``'s projections (copied); extra parameters get the method's default init."""
+        unknown = set(options) - set(cls.default_options)
+        if unknown:
+            raise ValueError(f"unknown option(s) for {cls.variant!r}: {', '.join(sorted(unknown))}; "
+                             f"valid: {', '.join(cls.default_options) or 'none'}")
+        in_proj = module.qkv if getattr(module, "qkv", None) is not None else module.q_proj
+        weight = module.proj.weight
+        head_dim = getattr(module, "head_dim", None) or _infer_head_dim(module)
+        new = cls(in_proj.in_features, module.num_heads, attn_head_dim=head_dim, dim_out=module.proj.out_features,
+                  num_prefix_tokens=num_prefix_tokens, grid_size=grid_size, device="meta", dtype=weight.dtype,
+                  **options)
+        new.to_empty(device=weight.device)
+        new._adopt(module)
+        new.reset_extra_parameters()
+        return new
+
+    def _adopt(self, like: nn.Module) -> None:
+        """Take ``like``'s matched projections, norms and biases (copies) and its layout details."""
+        self.num_kv_heads = getattr(like, "num_kv_heads", None) or self.num_heads
         self.rotate_half = bool(getattr(like, "rotate_half", False))
         self.source_class = type(like).__name__
         for name in MATCHED_MODULES:
@@ -93,17 +194,30 @@ class LinearAttention(nn.Module):
             p = getattr(like, name, None)
             setattr(self, name, nn.Parameter(p.detach().clone()) if p is not None else None)
         k_bias = getattr(like, "k_bias", None)
-        self.register_buffer("k_bias", None if k_bias is None else k_bias.detach().clone(), persistent=False)
+        self.k_bias = None if k_bias is None else k_bias.detach().clone()
         self.dropped = [n for n in DROPPED if getattr(like, n, None) is not None]
         self.proj_drop = copy.deepcopy(getattr(like, "proj_drop", nn.Identity()))
-        self.dim = self.proj.out_features
 
     @classmethod
-    def from_softmax(cls, module: nn.Module, **kwargs: Any) -> LinearAttention:
-        """A variant with ``module``'s projections; extra parameters get the method's default init."""
-        new = cls(module, **kwargs)
-        new.reset_extra_parameters()
-        return new
+    def configure(cls, **defaults: Any) -> type[LinearAttention]:
+        """A subclass whose constructor defaults to ``defaults`` (options, ``num_prefix_tokens``, ``grid_size``):
+        timm's ``attn_layer=`` takes a class, so this is how a variant's options reach it."""
+        valid = set(cls.default_options) | set(inspect.signature(LinearAttention.__init__).parameters)
+        unknown = set(defaults) - (valid - {"self", "options", "dim"})
+        if unknown:
+            raise ValueError(f"{cls.__name__}.configure: unknown argument(s) {', '.join(sorted(unknown))}")
+        base = cls
+
+        def __init__(self: LinearAttention, *args: Any, **kwargs: Any) -> None:
+            base.__init__(self, *args, **{**defaults, **kwargs})
+
+        options = {**cls.default_options, **{k: v for k, v in defaults.items() if k in cls.default_options}}
+        return type(cls.__name__, (cls,), {"__init__": __init__, "default_options": options,
+                                           "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+
+    def init_weights(self) -> None:
+        """Called by timm's ViT weight init after its own init of the Linear layers: the extras' init."""
+        self.reset_extra_parameters()
 
     # -- the parts a variant provides -------------------------------------------------------------
     def mix(self, q, k, v, key_valid: Optional[torch.Tensor], grid: Grid) -> torch.Tensor:
@@ -114,8 +228,16 @@ class LinearAttention(nn.Module):
         """Slow, literal form of the variant's formula; the oracle of the tests."""
         raise NotImplementedError
 
+    def build_extra_parameters(self) -> None:
+        """Create the parameters softmax attention does not have (on ``self.proj.weight``'s device and dtype);
+        called by ``__init__`` with ``self.options`` set. Their values come from :meth:`reset_extra_parameters`."""
+
     def reset_extra_parameters(self) -> None:
         """Give the parameters softmax attention does not have their method's default init."""
+
+    def pinned_options(self) -> dict[str, Any]:
+        """Options that rebuild this module's parameter shapes on any image size (what timm's model_args store)."""
+        return dict(self.options)
 
     # -- shared machinery --------------------------------------------------------------------------
     def extra_parameter_names(self) -> list[str]:

@@ -18,13 +18,14 @@ Choices beyond the reference (which has no padding mask and a square grid after 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from .base import (
+    AttentionArgs,
     Grid,
     LinearAttention,
     accumulation_dtype,
@@ -35,6 +36,9 @@ from .base import (
     split_prefix,
     to_grid,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 KERNEL = 3  # the reference's 3×3 local window
 
@@ -106,10 +110,13 @@ class InLineAttention(LinearAttention):
     """InLine attention; optionally with the reference code's predicted local 3×3 residual on V."""
 
     variant = "inline"
-    default_options = {"local_residual": False}
 
-    def __init__(self, like: nn.Module, num_prefix_tokens: int = 1, grid_size: Grid = None, **options: Any):
-        super().__init__(like, num_prefix_tokens, grid_size, **options)
+    def __init__(self, dim: int, num_heads: int = 8, *, local_residual: bool = False,
+                 **kwargs: Unpack[AttentionArgs]):
+        """``local_residual``: the reference code's predicted 3×3 depthwise residual on V (module docstring)."""
+        super().__init__(dim, num_heads, options={"local_residual": bool(local_residual)}, **kwargs)
+
+    def build_extra_parameters(self) -> None:
         self.local_kernel_predictor: Optional[nn.Sequential] = None
         if self.options["local_residual"]:
             factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}

@@ -19,12 +19,15 @@ import importlib.util
 import os
 from collections.abc import Callable
 from functools import lru_cache
-from typing import ClassVar, Optional
+from typing import TYPE_CHECKING, ClassVar, Optional
 
 import torch
 from torch.nn import functional as F
 
-from .base import Grid, LinearAttention, accumulation_dtype, full_precision
+from .base import AttentionArgs, Grid, LinearAttention, accumulation_dtype, full_precision
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 LOG2_E = 1.4426950408889634  # exp(x) = 2^(x·log2 e)
 
@@ -107,7 +110,10 @@ def kernel_attention_reference(phi_q, phi_k, v, key_valid: Optional[torch.Tensor
 class KernelAttention(LinearAttention):
     feature: ClassVar[Callable[[torch.Tensor], torch.Tensor]]
     reference_feature: ClassVar[Callable[[torch.Tensor], torch.Tensor]]
-    default_options = {"eps": 1e-6}
+
+    def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs: Unpack[AttentionArgs]):
+        """``eps``: added to the normaliser φ(q_i)ᵀ Σ_j φ(k_j) (keeps rows with all-zero features finite)."""
+        super().__init__(dim, num_heads, options={"eps": float(eps)}, **kwargs)
 
     def mix(self, q, k, v, key_valid, grid: Grid):
         """φ on q and k together: fewer passes, and for batches the stacked copy is the layout bmm needs."""

@@ -28,14 +28,16 @@ Choices where the reference (square grids divisible into square blocks, no class
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from .base import (
+    AttentionArgs,
     Grid,
     LinearAttention,
     accumulation_dtype,
@@ -45,6 +47,9 @@ from .base import (
     to_grid,
 )
 from .kernel import kernel_attention, kernel_attention_reference, with_ones
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 TRANSFORMS = ("cos", "linear", "exp", "local")
 
@@ -198,23 +203,47 @@ class MHLAttention(LinearAttention):
     """Multi-head linear attention over token blocks, mixed by a learnable distance-initialised matrix."""
 
     variant = "mhla"
-    default_options = {
-        "blocks_per_side": None,  # int or [M_h, M_w]; None: from grid_size and block_side
-        "block_side": 7,  # target block side in tokens when blocks_per_side is None (14×14 -> 2×2 blocks)
-        "transform": "cos",  # distance -> W init: cos, linear, exp, local (the reference's column-normalised ones)
-        "exp_sigma": 3.0,  # for transform "exp"
-        "local_threshold": 1.5,  # for transform "local"
-        "qk_rmsnorm": True,  # the reference's RMSNorm on q and k (on in all its registered models)
-        "input_norm": True,  # the reference's LayerNorm on the layer input
-        "lepe_kernel": 5,  # depthwise conv over V on the grid; 0 turns LePE off
-        "eps": 1e-6,
-    }
 
-    def __init__(self, like: nn.Module, num_prefix_tokens: int = 1, grid_size: Grid = None, **options: Any):
-        super().__init__(like, num_prefix_tokens, grid_size, **options)
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        blocks_per_side: Optional[Union[int, Sequence[int]]] = None,
+        block_side: int = 7,
+        transform: str = "cos",
+        exp_sigma: float = 3.0,
+        local_threshold: float = 1.5,
+        qk_rmsnorm: bool = True,
+        input_norm: bool = True,
+        lepe_kernel: int = 5,
+        eps: float = 1e-6,
+        **kwargs: Unpack[AttentionArgs],
+    ):
+        """Options:
+
+        - ``blocks_per_side``: int or [M_h, M_w]; None: from ``grid_size`` and ``block_side``
+        - ``block_side``: target block side in tokens when ``blocks_per_side`` is None (14×14 -> 2×2 blocks)
+        - ``transform``: distance -> W init: cos, linear, exp, local (the reference's column-normalised ones)
+        - ``exp_sigma``, ``local_threshold``: parameters of the "exp" and "local" transforms
+        - ``qk_rmsnorm``: the reference's RMSNorm on q and k (on in all its registered models)
+        - ``input_norm``: the reference's LayerNorm on the layer input
+        - ``lepe_kernel``: depthwise conv over V on the grid; 0 turns LePE off
+        - ``eps``: added to φ = relu + eps and to the normaliser
+        """
+        if transform not in TRANSFORMS:
+            raise ValueError(f"unknown transform {transform!r}; valid: {', '.join(TRANSFORMS)}")
+        if lepe_kernel and lepe_kernel % 2 == 0:
+            raise ValueError(f"lepe_kernel must be odd (or 0 for no LePE), got {lepe_kernel}")
+        if blocks_per_side is not None and not isinstance(blocks_per_side, int):
+            blocks_per_side = list(blocks_per_side)  # JSON-safe in self.options
+        options = {"blocks_per_side": blocks_per_side, "block_side": block_side, "transform": transform,
+                   "exp_sigma": exp_sigma, "local_threshold": local_threshold, "qk_rmsnorm": qk_rmsnorm,
+                   "input_norm": input_norm, "lepe_kernel": lepe_kernel, "eps": eps}
+        super().__init__(dim, num_heads, options=options, **kwargs)
+
+    def build_extra_parameters(self) -> None:
         opts = self.options
-        if opts["transform"] not in TRANSFORMS:
-            raise ValueError(f"unknown transform {opts['transform']!r}; valid: {', '.join(TRANSFORMS)}")
         self.block_counts = resolve_block_counts(self.grid_size, opts["blocks_per_side"], opts["block_side"])
         factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
         blocks = self.block_counts[0] * self.block_counts[1]
@@ -224,9 +253,11 @@ class MHLAttention(LinearAttention):
         self.q_rmsnorm = nn.RMSNorm(C, **factory) if opts["qk_rmsnorm"] else None
         self.k_rmsnorm = nn.RMSNorm(C, **factory) if opts["qk_rmsnorm"] else None
         size = opts["lepe_kernel"]
-        if size and size % 2 == 0:
-            raise ValueError(f"lepe_kernel must be odd (or 0 for no LePE), got {size}")
         self.lepe = nn.Conv2d(C, C, size, padding=size // 2, groups=C, **factory) if size else None
+
+    def pinned_options(self) -> dict[str, Any]:
+        """The block counts chosen from the grid, fixed: W (M×M) keeps its shape when timm rebuilds at another size."""
+        return {**self.options, "blocks_per_side": list(self.block_counts)}
 
     def reset_extra_parameters(self) -> None:
         """W from block distances; PyTorch's defaults for LePE and the norms, as the reference leaves them."""

@@ -22,13 +22,25 @@ Choices beyond the reference (which has no class token, no padding mask and a sq
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import Grid, LinearAttention, accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
+from .base import (
+    AttentionArgs,
+    Grid,
+    LinearAttention,
+    accumulation_dtype,
+    from_grid,
+    full_precision,
+    split_prefix,
+    to_grid,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 FastWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -95,10 +107,14 @@ class TTTAttention(LinearAttention):
     """Softmax attention's q/k/v/proj around a test-time-trained SwiGLU inner model per head."""
 
     variant = "ttt"
-    default_options: ClassVar[dict[str, Any]] = {"inner_lr": 1.0, "key_norm_eps": 1.0}
 
-    def __init__(self, like: nn.Module, num_prefix_tokens: int = 1, grid_size: Grid = None, **options: Any):
-        super().__init__(like, num_prefix_tokens, grid_size, **options)
+    def __init__(self, dim: int, num_heads: int = 8, *, inner_lr: float = 1.0, key_norm_eps: float = 1.0,
+                 **kwargs: Unpack[AttentionArgs]):
+        """``inner_lr``: step size of the inner gradient step; ``key_norm_eps``: eps of the keys' instance norm."""
+        super().__init__(dim, num_heads, options={"inner_lr": float(inner_lr), "key_norm_eps": float(key_norm_eps)},
+                         **kwargs)
+
+    def build_extra_parameters(self) -> None:
         factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
         shape = (self.num_heads, self.head_dim, self.head_dim)
         self.fast_w1 = nn.Parameter(torch.empty(shape, **factory))
@@ -108,7 +124,6 @@ class TTTAttention(LinearAttention):
         dim = self.attn_dim
         self.q_conv = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim, **factory)
         self.k_conv = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim, **factory)
-        self.reset_extra_parameters()
 
     def reset_extra_parameters(self) -> None:
         """Fast weights trunc-normal std 0.02 (as the reference); the convs keep PyTorch's default init."""

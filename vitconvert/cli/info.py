@@ -51,6 +51,7 @@ def info(folder: str = typer.Argument(..., help="a vitconvert model or run folde
     """What a converted model is and what was copied."""
     from ..errors import VitconvertError
     from ..sources import hub_folder, read_config
+    from ..timm_registry import source_architecture
     from .convert import report_table
 
     path = hub_folder(folder) if folder.startswith("hf-hub:") else Path(folder)
@@ -61,7 +62,7 @@ def info(folder: str = typer.Argument(..., help="a vitconvert model or run folde
     if block is None:
         raise VitconvertError(f"{folder} is not a vitconvert folder (its config.json has no 'vitconvert' block)")
     if as_json:
-        typer.echo(json.dumps({"architecture": cfg.get("architecture"), "num_classes": cfg.get("num_classes"),
+        typer.echo(json.dumps({"architecture": source_architecture(cfg)[0], "num_classes": cfg.get("num_classes"),
                                **block}))
         return
     summary = Table(show_header=False, title=str(folder))
@@ -69,7 +70,7 @@ def info(folder: str = typer.Argument(..., help="a vitconvert model or run folde
     summary.add_column()
     weights = path / "model.safetensors"
     rows = {
-        "architecture": cfg.get("architecture"),
+        "architecture": source_architecture(cfg)[0],
         "variant": f"{block.get('variant')} {block.get('options') or ''}",
         "source": block.get("source"),
         "classes": cfg.get("num_classes"),

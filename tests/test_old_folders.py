@@ -1,0 +1,28 @@
+"""Folders written by earlier vitconvert versions keep loading, with the outputs they had when written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitconvert
+
+FORMAT1 = Path(__file__).parent / "fixtures" / "format1"  # written by vitconvert 0.1.0 (commit 1fc7a41)
+EXPECTED = json.loads((FORMAT1 / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("variant", sorted(EXPECTED["logits"]))
+def test_format1_folder_loads_with_its_original_outputs(variant):
+    model = vitconvert.load(FORMAT1 / variant)
+    assert model.blocks[0].attn.variant == variant
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(x)
+    torch.testing.assert_close(logits, torch.tensor(EXPECTED["logits"][variant]), rtol=1e-5, atol=1e-6)
+
+
+def test_format1_covers_every_variant():
+    assert sorted(EXPECTED["logits"]) == sorted(vitconvert.VARIANTS)

@@ -1,0 +1,165 @@
+"""A model folder as timm reads it: after `import vitconvert`, timm builds the linear model bit for bit as
+vitconvert.load does (local-dir: and hf-hub:); without vitconvert, timm refuses and names vitconvert."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from conftest import FAMILIES, image_batch, place_in_hub_cache, tiny_model
+
+import vitconvert
+from vitconvert.attention import VARIANTS, LinearAttention
+from vitconvert.errors import VitconvertError
+
+
+def saved(tmp_path: Path, family: str, variant: str) -> tuple[torch.nn.Module, Path]:
+    student, _ = vitconvert.convert(tiny_model(family), variant, attn_init="copy", source=family)
+    return student, vitconvert.save(student, tmp_path / f"{family}-{variant}")
+
+
+def assert_same_model(a: torch.nn.Module, b: torch.nn.Module, x: torch.Tensor) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert [type(m) for m in a.modules()] == [type(m) for m in b.modules()]
+    with torch.no_grad():
+        assert torch.equal(a.eval()(x), b.eval()(x))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_timm_local_dir_builds_the_linear_model_bit_for_bit(tmp_path, family, variant):
+    student, folder = saved(tmp_path, family, variant)
+    ours = vitconvert.load(folder)
+    theirs = timm.create_model(f"local-dir:{folder}", pretrained=True)
+    assert all(isinstance(m.attn, LinearAttention) for m in theirs.modules() if hasattr(m, "attn"))
+    assert_same_model(ours, theirs, image_batch(student))
+    assert_same_model(student, theirs, image_batch(student))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_timm_keeps_pretrained_cfg_and_data_config(tmp_path, variant):
+    student, folder = saved(tmp_path, "vit", variant)
+    model = timm.create_model(f"local-dir:{folder}", pretrained=True)
+    assert model.pretrained_cfg["architecture"] == "vit_tiny_patch16_224"
+    data = timm.data.resolve_data_config({}, model=model)
+    assert data == timm.data.resolve_data_config({}, model=vitconvert.load(folder))
+    assert data["input_size"] == (3, 32, 32) and tuple(data["mean"]) == student.pretrained_cfg["mean"]
+    timm.data.create_transform(**data)
+
+
+def test_timm_loading_with_a_new_head_keeps_the_rest(tmp_path):
+    """timm's own num_classes override works as for any timm model: everything but the classifier is loaded."""
+    student, folder = saved(tmp_path, "vit", "mhla")
+    model = timm.create_model(f"local-dir:{folder}", pretrained=True, num_classes=3)
+    assert model.head.out_features == 3
+    ref = student.state_dict()
+    assert all(torch.equal(v, ref[k]) for k, v in model.state_dict().items() if not k.startswith("head."))
+
+
+@pytest.mark.parametrize("variant", ["elu", "mhla"])
+def test_timm_loads_at_another_image_size(tmp_path, variant):
+    """timm's img_size override resamples the position embeddings as for any ViT; MHLA keeps its block counts."""
+    student, _ = vitconvert.convert(tiny_model("vit", img_size=112), variant, attn_init="copy")  # 14×14 patches
+    folder = vitconvert.save(student, tmp_path / "m")
+    model = timm.create_model(f"local-dir:{folder}", pretrained=True, img_size=224).eval()
+    assert model.pos_embed.shape[1] == 1 + 28 * 28 and model.blocks[0].attn.grid_size == (28, 28)
+    if variant == "mhla":
+        assert model.blocks[0].attn.block_counts == student.blocks[0].attn.block_counts == (2, 2)
+    reference = student.state_dict()
+    assert all(torch.equal(v, reference[k]) for k, v in model.state_dict().items() if k != "pos_embed")
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randn(1, 3, 224, 224))).all()
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An offline Hub cache (huggingface_hub's layout) that both timm and vitconvert read."""
+    import huggingface_hub.constants as c
+
+    cache = tmp_path / "hub-cache"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_timm_hf_hub_builds_the_linear_model_bit_for_bit(tmp_path, hub_cache, variant):
+    student, folder = saved(tmp_path, "eva02", variant)
+    place_in_hub_cache(hub_cache, f"me/eva-{variant}", folder)
+    theirs = timm.create_model(f"hf-hub:me/eva-{variant}", pretrained=True)
+    assert_same_model(vitconvert.load(f"hf-hub:me/eva-{variant}"), theirs, image_batch(student))
+
+
+PLAIN_TIMM = """
+import sys, timm
+for spec in sys.argv[1:]:
+    try:
+        timm.create_model(spec, pretrained=True)
+        print("built", file=sys.stderr)
+    except Exception as e:
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+assert "vitconvert" not in sys.modules
+"""
+
+
+def plain_timm(specs: list[str], env: dict[str, str]) -> list[str]:
+    """What timm.create_model(spec, pretrained=True) ends with, per spec, in an interpreter without vitconvert."""
+    result = subprocess.run([sys.executable, "-c", PLAIN_TIMM, *specs], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr
+    return [line for line in result.stderr.splitlines() if line == "built" or ": " in line][-len(specs):]
+
+
+def test_plain_timm_refuses_and_names_vitconvert(tmp_path, hub_cache):
+    """elu, relu and inline weights fit softmax attention: plain timm would build a wrong model silently.
+    The control (a softmax folder saved by timm) shows the refusals are ours, not the subprocess's."""
+    from timm.models import save_for_hf
+
+    save_for_hf(tiny_model("vit"), str(tmp_path / "softmax"), safe_serialization=True)
+    specs, expected = [f"local-dir:{tmp_path / 'softmax'}"], ["built"]
+    for variant in ("elu", "relu", "inline", "mhla"):
+        _, folder = saved(tmp_path, "vit", variant)
+        place_in_hub_cache(hub_cache, f"me/{variant}", folder)
+        specs += [f"local-dir:{folder}", f"hf-hub:me/{variant}"]
+        expected += [f"RuntimeError: Unknown model (vitconvert_{variant})"] * 2
+    assert plain_timm(specs, {"HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1"}) == expected
+
+
+def test_config_names_our_entrypoint_and_the_softmax_source(tmp_path):
+    _, folder = saved(tmp_path, "dinov2", "mhla")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architecture"] == "vitconvert_mhla" and cfg["vitconvert"]["format_version"] == 2
+    assert cfg["model_args"]["architecture"] == "vit_small_patch14_reg4_dinov2"
+    assert cfg["vitconvert"]["options"] == VARIANTS["mhla"].default_options
+    # timm's model_args pin what the grid chose (a 4×4 grid, blocks of ~7 tokens: one block)
+    assert cfg["model_args"]["options"] == {**VARIANTS["mhla"].default_options, "blocks_per_side": [1, 1]}
+    assert "vitconvert_mhla" in timm.list_models("vitconvert_*")
+
+
+def test_entrypoint_without_architecture_says_what_it_needs():
+    with pytest.raises(VitconvertError, match="architecture=<the softmax timm model>"):
+        timm.create_model("vitconvert_elu")
+
+
+def test_entrypoint_builds_a_linear_model_from_scratch():
+    """timm.create_model("vitconvert_<variant>", architecture=...): any supported family, geometry from the model."""
+    model = timm.create_model("vitconvert_mhla", architecture="vit_small_patch14_reg4_dinov2", img_size=28,
+                              patch_size=7, embed_dim=32, depth=1, num_heads=2, options={"blocks_per_side": 2})
+    attn = model.blocks[0].attn
+    assert attn.variant == "mhla" and attn.num_prefix_tokens == 5 and attn.grid_size == (4, 4)
+    assert attn.block_counts == (2, 2) and torch.isfinite(model(torch.randn(1, 3, 28, 28))).all()
+
+
+def test_features_only_through_timm_is_refused_with_the_alternative(tmp_path):
+    _, folder = saved(tmp_path, "vit", "elu")
+    with pytest.raises(VitconvertError, match="forward_intermediates"):
+        timm.create_model(f"local-dir:{folder}", pretrained=True, features_only=True)

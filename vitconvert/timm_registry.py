@@ -1,0 +1,124 @@
+"""vitconvert's models and attention layers, registered with timm by ``import vitconvert``.
+
+- Model entrypoints ``vitconvert_<variant>`` (arguments: ``architecture`` = the softmax timm model, ``options`` =
+  the variant's options, plus that architecture's own arguments): timm builds the softmax architecture, its
+  attention is swapped for the variant and, with ``pretrained=True``, the weights that ``pretrained_cfg`` names
+  are loaded strictly. A model folder's config.json names one as its ``architecture``, so
+  ``timm.create_model("local-dir:F" or "hf-hub:org/name", pretrained=True)`` builds the linear model — and plain
+  timm, which does not know the name, refuses with ``Unknown model (vitconvert_elu)`` instead of building softmax
+  attention around weights that may fit it silently.
+- Attention layer names ``vitconvert_<variant>`` in timm's ViT ``ATTN_LAYERS``, for
+  ``timm.create_model("vit_small_patch16_224", attn_layer="vitconvert_elu")`` (a class works as well).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, Optional
+
+import timm
+from timm.models import load_pretrained, model_entrypoint, register_model
+from timm.models import vision_transformer as timm_vit
+from torch import nn
+
+from .attention import VARIANTS, LinearAttention
+from .errors import VitconvertError
+
+PREFIX = "vitconvert_"
+# model_args keys of ours in a folder's config.json (the rest are the softmax architecture's own)
+OWN_ARGS = ("architecture", "options")
+
+__all__: list[str] = []  # timm's register_model appends the entrypoint names
+
+
+def architecture_name(variant: str) -> str:
+    """timm name of the entrypoint that builds ``variant`` models (also the attn_layer name)."""
+    return PREFIX + variant
+
+
+def is_vitconvert_architecture(name: Optional[str]) -> bool:
+    return isinstance(name, str) and name.startswith(PREFIX) and name[len(PREFIX):] in VARIANTS
+
+
+def source_architecture(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(softmax timm architecture, its model_args) behind a folder's config.json, in either format.
+
+    Format 1 (vitconvert 0.1) names the softmax architecture itself; format 2 names ``vitconvert_<variant>``
+    and keeps the softmax architecture in ``model_args["architecture"]``.
+    """
+    args = dict(config.get("model_args") or {})
+    arch = config.get("architecture", "?")
+    if is_vitconvert_architecture(arch):
+        arch = args.get("architecture", "?")
+        args = {k: v for k, v in args.items() if k not in OWN_ARGS}
+    return arch, args
+
+
+def create_source_model(config: dict[str, Any], **kwargs: Any) -> nn.Module:
+    """The softmax architecture behind a vitconvert folder's config.json, timm's random init, its pretrained_cfg."""
+    arch, args = source_architecture(config)
+    return timm.create_model(arch, pretrained=False, pretrained_cfg=config.get("pretrained_cfg"), **{**args, **kwargs})
+
+
+def timm_config(config: dict[str, Any], variant: str, options: dict[str, Any]) -> dict[str, Any]:
+    """config.json as ``save_for_hf`` wrote it -> the same naming our entrypoint (so timm needs vitconvert)."""
+    arch, args = source_architecture(config)
+    args.pop("attn_layer", None)  # a from-scratch linear ViT: the entrypoint swaps softmax attention instead
+    return {**config, "architecture": architecture_name(variant),
+            "model_args": {"architecture": arch, "options": options, **args}}
+
+
+def export_model_args(model: nn.Module) -> dict[str, Any]:
+    """Replacements that make a linear model's timm arguments serialisable for ``save_for_hf``."""
+    layer = getattr(model, "_model_args", {}).get("attn_layer")
+    ours = (isinstance(layer, type) and issubclass(layer, LinearAttention)) or (
+        isinstance(layer, str) and is_vitconvert_architecture(layer))
+    return {"attn_layer": None} if ours else {}
+
+
+def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: Optional[str] = None,
+                      options: Optional[dict[str, Any]] = None, pretrained_cfg: Any = None,
+                      cache_dir: Any = None, pretrained_model_args: Optional[dict[str, Any]] = None,
+                      **kwargs: Any) -> nn.Module:
+    """timm's ``architecture`` with ``variant`` attention; with ``pretrained``, its weights loaded strictly."""
+    from .surgery import swap_attention
+
+    if not architecture or not timm.is_model(architecture):
+        raise VitconvertError(f"{architecture_name(variant)} needs architecture=<the softmax timm model>, "
+                              f"got {architecture!r}")
+    if kwargs.get("features_only"):
+        raise VitconvertError("features_only is not supported when loading a vitconvert model through timm; "
+                              "load it (vitconvert.load) and use model.forward_intermediates")
+    if pretrained_model_args:
+        kwargs["pretrained_model_args"] = {k: v for k, v in pretrained_model_args.items() if k not in OWN_ARGS}
+    model = timm.create_model(architecture, pretrained=False, pretrained_cfg=pretrained_cfg, cache_dir=cache_dir,
+                              **kwargs)
+    model, _ = swap_attention(model, variant, options, inplace=True)
+    if pretrained:  # with the family's own filter, as timm loads it (e.g. position embeddings for a new img_size)
+        family = sys.modules[model_entrypoint(architecture).__module__]
+        load_pretrained(model, pretrained_cfg=model.pretrained_cfg, num_classes=model.num_classes,
+                        in_chans=kwargs.get("in_chans", 3), filter_fn=getattr(family, "checkpoint_filter_fn", None),
+                        strict=True, cache_dir=cache_dir)
+    return model
+
+
+def _entrypoint(variant: str) -> Callable[..., nn.Module]:
+    def entrypoint(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+        return create_linear_vit(variant, pretrained, **kwargs)
+
+    entrypoint.__name__ = entrypoint.__qualname__ = architecture_name(variant)
+    entrypoint.__module__ = __name__
+    entrypoint.__doc__ = f"A timm ViT (``architecture=``) with {variant} linear attention (vitconvert)."
+    return entrypoint
+
+
+def register() -> None:
+    """Make every variant known to timm: a model entrypoint and an attn_layer name each."""
+    for variant, cls in VARIANTS.items():
+        if not timm.is_model(architecture_name(variant)):
+            register_model(_entrypoint(variant))
+        timm_vit.ATTN_LAYERS.setdefault(architecture_name(variant), cls)
+
+
+register()
