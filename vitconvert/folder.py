@@ -8,11 +8,7 @@ rebuild the timm architecture, swap attention as recorded, and load strictly.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -23,6 +19,7 @@ from torch import nn
 from . import __version__
 from .attention import LinearAttention
 from .errors import VitconvertError
+from .writer import atomic_folder, check_output  # noqa: F401  (the writer rule, re-exported)
 
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
@@ -47,30 +44,6 @@ def linear_attention_spec(model: nn.Module) -> tuple[str, dict[str, Any]]:
     return variant, json.loads(options)
 
 
-@contextmanager
-def atomic_folder(out: Path, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling of ``out``; on success it replaces ``out``, on failure it vanishes."""
-    out = Path(out)
-    if out.exists() and not force:
-        raise VitconvertError(f"{out} already exists; use --force to overwrite it")
-    if out.exists() and not out.is_dir():
-        raise VitconvertError(f"{out} exists and is not a folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield tmp
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def write_model_files(model: nn.Module, folder: Path, meta: dict[str, Any],
                       card: Optional[str] = None) -> None:
     """Write config.json (+ "vitconvert" block), model.safetensors and README.md into an existing folder."""
@@ -91,11 +64,13 @@ def write_model_files(model: nn.Module, folder: Path, meta: dict[str, Any],
     (folder / "README.md").write_text(card)
 
 
-def save(model: nn.Module, folder: Union[str, Path], force: bool = False, **meta: Any) -> Path:
-    """Save a converted model as a folder, atomically; never overwrites without ``force``."""
+def save(model: nn.Module, folder: Union[str, Path], force: bool = False, inputs: Iterable[Union[str, Path]] = (),
+         **meta: Any) -> Path:
+    """Save a converted model as a folder, atomically; never overwrites without ``force``, and never a folder
+    vitconvert did not write or one of ``inputs`` (writer.check_output)."""
     folder = Path(folder)
     info = {**getattr(model, "vitconvert_report", {}), **meta}
-    with atomic_folder(folder, force=force) as tmp:
+    with atomic_folder(folder, force=force, inputs=inputs) as tmp:
         write_model_files(model, tmp, info)
     return folder
 
