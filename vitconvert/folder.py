@@ -87,6 +87,34 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise VitconvertError(f"cannot read {path}: corrupt or truncated safetensors ({reason})") from None
 
 
+def check_folder(folder: Path, config: dict[str, Any]) -> None:
+    """What ``load`` checks before it builds anything: format, architecture, variant, options, readable weights
+    (``info`` runs it, so a folder that cannot load never reports as fine)."""
+    from .attention import VARIANTS
+    from .sources import _check_weights_readable
+
+    block = config.get("vitconvert")
+    if not isinstance(block, dict):
+        raise VitconvertError(f"{folder} is not a vitconvert folder (its config.json has no 'vitconvert' block)")
+    if not isinstance(block.get("format_version", 0), int) or block.get("format_version", 0) > FORMAT_VERSION:
+        raise VitconvertError(f"{folder} was written by a newer vitconvert (format {block.get('format_version')})")
+    arch = config.get("architecture")
+    if not isinstance(arch, str) or not timm.is_model(arch):
+        raise VitconvertError(f"{folder}/config.json names no architecture timm knows (architecture: {arch!r})")
+    variant = block.get("variant")
+    if variant not in VARIANTS:
+        raise VitconvertError(f"{folder}/config.json: unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    options = block.get("options", {})
+    unknown = sorted(set(options or {}) - set(VARIANTS[variant].default_options)) if isinstance(options, dict) \
+        else ["(not a mapping)"]
+    if unknown:
+        raise VitconvertError(f"{folder}/config.json: unknown {variant} options {', '.join(unknown)}; valid: "
+                              f"{', '.join(VARIANTS[variant].default_options) or 'none'}")
+    if not (folder / WEIGHTS).is_file():
+        raise VitconvertError(f"{folder} has no {WEIGHTS}")
+    _check_weights_readable(folder)
+
+
 def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     """Rebuild architecture from config.json, swap attention as recorded, load strictly."""
     from .surgery import swap_attention

@@ -233,10 +233,12 @@ def _check_weights_readable(folder: Path) -> None:
 
 def load_weights_file(path: Path, spec: str, arch: Optional[str], **model_kwargs: Any) -> Source:
     """A bare weights file needs ``--arch``; timm builds the model and its filter adapts the keys."""
-    if arch is None:
-        raise VitconvertError(f"{path.name} is a weights file: say which architecture it is with --arch NAME")
     if path.suffix not in WEIGHT_SUFFIXES:
-        raise VitconvertError(f"{path.name}: unsupported weights file (use {', '.join(WEIGHT_SUFFIXES)})")
+        raise VitconvertError(f"{path.name} is a file, not a model: give a model folder, a timm name, or a weights "
+                              f"file ({', '.join(WEIGHT_SUFFIXES)})")
+    if arch is None:
+        raise VitconvertError(f"{path.name} is a bare weights file with no architecture: `vitconvert convert "
+                              f"{path} --arch NAME` reads it; other commands take a model folder")
     name = resolve_alias(arch)
     if not timm.is_model(name):
         raise VitconvertError(f"unknown architecture {arch!r}{suggest(arch)}")
