@@ -97,6 +97,23 @@ def check_output(out: PathLike, force: bool = False, inputs: Iterable[PathLike] 
     return out
 
 
+def check_container(out: PathLike, flag: str = "--out") -> None:
+    """A folder of outputs (quickstart's --out): vitconvert may write into it only if everything already there
+    is its own (model and run folders, or folders of them), so --force never touches a user's files."""
+    out = Path(out)
+
+    def ours(path: Path, depth: int) -> bool:
+        if path.name.startswith(".") or written_by_vitconvert(path):
+            return True
+        return path.is_dir() and depth > 0 and all(ours(p, depth - 1) for p in path.iterdir())
+
+    if out.exists() and not out.is_dir():
+        raise VitconvertError(f"{out} exists and is not a folder: choose another {flag}")
+    if out.is_dir() and not all(ours(p, 1) for p in out.iterdir()):
+        raise VitconvertError(f"{out} holds files vitconvert did not write: refusing to write into it, even with "
+                              f"--force; choose another {flag}")
+
+
 # -- how it is written ----------------------------------------------------------------------------------
 def umask() -> int:
     """The process umask, read without changing it where Linux says it (/proc), else by a set-and-restore."""

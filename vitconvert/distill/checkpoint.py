@@ -223,6 +223,9 @@ class Checkpoint:
 def read_checkpoint(run: Path) -> Checkpoint:
     folder = run / CHECKPOINT
     meta_file = folder / "trainer.json"
+    if folder.is_dir() and not meta_file.is_file():
+        raise VitconvertError(f"{folder} has no trainer.json: the checkpoint is damaged (start over with --force "
+                              "without --resume)")
     if not meta_file.is_file():
         raise VitconvertError(f"--resume: {run} has no {CHECKPOINT}/ to resume from (start without --resume)")
     try:
