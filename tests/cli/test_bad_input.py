@@ -123,6 +123,7 @@ CASES: list[Case] = [
     Case("eval", "--batch-size 0", ("eval", *S, *D, "--batch-size", "0"), "--batch-size must be at least 1"),
     Case("eval", "--workers -1", ("eval", *S, *D, "--workers", "-1"), "--workers must not be negative"),
     Case("eval", "data with more classes than the head", ("eval", *S, "--data", "{five}"), "classes"),
+    Case("eval", "--device mps on a machine without it", ("eval", *S, *D, "--device", "mps"), "has no mps device"),
     Case("eval", "non-numeric --batch-size", ("eval", *S, *D, "--batch-size", "x"), "Invalid value for '--batch-size'"),
     # -- distill ----------------------------------------------------------------------------------------
     Case("distill", "a text file as student", ("distill", "{afile}", *D, *QUICK, "--out", "r"),
@@ -146,6 +147,8 @@ CASES: list[Case] = [
     Case("distill", "--lr inf", ("distill", *S, *D, *QUICK, "--lr", "inf", "--out", "r"), "lr: inf is not a finite"),
     Case("distill", "--kd-weight nan", ("distill", *S, *D, *QUICK, "--kd-weight", "nan", "--out", "r"),
          "kd_weight: nan is not a finite"),
+    Case("distill", "--device mps on a machine without it", ("distill", *S, *D, *QUICK, "--device", "mps", "--out",
+                                                             "r"), "has no mps device"),
     Case("distill", "--set opt=nosuchopt", ("distill", *S, *D, *QUICK, "--set", "opt=nosuchopt", "--out", "r"),
          "recipe opt: unknown 'nosuchopt'"),
     Case("distill", "--set sched=nosuch", ("distill", *S, *D, *QUICK, "--set", "sched=nosuch", "--out", "r"),
@@ -211,6 +214,8 @@ CASES: list[Case] = [
     Case("push", "missing folder", ("push", "nope", "--repo", "me/x", "--dry-run"), "not found"),
     Case("push", "a softmax folder", ("push", "{teacher}", "--repo", "me/x", "--dry-run"), "vitconvert"),
     Case("push", "a repo id without org", ("push", *S, "--repo", "noslash", "--dry-run"), "repo"),
+    Case("push", "a revision git refuses (--dry-run)", ("push", *S, "--repo", "me/x", "--revision", "a..b",
+                                                        "--dry-run"), "invalid --revision 'a..b'"),
     Case("quickstart", "unknown variant", ("quickstart", "--variants", "nosuch", "--out", "q"), "nosuch"),
     Case("quickstart", "--out an unrelated folder (--force)", ("quickstart", "--variants", "elu", "--epochs", "1",
                                                                "--out", "{precious}", "--force"),
@@ -406,6 +411,31 @@ def test_a_failed_start_leaves_no_run_folder_and_the_rerun_works(workspace, tmp_
     rerun = runner.invoke(app, [*args, "--out", "r"])
     assert rerun.exit_code == 0, rerun.output
     assert (tmp_path / "r" / "checkpoint-last").is_dir()
+
+
+def test_push_refreshes_the_card_with_the_umask(workspace, tmp_path, monkeypatch):
+    """push (and its --dry-run, documented to refresh the card) rewrites README.md as a plain file (not 0600)."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(workspace["run"], tmp_path / "run")
+    old = os.umask(0o022)
+    try:
+        result = runner.invoke(app, ["push", "run", "--repo", "me/x", "--dry-run"])
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "run" / "README.md").stat().st_mode & 0o777 == 0o644
+
+
+def test_bundled_name_wins_over_a_local_folder_of_the_same_name(tmp_path, monkeypatch):
+    """`convert digits` means the bundled teacher even where ./digits is an image folder (as --data digits does);
+    ./digits still names the folder."""
+    monkeypatch.chdir(tmp_path)
+    make_images(tmp_path / "digits")
+    result = runner.invoke(app, ["convert", "digits", "--to", "elu", "--out", "s"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "s" / "config.json").read_text())["vitconvert"]["source"] == "digits"
+    local = runner.invoke(app, ["convert", "./digits", "--to", "elu", "--out", "t"])
+    assert local.exit_code != 0 and "no config.json" in local.stderr
 
 
 # -- the docs table ------------------------------------------------------------------------------------
