@@ -141,3 +141,23 @@ def test_save_refuses_to_replace_the_model_it_was_loaded_from(tmp_path):
         vitconvert.save(student, tmp_path / "m", force=True, inputs=[tmp_path / "m"])
     assert time.perf_counter() - start < 1
     assert {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir()} == before
+
+
+def test_atomic_file_rules(tmp_path, umask):
+    from vitconvert.writer import atomic_file
+
+    umask(0o022)
+    with atomic_file(tmp_path / "x.onnx") as tmp:
+        tmp.write_bytes(b"new")
+    assert (tmp_path / "x.onnx").read_bytes() == b"new" and (tmp_path / "x.onnx").stat().st_mode & 0o777 == 0o644
+    with pytest.raises(VitconvertError, match="already exists"):
+        with atomic_file(tmp_path / "x.onnx"):
+            pass
+    with pytest.raises(VitconvertError, match="is the input"):
+        with atomic_file(tmp_path / "x.onnx", force=True, inputs=[tmp_path / "x.onnx"]):
+            pass
+    with pytest.raises(RuntimeError):
+        with atomic_file(tmp_path / "x.onnx", force=True) as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("killed")
+    assert (tmp_path / "x.onnx").read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["x.onnx"]

@@ -211,3 +211,37 @@ def atomic_folder(out: PathLike, force: bool = False, inputs: Iterable[PathLike]
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def atomic_file(out: PathLike, force: bool = False, inputs: Iterable[PathLike] = (),
+                flag: str = "--out") -> Iterator[Path]:
+    """Yield a temporary sibling path for a single-file output (a plot, an exported .onnx); on success it
+    replaces ``out`` (only with ``force``, never an input or a folder), on failure it vanishes."""
+    out = Path(out).expanduser()
+    if out.is_dir():
+        raise VitconvertError(f"{out} is a folder: {flag} names a file here")
+    if out.exists() and not force:
+        raise VitconvertError(f"{out} already exists; use --force to overwrite it")
+    if out.exists():  # check_output's input and parent rules, for a file that may be replaced
+        check_output(out.parent / f".{out.name}.check", inputs=inputs, flag=flag)
+        if any(Path(os.fspath(i)).expanduser().resolve() == out.resolve() for i in inputs):
+            raise VitconvertError(f"{flag} {out} is the input {out}: choose another output file")
+    else:
+        check_output(out, inputs=inputs, flag=flag)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_siblings(out)
+        fd, name = tempfile.mkstemp(prefix=f".{out.name}.tmp-{_tag()}-", dir=out.parent)
+        os.close(fd)
+    except OSError as e:
+        raise writable_error(out, e) from None
+    tmp = Path(name)
+    try:
+        yield tmp
+        apply_umask(tmp)
+        os.replace(tmp, out)
+    except OSError as e:
+        raise writable_error(out, e) from None
+    finally:
+        tmp.unlink(missing_ok=True)

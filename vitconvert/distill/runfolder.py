@@ -71,10 +71,11 @@ def prepare_run_folder(run: Path, recipe: Recipe, recipe_text: str, resume: bool
                                   "match; add --force to continue under the new recipe")
         return ckpt
     check_run_folder(run, resume, force, inputs)
+    if env.is_main:
+        remove_stale_siblings(run)  # what a killed run left: its replaced run, moved aside
     if run.exists() and (not run.is_dir() or any(run.iterdir())):
         D.barrier(env)  # every rank has seen the old folder before rank 0 moves it
         if env.is_main:
-            remove_stale_siblings(run)
             try:
                 run.rename(aside(run))
             except OSError as e:
