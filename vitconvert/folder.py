@@ -8,6 +8,7 @@ rebuild the timm architecture, swap attention as recorded, and load strictly.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -87,6 +88,30 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise VitconvertError(f"cannot read {path}: corrupt or truncated safetensors ({reason})") from None
 
 
+def check_options(variant: str, options: Any, where: str = "--option") -> None:
+    """Variant options of the type their default has (a number for eps, true/false for flags), eps-like ones
+    positive: a bad value is refused where it is given, not as a TypeError when the model first runs."""
+    from .attention import VARIANTS
+
+    defaults = VARIANTS[variant].default_options
+    if not isinstance(options, dict):
+        raise VitconvertError(f"{where}: the {variant} options must be a mapping, got {options!r}")
+    for key, value in options.items():
+        if key not in defaults:
+            raise VitconvertError(f"{where}: unknown option {key!r} for {variant}; valid: {', '.join(defaults) or 'none'}")
+        default = defaults[key]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = {bool: isinstance(value, bool), str: isinstance(value, str), int: isinstance(value, int) and number,
+              float: number and math.isfinite(value), type(None): value is None or (number and value == int(value))
+              }.get(type(default), True)
+        if not ok:
+            kind = {bool: "true or false", str: "a string", int: "an integer", float: "a finite number",
+                    type(None): "an integer or null"}[type(default)]
+            raise VitconvertError(f"{where} {key}={value!r}: {variant}'s {key} takes {kind} (default {default!r})")
+        if "eps" in key and number and value <= 0:
+            raise VitconvertError(f"{where} {key}={value!r}: {key} must be positive (default {default!r})")
+
+
 def check_folder(folder: Path, config: dict[str, Any]) -> None:
     """What ``load`` checks before it builds anything: format, architecture, variant, options, readable weights
     (``info`` runs it, so a folder that cannot load never reports as fine)."""
@@ -104,12 +129,7 @@ def check_folder(folder: Path, config: dict[str, Any]) -> None:
     variant = block.get("variant")
     if variant not in VARIANTS:
         raise VitconvertError(f"{folder}/config.json: unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
-    options = block.get("options", {})
-    unknown = sorted(set(options or {}) - set(VARIANTS[variant].default_options)) if isinstance(options, dict) \
-        else ["(not a mapping)"]
-    if unknown:
-        raise VitconvertError(f"{folder}/config.json: unknown {variant} options {', '.join(unknown)}; valid: "
-                              f"{', '.join(VARIANTS[variant].default_options) or 'none'}")
+    check_options(variant, block.get("options") or {}, where=f"{folder}/config.json options:")
     if not (folder / WEIGHTS).is_file():
         raise VitconvertError(f"{folder} has no {WEIGHTS}")
     _check_weights_readable(folder)
@@ -119,9 +139,8 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     """Rebuild architecture from config.json, swap attention as recorded, load strictly."""
     from .surgery import swap_attention
 
+    check_folder(folder, config)  # the same checks `info` makes, each one line
     block = config["vitconvert"]
-    if block.get("format_version", 0) > FORMAT_VERSION:
-        raise VitconvertError(f"{folder} was written by a newer vitconvert (format {block['format_version']})")
     state = _read_weights(folder / WEIGHTS)
     with torch.random.fork_rng(devices=[]):  # building must not move the caller's RNG (bitwise resume)
         try:

@@ -100,6 +100,13 @@ CASES: list[Case] = [
          "cannot write /sys/vc-out"),
     Case("convert", "--out on a full disk", ("convert", "{teacher}", "--to", "elu", "--out", "o"),
          "cannot write o: No space left on device", "disk_full"),
+    Case("convert", "--option of the wrong type", ("convert", "{teacher}", "--to", "elu", "--option", "eps=abc",
+                                                   "--out", "o"), "elu's eps takes a finite number"),
+    Case("convert", "--option out of range", ("convert", "{teacher}", "--to", "elu", "--option", "eps=-1", "--out",
+                                               "o"), "eps must be positive"),
+    Case("convert", "--option the variant does not have", ("convert", "{teacher}", "--to", "elu", "--option",
+                                                           "local_residual=true", "--out", "o"),
+         "unknown option 'local_residual' for elu"),
     Case("convert", "--num-classes 0", ("convert", "{teacher}", "--to", "elu", "--out", "o", "--num-classes", "0"),
          "--num-classes must be at least 1"),
     Case("convert", "--img-size 0", ("convert", "{teacher}", "--to", "elu", "--out", "o", "--img-size", "0"),
@@ -115,11 +122,13 @@ CASES: list[Case] = [
     Case("info", "truncated weights", ("info", "{trunc}"), "corrupt or truncated"),
     Case("info", "unknown variant in config.json", ("info", "{badvar}"), "unknown variant 'foo'"),
     Case("info", "config.json without architecture", ("info", "{noarch}"), "names no architecture"),
+    Case("info", "an option of the wrong type in config.json", ("info", "{badopt}"), "eps takes a finite number"),
     # -- eval -------------------------------------------------------------------------------------------
     Case("eval", "missing model", ("eval", "nope/", *D), "not found"),
     Case("eval", "a text file as model", ("eval", "{afile}", *D), "is a file, not a model"),
     Case("eval", "a bare weights file", ("eval", "{student}/model.safetensors", *D), "bare weights file"),
     Case("eval", "missing data folder", ("eval", *S, "--data", "nope"), "not found"),
+    Case("eval", "an option of the wrong type in config.json", ("eval", "{badopt}", *D), "eps takes a finite number"),
     Case("eval", "--batch-size 0", ("eval", *S, *D, "--batch-size", "0"), "--batch-size must be at least 1"),
     Case("eval", "--workers -1", ("eval", *S, *D, "--workers", "-1"), "--workers must not be negative"),
     Case("eval", "data with more classes than the head", ("eval", *S, "--data", "{five}"), "classes"),
@@ -246,7 +255,7 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
     (precious / "precious.txt").write_text("the user's own work\n")
     (precious / "sub" / "notes.md").write_text("keep\n")
     paths["precious"] = precious
-    for name, edit in (("trunc", None), ("badvar", "variant"), ("noarch", "architecture")):
+    for name, edit in (("trunc", None), ("badvar", "variant"), ("noarch", "architecture"), ("badopt", "options")):
         folder = shutil.copytree(student, root / name)
         if edit is None:
             truncate(folder / "model.safetensors")
@@ -254,6 +263,8 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
         config = json.loads((folder / "config.json").read_text())
         if edit == "variant":
             config["vitconvert"]["variant"] = "foo"
+        elif edit == "options":
+            config["vitconvert"]["options"] = {"eps": "abc"}
         else:
             del config["architecture"]
         (folder / "config.json").write_text(json.dumps(config))
@@ -411,6 +422,24 @@ def test_a_failed_start_leaves_no_run_folder_and_the_rerun_works(workspace, tmp_
     rerun = runner.invoke(app, [*args, "--out", "r"])
     assert rerun.exit_code == 0, rerun.output
     assert (tmp_path / "r" / "checkpoint-last").is_dir()
+
+
+def test_ctrl_c_during_start_up_is_one_line(tmp_path):
+    """SIGINT while torch and timm import (before any command code runs) prints one line, no traceback."""
+    import signal
+    import subprocess
+
+    script = shutil.which("vitconvert")
+    if script is None:
+        pytest.skip("the vitconvert console script is not installed")
+    proc = subprocess.Popen([script, "convert", "deit_tiny", "--to", "elu", "--no-pretrained", "--out", "o"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert err == "error: interrupted\n" and proc.returncode in (-signal.SIGINT, 130, 1), (proc.returncode, err)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_push_refreshes_the_card_with_the_umask(workspace, tmp_path, monkeypatch):

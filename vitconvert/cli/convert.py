@@ -60,7 +60,7 @@ def convert(
     from ..attention import VARIANTS
     from ..convert import convert as convert_model
     from ..errors import VitconvertError
-    from ..folder import save
+    from ..folder import check_options, save
     from ..sources import load_source
     from ..writer import check_output
 
@@ -73,6 +73,7 @@ def convert(
     if out is not None:  # refuse before the work, not after it
         check_output(out, force=force, inputs=[source])
     options = parse_options(option)
+    check_options(to, options)
     kwargs = {"img_size": img_size} if img_size is not None else {}
     start = time.perf_counter()
     src = load_source(source, pretrained=pretrained, arch=arch, **kwargs)
