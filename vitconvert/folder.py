@@ -98,7 +98,8 @@ def check_options(variant: str, options: Any, where: str = "--option") -> None:
         raise VitconvertError(f"{where}: the {variant} options must be a mapping, got {options!r}")
     for key, value in options.items():
         if key not in defaults:
-            raise VitconvertError(f"{where}: unknown option {key!r} for {variant}; valid: {', '.join(defaults) or 'none'}")
+            valid = ", ".join(defaults) or "none"
+            raise VitconvertError(f"{where}: unknown option {key!r} for {variant}; valid: {valid}")
         default = defaults[key]
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         ok = {bool: isinstance(value, bool), str: isinstance(value, str), int: isinstance(value, int) and number,
