@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,6 +130,8 @@ CASES: list[Case] = [
     Case("eval", "a bare weights file", ("eval", "{student}/model.safetensors", *D), "bare weights file"),
     Case("eval", "missing data folder", ("eval", *S, "--data", "nope"), "not found"),
     Case("eval", "an option of the wrong type in config.json", ("eval", "{badopt}", *D), "eps takes a finite number"),
+    Case("eval", "--data hfds/... without the datasets package", ("eval", *S, "--data", "hfds/foo/bar"),
+         "needs the Python package 'datasets'", "no_datasets"),
     Case("eval", "an unknown --split of an image folder", ("eval", *S, *D, "--split", "nosuch"),
          "has no nosuch/ folder for the nosuch split (it has: train, val)"),
     Case("eval", "--split test of a folder with only train/ and val/", ("eval", *S, *D, "--split", "test"),
@@ -304,6 +307,8 @@ def run_case(case: Case, workspace: dict[str, Path], cwd: Path, monkeypatch):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         monkeypatch.setattr("vitconvert.writer.tempfile.mkdtemp", full)
+    elif case.prepare == "no_datasets":  # whether or not it is installed here: as if it were not
+        monkeypatch.setitem(sys.modules, "datasets", None)
     elif case.prepare:
         PREPARE[case.prepare](cwd, workspace["ws"])
     args = [a.format(**{k: str(v) for k, v in workspace.items()}) for a in case.args]

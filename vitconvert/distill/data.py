@@ -74,6 +74,10 @@ def open_named(prefix: str, name: str, spec: str, split: str, data_dir: Optional
             cls, train, test = EXTRA_TORCH[name.lower()]
             return getattr(tvd, cls)(root, split=train if is_train_split(split) else test, download=download)
         return timm.data.create_dataset(spec, root=root, split=split, download=download)
+    except ImportError as e:  # hfds/ needs Hugging Face `datasets`, an optional package
+        package = getattr(e, "name", None) or "an optional package"
+        raise VitconvertError(f"{spec} needs the Python package {package!r}, which is not installed: pip install "
+                              f"{package}") from None
     except (RuntimeError, OSError, FileNotFoundError, ValueError, AssertionError) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         hint = "" if download else "; pass --download to fetch it (needs a network)"
