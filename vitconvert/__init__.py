@@ -2,6 +2,17 @@
 
 __version__ = "0.1.0"
 
+import sys as _sys  # noqa: E402
+
+if _sys.argv and _sys.argv[0].rsplit("/", 1)[-1] == "vitconvert":  # the console script: Ctrl-C while torch and
+    def _interrupted(kind, value, tb):  # timm import (before any command runs) is one line, not a traceback
+        if issubclass(kind, KeyboardInterrupt):
+            print("error: interrupted", file=_sys.stderr)
+        else:
+            _sys.__excepthook__(kind, value, tb)
+
+    _sys.excepthook = _interrupted
+
 from .attention import VARIANTS  # noqa: E402
 from .convert import convert  # noqa: E402
 from .folder import load, save  # noqa: E402

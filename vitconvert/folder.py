@@ -11,11 +11,8 @@ and load strictly.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -27,6 +24,7 @@ from . import __version__
 from .attention import LinearAttention
 from .errors import VitconvertError, first_line
 from .timm_registry import export_model_args, timm_config
+from .writer import atomic_folder, check_output  # noqa: F401  (the writer rule, re-exported)
 
 FORMAT_VERSION = 2  # 1: config.json named the softmax architecture (vitconvert 0.1)
 WEIGHTS = "model.safetensors"
@@ -51,30 +49,6 @@ def linear_attention_spec(model: nn.Module) -> tuple[str, dict[str, Any]]:
     return variant, json.loads(options)
 
 
-@contextmanager
-def atomic_folder(out: Path, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling of ``out``; on success it replaces ``out``, on failure it vanishes."""
-    out = Path(out)
-    if out.exists() and not force:
-        raise VitconvertError(f"{out} already exists; use --force to overwrite it")
-    if out.exists() and not out.is_dir():
-        raise VitconvertError(f"{out} exists and is not a folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield tmp
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def write_model_files(model: nn.Module, folder: Path, meta: dict[str, Any],
                       card: Optional[str] = None) -> None:
     """Write config.json (+ "vitconvert" block), model.safetensors and README.md into an existing folder."""
@@ -96,11 +70,13 @@ def write_model_files(model: nn.Module, folder: Path, meta: dict[str, Any],
     (folder / "README.md").write_text(card)
 
 
-def save(model: nn.Module, folder: Union[str, Path], force: bool = False, **meta: Any) -> Path:
-    """Save a converted model as a folder, atomically; never overwrites without ``force``."""
+def save(model: nn.Module, folder: Union[str, Path], force: bool = False, inputs: Iterable[Union[str, Path]] = (),
+         **meta: Any) -> Path:
+    """Save a converted model as a folder, atomically; never overwrites without ``force``, and never a folder
+    vitconvert did not write or one of ``inputs`` (writer.check_output)."""
     folder = Path(folder)
     info = {**getattr(model, "vitconvert_report", {}), **meta}
-    with atomic_folder(folder, force=force) as tmp:
+    with atomic_folder(folder, force=force, inputs=inputs) as tmp:
         write_model_files(model, tmp, info)
     return folder
 
@@ -117,13 +93,60 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise VitconvertError(f"cannot read {path}: corrupt or truncated safetensors ({reason})") from None
 
 
+def check_options(variant: str, options: Any, where: str = "--option") -> None:
+    """Variant options of the type their default has (a number for eps, true/false for flags), eps-like ones
+    positive: a bad value is refused where it is given, not as a TypeError when the model first runs."""
+    from .attention import VARIANTS
+
+    defaults = VARIANTS[variant].default_options
+    if not isinstance(options, dict):
+        raise VitconvertError(f"{where}: the {variant} options must be a mapping, got {options!r}")
+    for key, value in options.items():
+        if key not in defaults:
+            valid = ", ".join(defaults) or "none"
+            raise VitconvertError(f"{where}: unknown option {key!r} for {variant}; valid: {valid}")
+        default = defaults[key]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = {bool: isinstance(value, bool), str: isinstance(value, str), int: isinstance(value, int) and number,
+              float: number and math.isfinite(value), type(None): value is None or (number and value == int(value))
+              }.get(type(default), True)
+        if not ok:
+            kind = {bool: "true or false", str: "a string", int: "an integer", float: "a finite number",
+                    type(None): "an integer or null"}[type(default)]
+            raise VitconvertError(f"{where} {key}={value!r}: {variant}'s {key} takes {kind} (default {default!r})")
+        if "eps" in key and number and value <= 0:
+            raise VitconvertError(f"{where} {key}={value!r}: {key} must be positive (default {default!r})")
+
+
+def check_folder(folder: Path, config: dict[str, Any]) -> None:
+    """What ``load`` checks before it builds anything: format, architecture, variant, options, readable weights
+    (``info`` runs it, so a folder that cannot load never reports as fine)."""
+    from .attention import VARIANTS
+    from .sources import _check_weights_readable
+
+    block = config.get("vitconvert")
+    if not isinstance(block, dict):
+        raise VitconvertError(f"{folder} is not a vitconvert folder (its config.json has no 'vitconvert' block)")
+    if not isinstance(block.get("format_version", 0), int) or block.get("format_version", 0) > FORMAT_VERSION:
+        raise VitconvertError(f"{folder} was written by a newer vitconvert (format {block.get('format_version')})")
+    arch = config.get("architecture")
+    if not isinstance(arch, str) or not timm.is_model(arch):
+        raise VitconvertError(f"{folder}/config.json names no architecture timm knows (architecture: {arch!r})")
+    variant = block.get("variant")
+    if variant not in VARIANTS:
+        raise VitconvertError(f"{folder}/config.json: unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    check_options(variant, block.get("options") or {}, where=f"{folder}/config.json options:")
+    if not (folder / WEIGHTS).is_file():
+        raise VitconvertError(f"{folder} has no {WEIGHTS}")
+    _check_weights_readable(folder)
+
+
 def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     """Rebuild architecture from config.json, swap attention as recorded, load strictly."""
     from .surgery import swap_attention
 
+    check_folder(folder, config)  # the same checks `info` makes, each one line
     block = config["vitconvert"]
-    if block.get("format_version", 0) > FORMAT_VERSION:
-        raise VitconvertError(f"{folder} was written by a newer vitconvert (format {block['format_version']})")
     state = _read_weights(folder / WEIGHTS)
     with torch.random.fork_rng(devices=[]):  # building must not move the caller's RNG (bitwise resume)
         try:

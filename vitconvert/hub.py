@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from .errors import VitconvertError, first_line
+from .writer import apply_umask
 
 MODEL_FILES = ("config.json", "model.safetensors", "README.md")
 RUN_FILES = ("recipe.yaml", "metrics.jsonl")  # present in a distill run folder
@@ -98,6 +100,7 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        apply_umask(Path(tmp))  # a plain file's mode, not mkstemp's 0600
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -231,6 +234,20 @@ def default_commit_message(config: dict[str, Any]) -> str:
            f"{__version__})"
 
 
+BAD_REF = re.compile(r"(\.\.|@\{|//|[\x00-\x20\x7f~^:?*\[\\])")
+
+
+def check_revision(revision: Optional[str]) -> None:
+    """A branch name git (hence the Hub) accepts: git check-ref-format's rules, so a dry run says what a push would."""
+    if revision is None:
+        return
+    parts = revision.split("/")
+    if (BAD_REF.search(revision) or revision.startswith(("/", "-")) or revision.endswith(("/", ".", ".lock"))
+            or revision == "@" or any(p.startswith(".") or p.endswith(".lock") or not p for p in parts)):
+        raise VitconvertError(f"invalid --revision {revision!r}: not a git branch name (no '..', spaces, ~ ^ : ? * [ "
+                              "\\, and no part that starts with '.' or ends with '.lock')")
+
+
 def push_folder(folder: Union[str, Path], repo_id: str, *, private: bool = False, revision: Optional[str] = None,
                 commit_message: Optional[str] = None, token: Optional[str] = None,
                 dry_run: bool = False) -> PushPlan:
@@ -239,6 +256,7 @@ def push_folder(folder: Union[str, Path], repo_id: str, *, private: bool = False
     repo_id = check_repo_id(repo_id)
     if revision is not None and not revision.strip():
         raise VitconvertError("--revision is empty: give a branch name or leave it out for main")
+    check_revision(revision)
     config = check_folder(folder)
     card = refresh_card(folder, config, repo_id)
     files, skipped = upload_files(folder)

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from .errors import VitconvertError
 from .threads import torch_threads
+from .writer import check_container
 
 DATA = "digits"
 RECIPE = "quickstart"
@@ -75,8 +76,7 @@ def parse_variants(text: str) -> list[str]:
 
 def check_out(out: Path, force: bool) -> None:
     """Refuse to write into a non-empty folder before any work starts (``--force`` replaces our subfolders)."""
-    if out.exists() and not out.is_dir():
-        raise VitconvertError(f"{out} exists and is not a folder")
+    check_container(out)  # never write into a folder of the user's own files (writer.py)
     if out.is_dir() and any(out.iterdir()) and not force:
         raise VitconvertError(f"{out} already exists and is not empty; use --force to overwrite its runs "
                               "or --out to choose another folder")

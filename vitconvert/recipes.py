@@ -160,6 +160,9 @@ class Recipe:
         if self.compare_batches < 0:
             raise VitconvertError(f"recipe compare_batches must not be negative (got {self.compare_batches})")
         self.stage_plan()  # validates the stage string
+        from .recipe_checks import check_recipe
+
+        check_recipe(self)  # ranges, and the names timm reads later, against timm's registries
 
     def stage_plan(self) -> list[tuple[str, int]]:
         """[(stage, epochs)] summing to ``epochs``: "attn:5,finetune" -> [("attn", 5), ("finetune", epochs-5)]."""

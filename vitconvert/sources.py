@@ -170,6 +170,15 @@ def hub_folder(spec: str) -> Path:
         raise VitconvertError(f"cannot get {where} from the Hugging Face Hub{hint}: {first_line(e)}") from None
 
 
+def shadowed_name(spec: str, path: Path) -> bool:
+    """A bare name (``digits``, ``deit_small``) that a local non-model folder of the same name would hide:
+    the name wins; ``./digits`` still means the folder."""
+    bare = os.sep not in spec and not spec.startswith(".") and not spec.endswith(WEIGHT_SUFFIXES)
+    if not bare or (path / "config.json").is_file() or path.is_file():
+        return False
+    return bundled_folder(spec) is not None or spec in ALIASES or timm.is_model(spec)
+
+
 def load_source(spec: str, pretrained: bool = True, arch: Optional[str] = None, **model_kwargs: Any) -> Source:
     """Resolve any SOURCE string to a loaded timm model."""
     if not spec or not spec.strip():
@@ -180,6 +189,8 @@ def load_source(spec: str, pretrained: bool = True, arch: Optional[str] = None, 
         return load_folder(Path(spec.split(":", 1)[1]), spec, **model_kwargs)
     path = Path(spec).expanduser()
     looks_like_path = path.exists() or os.sep in spec or spec.endswith(WEIGHT_SUFFIXES) or spec.startswith(".")
+    if looks_like_path and shadowed_name(spec, path):
+        looks_like_path = False  # `digits` is the bundled teacher even beside a ./digits image folder (as --data)
     if looks_like_path:
         if not path.exists():
             raise VitconvertError(f"path not found: {spec}")
@@ -232,10 +243,12 @@ def _check_weights_readable(folder: Path) -> None:
 
 def load_weights_file(path: Path, spec: str, arch: Optional[str], **model_kwargs: Any) -> Source:
     """A bare weights file needs ``--arch``; timm builds the model and its filter adapts the keys."""
-    if arch is None:
-        raise VitconvertError(f"{path.name} is a weights file: say which architecture it is with --arch NAME")
     if path.suffix not in WEIGHT_SUFFIXES:
-        raise VitconvertError(f"{path.name}: unsupported weights file (use {', '.join(WEIGHT_SUFFIXES)})")
+        raise VitconvertError(f"{path.name} is a file, not a model: give a model folder, a timm name, or a weights "
+                              f"file ({', '.join(WEIGHT_SUFFIXES)})")
+    if arch is None:
+        raise VitconvertError(f"{path.name} is a bare weights file with no architecture: `vitconvert convert "
+                              f"{path} --arch NAME` reads it; other commands take a model folder")
     name = resolve_alias(arch)
     if not timm.is_model(name):
         raise VitconvertError(f"unknown architecture {arch!r}{suggest(arch)}")

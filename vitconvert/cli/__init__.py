@@ -3,10 +3,45 @@
 from __future__ import annotations
 
 import importlib
+import sys
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
+
+try:  # typer >= 0.24 vendors click as typer._click; its exceptions are the ones raised
+    from typer._click import exceptions as click
+except ImportError:  # pragma: no cover - older typer on plain click
+    from click import exceptions as click  # type: ignore[no-redef]
+
+
+class OneLineErrors(TyperGroup):
+    """Parser errors (a non-numeric --epochs, an unknown flag) as one ``error:`` line, like every other error,
+    instead of click's usage box; Ctrl-C while parsing is ``error: interrupted`` (exit 130)."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except click.NoArgsIsHelpError as e:
+            typer.echo(e.ctx.get_help() if e.ctx else e.format_message())
+            sys.exit(e.exit_code)
+        except click.UsageError as e:
+            command = e.ctx.command_path if e.ctx else "vitconvert"
+            typer.echo(f"error: {' '.join(e.format_message().split())} (see `{command} --help`)", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            typer.echo(f"error: {' '.join(e.format_message().split())}", err=True)
+            sys.exit(e.exit_code)
+        except (typer.Abort, KeyboardInterrupt):
+            typer.echo("error: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(result if isinstance(result, int) else 0)
+
 
 app = typer.Typer(
+    cls=OneLineErrors,
     name="vitconvert",
     help="Turn a pretrained softmax ViT into a fast linear-attention ViT: convert, distill, eval, push.",
     no_args_is_help=True,

@@ -60,25 +60,30 @@ def convert(
     from ..attention import VARIANTS
     from ..convert import convert as convert_model
     from ..errors import VitconvertError
-    from ..folder import save
+    from ..folder import check_options, save
     from ..sources import load_source
+    from ..writer import check_output
 
     if to not in VARIANTS:
         raise VitconvertError(f"unknown variant {to!r}; valid: {', '.join(VARIANTS)}")
     if num_classes is not None and num_classes < 1:
         raise VitconvertError(f"--num-classes must be at least 1 (got {num_classes})")
+    if img_size is not None and img_size < 1:
+        raise VitconvertError(f"--img-size must be at least 1 (got {img_size})")
+    if out is not None:  # refuse before the work, not after it
+        check_output(out, force=force, inputs=[source])
     options = parse_options(option)
-    kwargs = {"img_size": img_size} if img_size else {}
+    check_options(to, options)
+    kwargs = {"img_size": img_size} if img_size is not None else {}
     start = time.perf_counter()
     src = load_source(source, pretrained=pretrained, arch=arch, **kwargs)
     if src.vitconvert is not None:
         raise VitconvertError(f"{source} is already a linear-attention vitconvert model; convert its softmax source")
     out = out or Path(f"{src.arch}-{to}")
-    if out.exists() and not force:  # refuse before the work, not after it
-        raise VitconvertError(f"{out} already exists; use --force to overwrite it")
+    check_output(out, force=force, inputs=[source])
     student, report = convert_model(src.model, to, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
                                     seed=seed, num_classes=num_classes, options=options, source=source)
-    save(student, out, force=force, pretrained=src.pretrained)
+    save(student, out, force=force, inputs=[source], pretrained=src.pretrained)
     elapsed = time.perf_counter() - start
     remember_last_convert(out)
     info = report.to_dict()

@@ -26,8 +26,11 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object: top1, top5 (fractions), loss, n"),
 ) -> None:
     """Evaluate with the model's own preprocessing (the run's, for distill run folders)."""
+    from ..errors import VitconvertError
     from ..evaluate import evaluate
 
+    if workers < 0:
+        raise VitconvertError(f"--workers must not be negative (got {workers}; 0 loads in this process)")
     metrics = evaluate(model, data, split=split, batch_size=batch_size, device=device, data_dir=data_dir,
                        download=download, workers=workers)
     if as_json:

@@ -50,17 +50,19 @@ def info(folder: str = typer.Argument(..., help="a vitconvert model or run folde
          as_json: bool = typer.Option(False, "--json", help="print config.json's vitconvert block as JSON")) -> None:
     """What a converted model is and what was copied."""
     from ..errors import VitconvertError
+    from ..folder import check_folder
     from ..sources import hub_folder, read_config
     from ..timm_registry import source_architecture
     from .convert import report_table
 
     path = hub_folder(folder) if folder.startswith("hf-hub:") else Path(folder)
+    if path.is_file():
+        raise VitconvertError(f"{folder} is a file, not a model folder: give the folder that holds config.json")
     if not path.is_dir():
         raise VitconvertError(f"folder not found: {folder}")
     cfg = read_config(path)
-    block = cfg.get("vitconvert")
-    if block is None:
-        raise VitconvertError(f"{folder} is not a vitconvert folder (its config.json has no 'vitconvert' block)")
+    check_folder(path, cfg)  # what load checks, without building the model
+    block = cfg["vitconvert"]
     if as_json:
         typer.echo(json.dumps({"architecture": source_architecture(cfg)[0], "num_classes": cfg.get("num_classes"),
                                **block}))

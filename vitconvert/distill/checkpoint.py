@@ -166,6 +166,41 @@ class Checkpoint:
             reason = first_line(e, limit=120)
             raise VitconvertError(f"cannot read {path}: corrupt or truncated ({reason})") from None
 
+    def verify(self) -> None:
+        """Read every field and file header the resume needs, so a damaged checkpoint is refused before the
+        run folder is touched (a missing file, a truncated one, trainer.json without its fields)."""
+        from safetensors import safe_open
+
+        damaged = f"{self.folder}/trainer.json lacks or mangles %s: the checkpoint is damaged (start over with " \
+                  "--force without --resume)"
+        meta = self.meta
+        if not isinstance(meta, dict):
+            raise VitconvertError(damaged % "everything")
+        for key, kind in (("position", dict), ("recipe", dict), ("optimizer", dict), ("rng", list),
+                          ("scheduler", dict)):
+            if not isinstance(meta.get(key), kind):
+                raise VitconvertError(damaged % f"'{key}'")
+        try:
+            Position(**meta["position"])
+        except TypeError:
+            raise VitconvertError(damaged % "'position'") from None
+        if not isinstance(meta["optimizer"].get("param_groups"), list):
+            raise VitconvertError(damaged % "'optimizer.param_groups'")
+        names = ["model.safetensors", "optimizer.safetensors", "rng.safetensors"]
+        names += ["ema.safetensors"] if meta["recipe"].get("ema") else []
+        for name in names:
+            path = self.folder / name
+            if not path.is_file():
+                raise VitconvertError(f"{path} is missing: the checkpoint is damaged (start over with --force "
+                                      "without --resume)")
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    for key in f.keys():
+                        f.get_slice(key)
+            except Exception as e:
+                reason = (str(e).splitlines() or [type(e).__name__])[0][:120]
+                raise VitconvertError(f"cannot read {path}: corrupt or truncated ({reason})") from None
+
     def model(self) -> dict[str, torch.Tensor]:
         return self._tensors("model.safetensors")
 
@@ -188,12 +223,17 @@ class Checkpoint:
 def read_checkpoint(run: Path) -> Checkpoint:
     folder = run / CHECKPOINT
     meta_file = folder / "trainer.json"
+    if folder.is_dir() and not meta_file.is_file():
+        raise VitconvertError(f"{folder} has no trainer.json: the checkpoint is damaged (start over with --force "
+                              "without --resume)")
     if not meta_file.is_file():
         raise VitconvertError(f"--resume: {run} has no {CHECKPOINT}/ to resume from (start without --resume)")
     try:
         meta = json.loads(meta_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise VitconvertError(f"{meta_file} is not valid JSON: the checkpoint is damaged") from None
-    if meta.get("format", 0) > FORMAT:
+    if not isinstance(meta, dict):
+        raise VitconvertError(f"{meta_file} is not a checkpoint description: the checkpoint is damaged")
+    if not isinstance(meta.get("format", 0), int) or meta.get("format", 0) > FORMAT:
         raise VitconvertError(f"{folder} was written by a newer vitconvert (checkpoint format {meta['format']})")
     return Checkpoint(folder, meta)

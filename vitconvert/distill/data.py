@@ -52,6 +52,8 @@ def open_dataset(spec: str, split: str, data_dir: Optional[str] = None, download
     if spec == "digits":
         from ..assets import digits_dataset
 
+        if not is_train_split(split) and split not in EVAL_FOLDERS:
+            raise VitconvertError(f"digits has no {split!r} split: use train or val")
         return digits_dataset("train" if is_train_split(split) else "val")
     prefix, sep, rest = spec.partition("/")
     if sep and prefix.lower() in TIMM_PREFIXES and not Path(spec).exists():
@@ -74,6 +76,10 @@ def open_named(prefix: str, name: str, spec: str, split: str, data_dir: Optional
             cls, train, test = EXTRA_TORCH[name.lower()]
             return getattr(tvd, cls)(root, split=train if is_train_split(split) else test, download=download)
         return timm.data.create_dataset(spec, root=root, split=split, download=download)
+    except ImportError as e:  # hfds/ needs Hugging Face `datasets`, an optional package
+        package = getattr(e, "name", None) or "an optional package"
+        raise VitconvertError(f"{spec} needs the Python package {package!r}, which is not installed: pip install "
+                              f"{package}") from None
     except (RuntimeError, OSError, FileNotFoundError, ValueError, AssertionError) as e:
         reason = first_line(e)
         hint = "" if download else "; pass --download to fetch it (needs a network)"
@@ -89,10 +95,15 @@ def open_folder(root: Path, split: str) -> Dataset:
     if not root.is_dir():
         raise VitconvertError(f"data folder not found: {root} (expected a folder with train/ and val/, a timm "
                               "dataset name like torch/cifar100, or digits)")
-    names = TRAIN_SPLITS if is_train_split(split) else (split, *EVAL_FOLDERS)
+    # an evaluation split's synonyms (val/, valid/, ...) stand in for one another; any other name (test, a typo)
+    # means exactly that folder, never a silent val/
+    names = TRAIN_SPLITS if is_train_split(split) else (split, *EVAL_FOLDERS) if split in EVAL_FOLDERS[:5] else (
+        split,)
     folder = next((root / n for n in names if (root / n).is_dir()), None)
     if folder is None:
-        raise VitconvertError(f"{root} has no {'/'.join(names[:3])}/ folder for the {split} split")
+        have = sorted(p.name for p in root.iterdir() if p.is_dir())
+        raise VitconvertError(f"{root} has no {'/'.join(names[:3])}/ folder for the {split} split (it has: "
+                              f"{', '.join(have) or 'no folders'})")
     extensions = tuple(get_img_extensions())
     if not any(p.suffix.lower() in extensions for p in folder.rglob("*") if p.is_file()):
         raise VitconvertError(f"{folder} holds no images (class subfolders of {', '.join(extensions[:4])}...)")

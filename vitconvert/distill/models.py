@@ -24,6 +24,9 @@ def load_student(spec: str) -> nn.Module:
 
     path = Path(spec).expanduser()
     if not spec.startswith("hf-hub:"):
+        if path.is_file():
+            raise VitconvertError(f"{spec} is a file, not a model folder: give the folder `vitconvert convert` "
+                                  "wrote")
         if not path.is_dir():
             raise VitconvertError(f"student folder not found: {spec}")
         if "vitconvert" not in read_config(path):

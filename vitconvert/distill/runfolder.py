@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -16,36 +17,110 @@ from torch import nn
 from ..errors import VitconvertError
 from ..folder import atomic_folder, write_model_files
 from ..recipes import Recipe, recipe_changes
+from ..writer import _tag as writer_tag
+from ..writer import apply_umask, check_output, is_run_folder, remove_stale_siblings, writable_error
 from . import distributed as D
-from .checkpoint import Checkpoint, read_checkpoint
+from .checkpoint import CHECKPOINT, Checkpoint, read_checkpoint
 
 RECIPE = "recipe.yaml"
 
 
+def job_inputs(student: str, teacher: Optional[str], recipe: Recipe) -> list[str]:
+    """The local paths a distill run reads: a run folder must never be, hold or sit inside one of them."""
+    return [str(p) for p in (student, teacher, recipe.data) if p]
+
+
+def failed_start(run: Path) -> bool:
+    """A run folder that a failed start left behind: a recipe and nothing to resume or to keep."""
+    return is_run_folder(run) and not (run / CHECKPOINT).exists() and not (run / "config.json").exists()
+
+
+def check_run_folder(run: Path, resume: bool, force: bool, inputs: Iterable[str] = ()) -> None:
+    """Every refusal that needs no model or data, so it comes before the minutes of loading."""
+    if resume:
+        read_checkpoint(run).verify()
+        return
+    empty = run.is_dir() and not any(run.iterdir())
+    check_output(run, force=True, inputs=inputs, replace_ok=True)  # never a folder vitconvert did not write
+    if run.exists() and not empty and not force and not failed_start(run):
+        raise VitconvertError(f"{run} already exists; use --resume to continue it or --force to start over")
+
+
+def aside(run: Path) -> Path:
+    """Where a run replaced with --force waits until the new run has a checkpoint (writer.py's naming, so a
+    killed run's leftover is cleaned like any stale sibling)."""
+    return run.with_name(f".{run.name}.old-{writer_tag()}")
+
+
 def prepare_run_folder(run: Path, recipe: Recipe, recipe_text: str, resume: bool, force: bool,
-                       env: D.DistEnv) -> Optional[Checkpoint]:
-    """Create (or, resuming, read) the run folder; refuse to overwrite or to resume a changed recipe."""
+                       env: D.DistEnv, inputs: Iterable[str] = ()) -> Optional[Checkpoint]:
+    """Create (or, resuming, read) the run folder; refuse to overwrite or to resume a changed recipe.
+
+    Nothing is written before every check passed: a resumed run's recipe.yaml is rewritten (--force) only
+    once its whole checkpoint has been read (``record_recipe``); a replaced run is moved aside, not deleted,
+    until the new run has written its first checkpoint (``RunGuard``)."""
     if resume:
         ckpt = read_checkpoint(run)
+        ckpt.verify()
         changes = recipe_changes(ckpt.recipe, recipe)
+        if not changes and ckpt.position.epoch >= recipe.epochs:
+            raise VitconvertError(f"{run} is complete ({ckpt.position.epoch} of {recipe.epochs} epochs): nothing "
+                                  "to resume; to train longer, add --epochs N --force")
         if changes and not force:
             raise VitconvertError(f"--resume with a changed recipe ({'; '.join(changes[:4])}): the run would not "
                                   "match; add --force to continue under the new recipe")
-        if changes and env.is_main:
-            (run / RECIPE).write_text(recipe_text)
         return ckpt
+    check_run_folder(run, resume, force, inputs)
+    if env.is_main:
+        remove_stale_siblings(run)  # what a killed run left: its replaced run, moved aside
     if run.exists() and (not run.is_dir() or any(run.iterdir())):
-        if not force:
-            raise VitconvertError(f"{run} already exists; use --resume to continue it or --force to start over")
-        D.barrier(env)  # every rank has seen the old folder before rank 0 removes it
+        D.barrier(env)  # every rank has seen the old folder before rank 0 moves it
         if env.is_main:
-            shutil.rmtree(run) if run.is_dir() else run.unlink()
+            try:
+                run.rename(aside(run))
+            except OSError as e:
+                raise writable_error(run, e) from None
     D.barrier(env)
     if env.is_main:
-        run.mkdir(parents=True, exist_ok=True)
-        (run / RECIPE).write_text(recipe_text)
+        try:
+            run.mkdir(parents=True, exist_ok=True)
+            apply_umask(run)
+            (run / RECIPE).write_text(recipe_text)
+        except OSError as e:
+            raise writable_error(run, e) from None
     D.barrier(env)
     return None
+
+
+def record_recipe(run: Path, recipe: Recipe, ckpt: Checkpoint, recipe_text: str, env: D.DistEnv) -> None:
+    """A --resume --force under a changed recipe: store the new recipe, once the checkpoint has loaded."""
+    if env.is_main and recipe_changes(ckpt.recipe, recipe):
+        (run / RECIPE).write_text(recipe_text)
+
+
+class RunGuard:
+    """A run that fails before its first checkpoint leaves nothing: its folder is removed and the run it
+    replaced (--force) comes back. Once a checkpoint exists, the replaced run is deleted."""
+
+    def __init__(self, run: Path, resume: bool, env: D.DistEnv):
+        self.run, self.active = run, env.is_main and not resume
+        self.existed = run.exists()
+        self.was_empty = run.is_dir() and not any(run.iterdir())
+
+    def done(self, ok: bool) -> None:
+        if not self.active:
+            return
+        old = aside(self.run)
+        if ok or (self.run / CHECKPOINT).is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+            return
+        fresh = old.exists() or not self.existed or self.was_empty  # this run created what is in the folder
+        if fresh and self.run.is_dir():
+            shutil.rmtree(self.run, ignore_errors=True)
+            if self.was_empty:
+                self.run.mkdir()
+        if old.exists() and not self.run.exists():
+            old.rename(self.run)
 
 
 def write_model_folder(export: nn.Module, state: dict[str, torch.Tensor], folder: Path, meta: dict[str, Any],
@@ -60,6 +135,7 @@ def write_model_folder(export: nn.Module, state: dict[str, torch.Tensor], folder
     tmp = Path(tempfile.mkdtemp(prefix=".final-", dir=folder))
     try:
         write_model_files(export, tmp, meta)
+        apply_umask(tmp)
         for f in tmp.iterdir():
             os.replace(f, folder / f.name)
     finally:

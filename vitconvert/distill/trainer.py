@@ -26,7 +26,15 @@ from .checkpoint import CHECKPOINT, Position, read_checkpoint, restore_rng, rng_
 from .final_compare import compare_at_end
 from .losses import DistillLoss, LossWeights
 from .monitor import Bar, Monitor, plot_curves
-from .runfolder import card_metrics, prepare_run_folder, write_model_folder
+from .runfolder import (
+    RunGuard,
+    card_metrics,
+    check_run_folder,
+    job_inputs,
+    prepare_run_folder,
+    record_recipe,
+    write_model_folder,
+)
 from .signals import StopRequest, TrainingStopped
 
 TERMS = ("loss", "task", "attn", "kd")  # the running sums: each term × images, then the image count
@@ -90,7 +98,8 @@ class Trainer:
         for epoch in range(r.epochs):  # a stage with nothing to train would fail in backward(), epochs later
             self.trainable(epoch)
         self.pos = Position()
-        self.ckpt = prepare_run_folder(self.run_dir, r, job.recipe_text, job.resume, job.force, env)
+        self.ckpt = prepare_run_folder(self.run_dir, r, job.recipe_text, job.resume, job.force, env,
+                                       job_inputs(job.student, job.teacher, r))
         if self.ckpt is not None:
             self.pos = self.ckpt.position
             student.load_state_dict(self.ckpt.model())
@@ -171,6 +180,7 @@ class Trainer:
         self.window = self.sums_tensor(self.pos.window_sums if self.env.is_main else [])
         if self.ckpt is not None:
             self.restore()
+            record_recipe(self.run_dir, r, self.ckpt, self.job.recipe_text, self.env)
         else:
             seed_everything(r.seed + self.env.rank)
         with StopRequest() as stop:
@@ -390,10 +400,16 @@ class Trainer:
 
 def run(job: DistillJob, on_step: Optional[Callable[[Trainer], None]] = None) -> RunResult:
     """Distill ``job.student`` from its teacher per ``job.recipe`` into the run folder ``job.out``."""
+    check_run_folder(Path(job.out), job.resume, job.force, job_inputs(job.student, job.teacher, job.recipe))
     env = D.setup(job.device)
+    guard = RunGuard(Path(job.out), job.resume, env)
+    ok = False
     try:
-        return Trainer(job, env).fit(on_step)
+        result = Trainer(job, env).fit(on_step)
+        ok = True
+        return result
     finally:
+        guard.done(ok)
         D.teardown(env)
 
 
