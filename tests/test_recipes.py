@@ -71,7 +71,7 @@ def test_types_are_coerced():
     ("attn:1,finetune", 5, [("attn", 1), ("finetune", 4)]),
 ])
 def test_stage_plans(stages, epochs, plan):
-    recipe = Recipe(stages=stages, epochs=epochs)
+    recipe = Recipe(stages=stages, epochs=epochs, warmup_epochs=0)
     assert recipe.stage_plan() == plan
     assert [recipe.stage_at(e) for e in range(epochs)] == [s for s, n in plan for _ in range(n)]
 

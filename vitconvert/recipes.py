@@ -23,7 +23,7 @@ ATTN_TARGETS = ("own", "teacher-forced")
 STAGES = ("joint", "attn", "finetune")
 AMP_DTYPES = ("bfloat16", "float16")
 # Fields that say where or how fast, not what is trained: changing them does not change a resumed run's result.
-OPERATIONAL = frozenset({"data_dir", "download", "workers", "log_interval", "compare_batches"})
+OPERATIONAL = frozenset({"data_dir", "download", "workers", "log_interval", "compare_batches", "schedule_scaled"})
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,10 @@ class Recipe:
     warmup_epochs: int = 50
     warmup_lr: float = 1e-6
     sched_on_updates: bool = True  # the lr changes every optimizer step, not every epoch
+    # When --epochs (or --set epochs=) changes a recipe's length, its warm-ups (and freeze_copied_epochs) scale
+    # with it, keeping the recipe's proportions; false pins them at the values written (scale_schedule below).
+    scale_schedule: bool = True
+    schedule_scaled: Optional[str] = None  # set by load_recipe: what was scaled, shown at the run's start
     drop_path: Union[float, str] = "auto"  # auto: 0 for ViT-Tiny widths (<= 192), 0.1 for larger
     ema: bool = False
     ema_decay: float = 0.9998
@@ -152,6 +156,11 @@ class Recipe:
             raise VitconvertError(f"recipe kd_temperature must be positive (got {self.kd_temperature})")
         if not isinstance(self.new_params, NewParams):  # Recipe(new_params={...}) from Python
             object.__setattr__(self, "new_params", NewParams.from_value(self.new_params))
+        for name, warmup in (("warmup_epochs", self.warmup_epochs),
+                             ("new_params.warmup_epochs", self.new_params.warmup_epochs)):
+            if warmup is not None and warmup >= self.epochs and warmup > 0:
+                raise VitconvertError(f"recipe {name} ({warmup}) must be below epochs ({self.epochs}): the lr "
+                                      "would never leave warm-up (set scale_schedule: true, or a shorter warm-up)")
         if not 0 <= self.freeze_copied_epochs <= self.epochs:
             raise VitconvertError(f"recipe freeze_copied_epochs must be between 0 and epochs ({self.epochs}) "
                                   f"(got {self.freeze_copied_epochs})")
@@ -285,6 +294,8 @@ def parse_recipe_text(text: str, where: str) -> dict[str, Any]:
 
 
 def build_recipe(values: dict[str, Any]) -> Recipe:
+    """A recipe from YAML-style values over the defaults; the default warm-up scales to a shorter ``epochs``."""
+    values = nest_overrides(scale_schedule({}, values), {})
     return Recipe(**{k: coerce(str(k), v) for k, v in values.items()})
 
 
@@ -321,10 +332,62 @@ def load_recipe(spec: Optional[str] = None, overrides: Optional[dict[str, Any]] 
         text = path.read_text()
         values = parse_recipe_text(text, str(path))
         values.setdefault("name", path.stem)
-    overrides = nest_overrides(overrides or {}, values)
+    overrides = nest_overrides(scale_schedule(values, overrides or {}), values)
     recipe = build_recipe({**values, **overrides})
     text = text if text.endswith("\n") else text + "\n"
     return recipe, text + overrides_text(overrides)
+
+
+SCALED_WITH_EPOCHS = ("warmup_epochs", "new_params.warmup_epochs", "freeze_copied_epochs")
+
+
+def scale_schedule(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` plus the epoch counts (warm-ups, frozen epochs) scaled to the run's ``epochs``.
+
+    Each count keeps its proportion of the epochs it was written for: a recipe file's own ``epochs`` for the
+    values the file sets, the built-in 300 for the defaults. A 300-epoch recipe run for 15 epochs would otherwise
+    spend them all in its 50-epoch warm-up and never reach its peak lr or its cosine. Values the overrides set
+    are kept, as is everything when ``scale_schedule`` is false. The scaled values are written as overrides,
+    so recipe.yaml re-reads the same.
+    """
+    defaults = {f.name: f.default for f in dataclasses.fields(Recipe)}
+    given = set(overrides) | {f"{k}.{sub}" for k, v in overrides.items() if isinstance(v, dict) for sub in v}
+    in_file = set(values) | {f"new_params.{sub}" for sub in (values.get("new_params") or {})}
+    written = {**defaults, **values}
+    fresh = {**asdict(NewParams()), **(values.get("new_params") or {})}
+    epochs = overrides.get("epochs", written["epochs"])
+    if not overrides.get("scale_schedule", written["scale_schedule"]) or not _count(epochs):
+        return overrides
+    out, notes = dict(overrides), []
+    for key in SCALED_WITH_EPOCHS:
+        value = fresh.get(key.partition(".")[2]) if key.startswith("new_params.") else written.get(key)
+        base = written["epochs"] if key in in_file else defaults["epochs"]
+        if key in given or not _count(value) or not _count(base) or base == epochs:
+            continue
+        out[key] = round(value * epochs / base)
+        notes.append(f"{key} {value} -> {out[key]} (written for {base} epochs)")
+    if notes:
+        out["schedule_scaled"] = f"to {epochs} epochs: " + ", ".join(notes)
+    return out
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def recipe_summary(r: Recipe) -> list[str]:
+    """The lines ``distill`` prints at its start: what will run, so a wrong schedule shows before it costs."""
+    augment = [name for name, on in (("RandAugment " + str(r.rand_augment), bool(r.rand_augment)),
+                                     ("mixup", r.mixup > 0), ("cutmix", r.cutmix > 0), ("erasing", r.reprob > 0),
+                                     ("colour jitter", bool(r.color_jitter)), ("hflip", r.hflip > 0))
+               if on]
+    lines = [f"recipe {r.name or '(default)'}: {r.epochs} epochs, warm-up {r.warmup_epochs} "
+             f"(lr {r.warmup_lr:g} -> peak {r.lr:g}, cosine to {r.min_lr:g}), batch {r.batch_size}"
+             + (f" ({r.accum_steps} accumulation steps)" if r.accum_steps > 1 else ""),
+             "augmentation: " + (", ".join(augment) if augment else "off")]
+    if r.schedule_scaled:
+        lines.append(f"scaled with --epochs: {r.schedule_scaled}")
+    return lines
 
 
 def recipe_changes(old: dict[str, Any], new: Recipe) -> list[str]:

@@ -368,7 +368,8 @@ RANGE = {"epochs": 0, "batch_size": -4, "accum_steps": 0, "lr": -1, "min_lr": "n
          "interpolation": "nosuch", "rand_augment": "rand-m9-zzz1", "attn_loss": "l3", "attn_target": "nobody",
          "amp_dtype": "int8", "mixup_mode": "nosuch", "stages": "nosuch", "new_params": "{lr_scale: 0}",
          "val_split": "[1]", "train_split": "[1]", "data": "[1]", "data_dir": "[1]", "name": "[1]",
-         "no_aug": "maybe", "download": "maybe", "sched_on_updates": "maybe", "ema": "maybe", "amp": "maybe"}
+         "no_aug": "maybe", "download": "maybe", "sched_on_updates": "maybe", "ema": "maybe", "amp": "maybe",
+         "scale_schedule": "maybe", "schedule_scaled": "[1]"}
 
 
 def test_every_recipe_field_has_an_invalid_value():

@@ -49,6 +49,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"vitconvert {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="print vitconvert's version and exit")) -> None:
+    """Turn a pretrained softmax ViT into a fast linear-attention ViT: convert, distill, eval, push."""
+
+
 # Each module registers its command(s) on `app` when imported; one line per command file.
 COMMAND_MODULES = ["convert", "info", "push", "compare", "quickstart", "distill", "eval", "bench"]
 

@@ -146,8 +146,11 @@ def create_optimization(model: nn.Module, recipe: Recipe, updates_per_epoch: int
         optimizer = create_optimizer_v2(model, param_group_fn=lambda m: split_groups(m, r, fresh), **args)
 
     def schedule(target: torch.optim.Optimizer, warmup_epochs: int) -> Any:
-        return create_scheduler_v2(target, sched=r.sched, num_epochs=r.epochs, min_lr=r.min_lr,
-                                   warmup_lr=r.warmup_lr, warmup_epochs=warmup_epochs,
+        # Warm-up first, then the whole cosine from the peak lr down to min_lr by the last epoch, as the
+        # reference code's cosine_scheduler does (timm's default would start the cosine under the warm-up,
+        # so the peak lr is never reached).
+        return create_scheduler_v2(target, sched=r.sched, num_epochs=r.epochs - warmup_epochs, min_lr=r.min_lr,
+                                   warmup_lr=r.warmup_lr, warmup_epochs=warmup_epochs, warmup_prefix=True,
                                    step_on_epochs=not r.sched_on_updates, updates_per_epoch=updates_per_epoch)[0]
 
     warmup = r.new_params.warmup_epochs

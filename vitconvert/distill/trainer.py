@@ -17,7 +17,7 @@ import torch
 
 from ..errors import VitconvertError
 from ..evaluate import autocast_for, eval_sums, metrics_from_sums
-from ..recipes import Recipe, recipe_changes
+from ..recipes import Recipe, recipe_changes, recipe_summary
 from . import data, models
 from . import distributed as D
 from . import param_groups as groups
@@ -178,6 +178,8 @@ class Trainer:
         self.enter_stage(min(self.pos.epoch, r.epochs - 1))
         self.epoch_sums = self.sums_tensor(self.pos.epoch_sums if self.env.is_main else [])
         self.window = self.sums_tensor(self.pos.window_sums if self.env.is_main else [])
+        for line in recipe_summary(r):
+            self.bar.print(line)
         if self.ckpt is not None:
             self.restore()
             record_recipe(self.run_dir, r, self.ckpt, self.job.recipe_text, self.env)
