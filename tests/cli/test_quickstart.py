@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -24,9 +30,67 @@ def assert_one_line_error(result, text: str) -> None:
 def quick(tmp_path_factory):
     """One epoch of relu, distilled and from scratch: the JSON the command printed and its --out."""
     out = tmp_path_factory.mktemp("qs") / "runs"
-    result = runner.invoke(app, ["quickstart", "--variants", "relu", "--epochs", "1", "--out", str(out), "--json"])
+    result = runner.invoke(app, ["quickstart", "--variants", "relu", "--epochs", "1", "--out", str(out), "--json",
+                                 "--jobs", "2"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout), out
+
+
+def test_one_worker_or_two_give_the_same_numbers(quick, tmp_path):
+    """Each training is pinned to one thread and seeded, so where it runs does not change what it learns."""
+    parallel, _ = quick
+    result = runner.invoke(app, ["quickstart", "--variants", "relu", "--epochs", "1", "--out", str(tmp_path / "q"),
+                                 "--json", "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    here = json.loads(result.stdout)
+    for kind in ("students", "scratch"):
+        assert [(r["name"], r["top1"], r["top5"], r["loss"]) for r in here[kind]] == \
+            [(r["name"], r["top1"], r["top5"], r["loss"]) for r in parallel[kind]]
+
+
+FAILING_TRAINING = """
+import os, time
+from pathlib import Path
+if os.environ.get("QUICKSTART_FAIL_MARK"):  # every process, spawned workers included, trains with this
+    from vitconvert.distill import trainer
+    def broken(self, *args, **kwargs):
+        Path(os.environ["QUICKSTART_FAIL_MARK"]).write_text(str(time.time()))
+        raise RuntimeError("injected training failure")
+    trainer.Trainer.train_epoch = broken
+"""
+
+
+def test_a_failing_training_ends_every_worker_with_one_line(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(FAILING_TRAINING)
+    mark = tmp_path / "failed-at"
+    env = {**os.environ, "QUICKSTART_FAIL_MARK": str(mark), "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env.pop("VITCONVERT_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "vitconvert", "quickstart", "--variants", "elu,relu", "--epochs",
+                             "1", "--jobs", "2", "--out", str(tmp_path / "q")], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("quickstart hung after a training failed")
+    ended = time.time()
+    left = [p.parent.name for p in Path("/proc").glob("[0-9]*/stat")
+            if _session_of(p) == proc.pid]
+    assert left == [], f"processes left behind: {left}"
+    assert mark.is_file() and ended - float(mark.read_text()) < 10
+    lines = err.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, err
+    assert lines[0].startswith("error: elu") and "RuntimeError: injected training failure" in lines[0], err
+
+
+def _session_of(stat: Path) -> int:
+    try:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return -1
+    return int(fields[3]) if fields[0] != "Z" else -1
 
 
 def test_json_has_teacher_student_and_scratch(quick):

@@ -8,8 +8,10 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
+from ..quickstart import Update
 from . import app
 from .common import console, user_errors
 
@@ -35,6 +37,45 @@ def results_table(result: dict) -> Table:
     return table
 
 
+class LiveTable:
+    """One live table of every training (state, epoch, steps, val top-1) on a terminal; elsewhere a line as each
+    one finishes, so logs stay readable."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.rows: dict[str, Update] = {}
+        self.live: Optional[Live] = Live(console=console, transient=True, auto_refresh=False) \
+            if console.is_terminal else None
+
+    def __enter__(self) -> LiveTable:
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def __call__(self, update: Update) -> None:
+        self.rows[update.name] = update
+        if self.live is not None:
+            self.live.update(self.render(), refresh=True)
+        elif update.result is not None:
+            row = update.result
+            self.console.print(f"[green]{row.name}[/]: val top-1 {100 * row.top1:.2f}% in {row.seconds:.0f}s")
+
+    def render(self) -> Table:
+        table = Table(title="training (each on one CPU thread)")
+        for col in ("model", "state", "epoch", "steps", "val top-1"):
+            table.add_column(col, justify="left" if col in ("model", "state") else "right")
+        for name, u in self.rows.items():
+            done = u.result is not None
+            table.add_row(name, "[green]done[/]" if done else u.state, f"{u.epoch}/{u.epochs}" if u.epochs else "",
+                          f"{u.step}/{u.steps}" if u.steps else "",
+                          f"{100 * u.result.top1:.2f}%" if done else "")  # type: ignore[union-attr]
+        return table
+
+
 @app.command()
 @user_errors
 def quickstart(
@@ -44,22 +85,18 @@ def quickstart(
     seed: int = typer.Option(0, help="seed of the init and the training"),
     scratch: bool = typer.Option(True, "--scratch/--no-scratch", help="also train each variant from scratch"),
     device: Optional[str] = typer.Option(None, help="cpu, cuda, cuda:1 [default: cuda if available]"),
-    threads: int = typer.Option(1, help="CPU threads (0: torch's default); 1 is fastest for these tiny models"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
+                                       help="trainings run side by side, each on one CPU thread [default: CPU count]"),
     force: bool = typer.Option(False, "--force", help="overwrite the runs of an earlier quickstart in --out"),
     as_json: bool = typer.Option(False, "--json", help="print the results as one JSON object"),
 ) -> None:
     """Distil the bundled digits teacher into linear-attention students and compare them with scratch."""
-    from ..quickstart import Result, parse_variants, run_quickstart
+    from ..quickstart import parse_variants, run_quickstart
 
     chosen = parse_variants(variants)
-    log = Console(stderr=True)
-
-    def progress(row: Result) -> None:
-        time = f" in {row.seconds:.0f}s" if row.seconds else ""
-        log.print(f"[green]{row.name}[/]: val top-1 {100 * row.top1:.2f}%{time}")
-
-    result = run_quickstart(chosen, out, epochs=epochs, seed=seed, scratch=scratch, device=device, force=force,
-                            threads=threads or None, progress=progress).to_dict()
+    with LiveTable(Console(stderr=True)) as live:
+        result = run_quickstart(chosen, out, epochs=epochs, seed=seed, scratch=scratch, device=device, force=force,
+                                jobs=jobs, progress=live).to_dict()
     if as_json:
         typer.echo(json.dumps(result))
         return
