@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import timm
 import torch
 from conftest import image_batch, place_in_hub_cache, tiny_model
 
@@ -111,3 +112,14 @@ def test_load_from_offline_hub_cache(tmp_path, monkeypatch):
         vitconvert.load("hf-hub:me/vit-ttt@nope")
     with pytest.raises(VitconvertError, match="invalid Hub id"):
         vitconvert.load("hf-hub:not a/valid//id")
+
+
+def test_option_values_normalised_by_the_variant_load_back(tmp_path):
+    """MHLA stores blocks_per_side=2 as [2, 2]; the folder check must accept what the variant itself wrote."""
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=4, embed_dim=16,
+                              depth=1, num_heads=2, num_classes=3)
+    student, _ = vitconvert.convert(model, "mhla", options={"blocks_per_side": 2})
+    resaved = vitconvert.save(vitconvert.load(vitconvert.save(student, tmp_path / "m")), tmp_path / "again")
+    assert json.loads((resaved / "config.json").read_text())["vitconvert"]["options"]["blocks_per_side"] == [2, 2]
+    x = torch.randn(1, 3, 16, 16)
+    assert torch.equal(vitconvert.load(resaved).eval()(x), student.eval()(x))

@@ -107,12 +107,14 @@ def check_options(variant: str, options: Any, where: str = "--option") -> None:
             raise VitconvertError(f"{where}: unknown option {key!r} for {variant}; valid: {valid}")
         default = defaults[key]
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        pair = isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                         for v in value) and len(value) == 2
         ok = {bool: isinstance(value, bool), str: isinstance(value, str), int: isinstance(value, int) and number,
-              float: number and math.isfinite(value), type(None): value is None or (number and value == int(value))
-              }.get(type(default), True)
+              float: number and math.isfinite(value),
+              type(None): value is None or (number and value == int(value)) or pair}.get(type(default), True)
         if not ok:
             kind = {bool: "true or false", str: "a string", int: "an integer", float: "a finite number",
-                    type(None): "an integer or null"}[type(default)]
+                    type(None): "an integer, a pair of integers or null"}[type(default)]
             raise VitconvertError(f"{where} {key}={value!r}: {variant}'s {key} takes {kind} (default {default!r})")
         if "eps" in key and number and value <= 0:
             raise VitconvertError(f"{where} {key}={value!r}: {key} must be positive (default {default!r})")
