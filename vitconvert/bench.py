@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -77,6 +78,7 @@ class BenchReport:
     clock: str = "wall"
     amp: Optional[str] = None  # autocast dtype of the forward ("bfloat16"), None for the model's own dtype
     compile: Optional[str] = None  # torch.compile backend, None when not compiled
+    backend: str = "torch"  # or "onnxruntime": every model exported to ONNX and run in an ORT CPU session
 
     def to_dict(self) -> dict[str, Any]:
         return {**{k: v for k, v in asdict(self).items() if k != "rows"}, "results": [asdict(r) for r in self.rows]}
@@ -310,12 +312,19 @@ def benchmark(
     clock: str = "wall",
     amp: Optional[str] = None,
     compile: Optional[str] = None,
+    backend: str = "torch",
 ) -> BenchReport:
     """Time the softmax source and each variant at each image size, taking turns; see the module doc.
 
     ``amp`` runs every forward under autocast of that dtype; ``compile`` names a torch.compile backend
     ("inductor"), applied to every model after its FLOPs are counted (the first timed rounds include no
-    compilation: warm-up compiles)."""
+    compilation: warm-up compiles). ``backend="onnxruntime"`` times each model exported to ONNX (the
+    dynamo exporter, as ``vitconvert export`` writes it) in an ONNX Runtime CPU session instead."""
+    if backend not in BACKENDS:
+        raise VitconvertError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == "onnxruntime" and (train or amp or compile or (device or "cpu").split(":")[0] != "cpu"):
+        raise VitconvertError("the onnxruntime backend times inference on the CPU only (no training, autocast or "
+                              "compile)")
     if batch_size < 1 or repeats < 1 or warmup < 0:
         raise VitconvertError("--batch-size and --repeats must be at least 1")
     if clock not in CLOCKS:
@@ -326,8 +335,8 @@ def benchmark(
         raise VitconvertError(f"unknown autocast dtype {amp!r}; e.g. bfloat16, float16")
     with torch_threads(threads), compile_cache(compile):
         report = _benchmark(source, variants, img_sizes, batch_size, train, repeats, warmup, pretrained, device,
-                            options, log, memory, clock, amp, compile)
-    return replace(report, amp=amp, compile=compile)
+                            options, log, memory, clock, amp, compile, backend)
+    return replace(report, amp=amp, compile=compile, backend=backend)
 
 
 @contextmanager
@@ -349,7 +358,7 @@ def compile_cache(backend: Optional[str]) -> Iterator[None]:
 def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]], img_sizes: Optional[Sequence[int]],
                batch_size: int, train: bool, repeats: int, warmup: int, pretrained: bool, device: Optional[str],
                options: Optional[dict[str, Any]], log: Optional[Callable[[str], None]], memory: bool,
-               clock: str, amp: Optional[str], compile: Optional[str]) -> BenchReport:
+               clock: str, amp: Optional[str], compile: Optional[str], backend: str = "torch") -> BenchReport:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise VitconvertError("--device cuda: no CUDA device is available")
@@ -373,14 +382,41 @@ def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]],
         flops = {k: flops_per_image(m, x) for k, m in models.items()}  # also the first inference warm-up
         if compile:
             models = {k: torch.compile(m, backend=compile) for k, m in models.items()}
+        sessions = onnx_steps(models, x) if backend == "onnxruntime" else None
         for mode in MODES if train else MODES[:1]:
             if log:
                 log(f"{size} px ({tokens} tokens), {mode}: {', '.join(models)}")
-            rows += _measure(models, x, mode, dev, repeats, warmup_rounds(warmup, mode, amp, compile), size,
-                             tokens, flops, memory, clock, amp)
+            rounds = warmup if sessions else warmup_rounds(warmup, mode, amp, compile)
+            rows += _measure(models, x, mode, dev, repeats, rounds, size, tokens, flops, memory and not sessions,
+                             clock, amp, sessions)
         del models, softmax
     return BenchReport(str(source) if not isinstance(source, nn.Module) else ref.arch, ref.arch, str(dev),
                        torch.get_num_threads(), batch_size, repeats, rows, clock)
+
+
+BACKENDS = ("torch", "onnxruntime")
+
+
+def onnx_steps(models: dict[str, nn.Module], x: torch.Tensor) -> dict[str, Callable[[], None]]:
+    """One ONNX Runtime inference per model, each exported as ``vitconvert export`` does, on torch's thread count."""
+    import onnxruntime as ort
+
+    from .export import export_onnx, require_onnx
+
+    require_onnx()
+    steps: dict[str, Callable[[], None]] = {}
+    feed = x.cpu().numpy()
+    with tempfile.TemporaryDirectory() as folder:
+        for name, model in models.items():
+            path = Path(folder) / f"{name}.onnx"
+            export_onnx(model.eval(), x.cpu(), path)
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = torch.get_num_threads()
+            options.inter_op_num_threads = 1
+            options.log_severity_level = 3
+            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            steps[name] = partial(session.run, None, {session.get_inputs()[0].name: feed})
+    return steps
 
 
 def warmup_rounds(warmup: int, mode: str, amp: Optional[str], compile: Optional[str]) -> int:
@@ -392,8 +428,9 @@ def warmup_rounds(warmup: int, mode: str, amp: Optional[str], compile: Optional[
 
 def _measure(models: dict[str, nn.Module], x: torch.Tensor, mode: str, dev: torch.device, repeats: int,
              warmup: int, size: int, tokens: Optional[int], flops: dict[str, float], memory: bool,
-             clock: str, amp: Optional[str] = None) -> list[BenchRow]:
-    steps = {k: make_step(m, x, mode, amp) for k, m in models.items()}
+             clock: str, amp: Optional[str] = None,
+             steps: Optional[dict[str, Callable[[], None]]] = None) -> list[BenchRow]:
+    steps = steps or {k: make_step(m, x, mode, amp) for k, m in models.items()}
     for _ in range(warmup):
         for step in steps.values():
             step()

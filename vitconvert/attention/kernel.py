@@ -40,6 +40,8 @@ def elu_feature(x: torch.Tensor) -> torch.Tensor:
     ulp. min(x, 0) is x − max(x, 0) so that the gradient at 0 is elu's 1 (clamp's would be 0); the in-place
     ops are autograd-safe because threshold saves its input and subtraction and scaling save nothing.
     """
+    if torch.onnx.is_in_onnx_export():  # ONNX has Elu; exp2 would become a slow Pow(2, x) in ONNX Runtime
+        return F.elu(x) + 1.0
     pos = F.threshold(x, 0.0, 0.0)
     return pos.add_((x - pos).mul_(LOG2_E).exp2_())
 

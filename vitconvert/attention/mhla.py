@@ -54,6 +54,14 @@ if TYPE_CHECKING:
 TRANSFORMS = ("cos", "linear", "exp", "local")
 
 
+def relu_plus(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """relu(x) + ε in place (threshold saves its input, so autograd allows it); exported, ONNX's Relu op, which
+    ONNX Runtime runs far faster than the Where that threshold becomes."""
+    if torch.onnx.is_in_onnx_export():
+        return F.relu(x) + eps
+    return F.threshold(x, 0.0, 0.0).add_(eps)
+
+
 def resolve_block_counts(grid_size: Grid, blocks_per_side: Any, block_side: int) -> tuple[int, int]:
     """(M_h, M_w) blocks per axis: given, or chosen so that blocks of ``grid_size`` are ~block_side tokens wide."""
     if blocks_per_side is not None:
@@ -282,7 +290,7 @@ class MHLAttention(LinearAttention):
         eps = self.options["eps"]
         if self.q_rmsnorm is not None:
             q, k = rms_over_heads(q, self.q_rmsnorm.weight), rms_over_heads(k, self.k_rmsnorm.weight)
-        phi_q, phi_k = F.threshold(q, 0.0, 0.0).add_(eps), F.threshold(k, 0.0, 0.0).add_(eps)  # relu + ε, in place
+        phi_q, phi_k = relu_plus(q, eps), relu_plus(k, eps)
         if key_valid is not None:
             phi_k = phi_k * key_valid[:, None, :, None].to(phi_k.dtype)
         return phi_q, phi_k

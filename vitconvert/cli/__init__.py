@@ -64,7 +64,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
 
 
 # Each module registers its command(s) on `app` when imported; one line per command file.
-COMMAND_MODULES = ["convert", "info", "push", "compare", "quickstart", "distill", "eval", "bench"]
+COMMAND_MODULES = ["convert", "info", "push", "compare", "quickstart", "distill", "eval", "bench", "export"]
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"{__name__}.{_name}")

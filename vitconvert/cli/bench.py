@@ -15,7 +15,8 @@ from .common import console, parse_options, user_errors
 
 def bench_table(report: dict[str, Any]) -> Table:
     """One row per (size, mode, model); speedups against the softmax row of the same size and mode."""
-    title = (f"{report['arch']} on {report['device']} ({report['threads']} threads, batch {report['batch_size']}, "
+    backend = " in ONNX Runtime" if report.get("backend") == "onnxruntime" else ""
+    title = (f"{report['arch']}{backend} on {report['device']} ({report['threads']} threads, batch {report['batch_size']}, "
              f"median of {report['repeats']}, {report['clock']} clock)")
     table = Table(title=title)
     for col in ("px", "tokens", "mode", "model", "ms/img", "img/s", "MiB", "GFLOP", "speedup", "bound"):
@@ -53,6 +54,8 @@ def bench(
     clock: str = typer.Option("wall", help="wall, or cpu: the process's CPU time (steady on a shared machine; "
                                              "use it with --threads 1)"),
     memory: bool = typer.Option(True, "--memory/--no-memory", help="also measure peak memory (one more step)"),
+    backend: str = typer.Option("torch", "--backend", help="torch, or onnxruntime: each model exported to ONNX "
+                                                           "and timed in ONNX Runtime (CPU, inference)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of the table"),
     plot: Optional[Path] = typer.Option(None, help="also write speedup against tokens as a PNG here"),
 ) -> None:
@@ -66,7 +69,7 @@ def bench(
     progress = Console(stderr=True)
     report = benchmark(source, variants, sizes, batch_size=batch_size, train=train, repeats=repeats, warmup=warmup,
                        pretrained=pretrained, device=device, threads=threads, options=parse_options(option),
-                       memory=memory, clock=clock,
+                       memory=memory, clock=clock, backend=backend,
                        log=None if as_json else lambda msg: progress.print(f"[dim]timing {msg}[/]"))
     if plot is not None:
         plot_speedups(report, plot)

@@ -1,0 +1,92 @@
+"""`vitconvert export`: ONNX (read back by ONNX Runtime) and .pt2 reproduce vitconvert.load's logits."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import timm
+import torch
+from typer.testing import CliRunner
+
+import vitconvert
+from vitconvert.attention import VARIANTS
+from vitconvert.cli import app
+from vitconvert.errors import VitconvertError
+from vitconvert.export import export
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    torch.manual_seed(0)
+    softmax = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
+                                depth=2, num_heads=2, num_classes=5)
+    return {v: vitconvert.save(vitconvert.convert(softmax, v)[0], root / v) for v in VARIANTS}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_onnx_runtime_reproduces_the_logits(folders, variant, tmp_path):
+    result = export(folders[variant], "onnx", tmp_path / "m.onnx", dynamic_batch=True)
+    assert result.rel_error <= 1e-4 and result.checked_batches == [2, 3]
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.randn(5, 3, 32, 32)  # a batch size the export never saw
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        want = vitconvert.load(folders[variant]).eval()(x).numpy()
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_pt2_reproduces_the_logits_and_a_new_image_size_works(folders, tmp_path):
+    result = export(folders["mhla"], "pt2", tmp_path / "m.pt2", img_size=48)
+    assert result.img_size == 48 and result.rel_error <= 1e-4
+    program = torch.export.load(str(tmp_path / "m.pt2"))
+    model = vitconvert.load(folders["mhla"]).eval()
+    model.set_input_size(img_size=48)
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        assert torch.allclose(program.module()(x), model(x), rtol=0, atol=1e-5)
+
+
+def test_cli_writes_beside_the_folder_and_never_overwrites_without_force(folders):
+    folder = folders["relu"]
+    before = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    first = runner.invoke(app, ["export", str(folder)])
+    assert first.exit_code == 0 and "relative error" in first.stdout, first.output
+    target = folder.parent / "relu.onnx"
+    assert target.is_file() and hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest() == before
+    again = runner.invoke(app, ["export", str(folder)])
+    assert again.exit_code != 0 and again.stderr.strip() == f"error: {target} already exists; use --force to " \
+                                                             "overwrite it"
+    assert runner.invoke(app, ["export", str(folder), "--force"]).exit_code == 0
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--format", "tflite"], "unknown format 'tflite'; choose from onnx, pt2"),
+    (["--opset", "12"], "opset 12 is not supported"),
+    (["--format", "pt2", "--opset", "18"], "an opset applies to ONNX only"),
+    (["--batch-size", "0"], "batch size must be at least 1"),
+    (["--img-size", "0"], "image size must be positive"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(folders, tmp_path, args, text):
+    result = runner.invoke(app, ["export", str(folders["elu"]), "--out", str(tmp_path / "x.onnx"), *args])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code != 0 and len(lines) == 1 and text in lines[0], result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_output_may_not_be_the_input_folder(folders):
+    result = runner.invoke(app, ["export", str(folders["elu"]), "--out", str(folders["elu"]), "--force"])
+    assert result.exit_code != 0 and "is a folder" in result.stderr
+
+
+def test_missing_onnx_packages_name_the_extra(folders, tmp_path, monkeypatch):
+    import vitconvert.export as module
+
+    monkeypatch.setattr(module, "_importable", lambda name: name != "onnxruntime")
+    with pytest.raises(VitconvertError, match=r"needs onnxruntime: pip install 'vitconvert\[export\]'"):
+        export(folders["elu"], "onnx", tmp_path / "m.onnx")

@@ -1,0 +1,47 @@
+"""``vitconvert export FOLDER --format onnx``: ONNX or .pt2 next to the folder, checked against PyTorch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import app
+from .common import console, user_errors
+
+
+@app.command()
+@user_errors
+def export(
+    folder: str = typer.Argument(..., help="a vitconvert model or run folder (or a softmax timm folder)"),
+    format: str = typer.Option("onnx", "--format", "-f", help="onnx (ONNX Runtime checks it) or pt2 "
+                                                              "(torch.export's ExportedProgram)"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="output file [default: FOLDER.onnx / FOLDER.pt2, "
+                                                                 "beside the folder]"),
+    img_size: Optional[int] = typer.Option(None, "--img-size", help="export at this image size (position "
+                                                                    "embeddings resampled) [default: the model's]"),
+    batch_size: int = typer.Option(2, "--batch-size", help="batch of the example input (the fixed batch unless "
+                                                           "--dynamic-batch)"),
+    dynamic_batch: bool = typer.Option(False, "--dynamic-batch", help="any batch size at run time (checked at two)"),
+    opset: Optional[int] = typer.Option(None, "--opset", help="ONNX opset, 18 to 23 [default: 18]"),
+    force: bool = typer.Option(False, "--force", help="replace an existing output file"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object"),
+) -> None:
+    """Export a model to ONNX or .pt2 and check its logits against PyTorch on real images.
+
+    Example: vitconvert export ./deit_small_patch16_224-mhla --format onnx --dynamic-batch
+    """
+    from ..export import export as export_model
+
+    result = export_model(folder, format, out, img_size=img_size, batch_size=batch_size,
+                          dynamic_batch=dynamic_batch, opset=opset, force=force)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict()))
+        return
+    batches = " and ".join(map(str, result.checked_batches))
+    console.print(f"wrote {result.path} ({result.format}, {result.img_size} px, "
+                  f"{'any batch' if result.dynamic_batch else f'batch {result.batch_size}'}) in "
+                  f"{result.seconds:.1f}s; logits vs PyTorch on real images (batch {batches}): relative error "
+                  f"{result.rel_error:.1e}")

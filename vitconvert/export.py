@@ -1,0 +1,200 @@
+"""Export a model folder to ONNX or a PyTorch ExportedProgram (.pt2), checked against PyTorch on real images.
+
+ONNX goes through torch's dynamo exporter (``torch.onnx.export(..., dynamo=True)``), the exporter torch now
+recommends: it handles every variant's ops (the TorchScript-based one has no ONNX form of ``aten::exp2`` and
+``aten::rms_norm``, which ELU and MHLA use). The check runs the exported file the way a deployment would
+(ONNX Runtime, or ``torch.export.load``) on a few of the bundled digits images through the model's own eval
+transform, and refuses a file whose logits are further than ``tolerance`` (relative) from PyTorch's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+from torch import nn
+
+from .errors import VitconvertError, first_line
+from .writer import atomic_file
+
+FORMATS = {"onnx": ".onnx", "pt2": ".pt2"}
+DEFAULT_OPSET = 18  # the dynamo exporter's own default and oldest well-supported opset
+TOLERANCE = 1e-4
+EXPORT_EXTRA = "pip install 'vitconvert[export]'  (onnx, onnxscript, onnxruntime)"
+
+
+@dataclass
+class ExportResult:
+    path: str
+    format: str
+    img_size: int
+    batch_size: int
+    dynamic_batch: bool
+    rel_error: float  # max |exported - torch| / max |torch| over the check images
+    checked_batches: list[int]
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def require_onnx() -> None:
+    """One line naming the extra when the ONNX packages are missing (they are optional)."""
+    missing = [name for name in ("onnx", "onnxscript", "onnxruntime") if not _importable(name)]
+    if missing:
+        raise VitconvertError(f"ONNX export needs {', '.join(missing)}: {EXPORT_EXTRA}")
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def default_output(folder: Union[str, Path], fmt: str) -> Path:
+    """Next to the folder, never inside it: ``runs/x-mhla`` -> ``runs/x-mhla.onnx`` (the folder stays as pushed)."""
+    folder = Path(folder)
+    return folder.parent / f"{folder.name}{FORMATS[fmt]}"
+
+
+def load_for_export(folder: Union[str, Path], img_size: Optional[int] = None) -> nn.Module:
+    """The folder's model in eval mode, rebuilt at ``img_size`` (position embeddings resampled) when given."""
+    from .folder import load
+
+    model = load(str(folder))
+    if img_size is not None and img_size != model_img_size(model):
+        if img_size < 1:
+            raise VitconvertError(f"image size must be positive (got {img_size})")
+        if not hasattr(model, "set_input_size"):
+            raise VitconvertError(f"{type(model).__name__} cannot change its input size")
+        model.set_input_size(img_size=img_size)
+    return model.eval()
+
+
+def model_img_size(model: nn.Module) -> int:
+    size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if size is None:
+        return int(model.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
+    return int(size[-1] if isinstance(size, (tuple, list)) else size)
+
+
+def check_images(model: nn.Module, count: int, img_size: int) -> torch.Tensor:
+    """``count`` real images (the bundled digits' validation set, cycled) through the model's eval transform."""
+    from timm.data import create_transform, resolve_data_config
+
+    from .assets import digits_dataset
+
+    config = resolve_data_config({"input_size": (3, img_size, img_size)}, model=model)
+    transform = create_transform(**config, is_training=False)
+    data = digits_dataset("val")
+    return torch.stack([transform(data.image(i % len(data))) for i in range(count)])
+
+
+def relative_error(got: Any, want: torch.Tensor) -> float:
+    got = torch.as_tensor(got, dtype=torch.float32)
+    scale = want.abs().max().item() or 1.0
+    return (got - want).abs().max().item() / scale
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """torch.onnx prints progress lines and warnings; the command prints its own summary."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str, Path]] = None,
+           img_size: Optional[int] = None, batch_size: int = 2, dynamic_batch: bool = False,
+           opset: Optional[int] = None, force: bool = False, tolerance: float = TOLERANCE) -> ExportResult:
+    """Export ``folder`` to ``out`` (default: beside the folder), check it, and write it only if it passes."""
+    import time
+
+    if fmt not in FORMATS:
+        raise VitconvertError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    if batch_size < 1:
+        raise VitconvertError(f"batch size must be at least 1 (got {batch_size})")
+    if opset is not None and fmt != "onnx":
+        raise VitconvertError("an opset applies to ONNX only")
+    if opset is not None and not 18 <= opset <= 23:
+        raise VitconvertError(f"opset {opset} is not supported by the dynamo exporter: choose 18 to 23")
+    if fmt == "onnx":
+        require_onnx()
+    target = Path(out) if out is not None else default_output(folder, fmt)
+    started = time.perf_counter()
+    model = load_for_export(folder, img_size)
+    size = model_img_size(model)
+    batches = [batch_size, batch_size + 1] if dynamic_batch else [batch_size]
+    images = check_images(model, max(batches), size)
+    with torch.no_grad():
+        expected = {b: model(images[:b]) for b in batches}
+    with atomic_file(target, force=force, inputs=[folder]) as tmp:
+        example = images[:batch_size]
+        if fmt == "onnx":
+            export_onnx(model, example, tmp, dynamic_batch, opset or DEFAULT_OPSET)
+            run = _onnx_runner(tmp)
+        else:
+            _export_pt2(model, example, tmp, dynamic_batch)
+            run = _pt2_runner(tmp)
+        error = max(relative_error(run(images[:b]), expected[b]) for b in batches)
+        if not math.isfinite(error) or error > tolerance:
+            raise VitconvertError(f"the exported model's logits differ from PyTorch's by {error:.2e} (relative), "
+                                  f"more than {tolerance:g}: not written")
+    return ExportResult(str(target), fmt, size, batch_size, dynamic_batch, error, batches,
+                        time.perf_counter() - started)
+
+
+def _batch_dims(dynamic_batch: bool) -> Optional[tuple[dict[int, Any]]]:
+    return ({0: torch.export.Dim("batch", min=1, max=4096)},) if dynamic_batch else None
+
+
+def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, dynamic_batch: bool = False,
+                opset: int = DEFAULT_OPSET) -> None:
+    """``model`` as ONNX at ``path`` (input ``pixel_values``, output ``logits``), by the dynamo exporter."""
+    try:
+        with quiet():
+            program = torch.onnx.export(model, (example,), dynamo=True, opset_version=opset,
+                                        input_names=["pixel_values"], output_names=["logits"],
+                                        dynamic_shapes=_batch_dims(dynamic_batch), external_data=False)
+            program.save(str(path))
+    except Exception as e:  # an exporter failure is about this model, not a vitconvert bug to trace
+        raise VitconvertError(f"ONNX export failed: {type(e).__name__}: {first_line(e)}") from None
+
+
+def _onnx_runner(path: Path) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda x: session.run(None, {name: x.numpy()})[0]
+
+
+def _export_pt2(model: nn.Module, example: torch.Tensor, path: Path, dynamic_batch: bool) -> None:
+    try:
+        with quiet():
+            program = torch.export.export(model, (example,), dynamic_shapes=_batch_dims(dynamic_batch))
+            buffer = io.BytesIO()  # torch.export.save wants a name ending in .pt2, not our temporary one
+            torch.export.save(program, buffer)
+            path.write_bytes(buffer.getvalue())
+    except Exception as e:
+        raise VitconvertError(f"torch.export failed: {type(e).__name__}: {first_line(e)}") from None
+
+
+def _pt2_runner(path: Path) -> Any:
+    program = torch.export.load(io.BytesIO(path.read_bytes()))  # our own file, written a moment ago
+    module = program.module()
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return module(x)
+
+    return run
