@@ -16,8 +16,8 @@ from .common import console, parse_options, user_errors
 def bench_table(report: dict[str, Any]) -> Table:
     """One row per (size, mode, model); speedups against the softmax row of the same size and mode."""
     backend = " in ONNX Runtime" if report.get("backend") == "onnxruntime" else ""
-    title = (f"{report['arch']}{backend} on {report['device']} ({report['threads']} threads, batch {report['batch_size']}, "
-             f"median of {report['repeats']}, {report['clock']} clock)")
+    title = (f"{report['arch']}{backend} on {report['device']} ({report['threads']} threads, "
+             f"batch {report['batch_size']}, median of {report['repeats']}, {report['clock']} clock)")
     table = Table(title=title)
     for col in ("px", "tokens", "mode", "model", "ms/img", "img/s", "MiB", "GFLOP", "speedup", "bound"):
         table.add_column(col, justify="left" if col in ("mode", "model") else "right")
