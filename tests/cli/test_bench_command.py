@@ -42,6 +42,14 @@ def test_json_has_a_row_per_model_size_and_mode(timm_folder):
     assert report["arch"] == "vit_tiny_patch16_224" and report["threads"] == 1
 
 
+def test_onnxruntime_backend_times_the_exported_models(timm_folder):
+    result = invoke("bench", str(timm_folder), "--to", "elu,ttt", "--backend", "onnxruntime", "--json", *FAST)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["backend"] == "onnxruntime" and [r["model"] for r in report["results"]] == ["softmax", "elu", "ttt"]
+    assert all(r["img_per_s"] > 0 and r["peak_mem_mb"] is None for r in report["results"])
+
+
 def test_table_and_plot(timm_folder, tmp_path):
     pytest.importorskip("matplotlib")
     result = invoke("bench", str(timm_folder), "--to", "relu", "--plot", str(tmp_path / "s.png"), *FAST)
@@ -69,6 +77,8 @@ def test_vitconvert_folder_benches_its_own_variant_against_its_source(timm_folde
     (["--clock", "sundial"], "unknown clock"),
     (["--device", "tpu"], "unknown device"),
     (["--to", "elu", "--option", "colour=red"], "unknown option"),
+    (["--backend", "tensorrt"], "unknown backend 'tensorrt'; valid: torch, onnxruntime"),
+    (["--backend", "onnxruntime", "--train"], "inference on the CPU only"),
 ])
 def test_bad_input_is_one_line(timm_folder, args, text):
     assert_one_line_error(invoke("bench", str(timm_folder), *args, "--repeats", "1"), text)
