@@ -137,3 +137,37 @@ def test_unknown_recipe_is_refused(bad):
 def test_num_classes_zero_is_refused():
     with pytest.raises(VitconvertError, match="num-classes"):
         convert(tiny_model("vit"), "elu", num_classes=0)
+
+
+def test_mimetic_products_have_the_papers_statistics():
+    """W_qᵀW_k ≈ α₁Z + β₁I and W_vᵀW_projᵀ ≈ α₂Z − β₂I, Z ~ N(0, 1/C): mean diagonal ±β and off-diagonal
+    spread α/√C, checked on a one-head layer (rank d = C, so both products are the full targets)."""
+    from timm.layers import Attention
+
+    from vitconvert.attention import VARIANTS
+    from vitconvert.init import mimetic_init
+
+    dim = 256
+    attn = VARIANTS["elu"].from_softmax(Attention(dim, num_heads=1, qkv_bias=True))
+    mimetic_init(attn, torch.Generator().manual_seed(0))
+    w_q, w_k, w_v = (w.double() for w in attn.qkv_weights())
+    off = ~torch.eye(dim, dtype=torch.bool)
+    for product, (alpha, beta), sign in ((w_q.T @ w_k, MIMETIC_QK, 1.0),
+                                         (w_v.T @ attn.proj.weight.double().T, MIMETIC_VO, -1.0)):
+        noise = alpha / dim ** 0.5  # std of αZ's entries
+        assert product.diagonal().mean().item() == pytest.approx(sign * beta, abs=4 * noise / dim ** 0.5)
+        assert product[off].mean().item() == pytest.approx(0.0, abs=4 * noise / dim)
+        assert product[off].std().item() == pytest.approx(noise, rel=0.05)
+    assert all(b.abs().max() == 0 for b in attn.qkv_biases())
+
+
+def test_mimetic_heads_keep_a_positive_diagonal_at_rank_d():
+    """With several heads each W_qᵀW_k is the best rank-d part of its target: still identity-leaning."""
+    model = tiny_model("vit")
+    student, _ = convert(model, "elu", attn_init="mimetic", seed=1)
+    attn = next(m for m in student.modules() if isinstance(m, LinearAttention))
+    w_q, w_k, _ = attn.qkv_weights()
+    d = attn.head_dim
+    for h in range(attn.num_heads):
+        product = w_q[h * d:(h + 1) * d].T @ w_k[h * d:(h + 1) * d]
+        assert 0 < product.diagonal().mean().item() <= MIMETIC_QK[1] * 1.05

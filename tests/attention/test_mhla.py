@@ -54,8 +54,9 @@ CASES = [((2, 2), 2, 0), ((4, 4), 2, 1), ((6, 6), 2, 5), ((6, 6), 4, 1), ((5, 7)
 
 @pytest.mark.parametrize("grid,blocks,num_prefix", CASES)
 @pytest.mark.parametrize("masked", [False, True])
-def test_mix_matches_reference(grid, blocks, num_prefix, masked):
-    mod = make_module(num_prefix, grid, blocks_per_side=blocks)
+@pytest.mark.parametrize("denominator", ["consistent", "official"])
+def test_mix_matches_reference(grid, blocks, num_prefix, masked, denominator):
+    mod = make_module(num_prefix, grid, blocks_per_side=blocks, denominator=denominator)
     tokens = num_prefix + (grid[0] * grid[1] if grid else 6)
     q, k, v = random_qkv(2, mod.num_heads, tokens, mod.head_dim)
     key_valid = random_mask(2, tokens) if masked else None
@@ -221,3 +222,25 @@ def test_bf16_is_finite_and_close_to_fp32():
         low = mod(x)
     assert low.dtype == torch.bfloat16 and torch.isfinite(low).all()
     assert (low.float() - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+@pytest.mark.parametrize("denominator,matches", [("official", True), ("consistent", False)])
+def test_official_denominator_equals_the_official_code(denominator, matches):
+    """``denominator=official`` is DAGroup-PKU/MHLA's function (vendored in tests/attention/official/mhla.py);
+    the default, ``consistent``, is not (it normalises each query by its own attention weights)."""
+    from .official.mhla import official_core
+
+    grid, counts = (4, 6), (2, 3)
+    mod = make_module(0, grid, dim=8, heads=2, blocks_per_side=list(counts), qk_rmsnorm=False, lepe_kernel=0,
+                      denominator=denominator)
+    q, k, v = random_qkv(2, mod.num_heads, grid[0] * grid[1], mod.head_dim)
+    ours = mod.mix(q, k, v, None, grid)
+
+    def blocked(t):  # (B, H, h·w, d) -> (B·H, blocks, tokens per block, d), blocks and tokens row-major
+        B, H, _, d = t.shape
+        t = t.reshape(B, H, counts[0], grid[0] // counts[0], counts[1], grid[1] // counts[1], d)
+        return t.permute(0, 1, 2, 4, 3, 5, 6).reshape(B * H, counts[0] * counts[1], -1, d)
+
+    theirs = official_core(blocked(q), blocked(k), blocked(v), mod.block_mix.detach(), mod.options["eps"])
+    relative = (blocked(ours) - theirs).abs().max() / theirs.abs().max()
+    assert (relative <= 1e-6) == matches, float(relative)

@@ -51,6 +51,7 @@ from .kernel import kernel_attention, kernel_attention_reference, with_ones
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+DENOMINATORS = ("consistent", "official")
 TRANSFORMS = ("cos", "linear", "exp", "local")
 
 
@@ -226,6 +227,7 @@ class MHLAttention(LinearAttention):
         input_norm: bool = True,
         lepe_kernel: int = 5,
         eps: float = 1e-6,
+        denominator: str = "consistent",
         **kwargs: Unpack[AttentionArgs],
     ):
         """Options:
@@ -238,7 +240,12 @@ class MHLAttention(LinearAttention):
         - ``input_norm``: the reference's LayerNorm on the layer input
         - ``lepe_kernel``: depthwise conv over V on the grid; 0 turns LePE off
         - ``eps``: added to φ = relu + eps and to the normaliser
+        - ``denominator``: ``consistent`` (default) normalises each query by its own φ(q_i)·Σ_b W_ab z_b, the sum
+          of its attention weights; ``official`` mixes per-block scalars Σ_b W_ab φ(q_{b,l})·z_b (queries of the
+          other blocks at the same in-block position l) as DAGroup-PKU/MHLA's code does (docs/variants.md)
         """
+        if denominator not in DENOMINATORS:
+            raise ValueError(f"unknown denominator {denominator!r}; valid: {', '.join(DENOMINATORS)}")
         if transform not in TRANSFORMS:
             raise ValueError(f"unknown transform {transform!r}; valid: {', '.join(TRANSFORMS)}")
         if lepe_kernel and lepe_kernel % 2 == 0:
@@ -247,7 +254,7 @@ class MHLAttention(LinearAttention):
             blocks_per_side = list(blocks_per_side)  # JSON-safe in self.options
         options = {"blocks_per_side": blocks_per_side, "block_side": block_side, "transform": transform,
                    "exp_sigma": exp_sigma, "local_threshold": local_threshold, "qk_rmsnorm": qk_rmsnorm,
-                   "input_norm": input_norm, "lepe_kernel": lepe_kernel, "eps": eps}
+                   "input_norm": input_norm, "lepe_kernel": lepe_kernel, "eps": eps, "denominator": denominator}
         super().__init__(dim, num_heads, options=options, **kwargs)
 
     def build_extra_parameters(self) -> None:
@@ -340,13 +347,30 @@ class MHLAttention(LinearAttention):
         blocks = counts[0] * counts[1]
         mix = self.block_mix.to(v.dtype).expand(B, H, blocks, blocks)  # an explicit bmm: matmul would fold and copy
         mixed = (mix @ states.reshape(B, H, blocks, d * (d + 1))).view_as(states)
-        read = to_blocks(q_sp, grid, counts, False) @ (mixed + prefix_state[:, :, None])  # (B, H, M, L, d+1)
+        official = self.options["denominator"] == "official"
+        q_blocks = to_blocks(q_sp, grid, counts, official)  # official: padding slots add nothing to other blocks
+        read = q_blocks @ (mixed + prefix_state[:, :, None])  # (B, H, M, L, d+1)
+        if official:  # Σ_b W_ab φ(q_{b,l})·z_b, + φ(q_i)·z_prefix for the prefix block W̃ adds
+            own = (q_blocks @ states[..., -1:]).squeeze(-1)  # (B, H, M, L): φ(q_{b,l})·z_b
+            prefix_z = q_blocks @ prefix_state[:, :, None, :, -1:]
+            read = torch.cat((read[..., :-1], (mix @ own).unsqueeze(-1) + prefix_z), dim=-1)
         spatial = from_blocks(read[..., :-1] / (read[..., -1:] + eps), grid, counts)
         if lepe is not None:
             spatial = spatial + lepe
         prefix = q_pre @ (states.sum(dim=2) + prefix_state)
         prefix = prefix[..., :-1] / (prefix[..., -1:] + eps)
         return torch.cat((prefix, spatial), dim=2)
+
+    def _reference_partners(self, grid: tuple[int, int], block_of: torch.Tensor,
+                            blocks: int) -> dict[int, dict[int, int]]:
+        """Spatial token i -> {block b: the token of b at i's in-block position} (row-major order in a block)."""
+        position, seen = {}, [0] * blocks
+        members: dict[int, dict[int, int]] = {b: {} for b in range(blocks)}
+        for i, b in enumerate(block_of.tolist()):
+            if b < blocks:
+                position[i], seen[b] = seen[b], seen[b] + 1
+                members[b][position[i]] = i
+        return {i: {b: members[b][l] for b in range(blocks) if l in members[b]} for i, l in position.items()}
 
     def reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                   grid: Grid) -> torch.Tensor:
@@ -364,8 +388,19 @@ class MHLAttention(LinearAttention):
         extended[:blocks, :blocks] = self.block_mix.to(v.dtype)
         block_of = torch.tensor([blocks] * self.num_prefix_tokens + reference_block_of(grid, self.block_counts),
                                 device=v.device)
-        scores = (phi_q @ phi_k.transpose(-2, -1)) * extended[block_of][:, block_of]
-        out = (scores @ v) / (scores.sum(dim=-1, keepdim=True) + eps)
+        mask = extended[block_of][:, block_of]
+        scores = (phi_q @ phi_k.transpose(-2, -1)) * mask
+        norm = scores.sum(dim=-1, keepdim=True)
+        if self.options["denominator"] == "official":  # query i reads its in-block partners' denominators
+            dots, npt = phi_q @ phi_k.transpose(-2, -1), self.num_prefix_tokens  # φ(q_r)·φ(k_j)
+            norm = norm.clone()
+            for i, partner in self._reference_partners(grid, block_of, blocks).items():
+                total = dots[:, :, i, :npt].sum(-1)  # the prefix block: weight 1, the query's own φ(q_i)
+                for j in range(npt, len(block_of)):
+                    if int(block_of[j]) in partner:
+                        total = total + mask[i, j] * dots[:, :, partner[int(block_of[j])], j]
+                norm[:, :, i, 0] = total
+        out = (scores @ v) / (norm + eps)
         if self.lepe is not None:
             lepe = lepe_reference(to_grid(self._masked_spatial_v(v, key_valid), grid), self.lepe)
             out = torch.cat((out[:, :, :self.num_prefix_tokens],

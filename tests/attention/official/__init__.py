@@ -1,0 +1,1 @@
+"""Minimal, attributed copies of the official formulas each variant is checked against (tests only)."""
