@@ -252,3 +252,29 @@ def test_fully_masked_item_stays_finite():
     key_valid[1] = False
     out = inline_attention(q, k, v, key_valid, 0.5)
     assert torch.isfinite(out).all() and (out[1] == 0).all()
+
+
+@pytest.mark.parametrize("local_residual", [True, False])
+def test_equals_the_official_module(local_residual):
+    """Against LeapLabTHU/InLine's own module (vendored in tests/attention/official/inline.py), same weights,
+    float64, a 5×5 grid after a class token: equal with ``local_residual`` (the official code always has it),
+    and equal to the official module with its residual branch removed when the option is off."""
+    from .official.inline import OfficialInLineAttention
+
+    torch.manual_seed(0)
+    dim, heads = 16, 2
+    official = OfficialInLineAttention(dim, heads, qkv_bias=True).double()
+    source = Attention(dim, heads, qkv_bias=True).double()
+    source.load_state_dict({k: v for k, v in official.state_dict().items() if not k.startswith("residual")})
+    ours = InLineAttention.from_softmax(source, num_prefix_tokens=1, grid_size=(5, 5),
+                                        local_residual=local_residual).double()
+    if local_residual:
+        ours.local_kernel_predictor.load_state_dict(official.residual.state_dict())
+    else:
+        with torch.no_grad():  # the official module with its residual branch removed: kernels of zeros
+            official.residual[2].weight.zero_()
+            official.residual[2].bias.zero_()
+    x = torch.randn(2, 26, dim, dtype=torch.float64)
+    want = official(x)
+    got = ours(x)
+    assert ((got - want).abs().max() / want.abs().max()).item() <= 1e-12

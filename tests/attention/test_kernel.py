@@ -132,3 +132,24 @@ def test_bf16_is_finite_and_close_to_float32(cls):
     exact = mod.mix(*[t.float() for t in low], None, None)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     torch.testing.assert_close(out.float(), exact, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("cls,phi", [(EluAttention, lambda x: torch.nn.functional.elu(x) + 1),
+                                     (ReluAttention, torch.relu)], ids=VARIANT_IDS)
+def test_module_equals_the_katharopoulos_formula_written_out(cls, phi):
+    """Katharopoulos et al. 2020, eq. 4, token by token, with nothing from vitconvert but the weights:
+    V'_i = Σ_j φ(Q_i)ᵀφ(K_j) V_j / Σ_j φ(Q_i)ᵀφ(K_j), per head, then the output projection."""
+    mod = make_module(cls, num_prefix=1)
+    (x,) = random_tensors((2, 17, 8))
+    B, N, C = x.shape
+    H, d = mod.num_heads, C // mod.num_heads
+    qkv = x @ mod.qkv.weight.T + mod.qkv.bias
+    q, k, v = (t.reshape(B, N, H, d) for t in qkv.split(C, dim=-1))
+    out = torch.zeros(B, N, H, d, dtype=x.dtype)
+    for b in range(B):
+        for h in range(H):
+            for i in range(N):
+                weights = [phi(q[b, i, h]) @ phi(k[b, j, h]) for j in range(N)]
+                out[b, i, h] = sum(w * v[b, j, h] for j, w in enumerate(weights)) / (sum(weights) + 1e-6)
+    want = out.reshape(B, N, C) @ mod.proj.weight.T + mod.proj.bias
+    torch.testing.assert_close(mod(x), want, atol=1e-12, rtol=0)

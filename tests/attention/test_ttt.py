@@ -167,3 +167,30 @@ def test_bf16_is_finite_and_close_to_fp32():
         low = mod(x)
     assert low.dtype == torch.bfloat16 and torch.isfinite(low).all()
     assert (low.float() - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_equals_the_official_module():
+    """Against LeapLabTHU/Transformer-to-TTT's own layer (vendored in tests/attention/official/ttt.py), same
+    weights, float64, a 5×5 grid and no class token (the official model has none)."""
+    from .official.ttt import OfficialTTTAttention
+
+    torch.manual_seed(0)
+    dim, heads = 16, 2
+    official = OfficialTTTAttention(dim, heads, qkv_bias=True).double()
+    with torch.no_grad():
+        for w in (official.w1, official.w2, official.w3):
+            w.normal_(std=0.3)  # larger than the 0.02 init, so the inner step changes the output visibly
+        for conv in (official.q_conv2d, official.k_conv2d):
+            conv.weight.normal_(std=0.3)
+    source = Attention(dim, heads, qkv_bias=True).double()
+    source.load_state_dict({k: official.state_dict()[k] for k in ("qkv.weight", "qkv.bias", "proj.weight",
+                                                                   "proj.bias")})
+    ours = TTTAttention.from_softmax(source, num_prefix_tokens=0, grid_size=(5, 5)).double()
+    with torch.no_grad():
+        for name in ("w1", "w2", "w3"):
+            getattr(ours, f"fast_{name}").copy_(getattr(official, name)[0])
+        ours.q_conv.load_state_dict(official.q_conv2d.state_dict())
+        ours.k_conv.load_state_dict(official.k_conv2d.state_dict())
+    x = torch.randn(2, 25, dim, dtype=torch.float64)
+    want, got = official(x), ours(x)
+    assert ((got - want).abs().max() / want.abs().max()).item() <= 1e-12
