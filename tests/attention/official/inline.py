@@ -6,7 +6,6 @@ layers and the forward's arithmetic, line for line; dropped: dropout layers (ide
 softmax and window attributes.
 """
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
