@@ -76,13 +76,22 @@ def test_a_failing_training_ends_every_worker_with_one_line(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("quickstart hung after a training failed")
     ended = time.time()
-    left = [p.parent.name for p in Path("/proc").glob("[0-9]*/stat")
-            if _session_of(p) == proc.pid]
-    assert left == [], f"processes left behind: {left}"
+    deadline = ended + 5  # multiprocessing's resource tracker exits on its own once the parent is gone
+    while (left := [p.parent.name for p in Path("/proc").glob("[0-9]*/stat") if _session_of(p) == proc.pid]) \
+            and time.time() < deadline:
+        time.sleep(0.1)
+    assert left == [], f"processes left behind: {[(p, _cmdline(p)) for p in left]}"
     assert mark.is_file() and ended - float(mark.read_text()) < 10
     lines = err.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1, err
     assert lines[0].startswith("error: elu") and "RuntimeError: injected training failure" in lines[0], err
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+    except OSError:
+        return "?"
 
 
 def _session_of(stat: Path) -> int:
