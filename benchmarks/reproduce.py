@@ -8,6 +8,14 @@ and record its final validation top-1. Then write the mean ± std table and a pl
     python benchmarks/reproduce.py                  # 5 variants × 3 seeds × 8 configs = 120 runs, 2 workers
     python benchmarks/reproduce.py --jobs 8         # on a bigger machine (each worker gets cores / jobs threads)
     python benchmarks/reproduce.py --report-only    # rebuild table and plot from the recorded runs
+    python benchmarks/reproduce.py --regime transfer   # the paper's setting: source task != target task
+
+``--regime transfer`` is the paper's regime at toy scale: the softmax teacher is pretrained on a *source*
+task (digits 0-4, by benchmarks/train_digits_teacher.py's recipe, 60 epochs), and every student is converted
+from it, re-headed (a fresh 5-way head) and trained on a *different* target task (digits 5-9, as an image
+folder). The distillation teacher is the source model as pretrained, not fine-tuned on the target: its
+attention outputs on target images are what the students distil. Records carry ``regime``; the table goes
+between the ``reproduce-transfer`` markers of docs/results.md, the plot to docs/results-transfer.png.
 
 Every finished run is appended to benchmarks/results/reproduce.jsonl; a rerun skips runs already recorded
 with the same settings, so an interrupted benchmark continues where it stopped.
@@ -33,6 +41,10 @@ RESULTS = ROOT / "benchmarks" / "results" / "reproduce.jsonl"
 DOC = ROOT / "docs" / "results.md"
 PLOT = ROOT / "docs" / "results.png"
 BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
+REGIMES = ("same", "transfer")
+SOURCE_CLASSES, TARGET_CLASSES = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9)
+TRANSFER_DIR = ROOT / "benchmarks" / "results" / "transfer"  # the source teacher and the target image folder
+SOURCE_EPOCHS = 60
 VARIANTS = ("elu", "relu", "inline", "mhla", "ttt")
 OPTIONS: dict[str, dict[str, Any]] = {"mhla": {"blocks_per_side": 2}}  # 2×2 token-level heads on the 4×4 grid
 
@@ -62,7 +74,38 @@ CONFIGS = (
 BY_NAME = {c.name: c for c in CONFIGS}
 
 
-def run_one(variant: str, config: Config, seed: int, epochs: int, threads: int) -> dict[str, Any]:
+def prepare_transfer() -> tuple[Path, Path]:
+    """(source teacher folder, target image folder), made once: a softmax teacher trained on digits 0-4 and
+    the digits 5-9 as train/ and val/ class folders (timm numbers them 0-4 in sorted order)."""
+    import sys
+
+    import timm
+
+    from vitconvert.assets import digits_dataset
+
+    source, target = TRANSFER_DIR / "source-teacher", TRANSFER_DIR / "target-digits-5to9"
+    if not (source / "model.safetensors").is_file():
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from train_digits_teacher import train
+
+        model, top1 = train(SOURCE_EPOCHS, 64, 2e-3, 0, SOURCE_CLASSES)
+        timm.models.save_for_hf(model, str(source), safe_serialization=True)
+        (source / "training.json").write_text(json.dumps({"classes": SOURCE_CLASSES, "epochs": SOURCE_EPOCHS,
+                                                          "val_top1": round(top1, 4)}) + "\n")
+        print(f"source teacher (digits 0-4): val top-1 {100 * top1:.2f}%", flush=True)
+    if not (target / "val").is_dir():
+        for split in ("train", "val"):
+            ds = digits_dataset(split)
+            for i, label in enumerate(ds.targets):
+                if label in TARGET_CLASSES:
+                    folder = target / split / str(label)
+                    folder.mkdir(parents=True, exist_ok=True)
+                    ds.image(i).save(folder / f"{int(ds.indices[i]):04d}.png")
+    return source, target
+
+
+def run_one(variant: str, config: Config, seed: int, epochs: int, threads: int,
+            regime: str = "same") -> dict[str, Any]:
     """convert -> save -> distill (attention loss on or off) -> the run's final val top-1; folders are discarded."""
     import torch
 
@@ -71,37 +114,46 @@ def run_one(variant: str, config: Config, seed: int, epochs: int, threads: int) 
     from vitconvert.sources import load_source
 
     torch.set_num_threads(threads)
-    teacher = load_source("digits").model
+    spec, extra, heads = "digits", {}, None
+    if regime == "transfer":  # the source teacher, re-headed students, the target folder
+        source, target = prepare_transfer()
+        spec, extra, heads = str(source), {"data": str(target), "img_size": None}, len(TARGET_CLASSES)
+    teacher = load_source(spec).model
     student, _ = convert(teacher, to=variant, attn_init=config.attn_init, mlp_init=config.mlp_init,
-                         rest_init=config.rest_init, seed=seed, options=OPTIONS.get(variant), source="digits")
+                         rest_init=config.rest_init, seed=seed, options=OPTIONS.get(variant), source=spec,
+                         num_classes=heads)
     work = Path(tempfile.mkdtemp(prefix=f"reproduce-{variant}-{config.name}-{seed}-"))
     try:
         start = save(student, work / "init", pretrained=True)
-        overrides = {"epochs": epochs, "seed": seed, "attn_weight": 1.0 if config.distill else 0.0, "kd_weight": 0.0}
+        overrides = {"epochs": epochs, "seed": seed, "attn_weight": 1.0 if config.distill else 0.0, "kd_weight": 0.0,
+                     **extra}
         result = distill(start, work / "run", recipe="quickstart", overrides=overrides, show=False, device="cpu")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"variant": variant, "config": config.name, "seed": seed, "epochs": epochs,
+    return {"variant": variant, "config": config.name, "seed": seed, "epochs": epochs, "regime": regime,
             "top1": result.metrics["top1"], "top5": result.metrics["top5"], "loss": result.metrics["loss"],
             "seconds": round(result.seconds, 2)}
 
 
-def read_records(epochs: int) -> list[dict[str, Any]]:
+def read_records(epochs: int, regime: str = "same") -> list[dict[str, Any]]:
     if not RESULTS.is_file():
         return []
     rows = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("epochs") == epochs and r.get("kind", "run") == "run"]
+    return [r for r in rows if r.get("epochs") == epochs and r.get("kind", "run") == "run"
+            and r.get("regime", "same") == regime]
 
 
-def run_all(variants: list[str], seeds: list[int], epochs: int, jobs: int) -> None:
-    done = {(r["variant"], r["config"], r["seed"]) for r in read_records(epochs)}
+def run_all(variants: list[str], seeds: list[int], epochs: int, jobs: int, regime: str = "same") -> None:
+    if regime == "transfer":
+        prepare_transfer()  # once, before the workers start
+    done = {(r["variant"], r["config"], r["seed"]) for r in read_records(epochs, regime)}
     todo = [(v, c, s) for v in variants for s in seeds for c in CONFIGS if (v, c.name, s) not in done]
     print(f"{len(todo)} runs to do ({len(done)} already recorded), {epochs} epochs each, {jobs} job(s)", flush=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     threads = max(1, (os.cpu_count() or 1) // jobs)
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_one, v, c, s, epochs, threads): (v, c.name, s) for v, c, s in todo}
+        futures = {pool.submit(run_one, v, c, s, epochs, threads, regime): (v, c.name, s) for v, c, s in todo}
         for i, future in enumerate(as_completed(futures), 1):
             record = future.result()
             with RESULTS.open("a") as f:
@@ -121,14 +173,18 @@ def summarise(records: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[floa
     return {k: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)) for k, v in groups.items()}
 
 
-def teacher_top1() -> float:
+def teacher_top1(regime: str = "same") -> float:
+    """The softmax teacher's val top-1: on the digits (same task), or on its own source task (transfer)."""
     from vitconvert.evaluate import evaluate
     from vitconvert.sources import load_source
 
+    if regime == "transfer":
+        return 100 * json.loads((prepare_transfer()[0] / "training.json").read_text())["val_top1"]
     return 100 * evaluate(load_source("digits").model, "digits", device="cpu")["top1"]
 
 
-def markdown_table(stats: dict, variants: list[str], teacher: float) -> str:
+def markdown_table(stats: dict, variants: list[str], teacher: float,
+                   teacher_label: str = "softmax teacher (one model)") -> str:
     head = "| configuration | " + " | ".join(variants) + " |"
     lines = [head, "|---|" + "---:|" * len(variants)]
     for c in CONFIGS:
@@ -137,7 +193,7 @@ def markdown_table(stats: dict, variants: list[str], teacher: float) -> str:
             mean, std, n = stats.get((v, c.name), (float("nan"), 0.0, 0))
             cells.append(f"{mean:.1f} ± {std:.1f}" if n else "–")
         lines.append(f"| {c.label} | " + " | ".join(cells) + " |")
-    lines.append("| softmax teacher (one model) | " + " | ".join(f"{teacher:.1f}" for _ in variants) + " |")
+    lines.append(f"| {teacher_label} | " + " | ".join(f"{teacher:.1f}" for _ in variants) + " |")
     return "\n".join(lines)
 
 
@@ -166,39 +222,46 @@ def plot(stats: dict, variants: list[str], teacher: float, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(variants: list[str], epochs: int) -> None:
-    records = read_records(epochs)
+def write_report(variants: list[str], epochs: int, regime: str = "same") -> None:
+    records = read_records(epochs, regime)
     if not records:
-        raise SystemExit(f"no recorded runs with {epochs} epochs in {RESULTS}")
+        raise SystemExit(f"no recorded {regime}-task runs with {epochs} epochs in {RESULTS}")
     stats = summarise(records)
     shown = [v for v in variants if any(k[0] == v for k in stats)]
-    teacher = teacher_top1()
-    plot(stats, shown, teacher, PLOT)
+    teacher = teacher_top1(regime)
+    transfer = regime == "transfer"
+    begin, end = (BEGIN.replace("reproduce", "reproduce-transfer"), END.replace("reproduce", "reproduce-transfer")) \
+        if transfer else (BEGIN, END)
+    figure = PLOT.with_name("results-transfer.png") if transfer else PLOT
+    label = "softmax source teacher, on its source task 0-4" if transfer else "softmax teacher (one model)"
+    plot(stats, shown, teacher, figure)
     seeds = sorted({r["seed"] for r in records})
     minutes = sum(r["seconds"] for r in records) / 60
     import timm
     import torch
 
+    what = ("Target-task (digits 5-9) val top-1 (%)" if transfer else "Digits val top-1 (%)")
     block = "\n".join([
-        BEGIN,
-        f"Digits val top-1 (%), mean ± std over seeds {', '.join(map(str, seeds))}; {epochs} epochs per run, "
+        begin,
+        f"{what}, mean ± std over seeds {', '.join(map(str, seeds))}; {epochs} epochs per run, "
         f"recipe `recipes/quickstart.yaml`; {len(records)} runs, {minutes:.0f} min of training in all "
         f"({platform.machine()}, torch {torch.__version__.split('+')[0]}, timm {timm.__version__}). "
-        "Written by `python benchmarks/reproduce.py`.",
+        f"Written by `python benchmarks/reproduce.py{' --regime transfer' if transfer else ''}`.",
         "",
-        markdown_table(stats, shown, teacher),
+        markdown_table(stats, shown, teacher, label),
         "",
-        f"![digits val top-1 per variant and init configuration]({PLOT.name})",
-        END,
+        f"![{what} per variant and init configuration]({figure.name})",
+        end,
     ])
-    text = DOC.read_text() if DOC.is_file() else f"# Results\n\n{BEGIN}\n{END}\n"
-    if BEGIN not in text or END not in text:
-        text = text.rstrip() + f"\n\n{BEGIN}\n{END}\n"
-    before, rest = text.split(BEGIN, 1)
-    after = rest.split(END, 1)[1]
+    text = DOC.read_text() if DOC.is_file() else f"# Results\n\n{begin}\n{end}\n"
+    if begin not in text or end not in text:
+        text = text.rstrip() + f"\n\n{begin}\n{end}\n"
+    before, rest = text.split(begin, 1)
+    after = rest.split(end, 1)[1]
     DOC.write_text(before + block + after)
-    print(f"wrote {DOC} and {PLOT}")
-    (RESULTS.parent / "reproduce-summary.json").write_text(json.dumps(
+    print(f"wrote {DOC} and {figure}")
+    summary = "reproduce-transfer-summary.json" if transfer else "reproduce-summary.json"
+    (RESULTS.parent / summary).write_text(json.dumps(
         {"epochs": epochs, "seeds": seeds, "teacher_top1": teacher,
          "mean_std_runs": {f"{v}/{c}": list(s) for (v, c), s in sorted(stats.items())}}, indent=1) + "\n")
 
@@ -210,12 +273,14 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5, help="the equal epoch budget of every run")
     parser.add_argument("--jobs", type=int, default=2, help="parallel runs; the CPU threads are split evenly")
     parser.add_argument("--report-only", action="store_true", help="only rebuild docs/results.md and the plot")
+    parser.add_argument("--regime", choices=REGIMES, default="same",
+                        help="same: the teacher's own task; transfer: pretrained on digits 0-4, trained on 5-9")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     if not args.report_only:
-        run_all(variants, seeds, args.epochs, args.jobs)
-    write_report(variants, args.epochs)
+        run_all(variants, seeds, args.epochs, args.jobs, args.regime)
+    write_report(variants, args.epochs, args.regime)
 
 
 if __name__ == "__main__":

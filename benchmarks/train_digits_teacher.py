@@ -29,10 +29,13 @@ MODEL_ARGS = dict(img_size=16, patch_size=4, embed_dim=64, depth=4, num_heads=2,
 IMG_SIZE = MODEL_ARGS["img_size"]
 
 
-def data_cfg(mean: tuple[float, ...], std: tuple[float, ...]) -> dict:
+ALL_CLASSES = tuple(range(10))
+
+
+def data_cfg(mean: tuple[float, ...], std: tuple[float, ...], classes: tuple[int, ...] = ALL_CLASSES) -> dict:
     """What the folder tells timm (and vitconvert's trainer) about its inputs."""
     return dict(tag="digits", input_size=(3, IMG_SIZE, IMG_SIZE), mean=mean, std=std, crop_pct=1.0,
-                interpolation="bilinear", num_classes=10, label_names=[str(i) for i in range(10)])
+                interpolation="bilinear", num_classes=len(classes), label_names=[str(i) for i in classes])
 
 
 def pixel_stats() -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -45,11 +48,14 @@ def pixel_stats() -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(round(float(v), 4) for v in mean), tuple(round(float(v), 4) for v in std)
 
 
-def tensors(model: torch.nn.Module, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split through timm's eval transform of the model's pretrained_cfg, as one tensor."""
+def tensors(model: torch.nn.Module, split: str,
+            classes: tuple[int, ...] = ALL_CLASSES) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split's images of ``classes`` (labels renumbered 0..k-1) through timm's eval transform of the
+    model's pretrained_cfg, as one tensor."""
     transform = create_transform(**resolve_data_config(model=model))
     ds = digits_dataset(split, transform=transform)
-    return torch.stack([img for img, _ in ds]), torch.tensor(ds.targets)
+    keep = [i for i, t in enumerate(ds.targets) if t in classes]
+    return torch.stack([ds[i][0] for i in keep]), torch.tensor([classes.index(ds.targets[i]) for i in keep])
 
 
 def jitter(x: torch.Tensor, background: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -71,12 +77,16 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return (model(x).argmax(-1) == y).float().mean().item()
 
 
-def train(epochs: int, batch_size: int, lr: float, seed: int) -> tuple[torch.nn.Module, float]:
+def train(epochs: int, batch_size: int, lr: float, seed: int,
+          classes: tuple[int, ...] = ALL_CLASSES) -> tuple[torch.nn.Module, float]:
+    """A teacher trained on the digits of ``classes`` (all ten by default; a subset for the transfer regime of
+    benchmarks/reproduce.py, whose source task is 0-4)."""
     torch.manual_seed(seed)
     mean, std = pixel_stats()
-    model = timm.create_model(ARCH, pretrained=False, pretrained_cfg_overlay=data_cfg(mean, std), **MODEL_ARGS)
-    x_train, y_train = tensors(model, "train")
-    x_val, y_val = tensors(model, "val")
+    model = timm.create_model(ARCH, pretrained=False, pretrained_cfg_overlay=data_cfg(mean, std, classes),
+                              **{**MODEL_ARGS, "num_classes": len(classes)})
+    x_train, y_train = tensors(model, "train", classes)
+    x_val, y_val = tensors(model, "val", classes)
     background = (0 - torch.tensor(mean)) / torch.tensor(std)
     steps = (len(y_train) + batch_size - 1) // batch_size
     optimizer = create_optimizer_v2(model, "adamw", lr=lr, weight_decay=0.05)

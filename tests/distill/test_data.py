@@ -105,8 +105,13 @@ def child_processes() -> set[int]:
     import os
     from pathlib import Path
 
-    return {int(p) for task in Path(f"/proc/{os.getpid()}/task").iterdir()
-            for p in (task / "children").read_text().split()}
+    found = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            found |= {int(p) for p in (task / "children").read_text().split()}
+        except FileNotFoundError:  # a thread that ended between the listing and the read
+            continue
+    return found
 
 
 class Broken(TransformedDataset):
