@@ -21,7 +21,7 @@ import timm
 import torch
 
 from vitconvert import convert
-from vitconvert.distill.capture import DistillStudent, TeacherTap, attention_pairs
+from vitconvert.capture import DistillStudent, TeacherTap, attention_pairs
 from vitconvert.distill.losses import DistillLoss, LossWeights
 from vitconvert.recipes import Recipe
 

@@ -81,7 +81,7 @@ def prepare_transfer() -> tuple[Path, Path]:
 
     import timm
 
-    from vitconvert.assets import digits_dataset
+    from vitconvert.data import digits_dataset
 
     source, target = TRANSFER_DIR / "source-teacher", TRANSFER_DIR / "target-digits-5to9"
     if not (source / "model.safetensors").is_file():

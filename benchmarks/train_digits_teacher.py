@@ -22,7 +22,8 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from torch.nn import functional as F
 
-from vitconvert.assets import TEACHER_DIR, digits_dataset
+from vitconvert.assets import TEACHER_DIR
+from vitconvert.data import digits_dataset
 
 ARCH = "vit_tiny_patch16_224"
 MODEL_ARGS = dict(img_size=16, patch_size=4, embed_dim=64, depth=4, num_heads=2, num_classes=10)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from timm.data import create_transform, resolve_data_config
 
-from vitconvert.assets import digits_dataset, export_imagefolder
+from vitconvert.data import digits_dataset, export_imagefolder
 from vitconvert.errors import VitconvertError
 from vitconvert.sources import load_source
 
@@ -49,7 +49,7 @@ def test_export_imagefolder_writes_the_layout_distill_reads(tmp_path):
 def test_bundled_teacher_loads_by_name_and_beats_chance_by_far():
     src = load_source("digits")
     model = src.model.eval()
-    assert src.vitconvert is None and model.num_classes == 10  # a plain softmax timm ViT
+    assert model.num_classes == 10 and all(type(b.attn).__name__ == "Attention" for b in model.blocks)  # softmax
     transform = create_transform(**resolve_data_config(model=model))
     ds = digits_dataset("val", transform=transform)
     x = torch.stack([img for img, _ in ds])

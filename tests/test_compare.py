@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 import vitconvert
 from vitconvert.compare import compare_models, plot_compare
-from vitconvert.distill.capture import DistillStudent, TeacherTap, attention_pairs
+from vitconvert.capture import DistillStudent, TeacherTap, attention_pairs
 from vitconvert.errors import VitconvertError
 
 

@@ -67,7 +67,7 @@ def test_failed_save_leaves_nothing(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(folder, "render_card", broken, raising=False)
-    monkeypatch.setattr("vitconvert.card.render_card", broken)
+    monkeypatch.setattr("vitconvert.folder.render_card", broken)
     with pytest.raises(VitconvertError, match="cannot write .*disk full"):  # one line for the user
         vitconvert.save(student, tmp_path / "m")
     assert list(tmp_path.iterdir()) == []

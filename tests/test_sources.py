@@ -139,8 +139,8 @@ def test_hf_hub_offline_is_read_one_way_everywhere(monkeypatch, value, offline):
     import huggingface_hub.constants as c
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from vitconvert.hub import hub_offline
-    from vitconvert.sources import hub_folder
+    from vitconvert.hub_io import hub_offline
+    from vitconvert.hub_io import hub_snapshot as hub_folder
 
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HUB_OFFLINE", value)
@@ -158,7 +158,7 @@ def test_hf_hub_offline_is_read_one_way_everywhere(monkeypatch, value, offline):
 def test_hf_hub_offline_set_before_huggingface_hub_was_imported_counts(monkeypatch):
     import huggingface_hub.constants as c
 
-    from vitconvert.hub import hub_offline
+    from vitconvert.hub_io import hub_offline
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)  # e.g. TRANSFORMERS_OFFLINE=1, which huggingface_hub also reads

@@ -1,8 +1,8 @@
 """vitconvert: pretrained softmax ViTs -> linear-attention ViTs (copy the same, distill the difference)."""
 
-__version__ = "0.1.0"
+import sys as _sys
 
-import sys as _sys  # noqa: E402
+from .version import __version__
 
 if _sys.argv and _sys.argv[0].rsplit("/", 1)[-1] == "vitconvert":  # the console script: Ctrl-C while torch and
     def _interrupted(kind, value, tb):  # timm import (before any command runs) is one line, not a traceback
@@ -15,7 +15,8 @@ if _sys.argv and _sys.argv[0].rsplit("/", 1)[-1] == "vitconvert":  # the console
 
 from .attention import VARIANTS  # noqa: E402
 from .convert import convert  # noqa: E402
-from .folder import load, save  # noqa: E402
+from .folder import save  # noqa: E402
+from .loading import load  # noqa: E402
 from .timm_registry import register as _register_with_timm  # noqa: E402,F401  (import registers with timm)
 
 __all__ = ["VARIANTS", "convert", "load", "save", "__version__"]

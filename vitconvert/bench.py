@@ -40,9 +40,15 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from .attention import VARIANTS
+from .convert import fresh_like
 from .errors import VitconvertError, first_line
+from .export import export_onnx, require_onnx
+from .folder import read_config
+from .hub_io import hub_snapshot
+from .sources import load_source
 from .surgery import model_geometry, swap_attention
 from .threads import torch_threads
+from .timm_registry import create_source_model, source_architecture
 
 SOFTMAX = "softmax"
 MODES = ("infer", "train")
@@ -136,14 +142,10 @@ def own_img_size(model: nn.Module) -> int:
 def reference_for(source: Union[str, nn.Module], pretrained: bool = True) -> Reference:
     """The softmax model behind SOURCE: a timm name/folder/file, a vitconvert folder (its recorded source
     architecture, random weights: weights do not change speed), or a model object built by timm."""
-    from .sources import hub_folder, load_source, read_config
-
     if isinstance(source, nn.Module):
         return _reference_from_module(source)
-    folder = hub_folder(source) if source.startswith("hf-hub:") else Path(source.removeprefix("local-dir:"))
+    folder = hub_snapshot(source) if source.startswith("hf-hub:") else Path(source.removeprefix("local-dir:"))
     if folder.is_dir() and (folder / "config.json").is_file() and "vitconvert" in read_config(folder):
-        from .timm_registry import create_source_model, source_architecture
-
         config = read_config(folder)
         block = config["vitconvert"]
 
@@ -170,8 +172,6 @@ def reference_for(source: Union[str, nn.Module], pretrained: bool = True) -> Ref
 
 
 def _reference_from_module(model: nn.Module, arch: Optional[str] = None) -> Reference:
-    from .convert import fresh_like
-
     default = own_img_size(model)
 
     def build(size: Optional[int]) -> nn.Module:
@@ -399,11 +399,9 @@ BACKENDS = ("torch", "onnxruntime")
 
 def onnx_steps(models: dict[str, nn.Module], x: torch.Tensor) -> dict[str, Callable[[], None]]:
     """One ONNX Runtime inference per model, each exported as ``vitconvert export`` does, on torch's thread count."""
+    require_onnx()  # one line naming the extra, before the import would fail
     import onnxruntime as ort
 
-    from .export import export_onnx, require_onnx
-
-    require_onnx()
     steps: dict[str, Callable[[], None]] = {}
     feed = x.cpu().numpy()
     with tempfile.TemporaryDirectory() as folder:

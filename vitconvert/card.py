@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import yaml
 
+from .aliases import resolve_alias
 from .timm_registry import is_vitconvert_architecture, source_architecture
 
 PAPER = "Copy the Same, Distill the Difference: Initializing Linear Vision Transformers"
@@ -91,7 +92,6 @@ def base_model(config: dict[str, Any]) -> Optional[str]:
     import timm
     from timm.models import get_pretrained_cfg
 
-    from .sources import resolve_alias
 
     if not timm.is_model(resolve_alias(source.split(".")[0])):
         return None  # a local folder or file, or a bundled model: no Hub id we could name

@@ -2,7 +2,7 @@
 
 The distillation loss is one number summed over layers; a user deciding whether to train longer, or which
 layers to look at, needs it per layer. Both models see the same images (each normalised its own way), the
-attention outputs come from the same hooks distillation uses (``distill.capture``), each on the model's own
+attention outputs come from the same hooks distillation uses (``capture.py``), each on the model's own
 hidden states, so a gap early in the network shows up again, amplified, in the blocks after it.
 """
 
@@ -19,9 +19,18 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Subset
 
 from .attention import LinearAttention
-from .distill.capture import DistillStudent, TeacherTap, attention_pairs
-from .distill.data import InputConfig, accepts_size, input_config, model_input_size
-from .distill.models import teacher_normalizer
+from .capture import DistillStudent, TeacherTap, attention_pairs
+from .data import (
+    InputConfig,
+    TransformedDataset,
+    accepts_size,
+    eval_transform,
+    input_config,
+    make_loader,
+    model_input_size,
+    open_dataset,
+    teacher_normalizer,
+)
 from .errors import VitconvertError
 from .surgery import find_softmax_attention
 
@@ -51,7 +60,7 @@ class CompareReport:
 
 
 class BlockOutputs:
-    """Forward hooks keeping each block's output (``distill.capture`` hooks attention modules only)."""
+    """Forward hooks keeping each block's output (``capture.py`` hooks attention modules only)."""
 
     def __init__(self, blocks: list[nn.Module]):
         self.outputs: list[torch.Tensor] = []
@@ -172,7 +181,6 @@ def image_batches(data: str, model: nn.Module, split: str = "val", batches: int 
     Random rather than the first images, because folders list their classes in order. Errors (a missing
     folder, an unknown dataset) surface here, before any model runs.
     """
-    from .distill.data import TransformedDataset, eval_transform, make_loader, open_dataset
 
     if batches < 1 or batch_size < 1:
         raise VitconvertError(f"--batches and --batch-size must be at least 1 (got {batches}, {batch_size})")

@@ -11,3 +11,12 @@ def first_line(e: BaseException, limit: int = 200) -> str:
         if line.strip():
             return line.strip()[:limit]
     return type(e).__name__
+
+
+class BadValue(VitconvertError):
+    """A bad value of one named parameter (``img_size``): the library speaks of the value, the CLI names the flag
+    that gave it (``--img-size``), so library errors never assume the command line."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name

@@ -16,7 +16,10 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
+from .data import TransformedDataset, check_classes, eval_transform, input_config, make_loader, open_dataset
+from .distributed import pick_device
 from .errors import VitconvertError
+from .loading import load
 
 
 def autocast_for(device: torch.device, enabled: bool = True, dtype: str = "bfloat16") -> AbstractContextManager:
@@ -70,7 +73,6 @@ def metrics_from_sums(sums: torch.Tensor) -> dict[str, Any]:
 
 def load_model(spec: str) -> nn.Module:
     """A vitconvert model or run folder, or any SOURCE that convert accepts (a softmax teacher too)."""
-    from .folder import load
 
     return load(spec)
 
@@ -79,8 +81,6 @@ def evaluate(model: Union[str, nn.Module], data: str, split: str = "val", batch_
              device: Optional[str] = None, data_dir: Optional[str] = None, download: bool = False,
              workers: Optional[int] = 0, amp: bool = True) -> dict[str, Any]:
     """{"top1", "top5" (fractions), "loss", "n", "img_s"} of ``model`` on ``data``'s ``split``."""
-    from .distill.data import TransformedDataset, check_classes, eval_transform, input_config, make_loader, open_dataset
-    from .distill.distributed import pick_device
 
     if batch_size < 1:
         raise VitconvertError(f"--batch-size must be at least 1 (got {batch_size})")

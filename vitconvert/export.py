@@ -21,7 +21,9 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
+from .data import digits_dataset
 from .errors import VitconvertError, first_line
+from .loading import load
 from .writer import atomic_file
 
 FORMATS = {"onnx": ".onnx", "pt2": ".pt2"}
@@ -66,7 +68,6 @@ def default_output(folder: Union[str, Path], fmt: str) -> Path:
 
 def load_for_export(folder: Union[str, Path], img_size: Optional[int] = None) -> nn.Module:
     """The folder's model in eval mode, rebuilt at ``img_size`` (position embeddings resampled) when given."""
-    from .folder import load
 
     model = load(str(folder))
     if img_size is not None and img_size != model_img_size(model):
@@ -89,7 +90,6 @@ def check_images(model: nn.Module, count: int, img_size: int) -> torch.Tensor:
     """``count`` real images (the bundled digits' validation set, cycled) through the model's eval transform."""
     from timm.data import create_transform, resolve_data_config
 
-    from .assets import digits_dataset
 
     config = resolve_data_config({"input_size": (3, img_size, img_size)}, model=model)
     transform = create_transform(**config, is_training=False)

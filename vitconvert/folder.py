@@ -20,10 +20,12 @@ import timm
 import torch
 from torch import nn
 
-from . import __version__
-from .attention import LinearAttention
+from .attention import VARIANTS, LinearAttention
+from .card import render_card
 from .errors import VitconvertError, first_line
+from .surgery import swap_attention
 from .timm_registry import export_model_args, timm_config
+from .version import __version__
 from .writer import atomic_folder, check_output  # noqa: F401  (the writer rule, re-exported)
 
 FORMAT_VERSION = 2  # 1: config.json named the softmax architecture (vitconvert 0.1)
@@ -64,8 +66,6 @@ def write_model_files(model: nn.Module, folder: Path, meta: dict[str, Any],
                             "versions": versions()}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if card is None:
-        from .card import render_card
-
         card = render_card(config)
     (folder / "README.md").write_text(card)
 
@@ -79,6 +79,30 @@ def save(model: nn.Module, folder: Union[str, Path], force: bool = False, inputs
     with atomic_folder(folder, force=force, inputs=inputs) as tmp:
         write_model_files(model, tmp, info)
     return folder
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """config.json of a model folder, with clear errors for a missing or broken one."""
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise VitconvertError(f"{folder} has no config.json: not a timm or vitconvert model folder")
+    try:
+        return json.loads(cfg_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise VitconvertError(f"{cfg_file} is not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+
+
+def check_weights_readable(folder: Path) -> None:
+    """Fail with one line on a corrupt/truncated safetensors before timm does with a traceback."""
+    from safetensors import safe_open
+
+    for f in folder.glob("*.safetensors"):
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for key in fh.keys():
+                    fh.get_slice(key)
+        except Exception as e:
+            raise VitconvertError(f"cannot read {f}: corrupt or truncated safetensors ({first_line(e)})") from None
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -96,8 +120,6 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
 def check_options(variant: str, options: Any, where: str = "--option") -> None:
     """Variant options of the type their default has (a number for eps, true/false for flags), eps-like ones
     positive: a bad value is refused where it is given, not as a TypeError when the model first runs."""
-    from .attention import VARIANTS
-
     defaults = VARIANTS[variant].default_options
     if not isinstance(options, dict):
         raise VitconvertError(f"{where}: the {variant} options must be a mapping, got {options!r}")
@@ -123,9 +145,6 @@ def check_options(variant: str, options: Any, where: str = "--option") -> None:
 def check_folder(folder: Path, config: dict[str, Any]) -> None:
     """What ``load`` checks before it builds anything: format, architecture, variant, options, readable weights
     (``info`` runs it, so a folder that cannot load never reports as fine)."""
-    from .attention import VARIANTS
-    from .sources import _check_weights_readable
-
     block = config.get("vitconvert")
     if not isinstance(block, dict):
         raise VitconvertError(f"{folder} is not a vitconvert folder (its config.json has no 'vitconvert' block)")
@@ -140,13 +159,11 @@ def check_folder(folder: Path, config: dict[str, Any]) -> None:
     check_options(variant, block.get("options") or {}, where=f"{folder}/config.json options:")
     if not (folder / WEIGHTS).is_file():
         raise VitconvertError(f"{folder} has no {WEIGHTS}")
-    _check_weights_readable(folder)
+    check_weights_readable(folder)
 
 
 def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     """Rebuild architecture from config.json, swap attention as recorded, load strictly."""
-    from .surgery import swap_attention
-
     check_folder(folder, config)  # the same checks `info` makes, each one line
     block = config["vitconvert"]
     state = _read_weights(folder / WEIGHTS)
@@ -165,17 +182,3 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     return model.eval()
 
 
-def load(spec: Union[str, Path]) -> nn.Module:
-    """A model from a vitconvert folder, a run folder or ``hf-hub:org/name[@rev]`` (or any timm source)."""
-    from .sources import hub_folder, load_source, read_config
-
-    spec = str(spec)
-    if spec.startswith("hf-hub:"):
-        folder = hub_folder(spec)
-    else:
-        folder = Path(spec.removeprefix("local-dir:")).expanduser()
-        if not folder.exists():
-            raise VitconvertError(f"path not found: {spec}")
-    if folder.is_dir() and "vitconvert" in read_config(folder):
-        return load_folder_model(folder, read_config(folder))
-    return load_source(spec).model

@@ -8,24 +8,26 @@ huggingface_hub and nowhere else: never printed, logged or written.
 from __future__ import annotations
 
 import glob
-import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import yaml
 
+from .card import CARD_MARKER, render_card
 from .errors import VitconvertError, first_line
-from .writer import apply_umask
+from .folder import load_folder_model, read_config
+from .hub_io import check_repo_id, describe_hub_error, hub_offline, resolve_token, token_source
+from .timm_registry import source_architecture
+from .version import __version__
+from .writer import write_text_atomic
 
 MODEL_FILES = ("config.json", "model.safetensors", "README.md")
 RUN_FILES = ("recipe.yaml", "metrics.jsonl")  # present in a distill run folder
 EXTRA_PATTERNS = ("*.png",)  # training curves, top level only
 # Never sent even if a pattern above should ever match them: resumable state is large and private.
 NEVER = ["checkpoint-*", "checkpoint-*/**", "best/**", "*.pt", "*.pth", "*.bin", "optimizer*", ".*"]
-LOGIN_HINT = ("run `hf auth login` (or `huggingface-cli login`), set HF_TOKEN, or pass --token")
 
 
 @dataclass
@@ -47,29 +49,8 @@ class PushPlan:
         return asdict(self)
 
 
-# -- input checks ------------------------------------------------------------------------------------
-def check_repo_id(repo_id: str) -> str:
-    """``org/name`` as the Hub accepts it; ``hf-hub:`` is tolerated, a revision belongs in --revision."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    repo = (repo_id or "").strip().removeprefix("hf-hub:")
-    if "@" in repo:
-        raise VitconvertError(f"invalid repo id {repo_id!r}: give the branch with --revision, not @")
-    try:
-        validate_repo_id(repo)
-    except HFValidationError:
-        repo = ""
-    if repo.count("/") != 1:
-        raise VitconvertError(f"invalid repo id {repo_id!r}: expected org/name (your user or organisation name, "
-                              "a slash, then letters, digits, '-', '_' or '.')")
-    return repo
-
-
 def check_folder(folder: Path) -> dict[str, Any]:
     """config.json with a "vitconvert" block and weights that load strictly into it: what a user could use."""
-    from .folder import load_folder_model
-    from .sources import read_config
-
     if not folder.is_dir():
         raise VitconvertError(f"folder not found: {folder}")
     config = read_config(folder)
@@ -94,30 +75,15 @@ def card_config(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     return {**config, "vitconvert": block}
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """A temporary sibling, then os.replace: readers see the old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        apply_umask(Path(tmp))  # a plain file's mode, not mkstemp's 0600
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def refresh_card(folder: Path, config: dict[str, Any], repo_id: Optional[str]) -> str:
     """Re-render README.md unless the user wrote their own (no marker); either way its metadata must parse."""
     from huggingface_hub import ModelCard
-
-    from .card import CARD_MARKER, render_card
 
     readme = folder / "README.md"
     if readme.is_file() and CARD_MARKER not in readme.read_text(encoding="utf-8", errors="replace"):
         action = "kept"
     else:
-        write_atomic(readme, render_card(card_config(folder, config), repo_id=repo_id))
+        write_text_atomic(readme, render_card(card_config(folder, config), repo_id=repo_id))
         action = "refreshed"
     try:
         ModelCard(readme.read_text(encoding="utf-8"))
@@ -143,92 +109,8 @@ def upload_files(folder: Path) -> tuple[list[Path], list[str]]:
     return keep, skipped
 
 
-# -- tokens and errors -------------------------------------------------------------------------------
-def token_source(token: Optional[str]) -> Optional[str]:
-    """Where a token would come from, without reading it over the network (dry runs stay offline)."""
-    from huggingface_hub import constants
-
-    if token:
-        return "--token"
-    if os.environ.get("HF_TOKEN"):
-        return "HF_TOKEN"
-    return "cached login" if Path(constants.HF_TOKEN_PATH).is_file() else None
-
-
-def resolve_token(token: Optional[str]) -> str:
-    """--token, else HF_TOKEN, else the cached login; none is one line saying how to log in."""
-    import huggingface_hub
-
-    if token:
-        return token
-    try:
-        found = os.environ.get("HF_TOKEN") or huggingface_hub.get_token()
-    except Exception as e:  # e.g. a failed OIDC exchange
-        raise VitconvertError(f"cannot get a Hugging Face token ({type(e).__name__}); {LOGIN_HINT}") from None
-    if not found:
-        raise VitconvertError(f"no Hugging Face token found: {LOGIN_HINT}")
-    return found
-
-
-def cached_revisions(repo_id: str) -> list[str]:
-    """Branches/tags of ``repo_id`` in the local Hub cache (its refs/), for the offline error message."""
-    from huggingface_hub import constants
-
-    refs = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "refs"
-    return sorted(str(p.relative_to(refs)) for p in refs.rglob("*") if p.is_file()) if refs.is_dir() else []
-
-
-def hub_offline() -> bool:
-    """HF_HUB_OFFLINE as huggingface_hub reads it (its constant, set at its import, also covers
-    TRANSFORMERS_OFFLINE), or set since then, parsed with its own list of true values ("off" is online)."""
-    from huggingface_hub import constants
-
-    now = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in constants.ENV_VARS_TRUE_VALUES
-    return now or bool(constants.HF_HUB_OFFLINE)
-
-
-def _connection_errors() -> tuple[type[BaseException], ...]:
-    """Connection failures of whichever HTTP library this huggingface_hub uses (httpx or requests)."""
-    import importlib
-
-    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "ConnectionError"),
-                         ("requests", "Timeout")):
-        try:
-            errors.append(getattr(importlib.import_module(module), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errors)
-
-
-def describe_hub_error(e: BaseException, repo_id: str, token: str, stage: str) -> str:
-    """One line for any failure of the Hub calls, with the token scrubbed from whatever the server said."""
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
-
-    first = first_line(e)
-    nothing = "nothing was committed (the upload is a single commit)"
-    if isinstance(e, RepositoryNotFoundError):
-        msg = f"cannot access {repo_id}: it does not exist or your token cannot write to it; {LOGIN_HINT}"
-    elif isinstance(e, HfHubHTTPError):
-        code = getattr(getattr(e, "response", None), "status_code", None)
-        if code == 401:
-            msg = f"the Hub refused the token (401 Unauthorized); {LOGIN_HINT}"
-        elif code == 403:
-            msg = f"your token may not write to {repo_id} (403 Forbidden): use a token with write access; {nothing}"
-        else:
-            msg = f"the Hub failed to {stage} {repo_id} ({code or 'HTTP error'}: {first}); {nothing}"
-    elif isinstance(e, _connection_errors()):
-        msg = f"cannot reach the Hugging Face Hub to {stage} {repo_id} ({type(e).__name__}: {first}); {nothing}"
-    else:
-        msg = f"push to {repo_id} failed while trying to {stage} ({type(e).__name__}: {first}); {nothing}"
-    return msg.replace(token, "***") if token else msg
-
-
 # -- the push --------------------------------------------------------------------------------------------
 def default_commit_message(config: dict[str, Any]) -> str:
-    from . import __version__
-    from .timm_registry import source_architecture
-
     block = config.get("vitconvert", {})
     return f"Upload {source_architecture(config)[0]} with {block.get('variant', '?')} attention (vitconvert " \
            f"{__version__})"

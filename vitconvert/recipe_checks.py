@@ -13,12 +13,9 @@ import difflib
 import math
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import VitconvertError
-
-if TYPE_CHECKING:
-    from .recipes import Recipe
 
 PROBABILITIES = ("hflip", "reprob", "mixup_prob", "mixup_switch_prob", "momentum", "ema_decay")
 NON_NEGATIVE = ("min_lr", "warmup_lr", "color_jitter", "mixup", "cutmix", "weight_decay", "attn_weight", "kd_weight",
@@ -37,7 +34,7 @@ def _one_of(field: str, value: str, valid: list[str]) -> VitconvertError:
     return VitconvertError(f"recipe {field}: unknown {value!r}; {hint}valid: {', '.join(valid)}")
 
 
-def check_numbers(r: Recipe) -> None:
+def check_numbers(r: Any) -> None:
     """Every number finite, probabilities in [0, 1], the learning rate positive, ranges ordered."""
     for name, value in vars(r).items():
         values = value if isinstance(value, tuple) else (value,)
@@ -71,7 +68,7 @@ def check_numbers(r: Recipe) -> None:
         raise _fail("std", list(r.std), "must be positive")
 
 
-def check_optimizer(r: Recipe) -> None:
+def check_optimizer(r: Any) -> None:
     import torch
     from timm.optim import create_optimizer_v2, list_optimizers
 
@@ -86,7 +83,7 @@ def check_optimizer(r: Recipe) -> None:
         pass
 
 
-def check_scheduler(r: Recipe) -> None:
+def check_scheduler(r: Any) -> None:
     import torch
     from timm.scheduler import create_scheduler_v2
 
@@ -114,7 +111,7 @@ def _scheduler_known(name: str, optimizer: Any) -> bool:
     return True
 
 
-def check_names(r: Recipe) -> None:
+def check_names(r: Any) -> None:
     """clip_mode, remode, interpolation and the augmentation string, as timm reads them."""
     from timm.data.transforms import _str_to_pil_interpolation
 
@@ -144,10 +141,10 @@ def check_augment(spec: str) -> None:
                               "null for none") from None
 
 
-CHECKS: tuple[Callable[[Recipe], None], ...] = (check_numbers, check_names, check_optimizer, check_scheduler)
+CHECKS: tuple[Callable[[Any], None], ...] = (check_numbers, check_names, check_optimizer, check_scheduler)
 
 
-def check_recipe(r: Recipe) -> None:
+def check_recipe(r: Any) -> None:
     """Run every check without moving any random generator (a recipe is built mid-run on --resume)."""
     import random
 

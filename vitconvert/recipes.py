@@ -17,6 +17,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from .errors import VitconvertError, first_line
+from .recipe_checks import check_recipe
 
 ATTN_LOSSES = ("mse", "cosine", "smooth_l1")
 ATTN_TARGETS = ("own", "teacher-forced")
@@ -169,8 +170,6 @@ class Recipe:
         if self.compare_batches < 0:
             raise VitconvertError(f"recipe compare_batches must not be negative (got {self.compare_batches})")
         self.stage_plan()  # validates the stage string
-        from .recipe_checks import check_recipe
-
         check_recipe(self)  # ranges, and the names timm reads later, against timm's registries
 
     def stage_plan(self) -> list[tuple[str, int]]:

@@ -24,6 +24,7 @@ from torch import nn
 
 from .attention import VARIANTS, LinearAttention
 from .errors import VitconvertError
+from .surgery import swap_attention
 
 PREFIX = "vitconvert_"
 # model_args keys of ours in a folder's config.json (the rest are the softmax architecture's own)
@@ -82,8 +83,6 @@ def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: O
                       cache_dir: Any = None, pretrained_model_args: Optional[dict[str, Any]] = None,
                       **kwargs: Any) -> nn.Module:
     """timm's ``architecture`` with ``variant`` attention; with ``pretrained``, its weights loaded strictly."""
-    from .surgery import swap_attention
-
     if not architecture or not timm.is_model(architecture):
         raise VitconvertError(f"{architecture_name(variant)} needs architecture=<the softmax timm model>, "
                               f"got {architecture!r}")

@@ -245,3 +245,16 @@ def atomic_file(out: PathLike, force: bool = False, inputs: Iterable[PathLike] =
         raise writable_error(out, e) from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """A temporary sibling, then os.replace: readers see the old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        apply_umask(Path(tmp))  # a plain file's mode, not mkstemp's 0600
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -9,8 +9,8 @@ import pytest
 from conftest import tiny_model
 from PIL import Image
 
-from vitconvert.distill import data
-from vitconvert.distill.augment import augment_ops, posterize
+from vitconvert import data
+from vitconvert.data.augment import augment_ops, posterize
 from vitconvert.recipes import available_recipes, load_recipe
 
 RECIPES = [*available_recipes(), None]  # None: the default recipe (distill without --recipe)

@@ -7,7 +7,7 @@ import timm
 import torch
 
 import vitconvert
-from vitconvert.distill.capture import DistillStudent, TeacherTap, attention_pairs
+from vitconvert.capture import DistillStudent, TeacherTap, attention_pairs
 from vitconvert.errors import VitconvertError
 
 ARGS = dict(img_size=32, patch_size=8, embed_dim=32, num_heads=2, depth=2, num_classes=3)

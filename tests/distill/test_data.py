@@ -6,7 +6,7 @@ import pytest
 import timm
 import torch
 
-from vitconvert.distill.data import (
+from vitconvert.data import (
     EpochBatchSampler,
     TransformedDataset,
     check_classes,
@@ -14,7 +14,7 @@ from vitconvert.distill.data import (
     open_dataset,
     train_transform,
 )
-from vitconvert.distill.models import teacher_normalizer
+from vitconvert.data import teacher_normalizer
 from vitconvert.errors import VitconvertError
 from vitconvert.recipes import Recipe
 
@@ -126,7 +126,7 @@ def test_loader_workers_end_with_the_loop_even_when_it_raises(images, where):
     """Not at interpreter exit: the exception's traceback keeps torch's iterator (whose __del__ would stop them)."""
     from torchvision.transforms.functional import pil_to_tensor
 
-    from vitconvert.distill.data import make_loader
+    from vitconvert.data import make_loader
 
     before = child_processes()
     loader = make_loader(Broken(open_dataset(str(images), "train"), pil_to_tensor), 2, 0, train=False, workers=2)

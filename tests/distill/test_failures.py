@@ -32,7 +32,7 @@ def failing(message):
     return RuntimeError(message)
 
 if kind == "item37":
-    from vitconvert.distill import data
+    from vitconvert import data
     getitem = data.TransformedDataset.__getitem__
     def broken(self, index):
         if index == 37:
@@ -40,7 +40,7 @@ if kind == "item37":
         return getitem(self, index)
     data.TransformedDataset.__getitem__ = broken
 elif kind == "teacher":  # epoch 2 of 12 steps each
-    from vitconvert.distill import capture
+    from vitconvert import capture
     call = capture.TeacherTap.__call__
     def broken(self, images):
         calls["n"] += 1
@@ -49,7 +49,7 @@ elif kind == "teacher":  # epoch 2 of 12 steps each
         return call(self, images)
     capture.TeacherTap.__call__ = broken
 elif kind == "hook":  # two attention hooks per training forward: step 15, in epoch 2
-    from vitconvert.distill import capture
+    from vitconvert import capture
     hook = capture.DistillStudent._hook
     def broken(self, module, args, output):
         calls["n"] += module.training  # validation runs the hooks too
@@ -69,7 +69,7 @@ elif kind == "save":  # the second checkpoint dies after its first file: a disk 
     safetensors.torch.save_file = broken
 
 elif kind == "slow":  # not a failure: slow images, and a mark once the workers read them
-    from vitconvert.distill import data
+    from vitconvert import data
     getitem = data.TransformedDataset.__getitem__
     def slow(self, index):
         if not mark.exists():

@@ -38,7 +38,7 @@ def test_compare_batches_0_skips_it_and_a_failure_keeps_the_model(student, image
     def broken(*args, **kwargs):
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr("vitconvert.compare.compare_models", broken)
+    monkeypatch.setattr("vitconvert.distill.final_compare.compare_models", broken)
     recipe, text = load_recipe(None, {**FAST, "data": str(images)})
     folder = run(DistillJob(str(student), recipe, tmp_path / "broken", text, show=True)).folder
     assert (folder / "model.safetensors").is_file() and not (folder / "compare.json").exists()

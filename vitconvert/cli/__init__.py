@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import Any
 
 import typer
 from typer.core import TyperGroup
+
+from ..version import __version__
+from . import bench, compare, convert, distill, export, info, push, quickstart
+from . import eval as evaluate
 
 try:  # typer >= 0.24 vendors click as typer._click; its exceptions are the ones raised
     from typer._click import exceptions as click
@@ -51,8 +54,6 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from .. import __version__
-
         typer.echo(f"vitconvert {__version__}")
         raise typer.Exit()
 
@@ -63,11 +64,17 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
     """Turn a pretrained softmax ViT into a fast linear-attention ViT: convert, distill, eval, push."""
 
 
-# Each module registers its command(s) on `app` when imported; one line per command file.
-COMMAND_MODULES = ["convert", "info", "push", "compare", "quickstart", "distill", "eval", "bench", "export"]
-
-for _name in COMMAND_MODULES:
-    importlib.import_module(f"{__name__}.{_name}")
+# The commands, registered here in the order `vitconvert --help` lists them (a new command: one line).
+app.command()(convert.convert)
+app.command()(distill.distill)
+app.command("eval")(evaluate.eval_cmd)
+app.command()(compare.compare)
+app.command()(bench.bench)
+app.command()(export.export)
+app.command()(push.push)
+app.command()(quickstart.quickstart)
+app.command("list")(info.list_cmd)
+app.command()(info.info)
 
 
 def main() -> None:

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from . import app
-from .common import console, parse_options, user_errors
+from .common import (
+    DeviceOpt,
+    JsonOpt,
+    OptionOpt,
+    PlotOpt,
+    PretrainedOpt,
+    VariantsOpt,
+    console,
+    parse_options,
+    user_errors,
+)
 
 
 def bench_table(report: dict[str, Any]) -> Table:
@@ -35,11 +43,10 @@ def bench_table(report: dict[str, Any]) -> Table:
     return table
 
 
-@app.command()
 @user_errors
 def bench(
     source: str = typer.Argument(..., help="timm name, alias, hf-hub:org/name, timm or vitconvert folder"),
-    to: Optional[str] = typer.Option(None, "--to", help="variants, comma-separated (default: all, or the folder's)"),
+    to: VariantsOpt = None,
     img_size: Optional[str] = typer.Option(None, "--img-size", help="image sizes, comma-separated (default: the "
                                                                       "model's); the source is rebuilt at each"),
     batch_size: int = typer.Option(1, help="images per step"),
@@ -47,20 +54,22 @@ def bench(
     repeats: int = typer.Option(5, help="timed rounds; every model runs once per round, in turns"),
     warmup: int = typer.Option(1, help="untimed rounds first"),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's)"),
-    device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
-    pretrained: bool = typer.Option(True, "--pretrained/--no-pretrained", help="load pretrained weights of names "
-                                                                              "(speed does not depend on them)"),
-    option: Optional[list[str]] = typer.Option(None, "--option", help="variant option KEY=VALUE (repeatable)"),
+    device: DeviceOpt = None,
+    pretrained: PretrainedOpt = True,
+    option: OptionOpt = None,
     clock: str = typer.Option("wall", help="wall, or cpu: the process's CPU time (steady on a shared machine; "
                                              "use it with --threads 1)"),
     memory: bool = typer.Option(True, "--memory/--no-memory", help="also measure peak memory (one more step)"),
     backend: str = typer.Option("torch", "--backend", help="torch, or onnxruntime: each model exported to ONNX "
                                                            "and timed in ONNX Runtime (CPU, inference)"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of the table"),
-    plot: Optional[Path] = typer.Option(None, help="also write speedup against tokens as a PNG here"),
+    as_json: JsonOpt = False,
+    plot: PlotOpt = None,
 ) -> None:
-    """Time the softmax source and each linear variant in one process, taking turns: img/s, memory, speedups."""
-    from ..bench import benchmark, parse_sizes, parse_variants, plot_speedups, require_matplotlib
+    """Time the softmax source and each linear variant in one process, taking turns: img/s, memory, speedups.
+
+    Example: vitconvert bench deit_small --no-pretrained --to elu,mhla --img-size 224,512
+    """
+    from ..bench import benchmark, parse_sizes, parse_variants, plot_speedups, require_matplotlib  # lazy: start-up time
 
     variants = parse_variants(to)
     sizes = parse_sizes(img_size)

@@ -1,4 +1,5 @@
-"""What every command shares: one-line errors, consoles, small parsers."""
+"""What every command shares: its options (one definition each), one-line errors, consoles, KEY=VALUE parsing,
+and the folder the last ``convert`` in this directory wrote."""
 
 from __future__ import annotations
 
@@ -6,16 +7,42 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn, Optional, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, Optional, TypeVar
 
 import typer
 import yaml
 from rich.console import Console
+from rich.table import Table
 
-from ..errors import VitconvertError
+from ..attention import VARIANTS
+from ..errors import BadValue, VitconvertError
 
 console = Console()
 F = TypeVar("F", bound=Callable[..., Any])
+VARIANT_NAMES = ", ".join(VARIANTS)
+
+# -- options shared by several commands: one definition each (as huggingface_hub's CLI does with TokenOpt) -------
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:1 [default: a GPU if any]")]
+DATA_HELP = ("image folder (train/, val/ with class subfolders), a timm dataset name (torch/cifar100, hfds/...), "
+             "or digits")
+DataOpt = Annotated[str, typer.Option("--data", help=DATA_HELP)]
+RecipeDataOpt = Annotated[Optional[str], typer.Option("--data", help=DATA_HELP + " [default: the recipe's]")]
+SplitOpt = Annotated[str, typer.Option("--split", help="which split of DATA (a folder name for image folders)")]
+DataDirOpt = Annotated[Optional[str], typer.Option("--data-dir", help="root of timm dataset names")]
+DownloadOpt = Annotated[bool, typer.Option("--download", help="let timm/torchvision download the dataset")]
+WorkersOpt = Annotated[int, typer.Option("--workers", help="DataLoader worker processes")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object instead of tables")]
+PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="also write the figure as a PNG here")]
+VariantOpt = Annotated[str, typer.Option("--to", help=f"linear variant: {VARIANT_NAMES}")]
+VariantsOpt = Annotated[Optional[str], typer.Option("--to", help=f"variants, comma-separated ({VARIANT_NAMES}) "
+                                                                  "[default: all, or the folder's]")]
+OptionOpt = Annotated[Optional[list[str]], typer.Option("--option", help="variant option KEY=VALUE (repeatable; "
+                                                                         "`vitconvert list` shows them)")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="any recipe key, KEY=VALUE (repeatable)")]
+PretrainedOpt = Annotated[bool, typer.Option("--pretrained/--no-pretrained",
+                                             help="load the pretrained weights of timm names")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="seed of every random draw")]
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -33,6 +60,8 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
+        except BadValue as e:  # a library error about a value: name the flag that gave it
+            fail(f"--{e.name.replace('_', '-')}: {summary(e, internal=False)}")
         except VitconvertError as e:
             fail(summary(e, internal=False))
         except KeyboardInterrupt:
@@ -82,5 +111,47 @@ def parse_options(pairs: Optional[list[str]]) -> dict[str, Any]:
     return parse_pairs(pairs, "--option")
 
 
+def parse_sets(pairs: Optional[list[str]]) -> dict[str, Any]:
+    """``--set key=value`` pairs: recipe overrides."""
+    return parse_pairs(pairs, "--set")
+
+
+# -- the CLI's one piece of state: the folder the last `convert` in this directory wrote --------------------------
+LAST_CONVERT = Path(".vitconvert") / "last_convert"
+
+
+def remember_last_convert(out: Path) -> None:
+    """`distill` with no folder takes the one the last `convert` in this directory wrote."""
+    try:
+        LAST_CONVERT.parent.mkdir(exist_ok=True)
+        LAST_CONVERT.write_text(str(out.resolve()) + "\n")
+    except OSError:
+        pass
+
+
+def last_converted() -> Path:
+    """The folder the last `vitconvert convert` in this directory wrote."""
+    if LAST_CONVERT.is_file():
+        path = Path(LAST_CONVERT.read_text().strip())
+        if path.is_dir():
+            return path
+        raise VitconvertError(f"the last converted folder ({path}) is gone: name the STUDENT folder")
+    raise VitconvertError("no STUDENT given and no `vitconvert convert` was run in this directory: name the "
+                          "converted model folder")
+
+
 def is_tty() -> bool:
     return sys.stdout.isatty()
+
+
+def report_table(report: dict[str, Any], title: str) -> Table:
+    table = Table(title=title)
+    for col, justify in (("group", "left"), ("init", "left"), ("tensors", "right"), ("parameters", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for row in report.get("groups", []):
+        table.add_row(row["group"], row["action"], str(row["tensors"]), f"{row['params']:,}")
+    totals = report.get("totals", {})
+    table.add_section()
+    table.add_row("total", ", ".join(f"{k} {v:,}" for k, v in totals.items()), "",
+                  f"{sum(totals.values()):,}")
+    return table

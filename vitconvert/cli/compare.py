@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
 
-from . import app
-from .common import console, user_errors
+from ..loading import load_student, load_teacher, teacher_spec
+from .common import DataDirOpt, DataOpt, DownloadOpt, JsonOpt, PlotOpt, SplitOpt, WorkersOpt, console, user_errors
 
 
 def gap_table(report: dict[str, Any], title: str) -> Table:
@@ -23,24 +23,25 @@ def gap_table(report: dict[str, Any], title: str) -> Table:
     return table
 
 
-@app.command()
 @user_errors
 def compare(
-    student: str = typer.Argument(..., help="a vitconvert model folder (or run folder), or hf-hub:org/name"),
+    student: Annotated[str, typer.Argument(help="a vitconvert model folder (or run folder), or hf-hub:org/name")],
+    data: DataOpt,
     teacher: Optional[str] = typer.Option(None, help="softmax teacher SOURCE [default: the student's recorded source]"),
-    data: str = typer.Option(..., help="image folder with val/ (class subfolders), a timm dataset name, or digits"),
-    split: str = typer.Option("val", help="which split of DATA"),
-    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="root of timm dataset names"),
-    download: bool = typer.Option(False, "--download", help="let timm/torchvision download the dataset"),
+    split: SplitOpt = "val",
+    data_dir: DataDirOpt = None,
+    download: DownloadOpt = False,
     batches: int = typer.Option(10, help="how many batches to compare on (a fixed random sample of images)"),
     batch_size: int = typer.Option(32, help="images per batch"),
-    workers: int = typer.Option(0, help="data loader worker processes"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of the table"),
-    plot: Optional[Path] = typer.Option(None, help="also write the per-layer curves as a PNG here"),
+    workers: WorkersOpt = 0,
+    as_json: JsonOpt = False,
+    plot: PlotOpt = None,
 ) -> None:
-    """Run teacher and student on the same images: per-layer attention and block gaps, top-1 agreement, KL."""
-    from ..compare import compare_models, image_batches, plot_compare, require_matplotlib
-    from ..distill.models import load_student, load_teacher, teacher_spec
+    """Run teacher and student on the same images: per-layer attention and block gaps, top-1 agreement, KL.
+
+    Example: vitconvert compare runs/quickstart/mhla --data digits --plot gaps.png
+    """
+    from ..compare import compare_models, image_batches, plot_compare, require_matplotlib  # lazy: start-up time
 
     if plot is not None:
         require_matplotlib()  # fail before the work, not after it

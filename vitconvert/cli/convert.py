@@ -5,64 +5,51 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
-from . import app
-from .common import console, parse_options, user_errors
-
-LAST_CONVERT = Path(".vitconvert") / "last_convert"
-
-
-def report_table(report: dict[str, Any], title: str) -> Table:
-    table = Table(title=title)
-    for col, justify in (("group", "left"), ("init", "left"), ("tensors", "right"), ("parameters", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for row in report.get("groups", []):
-        table.add_row(row["group"], row["action"], str(row["tensors"]), f"{row['params']:,}")
-    totals = report.get("totals", {})
-    table.add_section()
-    table.add_row("total", ", ".join(f"{k} {v:,}" for k, v in totals.items()), "",
-                  f"{sum(totals.values()):,}")
-    return table
-
-
-def remember_last_convert(out: Path) -> None:
-    """`distill` with no folder takes the one the last `convert` in this directory wrote."""
-    try:
-        LAST_CONVERT.parent.mkdir(exist_ok=True)
-        LAST_CONVERT.write_text(str(out.resolve()) + "\n")
-    except OSError:
-        pass
+from ..attention import VARIANTS
+from ..convert import convert as convert_model
+from ..errors import VitconvertError
+from ..folder import check_options, save
+from ..sources import load_source
+from ..writer import check_output
+from .common import (
+    JsonOpt,
+    OptionOpt,
+    PretrainedOpt,
+    SeedOpt,
+    VariantOpt,
+    console,
+    parse_options,
+    remember_last_convert,
+    report_table,
+    user_errors,
+)
 
 
-@app.command()
 @user_errors
 def convert(
-    source: str = typer.Argument(..., help="timm name, alias (deit_small), hf-hub:org/name[@rev], folder or file"),
-    to: str = typer.Option(..., "--to", help="linear variant: elu, relu, inline, mhla, ttt"),
+    source: Annotated[str, typer.Argument(help="timm name, alias (deit_small), hf-hub:org/name[@rev], folder or file")],
+    to: VariantOpt,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder [default: ./<timm-name>-<variant>]"),
     force: bool = typer.Option(False, "--force", help="overwrite an existing output folder"),
     attn_init: str = typer.Option("mimetic", help="matched attention params: mimetic, copy, random"),
     mlp_init: str = typer.Option("copy", help="MLPs: copy, random"),
     rest_init: str = typer.Option("copy", help="embeddings, tokens, norms, head: copy, random"),
-    seed: int = typer.Option(0, help="seed of every random and Mimetic init"),
+    seed: SeedOpt = 0,
     num_classes: Optional[int] = typer.Option(None, help="re-head the model with N classes (new head is random)"),
-    pretrained: bool = typer.Option(True, "--pretrained/--no-pretrained", help="load pretrained weights of names"),
+    pretrained: PretrainedOpt = True,
     arch: Optional[str] = typer.Option(None, help="architecture of a bare weights file"),
     img_size: Optional[int] = typer.Option(None, help="build the source at this image size (timm resamples)"),
-    option: Optional[list[str]] = typer.Option(None, "--option", help="variant option KEY=VALUE (repeatable)"),
-    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    option: OptionOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Load a softmax ViT, swap every attention for a linear variant, init by recipe, write a folder."""
-    from ..attention import VARIANTS
-    from ..convert import convert as convert_model
-    from ..errors import VitconvertError
-    from ..folder import check_options, save
-    from ..sources import load_source
-    from ..writer import check_output
+    """Load a softmax ViT, swap every attention for a linear variant, init by recipe, write a folder.
+
+    Example: vitconvert convert deit_small --to mhla
+    """
 
     if to not in VARIANTS:
         raise VitconvertError(f"unknown variant {to!r}; valid: {', '.join(VARIANTS)}")
@@ -77,8 +64,6 @@ def convert(
     kwargs = {"img_size": img_size} if img_size is not None else {}
     start = time.perf_counter()
     src = load_source(source, pretrained=pretrained, arch=arch, **kwargs)
-    if src.vitconvert is not None:
-        raise VitconvertError(f"{source} is already a linear-attention vitconvert model; convert its softmax source")
     out = out or Path(f"{src.arch}-{to}")
     check_output(out, force=force, inputs=[source])
     student, report = convert_model(src.model, to, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,

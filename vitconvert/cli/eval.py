@@ -3,31 +3,32 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from . import app
-from .common import console, user_errors
+from ..errors import VitconvertError
+from .common import DataDirOpt, DataOpt, DeviceOpt, DownloadOpt, JsonOpt, SplitOpt, WorkersOpt, console, user_errors
 
 
-@app.command("eval")
 @user_errors
 def eval_cmd(
-    model: str = typer.Argument(..., help="model or run folder, hf-hub:org/name, or any softmax SOURCE"),
-    data: str = typer.Option(..., "--data", help="image folder (val/ inside), torch/cifar100, hfds/..., digits"),
-    split: str = typer.Option("val", "--split", help="split to evaluate (a folder name for image folders)"),
+    model: Annotated[str, typer.Argument(help="model or run folder, hf-hub:org/name, or any softmax SOURCE")],
+    data: DataOpt,
+    split: SplitOpt = "val",
     batch_size: int = typer.Option(64, "--batch-size", help="images per forward"),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: GPU if any)"),
-    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="root of timm dataset names"),
-    download: bool = typer.Option(False, "--download", help="let timm/torchvision download the dataset"),
-    workers: int = typer.Option(0, "--workers", help="DataLoader worker processes"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object: top1, top5 (fractions), loss, n"),
+    device: DeviceOpt = None,
+    data_dir: DataDirOpt = None,
+    download: DownloadOpt = False,
+    workers: WorkersOpt = 0,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate with the model's own preprocessing (the run's, for distill run folders)."""
-    from ..errors import VitconvertError
-    from ..evaluate import evaluate
+    """Evaluate with the model's own preprocessing (the run's, for distill run folders).
+
+    Example: vitconvert eval runs/quickstart/mhla --data digits
+    """
+    from ..evaluate import evaluate  # lazy: start-up time
 
     if workers < 0:
         raise VitconvertError(f"--workers must not be negative (got {workers}; 0 loads in this process)")

@@ -8,11 +8,9 @@ from typing import Optional
 
 import typer
 
-from . import app
-from .common import console, user_errors
+from .common import JsonOpt, console, user_errors
 
 
-@app.command()
 @user_errors
 def export(
     folder: str = typer.Argument(..., help="a vitconvert model or run folder (or a softmax timm folder)"),
@@ -27,13 +25,13 @@ def export(
     dynamic_batch: bool = typer.Option(False, "--dynamic-batch", help="any batch size at run time (checked at two)"),
     opset: Optional[int] = typer.Option(None, "--opset", help="ONNX opset, 18 to 23 [default: 18]"),
     force: bool = typer.Option(False, "--force", help="replace an existing output file"),
-    as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object"),
+    as_json: JsonOpt = False,
 ) -> None:
     """Export a model to ONNX or .pt2 and check its logits against PyTorch on real images.
 
     Example: vitconvert export ./deit_small_patch16_224-mhla --format onnx --dynamic-batch
     """
-    from ..export import export as export_model
+    from ..export import export as export_model  # lazy: start-up time
 
     result = export_model(folder, format, out, img_size=img_size, batch_size=batch_size,
                           dynamic_batch=dynamic_batch, opset=opset, force=force)

@@ -8,17 +8,22 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from . import app
-from .common import console, user_errors
+from ..aliases import ALIASES
+from ..attention import VARIANTS
+from ..errors import VitconvertError
+from ..folder import check_folder, read_config
+from ..hub_io import hub_snapshot
+from ..recipes import available_recipes
+from ..timm_registry import source_architecture
+from .common import JsonOpt, console, report_table, user_errors
 
 
-@app.command("list")
 @user_errors
-def list_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """Short model aliases, linear-attention variants and training recipes."""
-    from ..attention import VARIANTS
-    from ..recipes import available_recipes
-    from ..sources import ALIASES
+def list_cmd(as_json: JsonOpt = False) -> None:
+    """Short model aliases, linear-attention variants and training recipes.
+
+    Example: vitconvert list --json
+    """
 
     recipes = available_recipes()
     if as_json:
@@ -44,18 +49,15 @@ def list_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON")) -
     console.print("Any timm model name, hf-hub:org/name, a folder or a weights file (--arch) is also a SOURCE.")
 
 
-@app.command()
 @user_errors
 def info(folder: str = typer.Argument(..., help="a vitconvert model or run folder, or hf-hub:org/name"),
-         as_json: bool = typer.Option(False, "--json", help="print config.json's vitconvert block as JSON")) -> None:
-    """What a converted model is and what was copied."""
-    from ..errors import VitconvertError
-    from ..folder import check_folder
-    from ..sources import hub_folder, read_config
-    from ..timm_registry import source_architecture
-    from .convert import report_table
+         as_json: JsonOpt = False) -> None:
+    """What a converted model is and what was copied.
 
-    path = hub_folder(folder) if folder.startswith("hf-hub:") else Path(folder)
+    Example: vitconvert info ./deit_small_patch16_224-mhla
+    """
+
+    path = hub_snapshot(folder) if folder.startswith("hf-hub:") else Path(folder)
     if path.is_file():
         raise VitconvertError(f"{folder} is a file, not a model folder: give the folder that holds config.json")
     if not path.is_dir():

@@ -9,8 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from . import app
-from .common import console, user_errors
+from .common import JsonOpt, console, user_errors
 
 
 def human_size(n: int) -> str:
@@ -32,7 +31,6 @@ def files_table(files: list[tuple[str, int]], title: str) -> Table:
     return table
 
 
-@app.command()
 @user_errors
 def push(
     folder: Path = typer.Argument(..., help="a vitconvert model folder or distill run folder"),
@@ -45,10 +43,13 @@ def push(
     token: Optional[str] = typer.Option(None, "--token", help="Hub token [default: HF_TOKEN, then the cached login]",
                                         show_default=False),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate, refresh the card, list the files; send nothing"),
-    as_json: bool = typer.Option(False, "--json", help="print what was (or would be) sent as JSON"),
+    as_json: JsonOpt = False,
 ) -> None:
-    """Validate the folder, refresh its model card and upload it to the Hub in one commit."""
-    from ..hub import push_folder
+    """Validate the folder, refresh its model card and upload it to the Hub in one commit.
+
+    Example: vitconvert push runs/deit_small_patch16_224-mhla-cifar100 --repo me/deit-small-mhla --dry-run
+    """
+    from ..hub import push_folder  # lazy: start-up time
 
     plan = push_folder(folder, repo, private=private, revision=revision, commit_message=commit_message, token=token,
                        dry_run=dry_run)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ..quickstart import Update
-from . import app
-from .common import console, user_errors
+from ..attention import VARIANTS
+
+if TYPE_CHECKING:  # the quickstart package imports distill: only when the command runs
+    from ..quickstart import Update
+from .common import DeviceOpt, JsonOpt, SeedOpt, console, user_errors
 
 
 def results_table(result: dict) -> Table:
@@ -76,22 +78,24 @@ class LiveTable:
         return table
 
 
-@app.command()
 @user_errors
 def quickstart(
-    variants: str = typer.Option("elu,relu,inline,mhla,ttt", "--variants", help="comma-separated variants"),
+    variants: str = typer.Option(",".join(VARIANTS), "--variants", help="comma-separated variants"),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="epochs per model [default: recipes/quickstart]"),
     out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", help="folder for the converted and run folders"),
-    seed: int = typer.Option(0, help="seed of the init and the training"),
+    seed: SeedOpt = 0,
     scratch: bool = typer.Option(True, "--scratch/--no-scratch", help="also train each variant from scratch"),
-    device: Optional[str] = typer.Option(None, help="cpu, cuda, cuda:1 [default: cuda if available]"),
+    device: DeviceOpt = None,
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
                                        help="trainings run side by side, each on one CPU thread [default: CPU count]"),
     force: bool = typer.Option(False, "--force", help="overwrite the runs of an earlier quickstart in --out"),
-    as_json: bool = typer.Option(False, "--json", help="print the results as one JSON object"),
+    as_json: JsonOpt = False,
 ) -> None:
-    """Distil the bundled digits teacher into linear-attention students and compare them with scratch."""
-    from ..quickstart import parse_variants, run_quickstart
+    """Distil the bundled digits teacher into linear-attention students and compare them with scratch.
+
+    Example: vitconvert quickstart --variants elu,mhla --epochs 2
+    """
+    from ..quickstart import parse_variants, run_quickstart  # lazy: start-up time
 
     chosen = parse_variants(variants)
     with LiveTable(Console(stderr=True)) as live:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from ..recipes import load_recipe
 from .trainer import DistillJob, RunResult, TrainingStopped, run
 
 
@@ -18,8 +19,6 @@ def distill(student: Union[str, Path], out: Union[str, Path], recipe: Optional[s
     ``recipe`` is a YAML path or a name in recipes/; ``overrides`` replace its keys (``{"epochs": 3}``);
     ``job`` takes DistillJob's run options: teacher, resume, force, device, fsdp, compile, show.
     """
-    from ..recipes import load_recipe
-
     parsed, text = load_recipe(recipe, overrides)
     return run(DistillJob(student=str(student), recipe=parsed, out=Path(out), recipe_text=text, **job))
 

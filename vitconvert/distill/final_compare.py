@@ -17,8 +17,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
+from .. import data
+from ..compare import compare_models, plot_compare
 from ..recipes import Recipe
-from . import data
 
 COMPARE_JSON, COMPARE_PNG = "compare.json", "compare.png"
 
@@ -37,7 +38,6 @@ def compare_at_end(teacher: nn.Module, student: nn.Module, feed: data.RunData, i
     validation batches; write compare.json and, with matplotlib, compare.png into ``folder``; return
     ``CompareReport.to_dict()`` for the card. A failure is a note, not an error: a diagnostic must not cost
     the trained model its folder."""
-    from ..compare import compare_models, plot_compare  # compare imports distill: not at module level
 
     try:
         on_device = copy.deepcopy(student).to(device).eval()

@@ -19,6 +19,7 @@ from torch import nn
 from ..errors import VitconvertError
 from ..init import InitRecipe, parameter_actions
 from ..recipes import NewParams, Recipe
+from .checkpoint import json_only
 
 FRESH_ACTIONS = ("mimetic", "default-init", "random")  # everything but "copied"
 
@@ -123,7 +124,6 @@ class SplitScheduler:
             s.step_update(num_updates, metric)
 
     def state_dict(self) -> dict[str, Any]:
-        from .checkpoint import json_only
 
         return {k: json_only(s.state_dict()) for k, s in self.schedulers.items()}
 

@@ -14,12 +14,12 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from .. import distributed as D
 from ..errors import VitconvertError
 from ..folder import atomic_folder, write_model_files
 from ..recipes import Recipe, recipe_changes
 from ..writer import _tag as writer_tag
 from ..writer import apply_umask, check_output, is_run_folder, remove_stale_siblings, writable_error
-from . import distributed as D
 from .checkpoint import CHECKPOINT, Checkpoint, read_checkpoint
 
 RECIPE = "recipe.yaml"

@@ -15,13 +15,14 @@ from typing import Any, Optional
 
 import torch
 
+from .. import data, loading
+from .. import distributed as D
+from ..capture import DistillStudent, TeacherTap, attention_pairs
 from ..errors import VitconvertError
 from ..evaluate import autocast_for, eval_sums, metrics_from_sums
 from ..recipes import Recipe, recipe_changes, recipe_summary
-from . import data, models
-from . import distributed as D
+from . import models
 from . import param_groups as groups
-from .capture import DistillStudent, TeacherTap, attention_pairs
 from .checkpoint import CHECKPOINT, Position, read_checkpoint, restore_rng, rng_state, seed_everything, write_checkpoint
 from .final_compare import compare_at_end
 from .losses import DistillLoss, LossWeights
@@ -68,10 +69,10 @@ class Trainer:
     def __init__(self, job: DistillJob, env: D.DistEnv):
         r = self.recipe = job.recipe
         self.job, self.env, self.run_dir = job, env, Path(job.out)
-        student = models.load_student(job.student)
+        student = loading.load_student(job.student)
         self.report = dict(getattr(student, "vitconvert_report", {}))
-        self.teacher_spec = models.teacher_spec(student, job.teacher)
-        teacher = models.load_teacher(self.teacher_spec, student, r.seed, recorded=job.teacher is None)
+        self.teacher_spec = loading.teacher_spec(student, job.teacher)
+        teacher = loading.load_teacher(self.teacher_spec, student, r.seed, recorded=job.teacher is None)
         mine, theirs = attention_pairs(student, teacher)
         models.check_kd(student, teacher, r.kd_weight)
         self.inp = data.input_config(student, r)
@@ -92,7 +93,7 @@ class Trainer:
         self.forced = r.attn_target == "teacher-forced"
         self.model = DistillStudent(student, mine)
         self.tap = TeacherTap(teacher, theirs, keep_inputs=self.forced)
-        self.to_teacher = models.teacher_normalizer(self.inp, teacher, env.device)
+        self.to_teacher = data.teacher_normalizer(self.inp, teacher, env.device)
         self.attn_ids, self.attn_types = models.attention_param_ids(mine), tuple({type(m) for m in mine})
         self.frozen_ids = groups.frozen_ids(student, r)
         for epoch in range(r.epochs):  # a stage with nothing to train would fail in backward(), epochs later

@@ -1,4 +1,4 @@
-"""Datasets and loaders through timm, with augmentation that is a pure function of (seed, epoch, image index).
+"""Loaders whose order and augmentation are a pure function of (seed, epoch, image index).
 
 Why that matters: a run stopped mid-epoch must resume to bitwise the weights an uninterrupted run gives, so
 the data order comes from (seed, epoch) and each image's random augmentation from (seed, epoch, index), never
@@ -15,193 +15,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..errors import VitconvertError, first_line
+from ..errors import VitconvertError
 from ..recipes import Recipe
-
-TRAIN_SPLITS = ("train", "training")
-EVAL_FOLDERS = ("val", "valid", "validation", "eval", "evaluation", "test")
-TIMM_PREFIXES = ("torch", "hfds")
-# torchvision datasets of the paper's benchmarks that timm's torch/ names lack: class, (train split, eval split).
-EXTRA_TORCH: dict[str, tuple[str, str, str]] = {
-    "stl10": ("STL10", "train", "test"),
-    "food101": ("Food101", "train", "test"),
-    "flowers102": ("Flowers102", "train", "test"),
-    "pets": ("OxfordIIITPet", "trainval", "test"),
-    "oxford_iiit_pet": ("OxfordIIITPet", "trainval", "test"),
-}
-
-
-def is_train_split(split: str) -> bool:
-    return split in TRAIN_SPLITS
-
-
-# -- opening a dataset -----------------------------------------------------------------------------------
-def open_dataset(spec: str, split: str, data_dir: Optional[str] = None, download: bool = False) -> Dataset:
-    """Untransformed (PIL image, label) pairs of ``split`` from a folder, a timm dataset name or ``digits``."""
-    if not spec:
-        raise VitconvertError("no data: pass --data FOLDER (with train/ and val/), a timm name "
-                              "(torch/cifar100, hfds/...) or digits")
-    if spec == "digits":
-        from ..assets import digits_dataset
-
-        if not is_train_split(split) and split not in EVAL_FOLDERS:
-            raise VitconvertError(f"digits has no {split!r} split: use train or val")
-        return digits_dataset("train" if is_train_split(split) else "val")
-    prefix, sep, rest = spec.partition("/")
-    if sep and prefix.lower() in TIMM_PREFIXES and not Path(spec).exists():
-        return open_named(prefix.lower(), rest, spec, split, data_dir, download)
-    if sep and prefix.lower() in ("hfids", "tfds", "wds"):
-        raise VitconvertError(f"{spec}: streaming datasets are not supported; use hfds/ or an image folder")
-    return open_folder(Path(spec).expanduser(), split)
-
-
-def open_named(prefix: str, name: str, spec: str, split: str, data_dir: Optional[str], download: bool) -> Dataset:
-    import timm.data
-
-    root = str(Path(data_dir).expanduser()) if data_dir else None
-    if prefix == "torch" and root is None:
-        raise VitconvertError(f"{spec} needs --data-dir: the folder that holds (or will hold, with --download) it")
-    try:
-        if prefix == "torch" and name.lower() in EXTRA_TORCH:
-            import torchvision.datasets as tvd
-
-            cls, train, test = EXTRA_TORCH[name.lower()]
-            return getattr(tvd, cls)(root, split=train if is_train_split(split) else test, download=download)
-        return timm.data.create_dataset(spec, root=root, split=split, download=download)
-    except ImportError as e:  # hfds/ needs Hugging Face `datasets`, an optional package
-        package = getattr(e, "name", None) or "an optional package"
-        raise VitconvertError(f"{spec} needs the Python package {package!r}, which is not installed: pip install "
-                              f"{package}") from None
-    except (RuntimeError, OSError, FileNotFoundError, ValueError, AssertionError) as e:
-        reason = first_line(e)
-        hint = "" if download else "; pass --download to fetch it (needs a network)"
-        raise VitconvertError(f"cannot open {spec} ({split}) under {root or 'the Hugging Face cache'}: "
-                              f"{reason}{hint}") from None
-
-
-def open_folder(root: Path, split: str) -> Dataset:
-    """An image folder root with ``train/`` and ``val/`` (class subfolders inside), read by timm."""
-    import timm.data
-    from timm.data.readers.img_extensions import get_img_extensions
-
-    if not root.is_dir():
-        raise VitconvertError(f"data folder not found: {root} (expected a folder with train/ and val/, a timm "
-                              "dataset name like torch/cifar100, or digits)")
-    # an evaluation split's synonyms (val/, valid/, ...) stand in for one another; any other name (test, a typo)
-    # means exactly that folder, never a silent val/
-    names = TRAIN_SPLITS if is_train_split(split) else (split, *EVAL_FOLDERS) if split in EVAL_FOLDERS[:5] else (
-        split,)
-    folder = next((root / n for n in names if (root / n).is_dir()), None)
-    if folder is None:
-        have = sorted(p.name for p in root.iterdir() if p.is_dir())
-        raise VitconvertError(f"{root} has no {'/'.join(names[:3])}/ folder for the {split} split (it has: "
-                              f"{', '.join(have) or 'no folders'})")
-    extensions = tuple(get_img_extensions())
-    if not any(p.suffix.lower() in extensions for p in folder.rglob("*") if p.is_file()):
-        raise VitconvertError(f"{folder} holds no images (class subfolders of {', '.join(extensions[:4])}...)")
-    return timm.data.create_dataset("", root=str(folder), split=split, search_split=False)
-
-
-def dataset_classes(ds: Dataset) -> Optional[int]:
-    """How many classes the data has, where the dataset says so."""
-    reader = getattr(ds, "reader", None)
-    for mapping in (getattr(reader, "class_to_idx", None), getattr(ds, "class_to_idx", None)):
-        if mapping:
-            return len(mapping)
-    classes = getattr(ds, "classes", None)
-    if classes:
-        return len(classes)
-    for attr in ("targets", "labels", "_labels"):
-        values = getattr(ds, attr, None)
-        if values is not None and len(values):
-            return int(max(int(v) for v in values)) + 1
-    return None
-
-
-def check_classes(ds: Dataset, head: int, what: str = "student") -> None:
-    found = dataset_classes(ds)
-    if found is not None and found != head:
-        raise VitconvertError(f"the data has {found} classes but the {what}'s head has {head}: convert the model "
-                              f"with `vitconvert convert SOURCE --num-classes {found}` (a new, random head)")
-
-
-# -- transforms ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class InputConfig:
-    """What the model eats: size, resize interpolation, normalisation, eval crop."""
-
-    img_size: int
-    interpolation: str
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    crop_pct: float
-
-
-def model_input_size(model: nn.Module) -> int:
-    """The image side a timm model is built for (its patch embedding's, else its pretrained_cfg's)."""
-    embed = getattr(model, "patch_embed", None)
-    size = getattr(embed, "img_size", None)
-    if size:
-        return int(size[0] if isinstance(size, (tuple, list)) else size)
-    return int(getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224))[-1])
-
-
-def accepts_size(model: nn.Module, size: int) -> bool:
-    embed = getattr(model, "patch_embed", None)
-    if embed is None or not getattr(embed, "strict_img_size", False) or getattr(embed, "dynamic_img_size", False):
-        return True
-    return model_input_size(model) == size
-
-
-def input_config(model: nn.Module, recipe: Optional[Recipe] = None) -> InputConfig:
-    """The recipe's input settings where it sets them, else the model's pretrained_cfg (eval of any model)."""
-    cfg = getattr(model, "pretrained_cfg", {}) or {}
-    return InputConfig(
-        img_size=(recipe.img_size if recipe else None) or model_input_size(model),
-        interpolation=recipe.interpolation if recipe else cfg.get("interpolation", "bicubic"),
-        mean=tuple((recipe.mean if recipe else None) or cfg.get("mean", (0.485, 0.456, 0.406))),
-        std=tuple((recipe.std if recipe else None) or cfg.get("std", (0.229, 0.224, 0.225))),
-        crop_pct=float((recipe.crop_pct if recipe else None) or cfg.get("crop_pct", 0.875)),
-    )
-
-
-def train_transform(recipe: Recipe, inp: InputConfig) -> Callable[[Any], torch.Tensor]:
-    """timm's training transform for the recipe (posterize made safe for every magnitude: see augment.py)."""
-    from timm.data import create_transform
-
-    from .augment import fix_posterize
-
-    transform = create_transform(inp.img_size, is_training=True, no_aug=recipe.no_aug, scale=tuple(recipe.scale),
-                                 hflip=recipe.hflip, color_jitter=recipe.color_jitter or 0.0,
-                                 auto_augment=recipe.rand_augment, interpolation=inp.interpolation, mean=inp.mean,
-                                 std=inp.std, re_prob=recipe.reprob, re_mode=recipe.remode, re_count=recipe.recount)
-    return fix_posterize(transform)
-
-
-def eval_transform(inp: InputConfig) -> Callable[[Any], torch.Tensor]:
-    from timm.data import create_transform
-
-    return create_transform(inp.img_size, is_training=False, interpolation=inp.interpolation, mean=inp.mean,
-                            std=inp.std, crop_pct=inp.crop_pct)
-
-
-def mixup_for(recipe: Recipe, num_classes: int) -> Optional[Callable]:
-    """timm's Mixup/CutMix (soft targets with label smoothing), or None when both are off."""
-    if recipe.mixup <= 0 and recipe.cutmix <= 0:
-        return None
-    from timm.data import Mixup
-
-    return Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, prob=recipe.mixup_prob,
-                 switch_prob=recipe.mixup_switch_prob, mode=recipe.mixup_mode, label_smoothing=recipe.smoothing,
-                 num_classes=num_classes)
+from .datasets import check_classes, dataset_classes, open_dataset
+from .transforms import InputConfig, eval_transform, mixup_for, train_transform
 
 
 # -- reproducible augmentation and order --------------------------------------------------------------

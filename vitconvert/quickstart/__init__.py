@@ -10,38 +10,23 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import VitconvertError
-from .threads import torch_threads
-from .workers import run_jobs
-from .writer import check_container
+from ..attention import VARIANTS
+from ..errors import VitconvertError
+from ..evaluate import evaluate
+from ..recipes import load_recipe
+from ..sources import load_source
+from ..threads import torch_threads
+from ..writer import check_container
+from .jobs import DATA, DEFAULT_VARIANTS, RECIPE, Job, Progress, Result, Update, plan_jobs, train_one
+from .pool import run_jobs
 
-DATA = "digits"
-RECIPE = "quickstart"
-DEFAULT_VARIANTS = ("elu", "relu", "inline", "mhla", "ttt")
-# The teacher sees a 4×4 patch grid; MHLA's default 7-token blocks would make that one block (plain kernel
-# attention), so the quickstart asks for 2×2 token-level heads of 2×2 tokens each.
-VARIANT_OPTIONS: dict[str, dict[str, Any]] = {"mhla": {"blocks_per_side": 2}}
-SCRATCH = {"attn_init": "random", "mlp_init": "random", "rest_init": "random"}
-NO_DISTILLATION = {"attn_weight": 0.0, "kd_weight": 0.0}
-
-
-@dataclass
-class Result:
-    """One row of the quickstart table: val top-1/top-5 as fractions, training seconds, its folder."""
-
-    name: str
-    kind: str  # teacher, student or scratch
-    variant: Optional[str]
-    top1: float
-    top5: float
-    loss: float
-    seconds: float
-    folder: str
+__all__ = ["DATA", "DEFAULT_VARIANTS", "RECIPE", "Job", "Progress", "Quickstart", "Result", "Update", "check_out",
+           "parse_variants", "plan_jobs", "run_jobs", "run_quickstart", "train_one"]
 
 
 @dataclass
@@ -65,8 +50,6 @@ class Quickstart:
 
 def parse_variants(text: str) -> list[str]:
     """``"elu,relu"`` -> ["elu", "relu"], checked against the registry, duplicates dropped."""
-    from .attention import VARIANTS
-
     names = list(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
     if not names:
         raise VitconvertError(f"--variants is empty; choose from {', '.join(VARIANTS)}")
@@ -84,69 +67,6 @@ def check_out(out: Path, force: bool) -> None:
                               "or --out to choose another folder")
 
 
-@dataclass(frozen=True)
-class Job:
-    """One training of the quickstart: a converted student (distilled) or its scratch twin (task loss only)."""
-
-    name: str
-    variant: str
-    overrides: dict[str, Any]
-    init: dict[str, Any]
-
-
-@dataclass
-class Update:
-    """What the progress display gets: a job's state (queued, running, done) and where its training is."""
-
-    name: str
-    state: str
-    step: int = 0
-    steps: int = 0
-    epoch: int = 0
-    epochs: int = 0
-    result: Optional[Result] = None
-
-
-Progress = Callable[[Update], None]
-
-
-def train_one(job: Job, out: Path, device: Optional[str], force: bool, progress: Optional[Progress] = None) -> Result:
-    """convert (init per ``job.init``) -> save -> distill per the quickstart recipe -> eval of the run folder."""
-    from .convert import convert
-    from .distill import DistillJob, run
-    from .evaluate import evaluate
-    from .folder import save
-    from .recipes import load_recipe
-    from .sources import load_source
-
-    teacher = load_source(DATA).model
-    student, _ = convert(teacher, to=job.variant, options=VARIANT_OPTIONS.get(job.variant), source=DATA, **job.init)
-    start = save(student, out / "init" / job.name, force=force, pretrained=True)
-    recipe, text = load_recipe(RECIPE, job.overrides)
-
-    def on_step(trainer: Any) -> None:
-        if progress is not None:
-            steps = trainer.feed.updates_per_epoch * recipe.epochs
-            progress(Update(job.name, "running", trainer.pos.step, steps, trainer.pos.epoch, recipe.epochs))
-
-    result = run(DistillJob(student=str(start), recipe=recipe, out=out / job.name, recipe_text=text, device=device,
-                            force=force, show=False), on_step=on_step)
-    metrics = evaluate(str(result.folder), DATA, device=device)
-    kind = "scratch" if job.init.get("mlp_init") == "random" else "student"
-    return Result(job.name, kind, job.variant, metrics["top1"], metrics["top5"], metrics["loss"], result.seconds,
-                  str(result.folder))
-
-
-def plan_jobs(variants: Sequence[str], seed: int, epochs: Optional[int], scratch: bool) -> list[Job]:
-    overrides: dict[str, Any] = {"seed": seed, **({"epochs": epochs} if epochs is not None else {})}
-    jobs = []
-    for variant in variants:
-        jobs.append(Job(variant, variant, overrides, {"seed": seed}))
-        if scratch:
-            jobs.append(Job(f"{variant}-scratch", variant, {**overrides, **NO_DISTILLATION}, {**SCRATCH, "seed": seed}))
-    return jobs
-
-
 def run_quickstart(variants: Sequence[str] = DEFAULT_VARIANTS, out: Path = Path("runs/quickstart"),
                    epochs: Optional[int] = None, seed: int = 0, scratch: bool = True, device: Optional[str] = None,
                    force: bool = False, jobs: Optional[int] = None, progress: Optional[Progress] = None) -> Quickstart:
@@ -156,10 +76,6 @@ def run_quickstart(variants: Sequence[str] = DEFAULT_VARIANTS, out: Path = Path(
     each on one CPU thread: these 200k-parameter models gain nothing from more threads, and at a fixed count
     their numbers repeat exactly, whatever the number of workers (``jobs=1`` trains in this process).
     """
-    from .evaluate import evaluate
-    from .recipes import load_recipe
-    from .sources import load_source
-
     out = Path(out)
     check_out(out, force)
     planned = plan_jobs(variants, seed, epochs, scratch)

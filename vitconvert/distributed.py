@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import VitconvertError
+from .errors import VitconvertError
 
 
 @dataclass

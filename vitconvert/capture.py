@@ -13,9 +13,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..attention import LinearAttention
-from ..errors import VitconvertError
-from ..surgery import find_softmax_attention
+from .attention import LinearAttention
+from .errors import VitconvertError
+from .surgery import find_softmax_attention
 
 Captured = tuple[tuple[Any, ...], dict[str, Any]]  # (args, kwargs) of one attention call
 

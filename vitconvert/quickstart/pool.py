@@ -14,12 +14,13 @@ import queue
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-from .errors import VitconvertError, first_line
+import torch
 
-if TYPE_CHECKING:  # annotations only: quickstart imports this module
-    from .quickstart import Job, Progress, Result
+from ..errors import VitconvertError, first_line
+from ..threads import torch_threads
+from .jobs import Job, Progress, Result, Update, train_one
 
 STEP_EVERY = 5  # optimizer steps between progress messages from a worker
 
@@ -70,9 +71,6 @@ def run_jobs(jobs: list[Job], out: Path, device: Optional[str], force: bool, wor
 
 def _run_here(jobs: list[Job], out: Path, device: Optional[str], force: bool,
               progress: Optional[Progress]) -> dict[str, Result]:
-    from .quickstart import train_one
-    from .threads import torch_threads
-
     results = {}
     with torch_threads(1):
         for job in jobs:
@@ -83,8 +81,6 @@ def _run_here(jobs: list[Job], out: Path, device: Optional[str], force: bool,
 
 
 def _done(result: Result) -> Any:
-    from .quickstart import Update
-
     return Update(result.name, "done", result=result)
 
 
@@ -108,10 +104,6 @@ def _worker(tasks: Any, events: Any, out: Path, device: Optional[str], force: bo
             ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except OSError:
             pass
-    import torch
-
-    from .quickstart import train_one
-
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     send = _every(lambda update: events.put(("update", update)), STEP_EVERY)

@@ -1,0 +1,116 @@
+"""Opening a dataset: an image folder, a timm/torchvision name or the bundled digits, as (PIL image, label)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from torch.utils.data import Dataset
+
+from ..errors import VitconvertError, first_line
+from .digits import digits_dataset
+
+TRAIN_SPLITS = ("train", "training")
+EVAL_FOLDERS = ("val", "valid", "validation", "eval", "evaluation", "test")
+TIMM_PREFIXES = ("torch", "hfds")
+# torchvision datasets of the paper's benchmarks that timm's torch/ names lack: class, (train split, eval split).
+EXTRA_TORCH: dict[str, tuple[str, str, str]] = {
+    "stl10": ("STL10", "train", "test"),
+    "food101": ("Food101", "train", "test"),
+    "flowers102": ("Flowers102", "train", "test"),
+    "pets": ("OxfordIIITPet", "trainval", "test"),
+    "oxford_iiit_pet": ("OxfordIIITPet", "trainval", "test"),
+}
+
+
+
+def is_train_split(split: str) -> bool:
+    return split in TRAIN_SPLITS
+
+
+# -- opening a dataset -----------------------------------------------------------------------------------
+def open_dataset(spec: str, split: str, data_dir: Optional[str] = None, download: bool = False) -> Dataset:
+    """Untransformed (PIL image, label) pairs of ``split`` from a folder, a timm dataset name or ``digits``."""
+    if not spec:
+        raise VitconvertError("no data: pass --data FOLDER (with train/ and val/), a timm name "
+                              "(torch/cifar100, hfds/...) or digits")
+    if spec == "digits":
+        if not is_train_split(split) and split not in EVAL_FOLDERS:
+            raise VitconvertError(f"digits has no {split!r} split: use train or val")
+        return digits_dataset("train" if is_train_split(split) else "val")
+    prefix, sep, rest = spec.partition("/")
+    if sep and prefix.lower() in TIMM_PREFIXES and not Path(spec).exists():
+        return open_named(prefix.lower(), rest, spec, split, data_dir, download)
+    if sep and prefix.lower() in ("hfids", "tfds", "wds"):
+        raise VitconvertError(f"{spec}: streaming datasets are not supported; use hfds/ or an image folder")
+    return open_folder(Path(spec).expanduser(), split)
+
+
+def open_named(prefix: str, name: str, spec: str, split: str, data_dir: Optional[str], download: bool) -> Dataset:
+    import timm.data
+
+    root = str(Path(data_dir).expanduser()) if data_dir else None
+    if prefix == "torch" and root is None:
+        raise VitconvertError(f"{spec} needs --data-dir: the folder that holds (or will hold, with --download) it")
+    try:
+        if prefix == "torch" and name.lower() in EXTRA_TORCH:
+            import torchvision.datasets as tvd
+
+            cls, train, test = EXTRA_TORCH[name.lower()]
+            return getattr(tvd, cls)(root, split=train if is_train_split(split) else test, download=download)
+        return timm.data.create_dataset(spec, root=root, split=split, download=download)
+    except ImportError as e:  # hfds/ needs Hugging Face `datasets`, an optional package
+        package = getattr(e, "name", None) or "an optional package"
+        raise VitconvertError(f"{spec} needs the Python package {package!r}, which is not installed: pip install "
+                              f"{package}") from None
+    except (RuntimeError, OSError, FileNotFoundError, ValueError, AssertionError) as e:
+        reason = first_line(e)
+        hint = "" if download else "; pass --download to fetch it (needs a network)"
+        raise VitconvertError(f"cannot open {spec} ({split}) under {root or 'the Hugging Face cache'}: "
+                              f"{reason}{hint}") from None
+
+
+def open_folder(root: Path, split: str) -> Dataset:
+    """An image folder root with ``train/`` and ``val/`` (class subfolders inside), read by timm."""
+    import timm.data
+    from timm.data.readers.img_extensions import get_img_extensions
+
+    if not root.is_dir():
+        raise VitconvertError(f"data folder not found: {root} (expected a folder with train/ and val/, a timm "
+                              "dataset name like torch/cifar100, or digits)")
+    # an evaluation split's synonyms (val/, valid/, ...) stand in for one another; any other name (test, a typo)
+    # means exactly that folder, never a silent val/
+    names = TRAIN_SPLITS if is_train_split(split) else (split, *EVAL_FOLDERS) if split in EVAL_FOLDERS[:5] else (
+        split,)
+    folder = next((root / n for n in names if (root / n).is_dir()), None)
+    if folder is None:
+        have = sorted(p.name for p in root.iterdir() if p.is_dir())
+        raise VitconvertError(f"{root} has no {'/'.join(names[:3])}/ folder for the {split} split (it has: "
+                              f"{', '.join(have) or 'no folders'})")
+    extensions = tuple(get_img_extensions())
+    if not any(p.suffix.lower() in extensions for p in folder.rglob("*") if p.is_file()):
+        raise VitconvertError(f"{folder} holds no images (class subfolders of {', '.join(extensions[:4])}...)")
+    return timm.data.create_dataset("", root=str(folder), split=split, search_split=False)
+
+
+def dataset_classes(ds: Dataset) -> Optional[int]:
+    """How many classes the data has, where the dataset says so."""
+    reader = getattr(ds, "reader", None)
+    for mapping in (getattr(reader, "class_to_idx", None), getattr(ds, "class_to_idx", None)):
+        if mapping:
+            return len(mapping)
+    classes = getattr(ds, "classes", None)
+    if classes:
+        return len(classes)
+    for attr in ("targets", "labels", "_labels"):
+        values = getattr(ds, attr, None)
+        if values is not None and len(values):
+            return int(max(int(v) for v in values)) + 1
+    return None
+
+
+def check_classes(ds: Dataset, head: int, what: str = "student") -> None:
+    found = dataset_classes(ds)
+    if found is not None and found != head:
+        raise VitconvertError(f"the data has {found} classes but the {what}'s head has {head}: convert the model "
+                              f"with `vitconvert convert SOURCE --num-classes {found}` (a new, random head)")

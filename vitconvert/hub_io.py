@@ -1,0 +1,146 @@
+"""Everything vitconvert asks of huggingface_hub below the jobs: repo ids, the offline switch, the local cache,
+tokens, one snapshot download, and one line for each Hub failure. The token never leaves these functions
+except into huggingface_hub."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+from .errors import VitconvertError, first_line
+
+LOGIN_HINT = ("run `hf auth login` (or `huggingface-cli login`), set HF_TOKEN, or pass --token")
+
+
+def parse_hub_id(spec: str) -> tuple[str, Optional[str]]:
+    """'hf-hub:org/name@rev' -> ('org/name', 'rev'), refusing ids the Hub would refuse."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    repo = spec.split(":", 1)[1]
+    repo, _, revision = repo.partition("@")
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        raise VitconvertError(f"invalid Hub id {repo!r}: expected hf-hub:org/name[@revision]") from None
+    return repo, revision or None
+
+
+def check_repo_id(repo_id: str) -> str:
+    """``org/name`` as the Hub accepts it; ``hf-hub:`` is tolerated, a revision belongs in --revision."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    repo = (repo_id or "").strip().removeprefix("hf-hub:")
+    if "@" in repo:
+        raise VitconvertError(f"invalid repo id {repo_id!r}: give the branch with --revision, not @")
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        repo = ""
+    if repo.count("/") != 1:
+        raise VitconvertError(f"invalid repo id {repo_id!r}: expected org/name (your user or organisation name, "
+                              "a slash, then letters, digits, '-', '_' or '.')")
+    return repo
+
+
+def hub_snapshot(spec: str) -> Path:
+    """Download (or find in the cache, offline) a Hub repo's config + weights; returns the snapshot folder."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    repo, revision = parse_hub_id(spec)
+    try:
+        return Path(snapshot_download(repo, revision=revision,
+                                      allow_patterns=["config.json", "*.safetensors", "README.md", "*.yaml"]))
+    except (LocalEntryNotFoundError, RepositoryNotFoundError, HfHubHTTPError, OSError) as e:
+        where = f"{repo}@{revision}" if revision else repo
+        offline = hub_offline()
+        if offline and isinstance(e, LocalEntryNotFoundError):
+            cached = cached_revisions(repo)
+            have = f"cached revisions: {', '.join(cached)}" if cached else "nothing of this repo is cached"
+            raise VitconvertError(f"{where} is not in the Hub cache and HF_HUB_OFFLINE is set ({have}); "
+                                  "unset HF_HUB_OFFLINE to download it") from None
+        hint = " (HF_HUB_OFFLINE is set and it is not in the Hub cache)" if offline else ""
+        raise VitconvertError(f"cannot get {where} from the Hugging Face Hub{hint}: {first_line(e)}") from None
+
+
+def token_source(token: Optional[str]) -> Optional[str]:
+    """Where a token would come from, without reading it over the network (dry runs stay offline)."""
+    from huggingface_hub import constants
+
+    if token:
+        return "--token"
+    if os.environ.get("HF_TOKEN"):
+        return "HF_TOKEN"
+    return "cached login" if Path(constants.HF_TOKEN_PATH).is_file() else None
+
+
+def resolve_token(token: Optional[str]) -> str:
+    """--token, else HF_TOKEN, else the cached login; none is one line saying how to log in."""
+    import huggingface_hub
+
+    if token:
+        return token
+    try:
+        found = os.environ.get("HF_TOKEN") or huggingface_hub.get_token()
+    except Exception as e:  # e.g. a failed OIDC exchange
+        raise VitconvertError(f"cannot get a Hugging Face token ({type(e).__name__}); {LOGIN_HINT}") from None
+    if not found:
+        raise VitconvertError(f"no Hugging Face token found: {LOGIN_HINT}")
+    return found
+
+
+def cached_revisions(repo_id: str) -> list[str]:
+    """Branches/tags of ``repo_id`` in the local Hub cache (its refs/), for the offline error message."""
+    from huggingface_hub import constants
+
+    refs = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "refs"
+    return sorted(str(p.relative_to(refs)) for p in refs.rglob("*") if p.is_file()) if refs.is_dir() else []
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE as huggingface_hub reads it (its constant, set at its import, also covers
+    TRANSFORMERS_OFFLINE), or set since then, parsed with its own list of true values ("off" is online)."""
+    from huggingface_hub import constants
+
+    now = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in constants.ENV_VARS_TRUE_VALUES
+    return now or bool(constants.HF_HUB_OFFLINE)
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """Connection failures of whichever HTTP library this huggingface_hub uses (httpx or requests)."""
+    import importlib
+
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "ConnectionError"),
+                         ("requests", "Timeout")):
+        try:
+            errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+def describe_hub_error(e: BaseException, repo_id: str, token: str, stage: str) -> str:
+    """One line for any failure of the Hub calls, with the token scrubbed from whatever the server said."""
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    first = first_line(e)
+    nothing = "nothing was committed (the upload is a single commit)"
+    if isinstance(e, RepositoryNotFoundError):
+        msg = f"cannot access {repo_id}: it does not exist or your token cannot write to it; {LOGIN_HINT}"
+    elif isinstance(e, HfHubHTTPError):
+        code = getattr(getattr(e, "response", None), "status_code", None)
+        if code == 401:
+            msg = f"the Hub refused the token (401 Unauthorized); {LOGIN_HINT}"
+        elif code == 403:
+            msg = f"your token may not write to {repo_id} (403 Forbidden): use a token with write access; {nothing}"
+        else:
+            msg = f"the Hub failed to {stage} {repo_id} ({code or 'HTTP error'}: {first}); {nothing}"
+    elif isinstance(e, _connection_errors()):
+        msg = f"cannot reach the Hugging Face Hub to {stage} {repo_id} ({type(e).__name__}: {first}); {nothing}"
+    else:
+        msg = f"push to {repo_id} failed while trying to {stage} ({type(e).__name__}: {first}); {nothing}"
+    return msg.replace(token, "***") if token else msg
+
+

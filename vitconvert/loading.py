@@ -1,0 +1,75 @@
+"""Any model by the name a user gives: a vitconvert folder (linear) or a softmax source, and a distill run's pair.
+
+The one place that decides between ``folder`` (our format) and ``sources`` (softmax models through timm), so
+neither has to know the other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+from torch import nn
+
+from .errors import VitconvertError
+from .folder import load_folder_model, read_config
+from .hub_io import hub_snapshot
+from .sources import LinearSourceError, load_source
+
+
+def load(spec: Union[str, Path]) -> nn.Module:
+    """A model from a vitconvert folder, a run folder or ``hf-hub:org/name[@rev]`` (or any timm source)."""
+    spec = str(spec)
+    if spec.startswith("hf-hub:"):
+        folder = hub_snapshot(spec)
+    else:
+        folder = Path(spec.removeprefix("local-dir:")).expanduser()
+        if not folder.exists():
+            raise VitconvertError(f"path not found: {spec}")
+    if folder.is_dir() and "vitconvert" in read_config(folder):
+        return load_folder_model(folder, read_config(folder))
+    return load_source(spec).model
+
+
+def load_student(spec: str) -> nn.Module:
+    """A vitconvert model folder or run folder (linear attention, loaded strictly)."""
+    path = Path(spec).expanduser()
+    if not spec.startswith("hf-hub:"):
+        if path.is_file():
+            raise VitconvertError(f"{spec} is a file, not a model folder: give the folder `vitconvert convert` "
+                                  "wrote")
+        if not path.is_dir():
+            raise VitconvertError(f"student folder not found: {spec}")
+        if "vitconvert" not in read_config(path):
+            raise VitconvertError(f"{spec} is not a vitconvert model folder: convert it first "
+                                  f"(`vitconvert convert {spec} --to VARIANT`)")
+    return load(spec)
+
+
+def teacher_spec(student: nn.Module, override: Optional[str]) -> str:
+    """--teacher, else the source the student records."""
+    if override:
+        return override
+    source = getattr(student, "vitconvert_report", {}).get("source")
+    if not source:
+        raise VitconvertError("the student records no source model: name the softmax teacher with --teacher")
+    return str(source)
+
+
+def load_teacher(spec: str, student: nn.Module, seed: int, recorded: bool) -> nn.Module:
+    """The softmax teacher; built under a fixed seed so a random-init teacher is the same on resume."""
+    pretrained = bool(getattr(student, "vitconvert_report", {}).get("pretrained", True))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            source = load_source(spec, pretrained=pretrained)
+        except LinearSourceError:
+            raise VitconvertError(f"the teacher {spec} is a linear-attention vitconvert model; give a softmax "
+                                  "ViT") from None
+        except VitconvertError as e:
+            if not recorded:
+                raise
+            raise VitconvertError(f"cannot load the teacher {spec!r} (the student's recorded source): {e}; "
+                                  "name it with --teacher") from None
+    return source.model.eval()
