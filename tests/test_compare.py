@@ -11,8 +11,8 @@ from conftest import image_batch, tiny_model
 from torch.nn import functional as F
 
 import vitconvert
-from vitconvert.compare import compare_models, plot_compare
 from vitconvert.capture import DistillStudent, TeacherTap, attention_pairs
+from vitconvert.compare import compare_models, plot_compare
 from vitconvert.errors import VitconvertError
 
 

@@ -12,9 +12,9 @@ from vitconvert.data import (
     check_classes,
     input_config,
     open_dataset,
+    teacher_normalizer,
     train_transform,
 )
-from vitconvert.data import teacher_normalizer
 from vitconvert.errors import VitconvertError
 from vitconvert.recipes import Recipe
 
