@@ -43,14 +43,14 @@ from rich.table import Table
 
 import vitconvert
 from vitconvert.attention import VARIANTS
-from vitconvert.attention.kernel import fla_enabled
+from vitconvert.attention.kernel import KernelAttention, fla_enabled
 from vitconvert.bench import SOFTMAX, benchmark, linear_copy
 from vitconvert.recipes import load_recipe
 from vitconvert.sources import load_source
 
 ROOT = Path(__file__).resolve().parents[1]
 FLA_ENV = "VITCONVERT_FLA"
-FLA_VARIANTS = ("elu", "relu")  # the variants whose state can come from fla's kernel
+FLA_VARIANTS = tuple(n for n, c in VARIANTS.items() if issubclass(c, KernelAttention))  # fla's kernel gives their state
 DATASET_IMAGES = {"imagenet1k": 1_281_167, "cifar100": 50_000}  # training images per epoch
 NOT_MEASURED = "—"
 SYNTHETIC_CLASSES = 4

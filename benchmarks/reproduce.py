@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vitconvert.attention import VARIANTS as ALL_VARIANTS
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "reproduce.jsonl"
 DOC = ROOT / "docs" / "results.md"
@@ -45,7 +47,7 @@ REGIMES = ("same", "transfer")
 SOURCE_CLASSES, TARGET_CLASSES = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9)
 TRANSFER_DIR = ROOT / "benchmarks" / "results" / "transfer"  # the source teacher and the target image folder
 SOURCE_EPOCHS = 60
-VARIANTS = ("elu", "relu", "inline", "mhla", "ttt")
+VARIANTS = tuple(ALL_VARIANTS)
 OPTIONS: dict[str, dict[str, Any]] = {"mhla": {"blocks_per_side": 2}}  # 2×2 token-level heads on the 4×4 grid
 
 

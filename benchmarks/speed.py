@@ -23,6 +23,7 @@ from pathlib import Path
 import timm
 import torch
 
+from vitconvert.attention import VARIANTS
 from vitconvert.bench import (
     SOFTMAX,
     BenchReport,
@@ -34,7 +35,7 @@ from vitconvert.bench import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-ALL = ["elu", "relu", "inline", "mhla", "ttt"]
+ALL = list(VARIANTS)
 # (model, image sizes, batch per size, variants, repeats, train sizes, threads, clock); batches and repeats
 # keep the whole run near 15 minutes on 2 cores. The wall-clock rows are the setting (2 threads); on a
 # machine shared with other jobs a thread that waits for a core stalls every parallel op, so deit_small is also

@@ -1,80 +1,31 @@
-"""Tiny pretrained=False models of every timm ViT family the surgery supports."""
+"""Session setup and fixtures; shared helpers live in tests/helpers.py."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-import timm
 import torch
+from helpers import tiny_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 torch.set_num_threads(1)  # pytest -n 2 runs two workers on two cores: one thread each, no oversubscription
 
-TINY = dict(embed_dim=32, num_heads=2, depth=2)
-# family -> (timm name, kwargs giving a model of a few hundred kB at 32 px)
-FAMILIES: dict[str, tuple[str, dict]] = {
-    "vit": ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, **TINY)),
-    "vit_reg_gap": ("vit_base_patch16_reg4_gap_256", dict(img_size=32, patch_size=8, **TINY)),
-    "vit_qknorm": ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, qk_norm=True, **TINY)),
-    "clip": ("vit_base_patch16_clip_224", dict(img_size=32, patch_size=8, **TINY)),
-    "siglip": ("vit_base_patch16_siglip_224", dict(img_size=32, patch_size=8, **TINY)),
-    "dinov2": ("vit_small_patch14_reg4_dinov2", dict(img_size=28, patch_size=7, **TINY)),
-    "deit3": ("deit3_small_patch16_224", dict(img_size=32, patch_size=8, **TINY)),
-    "deit_distilled": ("deit_tiny_distilled_patch16_224", dict(img_size=32, patch_size=8, **TINY)),
-    "eva02": ("eva02_tiny_patch14_224", dict(img_size=28, patch_size=7, num_classes=10, **TINY)),
-    "dinov3": ("vit_base_patch16_dinov3", dict(img_size=32, patch_size=8, **TINY)),
-    "pe": ("vit_pe_core_tiny_patch16_384", dict(img_size=32, patch_size=8, **TINY)),
-    "beit": ("beit_base_patch16_224", dict(img_size=32, patch_size=8, **TINY)),
-    "relpos": ("vit_relpos_small_patch16_224", dict(img_size=32, patch_size=8, **TINY)),
-    "srelpos": ("vit_srelpos_small_patch16_224", dict(img_size=32, patch_size=8, **TINY)),
-    "naflex": ("naflexvit_base_patch16_gap", dict(**TINY)),
-}
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: minutes of CPU (torch.compile / inductor); run with `pytest -m slow`")
 
 
-def tiny_model(family: str = "vit", **overrides) -> torch.nn.Module:
-    name, kwargs = FAMILIES[family]
-    torch.manual_seed(0)
-    return timm.create_model(name, pretrained=False, **{**kwargs, **overrides}).eval()
-
-
-def image_batch(model: torch.nn.Module, batch: int = 2) -> torch.Tensor:
-    size = model.pretrained_cfg.get("input_size", (3, 32, 32))[-1]
-    size = getattr(getattr(model, "patch_embed", None), "img_size", (size, size))[0] if hasattr(
-        model, "patch_embed") and getattr(model.patch_embed, "img_size", None) else 32
-    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(1))
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``slow`` tests run only when asked for (``-m slow``, or any -m expression naming slow)."""
+    if "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with `python -m pytest -m slow`")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture
 def vit() -> torch.nn.Module:
     return tiny_model("vit")
-
-
-def place_in_hub_cache(cache: os.PathLike, repo_id: str, folder: os.PathLike, revision: str = "main") -> str:
-    """Lay ``folder`` out as huggingface_hub's cache does (blobs, snapshots/<sha>, refs/<revision>)."""
-    import hashlib
-    import shutil
-    from pathlib import Path
-
-    root = Path(cache) / f"models--{repo_id.replace('/', '--')}"
-    sha = hashlib.sha1(f"{repo_id}@{revision}".encode()).hexdigest()
-    snapshot = root / "snapshots" / sha
-    (root / "blobs").mkdir(parents=True, exist_ok=True)
-    snapshot.mkdir(parents=True, exist_ok=True)
-    for f in Path(folder).iterdir():
-        if f.is_file():
-            blob = root / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
-            shutil.copyfile(f, blob)
-            (snapshot / f.name).symlink_to(os.path.relpath(blob, snapshot))
-    (root / "refs").mkdir(exist_ok=True)
-    (root / "refs" / revision).write_text(sha)
-    return sha
-
-
-def assert_one_line_error(result, text: str) -> None:
-    """A CLI failure as users must see it: non-zero exit, exactly one `error: ...` line, no traceback."""
-    assert result.exit_code != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert text in lines[0]
-    assert "Traceback" not in result.output + result.stderr

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from conftest import tiny_model
+from helpers import tiny_model
 
+from vitconvert import bench
+from vitconvert.attention import VARIANTS
 from vitconvert.bench import (
     BenchRow,
     benchmark,
@@ -38,17 +38,34 @@ def test_rows_have_sane_fields(report):
     for row in report.rows:
         assert row.img_size == 48 and row.tokens == N and row.batch_size == 2
         assert row.ms_per_img > 0 and row.img_per_s > 0 and row.peak_mem_mb > 0
-        assert math.isclose(row.img_per_s, 1e3 / row.ms_per_img)
         assert len(row.times_ms) == 2
     assert report.threads == 1 and report.device == "cpu"
 
 
-def test_speedup_is_softmax_ms_over_variant_ms(report):
-    for mode in ("infer", "train"):
-        rows = {r.model: r for r in report.rows if r.mode == mode}
-        assert rows["softmax"].speedup == 1.0
-        for name in ("elu", "ttt"):
-            assert math.isclose(rows[name].speedup, rows["softmax"].ms_per_img / rows[name].ms_per_img)
+def test_medians_speedups_and_turns_against_a_fake_clock(monkeypatch):
+    """Scripted step durations on a fake clock: ms/img is the median over rounds per image, img/s its inverse,
+    speedup the ratio of medians, and the models take turns in alternating order (no model always runs right
+    after the same other one)."""
+    clock = {"now": 0.0}
+    durations = {"softmax": [0.010, 0.030, 0.020], "elu": [0.004, 0.100, 0.005]}  # elu: one outlier round
+    calls: list[str] = []
+
+    def step(name: str):
+        def run() -> None:
+            calls.append(name)
+            clock["now"] += durations[name][sum(c == name for c in calls) - 1]
+        return run
+
+    monkeypatch.setitem(bench.CLOCKS, "wall", lambda: clock["now"])
+    x = torch.zeros(2, 3, 8, 8)  # batch 2: ms per image is half the step's
+    rows = {r.model: r for r in bench._measure({}, x, "infer", torch.device("cpu"), repeats=3, warmup=0, size=8,
+                                               tokens=5, flops={"softmax": 1.0, "elu": 1.0}, memory=False,
+                                               clock="wall", steps={"softmax": step("softmax"), "elu": step("elu")})}
+    assert calls == ["softmax", "elu", "elu", "softmax", "softmax", "elu"]
+    assert rows["softmax"].ms_per_img == pytest.approx(20 / 2) and rows["elu"].ms_per_img == pytest.approx(5 / 2)
+    assert rows["softmax"].img_per_s == pytest.approx(100) and rows["elu"].img_per_s == pytest.approx(400)
+    assert rows["elu"].speedup == pytest.approx(4.0) and rows["softmax"].speedup == 1.0  # the median ignores 100 ms
+    assert rows["elu"].times_ms == pytest.approx([4.0, 100.0, 5.0])  # per step, in turn order
 
 
 def test_flop_bound_matches_a_hand_count(report):
@@ -110,7 +127,11 @@ def test_memory_slope():
     assert memory_slope(linear[:1], "elu") is None
 
 
-@pytest.mark.parametrize("text,expected", [("elu", ["elu"]), (" elu, relu ,elu", ["elu", "relu"]), (None, None)])
+FIRST, SECOND = list(VARIANTS)[:2]
+
+
+@pytest.mark.parametrize("text,expected", [(FIRST, [FIRST]), (f" {FIRST}, {SECOND} ,{FIRST}", [FIRST, SECOND]),
+                                           (None, None)])
 def test_parse_variants(text, expected):
     assert parse_variants(text) == expected
 
@@ -173,7 +194,7 @@ def test_compile_runs_every_model_through_the_named_backend_and_records_it():
         graphs.append(gm)
         return gm.forward
 
-    report = benchmark(tiny_model("vit", img_size=32), ["elu", "relu"], repeats=1, warmup=0, train=True,
+    report = benchmark(tiny_model("vit", img_size=32), [FIRST, SECOND], repeats=1, warmup=0, train=True,
                        threads=1, memory=False, amp="bfloat16", compile="vitconvert_test_counting")
     assert report.compile == "vitconvert_test_counting" and report.amp == "bfloat16"
     assert report.to_dict()["compile"] == "vitconvert_test_counting"

@@ -7,12 +7,12 @@ import re
 
 import pytest
 import yaml
-from conftest import tiny_model
+from helpers import tiny_model
 from huggingface_hub import ModelCard, ModelCardData
 
 import vitconvert
 from vitconvert.attention import VARIANTS
-from vitconvert.card import CARD_MARKER, MIMETIC_BIBTEX, VARIANT_BIBTEX, base_model, render_card
+from vitconvert.card import CARD_MARKER, MIMETIC_BIBTEX, base_model, render_card
 
 RECIPE = {"data": {"dataset": "torch/cifar100", "img_size": 32}, "optim": {"name": "adamw", "lr": 0.002},
           "epochs": 300, "distill": {"loss": "mse", "weight": 1.0}}
@@ -94,7 +94,8 @@ def test_converted_card_says_untrained_and_reports_groups(config):
 def test_citations_name_the_paper_and_the_variant(variant):
     text = render_card(converted_config(variant))
     assert "Copy the Same, Distill the Difference" in text.split("## Citation")[1]
-    assert VARIANT_BIBTEX[variant] in text and MIMETIC_BIBTEX in text  # default attention init is mimetic
+    bibtex = VARIANTS[variant].bibtex
+    assert bibtex and bibtex in text and MIMETIC_BIBTEX in text  # default attention init is mimetic
     assert ModelCard(text).data.tags[2] == variant
 
 
@@ -176,7 +177,7 @@ def test_card_snippet_runs_as_shown_and_gives_the_vitconvert_model(tmp_path, hub
     import json
 
     import torch
-    from conftest import place_in_hub_cache
+    from helpers import place_in_hub_cache
 
     student, _ = vitconvert.convert(tiny_model("vit"), variant, source="vit_tiny")
     folder = vitconvert.save(student, tmp_path / "m")
@@ -197,7 +198,7 @@ def test_card_of_a_format1_folder_says_vitconvert_load(tmp_path, hub_cache, monk
     import json
     from pathlib import Path
 
-    from conftest import place_in_hub_cache
+    from helpers import place_in_hub_cache
 
     folder = Path(__file__).parent / "fixtures" / "format1" / "elu"
     place_in_hub_cache(hub_cache, "me/old", folder)

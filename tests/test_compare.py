@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import image_batch, tiny_model
+from helpers import image_batch, tiny_model
 from torch.nn import functional as F
 
 import vitconvert

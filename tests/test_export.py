@@ -9,15 +9,13 @@ import onnxruntime as ort
 import pytest
 import timm
 import torch
-from typer.testing import CliRunner
+from helpers import runner
 
 import vitconvert
 from vitconvert.attention import VARIANTS
 from vitconvert.cli import app
 from vitconvert.errors import VitconvertError
 from vitconvert.export import export
-
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")

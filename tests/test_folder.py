@@ -7,7 +7,7 @@ import json
 import pytest
 import timm
 import torch
-from conftest import image_batch, place_in_hub_cache, tiny_model
+from helpers import image_batch, place_in_hub_cache, tiny_model
 
 import vitconvert
 from vitconvert.attention import VARIANTS

@@ -13,7 +13,7 @@ import huggingface_hub
 import pytest
 import timm
 import torch
-from conftest import image_batch, place_in_hub_cache, tiny_model
+from helpers import image_batch, place_in_hub_cache, tiny_model
 from huggingface_hub import HfApi, ModelCard
 
 import vitconvert

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
+from helpers import tiny_model
 
 from vitconvert.attention import LinearAttention
 from vitconvert.convert import convert

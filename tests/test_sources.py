@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
-from conftest import FAMILIES, place_in_hub_cache, tiny_model
+from helpers import FAMILIES, place_in_hub_cache, tiny_model
 
 from vitconvert.errors import VitconvertError
 from vitconvert.sources import load_source, resolve_alias

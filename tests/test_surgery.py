@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
-from conftest import FAMILIES, image_batch, tiny_model
+from helpers import FAMILIES, image_batch, tiny_model
 
 from vitconvert.attention import VARIANTS, LinearAttention
 from vitconvert.convert import convert

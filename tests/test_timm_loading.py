@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from conftest import FAMILIES, image_batch, place_in_hub_cache, tiny_model
+from helpers import FAMILIES, image_batch, place_in_hub_cache, tiny_model
 
 import vitconvert
 from vitconvert.attention import VARIANTS, LinearAttention
@@ -126,7 +126,7 @@ def test_plain_timm_refuses_and_names_vitconvert(tmp_path, hub_cache):
 
     save_for_hf(tiny_model("vit"), str(tmp_path / "softmax"), safe_serialization=True)
     specs, expected = [f"local-dir:{tmp_path / 'softmax'}"], ["built"]
-    for variant in ("elu", "relu", "inline", "mhla"):
+    for variant in VARIANTS:
         _, folder = saved(tmp_path, "vit", variant)
         place_in_hub_cache(hub_cache, f"me/{variant}", folder)
         specs += [f"local-dir:{folder}", f"hf-hub:me/{variant}"]

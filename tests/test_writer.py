@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import tiny_model
+from helpers import tiny_model
 
 import vitconvert
 from vitconvert.errors import VitconvertError

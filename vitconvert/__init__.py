@@ -13,10 +13,10 @@ if _sys.argv and _sys.argv[0].rsplit("/", 1)[-1] == "vitconvert":  # the console
 
     _sys.excepthook = _interrupted
 
+from . import timm_registry as _timm_registry  # noqa: E402,F401  (importing it registers the variants with timm)
 from .attention import VARIANTS  # noqa: E402
 from .convert import convert  # noqa: E402
 from .folder import save  # noqa: E402
 from .loading import load  # noqa: E402
-from .timm_registry import register as _register_with_timm  # noqa: E402,F401  (import registers with timm)
 
 __all__ = ["VARIANTS", "convert", "load", "save", "__version__"]

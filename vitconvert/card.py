@@ -20,51 +20,15 @@ from typing import Any, Optional
 import yaml
 
 from .aliases import resolve_alias
+from .attention import VARIANTS
 from .timm_registry import is_vitconvert_architecture, source_architecture
 
 PAPER = "Copy the Same, Distill the Difference: Initializing Linear Vision Transformers"
-VARIANT_PAPERS = {
-    "elu": "Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)",
-    "relu": "Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)",
-    "inline": "Han et al. 2024, Bridging the Divide: Reconsidering Softmax and Linear Attention (NeurIPS)",
-    "mhla": "Zhang et al. 2026, Restoring Expressivity of Linear Attention via Token-Level Multi-Head (ICLR)",
-    "ttt": "Linearizing Vision Transformers with Test-Time Training (ICML 2026)",
-}
 # BibTeX of what the card cites; authors only where we know them ("and others" where we know only the first).
 PAPER_BIBTEX = """@misc{copy_same_distill_difference,
   title  = {Copy the Same, Distill the Difference: Initializing Linear Vision Transformers},
   note   = {the method implemented by vitconvert}
 }"""
-KATHAROPOULOS = """@inproceedings{katharopoulos2020transformers,
-  title     = {Transformers are {RNNs}: Fast Autoregressive Transformers with Linear Attention},
-  author    = {Katharopoulos, Angelos and Vyas, Apoorv and Pappas, Nikolaos and Fleuret, Fran{\\c{c}}ois},
-  booktitle = {International Conference on Machine Learning (ICML)},
-  year      = {2020},
-  eprint    = {2006.16236},
-  archivePrefix = {arXiv}
-}"""
-VARIANT_BIBTEX = {
-    "elu": KATHAROPOULOS,
-    "relu": KATHAROPOULOS,
-    "inline": """@inproceedings{han2024inline,
-  title     = {Bridging the Divide: Reconsidering Softmax and Linear Attention},
-  author    = {Han, Dongchen and others},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year      = {2024}
-}""",
-    "mhla": """@inproceedings{zhang2026mhla,
-  title     = {Restoring Expressivity of Linear Attention via Token-Level Multi-Head},
-  author    = {Zhang and others},
-  booktitle = {International Conference on Learning Representations (ICLR)},
-  year      = {2026}
-}""",
-    "ttt": """@inproceedings{linearizing_vit_ttt2026,
-  title     = {Linearizing Vision Transformers with Test-Time Training},
-  booktitle = {International Conference on Machine Learning (ICML)},
-  year      = {2026},
-  note      = {code: github.com/LeapLabTHU/Transformer-to-TTT}
-}""",
-}
 MIMETIC_BIBTEX = """@inproceedings{trockman2023mimetic,
   title     = {Mimetic Initialization of Self-Attention Layers},
   author    = {Trockman, Asher and Kolter, J. Zico},
@@ -272,8 +236,8 @@ def status(block: dict[str, Any]) -> str:
 
 def citations(block: dict[str, Any]) -> str:
     entries = [PAPER_BIBTEX]
-    if block.get("variant") in VARIANT_BIBTEX:
-        entries.append(VARIANT_BIBTEX[block["variant"]])
+    if block.get("variant") in VARIANTS and VARIANTS[block["variant"]].bibtex:
+        entries.append(VARIANTS[block["variant"]].bibtex)
     if (block.get("init") or {}).get("attn") == "mimetic":
         entries.append(MIMETIC_BIBTEX)
     return "```bibtex\n" + "\n\n".join(entries) + "\n```"

@@ -22,7 +22,7 @@ from timm.models import load_pretrained, model_entrypoint, register_model
 from timm.models import vision_transformer as timm_vit
 from torch import nn
 
-from .attention import VARIANTS, LinearAttention
+from .attention import VARIANTS, LinearAttention, on_register
 from .errors import VitconvertError
 from .surgery import swap_attention
 
@@ -112,12 +112,11 @@ def _entrypoint(variant: str) -> Callable[..., nn.Module]:
     return entrypoint
 
 
-def register() -> None:
-    """Make every variant known to timm: a model entrypoint and an attn_layer name each."""
-    for variant, cls in VARIANTS.items():
-        if not timm.is_model(architecture_name(variant)):
-            register_model(_entrypoint(variant))
-        timm_vit.ATTN_LAYERS.setdefault(architecture_name(variant), cls)
+def register(variant: str, cls: type[LinearAttention]) -> None:
+    """Make a variant known to timm: a model entrypoint and an attn_layer name."""
+    if not timm.is_model(architecture_name(variant)):
+        register_model(_entrypoint(variant))
+    timm_vit.ATTN_LAYERS.setdefault(architecture_name(variant), cls)
 
 
-register()
+on_register(register)  # every variant registered so far, and each one registered later

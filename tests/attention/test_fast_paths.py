@@ -3,8 +3,6 @@ the expm1-free ELU feature, and the optional flash-linear-attention state (skipp
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from timm.layers import Attention
@@ -12,8 +10,6 @@ from torch.nn import functional as F
 
 from vitconvert.attention import VARIANTS
 from vitconvert.attention.kernel import EluAttention, elu_feature, fla_installed, kernel_attention
-
-SLOW = os.environ.get("VITCONVERT_SLOW") == "1"
 
 
 def make_module(name: str, grid=(4, 4), num_prefix: int = 1, **options):
@@ -52,7 +48,7 @@ def test_no_graph_breaks_under_torch_compile(name, grid, options, masked):
     compiled_matches_eager(name, grid, options, "eager", masked)
 
 
-@pytest.mark.skipif(not SLOW, reason="inductor compiles C++ for minutes on a CPU; run with VITCONVERT_SLOW=1")
+@pytest.mark.slow  # inductor compiles C++ for minutes on a CPU
 @pytest.mark.parametrize("name,grid,options", COMPILE_CASES, ids=[f"{n}-{g[0]}x{g[1]}" for n, g, _ in COMPILE_CASES])
 def test_inductor_compiles_and_matches_eager(name, grid, options):
     torch._dynamo.reset()

@@ -16,7 +16,7 @@ from vitconvert.attention.kernel import (
 )
 
 VARIANTS = [EluAttention, ReluAttention]
-VARIANT_IDS = ["elu", "relu"]
+VARIANT_IDS = [cls.variant for cls in VARIANTS]
 TOKENS = [1, 5, 17, 50]
 
 

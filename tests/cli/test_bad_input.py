@@ -28,12 +28,11 @@ from typing import Optional
 
 import pytest
 from distill.helpers import FAST, make_images, make_student
-from typer.testing import CliRunner
+from helpers import runner
 
 from vitconvert.cli import app
 from vitconvert.recipes import FIELDS
 
-runner = CliRunner()
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "bad-input.md"
 QUICK = ["--epochs", "1", "--batch-size", "4"] + [a for k, v in FAST.items() if k not in ("epochs", "batch_size")
                                                   for a in ("--set", f"{k}={json.dumps(v)}")]

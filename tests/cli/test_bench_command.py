@@ -6,12 +6,10 @@ import json
 
 import pytest
 import timm
-from conftest import assert_one_line_error, tiny_model
-from typer.testing import CliRunner
+from helpers import assert_one_line_error, runner, tiny_model
 
 from vitconvert.cli import app
 
-runner = CliRunner()
 FAST = ["--threads", "1", "--repeats", "1", "--no-pretrained"]
 
 

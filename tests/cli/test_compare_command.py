@@ -8,15 +8,13 @@ import sys
 
 import pytest
 import timm
-from conftest import assert_one_line_error, tiny_model
+from helpers import assert_one_line_error, runner, tiny_model
 from PIL import Image
 from test_compare import one_thread  # noqa: F401  (autouse fixture)
-from typer.testing import CliRunner
 
 import vitconvert
 from vitconvert.cli import app
 
-runner = CliRunner()
 CLASSES = 3
 
 

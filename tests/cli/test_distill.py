@@ -7,12 +7,11 @@ import json
 import pytest
 import torch
 from distill.helpers import FAST, make_images, make_student, make_teacher
-from typer.testing import CliRunner
+from helpers import assert_one_line_error, runner
 
 import vitconvert
 from vitconvert.cli import app
 
-runner = CliRunner()
 QUICK = ["--epochs", "1", "--batch-size", "4"] + [a for k, v in FAST.items() if k not in ("epochs", "batch_size")
                                                   for a in ("--set", f"{k}={json.dumps(v)}")]
 
@@ -27,12 +26,6 @@ def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
-def assert_one_line_error(result, text):
-    assert result.exit_code != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert text in lines[0], lines[0]
-    assert "Traceback" not in result.output + result.stderr
 
 
 def test_distill_defaults_to_the_last_convert_and_writes_a_run_folder(setup, tmp_path, monkeypatch):

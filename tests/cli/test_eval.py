@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 
 from distill.helpers import make_images, make_teacher
-from typer.testing import CliRunner
+from helpers import runner
 
 from vitconvert.cli import app
-
-runner = CliRunner()
 
 
 def test_eval_a_softmax_source_and_its_errors(tmp_path):

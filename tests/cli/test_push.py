@@ -6,12 +6,11 @@ import json
 
 import pytest
 import test_hub
+from helpers import assert_one_line_error, runner
 from test_hub import FAKE_TOKEN, FakeHub
-from typer.testing import CliRunner
 
 from vitconvert.cli import app
 
-runner = CliRunner()
 # the fixtures of tests/test_hub.py, shared rather than copied
 templates, make_folder = test_hub.templates, test_hub.make_folder
 online, no_network = test_hub.online, test_hub.no_network
@@ -21,12 +20,6 @@ def invoke(*args: str):
     return runner.invoke(app, list(args), env={"COLUMNS": "200"})
 
 
-def assert_one_line_error(result, text: str):
-    assert result.exit_code == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert text in lines[0]
-    assert "Traceback" not in result.output
 
 
 def test_dry_run_shows_the_repo(tmp_path, online, no_network, make_folder):
@@ -89,7 +82,7 @@ def test_offline_env_blocks_push_but_not_dry_run(tmp_path, monkeypatch, make_fol
 def test_convert_from_hub_cache_offline(tmp_path, monkeypatch, source):
     import huggingface_hub
     import timm
-    from conftest import place_in_hub_cache, tiny_model
+    from helpers import assert_one_line_error, place_in_hub_cache, tiny_model
 
     cache = tmp_path / "cache"
     timm.models.save_for_hf(tiny_model("vit"), str(tmp_path / "src"), safe_serialization=True)

@@ -11,19 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import assert_one_line_error, runner
 from rich.console import Console
-from typer.testing import CliRunner
 
 from vitconvert.cli import app
 from vitconvert.cli.quickstart import results_table
-
-runner = CliRunner()
-
-
-def assert_one_line_error(result, text: str) -> None:
-    assert result.exit_code != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], result.stderr
 
 
 @pytest.fixture(scope="module")

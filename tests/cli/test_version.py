@@ -6,12 +6,10 @@ import json
 from importlib.metadata import version
 
 import timm
-from typer.testing import CliRunner
+from helpers import runner
 
 import vitconvert
 from vitconvert.cli import app
-
-runner = CliRunner()
 
 
 def test_version_flag_matches_the_package_metadata():

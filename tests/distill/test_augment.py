@@ -6,7 +6,7 @@ import copy
 
 import numpy as np
 import pytest
-from conftest import tiny_model
+from helpers import tiny_model
 from PIL import Image
 
 from vitconvert import data

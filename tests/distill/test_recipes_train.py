@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
+from helpers import runner
 
 from vitconvert.cli import app
 from vitconvert.recipes import available_recipes, load_recipe
 
 from .helpers import make_images, make_student
 
-runner = CliRunner()
 RECIPES = [*available_recipes(), None]  # None: no --recipe
 
 

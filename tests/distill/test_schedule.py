@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import timm
-from typer.testing import CliRunner
+from helpers import runner
 
 from vitconvert.cli import app
 from vitconvert.distill.param_groups import create_optimization, logged_lrs
@@ -71,7 +71,7 @@ def test_a_file_that_sets_epochs_scales_the_default_warmup(tmp_path):
 def test_distill_prints_what_will_run_and_what_was_scaled(tmp_path):
     student = make_student(tmp_path)
     images = make_images(tmp_path / "images")
-    result = CliRunner().invoke(app, ["distill", str(student), "--data", str(images), "--out", str(tmp_path / "r"),
+    result = runner.invoke(app, ["distill", str(student), "--data", str(images), "--out", str(tmp_path / "r"),
                                       "--epochs", "1", "--batch-size", "4", "--set", "img_size=null"])
     assert result.exit_code == 0, result.output
     head = result.stderr.splitlines()[:3]

@@ -1,31 +1,16 @@
-"""The linear-attention variants, behind one registry: name -> class."""
+"""The linear-attention variants, behind one registry: name -> class (registry.py).
 
-from __future__ import annotations
+Importing a variant's file registers it; the order of the imports below is the order users see.
+"""
 
-from typing import Any
-
-from torch import nn
+# isort: off
+from . import kernel  # noqa: F401  (registers elu, relu)
+from . import inline  # noqa: F401
+from . import mhla  # noqa: F401
+from . import ttt  # noqa: F401
+# isort: on
 
 from .base import LinearAttention
-from .inline import InLineAttention
-from .kernel import EluAttention, ReluAttention
-from .mhla import MHLAttention
-from .ttt import TTTAttention
+from .registry import VARIANTS, build, on_register, register_variant, unregister_variant
 
-VARIANTS: dict[str, type[LinearAttention]] = {
-    "elu": EluAttention,
-    "relu": ReluAttention,
-    "inline": InLineAttention,
-    "mhla": MHLAttention,
-    "ttt": TTTAttention,
-}
-
-
-def build(name: str, like: nn.Module, **kwargs: Any) -> LinearAttention:
-    """A ``name`` variant shaped like the softmax module ``like``, extra parameters default-initialised."""
-    if name not in VARIANTS:
-        raise KeyError(f"unknown variant {name!r}; valid: {', '.join(VARIANTS)}")
-    return VARIANTS[name].from_softmax(like, **kwargs)
-
-
-__all__ = ["VARIANTS", "LinearAttention", "build"]
+__all__ = ["VARIANTS", "LinearAttention", "build", "on_register", "register_variant", "unregister_variant"]

@@ -90,7 +90,9 @@ class LinearAttention(nn.Module):
     ``default_options`` is derived from them and ``self.options`` holds their values (saved in config.json).
     """
 
-    variant: ClassVar[str] = ""
+    variant: ClassVar[str] = ""  # its registry name (registry.register_variant)
+    paper: ClassVar[str] = ""  # the paper it comes from, one line (model cards, `vitconvert list`)
+    bibtex: ClassVar[str] = ""  # BibTeX of that paper (model cards)
     # Default options of the variant (its keyword-only constructor arguments); stored in config.json.
     default_options: ClassVar[dict[str, Any]] = {}
 

@@ -36,6 +36,7 @@ from .base import (
     split_prefix,
     to_grid,
 )
+from .registry import register_variant
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -106,10 +107,18 @@ def add_to_spatial(out: torch.Tensor, residual: torch.Tensor, num_prefix: int) -
     return torch.cat((prefix, spatial + residual), dim=2)
 
 
+@register_variant
 class InLineAttention(LinearAttention):
     """InLine attention; optionally with the reference code's predicted local 3×3 residual on V."""
 
     variant = "inline"
+    paper = 'Han et al. 2024, Bridging the Divide: Reconsidering Softmax and Linear Attention (NeurIPS)'
+    bibtex = """@inproceedings{han2024inline,
+  title     = {Bridging the Divide: Reconsidering Softmax and Linear Attention},
+  author    = {Han, Dongchen and others},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year      = {2024}
+}"""
 
     def __init__(self, dim: int, num_heads: int = 8, *, local_residual: bool = False,
                  **kwargs: Unpack[AttentionArgs]):

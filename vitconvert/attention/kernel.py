@@ -25,11 +25,20 @@ import torch
 from torch.nn import functional as F
 
 from .base import AttentionArgs, Grid, LinearAttention, accumulation_dtype, full_precision
+from .registry import register_variant
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 LOG2_E = 1.4426950408889634  # exp(x) = 2^(x·log2 e)
+KATHAROPOULOS_BIBTEX = """@inproceedings{katharopoulos2020transformers,
+  title     = {Transformers are {RNNs}: Fast Autoregressive Transformers with Linear Attention},
+  author    = {Katharopoulos, Angelos and Vyas, Apoorv and Pappas, Nikolaos and Fleuret, Fran{\\c{c}}ois},
+  booktitle = {International Conference on Machine Learning (ICML)},
+  year      = {2020},
+  eprint    = {2006.16236},
+  archivePrefix = {arXiv}
+}"""
 
 
 def elu_feature(x: torch.Tensor) -> torch.Tensor:
@@ -131,17 +140,23 @@ class KernelAttention(LinearAttention):
         return kernel_attention_reference(phi(q), phi(k), v, key_valid, self.options["eps"])
 
 
+@register_variant
 class EluAttention(KernelAttention):
     """φ(x) = elu(x) + 1: strictly positive features, so the normaliser never vanishes."""
 
     variant = "elu"
+    paper = 'Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)'
+    bibtex = KATHAROPOULOS_BIBTEX
     feature = staticmethod(elu_feature)
     reference_feature = staticmethod(elu_feature_literal)
 
 
+@register_variant
 class ReluAttention(KernelAttention):
     """φ(x) = relu(x): sparse features; ε keeps rows whose features are all zero finite."""
 
     variant = "relu"
+    paper = 'Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)'
+    bibtex = KATHAROPOULOS_BIBTEX
     feature = staticmethod(relu_feature)
     reference_feature = staticmethod(relu_feature)

@@ -47,6 +47,7 @@ from .base import (
     to_grid,
 )
 from .kernel import kernel_attention, kernel_attention_reference, with_ones
+from .registry import register_variant
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -208,10 +209,18 @@ def lepe_reference(v_image: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
     return out
 
 
+@register_variant
 class MHLAttention(LinearAttention):
     """Multi-head linear attention over token blocks, mixed by a learnable distance-initialised matrix."""
 
     variant = "mhla"
+    paper = 'Zhang et al. 2026, Restoring Expressivity of Linear Attention via Token-Level Multi-Head (ICLR)'
+    bibtex = """@inproceedings{zhang2026mhla,
+  title     = {Restoring Expressivity of Linear Attention via Token-Level Multi-Head},
+  author    = {Zhang and others},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year      = {2026}
+}"""
 
     def __init__(
         self,

@@ -38,6 +38,7 @@ from .base import (
     split_prefix,
     to_grid,
 )
+from .registry import register_variant
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -103,10 +104,18 @@ def inner_gradients(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None
     return dw12, dw3
 
 
+@register_variant
 class TTTAttention(LinearAttention):
     """Softmax attention's q/k/v/proj around a test-time-trained SwiGLU inner model per head."""
 
     variant = "ttt"
+    paper = 'Linearizing Vision Transformers with Test-Time Training (ICML 2026)'
+    bibtex = """@inproceedings{linearizing_vit_ttt2026,
+  title     = {Linearizing Vision Transformers with Test-Time Training},
+  booktitle = {International Conference on Machine Learning (ICML)},
+  year      = {2026},
+  note      = {code: github.com/LeapLabTHU/Transformer-to-TTT}
+}"""
 
     def __init__(self, dim: int, num_heads: int = 8, *, inner_lr: float = 1.0, key_norm_eps: float = 1.0,
                  **kwargs: Unpack[AttentionArgs]):

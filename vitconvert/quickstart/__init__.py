@@ -49,7 +49,7 @@ class Quickstart:
 
 
 def parse_variants(text: str) -> list[str]:
-    """``"elu,relu"`` -> ["elu", "relu"], checked against the registry, duplicates dropped."""
+    """``"a,b,a"`` -> ["a", "b"], checked against the registry, duplicates dropped."""
     names = list(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
     if not names:
         raise VitconvertError(f"--variants is empty; choose from {', '.join(VARIANTS)}")

@@ -1,0 +1,52 @@
+"""The variant registry: the one list of linear-attention variants, filled by the variant classes themselves.
+
+A variant file decorates its class with :func:`register_variant`; everything else (the CLI's choices and help,
+``vitconvert list``, the quickstart's defaults, timm's entrypoints, the model card's citation, the benchmarks)
+reads :data:`VARIANTS`. Layers above that must act on each new variant (timm's model registry) subscribe with
+:func:`on_register` instead of being imported from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from torch import nn
+
+from .base import LinearAttention
+
+VARIANTS: dict[str, type[LinearAttention]] = {}
+_LISTENERS: list[Callable[[str, type[LinearAttention]], None]] = []
+V = TypeVar("V", bound=type[LinearAttention])
+
+
+def register_variant(cls: V) -> V:
+    """Class decorator: add ``cls`` under its ``variant`` name (and tell the listeners)."""
+    name = cls.variant
+    if not name or not name.isidentifier():
+        raise ValueError(f"{cls.__name__}.variant must be a lowercase identifier, got {name!r}")
+    if name in VARIANTS and VARIANTS[name] is not cls:
+        raise ValueError(f"variant {name!r} is already registered ({VARIANTS[name].__name__})")
+    VARIANTS[name] = cls
+    for listener in _LISTENERS:
+        listener(name, cls)
+    return cls
+
+
+def unregister_variant(name: str) -> None:
+    """Remove a variant (tests and plugins that register one for a while); listeners are not called."""
+    VARIANTS.pop(name, None)
+
+
+def on_register(listener: Callable[[str, type[LinearAttention]], None]) -> None:
+    """Call ``listener(name, cls)`` for every variant registered so far and every later one."""
+    _LISTENERS.append(listener)
+    for name, cls in list(VARIANTS.items()):
+        listener(name, cls)
+
+
+def build(name: str, like: nn.Module, **kwargs: Any) -> LinearAttention:
+    """A ``name`` variant shaped like the softmax module ``like``, extra parameters default-initialised."""
+    if name not in VARIANTS:
+        raise KeyError(f"unknown variant {name!r}; valid: {', '.join(VARIANTS)}")
+    return VARIANTS[name].from_softmax(like, **kwargs)
