@@ -65,7 +65,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(student, images, tmp_
     def poison_after_first_epoch(trainer):
         if trainer.pos.epoch == 1 and trainer.pos.step == 4:
             with torch.no_grad():
-                next(trainer.model.student.parameters()).fill_(float("nan"))
+                next(trainer.task.model.parameters()).fill_(float("nan"))
 
     recipe, text = load_recipe(None, {**FAST, "epochs": 2, "data": str(images)})
     with pytest.raises(Exception, match="NaN or infinite at epoch 2.*last good checkpoint.*after epoch 1"):

@@ -17,15 +17,13 @@ import torch
 
 from .. import data, loading
 from .. import distributed as D
-from ..capture import DistillStudent, TeacherTap, attention_pairs
 from ..errors import VitconvertError
-from ..evaluate import autocast_for, eval_sums, metrics_from_sums
+from ..evaluate import eval_sums, metrics_from_sums
 from ..recipes import Recipe, recipe_changes, recipe_summary
 from . import models
 from . import param_groups as groups
 from .checkpoint import CHECKPOINT, Position, read_checkpoint, restore_rng, rng_state, seed_everything, write_checkpoint
 from .final_compare import compare_at_end
-from .losses import DistillLoss, LossWeights
 from .monitor import Bar, Monitor, plot_curves
 from .runfolder import (
     RunGuard,
@@ -37,6 +35,7 @@ from .runfolder import (
     write_model_folder,
 )
 from .signals import StopRequest, TrainingStopped
+from .task import DistillationTask
 
 TERMS = ("loss", "task", "attn", "kd")  # the running sums: each term × images, then the image count
 
@@ -66,14 +65,32 @@ class RunResult:
 
 
 class Trainer:
+    """The loop around a :class:`DistillationTask`, read top to bottom as torchtune's recipes are: set up the
+    models, the data, the run folder and the optimizer, then ``fit``."""
+
     def __init__(self, job: DistillJob, env: D.DistEnv):
-        r = self.recipe = job.recipe
-        self.job, self.env, self.run_dir = job, env, Path(job.out)
+        self.recipe, self.job, self.env, self.run_dir = job.recipe, job, env, Path(job.out)
+        self._setup_models()
+        self._setup_data()
+        self._setup_run_folder()
+        self._setup_optimizer()
+        keep = (self.pos.epoch, self.pos.step) if self.ckpt is not None else None
+        self.monitor = Monitor(self.run_dir, env.is_main, keep_until=keep)
+        self.bar = Bar(job.show and env.is_main)
+        self.stage, self.frozen = "", frozenset()
+        self.epoch_sums = self.window = self.sums_tensor([])
+        self.window_start = time.perf_counter()
+        if job.compile:
+            self.task.model.compile()
+
+    # -- setup ----------------------------------------------------------------------------------------
+    def _setup_models(self) -> None:
+        """Student and teacher loaded and checked against each other and the recipe; the task built around them."""
+        r, job, env = self.recipe, self.job, self.env
         student = loading.load_student(job.student)
         self.report = dict(getattr(student, "vitconvert_report", {}))
         self.teacher_spec = loading.teacher_spec(student, job.teacher)
         teacher = loading.load_teacher(self.teacher_spec, student, r.seed, recorded=job.teacher is None)
-        mine, theirs = attention_pairs(student, teacher)
         models.check_kd(student, teacher, r.kd_weight)
         self.inp = data.input_config(student, r)
         models.check_sizes(student, teacher, self.inp.img_size)
@@ -81,68 +98,66 @@ class Trainer:
             raise VitconvertError("--fsdp trains every parameter without EMA: drop ema, the attn stage and "
                                   "freeze_copied_epochs, or run without --fsdp (DDP)")
         self.num_classes = int(student.num_classes)
-        self.feed = data.run_data(r, self.inp, self.num_classes, env.rank, env.world, env.device.type == "cuda")
-        self.labels_checked = self.feed.labels_checked
         models.set_drop_path(student, r.resolved_drop_path(models.embed_width(student)))
-        self.export = copy.deepcopy(student).eval()  # the CPU model that folders are written from
+        self.export = copy.deepcopy(student).eval()  # a CPU copy that folders are written from, never trained
         models.export_config(self.export, self.inp)
         self.channels_last = env.device.type == "cuda"
         memory = torch.channels_last if self.channels_last else torch.preserve_format
         student.to(env.device, memory_format=memory)
         teacher.to(env.device, memory_format=memory)
-        self.forced = r.attn_target == "teacher-forced"
-        self.model = DistillStudent(student, mine)
-        self.tap = TeacherTap(teacher, theirs, keep_inputs=self.forced)
-        self.to_teacher = data.teacher_normalizer(self.inp, teacher, env.device)
-        self.attn_ids, self.attn_types = models.attention_param_ids(mine), tuple({type(m) for m in mine})
+        self.task = DistillationTask(student, teacher, r, env.device, data.teacher_normalizer(self.inp, teacher,
+                                                                                               env.device),
+                                     mixup_active=r.mixup > 0 or r.cutmix > 0)
+        self.attn_ids = models.attention_param_ids(self.task.attention)
         self.frozen_ids = groups.frozen_ids(student, r)
         for epoch in range(r.epochs):  # a stage with nothing to train would fail in backward(), epochs later
             self.trainable(epoch)
+
+    def _setup_data(self) -> None:
+        env = self.env
+        self.feed = data.run_data(self.recipe, self.inp, self.num_classes, env.rank, env.world,
+                                  env.device.type == "cuda")
+        self.labels_checked = self.feed.labels_checked
+
+    def _setup_run_folder(self) -> None:
+        """A new run folder, or the checkpoint of the one being resumed (its weights into the student)."""
+        job = self.job
         self.pos = Position()
-        self.ckpt = prepare_run_folder(self.run_dir, r, job.recipe_text, job.resume, job.force, env,
-                                       job_inputs(job.student, job.teacher, r))
+        self.ckpt = prepare_run_folder(self.run_dir, self.recipe, job.recipe_text, job.resume, job.force, self.env,
+                                       job_inputs(job.student, job.teacher, self.recipe))
         if self.ckpt is not None:
             self.pos = self.ckpt.position
-            student.load_state_dict(self.ckpt.model())
-        self.wrapped: Any = D.shard(self.model, env, self.attn_types) if job.fsdp else None  # before the optimizer
-        self.build_optimization(student)
-        if self.ckpt is not None and self.ema is not None and self.ckpt.ema() is not None:
-            self.ema.module.load_state_dict(self.ckpt.ema())
-        keep = (self.pos.epoch, self.pos.step) if self.ckpt is not None else None
-        self.monitor = Monitor(self.run_dir, env.is_main, keep_until=keep)
-        self.bar = Bar(job.show and env.is_main)
-        self.stage = ""
-        if job.compile:
-            student.compile()
+            self.task.model.load_state_dict(self.ckpt.model())
 
-    # -- setup ----------------------------------------------------------------------------------------
-    def build_optimization(self, student: torch.nn.Module) -> None:
+    def _setup_optimizer(self) -> None:
+        """Optimizer, schedule, loss scaler and EMA from timm's factories (FSDP shards before the optimizer)."""
         from timm.utils import ModelEmaV3
 
-        r = self.recipe
-        self.optimizer, self.scheduler = groups.create_optimization(student, r, self.feed.updates_per_epoch)
+        r, task = self.recipe, self.task
+        if self.job.fsdp:
+            task.runner = D.shard(task.student, self.env, tuple({type(m) for m in task.attention}))
+        self.optimizer, self.scheduler = groups.create_optimization(task.model, r, self.feed.updates_per_epoch)
         fp16 = self.env.device.type == "cuda" and r.amp and r.amp_dtype == "float16"
         self.scaler = torch.amp.GradScaler("cuda") if fp16 else None
-        self.ema = ModelEmaV3(student, decay=r.ema_decay) if r.ema else None
-        self.loss = DistillLoss(r, mixup_active=self.feed.mixup is not None)
+        self.ema = ModelEmaV3(task.model, decay=r.ema_decay) if r.ema else None
+        if self.ckpt is not None and self.ema is not None and self.ckpt.ema() is not None:
+            self.ema.module.load_state_dict(self.ckpt.ema())
 
     def trainable(self, epoch: int) -> set[int]:
-        return groups.trainable_ids(self.recipe, epoch, self.model.student, self.attn_ids, self.frozen_ids)
+        return groups.trainable_ids(self.recipe, epoch, self.task.model, self.attn_ids, self.frozen_ids)
 
     def enter_stage(self, epoch: int) -> None:
         """Stage ``attn`` trains attention parameters only, freeze_copied_epochs holds the copied ones still
         (requires_grad off: no gradient, no weight decay, no optimizer state); DDP is rebuilt over what trains."""
-        (stage, self.frozen), r = groups.phase(self.recipe, epoch), self.recipe
-        self.stage, self.weights = stage, LossWeights.for_stage(r, stage)
-        self.run_student = not (stage == "attn" and self.forced)  # teacher-forced attn: attention calls only
-        self.run_teacher = bool(self.weights.attn or self.weights.kd)  # attn_weight 0 and no KD: a scratch baseline
+        self.stage, self.frozen = groups.phase(self.recipe, epoch)
+        self.task.set_stage(self.stage)
         if self.job.fsdp:
             return
         trainable = self.trainable(epoch)
-        for p in self.model.student.parameters():
+        for p in self.task.model.parameters():
             p.requires_grad_(id(p) in trainable)
-        self.wrapped = None
-        self.wrapped = D.replicate(self.model, self.env)
+        self.task.runner = self.task.student  # drop the old DDP wrapper before building the new one
+        self.task.runner = D.replicate(self.task.student, self.env)
 
     def restore(self) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -154,7 +169,7 @@ class Trainer:
             raise VitconvertError(f"the checkpoint's optimizer has {len(saved['param_groups'])} parameter groups, "
                                   f"this recipe makes {len(hyper)}: new_params and layer_decay cannot change "
                                   "mid-run; start over (--force without --resume)")
-        set_optimizer_state_dict(self.model, self.optimizer, saved,
+        set_optimizer_state_dict(self.task.student, self.optimizer, saved,
                                  options=StateDictOptions(full_state_dict=True))
         if recipe_changes(ckpt.recipe, self.recipe):  # --resume --force: the new recipe's settings and schedule
             for group, values in zip(self.optimizer.param_groups, hyper, strict=True):
@@ -200,7 +215,7 @@ class Trainer:
     def train_epoch(self, epoch: int, stop: StopRequest, on_step: Optional[Callable[[Trainer], None]]) -> None:
         r = self.recipe
         data.set_epoch(self.feed.train, epoch, self.pos.batch)
-        self.model.train()
+        self.task.student.train()
         self.window_start = time.perf_counter()
         self.bar.start(f"epoch {epoch + 1}/{r.epochs} {self.stage}", self.feed.updates_per_epoch,
                        self.pos.batch // r.accum_steps)
@@ -244,19 +259,13 @@ class Trainer:
             images = images.contiguous(memory_format=torch.channels_last)
         if self.feed.mixup is not None:
             images, targets = self.feed.mixup(images, targets)
-        t_logits, t_outs, t_inputs = None, [], None
-        if self.run_teacher:
-            with autocast_for(env.device, r.amp, r.amp_dtype):
-                t_logits, t_outs, t_inputs = self.tap(self.to_teacher(images) if self.to_teacher else images)
-        with D.gradient_sync(self.wrapped, sync and env.distributed):
-            with autocast_for(env.device, r.amp, r.amp_dtype):
-                logits, s_outs = self.wrapped(images, forced=t_inputs if self.forced else None,
-                                              need_logits=self.run_student)
-            loss, terms = self.loss(self.weights, logits, targets, s_outs, t_outs, t_logits)
+        with D.gradient_sync(self.task.runner, sync and env.distributed):
+            out = self.task(images, targets)
+            loss = out["loss"]
             scaled = loss / r.accum_steps
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         zero = loss.new_zeros(())
-        values = torch.stack([loss.detach()] + [terms.get(k, zero) for k in TERMS[1:]]).double()
+        values = torch.stack([loss.detach()] + [out.get(k, zero) for k in TERMS[1:]]).double()
         count = torch.tensor([images.shape[0]], dtype=torch.float64, device=env.device)
         return torch.cat([values * images.shape[0], count])
 
@@ -267,7 +276,7 @@ class Trainer:
         if r.clip_grad:
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
-            params = [p for p in self.model.parameters() if p.grad is not None]
+            params = [p for p in self.task.model.parameters() if p.grad is not None]
             dispatch_clip_grad(params, r.clip_grad, mode=r.clip_mode)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
@@ -278,7 +287,7 @@ class Trainer:
         self.pos.step += 1
         self.scheduler.step_update(num_updates=self.pos.step)
         if self.ema is not None:
-            self.ema.update(self.model.student, step=self.pos.step)
+            self.ema.update(self.task.model, step=self.pos.step)
 
     # -- reporting ------------------------------------------------------------------------------------
     def check_finite(self, sums: torch.Tensor, epoch: int) -> None:
@@ -296,8 +305,8 @@ class Trainer:
         n = float(totals[-1])
         record: dict[str, Any] = {"kind": "step", "epoch": epoch + 1, "step": self.pos.step,
                                   **groups.logged_lrs(self.optimizer)}
-        active = {"loss": True, "task": bool(self.weights.task), "attn": bool(self.weights.attn),
-                  "kd": bool(self.weights.kd)}
+        weights = self.task.weights
+        active = {"loss": True, "task": bool(weights.task), "attn": bool(weights.attn), "kd": bool(weights.kd)}
         record.update({k: float(totals[i]) / n for i, k in enumerate(TERMS) if active[k]})
         record["img_s"] = n / max(time.perf_counter() - self.window_start, 1e-9)
         self.monitor.log(record)
@@ -310,10 +319,10 @@ class Trainer:
         if self.ema is not None:
             forward: Callable[[torch.Tensor], torch.Tensor] = self.ema.module
         else:  # the module itself: FSDP shards in place, DDP's wrapper would sync buffers on every call
-            forward = lambda x: self.model(x, capture=False)[0]  # noqa: E731
-        self.model.eval()
+            forward = lambda x: self.task.student(x, capture=False)[0]  # noqa: E731
+        self.task.student.eval()
         sums = D.all_sum(env, eval_sums(forward, self.feed.val, env.device, r.amp, self.channels_last, r.amp_dtype))
-        self.model.train()
+        self.task.student.train()
         sums[-1] /= env.world
         return metrics_from_sums(sums)
 
@@ -349,7 +358,7 @@ class Trainer:
     def student_state(self) -> dict[str, torch.Tensor]:
         if self.ema is not None:
             return {k: v.detach().cpu().clone() for k, v in self.ema.module.state_dict().items()}
-        state = D.full_model_state(self.wrapped, self.model)
+        state = D.full_model_state(self.task.runner, self.task.student)
         return {k.removeprefix("student."): v for k, v in state.items()}
 
     def write_model(self, folder: Path, metrics: dict[str, Any], final: bool = False) -> None:
@@ -360,17 +369,18 @@ class Trainer:
             meta = {**self.report, "recipe": self.recipe.to_dict(), "metrics": metrics, "teacher": self.teacher_spec}
             if final and self.recipe.compare_batches:
                 self.export.load_state_dict(state)
-                meta["compare"] = compare_at_end(self.tap.teacher, self.export, self.feed, self.inp, self.recipe,
-                                                 self.env.device, self.run_dir, self.teacher_spec, self.bar.print)
+                meta["compare"] = compare_at_end(self.task.teacher.teacher, self.export, self.feed, self.inp,
+                                                 self.recipe, self.env.device, self.run_dir, self.teacher_spec,
+                                                 self.bar.print)
             write_model_folder(self.export, state, folder, meta, in_place=folder == self.run_dir)
 
     def save_checkpoint(self) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        D.reshard(self.model)
-        optim = get_optimizer_state_dict(self.model, self.optimizer,
+        D.reshard(self.task.student)
+        optim = get_optimizer_state_dict(self.task.student, self.optimizer,
                                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        model = D.full_model_state(self.wrapped, self.model)
+        model = D.full_model_state(self.task.runner, self.task.student)
         epoch_sums, window = D.all_sum(self.env, self.epoch_sums), D.all_sum(self.env, self.window)
         self.check_finite(torch.cat([epoch_sums, window]), self.pos.epoch)
         rng = D.gather(self.env, rng_state())
@@ -391,8 +401,7 @@ class Trainer:
         if last is not None:
             metrics.update({"top1": last["val_top1"], "top5": last["val_top5"], "loss": last["val_loss"],
                             "n": last.get("val_n")})
-        self.tap.close()  # hooks off: the comparison puts its own on the same modules
-        self.model.close()
+        self.task.close()  # hooks off: the comparison puts its own on the same modules
         card = {**self.card_metrics(last), "train_seconds": round(seconds, 1)} if last is not None else {}
         self.write_model(self.run_dir, card, final=True)
         if self.env.is_main:
