@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import image_batch, tiny_model
+
 from vitconvert import convert
 from vitconvert.distill.task import DistillationTask
 from vitconvert.recipes import load_recipe
