@@ -41,7 +41,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from .attention import VARIANTS
 from .convert import fresh_like
-from .errors import VitconvertError, first_line
+from .errors import BadValue, VitconvertError, first_line
 from .export import export_onnx, require_onnx
 from .folder import read_config
 from .hub_io import hub_snapshot
@@ -100,7 +100,7 @@ def parse_variants(text: Optional[str]) -> Optional[list[str]]:
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
-        raise VitconvertError("--to needs at least one variant, e.g. --to elu,relu")
+        raise BadValue("to", f"needs at least one variant, e.g. {','.join(list(VARIANTS)[:2])}")
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise VitconvertError(f"unknown variant {unknown[0]!r}; valid: {', '.join(VARIANTS)}")
@@ -115,7 +115,7 @@ def parse_sizes(text: Optional[str]) -> Optional[list[int]]:
     for part in text.split(","):
         part = part.strip()
         if not part.isdigit() or int(part) <= 0:
-            raise VitconvertError(f"--img-size expects positive integers separated by commas, got {text!r}")
+            raise BadValue("img_size", f"expects positive integers separated by commas, got {text!r}")
         sizes.append(int(part))
     return list(dict.fromkeys(sizes))
 
@@ -325,8 +325,9 @@ def benchmark(
     if backend == "onnxruntime" and (train or amp or compile or (device or "cpu").split(":")[0] != "cpu"):
         raise VitconvertError("the onnxruntime backend times inference on the CPU only (no training, autocast or "
                               "compile)")
-    if batch_size < 1 or repeats < 1 or warmup < 0:
-        raise VitconvertError("--batch-size and --repeats must be at least 1")
+    for name, value, least in (("batch_size", batch_size, 1), ("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if value < least:
+            raise BadValue(name, f"must be at least {least} (got {value})")
     if clock not in CLOCKS:
         raise VitconvertError(f"unknown clock {clock!r}; valid: {', '.join(CLOCKS)}")
     if device is not None and device.split(":")[0] not in ("cpu", "cuda"):
@@ -361,7 +362,7 @@ def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]],
                clock: str, amp: Optional[str], compile: Optional[str], backend: str = "torch") -> BenchReport:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise VitconvertError("--device cuda: no CUDA device is available")
+        raise BadValue("device", "cuda: no CUDA device is available")
     ref = reference_for(source, pretrained)
     names = list(variants) if variants else ref.variants
     unknown = [n for n in names if n not in VARIANTS]

@@ -31,7 +31,7 @@ from .data import (
     open_dataset,
     teacher_normalizer,
 )
-from .errors import VitconvertError
+from .errors import BadValue, VitconvertError
 from .surgery import find_softmax_attention
 
 
@@ -182,8 +182,9 @@ def image_batches(data: str, model: nn.Module, split: str = "val", batches: int 
     folder, an unknown dataset) surface here, before any model runs.
     """
 
-    if batches < 1 or batch_size < 1:
-        raise VitconvertError(f"--batches and --batch-size must be at least 1 (got {batches}, {batch_size})")
+    for name, value in (("batches", batches), ("batch_size", batch_size)):
+        if value < 1:
+            raise BadValue(name, f"must be at least 1 (got {value})")
     base = open_dataset(data, split, data_dir, download)
     chosen = torch.randperm(len(base), generator=torch.Generator().manual_seed(seed))[:batches * batch_size]
     sample = TransformedDataset(Subset(base, chosen.tolist()), eval_transform(input_config(model)))

@@ -10,7 +10,7 @@ import timm
 import torch
 from torch import nn
 
-from .errors import VitconvertError
+from .errors import BadValue, VitconvertError
 from .init import InitRecipe, InitReport, apply_recipe
 from .surgery import SurgeryReport, swap_attention
 
@@ -66,7 +66,7 @@ def convert(
     """A linear-attention copy of ``model``; ``model`` itself is left unchanged and stays a valid teacher."""
     recipe = InitRecipe(attn_init, mlp_init, rest_init, seed)
     if num_classes is not None and num_classes < 1:
-        raise VitconvertError(f"--num-classes must be at least 1 (got {num_classes})")
+        raise BadValue("num_classes", f"must be at least 1 (got {num_classes})")
     reheaded = num_classes is not None and num_classes != getattr(model, "num_classes", None)
     student = copy.deepcopy(model)
     if reheaded:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .errors import VitconvertError
+from .errors import BadValue, VitconvertError
 
 
 @dataclass
@@ -40,14 +40,14 @@ def pick_device(requested: Optional[str], local_rank: int) -> torch.device:
         try:
             device = torch.device(requested)
         except RuntimeError:
-            raise VitconvertError(f"unknown --device {requested!r} (cpu, cuda, cuda:1, mps)") from None
+            raise BadValue("device", f"unknown device {requested!r} (cpu, cuda, cuda:1, mps)") from None
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise VitconvertError("--device cuda, but no CUDA GPU is available")
+            raise BadValue("device", "cuda, but no CUDA GPU is available")
         if device.type not in ("cpu", "cuda"):
             try:
                 torch.empty(0, device=device)
             except (RuntimeError, AssertionError):
-                raise VitconvertError(f"--device {requested}: this machine (or this PyTorch build) has no "
+                raise BadValue("device", f"{requested}: this machine (or this PyTorch build) has no "
                                       f"{device.type} device; use cpu or cuda") from None
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", local_rank)

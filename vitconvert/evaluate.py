@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from .data import TransformedDataset, check_classes, eval_transform, input_config, make_loader, open_dataset
 from .distributed import pick_device
-from .errors import VitconvertError
+from .errors import BadValue, VitconvertError
 from .loading import load
 
 
@@ -83,7 +83,7 @@ def evaluate(model: Union[str, nn.Module], data: str, split: str = "val", batch_
     """{"top1", "top5" (fractions), "loss", "n", "img_s"} of ``model`` on ``data``'s ``split``."""
 
     if batch_size < 1:
-        raise VitconvertError(f"--batch-size must be at least 1 (got {batch_size})")
+        raise BadValue("batch_size", f"must be at least 1 (got {batch_size})")
     net = load_model(model) if isinstance(model, str) else model
     dev = pick_device(device, 0)
     base = open_dataset(data, split, data_dir, download)

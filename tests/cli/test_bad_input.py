@@ -137,7 +137,7 @@ CASES: list[Case] = [
          "has no test/ folder"),
     Case("eval", "an unknown --split of digits", ("eval", *S, "--data", "digits", "--split", "nosuch"),
          "digits has no 'nosuch' split"),
-    Case("eval", "--batch-size 0", ("eval", *S, *D, "--batch-size", "0"), "--batch-size must be at least 1"),
+    Case("eval", "--batch-size 0", ("eval", *S, *D, "--batch-size", "0"), "--batch-size: must be at least 1"),
     Case("eval", "--workers -1", ("eval", *S, *D, "--workers", "-1"), "--workers must not be negative"),
     Case("eval", "data with more classes than the head", ("eval", *S, "--data", "{five}"), "classes"),
     Case("eval", "--device mps on a machine without it", ("eval", *S, *D, "--device", "mps"), "has no mps device"),

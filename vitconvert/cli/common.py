@@ -100,10 +100,22 @@ def parse_pairs(pairs: Optional[list[str]], flag: str) -> dict[str, Any]:
         if not sep or not key.strip():
             raise VitconvertError(f"{flag} expects KEY=VALUE, got {pair!r}")
         try:
-            values[key.strip()] = yaml.safe_load(value)
+            parsed = yaml.safe_load(value)
         except yaml.YAMLError:
             raise VitconvertError(f"{flag} {key.strip()}: cannot read {value!r} as a value") from None
+        values[key.strip()] = number_or_text(parsed)
     return values
+
+
+def number_or_text(value: Any) -> Any:
+    """YAML 1.1 reads ``1e-5`` (no dot) as a string; a user typing it means the number."""
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return number if value.strip().lower() not in ("nan", "inf", "-inf", "+inf", "infinity") else value
+    return value
 
 
 def parse_options(pairs: Optional[list[str]]) -> dict[str, Any]:
