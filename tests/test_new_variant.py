@@ -10,10 +10,10 @@ import json
 import pytest
 import timm
 import torch
+from helpers import image_batch, invoke, tiny_model
 from torch.nn import functional as F
 
 import vitconvert
-from helpers import image_batch, invoke, tiny_model
 from vitconvert.attention import register_variant, unregister_variant
 from vitconvert.attention.base import LinearAttention
 from vitconvert.attention.kernel import kernel_attention, kernel_attention_reference

@@ -362,7 +362,7 @@ def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]],
                clock: str, amp: Optional[str], compile: Optional[str], backend: str = "torch") -> BenchReport:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise BadValue("device", "cuda: no CUDA device is available")
+        raise BadValue("device", f"{device}: no CUDA GPU is available")
     ref = reference_for(source, pretrained)
     names = list(variants) if variants else ref.variants
     unknown = [n for n in names if n not in VARIANTS]

@@ -42,13 +42,13 @@ def pick_device(requested: Optional[str], local_rank: int) -> torch.device:
         except RuntimeError:
             raise BadValue("device", f"unknown device {requested!r} (cpu, cuda, cuda:1, mps)") from None
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise BadValue("device", "cuda, but no CUDA GPU is available")
+            raise BadValue("device", f"{requested}: no CUDA GPU is available")
         if device.type not in ("cpu", "cuda"):
             try:
                 torch.empty(0, device=device)
             except (RuntimeError, AssertionError):
-                raise BadValue("device", f"{requested}: this machine (or this PyTorch build) has no "
-                                      f"{device.type} device; use cpu or cuda") from None
+                raise BadValue("device", f"{requested} is not available on this machine (or this PyTorch build); "
+                                           "use cpu or cuda") from None
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", local_rank)
         return device
