@@ -140,7 +140,8 @@ CASES: list[Case] = [
     Case("eval", "--batch-size 0", ("eval", *S, *D, "--batch-size", "0"), "--batch-size: must be at least 1"),
     Case("eval", "--workers -1", ("eval", *S, *D, "--workers", "-1"), "--workers must not be negative"),
     Case("eval", "data with more classes than the head", ("eval", *S, "--data", "{five}"), "classes"),
-    Case("eval", "--device mps on a machine without it", ("eval", *S, *D, "--device", "mps"), "mps is not available on this machine"),
+    Case("eval", "--device mps on a machine without it", ("eval", *S, *D, "--device", "mps"),
+         "mps is not available on this machine"),
     Case("eval", "non-numeric --batch-size", ("eval", *S, *D, "--batch-size", "x"), "Invalid value for '--batch-size'"),
     # -- distill ----------------------------------------------------------------------------------------
     Case("distill", "a text file as student", ("distill", "{afile}", *D, *QUICK, "--out", "r"),
