@@ -300,6 +300,13 @@ class LinearAttention(nn.Module):
         side = math.isqrt(max(spatial, 0))
         return (side, side) if side > 0 and side * side == spatial else None
 
+    def prepare(self, x: torch.Tensor, key_valid: Optional[torch.Tensor],
+                grid: Grid) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(the input to project, extra tensors for ``mix``/``reference``) of one call. A variant that needs
+        more than q, k, v (InLine's predicted kernels, MHLA's input norm) computes it here and passes it down:
+        nothing is stored on the module, so calls are re-entrant and ``forward`` is the same for every variant."""
+        return x, {}
+
     def forward(
         self,
         x: torch.Tensor,
@@ -312,11 +319,12 @@ class LinearAttention(nn.Module):
         if is_causal:
             raise ValueError(f"{self.variant} attention is bidirectional; is_causal=True is not supported")
         B, N, _ = x.shape
+        key_valid, grid = key_validity(attn_mask, B, N), self.resolve_grid(N)
+        x, extras = self.prepare(x, key_valid, grid)
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         q, k, v = self.project(x, rope)
-        key_valid = key_validity(attn_mask, B, N)
         mixer = self.reference if use_reference else self.mix
-        out = mixer(q, k, v, key_valid, self.resolve_grid(N))
+        out = mixer(q, k, v, key_valid, grid, **extras)
         out = out.transpose(1, 2).reshape(B, N, self.attn_dim)
         out = self.norm(out)
         if gate is not None:

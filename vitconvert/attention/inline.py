@@ -18,7 +18,7 @@ Choices beyond the reference (which has no padding mask and a square grid after 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
@@ -32,7 +32,6 @@ from .base import (
     flat_heads,
     from_grid,
     full_precision,
-    key_validity,
     split_prefix,
     to_grid,
 )
@@ -136,7 +135,6 @@ class InLineAttention(LinearAttention):
                 nn.Conv1d(C, KERNEL * KERNEL * C, 1, groups=H, **factory),
             )
         # Kernels of the current forward call: predicted from x, which mix() does not receive.
-        self._local_kernels: Optional[torch.Tensor] = None
 
     def reset_extra_parameters(self) -> None:
         """PyTorch's default conv init, as the reference leaves it."""
@@ -154,31 +152,20 @@ class InLineAttention(LinearAttention):
             mean = (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)
         return self.local_kernel_predictor(mean[:, :, None]).reshape(x.shape[0], self.attn_dim, KERNEL, KERNEL)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: Optional[torch.Tensor] = None,
-        is_causal: bool = False,
-        rope: Optional[torch.Tensor] = None,
-        use_reference: bool = False,
-        **softmax_only: Any,
-    ) -> torch.Tensor:
-        """The shared forward; with ``local_residual`` the kernels are predicted from x first."""
-        if self.local_kernel_predictor is not None and self.resolve_grid(x.shape[1]) is not None:
-            self._local_kernels = self.predict_local_kernels(x, key_validity(attn_mask, x.shape[0], x.shape[1]))
-        try:
-            return super().forward(x, attn_mask, is_causal, rope, use_reference, **softmax_only)
-        finally:
-            self._local_kernels = None
+    def prepare(self, x: torch.Tensor, key_valid: Optional[torch.Tensor],
+                grid: Grid) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """With ``local_residual`` the 3×3 kernels are predicted from the layer input, per call."""
+        if self.local_kernel_predictor is None or grid is None:
+            return x, {}
+        return x, {"local_kernels": self.predict_local_kernels(x, key_valid)}
 
     def _kernels_for(self, grid: Grid, local_kernels: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         if self.local_kernel_predictor is None or grid is None:
             return None
-        kernels = local_kernels if local_kernels is not None else self._local_kernels
-        if kernels is None:
+        if local_kernels is None:
             raise RuntimeError("local_residual predicts its kernels from the layer input: call forward(x) "
                                "or pass local_kernels=predict_local_kernels(x, key_valid)")
-        return kernels
+        return local_kernels
 
     def mix(self, q, k, v, key_valid: Optional[torch.Tensor], grid: Grid,
             local_kernels: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -293,12 +293,10 @@ class MHLAttention(LinearAttention):
             if module is not None:
                 module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
-                rope: Optional[torch.Tensor] = None, use_reference: bool = False, **softmax_only: Any) -> torch.Tensor:
-        """The shared forward on the LayerNorm'd input (the reference normalises before projecting q, k, v)."""
-        if self.input_norm is not None:
-            x = self.input_norm(x)
-        return super().forward(x, attn_mask, is_causal, rope, use_reference, **softmax_only)
+    def prepare(self, x: torch.Tensor, key_valid: Optional[torch.Tensor],
+                grid: Grid) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The reference normalises the layer input (LayerNorm) before projecting q, k, v."""
+        return (self.input_norm(x) if self.input_norm is not None else x), {}
 
     # -- shared by mix and reference ----------------------------------------------------------------
     def features(self, q: torch.Tensor, k: torch.Tensor, key_valid: Optional[torch.Tensor]):
