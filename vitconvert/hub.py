@@ -18,7 +18,7 @@ import yaml
 from .card import CARD_MARKER, render_card
 from .errors import VitconvertError, first_line
 from .folder import load_folder_model, read_config
-from .hub_io import check_repo_id, describe_hub_error, hub_offline, resolve_token, token_source
+from .hub_io import describe_hub_error, hub_offline, parse_repo_id, resolve_token, token_source
 from .timm_registry import source_architecture
 from .version import __version__
 from .writer import write_text_atomic
@@ -135,7 +135,7 @@ def push_folder(folder: Union[str, Path], repo_id: str, *, private: bool = False
                 dry_run: bool = False) -> PushPlan:
     """Validate ``folder``, refresh its card and upload it to ``repo_id`` in one commit (or only plan, dry_run)."""
     folder = Path(folder).expanduser()
-    repo_id = check_repo_id(repo_id)
+    repo_id, _ = parse_repo_id(repo_id, revision_allowed=False)
     if revision is not None and not revision.strip():
         raise VitconvertError("--revision is empty: give a branch name or leave it out for main")
     check_revision(revision)

@@ -13,34 +13,23 @@ from .errors import VitconvertError, first_line
 LOGIN_HINT = ("run `hf auth login` (or `huggingface-cli login`), set HF_TOKEN, or pass --token")
 
 
-def parse_hub_id(spec: str) -> tuple[str, Optional[str]]:
-    """'hf-hub:org/name@rev' -> ('org/name', 'rev'), refusing ids the Hub would refuse."""
+def parse_repo_id(text: str, revision_allowed: bool = True) -> tuple[str, Optional[str]]:
+    """The one repo-id parser: ``[hf-hub:]org/name[@revision]`` -> ("org/name", revision or None), refusing
+    what the Hub would refuse; without ``revision_allowed`` (push: the branch is its own option) ``@`` is
+    refused too."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    repo = spec.split(":", 1)[1]
-    repo, _, revision = repo.partition("@")
-    try:
-        validate_repo_id(repo)
-    except HFValidationError:
-        raise VitconvertError(f"invalid Hub id {repo!r}: expected hf-hub:org/name[@revision]") from None
-    return repo, revision or None
-
-
-def check_repo_id(repo_id: str) -> str:
-    """``org/name`` as the Hub accepts it; ``hf-hub:`` is tolerated, a revision belongs in --revision."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    repo = (repo_id or "").strip().removeprefix("hf-hub:")
-    if "@" in repo:
-        raise VitconvertError(f"invalid repo id {repo_id!r}: give the branch with --revision, not @")
+    repo, at, revision = (text or "").strip().removeprefix("hf-hub:").partition("@")
+    if at and not revision_allowed:
+        raise VitconvertError(f"invalid repo id {text!r}: give the branch with --revision, not @")
     try:
         validate_repo_id(repo)
     except HFValidationError:
         repo = ""
     if repo.count("/") != 1:
-        raise VitconvertError(f"invalid repo id {repo_id!r}: expected org/name (your user or organisation name, "
-                              "a slash, then letters, digits, '-', '_' or '.')")
-    return repo
+        raise VitconvertError(f"invalid Hub id {text!r}: expected org/name{'[@revision]' if revision_allowed else ''} "
+                               "(a user or organisation name, a slash, then letters, digits, '-', '_' or '.')")
+    return repo, revision or None
 
 
 def hub_snapshot(spec: str) -> Path:
@@ -48,7 +37,7 @@ def hub_snapshot(spec: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
-    repo, revision = parse_hub_id(spec)
+    repo, revision = parse_repo_id(spec)
     try:
         return Path(snapshot_download(repo, revision=revision,
                                       allow_patterns=["config.json", "*.safetensors", "README.md", "*.yaml"]))
