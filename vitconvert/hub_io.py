@@ -27,8 +27,9 @@ def parse_repo_id(text: str, revision_allowed: bool = True) -> tuple[str, Option
     except HFValidationError:
         repo = ""
     if repo.count("/") != 1:
-        raise VitconvertError(f"invalid {'Hub' if revision_allowed else 'repo'} id {text!r}: expected org/name{'[@revision]' if revision_allowed else ''} "
-                               "(a user or organisation name, a slash, then letters, digits, '-', '_' or '.')")
+        kind, form = ("Hub", "org/name[@revision]") if revision_allowed else ("repo", "org/name")
+        raise VitconvertError(f"invalid {kind} id {text!r}: expected {form} (a user or organisation name, a slash, "
+                              "then letters, digits, '-', '_' or '.')")
     return repo, revision or None
 
 
