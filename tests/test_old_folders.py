@@ -26,3 +26,18 @@ def test_format1_folder_loads_with_its_original_outputs(variant):
 
 def test_format1_covers_every_variant():
     assert sorted(EXPECTED["logits"]) == sorted(vitconvert.VARIANTS)
+
+
+FORMAT2 = Path(__file__).parent / "fixtures" / "format2"  # written just before the re-layering (commit 33842a5)
+EXPECTED2 = json.loads((FORMAT2 / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED2["logits"]))
+def test_folders_written_before_the_relayering_load_bitwise(name):
+    """The package moved (data/, loading.py, the registry, attention ``prepare``); its folders did not."""
+    model = vitconvert.load(FORMAT2 / name)
+    assert model.blocks[0].attn.variant == EXPECTED2["variants"][name]
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(x)
+    assert torch.equal(logits, torch.tensor(EXPECTED2["logits"][name]))
