@@ -8,7 +8,7 @@ from helpers import tiny_model
 
 from vitconvert.attention import LinearAttention
 from vitconvert.convert import convert
-from vitconvert.errors import VitconvertError
+from vitconvert.errors import BadValue, VitconvertError
 from vitconvert.init import MIMETIC_QK, MIMETIC_VO, InitRecipe, low_rank_factors, mimetic_target
 
 
@@ -135,8 +135,9 @@ def test_unknown_recipe_is_refused(bad):
 
 
 def test_num_classes_zero_is_refused():
-    with pytest.raises(VitconvertError, match="num-classes"):
+    with pytest.raises(BadValue, match="at least 1") as refused:
         convert(tiny_model("vit"), "elu", num_classes=0)
+    assert refused.value.name == "num_classes"  # the CLI shows it as --num-classes
 
 
 def test_mimetic_products_have_the_papers_statistics():
