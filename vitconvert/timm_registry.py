@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 import timm
+from timm.layers import register_notrace_module
 from timm.models import load_pretrained, model_entrypoint, register_model
 from timm.models import vision_transformer as timm_vit
 from torch import nn
@@ -86,9 +87,8 @@ def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: O
     if not architecture or not timm.is_model(architecture):
         raise VitconvertError(f"{architecture_name(variant)} needs architecture=<the softmax timm model>, "
                               f"got {architecture!r}")
-    if kwargs.get("features_only"):
-        raise VitconvertError("features_only is not supported when loading a vitconvert model through timm; "
-                              "load it (vitconvert.load) and use model.forward_intermediates")
+    features = kwargs.pop("features_only", False)
+    feature_cfg = {k: kwargs.pop(k) for k in FEATURE_ARGS if k in kwargs}
     if pretrained_model_args:
         kwargs["pretrained_model_args"] = {k: v for k, v in pretrained_model_args.items() if k not in OWN_ARGS}
     model = timm.create_model(architecture, pretrained=False, pretrained_cfg=pretrained_cfg, cache_dir=cache_dir,
@@ -99,7 +99,23 @@ def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: O
         load_pretrained(model, pretrained_cfg=model.pretrained_cfg, num_classes=model.num_classes,
                         in_chans=kwargs.get("in_chans", 3), filter_fn=getattr(family, "checkpoint_filter_fn", None),
                         strict=True, cache_dir=cache_dir)
-    return model
+    return features_only(model, **feature_cfg) if features else model
+
+
+# What timm's ViT families pass to their feature wrapper (``features_only=True``): the intermediate-layer getter.
+FEATURE_ARGS = ("out_indices", "out_map", "return_dict", "output_fmt", "norm", "prune")
+
+
+def features_only(model: nn.Module, out_indices: Any = 3, **feature_cfg: Any) -> nn.Module:
+    """The linear model wrapped as timm wraps its ViTs for ``features_only=True`` (FeatureGetterNet over
+    ``forward_intermediates``), after the swap and the weights: the same feature maps, channels and strides."""
+    from timm.models._builder import pretrained_cfg_for_features
+    from timm.models._features import FeatureGetterNet
+
+    cfg = model.pretrained_cfg
+    wrapped = FeatureGetterNet(model, out_indices=out_indices, **feature_cfg)
+    wrapped.pretrained_cfg = wrapped.default_cfg = pretrained_cfg_for_features(cfg)
+    return wrapped
 
 
 def _entrypoint(variant: str) -> Callable[..., nn.Module]:
@@ -113,10 +129,13 @@ def _entrypoint(variant: str) -> Callable[..., nn.Module]:
 
 
 def register(variant: str, cls: type[LinearAttention]) -> None:
-    """Make a variant known to timm: a model entrypoint and an attn_layer name."""
+    """Make a variant known to timm: a model entrypoint, an attn_layer name, and a leaf module for FX (timm's
+    feature extraction traces the model around it; its grid and shape dispatch stay Python, as timm does for
+    its own modules with shape-dependent control flow)."""
     if not timm.is_model(architecture_name(variant)):
         register_model(_entrypoint(variant))
     timm_vit.ATTN_LAYERS.setdefault(architecture_name(variant), cls)
+    register_notrace_module(cls)
 
 
 on_register(register)  # every variant registered so far, and each one registered later

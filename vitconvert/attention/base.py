@@ -288,6 +288,10 @@ class LinearAttention(nn.Module):
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         return q, k, v
 
+    def set_window_size(self, window_size: tuple[int, int]) -> None:
+        """The patch grid after timm's ``set_input_size`` (BEiT calls this on every attention module)."""
+        self.grid_size = (int(window_size[0]), int(window_size[1]))
+
     def resolve_grid(self, tokens: int) -> Grid:
         """The (H, W) patch grid of this call: the model's grid, or a square one for other image sizes.
 
