@@ -159,7 +159,11 @@ def test_entrypoint_builds_a_linear_model_from_scratch():
     assert attn.block_counts == (2, 2) and torch.isfinite(model(torch.randn(1, 3, 28, 28))).all()
 
 
-def test_features_only_through_timm_is_refused_with_the_alternative(tmp_path):
-    _, folder = saved(tmp_path, "vit", "elu")
-    with pytest.raises(VitconvertError, match="forward_intermediates"):
-        timm.create_model(f"local-dir:{folder}", pretrained=True, features_only=True)
+def test_features_only_from_a_folder_gives_the_loaded_models_intermediates(tmp_path):
+    """The user path: a saved folder, timm's features_only (pretrained weights, chosen layers)."""
+    model, folder = saved(tmp_path, "vit", "elu")
+    features = timm.create_model(f"local-dir:{folder}", pretrained=True, features_only=True, out_indices=(0, 1))
+    x = image_batch(model)
+    want = vitconvert.load(folder).forward_intermediates(x, indices=(0, 1), intermediates_only=True)
+    got = features.eval()(x)
+    assert len(got) == 2 and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
