@@ -51,7 +51,8 @@ def test_converted_student_has_gaps_and_keeps_its_mode(vit):
     data = report.to_dict()
     assert json.loads(json.dumps(data)) == data
     assert set(data) == {"layers", "top1_agreement", "logit_kl", "images"}
-    assert set(data["layers"][0]) == {"layer", "attn_mse", "attn_cos", "block_cos"}
+    assert set(data["layers"][0]) == {"layer", "attn_mse", "attn_cos", "block_cos", "attention"}
+    assert {row["attention"] for row in data["layers"]} == {student.blocks[0].attn.variant}
 
 
 def attention_mse_steps(teacher: torch.nn.Module, student: torch.nn.Module, steps: int) -> None:

@@ -19,7 +19,7 @@ LAZY_MARK = "# lazy: start-up time"
 # Bottom to top; the same picture as docs/architecture.md. A key names a module or a whole package.
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundations", ["errors", "version"]),
-    ("services", ["threads", "writer", "distributed", "aliases", "assets", "hub_io", "recipe_checks"]),
+    ("services", ["threads", "writer", "distributed", "aliases", "assets", "hub_io", "recipe_checks", "selection"]),
     ("variants", ["attention"]),
     ("recipes and families", ["recipes", "surgery"]),
     ("data and model plumbing", ["data", "init", "timm_registry", "capture"]),
@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("softmax sources", ["sources"]),
     ("any model", ["loading"]),
     ("jobs", ["convert", "evaluate", "compare", "export", "hub"]),
+    ("layer choice", ["hybrid"]),
     ("composite jobs", ["bench", "distill"]),
     ("the quickstart", ["quickstart"]),
     ("public API", [""]),  # vitconvert/__init__.py

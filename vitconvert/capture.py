@@ -15,7 +15,7 @@ from torch import nn
 
 from .attention import LinearAttention
 from .errors import VitconvertError
-from .surgery import find_softmax_attention
+from .surgery import attention_modules, find_softmax_attention
 
 Captured = tuple[tuple[Any, ...], dict[str, Any]]  # (args, kwargs) of one attention call
 
@@ -29,22 +29,24 @@ def attention_width(module: nn.Module) -> int:
 
 
 def attention_pairs(student: nn.Module, teacher: nn.Module) -> tuple[list[LinearAttention], list[nn.Module]]:
-    """Student linear attention and teacher softmax attention, layer by layer; refuses models that differ."""
-    mine = [m for m in student.modules() if isinstance(m, LinearAttention)]
+    """Student linear attention and the teacher's softmax attention at the same layers; a hybrid's kept softmax
+    layers have nothing to distil and are left out. Refuses models that differ in depth or width."""
+    layers = [m for _, m in attention_modules(student)]
     theirs = [m for _, m in find_softmax_attention(teacher)]
-    if not mine:
+    if not any(isinstance(m, LinearAttention) for m in layers):
         raise VitconvertError("the student has no linear attention: convert it first (vitconvert convert)")
     if not theirs:
         raise VitconvertError("the teacher has no softmax attention: give a softmax ViT as --teacher "
                               "(a converted vitconvert model cannot teach)")
-    if len(mine) != len(theirs):
+    if len(layers) != len(theirs):
         raise VitconvertError(f"teacher and student differ in depth: the teacher has {len(theirs)} attention "
-                              f"layers, the student {len(mine)}; use the student's softmax source as --teacher")
-    for i, (s, t) in enumerate(zip(mine, theirs, strict=True)):
+                              f"layers, the student {len(layers)}; use the student's softmax source as --teacher")
+    for i, (s, t) in enumerate(zip(layers, theirs, strict=True)):
         if attention_width(s) != attention_width(t):
             raise VitconvertError(f"teacher and student differ in width at layer {i}: {attention_width(t)} vs "
                                   f"{attention_width(s)}; use the student's softmax source as --teacher")
-    return mine, theirs
+    pairs = [(s, t) for s, t in zip(layers, theirs, strict=True) if isinstance(s, LinearAttention)]
+    return [s for s, _ in pairs], [t for _, t in pairs]
 
 
 class TeacherTap:

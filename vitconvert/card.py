@@ -21,6 +21,7 @@ import yaml
 
 from .aliases import resolve_alias
 from .attention import VARIANTS
+from .selection import describe
 from .timm_registry import is_vitconvert_architecture, source_architecture
 
 PAPER = "Copy the Same, Distill the Difference: Initializing Linear Vision Transformers"
@@ -160,6 +161,7 @@ def facts(config: dict[str, Any]) -> str:
         "architecture": f"`{source_architecture(config)[0]}` (timm)",
         "attention": f"**{block.get('variant', '?')}** linear attention in {block.get('replaced', '?')} layers"
                      + (f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""),
+        "layers": hybrid_layers(block),
         "parameters": f"{sum((block.get('totals') or {}).values()):,}" if block.get("totals") else None,
         "classes": config.get("num_classes"),
         "input": "x".join(str(v) for v in pre["input_size"][1:]) + " px" if pre.get("input_size") else None,
@@ -169,6 +171,15 @@ def facts(config: dict[str, Any]) -> str:
     }
     lines = ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows.items() if v is not None]
     return "\n".join(lines)
+
+
+def hybrid_layers(block: dict[str, Any]) -> Optional[str]:
+    """"linear 2-3, softmax 0-1 (a hybrid)" for a hybrid; None when every layer is linear (or unrecorded)."""
+    depth, layers = block.get("depth"), block.get("layers")
+    if not isinstance(depth, int) or not isinstance(layers, list) or len(layers) == depth:
+        return None
+    kept = [i for i in range(depth) if i not in layers]
+    return f"linear {describe(layers, depth)}, softmax {describe(kept, depth)} (a hybrid of {depth} layers)"
 
 
 def lineage(config: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ hidden states, so a gap early in the network shows up again, amplified, in the b
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -32,7 +32,7 @@ from .data import (
     teacher_normalizer,
 )
 from .errors import BadValue, VitconvertError
-from .surgery import find_softmax_attention
+from .surgery import attention_modules, find_softmax_attention
 
 
 @dataclass
@@ -43,6 +43,7 @@ class LayerGap:
     attn_mse: float
     attn_cos: float
     block_cos: float
+    attention: str = "linear"  # the student's attention there: its variant, or "softmax" where a hybrid kept it
 
 
 @dataclass
@@ -81,8 +82,8 @@ class BlockOutputs:
 def paired_attention(teacher: nn.Module, student: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:
     """(teacher, student) attention modules layer by layer; a softmax student (a sanity check) pairs too."""
     if any(isinstance(m, LinearAttention) for m in student.modules()):
-        mine, theirs = attention_pairs(student, teacher)
-        return theirs, list(mine)
+        attention_pairs(student, teacher)  # the same checks as distill's: depth and width
+        return [m for _, m in find_softmax_attention(teacher)], [m for _, m in attention_modules(student)]
     theirs = [m for _, m in find_softmax_attention(teacher)]
     mine = [m for _, m in find_softmax_attention(student)]
     if not theirs:
@@ -169,7 +170,9 @@ def compare_models(teacher: nn.Module, student: nn.Module, batches: Iterable[Any
     if not images_seen:
         raise VitconvertError("no images to compare on (the data is empty)")
     kl_mean = max(kl / images_seen, 0.0)  # float rounding can dip an exact zero just below it
-    return CompareReport([s.gap(i) for i, s in enumerate(sums)], agree / images_seen if heads_match else None,
+    kinds = [getattr(m, "variant", "softmax") for m in attn_s]
+    gaps = [replace(s.gap(i), attention=kinds[i]) for i, s in enumerate(sums)]
+    return CompareReport(gaps, agree / images_seen if heads_match else None,
                          kl_mean if heads_match else None, images_seen)
 
 

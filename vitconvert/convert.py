@@ -12,7 +12,8 @@ from torch import nn
 
 from .errors import BadValue, VitconvertError
 from .init import InitRecipe, InitReport, apply_recipe
-from .surgery import SurgeryReport, swap_attention
+from .selection import Spec, linear_layers
+from .surgery import SurgeryReport, find_softmax_attention, swap_attention
 
 
 @dataclass
@@ -36,6 +37,8 @@ class ConversionReport:
             "replaced": len(self.surgery.replaced),
             "source_attention": self.surgery.source_classes,
             "notes": self.surgery.notes,
+            "depth": self.surgery.depth,
+            "layers": self.surgery.layers,  # the linear ones; the rest kept softmax
             "groups": self.init.to_list(),
             "totals": self.init.totals(),
         }
@@ -62,9 +65,15 @@ def convert(
     num_classes: Optional[int] = None,
     options: Optional[dict[str, Any]] = None,
     source: Optional[str] = None,
+    layers: Spec = None,
+    keep_softmax: Spec = None,
 ) -> tuple[nn.Module, ConversionReport]:
-    """A linear-attention copy of ``model``; ``model`` itself is left unchanged and stays a valid teacher."""
+    """A linear-attention copy of ``model``; ``model`` itself is left unchanged and stays a valid teacher.
+
+    ``layers`` (e.g. ``"2-11"`` or ``[2, 3]``) swaps only those attention layers, ``keep_softmax`` every layer
+    but those; the kept ones keep the source's softmax module and weights (a hybrid student)."""
     recipe = InitRecipe(attn_init, mlp_init, rest_init, seed)
+    chosen = linear_layers(len(find_softmax_attention(model)), layers, keep_softmax)
     if num_classes is not None and num_classes < 1:
         raise BadValue("num_classes", f"must be at least 1 (got {num_classes})")
     reheaded = num_classes is not None and num_classes != getattr(model, "num_classes", None)
@@ -75,7 +84,7 @@ def convert(
         student.reset_classifier(num_classes)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.seed)
-        student, surgery = swap_attention(student, to, options, inplace=True)
+        student, surgery = swap_attention(student, to, options, inplace=True, layers=chosen)
     fresh = None
     if recipe.needs_fresh_model or reheaded:
         fresh = fresh_like(model, recipe.seed, **({"num_classes": num_classes} if reheaded else {}))

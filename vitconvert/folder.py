@@ -23,7 +23,7 @@ from torch import nn
 from .attention import VARIANTS, LinearAttention
 from .card import render_card
 from .errors import VitconvertError, first_line
-from .surgery import swap_attention
+from .surgery import linear_layer_indices, swap_attention
 from .timm_registry import export_model_args, timm_config
 from .version import __version__
 from .writer import atomic_folder, check_output  # noqa: F401  (the writer rule, re-exported)
@@ -61,9 +61,11 @@ def write_model_files(model: nn.Module, folder: Path, meta: dict[str, Any],
     save_for_hf(model.eval(), str(folder), model_args=export_model_args(model), safe_serialization=True)
     model.train(state_backup)
     pinned = next(m for m in model.modules() if isinstance(m, LinearAttention)).pinned_options()
-    config = timm_config(json.loads((folder / "config.json").read_text()), variant, pinned)
+    linear, depth = linear_layer_indices(model)
+    hybrid = linear if len(linear) != depth else None
+    config = timm_config(json.loads((folder / "config.json").read_text()), variant, pinned, hybrid)
     config["vitconvert"] = {"format_version": FORMAT_VERSION, **meta, "variant": variant, "options": options,
-                            "versions": versions()}
+                            "depth": depth, "layers": linear, "versions": versions()}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if card is None:
         card = render_card(config)
@@ -173,7 +175,8 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
         except Exception as e:
             raise VitconvertError(f"cannot rebuild the architecture in {folder}/config.json: {e}") from None
         if not any(isinstance(m, LinearAttention) for m in model.modules()):  # format 1: timm built softmax
-            model, _ = swap_attention(model, block["variant"], block.get("options", {}), inplace=True)
+            model, _ = swap_attention(model, block["variant"], block.get("options", {}), inplace=True,
+                                      layers=block.get("layers"))
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:

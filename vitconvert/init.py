@@ -17,6 +17,7 @@ from torch import nn
 from .attention import LinearAttention
 from .attention.base import MATCHED_MODULES, MATCHED_PARAMS
 from .errors import VitconvertError
+from .surgery import find_softmax_attention
 
 ATTN_INITS = ("mimetic", "copy", "random")
 MLP_INITS = ("copy", "random")
@@ -54,8 +55,11 @@ class InitRecipe:
 EMBEDDING_PREFIXES = ("patch_embed", "pos_embed", "cls_token", "reg_token", "dist_token", "embeds", "mask_token")
 
 
-def parameter_group(name: str, attention_prefixes: tuple[str, ...], head_names: tuple[str, ...]) -> str:
+def parameter_group(name: str, attention_prefixes: tuple[str, ...], head_names: tuple[str, ...],
+                    softmax_prefixes: tuple[str, ...] = ()) -> str:
     """Which report group a parameter of the converted model belongs to."""
+    if any(name.startswith(prefix + ".") for prefix in softmax_prefixes):
+        return "softmax attention"  # a layer a hybrid keeps: it follows the rest (copied unless --rest-init)
     for prefix in attention_prefixes:
         if name.startswith(prefix + "."):
             local = name[len(prefix) + 1:].split(".")[0]
@@ -177,10 +181,11 @@ def parameter_actions(model: nn.Module, recipe: InitRecipe, reheaded: bool) -> d
     """name -> (group, action) of every parameter of a converted ``model``, as :func:`apply_recipe` assigns
     them; distill recomputes it from the recorded recipe to know which weights started fresh."""
     attention = tuple(n for n, m in model.named_modules() if isinstance(m, LinearAttention))
+    softmax = tuple(n for n, _ in find_softmax_attention(model))
     heads = _head_names(model)
     actions = {}
     for name, _ in model.named_parameters():
-        group = parameter_group(name, attention, heads)
+        group = parameter_group(name, attention, heads, softmax)
         action = choose_action(group, recipe, reheaded)
         if action == "mimetic" and name.split(".")[len(name.split(".")) - 2] in NORM_AND_GATE:
             action = "default-init"  # Mimetic sets only the four projections; their norms/gate restart

@@ -7,6 +7,7 @@ model-level softmax-only modules (shared relative-position biases) become unused
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -35,6 +36,12 @@ class SurgeryReport:
     replaced: list[str] = field(default_factory=list)
     source_classes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    depth: int = 0  # attention layers of the model
+    layers: list[int] = field(default_factory=list)  # the ones made linear (all of them unless a hybrid)
+
+    @property
+    def hybrid(self) -> bool:
+        return len(self.layers) != self.depth
 
 
 def find_softmax_attention(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -54,9 +61,22 @@ def model_geometry(model: nn.Module) -> tuple[int, Optional[tuple[int, int]]]:
     return int(num_prefix), (tuple(int(g) for g in grid) if grid is not None else None)
 
 
+def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every attention layer of a converted or softmax model, in order, whichever kind it is now."""
+    return [(n, m) for n, m in model.named_modules()
+            if type(m) in SOFTMAX_ATTENTION or isinstance(m, LinearAttention)]
+
+
+def linear_layer_indices(model: nn.Module) -> tuple[list[int], int]:
+    """(indices of the linear attention layers, number of attention layers) of a model."""
+    layers = attention_modules(model)
+    return [i for i, (_, m) in enumerate(layers) if isinstance(m, LinearAttention)], len(layers)
+
+
 def swap_attention(model: nn.Module, variant: str, options: Optional[dict[str, Any]] = None,
-                   inplace: bool = False) -> tuple[nn.Module, SurgeryReport]:
-    """Return a copy of ``model`` (the original stays a valid teacher) with linear attention everywhere."""
+                   inplace: bool = False, layers: Optional[Sequence[int]] = None) -> tuple[nn.Module, SurgeryReport]:
+    """Return a copy of ``model`` (the original stays a valid teacher) with linear attention in ``layers``
+    (indices in model order; default: every layer); the others keep their softmax module and weights."""
     if variant not in VARIANTS:
         raise VitconvertError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
     options = dict(options or {})
@@ -71,8 +91,13 @@ def swap_attention(model: nn.Module, variant: str, options: Optional[dict[str, A
     target = model if inplace else copy.deepcopy(model)
     num_prefix, grid = model_geometry(target)
     cls = VARIANTS[variant]
-    report = SurgeryReport(variant, {**cls.default_options, **options})
-    for name, module in find_softmax_attention(target):
+    chosen = set(range(len(found)) if layers is None else layers)
+    if any(not 0 <= i < len(found) for i in chosen):
+        raise VitconvertError(f"layer {max(chosen)} does not exist: the model has {len(found)} attention layers")
+    report = SurgeryReport(variant, {**cls.default_options, **options}, depth=len(found), layers=sorted(chosen))
+    for index, (name, module) in enumerate(find_softmax_attention(target)):
+        if index not in chosen:
+            continue
         try:
             new = cls.from_softmax(module, num_prefix_tokens=num_prefix, grid_size=grid, **options)
         except ValueError as e:
@@ -86,7 +111,7 @@ def swap_attention(model: nn.Module, variant: str, options: Optional[dict[str, A
             note = f"per-layer {dropped} (a softmax logit bias) dropped: no linear analogue"
             if note not in report.notes:
                 report.notes.append(note)
-    for attr in SHARED_LOGIT_BIAS:
+    for attr in SHARED_LOGIT_BIAS if not report.hybrid else ():  # kept softmax layers still read a shared bias
         if getattr(target, attr, None) is not None:
             setattr(target, attr, None)
             report.notes.append(f"shared {attr} (a softmax logit bias) dropped: no linear analogue")

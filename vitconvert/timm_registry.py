@@ -29,7 +29,7 @@ from .surgery import swap_attention
 
 PREFIX = "vitconvert_"
 # model_args keys of ours in a folder's config.json (the rest are the softmax architecture's own)
-OWN_ARGS = ("architecture", "options")
+OWN_ARGS = ("architecture", "options", "layers")
 
 __all__: list[str] = []  # timm's register_model appends the entrypoint names
 
@@ -63,12 +63,14 @@ def create_source_model(config: dict[str, Any], **kwargs: Any) -> nn.Module:
     return timm.create_model(arch, pretrained=False, pretrained_cfg=config.get("pretrained_cfg"), **{**args, **kwargs})
 
 
-def timm_config(config: dict[str, Any], variant: str, options: dict[str, Any]) -> dict[str, Any]:
-    """config.json as ``save_for_hf`` wrote it -> the same naming our entrypoint (so timm needs vitconvert)."""
+def timm_config(config: dict[str, Any], variant: str, options: dict[str, Any],
+                layers: Optional[list[int]] = None) -> dict[str, Any]:
+    """config.json as ``save_for_hf`` wrote it -> the same naming our entrypoint (so timm needs vitconvert);
+    ``layers``: the linear ones of a hybrid (absent: every layer)."""
     arch, args = source_architecture(config)
     args.pop("attn_layer", None)  # a from-scratch linear ViT: the entrypoint swaps softmax attention instead
-    return {**config, "architecture": architecture_name(variant),
-            "model_args": {"architecture": arch, "options": options, **args}}
+    own = {"architecture": arch, "options": options, **({"layers": layers} if layers is not None else {})}
+    return {**config, "architecture": architecture_name(variant), "model_args": {**own, **args}}
 
 
 def export_model_args(model: nn.Module) -> dict[str, Any]:
@@ -80,10 +82,12 @@ def export_model_args(model: nn.Module) -> dict[str, Any]:
 
 
 def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: Optional[str] = None,
-                      options: Optional[dict[str, Any]] = None, pretrained_cfg: Any = None,
+                      options: Optional[dict[str, Any]] = None, layers: Optional[list[int]] = None,
+                      pretrained_cfg: Any = None,
                       cache_dir: Any = None, pretrained_model_args: Optional[dict[str, Any]] = None,
                       **kwargs: Any) -> nn.Module:
-    """timm's ``architecture`` with ``variant`` attention; with ``pretrained``, its weights loaded strictly."""
+    """timm's ``architecture`` with ``variant`` attention (in ``layers`` only: a hybrid); with ``pretrained``, its
+    weights loaded strictly."""
     if not architecture or not timm.is_model(architecture):
         raise VitconvertError(f"{architecture_name(variant)} needs architecture=<the softmax timm model>, "
                               f"got {architecture!r}")
@@ -93,7 +97,7 @@ def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: O
         kwargs["pretrained_model_args"] = {k: v for k, v in pretrained_model_args.items() if k not in OWN_ARGS}
     model = timm.create_model(architecture, pretrained=False, pretrained_cfg=pretrained_cfg, cache_dir=cache_dir,
                               **kwargs)
-    model, _ = swap_attention(model, variant, options, inplace=True)
+    model, _ = swap_attention(model, variant, options, inplace=True, layers=layers)
     if pretrained:  # with the family's own filter, as timm loads it (e.g. position embeddings for a new img_size)
         family = sys.modules[model_entrypoint(architecture).__module__]
         load_pretrained(model, pretrained_cfg=model.pretrained_cfg, num_classes=model.num_classes,

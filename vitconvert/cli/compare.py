@@ -16,10 +16,11 @@ from .common import DataDirOpt, DataOpt, DownloadOpt, JsonOpt, PlotOpt, SplitOpt
 def gap_table(report: dict[str, Any], title: str) -> Table:
     """Per-layer rows of ``CompareReport.to_dict()``; the logit numbers go below the table."""
     table = Table(title=title)
-    for col in ("layer", "attn MSE", "attn cos", "block cos"):
+    for col in ("layer", "attention", "attn MSE", "attn cos", "block cos"):
         table.add_column(col, justify="right")
     for row in report["layers"]:
-        table.add_row(str(row["layer"]), f"{row['attn_mse']:.4g}", f"{row['attn_cos']:.4f}", f"{row['block_cos']:.4f}")
+        table.add_row(str(row["layer"]), row.get("attention", "linear"), f"{row['attn_mse']:.4g}",
+                      f"{row['attn_cos']:.4f}", f"{row['block_cos']:.4f}")
     return table
 
 

@@ -10,12 +10,17 @@ from typing import Annotated, Optional
 import typer
 
 from ..attention import VARIANTS
+from ..card import hybrid_layers
 from ..convert import convert as convert_model
-from ..errors import VitconvertError
+from ..errors import BadValue, VitconvertError
 from ..folder import check_options, save
+from ..hybrid import choose_softmax_layers
+from ..selection import auto_count
 from ..sources import load_source
 from ..writer import check_output
 from .common import (
+    DataDirOpt,
+    DownloadOpt,
     JsonOpt,
     OptionOpt,
     PretrainedOpt,
@@ -44,11 +49,22 @@ def convert(
     arch: Optional[str] = typer.Option(None, help="architecture of a bare weights file"),
     img_size: Optional[int] = typer.Option(None, help="build the source at this image size (timm resamples)"),
     option: OptionOpt = None,
+    layers: Optional[str] = typer.Option(None, "--layers", help="swap only these attention layers, e.g. 2-11 "
+                                                                "(a hybrid; the rest keep softmax)"),
+    keep_softmax: Optional[str] = typer.Option(None, "--keep-softmax", help="keep these layers softmax, e.g. 0,1; "
+                                               "or auto:K, the K that lose most as linear, measured on --data"),
+    data: Optional[str] = typer.Option(None, "--data", help="data to measure the layers on (--keep-softmax "
+                                                            "auto:K): image folder, timm dataset name or digits"),
+    signal: str = typer.Option("attn-gap", "--signal", help="how auto:K measures a layer: attn-gap (its attention "
+                               "output after a short distillation) or logit-kl (the logit KL it removes)"),
+    data_dir: DataDirOpt = None,
+    download: DownloadOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Load a softmax ViT, swap every attention for a linear variant, init by recipe, write a folder.
 
     Example: vitconvert convert deit_small --to mhla
+    Example: vitconvert convert digits --to elu --keep-softmax auto:1 --data digits
     """
 
     if to not in VARIANTS:
@@ -66,9 +82,20 @@ def convert(
     src = load_source(source, pretrained=pretrained, arch=arch, **kwargs)
     out = out or Path(f"{src.arch}-{to}")
     check_output(out, force=force, inputs=[source])
+    meta = {}
+    count = auto_count(keep_softmax)
+    if count is not None:
+        if data is None:
+            raise BadValue("data", "needed by --keep-softmax auto:K: the layers are measured on a few batches of it")
+        choice = choose_softmax_layers(src.model, to, count, data, signal=signal, options=options, seed=seed,
+                                       data_dir=data_dir, download=download)
+        keep_softmax, meta["selection"] = ",".join(map(str, choice.keep)), {**choice.to_dict(), "data": data}
     student, report = convert_model(src.model, to, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
-                                    seed=seed, num_classes=num_classes, options=options, source=source)
-    save(student, out, force=force, inputs=[source], pretrained=src.pretrained)
+                                    seed=seed, num_classes=num_classes, options=options, source=source,
+                                    layers=layers, keep_softmax=keep_softmax or None)
+    if not report.surgery.layers:
+        raise BadValue("keep_softmax", "keeps every layer softmax: that is the source model itself; keep fewer")
+    save(student, out, force=force, inputs=[source], pretrained=src.pretrained, **meta)
     elapsed = time.perf_counter() - start
     remember_last_convert(out)
     info = report.to_dict()
@@ -76,6 +103,8 @@ def convert(
         typer.echo(json.dumps({"out": str(out), "seconds": round(elapsed, 3), **info}))
         return
     console.print(report_table(info, f"{src.arch} -> {to} ({len(report.surgery.replaced)} attention layers)"))
+    if report.surgery.hybrid:
+        console.print(f"hybrid: {hybrid_layers(info)}" + (f" (chosen by {signal} on {data})" if meta else ""))
     for note in info["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"[green]wrote[/] {out}/ in {elapsed:.1f}s")

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ..aliases import ALIASES
 from ..attention import VARIANTS
+from ..card import hybrid_layers
 from ..errors import VitconvertError
 from ..folder import check_folder, read_config
 from ..hub_io import hub_snapshot
@@ -80,6 +81,7 @@ def info(folder: str = typer.Argument(..., help="a vitconvert model or run folde
         "classes": cfg.get("num_classes"),
         "init": ", ".join(f"{k}={v}" for k, v in (block.get("init") or {}).items()),
         "attention layers": block.get("replaced"),
+        "linear layers": hybrid_layers(block) or "all",
         "weights": f"{weights.stat().st_size / 2**20:.1f} MiB" if weights.exists() else "missing",
         "written by": ", ".join(f"{k} {v}" for k, v in (block.get("versions") or {}).items()),
     }
