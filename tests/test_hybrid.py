@@ -7,9 +7,9 @@ import json
 import pytest
 import timm
 import torch
+from helpers import assert_one_line_error, image_batch, invoke, tiny_model
 
 import vitconvert
-from helpers import assert_one_line_error, image_batch, invoke, tiny_model
 from vitconvert.errors import BadValue
 from vitconvert.hybrid import choose_softmax_layers
 from vitconvert.selection import describe, linear_layers
