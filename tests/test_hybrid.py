@@ -49,7 +49,9 @@ def test_selection_by_index_list_range_and_complement():
     teacher = deep()
     by_layers, _ = vitconvert.convert(teacher, "mhla", layers="2-3", options={"blocks_per_side": 2})
     by_keep, report = vitconvert.convert(teacher, "mhla", keep_softmax=[0, 1], options={"blocks_per_side": 2})
-    assert kinds(by_layers) == kinds(by_keep) == ["softmax", "softmax", "mhla", "mhla"]
+    by_name, _ = vitconvert.convert(teacher, "mhla", keep_softmax="blocks.0,blocks.1.attn",
+                                    options={"blocks_per_side": 2})
+    assert kinds(by_layers) == kinds(by_keep) == kinds(by_name) == ["softmax", "softmax", "mhla", "mhla"]
     assert report.surgery.layers == [2, 3] and report.surgery.hybrid
     x = image_batch(teacher)
     assert torch.equal(by_layers(x), by_keep(x))
@@ -104,8 +106,8 @@ def test_auto_selection_is_deterministic_for_a_seed_and_leaves_the_teacher_as_it
 def test_auto_selection_scores_what_distillation_cannot_fix():
     """attn-gap after the short distillation is below the gap before it, layer by layer."""
     teacher = load_source("digits").model
-    before = choose_softmax_layers(teacher, "relu", 1, "digits", steps=0, batches=2, batch_size=16)
-    after = choose_softmax_layers(teacher, "relu", 1, "digits", steps=20, batches=2, batch_size=16)
+    before = choose_softmax_layers(teacher, "relu", 1, "digits", signal="attn-gap", steps=0, batches=2, batch_size=16)
+    after = choose_softmax_layers(teacher, "relu", 1, "digits", signal="attn-gap", steps=20, batches=2, batch_size=16)
     assert all(a < b for a, b in zip(after.scores, before.scores, strict=True))
 
 
@@ -114,7 +116,7 @@ def test_cli_auto_hybrid_then_distill_and_eval(tmp_path, monkeypatch):
     result = invoke("convert", "digits", "--to", "elu", "--keep-softmax", "auto:1", "--data", "digits", "--out", "s")
     assert result.exit_code == 0, result.output
     block = json.loads((tmp_path / "s" / "config.json").read_text())["vitconvert"]
-    assert len(block["layers"]) == 3 and block["selection"]["signal"] == "attn-gap"
+    assert len(block["layers"]) == 3 and block["selection"]["signal"] == "logit-kl"
     assert block["selection"]["keep"] == [i for i in range(4) if i not in block["layers"]]
     result = invoke("distill", "s", "--recipe", "quickstart", "--data", "digits", "--epochs", "1", "--out", "r")
     assert result.exit_code == 0, result.output
@@ -132,3 +134,19 @@ def test_cli_refusals(tmp_path, monkeypatch):
     assert_one_line_error(invoke("convert", "digits", "--to", "elu", "--layers", "1", "--keep-softmax", "0"),
                           "not both")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_times_hybrids_against_the_softmax_source():
+    from vitconvert.bench import benchmark
+
+    report = benchmark(deep(), ["elu"], [128], repeats=1, warmup=0, threads=1, memory=False, keep_softmax="0,1")
+    assert report.keep_softmax == [0, 1]
+    rows = {r.model: r for r in report.rows}
+    assert set(rows) == {"softmax", "elu"} and rows["elu"].speedup > 0
+    full = benchmark(deep(), ["elu"], [128], repeats=1, warmup=0, threads=1, memory=False)  # 257 tokens
+    assert full.keep_softmax is None
+    # half the layers softmax: the hybrid's FLOPs lie between the softmax model's and the full conversion's
+    hybrid_flops = rows["elu"].gflops_per_img
+    full_flops = {r.model: r for r in full.rows}["elu"].gflops_per_img
+    assert min(full_flops, rows["softmax"].gflops_per_img) < hybrid_flops < max(full_flops,
+                                                                                rows["softmax"].gflops_per_img)

@@ -45,8 +45,9 @@ from .errors import BadValue, VitconvertError, first_line
 from .export import export_onnx, require_onnx
 from .folder import read_config
 from .hub_io import hub_snapshot
+from .selection import Spec, linear_layers
 from .sources import load_source
-from .surgery import model_geometry, swap_attention
+from .surgery import find_softmax_attention, model_geometry, swap_attention
 from .threads import torch_threads
 from .timm_registry import create_source_model, source_architecture
 
@@ -85,6 +86,7 @@ class BenchReport:
     amp: Optional[str] = None  # autocast dtype of the forward ("bfloat16"), None for the model's own dtype
     compile: Optional[str] = None  # torch.compile backend, None when not compiled
     backend: str = "torch"  # or "onnxruntime": every model exported to ONNX and run in an ORT CPU session
+    keep_softmax: Optional[list[int]] = None  # the layers every variant keeps softmax (hybrids), None: none
 
     def to_dict(self) -> dict[str, Any]:
         return {**{k: v for k, v in asdict(self).items() if k != "rows"}, "results": [asdict(r) for r in self.rows]}
@@ -183,11 +185,14 @@ def _reference_from_module(model: nn.Module, arch: Optional[str] = None) -> Refe
     return Reference(build, arch, default, list(VARIANTS), {})
 
 
-def linear_copy(softmax: nn.Module, variant: str, options: Optional[dict[str, Any]] = None) -> nn.Module:
-    """The softmax model with ``variant`` attention (its weights copied: speed does not depend on them)."""
+def linear_copy(softmax: nn.Module, variant: str, options: Optional[dict[str, Any]] = None,
+                keep_softmax: Spec = None) -> nn.Module:
+    """The softmax model with ``variant`` attention (its weights copied: speed does not depend on them), in
+    every layer but ``keep_softmax`` (a hybrid)."""
+    layers = linear_layers(len(find_softmax_attention(softmax)), keep_softmax=keep_softmax)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model, _ = swap_attention(softmax, variant, options)
+        model, _ = swap_attention(softmax, variant, options, layers=layers)
     return model
 
 
@@ -313,6 +318,7 @@ def benchmark(
     amp: Optional[str] = None,
     compile: Optional[str] = None,
     backend: str = "torch",
+    keep_softmax: Spec = None,
 ) -> BenchReport:
     """Time the softmax source and each variant at each image size, taking turns; see the module doc.
 
@@ -336,7 +342,7 @@ def benchmark(
         raise VitconvertError(f"unknown autocast dtype {amp!r}; e.g. bfloat16, float16")
     with torch_threads(threads), compile_cache(compile):
         report = _benchmark(source, variants, img_sizes, batch_size, train, repeats, warmup, pretrained, device,
-                            options, log, memory, clock, amp, compile, backend)
+                            options, log, memory, clock, amp, compile, backend, keep_softmax)
     return replace(report, amp=amp, compile=compile, backend=backend)
 
 
@@ -359,7 +365,8 @@ def compile_cache(backend: Optional[str]) -> Iterator[None]:
 def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]], img_sizes: Optional[Sequence[int]],
                batch_size: int, train: bool, repeats: int, warmup: int, pretrained: bool, device: Optional[str],
                options: Optional[dict[str, Any]], log: Optional[Callable[[str], None]], memory: bool,
-               clock: str, amp: Optional[str], compile: Optional[str], backend: str = "torch") -> BenchReport:
+               clock: str, amp: Optional[str], compile: Optional[str], backend: str = "torch",
+               keep_softmax: Spec = None) -> BenchReport:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise BadValue("device", f"{device}: no CUDA GPU is available")
@@ -376,7 +383,8 @@ def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]],
             raise VitconvertError(f"cannot build {ref.arch} at {size} px: {first_line(e)}") from None
         models = {SOFTMAX: softmax}
         for name in names:
-            models[name] = linear_copy(softmax, name, {**ref.options.get(name, {}), **(options or {})})
+            models[name] = linear_copy(softmax, name, {**ref.options.get(name, {}), **(options or {})},
+                                       keep_softmax)
         models = {k: m.to(dev) for k, m in models.items()}
         x = torch.randn(batch_size, 3, size, size, generator=torch.Generator().manual_seed(0)).to(dev)
         tokens = tokens_of(softmax)
@@ -391,8 +399,10 @@ def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]],
             rows += _measure(models, x, mode, dev, repeats, rounds, size, tokens, flops, memory and not sessions,
                              clock, amp, sessions)
         del models, softmax
+    depth = len(find_softmax_attention(ref.build(None)))
+    kept = [i for i in range(depth) if i not in linear_layers(depth, keep_softmax=keep_softmax)]
     return BenchReport(str(source) if not isinstance(source, nn.Module) else ref.arch, ref.arch, str(dev),
-                       torch.get_num_threads(), batch_size, repeats, rows, clock)
+                       torch.get_num_threads(), batch_size, repeats, rows, clock, keep_softmax=kept or None)
 
 
 BACKENDS = ("torch", "onnxruntime")

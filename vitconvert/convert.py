@@ -73,7 +73,8 @@ def convert(
     ``layers`` (e.g. ``"2-11"`` or ``[2, 3]``) swaps only those attention layers, ``keep_softmax`` every layer
     but those; the kept ones keep the source's softmax module and weights (a hybrid student)."""
     recipe = InitRecipe(attn_init, mlp_init, rest_init, seed)
-    chosen = linear_layers(len(find_softmax_attention(model)), layers, keep_softmax)
+    attention = [name for name, _ in find_softmax_attention(model)]
+    chosen = linear_layers(len(attention), layers, keep_softmax, attention)
     if num_classes is not None and num_classes < 1:
         raise BadValue("num_classes", f"must be at least 1 (got {num_classes})")
     reheaded = num_classes is not None and num_classes != getattr(model, "num_classes", None)

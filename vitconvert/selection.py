@@ -15,16 +15,23 @@ Spec = Union[str, Iterable[int], None]
 AUTO = "auto:"
 
 
-def parse_indices(spec: Union[str, Iterable[int]], depth: int, name: str) -> list[int]:
-    """``"0,2-4"`` or ``[0, 2, 3, 4]`` -> sorted unique layer indices, each in 0..depth-1."""
+def parse_indices(spec: Union[str, Iterable[int]], depth: int, name: str,
+                  names: Sequence[str] = ()) -> list[int]:
+    """``"0,2-4"``, ``[0, 2, 3, 4]`` or module names (``"blocks.0,blocks.5.attn"``, given the attention modules'
+    ``names`` in order) -> sorted unique layer indices, each in 0..depth-1."""
     if isinstance(spec, str):
         found: list[int] = []
         for part in (p.strip() for p in spec.split(",")):
             if not part:
                 continue
+            matches = [i for i, n in enumerate(names) if part in (n, n.rpartition(".")[0])]
+            if matches:
+                found.extend(matches)
+                continue
             first, dash, last = part.partition("-")
             if not first.strip().isdigit() or (dash and not last.strip().isdigit()):
-                raise BadValue(name, f"expects layer indices like 0,1 or 2-11, got {spec!r}")
+                raise BadValue(name, f"expects layer indices like 0,1 or 2-11 (or module names like "
+                                     f"{names[0] if names else 'blocks.0.attn'}), got {spec!r}")
             lo, hi = int(first), int(last) if dash else int(first)
             if hi < lo:
                 raise BadValue(name, f"range {part!r} runs backwards")
@@ -49,17 +56,18 @@ def auto_count(spec: Spec) -> Optional[int]:
     return int(k)
 
 
-def linear_layers(depth: int, layers: Spec = None, keep_softmax: Spec = None) -> list[int]:
-    """The layers to swap: ``layers`` as given, or every layer but ``keep_softmax``, or all of them."""
+def linear_layers(depth: int, layers: Spec = None, keep_softmax: Spec = None, names: Sequence[str] = ()) -> list[int]:
+    """The layers to swap: ``layers`` as given, or every layer but ``keep_softmax``, or all of them; ``names``:
+    the attention modules' names in order, so a spec may name them."""
     if layers is not None and keep_softmax is not None:
         raise BadValue("keep_softmax", "give either the layers to swap or the ones to keep softmax, not both")
     if auto_count(keep_softmax) is not None:
         raise BadValue("keep_softmax", "auto:K is chosen from data: resolve it first (vitconvert.hybrid."
                                        "choose_softmax_layers, or `vitconvert convert ... --data DATA`)")
     if layers is not None:
-        return parse_indices(layers, depth, "layers")
+        return parse_indices(layers, depth, "layers", names)
     if keep_softmax is not None:
-        kept = set(parse_indices(keep_softmax, depth, "keep_softmax")) if not _empty(keep_softmax) else set()
+        kept = set(parse_indices(keep_softmax, depth, "keep_softmax", names)) if not _empty(keep_softmax) else set()
         chosen = [i for i in range(depth) if i not in kept]
         return chosen
     return list(range(depth))

@@ -62,6 +62,8 @@ def bench(
     memory: bool = typer.Option(True, "--memory/--no-memory", help="also measure peak memory (one more step)"),
     backend: str = typer.Option("torch", "--backend", help="torch, or onnxruntime: each model exported to ONNX "
                                                            "and timed in ONNX Runtime (CPU, inference)"),
+    keep_softmax: Optional[str] = typer.Option(None, "--keep-softmax", help="time hybrids: these layers stay "
+                                                                            "softmax in every variant, e.g. 0,1"),
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
 ) -> None:
@@ -78,7 +80,7 @@ def bench(
     progress = Console(stderr=True)
     report = benchmark(source, variants, sizes, batch_size=batch_size, train=train, repeats=repeats, warmup=warmup,
                        pretrained=pretrained, device=device, threads=threads, options=parse_options(option),
-                       memory=memory, clock=clock, backend=backend,
+                       memory=memory, clock=clock, backend=backend, keep_softmax=keep_softmax,
                        log=None if as_json else lambda msg: progress.print(f"[dim]timing {msg}[/]"))
     if plot is not None:
         plot_speedups(report, plot)

@@ -55,8 +55,9 @@ def convert(
                                                "or auto:K, the K that lose most as linear, measured on --data"),
     data: Optional[str] = typer.Option(None, "--data", help="data to measure the layers on (--keep-softmax "
                                                             "auto:K): image folder, timm dataset name or digits"),
-    signal: str = typer.Option("attn-gap", "--signal", help="how auto:K measures a layer: attn-gap (its attention "
-                               "output after a short distillation) or logit-kl (the logit KL it removes)"),
+    signal: str = typer.Option("logit-kl", "--signal", help="how auto:K measures a layer: logit-kl (the logit KL "
+                               "putting it back to softmax removes) or attn-gap (its attention output after a short "
+                               "distillation)"),
     data_dir: DataDirOpt = None,
     download: DownloadOpt = False,
     as_json: JsonOpt = False,
