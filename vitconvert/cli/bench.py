@@ -26,6 +26,8 @@ def bench_table(report: dict[str, Any]) -> Table:
     backend = " in ONNX Runtime" if report.get("backend") == "onnxruntime" else ""
     title = (f"{report['arch']}{backend} on {report['device']} ({report['threads']} threads, "
              f"batch {report['batch_size']}, median of {report['repeats']}, {report['clock']} clock)")
+    if report.get("keep_softmax"):
+        title += f"; hybrids: softmax kept in layers {','.join(map(str, report['keep_softmax']))}"
     table = Table(title=title)
     for col in ("px", "tokens", "mode", "model", "ms/img", "img/s", "MiB", "GFLOP", "speedup", "bound"):
         table.add_column(col, justify="left" if col in ("mode", "model") else "right")
