@@ -29,7 +29,7 @@ class SoftplusAttention(LinearAttention):
     def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs):
         super().__init__(dim, num_heads, options={"eps": float(eps)}, **kwargs)
 
-    def mix(self, q, k, v, key_valid, grid):
+    def mix(self, q, k, v, key_valid, grid, extra=None):
         return kernel_attention(F.softplus(q), F.softplus(k), v, key_valid, self.options["eps"])
 
     def reference(self, q, k, v, key_valid, grid):

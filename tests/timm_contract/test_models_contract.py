@@ -9,8 +9,8 @@ creates it: ``timm.create_model(name)`` for the source, ``timm.create_model("vit
 architecture=name)`` for the converted one (the entrypoint that ``import vitconvert`` registers), same seed.
 
 A check the source fails (e.g. NaFlexViT has no ``set_input_size``) is skipped for its variants with the
-source's own error; one check is skipped on principle (TorchScript scripting, see SCRIPT_SKIP and
-docs/variants.md). ``python -m pytest tests/timm_contract -q -rs`` prints the counts.
+source's own error; every other check must pass, with outputs equal to eager ones where a check compiles or
+traces. ``python -m pytest tests/timm_contract -q -rs`` prints the counts.
 """
 
 from __future__ import annotations
@@ -39,10 +39,7 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "naflex": ("naflexvit_base_patch16_gap", dict(**SMALL)),
 }
 MODELS = ["softmax", *vitconvert.VARIANTS]
-SCRIPT_SKIP = ("torch.jit.script is deprecated in this PyTorch ('Please switch to torch.compile or torch.export') "
-               "and the variants dispatch on Python class attributes and option dicts TorchScript cannot type; "
-               "torch.jit.trace, torch.export (vitconvert export --format pt2), ONNX and torch.compile(fullgraph) "
-               "are the supported paths and are tested")
+
 
 
 def create(family: str, model: str, **kwargs) -> torch.nn.Module:
@@ -111,8 +108,6 @@ def features_only(family: str, model: str) -> None:
 
 
 def torchscript_script(family: str, model: str) -> None:
-    if model != "softmax":
-        pytest.skip(SCRIPT_SKIP)
     with set_scriptable(True):
         net = create(family, model).eval()
     with warnings.catch_warnings():

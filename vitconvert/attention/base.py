@@ -5,6 +5,12 @@ A variant keeps the softmax module's projections under the same names (``qkv`` o
 the softmax mixing of tokens by its own O(N) ``mix``. Copying the projections keeps the call signature and
 the state-dict names of timm's attention, so the surgery is a module swap and the init recipes can address
 matched parameters by name.
+
+The variants hold timm's model contract (tests/timm_contract): ``forward`` takes the named arguments timm's
+blocks pass (no ``**kwargs``), options used in ``forward`` are typed attributes set at construction, and Python-only
+paths (the slow references, ONNX and flash-linear-attention switches, autocast) sit behind
+``torch.jit.is_scripting()`` branches, so ``torch.jit.script`` compiles every variant; FX treats
+them as leaf modules (their grid dispatch depends on the token count), as timm does for its own such modules.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Optional, TypedDict
 
 import torch
+from timm.layers import register_notrace_module
 from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 from torch import nn
 from torch.nn import functional as F
@@ -34,17 +41,33 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def full_precision(like: torch.Tensor) -> torch.autocast:
+class ScriptedAutocastUnchanged:
+    """What :func:`full_precision` is under TorchScript, which takes only a constant autocast device and does not
+    apply a scripted ``autocast(enabled=False)`` at run time: a no-op (docs/variants.md, timm's model contract)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        pass
+
+
+def full_precision(like: torch.Tensor):  # -> torch.autocast (eager) | ScriptedAutocastUnchanged (TorchScript)
     """Autocast off on ``like``'s device: inside, matmuls of float32 tensors stay float32.
 
     Without it, autocast would run the d×d state matmuls (sums over all N tokens) in bf16/fp16.
     """
+    if torch.jit.is_scripting():
+        return ScriptedAutocastUnchanged()
     return torch.autocast(device_type=like.device.type, enabled=False)
 
 
 def flat_heads(t: torch.Tensor) -> torch.Tensor:
     """(B, H, …) -> (B·H, …) for bmm/baddbmm; a view when the layout allows it (always for B = 1)."""
-    return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
+    return t.flatten(0, 1)
 
 
 def key_validity(attn_mask: Optional[torch.Tensor], batch: int, tokens: int) -> Optional[torch.Tensor]:
@@ -222,8 +245,9 @@ class LinearAttention(nn.Module):
         self.reset_extra_parameters()
 
     # -- the parts a variant provides -------------------------------------------------------------
-    def mix(self, q, k, v, key_valid: Optional[torch.Tensor], grid: Grid) -> torch.Tensor:
-        """Fast O(N) token mixing: (B, H, N, d) q, k, v -> (B, H, N, d)."""
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
+            extra: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Fast O(N) token mixing: (B, H, N, d) q, k, v -> (B, H, N, d); ``extra`` comes from :meth:`prepare`."""
         raise NotImplementedError
 
     def reference(self, q, k, v, key_valid: Optional[torch.Tensor], grid: Grid) -> torch.Tensor:
@@ -275,8 +299,8 @@ class LinearAttention(nn.Module):
             q, k, v = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         else:
             q = self.q_proj(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
-            k, v = (lin(x).reshape(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
-                    for lin in (self.k_proj, self.v_proj))
+            k = self.k_proj(x).reshape(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = self.v_proj(x).reshape(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             npt = self.num_prefix_tokens
@@ -299,17 +323,21 @@ class LinearAttention(nn.Module):
         then use their grid-free form.
         """
         spatial = tokens - self.num_prefix_tokens
-        if self.grid_size is not None and self.grid_size[0] * self.grid_size[1] == spatial:
-            return self.grid_size
-        side = math.isqrt(max(spatial, 0))
-        return (side, side) if side > 0 and side * side == spatial else None
+        grid = self.grid_size
+        if grid is not None:
+            if grid[0] * grid[1] == spatial:
+                return grid
+        side = int(math.sqrt(max(spatial, 0)))  # exact for squares below 2**52 (math.isqrt is not TorchScript)
+        if side > 0 and side * side == spatial:
+            return (side, side)
+        return None
 
     def prepare(self, x: torch.Tensor, key_valid: Optional[torch.Tensor],
-                grid: Grid) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(the input to project, extra tensors for ``mix``/``reference``) of one call. A variant that needs
-        more than q, k, v (InLine's predicted kernels, MHLA's input norm) computes it here and passes it down:
-        nothing is stored on the module, so calls are re-entrant and ``forward`` is the same for every variant."""
-        return x, {}
+                grid: Grid) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(the input to project, an extra tensor for ``mix``/``reference``) of one call. A variant that needs more
+        than q, k, v (InLine's predicted kernels, MHLA's input norm) computes it here and passes it down: nothing
+        is stored on the module, and ``forward`` is the same for every variant."""
+        return x, None
 
     def forward(
         self,
@@ -318,17 +346,23 @@ class LinearAttention(nn.Module):
         is_causal: bool = False,
         rope: Optional[torch.Tensor] = None,
         use_reference: bool = False,
-        **_softmax_only: Any,  # shared_rel_pos(_bias): logit biases, dropped (see docs/variants.md)
+        shared_rel_pos_bias: Optional[torch.Tensor] = None,  # BEiT's and relpos ViTs' shared softmax logit biases:
+        shared_rel_pos: Optional[torch.Tensor] = None,  # no linear analogue, ignored (docs/variants.md)
     ) -> torch.Tensor:
+        """timm's attention call (the arguments its ViT, EVA, BEiT and relpos blocks pass, by name)."""
         if is_causal:
-            raise ValueError(f"{self.variant} attention is bidirectional; is_causal=True is not supported")
+            raise ValueError("linear attention here is bidirectional; is_causal=True is not supported")
         B, N, _ = x.shape
         key_valid, grid = key_validity(attn_mask, B, N), self.resolve_grid(N)
-        x, extras = self.prepare(x, key_valid, grid)
+        x, extra = self.prepare(x, key_valid, grid)
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         q, k, v = self.project(x, rope)
-        mixer = self.reference if use_reference else self.mix
-        out = mixer(q, k, v, key_valid, grid, **extras)
+        if not use_reference:
+            out = self.mix(q, k, v, key_valid, grid, extra)
+        elif torch.jit.is_scripting():  # the oracles are Python loops and autograd calls: not compiled
+            raise RuntimeError("use_reference=True (the slow reference form) runs in eager mode only")
+        else:
+            out = self.reference(q, k, v, key_valid, grid, *([] if extra is None else [extra]))
         out = out.transpose(1, 2).reshape(B, N, self.attn_dim)
         out = self.norm(out)
         if gate is not None:
@@ -339,6 +373,9 @@ class LinearAttention(nn.Module):
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
         head = f"variant={self.variant}, heads={self.num_heads}, head_dim={self.head_dim}"
         return head + (f", {opts}" if opts else "")
+
+
+register_notrace_module(LinearAttention)  # an FX leaf, subclasses included (timm's tracer tests isinstance)
 
 
 def _infer_head_dim(like: nn.Module) -> int:

@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 KERNEL = 3  # the reference's 3×3 local window
 
 
-def inline_attention(q, k, v, key_valid: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                     scale: float) -> torch.Tensor:
     """Σ-form of InLine attention on (B, H, N, d) tensors, in their dtype.
 
     Written as out_i = (s/n)·q_iᵀ Σ_j k_j (v_j − v̄)ᵀ + v̄ (the paper's k̄ term folded into the state), so one
@@ -70,7 +71,8 @@ def inline_weights(q, k, key_valid: Optional[torch.Tensor], scale: float) -> tor
     return w * valid[:, None, None, :].to(w.dtype)
 
 
-def local_residual(v, kernels, grid: tuple[int, int], num_prefix: int, key_valid: Optional[torch.Tensor]):
+def local_residual(v: torch.Tensor, kernels: torch.Tensor, grid: tuple[int, int], num_prefix: int,
+                   key_valid: Optional[torch.Tensor]) -> torch.Tensor:
     """(B, H, N_spatial, d) depthwise 3×3 conv of the spatial V with per-image kernels (B, C, 3, 3).
 
     One grouped conv over the batch folded into channels, as the reference does.
@@ -80,8 +82,9 @@ def local_residual(v, kernels, grid: tuple[int, int], num_prefix: int, key_valid
         spatial = spatial * key_valid[:, None, num_prefix:, None].to(v.dtype)
     image = to_grid(spatial, grid)
     B, C, h, w = image.shape
-    out = F.conv2d(image.reshape(1, B * C, h, w), kernels.reshape(B * C, 1, KERNEL, KERNEL),
-                   padding=KERNEL // 2, groups=B * C)
+    size = kernels.shape[-1]  # KERNEL (TorchScript reads no module-level ints)
+    out = F.conv2d(image.reshape(1, B * C, h, w), kernels.reshape(B * C, 1, size, size),
+                   padding=size // 2, groups=B * C)
     return from_grid(out.reshape(B, C, h, w), v.shape[1])
 
 
@@ -126,6 +129,7 @@ class InLineAttention(LinearAttention):
 
     def build_extra_parameters(self) -> None:
         self.local_kernel_predictor: Optional[nn.Sequential] = None
+        self.local_kernel_size = KERNEL
         if self.options["local_residual"]:
             factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
             in_dim, C, H = self.qkv_weights()[0].shape[1], self.attn_dim, self.num_heads
@@ -134,7 +138,6 @@ class InLineAttention(LinearAttention):
                 nn.GELU(),
                 nn.Conv1d(C, KERNEL * KERNEL * C, 1, groups=H, **factory),
             )
-        # Kernels of the current forward call: predicted from x, which mix() does not receive.
 
     def reset_extra_parameters(self) -> None:
         """PyTorch's default conv init, as the reference leaves it."""
@@ -150,14 +153,16 @@ class InLineAttention(LinearAttention):
         else:
             m = key_valid[:, :, None].to(x.dtype)
             mean = (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)
-        return self.local_kernel_predictor(mean[:, :, None]).reshape(x.shape[0], self.attn_dim, KERNEL, KERNEL)
+        size = self.local_kernel_size
+        return self.local_kernel_predictor(mean[:, :, None]).reshape(x.shape[0], self.attn_dim, size, size)
 
     def prepare(self, x: torch.Tensor, key_valid: Optional[torch.Tensor],
-                grid: Grid) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                grid: Grid) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """With ``local_residual`` the 3×3 kernels are predicted from the layer input, per call."""
         if self.local_kernel_predictor is None or grid is None:
-            return x, {}
-        return x, {"local_kernels": self.predict_local_kernels(x, key_valid)}
+            return x, None
+        else:
+            return x, self.predict_local_kernels(x, key_valid)
 
     def _kernels_for(self, grid: Grid, local_kernels: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         if self.local_kernel_predictor is None or grid is None:
@@ -167,7 +172,7 @@ class InLineAttention(LinearAttention):
                                "or pass local_kernels=predict_local_kernels(x, key_valid)")
         return local_kernels
 
-    def mix(self, q, k, v, key_valid: Optional[torch.Tensor], grid: Grid,
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
             local_kernels: Optional[torch.Tensor] = None) -> torch.Tensor:
         """O(N·d²) InLine attention, sums in float32 at least, plus the local residual if enabled."""
         dtype = v.dtype
@@ -176,7 +181,7 @@ class InLineAttention(LinearAttention):
         with full_precision(q):
             q, k, v = q.to(acc), k.to(acc), v.to(acc)
             out = inline_attention(q, k, v, key_valid, self.scale)
-            if kernels is not None:
+            if kernels is not None and grid is not None:
                 residual = local_residual(v, kernels.to(acc), grid, self.num_prefix_tokens, key_valid)
                 out = add_to_spatial(out, residual, self.num_prefix_tokens)
         return out.to(dtype)

@@ -49,10 +49,11 @@ def elu_feature(x: torch.Tensor) -> torch.Tensor:
     ulp. min(x, 0) is x − max(x, 0) so that the gradient at 0 is elu's 1 (clamp's would be 0); the in-place
     ops are autograd-safe because threshold saves its input and subtraction and scaling save nothing.
     """
-    if torch.onnx.is_in_onnx_export():  # ONNX has Elu; exp2 would become a slow Pow(2, x) in ONNX Runtime
-        return F.elu(x) + 1.0
+    if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
+        if torch.onnx.is_in_onnx_export():  # ONNX has Elu; exp2 would become a slow Pow(2, x) in ONNX Runtime
+            return F.elu(x) + 1.0
     pos = F.threshold(x, 0.0, 0.0)
-    return pos.add_((x - pos).mul_(LOG2_E).exp2_())
+    return pos.add_((x - pos).mul_(1.4426950408889634).exp2_())  # LOG2_E (TorchScript reads no module floats)
 
 
 def elu_feature_literal(x: torch.Tensor) -> torch.Tensor:
@@ -79,6 +80,14 @@ def fla_installed() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
+def optional_fla_state(phi_k: torch.Tensor, v1: torch.Tensor) -> Optional[torch.Tensor]:
+    """:func:`fla_state` when :func:`fla_enabled`, else None (always None under TorchScript)."""
+    if torch.jit.is_scripting():
+        return None
+    else:
+        return fla_state(phi_k, v1) if fla_enabled(v1) else None
+
+
 def fla_state(phi_k: torch.Tensor, v1: torch.Tensor) -> torch.Tensor:
     """[S | z] (B, H, d, d+1) from flash-linear-attention's chunked kernel.
 
@@ -92,7 +101,8 @@ def fla_state(phi_k: torch.Tensor, v1: torch.Tensor) -> torch.Tensor:
     return state.to(v1.dtype)
 
 
-def kernel_attention(phi_q, phi_k, v, key_valid: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+def kernel_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                     eps: float) -> torch.Tensor:
     """Σ-form of normalised kernel attention on (B, H, N, d) features; sums in float32 at least."""
     dtype = v.dtype
     acc = accumulation_dtype(dtype)
@@ -101,9 +111,8 @@ def kernel_attention(phi_q, phi_k, v, key_valid: Optional[torch.Tensor], eps: fl
         v1 = with_ones(v.to(acc))
         if key_valid is not None:
             phi_k = phi_k * key_valid[:, None, :, None].to(acc)
-        if fla_enabled(v):
-            state = fla_state(phi_k, v1)
-        else:
+        state = optional_fla_state(phi_k, v1)
+        if state is None:
             state = phi_k.transpose(-2, -1) @ v1  # (B, H, d, d+1): [Σ_j φ(k_j) v_jᵀ | Σ_j φ(k_j)]
         out = phi_q @ state  # (B, H, N, d+1): [numerator | denominator]
         out = out[..., :-1] / (out[..., -1:] + eps)
@@ -126,14 +135,21 @@ class KernelAttention(LinearAttention):
         """``eps``: added to the normaliser φ(q_i)ᵀ Σ_j φ(k_j) (keeps rows with all-zero features finite)."""
         super().__init__(dim, num_heads, options={"eps": float(eps)}, **kwargs)
 
-    def mix(self, q, k, v, key_valid, grid: Grid):
+    def build_extra_parameters(self) -> None:
+        self.eps = float(self.options["eps"])  # typed, for TorchScript (self.options is a Python dict)
+
+    def phi(self, x: torch.Tensor) -> torch.Tensor:
+        """``feature`` as a method (TorchScript calls methods, not class attributes)."""
+        raise NotImplementedError
+
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
+            extra: Optional[torch.Tensor] = None) -> torch.Tensor:
         """φ on q and k together: fewer passes, and for batches the stacked copy is the layout bmm needs."""
-        phi = type(self).feature
         if q.shape[0] > 1 and q.shape == k.shape:  # (B, H) views cannot fold into one bmm batch: copy once, here
-            phi_q, phi_k = phi(torch.stack((q, k))).unbind(0)
+            phi_q, phi_k = self.phi(torch.stack((q, k))).unbind(0)
         else:  # one image: (1, H, N, d) views of the qkv output fold into (H, N, d) without a copy
-            phi_q, phi_k = phi(q), phi(k)
-        return kernel_attention(phi_q, phi_k, v, key_valid, self.options["eps"])
+            phi_q, phi_k = self.phi(q), self.phi(k)
+        return kernel_attention(phi_q, phi_k, v, key_valid, self.eps)
 
     def reference(self, q, k, v, key_valid, grid: Grid):
         phi = type(self).reference_feature
@@ -150,6 +166,9 @@ class EluAttention(KernelAttention):
     feature = staticmethod(elu_feature)
     reference_feature = staticmethod(elu_feature_literal)
 
+    def phi(self, x: torch.Tensor) -> torch.Tensor:
+        return elu_feature(x)
+
 
 @register_variant
 class ReluAttention(KernelAttention):
@@ -160,3 +179,6 @@ class ReluAttention(KernelAttention):
     bibtex = KATHAROPOULOS_BIBTEX
     feature = staticmethod(relu_feature)
     reference_feature = staticmethod(relu_feature)
+
+    def phi(self, x: torch.Tensor) -> torch.Tensor:
+        return relu_feature(x)

@@ -59,8 +59,9 @@ TRANSFORMS = ("cos", "linear", "exp", "local")
 def relu_plus(x: torch.Tensor, eps: float) -> torch.Tensor:
     """relu(x) + ε in place (threshold saves its input, so autograd allows it); exported, ONNX's Relu op, which
     ONNX Runtime runs far faster than the Where that threshold becomes."""
-    if torch.onnx.is_in_onnx_export():
-        return F.relu(x) + eps
+    if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
+        if torch.onnx.is_in_onnx_export():
+            return F.relu(x) + eps
     return F.threshold(x, 0.0, 0.0).add_(eps)
 
 
@@ -105,23 +106,33 @@ def distance_weights(counts: tuple[int, int], transform: str = "cos", exp_sigma:
     return weights / weights.sum(dim=0, keepdim=True)
 
 
-@lru_cache(maxsize=32)
-def block_slots(grid: tuple[int, int], counts: tuple[int, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-    """(gather, slot, length) of :func:`block_layout` as plain ints (traceable by torch.compile, cached)."""
-    (h, w), (mh, mw) = grid, counts
-    block_of = [(r * mh // h) * mw + c * mw // w for r in range(h) for c in range(w)]
+def block_slot_lists(grid: tuple[int, int], counts: tuple[int, int]) -> tuple[list[int], list[int], int]:
+    """(gather, slot, length) of :func:`block_layout` as lists of ints (loops TorchScript compiles too)."""
+    h, w = grid
+    mh, mw = counts
+    block_of: list[int] = []
+    for r in range(h):
+        for c in range(w):
+            block_of.append((r * mh // h) * mw + c * mw // w)
     sizes = [0] * (mh * mw)
     for b in block_of:
         sizes[b] += 1
     length = max(sizes)
     filled = [0] * (mh * mw)
-    slot = []
+    slot: list[int] = []
     for b in block_of:
         slot.append(b * length + filled[b])
         filled[b] += 1
     gather = [h * w] * (mh * mw * length)
-    for token, s in enumerate(slot):
-        gather[s] = token
+    for token in range(len(slot)):
+        gather[slot[token]] = token
+    return gather, slot, length
+
+
+@lru_cache(maxsize=32)
+def block_slots(grid: tuple[int, int], counts: tuple[int, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(gather, slot, length) of :func:`block_layout` as plain ints (traceable by torch.compile, cached)."""
+    gather, slot, length = block_slot_lists(grid, counts)
     return tuple(gather), tuple(slot), length
 
 
@@ -146,8 +157,26 @@ def block_indices(grid: tuple[int, int], counts: tuple[int, int], device: torch.
     return gather.clamp(max=spatial - 1), gather < spatial, slot, length
 
 
-def cached_block_indices(grid: tuple[int, int], counts: tuple[int, int], device: torch.device):
+def scripted_block_indices(grid: tuple[int, int], counts: tuple[int, int],
+                           device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """:func:`block_indices` under TorchScript (no cache there): the same lists, built per call."""
+    gather_list, slot_list, length = block_slot_lists(grid, counts)
+    gather = torch.tensor(gather_list, dtype=torch.long, device=device)
+    slot = torch.tensor(slot_list, dtype=torch.long, device=device)
+    spatial = grid[0] * grid[1]
+    return gather.clamp(max=spatial - 1), gather < spatial, slot, length
+
+
+def cached_block_indices(grid: tuple[int, int], counts: tuple[int, int],
+                         device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """:func:`block_indices` from its cache in eager mode; traced afresh (constants) under torch.compile."""
+    if torch.jit.is_scripting():
+        return scripted_block_indices(grid, counts, device)
+    else:
+        return _cached_block_indices(grid, counts, device)
+
+
+def _cached_block_indices(grid: tuple[int, int], counts: tuple[int, int], device: torch.device):
     if torch.compiler.is_compiling():
         return block_indices.__wrapped__(grid, counts, device)
     with torch.inference_mode(False):  # cached for later calls, which may record autograd (index_select saves it)
@@ -162,11 +191,12 @@ def to_blocks(t: torch.Tensor, grid: tuple[int, int], counts: tuple[int, int], z
     padding adds nothing to the block states).
     """
     B, H, _, c = t.shape
-    (h, w), (mh, mw) = grid, counts
+    h, w = grid
+    mh, mw = counts
     if h % mh == 0 and w % mw == 0:
         blocks = t.reshape(B, H, mh, h // mh, mw, w // mw, c).transpose(3, 4)
         return blocks.reshape(B, H, mh * mw, (h // mh) * (w // mw), c)
-    index, real, _, length = cached_block_indices(tuple(grid), tuple(counts), t.device)
+    index, real, _, length = cached_block_indices(grid, counts, t.device)
     blocks = t.index_select(2, index).view(B, H, mh * mw, length, c)
     if zero_padding:
         blocks = blocks * real.to(t.dtype).view(mh * mw, length, 1)
@@ -176,11 +206,12 @@ def to_blocks(t: torch.Tensor, grid: tuple[int, int], counts: tuple[int, int], z
 def from_blocks(t: torch.Tensor, grid: tuple[int, int], counts: tuple[int, int]) -> torch.Tensor:
     """Inverse of :func:`to_blocks`: (B, H, M, L, c) -> (B, H, h·w, c) in token order."""
     B, H, _, _, c = t.shape
-    (h, w), (mh, mw) = grid, counts
+    h, w = grid
+    mh, mw = counts
     if h % mh == 0 and w % mw == 0:
         grid_order = t.reshape(B, H, mh, mw, h // mh, w // mw, c).transpose(3, 4)
         return grid_order.reshape(B, H, h * w, c)
-    return t.flatten(2, 3).index_select(2, cached_block_indices(tuple(grid), tuple(counts), t.device)[2])
+    return t.flatten(2, 3).index_select(2, cached_block_indices(grid, counts, t.device)[2])
 
 
 def reference_block_of(grid: tuple[int, int], counts: tuple[int, int]) -> list[int]:
@@ -269,6 +300,8 @@ class MHLAttention(LinearAttention):
     def build_extra_parameters(self) -> None:
         opts = self.options
         self.block_counts = resolve_block_counts(self.grid_size, opts["blocks_per_side"], opts["block_side"])
+        self.eps = float(opts["eps"])  # options used in forward, typed (TorchScript cannot type self.options)
+        self.official_denominator = opts["denominator"] == "official"
         factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
         blocks = self.block_counts[0] * self.block_counts[1]
         self.block_mix = nn.Parameter(torch.empty(blocks, blocks, **factory))
@@ -278,6 +311,7 @@ class MHLAttention(LinearAttention):
         self.k_rmsnorm = nn.RMSNorm(C, **factory) if opts["qk_rmsnorm"] else None
         size = opts["lepe_kernel"]
         self.lepe = nn.Conv2d(C, C, size, padding=size // 2, groups=C, **factory) if size else None
+        self.lepe_padding = size // 2
 
     def pinned_options(self) -> dict[str, Any]:
         """The block counts chosen from the grid, fixed: W (M×M) keeps its shape when timm rebuilds at another size."""
@@ -294,14 +328,16 @@ class MHLAttention(LinearAttention):
                 module.reset_parameters()
 
     def prepare(self, x: torch.Tensor, key_valid: Optional[torch.Tensor],
-                grid: Grid) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                grid: Grid) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The reference normalises the layer input (LayerNorm) before projecting q, k, v."""
-        return (self.input_norm(x) if self.input_norm is not None else x), {}
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        return x, None
 
     # -- shared by mix and reference ----------------------------------------------------------------
     def features(self, q: torch.Tensor, k: torch.Tensor, key_valid: Optional[torch.Tensor]):
         """φ(q), φ(k) = relu(·) + ε after the optional RMSNorm; masked keys get φ = 0 (ε would keep them)."""
-        eps = self.options["eps"]
+        eps = self.eps
         if self.q_rmsnorm is not None:
             q, k = rms_over_heads(q, self.q_rmsnorm.weight), rms_over_heads(k, self.k_rmsnorm.weight)
         phi_q, phi_k = relu_plus(q, eps), relu_plus(k, eps)
@@ -322,39 +358,43 @@ class MHLAttention(LinearAttention):
 
     # -- the variant ----------------------------------------------------------------------------------
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-            grid: Grid) -> torch.Tensor:
+            grid: Grid, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Blocked states, mixed by W, read by each query; reshapes/gathers, no loops; sums in float32 at least."""
         dtype = v.dtype
         acc = accumulation_dtype(dtype)
-        eps = self.options["eps"]
         with full_precision(q):
             q, k, v = q.to(acc), k.to(acc), v.to(acc)
             phi_q, phi_k = self.features(q, k, key_valid)
             if grid is None:
-                return kernel_attention(phi_q, phi_k, v, None, eps).to(dtype)
-            self._check_grid(q.shape[2], grid)
-            lepe = None
-            if self.lepe is not None:
-                lepe = F.conv2d(to_grid(self._masked_spatial_v(v, key_valid), grid), self.lepe.weight.to(acc),
-                                self.lepe.bias.to(acc), padding=self.lepe.padding, groups=self.lepe.groups)
-                lepe = from_grid(lepe, self.num_heads)
-            out = self._blocked_attention(phi_q, phi_k, v, tuple(grid), lepe)
+                out = kernel_attention(phi_q, phi_k, v, None, self.eps)
+            else:
+                self._check_grid(q.shape[2], grid)
+                lepe: Optional[torch.Tensor] = None
+                if self.lepe is not None:
+                    bias = self.lepe.bias
+                    lepe = F.conv2d(to_grid(self._masked_spatial_v(v, key_valid), grid), self.lepe.weight.to(acc),
+                                    bias.to(acc) if bias is not None else None, padding=self.lepe_padding,
+                                    groups=self.lepe.groups)
+                    lepe = from_grid(lepe, self.num_heads)
+                out = self._blocked_attention(phi_q, phi_k, v, grid, lepe)
         return out.to(dtype)
 
     def _blocked_attention(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                            grid: tuple[int, int], lepe: Optional[torch.Tensor]) -> torch.Tensor:
         """V carries a ones column: each block matmul gives [S_b | z_b], each readout [numerator | denominator]."""
         B, H, _, d = v.shape
-        eps, counts = self.options["eps"], self.block_counts
+        eps, counts = self.eps, self.block_counts
         npt = self.num_prefix_tokens
         v1 = with_ones(v)
-        (q_pre, q_sp), (k_pre, k_sp), (v_pre, v_sp) = (split_prefix(t, npt) for t in (phi_q, phi_k, v1))
+        q_pre, q_sp = split_prefix(phi_q, npt)
+        k_pre, k_sp = split_prefix(phi_k, npt)
+        v_pre, v_sp = split_prefix(v1, npt)
         states = to_blocks(k_sp, grid, counts, False).transpose(-2, -1) @ to_blocks(v_sp, grid, counts, True)
         prefix_state = k_pre.transpose(-2, -1) @ v_pre  # (B, H, d, d+1): the prefix block [S_p | z_p]
         blocks = counts[0] * counts[1]
         mix = self.block_mix.to(v.dtype).expand(B, H, blocks, blocks)  # an explicit bmm: matmul would fold and copy
         mixed = (mix @ states.reshape(B, H, blocks, d * (d + 1))).view_as(states)
-        official = self.options["denominator"] == "official"
+        official = self.official_denominator
         q_blocks = to_blocks(q_sp, grid, counts, official)  # official: padding slots add nothing to other blocks
         read = q_blocks @ (mixed + prefix_state[:, :, None])  # (B, H, M, L, d+1)
         if official:  # Σ_b W_ab φ(q_{b,l})·z_b, + φ(q_i)·z_prefix for the prefix block W̃ adds

@@ -22,7 +22,7 @@ Choices beyond the reference (which has no class token, no padding mask and a sq
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
@@ -87,21 +87,25 @@ def inner_gradients(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None
     come from one matmul each with W1 and W2 side by side.
     """
     d = k.shape[-1]
-    coef: float | torch.Tensor
-    if valid is None:
-        coef = -scale / k.shape[-2]
-    else:
+    coef = -scale / k.shape[-2]  # a Python float (one scalar) without a mask, per item with one:
+    per_item: Optional[torch.Tensor] = None
+    if valid is not None:
         m = valid.to(v.dtype)
         v = v * m[:, None, :, None]
-        coef = (-scale / m.sum(dim=-1).clamp(min=1.0))[:, None, None, None]
+        per_item = (-scale / m.sum(dim=-1).clamp(min=1.0))[:, None, None, None]
     a, b = (k @ w12).split(d, dim=-1)
     sig = torch.sigmoid(a)
     act = a * sig
-    dh = v @ (w3.transpose(-2, -1) * coef)  # (B, H, N, d): gW3ᵀ with g = coef·v
+    dh = v @ _times(w3.transpose(-2, -1), coef, per_item)  # (B, H, N, d): gW3ᵀ with g = coef·v
     da = dh * b * sig * (a - act + 1.0)  # silu'(a) = σ(a)(1 + a(1 − σ(a)))
     dw12 = k.transpose(-2, -1) @ torch.cat((da, dh * act), dim=-1)
-    dw3 = ((act * b).transpose(-2, -1) @ v) * coef
+    dw3 = _times((act * b).transpose(-2, -1) @ v, coef, per_item)
     return dw12, dw3
+
+
+def _times(t: torch.Tensor, coef: float, per_item: Optional[torch.Tensor]) -> torch.Tensor:
+    """t·coef, or t·per_item when given (one code path for TorchScript, which has no float-or-tensor type)."""
+    return t * coef if per_item is None else t * per_item
 
 
 @register_variant
@@ -124,6 +128,8 @@ class TTTAttention(LinearAttention):
                          **kwargs)
 
     def build_extra_parameters(self) -> None:
+        self.inner_lr = float(self.options["inner_lr"])  # typed (TorchScript cannot type self.options)
+        self.key_norm_eps = float(self.options["key_norm_eps"])
         factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
         shape = (self.num_heads, self.head_dim, self.head_dim)
         self.fast_w1 = nn.Parameter(torch.empty(shape, **factory))
@@ -145,38 +151,42 @@ class TTTAttention(LinearAttention):
         return self.fast_w1.to(dtype), self.fast_w2.to(dtype), self.fast_w3.to(dtype)
 
     # -- fast form ---------------------------------------------------------------------------------
-    def local_conv(self, t: torch.Tensor, conv: nn.Conv2d, grid: Grid, valid: torch.Tensor | None):
+    def local_conv(self, t: torch.Tensor, conv_weight: torch.Tensor, conv_bias: Optional[torch.Tensor], grid: Grid,
+                   valid: Optional[torch.Tensor]) -> torch.Tensor:
         """t + depthwise conv(t) on the grid's spatial tokens; prefix tokens pass through unchanged.
 
-        Without a mask the residual is folded into the kernel (+1 on the centre tap): one pass, not two.
+        Without a mask the residual is folded into the kernel (+1 on the centre tap): one pass, not two. The
+        conv comes as its weight and bias (TorchScript passes no modules as arguments); one group per channel.
         """
         if grid is None:
             return t
         prefix, spatial = split_prefix(t, self.num_prefix_tokens)
-        weight = conv.weight.to(t.dtype)
-        bias = conv.bias.to(t.dtype) if conv.bias is not None else None
+        weight = conv_weight.to(t.dtype)
+        bias = conv_bias.to(t.dtype) if conv_bias is not None else None
+        groups = weight.shape[0]
         if valid is None:
             centre = torch.zeros_like(weight)
             centre[..., 1, 1] = 1.0
-            local = F.conv2d(to_grid(spatial, grid), weight + centre, bias, padding=1, groups=conv.groups)
+            local = F.conv2d(to_grid(spatial, grid), weight + centre, bias, padding=1, groups=groups)
             return torch.cat([prefix, from_grid(local, self.num_heads)], dim=2)
         inp = spatial * valid[:, None, self.num_prefix_tokens:, None].to(t.dtype)
-        local = F.conv2d(to_grid(inp, grid), weight, bias, padding=1, groups=conv.groups)
+        local = F.conv2d(to_grid(inp, grid), weight, bias, padding=1, groups=groups)
         return torch.cat([prefix, spatial + from_grid(local, self.num_heads)], dim=2)
 
-    def mix(self, q, k, v, key_valid: torch.Tensor | None, grid: Grid) -> torch.Tensor:
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
+            extra: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Closed-form step in float32 at least (autocast off: the d×d sums over N tokens need the range)."""
         dtype = v.dtype
         acc = accumulation_dtype(dtype)
         with full_precision(q):
             q, k, v = q.to(acc), k.to(acc), v.to(acc)
-            k = normalize_keys(k, key_valid, self.options["key_norm_eps"])
-            q = self.local_conv(q, self.q_conv, grid, key_valid)
-            k = self.local_conv(k, self.k_conv, grid, key_valid)
+            k = normalize_keys(k, key_valid, self.key_norm_eps)
+            q = self.local_conv(q, self.q_conv.weight, self.q_conv.bias, grid, key_valid)
+            k = self.local_conv(k, self.k_conv.weight, self.k_conv.bias, grid, key_valid)
             w1, w2, w3 = self.fast_weights(acc)
             w12 = torch.cat((w1, w2), dim=-1)
             dw12, dw3 = inner_gradients(k, v, key_valid, w12, w3, self.scale)
-            lr = self.options["inner_lr"]
+            lr = self.inner_lr
             out = swiglu_readout(q, w12 - lr * dw12, w3 - lr * dw3)
         return out.to(dtype)
 
