@@ -49,8 +49,16 @@ def find_softmax_attention(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if type(m) in SOFTMAX_ATTENTION]
 
 
+def feature_wrapped(model: nn.Module) -> nn.Module:
+    """The ViT inside timm's ``features_only=True`` wrapper (FeatureGetterNet keeps it as ``.model``), else
+    ``model``: its prefix tokens, grid and shared biases are the ViT's, not the wrapper's."""
+    inner = getattr(model, "model", None)
+    return inner if hasattr(model, "feature_info") and isinstance(inner, nn.Module) else model
+
+
 def model_geometry(model: nn.Module) -> tuple[int, Optional[tuple[int, int]]]:
     """Prefix-token count and patch grid of a timm ViT (the grid is None for NaFlex's packed patches)."""
+    model = feature_wrapped(model)
     num_prefix = getattr(model, "num_prefix_tokens", None)
     if num_prefix is None:
         num_prefix = int(getattr(model, "cls_token", None) is not None)
@@ -111,11 +119,12 @@ def swap_attention(model: nn.Module, variant: str, options: Optional[dict[str, A
             note = f"per-layer {dropped} (a softmax logit bias) dropped: no linear analogue"
             if note not in report.notes:
                 report.notes.append(note)
+    body = feature_wrapped(target)
     for attr in SHARED_LOGIT_BIAS if not report.hybrid else ():  # kept softmax layers still read a shared bias
-        if getattr(target, attr, None) is not None:
-            setattr(target, attr, None)
+        if getattr(body, attr, None) is not None:
+            setattr(body, attr, None)
             report.notes.append(f"shared {attr} (a softmax logit bias) dropped: no linear analogue")
-    if getattr(target, "rope", None) is not None:
+    if getattr(body, "rope", None) is not None:
         report.notes.append("rotary position embedding kept: applied to q and k before the feature map")
     if grid is None:
         report.notes.append("no fixed patch grid: grid-based parts fall back to their grid-free form")

@@ -200,3 +200,44 @@ def test_the_sources_pass_what_timm_promises():
     gaps = {(f, c) for f in FAMILIES for c in CHECKS if source_result(f, c)}
     assert gaps == {("beit", "dynamic_img_size"), ("naflex", "torchscript_script"),
                     ("naflex", "dynamic_img_size"), ("naflex", "set_input_size")}, gaps
+
+
+@pytest.mark.parametrize(("variant", "options"), [
+    ("elu", {}), ("relu", {}), ("ttt", {}), ("inline", {"local_residual": True}),
+    ("mhla", {"denominator": "official", "blocks_per_side": 3}),  # 3×3 blocks on a 4×4 grid: the gathered layout
+    ("mhla", {"lepe_kernel": 0, "qk_rmsnorm": False, "input_norm": False}),
+])
+def test_scripted_attention_equals_eager(variant: str, options: dict) -> None:
+    """The option paths the models above do not take, scripted alone: with and without a key-padding mask, on
+    the grid and off it (no grid: the grid-free forms)."""
+    from timm.layers import Attention
+
+    torch.manual_seed(0)
+    module = vitconvert.VARIANTS[variant].from_softmax(Attention(dim=32, num_heads=2, qkv_bias=True),
+                                                       num_prefix_tokens=1, grid_size=(4, 4), **options).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        scripted = torch.jit.script(module)
+    mask = torch.ones(2, 1, 17, 17, dtype=torch.bool)
+    mask[1, ..., 13:] = False  # the second item's last four tokens are padding
+    with torch.no_grad(), torch.jit.optimized_execution(False):
+        for tokens, attn_mask in ((17, None), (17, mask), (20, None)):
+            x = torch.randn(2, tokens, 32, generator=torch.Generator().manual_seed(tokens))
+            torch.testing.assert_close(scripted(x, attn_mask=attn_mask), module(x, attn_mask=attn_mask),
+                                       rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["rope_vit", "dinov2_reg"])
+def test_converting_a_features_only_model_sees_through_timms_wrapper(family):
+    """A user's timm.create_model(..., features_only=True) converted directly: prefix tokens and grid are the
+    ViT's inside the wrapper (a rope ViT failed with 17 vs 16 tokens; MHLA silently lost its grid)."""
+    wrapped = create(family, "softmax", features_only=True).eval()
+    student, _ = vitconvert.convert(wrapped, "mhla", options={"blocks_per_side": 2}, attn_init="copy")
+    attn = next(m for m in student.modules() if isinstance(m, vitconvert.attention.LinearAttention))
+    plain, _ = vitconvert.convert(create(family, "softmax").eval(), "mhla", options={"blocks_per_side": 2},
+                                  attn_init="copy")
+    assert attn.num_prefix_tokens == plain.blocks[0].attn.num_prefix_tokens and attn.grid_size is not None
+    x = images(family)
+    for got, want in zip(student(x), plain.forward_intermediates(x, indices=3, intermediates_only=True),
+                         strict=True):
+        torch.testing.assert_close(got, want)
