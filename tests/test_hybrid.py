@@ -150,3 +150,14 @@ def test_bench_times_hybrids_against_the_softmax_source():
     full_flops = {r.model: r for r in full.rows}["elu"].gflops_per_img
     assert min(full_flops, rows["softmax"].gflops_per_img) < hybrid_flops < max(full_flops,
                                                                                 rows["softmax"].gflops_per_img)
+
+
+def test_a_folder_whose_two_layer_records_disagree_is_refused(tmp_path):
+    """ELU and softmax layers have the same weight shapes: a mismatch would otherwise load silently."""
+    student, _ = vitconvert.convert(deep(), "elu", keep_softmax="0")
+    folder = vitconvert.save(student, tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    config["model_args"]["layers"] = [0, 1, 2]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(vitconvert.errors.VitconvertError, match="disagrees with itself"):
+        vitconvert.load(folder)

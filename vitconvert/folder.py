@@ -177,6 +177,10 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
         if not any(isinstance(m, LinearAttention) for m in model.modules()):  # format 1: timm built softmax
             model, _ = swap_attention(model, block["variant"], block.get("options", {}), inplace=True,
                                       layers=block.get("layers"))
+    recorded, built = block.get("layers"), linear_layer_indices(model)[0]
+    if isinstance(recorded, list) and built != recorded:  # ELU and softmax weights fit either way: never load it
+        raise VitconvertError(f"{folder}/config.json disagrees with itself: its vitconvert block makes layers "
+                              f"{recorded} linear, its model_args {built}")
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
