@@ -29,3 +29,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def vit() -> torch.nn.Module:
     return tiny_model("vit")
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty offline Hub cache (huggingface_hub's layout, `helpers.place_in_hub_cache` fills it) that timm,
+    huggingface_hub and vitconvert all read; HF_HUB_OFFLINE is set in the environment and in the constant."""
+    import huggingface_hub.constants as c
+
+    cache = tmp_path / "hub-cache"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    return cache

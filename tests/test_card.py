@@ -160,16 +160,6 @@ def run_card_snippet(text: str, workdir, monkeypatch) -> dict:
     return scope
 
 
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch):
-    import huggingface_hub.constants as c
-
-    cache = tmp_path / "hub-cache"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
-    return cache
 
 
 @pytest.mark.parametrize("variant", ["elu", "mhla"])

@@ -268,14 +268,6 @@ def test_folders_that_cannot_be_pushed(tmp_path, online, no_network, make_folder
 
 
 # -- loading back by id, offline from the Hub cache ----------------------------------------------------------
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch) -> Path:
-    cache = tmp_path / "hub-cache"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    return cache
 
 
 def test_pushed_folder_loads_back_by_id_bit_exact(tmp_path, hub_cache, no_network, make_folder, monkeypatch):

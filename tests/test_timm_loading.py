@@ -78,17 +78,6 @@ def test_timm_loads_at_another_image_size(tmp_path, variant):
         assert torch.isfinite(model(torch.randn(1, 3, 224, 224))).all()
 
 
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch):
-    """An offline Hub cache (huggingface_hub's layout) that both timm and vitconvert read."""
-    import huggingface_hub.constants as c
-
-    cache = tmp_path / "hub-cache"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
-    return cache
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
