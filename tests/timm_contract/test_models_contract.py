@@ -22,21 +22,28 @@ from collections.abc import Callable
 import pytest
 import timm
 import torch
+from helpers import FAMILIES as HELPER_FAMILIES
 from timm.layers import set_scriptable
 from timm.models._features_fx import create_feature_extractor, get_graph_node_names
 
 import vitconvert
 
-SMALL = dict(embed_dim=32, num_heads=2, depth=3)
+
+def deeper(family: str) -> tuple[str, dict]:
+    """A tiny family config of tests/helpers.py at depth 3: timm's features_only default takes the last 3 blocks."""
+    name, tiny = HELPER_FAMILIES[family]
+    return name, {**tiny, "depth": 3}
+
+
 # family -> (timm name, tiny arguments): DeiT, DINOv2 with registers, EVA-02, two rope ViTs, BEiT, NaFlexViT
 FAMILIES: dict[str, tuple[str, dict]] = {
-    "deit": ("deit_tiny_patch16_224", dict(img_size=32, patch_size=8, **SMALL)),
-    "dinov2_reg": ("vit_small_patch14_reg4_dinov2", dict(img_size=28, patch_size=7, **SMALL)),
-    "eva02": ("eva02_tiny_patch14_224", dict(img_size=28, patch_size=7, **SMALL)),
-    "rope_vit": ("vit_small_patch16_rope_224", dict(img_size=32, patch_size=8, **SMALL)),
-    "rope_reg_gap": ("vit_base_patch16_rope_reg1_gap_256", dict(img_size=32, patch_size=8, **SMALL)),
-    "beit": ("beit_base_patch16_224", dict(img_size=32, patch_size=8, **SMALL)),
-    "naflex": ("naflexvit_base_patch16_gap", dict(**SMALL)),
+    "deit": ("deit_tiny_patch16_224", deeper("vit")[1]),
+    "dinov2_reg": deeper("dinov2"),
+    "eva02": deeper("eva02"),
+    "rope_vit": ("vit_small_patch16_rope_224", deeper("vit")[1]),
+    "rope_reg_gap": ("vit_base_patch16_rope_reg1_gap_256", deeper("vit")[1]),
+    "beit": deeper("beit"),
+    "naflex": deeper("naflex"),
 }
 MODELS = ["softmax", *vitconvert.VARIANTS]
 
