@@ -376,11 +376,14 @@ def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]],
     if unknown:
         raise VitconvertError(f"unknown variant {unknown[0]!r}; valid: {', '.join(VARIANTS)}")
     rows: list[BenchRow] = []
+    kept: list[int] = []  # the layers hybrids keep softmax (the same at every size)
     for size in img_sizes or [ref.default_size]:
         try:
             softmax = ref.build(size)
         except (RuntimeError, ValueError, AssertionError, TypeError) as e:  # sizes timm cannot take
             raise VitconvertError(f"cannot build {ref.arch} at {size} px: {first_line(e)}") from None
+        depth = len(find_softmax_attention(softmax))
+        kept = [i for i in range(depth) if i not in linear_layers(depth, keep_softmax=keep_softmax)]
         models = {SOFTMAX: softmax}
         for name in names:
             models[name] = linear_copy(softmax, name, {**ref.options.get(name, {}), **(options or {})},
@@ -399,8 +402,6 @@ def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]],
             rows += _measure(models, x, mode, dev, repeats, rounds, size, tokens, flops, memory and not sessions,
                              clock, amp, sessions)
         del models, softmax
-    depth = len(find_softmax_attention(ref.build(None)))
-    kept = [i for i in range(depth) if i not in linear_layers(depth, keep_softmax=keep_softmax)]
     return BenchReport(str(source) if not isinstance(source, nn.Module) else ref.arch, ref.arch, str(dev),
                        torch.get_num_threads(), batch_size, repeats, rows, clock, keep_softmax=kept or None)
 

@@ -71,12 +71,6 @@ def metrics_from_sums(sums: torch.Tensor) -> dict[str, Any]:
             "img_s": n / seconds if seconds > 0 else float("inf")}
 
 
-def load_model(spec: str) -> nn.Module:
-    """A vitconvert model or run folder, or any SOURCE that convert accepts (a softmax teacher too)."""
-
-    return load(spec)
-
-
 def evaluate(model: Union[str, nn.Module], data: str, split: str = "val", batch_size: int = 64,
              device: Optional[str] = None, data_dir: Optional[str] = None, download: bool = False,
              workers: Optional[int] = 0, amp: bool = True) -> dict[str, Any]:
@@ -84,7 +78,7 @@ def evaluate(model: Union[str, nn.Module], data: str, split: str = "val", batch_
 
     if batch_size < 1:
         raise BadValue("batch_size", f"must be at least 1 (got {batch_size})")
-    net = load_model(model) if isinstance(model, str) else model
+    net = load(model) if isinstance(model, str) else model  # a model or run folder, or any SOURCE
     dev = pick_device(device, 0)
     base = open_dataset(data, split, data_dir, download)
     classes = getattr(net, "num_classes", None)
