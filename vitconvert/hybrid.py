@@ -17,6 +17,8 @@ The K highest-scoring layers stay softmax. Deterministic for a seed (fixed image
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
@@ -82,26 +84,39 @@ def choose_softmax_layers(teacher: nn.Module, variant: str, k: int, data: str, *
     return LayerChoice(sorted(ranked[:k]), scores, signal, steps, sum(len(x) for x in images))
 
 
-def distill_layers(teacher: nn.Module, student: nn.Module, images: list[torch.Tensor], steps: int,
-                   lr: float) -> None:
-    """``steps`` AdamW steps of attention-output MSE per layer, each layer on the teacher's own inputs."""
+@contextmanager
+def forced_layers(teacher: nn.Module, student: nn.Module) -> Iterator[Callable[[torch.Tensor], list[torch.Tensor]]]:
+    """``per_layer(x)``: each linear layer's attention-output MSE against the teacher's, the layer run on the
+    teacher's own input to it (teacher-forced, so layers do not disturb each other); the taps are removed after."""
     mine, theirs = attention_pairs(student, teacher)
-    params = [p for m in mine for p in m.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     tap, wrapped = TeacherTap(teacher, theirs, keep_inputs=True), DistillStudent(student, mine)
-    student.train()
+
+    def per_layer(x: torch.Tensor) -> list[torch.Tensor]:
+        _, t_outs, t_inputs = tap(x)
+        _, s_outs = wrapped(None, forced=t_inputs, need_logits=False)
+        return [F.mse_loss(s.float(), t.float()) for s, t in zip(s_outs, t_outs, strict=True)]
+
     try:
-        for step in range(steps):
-            x = images[step % len(images)]
-            _, t_outs, t_inputs = tap(x)
-            _, s_outs = wrapped(None, forced=t_inputs, need_logits=False)
-            loss = sum(F.mse_loss(s.float(), t.float()) for s, t in zip(s_outs, t_outs, strict=True))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+        yield per_layer
     finally:
         tap.close()
         wrapped.close()
+
+
+def distill_layers(teacher: nn.Module, student: nn.Module, images: list[torch.Tensor], steps: int,
+                   lr: float) -> None:
+    """``steps`` AdamW steps of attention-output MSE per layer, each layer on the teacher's own inputs."""
+    params = [p for m in student.modules() if isinstance(m, LinearAttention) for p in m.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    student.train()
+    try:
+        with forced_layers(teacher, student) as per_layer:
+            for step in range(steps):
+                loss = sum(per_layer(images[step % len(images)]))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+    finally:
         student.eval()
 
 
@@ -109,18 +124,11 @@ def distill_layers(teacher: nn.Module, student: nn.Module, images: list[torch.Te
 def attention_gaps(teacher: nn.Module, student: nn.Module, images: list[torch.Tensor]) -> list[float]:
     """Per-layer attention-output MSE (teacher-forced) over ``images`` (normalised for the teacher, whose
     preprocessing a converted student shares)."""
-    mine, theirs = attention_pairs(student, teacher)
-    tap, wrapped = TeacherTap(teacher, theirs, keep_inputs=True), DistillStudent(student, mine)
-    sums = [0.0] * len(mine)
-    try:
+    with forced_layers(teacher, student) as per_layer:
+        sums: list[float] = []
         for x in images:
-            _, t_outs, t_inputs = tap(x)
-            _, s_outs = wrapped(None, forced=t_inputs, need_logits=False)
-            for i, (s, t) in enumerate(zip(s_outs, t_outs, strict=True)):
-                sums[i] += F.mse_loss(s.float(), t.float()).item()
-    finally:
-        tap.close()
-        wrapped.close()
+            gaps = [gap.item() for gap in per_layer(x)]
+            sums = [a + b for a, b in zip(sums, gaps, strict=True)] if sums else gaps
     return [s / len(images) for s in sums]
 
 
