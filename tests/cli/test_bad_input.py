@@ -448,7 +448,10 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
         pytest.skip("the vitconvert console script is not installed")
     proc = subprocess.Popen([script, "convert", "deit_tiny", "--to", "elu", "--no-pretrained", "--out", "o"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                            # as at a terminal: SIGINT at its default disposition, whatever this test process
+                            # inherited (an ignored SIGINT survives exec, and the command then just completes)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
