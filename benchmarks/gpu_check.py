@@ -1,18 +1,26 @@
 """The CUDA paths in one short run: speed and memory against fused-SDPA softmax, bf16 error, distill, cost.
 
-    python benchmarks/gpu_check.py                          # one GPU: a few minutes (--budget-s caps it)
+    python benchmarks/gpu_check.py                          # one GPU: about 6 minutes (--budget-s caps it)
+    python benchmarks/gpu_check.py --sections op,speed      # a subset (names below)
     python benchmarks/gpu_check.py --device cpu --quick     # the dry run the test suite runs (seconds)
 
-For deit_tiny/small/base (pretrained=False: speed does not depend on weights) converted to every variant:
-  1. forward and training-step img/s and peak memory next to the softmax source (timm's fused_attn, i.e.
-     PyTorch SDPA) at 224/512/1024 px under bf16 autocast, eager; then compiled; then with the
-     flash-linear-attention state kernel (VITCONVERT_FLA=1, elu/relu) where fla is installed;
-  2. bf16 against fp32 features of each variant at 1024 px: relative error, and no NaN/inf;
-  3. 50 steps of the real distill trainer on synthetic images (AMP, channels_last, --compile), stopped by
-     SIGTERM at step 30 and resumed: the loss must fall and the resumed run must reach step 50;
-  4. the GPU-hours of the imagenet1k and cifar100 recipes from the measured img/s.
-Sections run in that order of importance; one not started before --budget-s is recorded as skipped. Targets
-(issue 14): every O(N) variant >= 2x softmax at 1024 px, none below 0.9x at 224 px, training and inference.
+Sections, in order of importance (one not started before --budget-s is recorded as skipped; each is saved as
+soon as it ends):
+  op         one attention layer (B=16, H=6, d=64) at N = 197…16385 tokens under bf16 autocast: each variant's
+             token mixing (the fused Triton kernels where they apply) against PyTorch SDPA (FlashAttention),
+             forward and forward+backward, with achieved TFLOP/s and GB/s;
+  speed      deit_small (pretrained=False: speed does not depend on weights) converted to every variant:
+             forward and training-step img/s and peak memory next to the softmax source (timm's fused_attn,
+             i.e. SDPA) at 224/512/1024/2048 px under bf16 autocast, eager;
+  precision  bf16 against fp32 features of each variant at 1024 px: relative error (bar: ≤ 1.2× softmax's);
+  distill    50 steps of the real distill trainer on synthetic images (AMP, channels_last, --compile), stopped
+             by SIGTERM at step 30 and resumed: the loss must fall and the resumed run must reach step 50;
+  compiled   the speed rows with every model, softmax included, under torch.compile (compiled vs compiled);
+  fla        the flash-linear-attention state path (VITCONVERT_FLA=1, elu/relu) where fla is installed;
+  models     deit_tiny and deit_base, eager;
+and the GPU-hours of the imagenet1k and cifar100 recipes from the measured img/s (after every section).
+Targets (issue 21): 1024 px elu/relu/inline ≥ 2.5×, mhla/ttt ≥ 2.0×; 2048 px ≥ 6×; 224 px ≥ 1.0×; one
+layer at 4097 tokens ≥ 8× forward, ≥ 6× forward+backward; training memory ≤ softmax's; GPU-hours ≤ softmax's.
 On a CPU every verdict reads "dry run": those numbers check the script, not the targets. Batches start at a
 size that fits an H200 (141 GB) and halve on out-of-memory.
 """
@@ -37,6 +45,7 @@ from typing import Any, Optional
 import numpy as np
 import timm
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from rich.console import Console
 from rich.table import Table
@@ -56,18 +65,21 @@ NOT_MEASURED = "—"
 SYNTHETIC_CLASSES = 4
 
 
+Targets = dict[int, "float | dict[str, float]"]  # image size -> least speedup (one for all, or per variant)
+
+
 @dataclass(frozen=True)
 class Plan:
     """What one run measures; FULL fits a few minutes of one H200, QUICK a few seconds of one CPU core."""
 
     models: tuple[str, ...]
     sizes: tuple[int, ...]
-    targets: dict[int, float]  # image size -> least speedup over softmax every O(N) variant must reach
+    targets: Targets
     batch: dict[int, int]  # image size -> starting batch of deit_small (tiny doubles it, base halves it)
     repeats: int
     compile_backend: str
     compile_models: tuple[str, ...]
-    compile_sizes: tuple[int, ...]
+    compile_sizes: tuple[int, ...]  # the most important first
     fla_models: tuple[str, ...]
     precision_size: int
     distill_size: int
@@ -77,17 +89,26 @@ class Plan:
     workers: int
     threads: Optional[int]
     depth: Optional[int] = None  # blocks of every model; None: the architecture's own (12)
+    op_tokens: tuple[int, ...] = (197, 1025, 4097, 16385)  # N of the op section (a class token + a square grid)
+    op_shape: tuple[int, int, int] = (16, 6, 64)  # (batch, heads, head dim) of the op section: deit_small's layer
+    op_targets: dict[int, dict[str, float]] = field(default_factory=lambda: {4097: {"infer": 8.0, "train": 6.0}})
+    op_repeats: int = 10
 
 
-FULL = Plan(("deit_small", "deit_tiny", "deit_base"), (224, 512, 1024), {224: 0.9, 1024: 2.0},
-            {224: 256, 512: 64, 1024: 16}, repeats=5, compile_backend="inductor", compile_models=("deit_small",),
-            compile_sizes=(224, 1024), fla_models=("deit_small",), precision_size=1024, distill_size=224,
-            distill_batch=64, distill_steps=25, distill_compile=True, workers=8, threads=None)
+TARGETS_1024 = {"elu": 2.5, "relu": 2.5, "inline": 2.5, "mhla": 2.0, "ttt": 2.0}
+FULL = Plan(("deit_small", "deit_tiny", "deit_base"), (224, 512, 1024, 2048),
+            {224: 1.0, 1024: TARGETS_1024, 2048: 6.0}, {224: 256, 512: 64, 1024: 16, 2048: 4}, repeats=5,
+            compile_backend="inductor", compile_models=("deit_small",), compile_sizes=(1024, 224),
+            fla_models=("deit_small",), precision_size=1024, distill_size=224, distill_batch=64, distill_steps=25,
+            distill_compile=True, workers=8, threads=None)
 # The dry run: the same code on a CPU at toy sizes; dynamo's "eager" backend traces without a C++ build.
-QUICK = Plan(("deit_tiny",), (32, 64), {32: 0.9, 64: 2.0}, {32: 2, 64: 2}, repeats=1, compile_backend="eager",
-             compile_models=("deit_tiny",), compile_sizes=(32,), fla_models=("deit_tiny",), precision_size=64,
-             distill_size=32, distill_batch=2, distill_steps=2, distill_compile=False, workers=0, threads=1, depth=2)
+QUICK = Plan(("deit_tiny",), (32, 64), {32: 1.0, 64: {**TARGETS_1024}}, {32: 2, 64: 2}, repeats=1,
+             compile_backend="eager", compile_models=("deit_tiny",), compile_sizes=(32,), fla_models=("deit_tiny",),
+             precision_size=64, distill_size=32, distill_batch=2, distill_steps=2, distill_compile=False, workers=0,
+             threads=1, depth=2, op_tokens=(17, 65), op_shape=(2, 2, 16), op_targets={65: {"infer": 8.0, "train": 6.0}},
+             op_repeats=1)
 MODEL_BATCH_SCALE = {"deit_tiny": 2.0, "deit_small": 1.0, "deit_base": 0.5}
+SECTIONS = ("op", "speed", "precision", "distill", "compiled", "fla", "models")
 
 
 @dataclass
@@ -96,10 +117,12 @@ class Check:
 
     env: dict[str, Any]
     dry_run: bool
+    op: list[dict[str, Any]] = field(default_factory=list)
     speed: list[dict[str, Any]] = field(default_factory=list)
     precision: list[dict[str, Any]] = field(default_factory=list)
     distill: dict[str, Any] = field(default_factory=dict)
     cost: list[dict[str, Any]] = field(default_factory=list)
+    sections: list[str] = field(default_factory=list)  # the sections asked for
     skipped: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -142,15 +165,120 @@ def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
 
+# -- op: one attention layer ------------------------------------------------------------------------------
+def cuda_ms(step: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    """Median milliseconds of ``step`` (CUDA events on a GPU, the wall clock on a CPU), after two warm-up calls."""
+    for _ in range(2):
+        step()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end))
+        else:
+            began = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - began) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def token_mixers(tokens: int, heads: int, head_dim: int, device: torch.device) -> dict[str, Callable[..., Any]]:
+    """q, k, v -> o of SDPA and of each variant's ``mix`` (dispatch as in a model: fused kernels where they go)."""
+    side = int(round((tokens - 1) ** 0.5))
+    grid = (side, side)
+    mixers: dict[str, Callable[..., Any]] = {SOFTMAX: lambda q, k, v: F.scaled_dot_product_attention(q, k, v)}
+    for name, cls in VARIANTS.items():
+        module = cls(heads * head_dim, heads, num_prefix_tokens=1, grid_size=grid).to(device)
+        mixers[name] = lambda q, k, v, m=module: m.mix(q, k, v, None, grid)
+    return mixers
+
+
+def mixer_step(mix: Callable[..., Any], mode: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               grad: torch.Tensor) -> Callable[[], None]:
+    """One forward (no autograd) or forward+backward of ``mix`` under bf16 autocast."""
+    autocast = torch.autocast(q.device.type, dtype=torch.bfloat16)
+    if mode == "infer":
+        def forward() -> None:
+            with torch.no_grad(), autocast:
+                mix(q, k, v)
+        return forward
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+    def train() -> None:
+        with autocast:
+            out = mix(*leaves)
+        out.backward(grad)
+    return train
+
+
+def op_level(plan: Plan, device: torch.device) -> list[dict[str, Any]]:
+    """Forward and forward+backward of each token mixer on bf16 q, k, v (B, H, N, d), as autocast hands them over.
+
+    FLOPs: softmax 4·N²·d per head forward (×3.5 with backward), linear 4·N·d² (×3); bytes: q, k, v, o once
+    forward (+ o, dO read and dq, dk, dv written backward): what the fastest kernel must move, not what it does.
+    """
+    batch, heads, d = plan.op_shape
+    rows = []
+    for tokens in plan.op_tokens:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v = (torch.randn(batch, heads, tokens, d, generator=g).to(device, torch.bfloat16) for _ in range(3))
+        grad = torch.randn(batch, heads, tokens, d, generator=g).to(device, torch.bfloat16)
+        elements = batch * heads * tokens * d
+        timings: dict[tuple[str, str], float] = {}
+        for name, mix in token_mixers(tokens, heads, d, device).items():
+            for mode in ("infer", "train"):
+                try:
+                    timings[name, mode] = cuda_ms(mixer_step(mix, mode, q, k, v, grad), device, plan.op_repeats)
+                except torch.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+                    continue
+                quadratic = name == SOFTMAX
+                flops = (4 * tokens * tokens * d if quadratic else 4 * tokens * d * d) * batch * heads
+                flops *= 1.0 if mode == "infer" else (3.5 if quadratic else 3.0)
+                moved = elements * 2 * (4 if mode == "infer" else 12)
+                ms = timings[name, mode]
+                softmax_ms = timings.get((SOFTMAX, mode))
+                speedup = softmax_ms / ms if softmax_ms else None
+                target = plan.op_targets.get(tokens, {}).get(mode) if name != SOFTMAX else None
+                judged = NOT_MEASURED if target is None or speedup is None else (
+                    "dry run" if device.type != "cuda" else ("pass" if speedup >= target else "FAIL"))
+                rows.append({"tokens": tokens, "batch": batch, "heads": heads, "head_dim": d, "mode": mode,
+                             "model": name, "ms": ms, "speedup": speedup, "tflops": flops / ms / 1e9,
+                             "gb_s": moved / ms / 1e6, "target": target, "verdict": judged})
+        del q, k, v, grad
+    return rows
+
+
 # -- 1. speed -----------------------------------------------------------------------------------------
-def verdict(row: dict[str, Any], targets: dict[int, float], dry_run: bool) -> tuple[Optional[float], str]:
+def target_of(targets: Targets, size: int, model: str) -> Optional[float]:
+    target = targets.get(size)
+    return target.get(model) if isinstance(target, dict) else target
+
+
+def verdict(row: dict[str, Any], targets: Targets, dry_run: bool) -> tuple[Optional[float], str]:
     """(target, "pass"/"FAIL"/"dry run"/"—") of one row: softmax rows and sizes without a target have none."""
-    target = targets.get(row["img_size"]) if row["model"] != SOFTMAX else None
+    target = target_of(targets, row["img_size"], row["model"]) if row["model"] != SOFTMAX else None
     if target is None:
         return None, NOT_MEASURED
     if dry_run:
         return target, "dry run"
     return target, "pass" if row["speedup"] >= target else "FAIL"
+
+
+def memory_verdict(rows: list[dict[str, Any]], dry_run: bool) -> None:
+    """Each training row's ``memory_verdict``: its peak memory at most the softmax row's of the same setting."""
+    softmax = {(r["source"], r["img_size"], r["compile"], r["fla"]): r["peak_mem_mb"] for r in rows
+               if r["model"] == SOFTMAX and r["mode"] == "train"}
+    for r in rows:
+        limit = softmax.get((r["source"], r["img_size"], r["compile"], r["fla"]))
+        if r["mode"] != "train" or r["model"] == SOFTMAX or limit is None or r["peak_mem_mb"] is None:
+            r["memory_verdict"] = NOT_MEASURED
+        else:
+            r["memory_verdict"] = "dry run" if dry_run else ("pass" if r["peak_mem_mb"] <= limit else "FAIL")
 
 
 def measure_speed(plan: Plan, model: str, size: int, variants: list[str], device: torch.device, compiled: bool,
@@ -178,22 +306,20 @@ def measure_speed(plan: Plan, model: str, size: int, variants: list[str], device
 
 
 def speed_runs(plan: Plan) -> Iterator[tuple[str, str, int, bool, bool]]:
-    """(label, model, size, compiled, fla) in order of importance: the first model eager at every size, fla
-    (cheap), compiled at the largest size; then the other models eager; then the other compiled sizes."""
+    """(label, model, size, compiled, fla): the first model eager at every size, compiled at the compile sizes
+    (most important first), with fla, then the other models eager. Labels start with the kind (run_section)."""
     first, *others = plan.models
     for size in plan.sizes:
         yield f"eager {first} {size}px", first, size, False, False
+    for model in plan.compile_models:
+        for size in plan.compile_sizes:
+            yield f"compiled {model} {size}px", model, size, True, False
     for model in plan.fla_models:
         for size in plan.sizes:
             yield f"fla {model} {size}px", model, size, False, True
-    for model in plan.compile_models:
-        yield f"compiled {model} {plan.compile_sizes[-1]}px", model, plan.compile_sizes[-1], True, False
     for model in others:
         for size in plan.sizes:
-            yield f"eager {model} {size}px", model, size, False, False
-    for model in plan.compile_models:
-        for size in plan.compile_sizes[:-1]:
-            yield f"compiled {model} {size}px", model, size, True, False
+            yield f"models {model} {size}px", model, size, False, False
 
 
 # -- 2. bf16 against fp32 -----------------------------------------------------------------------------
@@ -290,7 +416,7 @@ def distill(plan: Plan, device: torch.device) -> dict[str, Any]:
 
 
 # -- 4. cost ------------------------------------------------------------------------------------------
-def cost(speed: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]:
+def cost(speed: list[dict[str, Any]], plan: Plan, dry_run: bool = True) -> list[dict[str, Any]]:
     """GPU-hours of each recipe: epochs × images × (teacher forward + student training step) per image.
 
     Both per-image times come from the eager bf16 rows at the recipe's image size (the smallest measured size
@@ -312,29 +438,37 @@ def cost(speed: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]:
                 rows.append({"recipe": name, "images": images, "epochs": recipe.epochs, "img_size": size,
                              "source": source, "model": model, "img_per_s": 1 / seconds,
                              "gpu_hours": recipe.epochs * images * seconds / 3600})
+    softmax = {(r["recipe"], r["source"]): r["gpu_hours"] for r in rows if r["model"] == SOFTMAX}
+    for r in rows:  # the target: converting costs no more GPU time than training the softmax student
+        limit = softmax.get((r["recipe"], r["source"]))
+        r["verdict"] = (NOT_MEASURED if r["model"] == SOFTMAX or limit is None else
+                        "dry run" if dry_run else ("pass" if r["gpu_hours"] <= limit else "FAIL"))
     return rows
 
 
 # -- the run ------------------------------------------------------------------------------------------
 def run_check(plan: Plan, device: torch.device, budget_s: float, log: Callable[[str], None],
-              save: Callable[[Check], None] = lambda check: None) -> Check:
-    """Every section in order while the budget lasts; ``save`` after each, so a killed run keeps what it found."""
-    check = Check(environment(device), dry_run=device.type != "cuda")
+              save: Callable[[Check], None] = lambda check: None,
+              sections: tuple[str, ...] = SECTIONS) -> Check:
+    """The ``sections`` in order of importance while the budget lasts; ``save`` after each, so a killed run keeps
+    what it found (each section's result is in ``check`` before it is saved)."""
+    check = Check(environment(device), dry_run=device.type != "cuda", sections=list(sections))
     deadline = time.perf_counter() + budget_s
     fla_ready = device.type == "cuda" and fla_version() is not None
 
-    def section(label: str, work: Callable[..., Any], *args: Any) -> Any:
+    def section(label: str, work: Callable[..., Any], *args: Any) -> None:
         if time.perf_counter() > deadline:
             check.skipped.append(f"{label}: --budget-s {budget_s:.0f} spent")
-            return None
+            save(check)
+            return
         log(label)
         try:
-            return work(*args)
+            work(*args)
         except Exception as e:  # one broken path must not hide the others: the report says what raised
             check.errors.append(f"{label}: {first_line(e)}")
-            return None
         finally:
-            check.cost = cost(check.speed, plan)
+            memory_verdict(check.speed, check.dry_run)
+            check.cost = cost(check.speed, plan, check.dry_run)
             save(check)
 
     def judged_speed(model: str, size: int, variants: list[str], compiled: bool, fla: bool) -> None:
@@ -342,37 +476,65 @@ def run_check(plan: Plan, device: torch.device, budget_s: float, log: Callable[[
             row["target"], row["verdict"] = verdict(row, plan.targets, check.dry_run)
             check.speed.append(row)
 
-    for label, model, size, compiled, fla in speed_runs(plan):
-        if fla and not fla_ready:
-            check.skipped.append(f"{label}: {'CUDA only' if device.type != 'cuda' else 'fla is not installed'}")
+    def into(attribute: str, work: Callable[..., Any]) -> Callable[..., None]:
+        return lambda *args: setattr(check, attribute, work(*args))
+
+    for name in SECTIONS:
+        if name not in sections:
             continue
-        variants = list(FLA_VARIANTS) if fla else list(VARIANTS)
-        if fla:
-            with fla_path(True):
-                if not fla_enabled(torch.empty(0, device=device)):
-                    check.skipped.append(f"{label}: {FLA_ENV}=1 does not enable the fla path")
-                    continue
-        section(label, judged_speed, model, size, variants, compiled, fla)
-        if label == f"eager {plan.models[0]} {plan.sizes[-1]}px":  # the rest is worth less than these two
-            check.precision = section("bf16 vs fp32", precision, plan, device) or []
-            check.distill = section("distill", distill, plan, device) or {}
-    check.cost = cost(check.speed, plan)
+        if name == "op":
+            section("op-level", into("op", op_level), plan, device)
+        elif name == "precision":
+            section("bf16 vs fp32", into("precision", precision), plan, device)
+        elif name == "distill":
+            section("distill", into("distill", distill), plan, device)
+        for label, model, size, compiled, fla in speed_runs(plan):
+            if run_section(label) != name:
+                continue
+            if fla and not fla_ready:
+                check.skipped.append(f"{label}: {'CUDA only' if device.type != 'cuda' else 'fla is not installed'}")
+                continue
+            variants = list(FLA_VARIANTS) if fla else list(VARIANTS)
+            if fla:
+                with fla_path(True):
+                    if not fla_enabled(torch.empty(0, device=device)):
+                        check.skipped.append(f"{label}: {FLA_ENV}=1 does not enable the fla path")
+                        continue
+            section(label, judged_speed, model, size, variants, compiled, fla)
+    memory_verdict(check.speed, check.dry_run)
+    check.cost = cost(check.speed, plan, check.dry_run)
     save(check)
     return check
+
+
+def run_section(label: str) -> str:
+    """The section a speed run belongs to, from its label (speed_runs)."""
+    kind = label.split()[0]
+    return "speed" if kind == "eager" else kind
 
 
 def print_tables(check: Check, console: Console) -> None:
     env = check.env
     title = f"gpu_check on {env['gpu']} ({env['device']}), torch {env['torch']}, CUDA {env['cuda']}, {env['date']}"
     table = Table(title=title + ("  [DRY RUN: not GPU numbers]" if check.dry_run else ""))
+    if check.op:
+        ops = Table(title="one attention layer, bf16 autocast: token mixing of (B, H, N, d) q, k, v vs SDPA")
+        for column in ("N", "B×H×d", "mode", "model", "ms", "× SDPA", "TFLOP/s", "GB/s", "target", "verdict"):
+            ops.add_column(column, justify="left" if column in ("mode", "model", "verdict") else "right")
+        for r in check.op:
+            ops.add_row(str(r["tokens"]), f"{r['batch']}×{r['heads']}×{r['head_dim']}", r["mode"], r["model"],
+                        f"{r['ms']:.3f}", f"{r['speedup']:.2f}" if r["speedup"] else "-", f"{r['tflops']:.1f}",
+                        f"{r['gb_s']:.0f}", f"≥{r['target']}×" if r["target"] else NOT_MEASURED, r["verdict"])
+        console.print(ops)
     for column in ("source", "px", "mode", "compile", "fla", "model", "batch", "img/s", "× softmax", "FLOP bound",
-                   "peak MB", "target", "verdict"):
+                   "peak MB", "target", "verdict", "memory"):
         table.add_column(column, justify="left" if column in ("source", "mode", "model", "verdict") else "right")
     for r in check.speed:
         table.add_row(r["source"], str(r["img_size"]), r["mode"], r["compile"] or "-", "on" if r["fla"] else "-",
                       r["model"], str(r["batch_size"]), f"{r['img_per_s']:.1f}", f"{r['speedup']:.2f}",
                       f"{r['flop_bound']:.2f}", f"{r['peak_mem_mb']:.0f}" if r["peak_mem_mb"] is not None else "-",
-                      f"≥{r['target']}×" if r["target"] else NOT_MEASURED, r["verdict"])
+                      f"≥{r['target']}×" if r["target"] else NOT_MEASURED, r["verdict"],
+                      r.get("memory_verdict", NOT_MEASURED))
     console.print(table)
     for p in check.precision:
         console.print(f"bf16 vs fp32 {p['source']} {p['img_size']}px {p['model']}: relative error "
@@ -382,11 +544,11 @@ def print_tables(check: Check, console: Console) -> None:
         console.print(f"distill: {d['steps']}/{d['expected_steps']} steps, loss {d['first_loss']:.4f} -> "
                       f"{d['last_loss']:.4f}, resumed after '{d['stopped']}': {'ok' if d['ok'] else 'FAILED'}")
     costs = Table(title="GPU-hours of a recipe (teacher forward + student step, measured img/s; a lower bound)")
-    for column in ("recipe", "epochs × images", "px", "source", "model", "img/s", "GPU-hours"):
+    for column in ("recipe", "epochs × images", "px", "source", "model", "img/s", "GPU-hours", "≤ softmax"):
         costs.add_column(column)
     for c in check.cost:
         costs.add_row(c["recipe"], f"{c['epochs']} × {c['images']:,}", str(c["img_size"]), c["source"], c["model"],
-                      f"{c['img_per_s']:.1f}", f"{c['gpu_hours']:.1f}")
+                      f"{c['img_per_s']:.1f}", f"{c['gpu_hours']:.1f}", c.get("verdict", NOT_MEASURED))
     console.print(costs)
     for line in check.skipped:
         console.print(f"skipped: {line}")
@@ -399,15 +561,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda (the check) or cpu (a dry run)")
     parser.add_argument("--quick", action="store_true", help="toy sizes: the dry run of the test suite")
     parser.add_argument("--budget-s", type=float, default=420.0, help="start no section after this many seconds")
-    parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/...)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/...; with "
+                                                                "--quick, the temporary folder)")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all, in that order)")
     args = parser.parse_args(argv)
+    sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown or not sections:
+        print(f"error: unknown section {unknown[0] if unknown else '(none)'!r}; valid: {', '.join(SECTIONS)}",
+              file=sys.stderr)
+        return 2
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA GPU is available (a dry run: --device cpu --quick)", file=sys.stderr)
         return 2
     console = Console(width=None if sys.stdout.isatty() else 180)
     log = lambda text: console.log(text)  # noqa: E731
-    out = args.out or ROOT / "benchmarks" / "results" / f"gpu-check-{device.type}{'-quick' if args.quick else ''}.json"
+    results = Path(tempfile.gettempdir()) if args.quick else ROOT / "benchmarks" / "results"  # no dry run in the tree
+    out = args.out or results / f"gpu-check-{device.type}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save(check: Check) -> None:  # whole or not at all: a reader never sees half a file
@@ -415,7 +587,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         partial.write_text(json.dumps(asdict(check), indent=1))
         partial.replace(out)
 
-    check = run_check(QUICK if args.quick else FULL, device, args.budget_s, log, save)
+    check = run_check(QUICK if args.quick else FULL, device, args.budget_s, log, save, sections)
     print_tables(check, console)
     console.print(f"wrote {out}")
     return 1 if check.errors else 0

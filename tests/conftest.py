@@ -6,7 +6,11 @@ import os
 
 import pytest
 import torch
-from helpers import tiny_model
+
+if not torch.cuda.is_available():  # the fused kernels' tests run in Triton's interpreter, which must be chosen
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before timm imports triton (attention/test_fused.py)
+
+from helpers import tiny_model  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 torch.set_num_threads(1)  # pytest -n 2 runs two workers on two cores: one thread each, no oversubscription

@@ -217,3 +217,25 @@ def test_warmup_rounds(warmup, mode, amp, compile, rounds):
     from vitconvert.bench import warmup_rounds
 
     assert warmup_rounds(warmup, mode, amp, compile) == rounds
+
+
+@pytest.mark.parametrize(("amp", "device", "backend", "resolved"), [
+    ("auto", "cuda", "torch", "bfloat16"),  # GPUs: bf16, as ViTs are trained and served there
+    ("auto", "cuda:1", "torch", "bfloat16"),
+    ("auto", "cpu", "torch", None),
+    ("auto", "cpu", "onnxruntime", None),
+    ("none", "cuda", "torch", None),
+    ("float32", "cuda", "torch", None),
+    (None, "cuda", "torch", None),
+    ("float16", "cpu", "torch", "float16"),
+])
+def test_auto_autocast_is_bf16_on_cuda_only(amp, device, backend, resolved):
+    from vitconvert.bench import resolve_amp
+
+    assert resolve_amp(amp, device, backend) == resolved
+
+
+def test_default_run_on_the_cpu_records_float32():
+    report = benchmark(tiny_model("vit", img_size=32), ["elu"], repeats=1, warmup=0, threads=1, memory=False,
+                       device="cpu")
+    assert report.amp is None

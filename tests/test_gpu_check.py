@@ -51,9 +51,11 @@ def test_dry_run_measures_every_variant_eager_and_compiled_with_targets_never_ju
     assert compiled == {(s, v) for s in plan.compile_sizes for v in ["softmax", *VARIANTS]}
     assert all(r["amp"] == "bfloat16" and r["img_per_s"] > 0 and r["peak_mem_mb"] > 0 for r in rows)
     assert all(r["softmax_sdpa"] for r in rows)  # the baseline is timm's fused attention
+    target_of = load_script().target_of
     for r in rows:
         assert r["verdict"] == ("dry run" if r["model"] != "softmax" else "—")
-        assert r["target"] == (plan.targets[r["img_size"]] if r["model"] != "softmax" else None)
+        assert r["target"] == (target_of(plan.targets, r["img_size"], r["model"]) if r["model"] != "softmax" else None)
+        assert r["memory_verdict"] == ("dry run" if r["model"] != "softmax" and r["mode"] == "train" else "—")
     assert any("fla" in s and "CUDA only" in s for s in dry_run[1]["skipped"])
 
 
@@ -104,14 +106,53 @@ def test_spent_budget_skips_every_section_by_name_and_still_saves():
                              save=lambda c: saved.append(len(c.skipped)))
     labels = [label for label, *_ in script.speed_runs(script.QUICK)]
     assert check.speed == [] and check.distill == {} and check.errors == []
-    assert [s.split(":")[0] for s in check.skipped] == [*labels[:2], "bf16 vs fp32", "distill", *labels[2:]]
+    speed = [label for label in labels if label.startswith("eager")]
+    rest = [label for label in labels if not label.startswith("eager")]
+    assert [s.split(":")[0] for s in check.skipped] == ["op-level", *speed, "bf16 vs fp32", "distill", *rest]
     assert saved and saved[-1] == len(check.skipped)  # written after every section, and at the end
 
 
 def test_full_plan_runs_what_matters_most_first():
     script = load_script()
     labels = [label for label, *_ in script.speed_runs(script.FULL)]
-    assert labels[:3] == ["eager deit_small 224px", "eager deit_small 512px", "eager deit_small 1024px"]
-    assert labels.index("compiled deit_small 1024px") < labels.index("eager deit_tiny 224px")
-    assert labels[-1] == "compiled deit_small 224px"
-    assert {label.split()[1] for label in labels if label.startswith("eager")} == set(script.FULL.models)
+    assert labels[:4] == [f"eager deit_small {size}px" for size in (224, 512, 1024, 2048)]
+    assert labels.index("compiled deit_small 1024px") < labels.index("compiled deit_small 224px")
+    assert labels.index("compiled deit_small 224px") < labels.index("models deit_tiny 224px")
+    assert labels[-1] == "models deit_base 2048px"
+    assert {label.split()[1] for label in labels if label.startswith("eager")} == {"deit_small"}
+    assert {label.split()[1] for label in labels if label.startswith("models")} == {"deit_tiny", "deit_base"}
+    assert {script.run_section(label) for label in labels} == {"speed", "compiled", "fla", "models"}
+
+
+def test_targets_of_the_issue():
+    script = load_script()
+    assert script.target_of(script.FULL.targets, 1024, "elu") == 2.5
+    assert script.target_of(script.FULL.targets, 1024, "mhla") == 2.0
+    assert script.target_of(script.FULL.targets, 2048, "ttt") == 6.0
+    assert script.target_of(script.FULL.targets, 224, "relu") == 1.0
+    assert script.target_of(script.FULL.targets, 512, "relu") is None
+    assert script.FULL.op_targets == {4097: {"infer": 8.0, "train": 6.0}}
+
+
+def test_only_the_sections_asked_for_run_and_each_is_saved_when_it_ends(monkeypatch):
+    script = load_script()
+    monkeypatch.setattr(script, "distill", lambda plan, device: {"ok": True, "steps": 4})
+    saved = []
+    check = script.run_check(script.QUICK, torch.device("cpu"), budget_s=600, log=lambda text: None,
+                             save=lambda c: saved.append(json.loads(json.dumps(script.asdict(c)))),
+                             sections=("op", "distill"))
+    assert check.speed == [] and check.precision == [] and check.errors == [] and check.skipped == []
+    assert saved[0]["op"] and saved[0]["distill"] == {}  # the op section, saved as soon as it ended
+    assert saved[1]["distill"] == {"ok": True, "steps": 4}  # the distill section's own save holds its result
+    ops = {(r["tokens"], r["mode"], r["model"]) for r in check.op}
+    modes, models = ("infer", "train"), ["softmax", *VARIANTS]
+    assert ops == {(n, m, v) for n in script.QUICK.op_tokens for m in modes for v in models}
+    assert all(r["ms"] > 0 and r["tflops"] > 0 and r["gb_s"] > 0 for r in check.op)
+    assert {r["verdict"] for r in check.op if r["tokens"] == 65 and r["model"] != "softmax"} == {"dry run"}
+
+
+def test_unknown_section_is_one_line_error(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--sections", "op,nosuch", "--out",
+                           str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and not (tmp_path / "x.json").exists()
+    assert "nosuch" in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -55,6 +55,9 @@ SOFTMAX = "softmax"
 MODES = ("infer", "train")
 
 
+AUTO = "auto"  # the autocast dtype the device calls for (resolve_amp)
+
+
 @dataclass
 class BenchRow:
     """One model at one image size in one mode."""
@@ -315,19 +318,21 @@ def benchmark(
     log: Optional[Callable[[str], None]] = None,
     memory: bool = True,
     clock: str = "wall",
-    amp: Optional[str] = None,
+    amp: Optional[str] = AUTO,
     compile: Optional[str] = None,
     backend: str = "torch",
     keep_softmax: Spec = None,
 ) -> BenchReport:
     """Time the softmax source and each variant at each image size, taking turns; see the module doc.
 
-    ``amp`` runs every forward under autocast of that dtype; ``compile`` names a torch.compile backend
-    ("inductor"), applied to every model after its FLOPs are counted (the first timed rounds include no
-    compilation: warm-up compiles). ``backend="onnxruntime"`` times each model exported to ONNX (the
+    ``amp`` runs every forward under autocast of that dtype (``"auto"``: bfloat16 on CUDA, as ViTs are trained
+    and served there, and none on the CPU; None or ``"none"``: the model's own float32); ``compile`` names a
+    torch.compile backend ("inductor"), applied to every model after its FLOPs are counted (the first timed
+    rounds include no compilation: warm-up compiles). ``backend="onnxruntime"`` times each model exported to ONNX (the
     dynamo exporter, as ``vitconvert export`` writes it) in an ONNX Runtime CPU session instead."""
     if backend not in BACKENDS:
         raise VitconvertError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    amp = resolve_amp(amp, device, backend)
     if backend == "onnxruntime" and (train or amp or compile or (device or "cpu").split(":")[0] != "cpu"):
         raise VitconvertError("the onnxruntime backend times inference on the CPU only (no training, autocast or "
                               "compile)")
@@ -344,6 +349,15 @@ def benchmark(
         report = _benchmark(source, variants, img_sizes, batch_size, train, repeats, warmup, pretrained, device,
                             options, log, memory, clock, amp, compile, backend, keep_softmax)
     return replace(report, amp=amp, compile=compile, backend=backend)
+
+
+def resolve_amp(amp: Optional[str], device: Optional[str], backend: str = "torch") -> Optional[str]:
+    """The autocast dtype a run uses: ``"auto"`` is bfloat16 on a CUDA device (given, or the default one) with
+    the torch backend, and none elsewhere; ``"none"`` and ``"float32"`` are none."""
+    if amp == AUTO:
+        on_cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).split(":")[0] == "cuda"
+        return "bfloat16" if on_cuda and backend == "torch" else None
+    return None if amp in (None, "none", "float32") else amp
 
 
 @contextmanager

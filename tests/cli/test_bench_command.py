@@ -84,3 +84,15 @@ def test_bad_input_is_one_line(timm_folder, args, text):
 
 def test_unknown_source_is_one_line():
     assert_one_line_error(invoke("bench", "deit_smal", "--no-pretrained"), "did you mean")
+
+
+def test_title_says_the_precision_and_amp_is_an_option(timm_folder):
+    result = invoke("bench", str(timm_folder), "--to", "relu", "--device", "cpu", *FAST)
+    assert result.exit_code == 0, result.output
+    assert " in float32 " in result.stdout
+    result = invoke("bench", str(timm_folder), "--to", "relu", "--device", "cpu", "--amp", "bfloat16", "--json",
+                    *FAST)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["amp"] == "bfloat16"
+    result = invoke("bench", str(timm_folder), "--to", "relu", "--amp", "bf17", *FAST)
+    assert_one_line_error(result, "unknown autocast dtype 'bf17'")

@@ -27,6 +27,8 @@ from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 from torch import nn
 from torch.nn import functional as F
 
+from .fused import use_fused_kernels
+
 # Children of timm's attention modules that have the same role in a linear variant.
 MATCHED_MODULES = ("qkv", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "norm", "gate", "proj")
 MATCHED_PARAMS = ("q_bias", "v_bias")
@@ -166,6 +168,8 @@ class LinearAttention(nn.Module):
         self.rotate_half = False
         self.source_class: Optional[str] = None
         self.dropped: list[str] = []
+        # The fast/literal choice, made once like timm's fused_attn: the Triton kernels where a call can take them
+        self.fused_kernels: bool = use_fused_kernels()
         # timm's Attention layout, in MATCHED_MODULES order (state-dict order does not depend on the way in)
         self.qkv: Optional[nn.Linear] = nn.Linear(dim, self.attn_dim * 3, bias=qkv_bias, **dd)
         for name in ("q_proj", "k_proj", "v_proj"):

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from . import fused
 from .base import (
     AttentionArgs,
     Grid,
@@ -175,9 +176,16 @@ class InLineAttention(LinearAttention):
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
             local_kernels: Optional[torch.Tensor] = None) -> torch.Tensor:
         """O(N·d²) InLine attention, sums in float32 at least, plus the local residual if enabled."""
+        kernels = self._kernels_for(grid, local_kernels)
+        if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
+            if self.fused_kernels and fused.can_run(v):
+                out = fused.inline_attention(q.to(v.dtype), k.to(v.dtype), v, key_valid, self.scale)
+                if kernels is not None and grid is not None:
+                    residual = local_residual(v, kernels.to(v.dtype), grid, self.num_prefix_tokens, key_valid)
+                    out = add_to_spatial(out, residual.to(out.dtype), self.num_prefix_tokens)
+                return out
         dtype = v.dtype
         acc = accumulation_dtype(dtype)
-        kernels = self._kernels_for(grid, local_kernels)
         with full_precision(q):
             q, k, v = q.to(acc), k.to(acc), v.to(acc)
             out = inline_attention(q, k, v, key_valid, self.scale)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, ClassVar, Optional
 import torch
 from torch.nn import functional as F
 
+from . import fused
 from .base import AttentionArgs, Grid, LinearAttention, accumulation_dtype, full_precision
 from .registry import register_variant
 
@@ -129,6 +130,7 @@ def kernel_attention_reference(phi_q, phi_k, v, key_valid: Optional[torch.Tensor
 
 class KernelAttention(LinearAttention):
     feature: ClassVar[Callable[[torch.Tensor], torch.Tensor]]
+    feature_code: ClassVar[int]  # φ in the fused kernels (attention/fused.py)
     reference_feature: ClassVar[Callable[[torch.Tensor], torch.Tensor]]
 
     def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs: Unpack[AttentionArgs]):
@@ -145,6 +147,10 @@ class KernelAttention(LinearAttention):
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
             extra: Optional[torch.Tensor] = None) -> torch.Tensor:
         """φ on q and k together: fewer passes, and for batches the stacked copy is the layout bmm needs."""
+        if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
+            if self.fused_kernels and fused.can_run(v):
+                return fused.kernel_attention(q.to(v.dtype), k.to(v.dtype), v, key_valid, self.feature_code,
+                                              self.eps)
         if q.shape[0] > 1 and q.shape == k.shape:  # (B, H) views cannot fold into one bmm batch: copy once, here
             phi_q, phi_k = self.phi(torch.stack((q, k))).unbind(0)
         else:  # one image: (1, H, N, d) views of the qkv output fold into (H, N, d) without a copy
@@ -164,6 +170,7 @@ class EluAttention(KernelAttention):
     paper = 'Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)'
     bibtex = KATHAROPOULOS_BIBTEX
     feature = staticmethod(elu_feature)
+    feature_code = fused.ELU_PLUS_ONE
     reference_feature = staticmethod(elu_feature_literal)
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:
@@ -178,6 +185,7 @@ class ReluAttention(KernelAttention):
     paper = 'Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)'
     bibtex = KATHAROPOULOS_BIBTEX
     feature = staticmethod(relu_feature)
+    feature_code = fused.RELU
     reference_feature = staticmethod(relu_feature)
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from . import fused
 from .base import (
     AttentionArgs,
     Grid,
@@ -203,6 +204,43 @@ def to_blocks(t: torch.Tensor, grid: tuple[int, int], counts: tuple[int, int], z
     return blocks
 
 
+@lru_cache(maxsize=32)
+def _segment_lists(grid: tuple[int, int], counts: tuple[int, int], num_prefix: int) -> tuple[tuple[int, ...], int]:
+    gather, _, length = block_slot_lists(grid, counts)
+    spatial = grid[0] * grid[1]
+    rows = [[num_prefix + t if t < spatial else -1 for t in gather[b * length:(b + 1) * length]]
+            for b in range(counts[0] * counts[1])]
+    width = max(length, num_prefix, 1)
+    rows = [row + [-1] * (width - len(row)) for row in rows]
+    rows.append(list(range(num_prefix)) + [-1] * (width - num_prefix))
+    return tuple(t for row in rows for t in row), width
+
+
+def segment_index(grid: tuple[int, int], counts: tuple[int, int], num_prefix: int,
+                  device: torch.device) -> torch.Tensor:
+    """(M + 1, L) int32 token indices of each block (row-major blocks), then of the prefix tokens; −1 pads.
+
+    The segments of the fused kernels (attention/fused.py): block b's queries read Σ_s W̃[b, s] S_s. Built once
+    per grid and device (a constant of the graph under torch.compile).
+    """
+    if torch.compiler.is_compiling():
+        flat, width = _segment_lists.__wrapped__(grid, counts, num_prefix)
+        return torch.tensor(flat, dtype=torch.int32, device=device).view(-1, width)
+    return _cached_segment_index(grid, counts, num_prefix, device)
+
+
+@lru_cache(maxsize=32)
+def _cached_segment_index(grid: tuple[int, int], counts: tuple[int, int], num_prefix: int,
+                          device: torch.device) -> torch.Tensor:
+    flat, width = _segment_lists(grid, counts, num_prefix)
+    return torch.tensor(flat, dtype=torch.int32, device=device).view(-1, width)
+
+
+def extended_block_mix(block_mix: torch.Tensor) -> torch.Tensor:
+    """W̃: W with a last row and column of ones (the prefix block reads and is read by every block)."""
+    return F.pad(block_mix, (0, 1, 0, 1), value=1.0)
+
+
 def from_blocks(t: torch.Tensor, grid: tuple[int, int], counts: tuple[int, int]) -> torch.Tensor:
     """Inverse of :func:`to_blocks`: (B, H, M, L, c) -> (B, H, h·w, c) in token order."""
     B, H, _, _, c = t.shape
@@ -360,6 +398,9 @@ class MHLAttention(LinearAttention):
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
             grid: Grid, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Blocked states, mixed by W, read by each query; reshapes/gathers, no loops; sums in float32 at least."""
+        if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
+            if self.fused_kernels and not self.official_denominator and fused.can_run(v):
+                return self._fused_mix(q, k, v, key_valid, grid)
         dtype = v.dtype
         acc = accumulation_dtype(dtype)
         with full_precision(q):
@@ -378,6 +419,27 @@ class MHLAttention(LinearAttention):
                     lepe = from_grid(lepe, self.num_heads)
                 out = self._blocked_attention(phi_q, phi_k, v, grid, lepe)
         return out.to(dtype)
+
+    def _fused_mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                   grid: Grid) -> torch.Tensor:
+        """:meth:`mix` on the Triton kernels: φ, the block states and the read-out fused, W̃ and LePE in torch."""
+        if self.q_rmsnorm is not None:
+            q, k = rms_over_heads(q, self.q_rmsnorm.weight), rms_over_heads(k, self.k_rmsnorm.weight)
+        q, k = q.to(v.dtype), k.to(v.dtype)
+        if grid is None:
+            return fused.kernel_attention(q, k, v, key_valid, fused.RELU_PLUS_EPS, self.eps, self.eps)
+        self._check_grid(q.shape[2], grid)
+        index = segment_index(grid, self.block_counts, self.num_prefix_tokens, q.device)
+        out = fused.segmented_attention(q, k, v, key_valid, index, extended_block_mix(self.block_mix),
+                                        fused.RELU_PLUS_EPS, self.eps, self.eps)
+        if self.lepe is None:
+            return out
+        bias = self.lepe.bias
+        lepe = F.conv2d(to_grid(self._masked_spatial_v(v, key_valid), grid), self.lepe.weight.to(v.dtype),
+                        bias.to(v.dtype) if bias is not None else None, padding=self.lepe_padding,
+                        groups=self.lepe.groups)
+        prefix, spatial = split_prefix(out, self.num_prefix_tokens)
+        return torch.cat((prefix, spatial + from_grid(lepe, self.num_heads).to(out.dtype)), dim=2)
 
     def _blocked_attention(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                            grid: tuple[int, int], lepe: Optional[torch.Tensor]) -> torch.Tensor:

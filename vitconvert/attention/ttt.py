@@ -175,7 +175,11 @@ class TTTAttention(LinearAttention):
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
             extra: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Closed-form step in float32 at least (autocast off: the d×d sums over N tokens need the range)."""
+        """Closed-form step in float32 at least (autocast off: the d×d sums over N tokens need the range); on the
+        GPU with bf16 inputs, :meth:`bf16_mix`."""
+        if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
+            if self.fused_kernels and q.is_cuda and v.dtype == torch.bfloat16:
+                return self.bf16_mix(q, k, v, key_valid, grid)
         dtype = v.dtype
         acc = accumulation_dtype(dtype)
         with full_precision(q):
@@ -189,6 +193,21 @@ class TTTAttention(LinearAttention):
             lr = self.inner_lr
             out = swiglu_readout(q, w12 - lr * dw12, w3 - lr * dw3)
         return out.to(dtype)
+
+    def bf16_mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                 grid: Grid) -> torch.Tensor:
+        """The same step with the N-sized work in bf16 on tensor cores (float32 accumulation inside each matmul):
+        the key statistics and the fast weights (initial and updated) stay float32. bf16 only: its float32
+        exponent range holds the −s/N-scaled gradients, which underflow in float16."""
+        dtype = v.dtype
+        k = normalize_keys(k.float(), key_valid, self.key_norm_eps).to(dtype)
+        q = self.local_conv(q, self.q_conv.weight, self.q_conv.bias, grid, key_valid)
+        k = self.local_conv(k, self.k_conv.weight, self.k_conv.bias, grid, key_valid)
+        w1, w2, w3 = self.fast_weights(torch.float32)
+        w12 = torch.cat((w1, w2), dim=-1)
+        dw12, dw3 = inner_gradients(k, v, key_valid, w12.to(dtype), w3.to(dtype), self.scale)
+        lr = self.inner_lr
+        return swiglu_readout(q, (w12 - lr * dw12.float()).to(dtype), (w3 - lr * dw3.float()).to(dtype)).to(dtype)
 
     # -- literal form (test oracle) ------------------------------------------------------------------
     def reference(self, q, k, v, key_valid: torch.Tensor | None, grid: Grid) -> torch.Tensor:

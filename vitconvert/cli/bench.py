@@ -24,7 +24,8 @@ from .common import (
 def bench_table(report: dict[str, Any]) -> Table:
     """One row per (size, mode, model); speedups against the softmax row of the same size and mode."""
     backend = " in ONNX Runtime" if report.get("backend") == "onnxruntime" else ""
-    title = (f"{report['arch']}{backend} on {report['device']} ({report['threads']} threads, "
+    precision = f"{report['amp']} autocast" if report.get("amp") else "float32"
+    title = (f"{report['arch']}{backend} on {report['device']} in {precision} ({report['threads']} threads, "
              f"batch {report['batch_size']}, median of {report['repeats']}, {report['clock']} clock)")
     if report.get("keep_softmax"):
         title += f"; hybrids: softmax kept in layers {','.join(map(str, report['keep_softmax']))}"
@@ -62,6 +63,8 @@ def bench(
     clock: str = typer.Option("wall", help="wall, or cpu: the process's CPU time (steady on a shared machine; "
                                              "use it with --threads 1)"),
     memory: bool = typer.Option(True, "--memory/--no-memory", help="also measure peak memory (one more step)"),
+    amp: str = typer.Option("auto", "--amp", help="autocast dtype of every forward: auto (bfloat16 on CUDA, "
+                                                  "none on the CPU), bfloat16, float16 or none"),
     backend: str = typer.Option("torch", "--backend", help="torch, or onnxruntime: each model exported to ONNX "
                                                            "and timed in ONNX Runtime (CPU, inference)"),
     keep_softmax: Optional[str] = typer.Option(None, "--keep-softmax", help="time hybrids: these layers stay "
@@ -82,7 +85,7 @@ def bench(
     progress = Console(stderr=True)
     report = benchmark(source, variants, sizes, batch_size=batch_size, train=train, repeats=repeats, warmup=warmup,
                        pretrained=pretrained, device=device, threads=threads, options=parse_options(option),
-                       memory=memory, clock=clock, backend=backend, keep_softmax=keep_softmax,
+                       memory=memory, clock=clock, amp=amp, backend=backend, keep_softmax=keep_softmax,
                        log=None if as_json else lambda msg: progress.print(f"[dim]timing {msg}[/]"))
     if plot is not None:
         plot_speedups(report, plot)

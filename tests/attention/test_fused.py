@@ -1,0 +1,217 @@
+"""The fused Triton kernels (attention/fused.py) against the eager forms and the explicit N×N references.
+
+Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py
+before anything imports triton): the same kernel code, executed with numpy. Values and gradients of q, k, v
+(and of the module's parameters, MHLA's W included) in float32 and bfloat16, with key masks, token counts
+that are not a multiple of the chunk, prefix tokens, several token ranges per head, and head dims 32/64/96.
+On a GPU the same tests run the compiled kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from timm.layers import Attention
+
+from vitconvert.attention import VARIANTS, fused
+from vitconvert.attention.inline import inline_weights
+from vitconvert.attention.kernel import elu_feature_literal, kernel_attention_reference, relu_feature
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available() and not fused.interpreting():
+    pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
+                allow_module_level=True)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FUSED_VARIANTS = ("elu", "relu", "inline", "mhla")
+
+
+@pytest.fixture(autouse=True)
+def kernels_here(monkeypatch):
+    """The kernels on this machine's device, with token ranges small enough that heads split across programs;
+    float32 convolutions of the eager parts (LePE, InLine's residual) in full float32, as the oracles are."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(fused, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(fused, "SPLIT_ROUND", 64)
+    monkeypatch.setattr(fused, "_programs_wanted", lambda device: 64)
+
+
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm())
+
+
+def qkv(B=2, H=2, N=150, d=32, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, N, d, generator=g).to(DEVICE, dtype).requires_grad_() for _ in range(3)]
+
+
+def padding_mask(B: int, N: int) -> torch.Tensor:
+    mask = torch.ones(B, N, dtype=torch.bool)
+    mask[-1, N // 3:] = False  # the last item is padded
+    return mask.to(DEVICE)
+
+
+# tolerance of the kernels against a float64 oracle: float32 sums, or bf16 inputs and output
+TOL = {torch.float32: 2e-5, torch.bfloat16: 1.2e-2}
+
+ORACLES = {
+    "elu": (fused.ELU_PLUS_ONE, elu_feature_literal),
+    "relu": (fused.RELU, relu_feature),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+@pytest.mark.parametrize("name", ["elu", "relu"])
+def test_kernel_attention_matches_the_n_by_n_form_values_and_gradients(name, masked, dtype):
+    feature, phi = ORACLES[name]
+    q, k, v = qkv(N=150, dtype=dtype)  # 150 tokens: three ranges of 64, the last one partly filled
+    mask = padding_mask(2, 150) if masked else None
+    out = fused.kernel_attention(q, k, v, mask, feature, 1e-6)
+    assert out.dtype == dtype and out.shape == q.shape
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = kernel_attention_reference(phi(q64), phi(k64), v64, mask, 1e-6)
+    grad = torch.randn_like(expected)
+    got = torch.autograd.grad(out, (q, k, v), grad.to(dtype))
+    want = torch.autograd.grad(expected, (q64, k64, v64), grad)
+    assert rel_error(out, expected) < TOL[dtype]
+    for g, w in zip(got, want, strict=True):
+        assert rel_error(g, w) < 2 * TOL[dtype]
+    if masked:  # a padded key gets no gradient and changes no output
+        assert got[1][-1, :, 50:].abs().max() == 0 and got[2][-1, :, 50:].abs().max() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+def test_inline_matches_its_explicit_weights(masked, dtype):
+    q, k, v = qkv(N=99, d=64, dtype=dtype)
+    mask = padding_mask(2, 99) if masked else None
+    scale = 64 ** -0.5
+    out = fused.inline_attention(q, k, v, mask, scale)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = inline_weights(q64, k64, mask, scale) @ v64
+    grad = torch.randn_like(expected)
+    got = torch.autograd.grad(out, (q, k, v), grad.to(dtype))
+    want = torch.autograd.grad(expected, (q64, k64, v64), grad)
+    assert rel_error(out, expected) < TOL[dtype]
+    for g, w in zip(got, want, strict=True):
+        assert rel_error(g, w) < 2 * TOL[dtype]
+
+
+def test_output_is_laid_out_for_the_heads_merge():
+    """(B, H, N, d) stored as (B, N, H, d): the module's transpose(1, 2).reshape is a view, not a copy."""
+    q, k, v = qkv()
+    out = fused.kernel_attention(q, k, v, None, fused.RELU, 1e-6)
+    assert out.transpose(1, 2).is_contiguous()
+
+
+def make_module(name: str, head_dim: int, grid, num_prefix: int, **options):
+    torch.manual_seed(0)
+    src = Attention(dim=2 * head_dim, num_heads=2, qkv_bias=True)
+    module = VARIANTS[name].from_softmax(src, num_prefix_tokens=num_prefix, grid_size=grid, **options)
+    if name == "mhla":  # W away from its symmetric init, so a transposed mixing would show
+        with torch.no_grad():
+            module.block_mix.add_(torch.rand(module.block_mix.shape, generator=torch.Generator().manual_seed(1)))
+    return module.to(DEVICE)
+
+
+MODULE_CASES = [  # (variant, head dim, grid, prefix tokens, options)
+    ("elu", 32, (6, 7), 1, {}),
+    ("relu", 96, (4, 4), 0, {}),
+    ("inline", 64, (5, 5), 2, {"local_residual": True}),
+    ("mhla", 32, (6, 7), 1, {"blocks_per_side": 2}),  # blocks of unequal size (the index table pads)
+    ("mhla", 64, (4, 4), 0, {"blocks_per_side": [2, 1]}),
+    ("mhla", 32, (5, 5), 2, {"lepe_kernel": 0}),  # one block (block_side 7), no LePE
+]
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+@pytest.mark.parametrize("name,head_dim,grid,num_prefix,options", MODULE_CASES,
+                         ids=[f"{c[0]}-d{c[1]}-{c[2][0]}x{c[2][1]}-p{c[3]}" for c in MODULE_CASES])
+def test_module_on_the_kernels_matches_its_reference(name, head_dim, grid, num_prefix, options, masked):
+    """The whole attention module (projections, φ, states, W̃, LePE, residuals) fused vs its literal N×N form in
+    float64: outputs, input gradients and every parameter gradient."""
+    module = make_module(name, head_dim, grid, num_prefix, **options)
+    assert module.fused_kernels
+    tokens = num_prefix + grid[0] * grid[1]
+    x = torch.randn(2, tokens, 2 * head_dim, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    attn_mask = None
+    if masked:
+        attn_mask = padding_mask(2, tokens)[:, None, None, :]
+    reference = module.double()
+    x64 = x.double().requires_grad_()
+    expected = reference(x64, attn_mask=attn_mask, use_reference=True)
+    expected.square().sum().backward()
+    want = {n: p.grad.clone() for n, p in reference.named_parameters() if p.grad is not None}
+    module = reference.float()
+    module.zero_grad()
+    x32 = x.float().requires_grad_()
+    out = module(x32, attn_mask=attn_mask)
+    out.square().sum().backward()
+    assert rel_error(out, expected) < 1e-5
+    assert rel_error(x32.grad, x64.grad) < 1e-4
+    for n, p in module.named_parameters():
+        if n in want:
+            assert rel_error(p.grad, want[n]) < 1e-4, n
+
+
+def test_dispatch_is_eager_where_the_kernels_cannot_go(monkeypatch):
+    """CPU tensors (outside these tests), head dims outside 16..128, int tensors, ONNX export: the eager form."""
+    monkeypatch.setattr(fused, "DEVICES", ("cuda",))
+    assert not fused.can_run(torch.zeros(1, 1, 4, 64))
+    monkeypatch.setattr(fused, "DEVICES", ("cuda", "cpu"))
+    assert fused.can_run(torch.zeros(1, 1, 4, 64))
+    assert not fused.can_run(torch.zeros(1, 1, 4, 8)) and not fused.can_run(torch.zeros(1, 1, 4, 256))
+    assert not fused.can_run(torch.zeros(1, 1, 4, 64, dtype=torch.float64))
+
+
+def test_the_switch_is_read_once_at_construction(monkeypatch):
+    monkeypatch.setenv(fused.ENV, "0")
+    off = make_module("elu", 32, (4, 4), 1)
+    monkeypatch.setenv(fused.ENV, "1")
+    on = make_module("elu", 32, (4, 4), 1)
+    assert not off.fused_kernels and on.fused_kernels
+    calls = []
+    monkeypatch.setattr(fused, "linear_state", lambda *a: calls.append(a) or (_ for _ in ()).throw(AssertionError))
+    x = torch.randn(1, 17, 64, device=DEVICE)
+    off(x)  # the eager form: never reaches the kernels
+    assert calls == []
+
+
+def test_mhla_official_denominator_stays_eager(monkeypatch):
+    module = make_module("mhla", 32, (4, 4), 1, blocks_per_side=2, denominator="official")
+    monkeypatch.setattr(fused, "segmented_attention", lambda *a: (_ for _ in ()).throw(AssertionError("fused")))
+    x = torch.randn(1, 17, 64, device=DEVICE)
+    torch.testing.assert_close(module(x), module(x, use_reference=True), atol=1e-5, rtol=1e-4)
+
+
+def test_custom_ops_pass_torch_library_checks():
+    """torch.library.opcheck: schema, fake (meta) kernels and autograd registration agree with the real op —
+    what torch.compile and torch.export rely on to treat each kernel as one op."""
+    q, k, v = qkv(B=1, H=2, N=40, d=32)
+    mask = padding_mask(1, 40)
+    tests = ("test_schema", "test_faketensor", "test_autograd_registration")
+    torch.library.opcheck(fused.linear_state, (k, v, mask, None, fused.ELU_PLUS_ONE, 0.0), test_utils=tests)
+    S, z, _ = fused.linear_state(k, v, mask, None, fused.ELU_PLUS_ONE, 0.0)
+    torch.library.opcheck(fused.linear_readout, (q, S.detach(), z.detach(), None, fused.ELU_PLUS_ONE, 0.0, 1e-6,
+                                                 True), test_utils=tests)
+
+
+def test_compiles_as_one_graph():
+    """torch.compile sees the kernels as custom ops: no graph break (fullgraph), same values as eager."""
+    torch._dynamo.reset()
+    module = make_module("mhla", 32, (4, 4), 1, blocks_per_side=2)
+    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    out = compiled(x)
+    torch.testing.assert_close(out, module(x), atol=1e-5, rtol=1e-5)
+    out.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_ttt_bf16_step_is_the_float32_step_within_bf16_rounding():
+    """TTT's GPU form (bf16 matmuls, float32 statistics and fast weights) against its float32 form."""
+    module = make_module("ttt", 32, (4, 4), 1)
+    q, k, v = (t.detach() for t in qkv(B=2, H=2, N=17, d=32))
+    exact = module.mix(q, k, v, None, (4, 4))
+    half = module.bf16_mix(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, (4, 4))
+    assert half.dtype == torch.bfloat16 and rel_error(half, exact) < 1e-2

@@ -1,0 +1,304 @@
+"""Fused linear attention on the GPU: the Triton kernels of :mod:`.triton_kernels` as two PyTorch custom ops.
+
+``vitconvert::linear_state``  (k, v) -> per-segment S, z, zv        (float32, d×d per head and segment)
+``vitconvert::linear_readout`` (q, R, r) -> o                       (q's dtype, laid out as (B, N, H, d))
+
+Each op has a backward op and is registered with ``torch.library``, so autograd, ``torch.compile`` (one opaque
+node each, no graph break) and ``torch.export`` see them as ops. Between the two, the caller turns states into
+what each query reads with a few d×d torch ops (InLine's mean-centring, MHLA's block mixing W), which autograd
+differentiates as usual, the learnable W included.
+
+Dispatch is chosen once per module, like timm's ``fused_attn``: :func:`use_fused_kernels` (Triton importable and
+``VITCONVERT_FUSED`` not "0") at construction, then :func:`can_run` per call on what only the call knows (a CUDA
+tensor, a supported dtype and head dim, not tracing for ONNX). Anything else takes the eager form.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from functools import lru_cache
+from typing import Optional
+
+import torch
+
+IDENTITY, ELU_PLUS_ONE, RELU, RELU_PLUS_EPS = 0, 1, 2, 3  # the kernels' φ codes (triton_kernels.py)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
+DEVICES = ("cuda",)  # where the kernels run; the CPU tests add "cpu" under TRITON_INTERPRET=1
+SPLIT_ROUND = 128  # a program's token range is a multiple of this (and of every BLOCK_N)
+ENV = "VITCONVERT_FUSED"
+TILE_ENV = "VITCONVERT_FUSED_TILE"
+
+
+@lru_cache(maxsize=1)
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def use_fused_kernels() -> bool:
+    """The module-level choice (read at construction): on unless ``VITCONVERT_FUSED=0`` or Triton is missing."""
+    return os.environ.get(ENV, "1") != "0" and triton_available()
+
+
+def can_run(t: torch.Tensor) -> bool:
+    """Whether the kernels take this call's q/k/v (the per-call half of dispatch; anything else runs eager)."""
+    if torch.onnx.is_in_onnx_export():
+        return False
+    return (t.device.type in DEVICES and t.dtype in DTYPES and MIN_HEAD_DIM <= t.shape[-1] <= MAX_HEAD_DIM
+            and triton_available())
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# -- launch geometry -------------------------------------------------------------------------------------
+def block_sizes(head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_D, num_warps): a power-of-two head tile, token chunks that keep the d×d state and one
+    tile of tokens in registers."""
+    block_d = max(16, triton_next_power_of_2(head_dim))
+    if block_d >= 128:
+        return 32, block_d, 8
+    return 64, block_d, 4
+
+
+def triton_next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+@lru_cache(maxsize=8)
+def _programs_wanted(device: torch.device) -> int:
+    if device.type == "cuda":
+        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 1
+
+
+def split_tokens(heads: int, segments: int, length: int, device: torch.device) -> tuple[int, int]:
+    """(splits, tokens per split): cut each segment's tokens into ranges until the GPU has enough programs."""
+    chunks = max(1, math.ceil(length / SPLIT_ROUND))
+    splits = min(chunks, max(1, math.ceil(_programs_wanted(device) / max(1, heads * segments))))
+    per = math.ceil(chunks / splits) * SPLIT_ROUND
+    return max(1, math.ceil(length / per)), per
+
+
+def tile_args(t: torch.Tensor) -> dict:
+    """The dots' operand type and precision (triton_kernels.py): half inputs as TF32 tiles (``VITCONVERT_FUSED_TILE=
+    half`` keeps them 16-bit), float32 inputs as torch's TF32 switch for matmuls says (never turned on here)."""
+    import triton.language as tl
+
+    emulate = interpreting()
+    if t.dtype != torch.float32 and os.environ.get(TILE_ENV, "tf32") == "half":
+        tile = tl.bfloat16 if t.dtype == torch.bfloat16 else tl.float16
+        return {"TILE": tile, "PRECISION": "ieee", "EMULATE": emulate}
+    tf32 = t.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32
+    return {"TILE": tl.float32, "PRECISION": "tf32" if tf32 else "ieee", "EMULATE": emulate}
+
+
+def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
+    """(segments, columns of the index table): one segment of every token without a table."""
+    return (1, tokens) if index is None else (index.shape[0], index.shape[1])
+
+
+def _total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
+    """(B·H, G, splits, …) partial sums -> (B, H, G, …): summed over the token ranges (a view when there is one)."""
+    total = partials.squeeze(2) if partials.shape[2] == 1 else partials.sum(2)
+    return total.view(batch, heads, *total.shape[1:])
+
+
+def _mask_arg(key_valid: Optional[torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, int]:
+    if key_valid is None:
+        return like, 0  # never read (HAS_MASK is False)
+    return key_valid, key_valid.stride(0)
+
+
+# -- the ops -------------------------------------------------------------------------------------------------
+@torch.library.custom_op("vitconvert::linear_state", mutates_args=())
+def linear_state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
+                 feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """S (B, H, G, d, d), z and zv (B, H, G, d), float32, over the G segments of ``index`` (all tokens if None)."""
+    from .triton_kernels import state_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+
+    B, H, N, D = k.shape
+    segments, length = _segments(index, N)
+    splits, per = split_tokens(B * H, segments, length, k.device)
+    block_n, block_d, warps = block_sizes(D)
+    S = k.new_empty((B * H, segments, splits, D, D), dtype=torch.float32)
+    Z = k.new_empty((B * H, segments, splits, D), dtype=torch.float32)
+    ZV = torch.empty_like(Z)
+    mask, s_mb = _mask_arg(key_valid, k)
+    state_fwd_kernel[(B * H, segments, splits)](
+        k, v, mask, index if index is not None else k, S, Z, ZV,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
+        H, length, D, segments, splits, per, feature_eps,
+        FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, BLOCK_N=block_n,
+        BLOCK_D=block_d, **tile_args(k), num_warps=warps)
+    return _total(S, B, H), _total(Z, B, H), _total(ZV, B, H)
+
+
+@linear_state.register_fake
+def _(k, v, key_valid, index, feature, feature_eps):
+    B, H, N, D = k.shape
+    segments = 1 if index is None else index.shape[0]
+    S = k.new_empty((B, H, segments, D, D), dtype=torch.float32)
+    return S, k.new_empty((B, H, segments, D), dtype=torch.float32), k.new_empty((B, H, segments, D),
+                                                                                  dtype=torch.float32)
+
+
+@torch.library.custom_op("vitconvert::linear_state_backward", mutates_args=())
+def linear_state_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                          index: Optional[torch.Tensor], dS: torch.Tensor, dz: torch.Tensor, dzv: torch.Tensor,
+                          feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """dk, dv (the dtypes and shapes of k and v, contiguous) from the gradients of S, z, zv."""
+    from .triton_kernels import state_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+
+    B, H, N, D = k.shape
+    segments, length = _segments(index, N)
+    splits, per = split_tokens(B * H, segments, length, k.device)
+    block_n, block_d, warps = block_sizes(D)
+    dk, dv = torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(
+        v, memory_format=torch.contiguous_format)
+    mask, s_mb = _mask_arg(key_valid, k)
+    state_bwd_kernel[(B * H, segments, splits)](
+        k, v, mask, index if index is not None else k, dS.contiguous(), dz.contiguous(), dzv.contiguous(), dk, dv,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        H, length, D, segments, per, feature_eps,
+        FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, BLOCK_N=block_n,
+        BLOCK_D=block_d, **tile_args(k), num_warps=warps)
+    return dk, dv
+
+
+@linear_state_backward.register_fake
+def _(k, v, key_valid, index, dS, dz, dzv, feature, feature_eps):
+    return torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(
+        v, memory_format=torch.contiguous_format)
+
+
+def _state_setup(ctx, inputs, output) -> None:
+    k, v, key_valid, index, feature, feature_eps = inputs
+    ctx.save_for_backward(k, v, key_valid, index)
+    ctx.feature, ctx.feature_eps = feature, feature_eps
+
+
+def _state_backward(ctx, dS, dz, dzv):
+    k, v, key_valid, index = ctx.saved_tensors
+    B, H = k.shape[:2]
+    segments, D = (1 if index is None else index.shape[0]), k.shape[-1]
+    zeros = k.new_zeros((B, H, segments, D), dtype=torch.float32)
+    dS = dS if dS is not None else k.new_zeros((B, H, segments, D, D), dtype=torch.float32)
+    dk, dv = linear_state_backward(k, v, key_valid, index, dS, dz if dz is not None else zeros,
+                                   dzv if dzv is not None else zeros, ctx.feature, ctx.feature_eps)
+    return dk, dv, None, None, None, None
+
+
+linear_state.register_autograd(_state_backward, setup_context=_state_setup)
+
+
+def _output_like(q: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, d) output stored as (B, N, H, d): the attention module's transpose-and-reshape is then a view."""
+    B, H, N, D = q.shape
+    return q.new_empty((B, N, H, D)).transpose(1, 2)
+
+
+@torch.library.custom_op("vitconvert::linear_readout", mutates_args=())
+def linear_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
+                   feature_eps: float, eps: float, normalise: bool) -> torch.Tensor:
+    """o of every query from the state R (B, H, G, d, d) and r (B, H, G, d) of its segment (module docstring)."""
+    from .triton_kernels import readout_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+
+    B, H, N, D = q.shape
+    segments, length = _segments(index, N)
+    splits, per = split_tokens(B * H, segments, length, q.device)
+    block_n, block_d, warps = block_sizes(D)
+    o = _output_like(q)
+    readout_fwd_kernel[(B * H, segments, splits)](
+        q, R.contiguous(), r.contiguous(), o, index if index is not None else q,
+        q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        H, length, D, segments, per, feature_eps, eps,
+        FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, BLOCK_N=block_n, BLOCK_D=block_d,
+        **tile_args(q), num_warps=warps)
+    return o
+
+
+@linear_readout.register_fake
+def _(q, R, r, index, feature, feature_eps, eps, normalise):
+    return _output_like(q)
+
+
+@torch.library.custom_op("vitconvert::linear_readout_backward", mutates_args=())
+def linear_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
+                            index: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float,
+                            normalise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq (q's dtype, contiguous), dR and dr (float32) of :func:`linear_readout`."""
+    from .triton_kernels import readout_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+
+    B, H, N, D = q.shape
+    segments, length = _segments(index, N)
+    splits, per = split_tokens(B * H, segments, length, q.device)
+    block_n, block_d, warps = block_sizes(D)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dR = q.new_empty((B * H, segments, splits, D, D), dtype=torch.float32)
+    dr = q.new_empty((B * H, segments, splits, D), dtype=torch.float32)
+    readout_bwd_kernel[(B * H, segments, splits)](
+        q, R.contiguous(), r.contiguous(), o, do, dq, dR, dr, index if index is not None else q,
+        q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
+        H, length, D, segments, splits, per, feature_eps, eps,
+        FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, BLOCK_N=block_n, BLOCK_D=block_d,
+        **tile_args(q), num_warps=warps)
+    return dq, _total(dR, B, H), _total(dr, B, H)
+
+
+@linear_readout_backward.register_fake
+def _(q, R, r, o, do, index, feature, feature_eps, eps, normalise):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(R, dtype=torch.float32),
+            torch.empty_like(r, dtype=torch.float32))
+
+
+def _readout_setup(ctx, inputs, output) -> None:
+    q, R, r, index, feature, feature_eps, eps, normalise = inputs
+    ctx.save_for_backward(q, R, r, output, index)
+    ctx.args = (feature, feature_eps, eps, normalise)
+
+
+def _readout_backward(ctx, do):
+    q, R, r, o, index = ctx.saved_tensors
+    dq, dR, dr = linear_readout_backward(q, R, r, o, do, index, *ctx.args)
+    return dq, dR.to(R.dtype), dr.to(r.dtype), None, None, None, None, None
+
+
+linear_readout.register_autograd(_readout_backward, setup_context=_readout_setup)
+
+
+# -- the variants' forms ------------------------------------------------------------------------------------
+def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                     feature: int, eps: float, feature_eps: float = 0.0) -> torch.Tensor:
+    """φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / (φ(q_i)·Σ_j φ(k_j) + ε) on raw (B, H, N, d) q, k, v (φ applied in the kernels)."""
+    S, z, _ = linear_state(k, v, key_valid, None, feature, feature_eps)
+    return linear_readout(q, S, z, None, feature, feature_eps, eps, True)
+
+
+def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                     scale: float) -> torch.Tensor:
+    """InLine's out_i = q_iᵀ (s/n)(Σ k vᵀ − (Σ k) v̄ᵀ) + v̄: the sums from the state kernel, the d×d algebra here."""
+    S, zk, zv = linear_state(k, v, key_valid, None, IDENTITY, 0.0)
+    if key_valid is None:
+        n = torch.full((1, 1, 1, 1), float(k.shape[2]), device=k.device)
+    else:
+        n = key_valid.sum(dim=-1).clamp(min=1).to(torch.float32)[:, None, None, None]
+    v_mean = zv / n
+    A = (S - zk.unsqueeze(-1) * v_mean.unsqueeze(-2)) * (scale / n.unsqueeze(-1))
+    return linear_readout(q, A, v_mean, None, IDENTITY, 0.0, 0.0, False)
+
+
+def segmented_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                        index: torch.Tensor, mixing: torch.Tensor, feature: int, feature_eps: float,
+                        eps: float) -> torch.Tensor:
+    """Normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA)."""
+    S, z, _ = linear_state(k, v, key_valid, index, feature, feature_eps)
+    mixing = mixing.to(torch.float32)
+    R = torch.einsum("as,bhsxy->bhaxy", mixing, S)
+    r = torch.einsum("as,bhsx->bhax", mixing, z)
+    return linear_readout(q, R, r, index, feature, feature_eps, eps, True)
