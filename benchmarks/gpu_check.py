@@ -51,7 +51,7 @@ from rich.console import Console
 from rich.table import Table
 
 import vitconvert
-from vitconvert.attention import VARIANTS
+from vitconvert.attention import VARIANTS, fused
 from vitconvert.attention.kernel import KernelAttention, fla_enabled
 from vitconvert.bench import SOFTMAX, benchmark, linear_copy
 from vitconvert.recipes import load_recipe
@@ -146,13 +146,17 @@ def fla_version() -> Optional[str]:
 
 @contextmanager
 def fla_path(on: bool) -> Iterator[None]:
-    """VITCONVERT_FLA set for the models built and run inside, whatever the caller's environment says."""
-    before = os.environ.get(FLA_ENV)
-    os.environ[FLA_ENV] = "1" if on else "0"
+    """VITCONVERT_FLA set for the models built and run inside, whatever the caller's environment says; with it
+    on, the fused kernels off (VITCONVERT_FUSED=0: they would take the call before the fla state is reached)."""
+    settings = {FLA_ENV: "1" if on else "0", fused.ENV: "0" if on else os.environ.get(fused.ENV)}
+    before = {name: os.environ.get(name) for name in settings}
+    for name, value in settings.items():
+        os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
     try:
         yield
     finally:
-        os.environ.pop(FLA_ENV) if before is None else os.environ.__setitem__(FLA_ENV, before)
+        for name, value in before.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
 
 
 def softmax_source(plan: Plan, model: str, size: int, **kwargs: Any) -> torch.nn.Module:

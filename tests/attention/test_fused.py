@@ -194,6 +194,9 @@ def test_custom_ops_pass_torch_library_checks():
     S, z, _ = fused.linear_state(k, v, mask, None, fused.ELU_PLUS_ONE, 0.0)
     torch.library.opcheck(fused.linear_readout, (q, S.detach(), z.detach(), None, fused.ELU_PLUS_ONE, 0.0, 1e-6,
                                                  True), test_utils=tests)
+    torch.library.opcheck(fused.linear_attention_inference, (q.detach(), k.detach(), v.detach(), mask,
+                                                             fused.IDENTITY, 0.0, 0.0, 0.125, True),
+                          test_utils=("test_schema", "test_faketensor"))
 
 
 def test_compiles_as_one_graph():
@@ -215,3 +218,34 @@ def test_ttt_bf16_step_is_the_float32_step_within_bf16_rounding():
     exact = module.mix(q, k, v, None, (4, 4))
     half = module.bf16_mix(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, (4, 4))
     assert half.dtype == torch.bfloat16 and rel_error(half, exact) < 1e-2
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+@pytest.mark.parametrize("name", ["elu", "relu", "inline"])
+def test_single_launch_inference_matches_the_two_pass_ops(name, masked, monkeypatch):
+    """Without autograd and with a head per program, one kernel does the whole forward: same values as the
+    state + read-out ops (forced here by asking for a gradient) and as the N×N form."""
+    q, k, v = (t.detach() for t in qkv(N=150, d=64))
+    mask = padding_mask(2, 150) if masked else None
+    monkeypatch.setattr(fused, "SPLIT_ROUND", 256)  # 150 tokens: one range per head
+    calls = []
+    original = fused.linear_attention_inference
+    monkeypatch.setattr(fused, "linear_attention_inference", lambda *a: calls.append(1) or original(*a))
+
+    def run(*tensors):
+        if name == "inline":
+            return fused.inline_attention(*tensors, mask, 64 ** -0.5)
+        return fused.kernel_attention(*tensors, mask, ORACLES[name][0], 1e-6)
+
+    with torch.no_grad():
+        single = run(q, k, v)
+    assert calls == [1]
+    two_pass = run(*(t.clone().requires_grad_() for t in (q, k, v)))
+    assert calls == [1]
+    assert rel_error(single, two_pass) < 1e-6
+    if name == "inline":
+        expected = inline_weights(q.double(), k.double(), mask, 64 ** -0.5) @ v.double()
+    else:
+        phi = ORACLES[name][1]
+        expected = kernel_attention_reference(phi(q.double()), phi(k.double()), v.double(), mask, 1e-6)
+    assert rel_error(single, expected) < TOL[torch.float32]

@@ -30,6 +30,7 @@ DEVICES = ("cuda",)  # where the kernels run; the CPU tests add "cpu" under TRIT
 SPLIT_ROUND = 128  # a program's token range is a multiple of this (and of every BLOCK_N)
 ENV = "VITCONVERT_FUSED"
 TILE_ENV = "VITCONVERT_FUSED_TILE"
+CONFIG_ENV = "VITCONVERT_FUSED_CONFIG"
 
 
 @lru_cache(maxsize=1)
@@ -57,8 +58,12 @@ def interpreting() -> bool:
 # -- launch geometry -------------------------------------------------------------------------------------
 def block_sizes(head_dim: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_D, num_warps): a power-of-two head tile, token chunks that keep the d×d state and one
-    tile of tokens in registers."""
+    tile of tokens in registers. ``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps`` overrides (for tuning sweeps)."""
     block_d = max(16, triton_next_power_of_2(head_dim))
+    override = os.environ.get(CONFIG_ENV)
+    if override:
+        block_n, warps = (int(x) for x in override.split(","))
+        return block_n, block_d, warps
     if block_d >= 128:
         return 32, block_d, 8
     return 64, block_d, 4
@@ -272,10 +277,47 @@ def _readout_backward(ctx, do):
 linear_readout.register_autograd(_readout_backward, setup_context=_readout_setup)
 
 
+@torch.library.custom_op("vitconvert::linear_attention_inference", mutates_args=())
+def linear_attention_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                               feature: int, feature_eps: float, eps: float, scale: float,
+                               inline: bool) -> torch.Tensor:
+    """Kernel attention (or InLine, ``inline``) in one kernel launch per call, without autograd: for inference
+    when every head fits one program (:func:`one_pass`)."""
+    from .triton_kernels import attention_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+
+    B, H, N, D = q.shape
+    block_n, block_d, warps = block_sizes(D)
+    o = _output_like(q)
+    mask, s_mb = _mask_arg(key_valid, k)
+    attention_fwd_kernel[(B * H,)](
+        q, k, v, mask, o,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+        v.stride(2), s_mb, o.stride(0), o.stride(1), o.stride(2),
+        H, N, D, feature_eps, eps, scale,
+        FEATURE=feature, INLINE=inline, HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d,
+        **tile_args(q), num_warps=warps)
+    return o
+
+
+@linear_attention_inference.register_fake
+def _(q, k, v, key_valid, feature, feature_eps, eps, scale, inline):
+    return _output_like(q)
+
+
+def one_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Inference (no gradient wanted) with a head per program: the single-launch kernel serves the call."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return False
+    B, H, N, _ = q.shape
+    return split_tokens(B * H, 1, N, q.device)[0] == 1
+
+
 # -- the variants' forms ------------------------------------------------------------------------------------
 def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                      feature: int, eps: float, feature_eps: float = 0.0) -> torch.Tensor:
     """φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / (φ(q_i)·Σ_j φ(k_j) + ε) on raw (B, H, N, d) q, k, v (φ applied in the kernels)."""
+    if one_pass(q, k, v):
+        return linear_attention_inference(q, k, v, key_valid, feature, feature_eps, eps, 1.0, False)
     S, z, _ = linear_state(k, v, key_valid, None, feature, feature_eps)
     return linear_readout(q, S, z, None, feature, feature_eps, eps, True)
 
@@ -283,6 +325,8 @@ def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
 def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                      scale: float) -> torch.Tensor:
     """InLine's out_i = q_iᵀ (s/n)(Σ k vᵀ − (Σ k) v̄ᵀ) + v̄: the sums from the state kernel, the d×d algebra here."""
+    if one_pass(q, k, v):
+        return linear_attention_inference(q, k, v, key_valid, IDENTITY, 0.0, 0.0, scale, True)
     S, zk, zv = linear_state(k, v, key_valid, None, IDENTITY, 0.0)
     if key_valid is None:
         n = torch.full((1, 1, 1, 1), float(k.shape[2]), device=k.device)

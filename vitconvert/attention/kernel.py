@@ -8,7 +8,11 @@ gives numerator and denominator together — two passes over the tokens instead 
 max(x, 0) + 2^(log2 e · min(x, 0)), equal to elu(x) + 1, because ``F.elu`` goes through ``expm1``, which is
 12× slower than this on the benchmark CPU.
 
-Optional GPU path: with VITCONVERT_FLA=1 on CUDA, the state comes from flash-linear-attention (extra ``fast``).
+On CUDA the fused Triton kernels (attention/fused.py) take the call: φ, the state and the read-out in two
+passes over the tokens, backward by recomputation. The eager form below is the CPU path and their reference.
+
+Optional GPU path, with the fused kernels off (VITCONVERT_FUSED=0): with VITCONVERT_FLA=1 on CUDA, the state
+comes from flash-linear-attention (extra ``fast``).
 Off by default: fla has causal kernels only, so just its final state is our formula, and one cuBLAS matmul
 computes that state already (docs/performance.md).
 """

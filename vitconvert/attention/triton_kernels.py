@@ -248,3 +248,60 @@ def state_bwd_kernel(
         store = inside[:, None] & d_ok[None, :]  # masked keys get a zero gradient, written
         tl.store(dk_base + tok[:, None] * s_dkn + d[None, :], dk.to(DK.dtype.element_ty), mask=store)
         tl.store(dv_base + tok[:, None] * s_dvn + d[None, :], dv.to(DV.dtype.element_ty), mask=store)
+
+
+@triton.jit
+def attention_fwd_kernel(
+    Q, K, V, MASK, O,
+    s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_ob, s_oh, s_on,
+    H, N, D, feature_eps, eps, scale,
+    FEATURE: tl.constexpr, INLINE: tl.constexpr, HAS_MASK: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
+    """The whole forward of one (batch·head) in one program, for inference when a head needs no split: the state
+    stays in registers between the two passes over the tokens (no round trip, one launch).
+
+    Kernel attention: o = φ(q) S / (φ(q)·z + ε). InLine (φ = identity): o = q (s/n)(S − z v̄ᵀ) + v̄, v̄ = zv/n.
+    """
+    bh = tl.program_id(0)
+    b, h = bh // H, bh % H
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    k_base, v_base = K + b * s_kb + h * s_kh, V + b * s_vb + h * s_vh
+    acc = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    z = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    zv = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    count = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        tok = start + tl.arange(0, BLOCK_N)
+        ok = tok < N
+        if HAS_MASK:
+            ok = ok & (tl.load(MASK + b * s_mb + tok, mask=tok < N, other=0) != 0)
+        tile = ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + tok[:, None] * s_kn + d[None, :], mask=tile, other=0.0)
+        v = tl.load(v_base + tok[:, None] * s_vn + d[None, :], mask=tile, other=0.0)
+        phi_k = tl.where(tile, _phi(k.to(tl.float32), FEATURE, feature_eps), 0.0)
+        acc += _dot(tl.trans(phi_k.to(TILE)), v.to(TILE), PRECISION, EMULATE)
+        z += tl.sum(phi_k, axis=0)
+        zv += tl.sum(v.to(tl.float32), axis=0)
+        count += ok.to(tl.float32)
+    if INLINE:
+        n = tl.maximum(tl.sum(count, axis=0), 1.0)
+        bias = zv / n
+        acc = (acc - z[:, None] * bias[None, :]) * (scale / n)
+    else:
+        bias = z
+    r_tile = acc.to(TILE)
+    q_base, o_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh
+    for start in range(0, N, BLOCK_N):
+        tok = start + tl.arange(0, BLOCK_N)
+        tile = (tok < N)[:, None] & d_ok[None, :]
+        q = tl.load(q_base + tok[:, None] * s_qn + d[None, :], mask=tile, other=0.0)
+        phi_q = tl.where(tile, _phi(q.to(tl.float32), FEATURE, feature_eps), 0.0)
+        num = _dot(phi_q.to(TILE), r_tile, PRECISION, EMULATE)
+        if INLINE:
+            o = num + bias[None, :]
+        else:
+            o = num / (tl.sum(phi_q * bias[None, :], axis=1) + eps)[:, None]
+        tl.store(o_base + tok[:, None] * s_on + d[None, :], o.to(O.dtype.element_ty), mask=tile)
