@@ -194,9 +194,9 @@ def test_custom_ops_pass_torch_library_checks():
     S, z, _ = fused.linear_state(k, v, mask, None, fused.ELU_PLUS_ONE, 0.0)
     torch.library.opcheck(fused.linear_readout, (q, S.detach(), z.detach(), None, fused.ELU_PLUS_ONE, 0.0, 1e-6,
                                                  True), test_utils=tests)
-    torch.library.opcheck(fused.linear_attention_inference, (q.detach(), k.detach(), v.detach(), mask,
-                                                             fused.IDENTITY, 0.0, 0.0, 0.125, True),
-                          test_utils=("test_schema", "test_faketensor"))
+    for inline in (False, True):
+        torch.library.opcheck(fused.linear_attention, (q, k, v, mask, fused.RELU, 0.0, 1e-6, 0.125, inline),
+                              test_utils=tests)
 
 
 def test_compiles_as_one_graph():
@@ -222,30 +222,40 @@ def test_ttt_bf16_step_is_the_float32_step_within_bf16_rounding():
 
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
 @pytest.mark.parametrize("name", ["elu", "relu", "inline"])
-def test_single_launch_inference_matches_the_two_pass_ops(name, masked, monkeypatch):
-    """Without autograd and with a head per program, one kernel does the whole forward: same values as the
-    state + read-out ops (forced here by asking for a gradient) and as the N×N form."""
-    q, k, v = (t.detach() for t in qkv(N=150, d=64))
+def test_one_launch_and_split_heads_give_the_same_values_and_gradients(name, masked, monkeypatch):
+    """A head per program (one kernel for the forward) or heads split over token ranges (state and read-out
+    kernels, partial states summed): the same outputs and gradients, and both those of the N×N form."""
     mask = padding_mask(2, 150) if masked else None
-    monkeypatch.setattr(fused, "SPLIT_ROUND", 256)  # 150 tokens: one range per head
-    calls = []
-    original = fused.linear_attention_inference
-    monkeypatch.setattr(fused, "linear_attention_inference", lambda *a: calls.append(1) or original(*a))
 
-    def run(*tensors):
+    def run(programs: int):
+        monkeypatch.setattr(fused, "_programs_wanted", lambda device: programs)
+        q, k, v = qkv(N=150, d=64)
         if name == "inline":
-            return fused.inline_attention(*tensors, mask, 64 ** -0.5)
-        return fused.kernel_attention(*tensors, mask, ORACLES[name][0], 1e-6)
+            out = fused.inline_attention(q, k, v, mask, 64 ** -0.5)
+        else:
+            out = fused.kernel_attention(q, k, v, mask, ORACLES[name][0], 1e-6)
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+        return (out, *torch.autograd.grad(out, (q, k, v), grad))
 
-    with torch.no_grad():
-        single = run(q, k, v)
-    assert calls == [1]
-    two_pass = run(*(t.clone().requires_grad_() for t in (q, k, v)))
-    assert calls == [1]
-    assert rel_error(single, two_pass) < 1e-6
+    assert fused.split_tokens(4, 1, 150, torch.device(DEVICE)) == (3, 64)  # the split form, at 64 programs
+    split = run(64)
+    monkeypatch.setattr(fused, "SPLIT_ROUND", 256)
+    assert fused.split_tokens(4, 1, 150, torch.device(DEVICE))[0] == 1
+    whole = run(64)
+    for a, b in zip(whole, split, strict=True):
+        assert rel_error(a, b) < 1e-6
+    q, k, v = (t.detach().double() for t in qkv(N=150, d=64))
     if name == "inline":
-        expected = inline_weights(q.double(), k.double(), mask, 64 ** -0.5) @ v.double()
+        expected = inline_weights(q, k, mask, 64 ** -0.5) @ v
     else:
         phi = ORACLES[name][1]
-        expected = kernel_attention_reference(phi(q.double()), phi(k.double()), v.double(), mask, 1e-6)
-    assert rel_error(single, expected) < TOL[torch.float32]
+        expected = kernel_attention_reference(phi(q), phi(k), v, mask, 1e-6)
+    assert rel_error(whole[0], expected) < TOL[torch.float32]
+
+
+def test_training_keeps_only_q_k_v_and_the_output():
+    """Backward recomputes the d×d state: autograd holds no float32 state (a softmax-sized footprint)."""
+    q, k, v = qkv(N=150, d=64)
+    out = fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6)
+    saved = [t for t in out.grad_fn.saved_tensors if t is not None]
+    assert len(saved) == 4 and all(t.shape == q.shape for t in saved)  # q, k, v, o: no (B, H, d, d) state

@@ -1,12 +1,14 @@
 """Fused linear attention on the GPU: the Triton kernels of :mod:`.triton_kernels` as two PyTorch custom ops.
 
+``vitconvert::linear_attention`` (q, k, v) -> o                     (ELU, ReLU, InLine: the whole mixing)
 ``vitconvert::linear_state``  (k, v) -> per-segment S, z, zv        (float32, d×d per head and segment)
 ``vitconvert::linear_readout`` (q, R, r) -> o                       (q's dtype, laid out as (B, N, H, d))
 
 Each op has a backward op and is registered with ``torch.library``, so autograd, ``torch.compile`` (one opaque
-node each, no graph break) and ``torch.export`` see them as ops. Between the two, the caller turns states into
-what each query reads with a few d×d torch ops (InLine's mean-centring, MHLA's block mixing W), which autograd
-differentiates as usual, the learnable W included.
+node each, no graph break) and ``torch.export`` see them as ops. ``linear_attention`` keeps only q, k, v and o
+for backward, which recomputes the d×d states (as FlashAttention recomputes its scores), so a training step
+holds no more than softmax's. MHLA uses the two others: between them, its block mixing W turns states into what
+each query reads with d×d torch ops, which autograd differentiates as usual, W included.
 
 Dispatch is chosen once per module, like timm's ``fused_attn``: :func:`use_fused_kernels` (Triton importable and
 ``VITCONVERT_FUSED`` not "0") at construction, then :func:`can_run` per call on what only the call knows (a CUDA
@@ -277,15 +279,32 @@ def _readout_backward(ctx, do):
 linear_readout.register_autograd(_readout_backward, setup_context=_readout_setup)
 
 
-@torch.library.custom_op("vitconvert::linear_attention_inference", mutates_args=())
-def linear_attention_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                               feature: int, feature_eps: float, eps: float, scale: float,
-                               inline: bool) -> torch.Tensor:
-    """Kernel attention (or InLine, ``inline``) in one kernel launch per call, without autograd: for inference
-    when every head fits one program (:func:`one_pass`)."""
+def _reader(S: torch.Tensor, z: torch.Tensor, zv: torch.Tensor, key_valid: Optional[torch.Tensor], tokens: int,
+            scale: float, inline: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(R, r, n): what every query reads. Kernel attention: S and z. InLine: A = (s/n)(S − z v̄ᵀ) and v̄ = zv/n,
+    n the number of valid keys (B, 1, 1, 1)."""
+    if key_valid is None:
+        n = S.new_full((1, 1, 1, 1), float(tokens))
+    else:
+        n = key_valid.sum(dim=-1).clamp(min=1).to(torch.float32).view(-1, 1, 1, 1)
+    if not inline:
+        return S, z, n
+    v_mean = zv / n
+    return (S - z.unsqueeze(-1) * v_mean.unsqueeze(-2)) * (scale / n).unsqueeze(-1), v_mean, n
+
+
+@torch.library.custom_op("vitconvert::linear_attention", mutates_args=())
+def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                     feature: int, feature_eps: float, eps: float, scale: float, inline: bool) -> torch.Tensor:
+    """Kernel attention (or InLine, ``inline``) of (B, H, N, d) q, k, v: one launch when every head fits one
+    program, else the state and read-out kernels. Autograd keeps q, k, v and o only; backward recomputes."""
     from .triton_kernels import attention_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     B, H, N, D = q.shape
+    if split_tokens(B * H, 1, N, q.device)[0] > 1:
+        S, z, zv = linear_state(k, v, key_valid, None, feature, feature_eps)
+        R, r, _ = _reader(S, z, zv, key_valid, N, scale, inline)
+        return linear_readout(q, R, r, None, feature, feature_eps, eps, not inline)
     block_n, block_d, warps = block_sizes(D)
     o = _output_like(q)
     mask, s_mb = _mask_arg(key_valid, k)
@@ -299,42 +318,61 @@ def linear_attention_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return o
 
 
-@linear_attention_inference.register_fake
+@linear_attention.register_fake
 def _(q, k, v, key_valid, feature, feature_eps, eps, scale, inline):
     return _output_like(q)
 
 
-def one_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Inference (no gradient wanted) with a head per program: the single-launch kernel serves the call."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return False
-    B, H, N, _ = q.shape
-    return split_tokens(B * H, 1, N, q.device)[0] == 1
+@torch.library.custom_op("vitconvert::linear_attention_backward", mutates_args=())
+def linear_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
+                              key_valid: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float,
+                              scale: float, inline: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of :func:`linear_attention`: the state recomputed, the read-out's backward, then the state's
+    (InLine's d×d chain rule in between: dS = (s/n) dA, dz = −dS v̄, dzv = (dv̄ − dSᵀ z) / n)."""
+    S, z, zv = linear_state(k, v, key_valid, None, feature, feature_eps)
+    R, r, n = _reader(S, z, zv, key_valid, q.shape[2], scale, inline)
+    dq, dR, dr = linear_readout_backward(q, R, r, o, do, None, feature, feature_eps, eps, not inline)
+    if inline:
+        dS = dR * (scale / n).unsqueeze(-1)
+        dz = -(dS @ r.unsqueeze(-1)).squeeze(-1)
+        dzv = (dr - (dS.transpose(-2, -1) @ z.unsqueeze(-1)).squeeze(-1)) / n
+    else:
+        dS, dz, dzv = dR, dr, torch.zeros_like(dr)
+    dk, dv = linear_state_backward(k, v, key_valid, None, dS, dz, dzv, feature, feature_eps)
+    return dq, dk, dv
+
+
+@linear_attention_backward.register_fake
+def _(q, k, v, o, do, key_valid, feature, feature_eps, eps, scale, inline):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _attention_setup(ctx, inputs, output) -> None:
+    q, k, v, key_valid, *args = inputs
+    ctx.save_for_backward(q, k, v, output, key_valid)
+    ctx.args = args
+
+
+def _attention_backward(ctx, do):
+    q, k, v, o, key_valid = ctx.saved_tensors
+    dq, dk, dv = linear_attention_backward(q, k, v, o, do, key_valid, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+linear_attention.register_autograd(_attention_backward, setup_context=_attention_setup)
 
 
 # -- the variants' forms ------------------------------------------------------------------------------------
 def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                      feature: int, eps: float, feature_eps: float = 0.0) -> torch.Tensor:
     """φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / (φ(q_i)·Σ_j φ(k_j) + ε) on raw (B, H, N, d) q, k, v (φ applied in the kernels)."""
-    if one_pass(q, k, v):
-        return linear_attention_inference(q, k, v, key_valid, feature, feature_eps, eps, 1.0, False)
-    S, z, _ = linear_state(k, v, key_valid, None, feature, feature_eps)
-    return linear_readout(q, S, z, None, feature, feature_eps, eps, True)
+    return linear_attention(q, k, v, key_valid, feature, feature_eps, eps, 1.0, False)
 
 
 def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                      scale: float) -> torch.Tensor:
-    """InLine's out_i = q_iᵀ (s/n)(Σ k vᵀ − (Σ k) v̄ᵀ) + v̄: the sums from the state kernel, the d×d algebra here."""
-    if one_pass(q, k, v):
-        return linear_attention_inference(q, k, v, key_valid, IDENTITY, 0.0, 0.0, scale, True)
-    S, zk, zv = linear_state(k, v, key_valid, None, IDENTITY, 0.0)
-    if key_valid is None:
-        n = torch.full((1, 1, 1, 1), float(k.shape[2]), device=k.device)
-    else:
-        n = key_valid.sum(dim=-1).clamp(min=1).to(torch.float32)[:, None, None, None]
-    v_mean = zv / n
-    A = (S - zk.unsqueeze(-1) * v_mean.unsqueeze(-2)) * (scale / n.unsqueeze(-1))
-    return linear_readout(q, A, v_mean, None, IDENTITY, 0.0, 0.0, False)
+    """InLine's out_i = q_iᵀ (s/n)(Σ k vᵀ − (Σ k) v̄ᵀ) + v̄ (φ = identity)."""
+    return linear_attention(q, k, v, key_valid, IDENTITY, 0.0, 0.0, scale, True)
 
 
 def segmented_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
