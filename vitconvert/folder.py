@@ -26,7 +26,7 @@ from .attention import VARIANTS, LinearAttention
 from .card import CARD_MARKER, render_card
 from .errors import VitconvertError, first_line
 from .surgery import linear_layer_indices, swap_attention
-from .timm_registry import PREFIX, export_model_args, is_vitconvert_architecture, timm_config
+from .timm_registry import PREFIX, export_model_args, is_vitconvert_architecture, mark_as_linear, timm_config
 from .version import __version__
 from .writer import atomic_folder, check_output  # noqa: F401  (the writer rule, re-exported)
 
@@ -224,8 +224,9 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
         except Exception as e:
             raise VitconvertError(f"cannot rebuild the architecture in {folder}/config.json: {e}") from None
         if not any(isinstance(m, LinearAttention) for m in model.modules()):  # format 1: timm built softmax
-            model, _ = swap_attention(model, block["variant"], block.get("options", {}), inplace=True,
-                                      layers=block.get("layers"))
+            model, swapped = swap_attention(model, block["variant"], block.get("options", {}), inplace=True,
+                                            layers=block.get("layers"))
+            mark_as_linear(model, block["variant"], swapped.layers if swapped.hybrid else None)
     recorded, built = block.get("layers"), linear_layer_indices(model)[0]
     if isinstance(recorded, list) and built != recorded:  # ELU and softmax weights fit either way: never load it
         raise VitconvertError(f"{folder}/config.json disagrees with itself: its vitconvert block makes layers "

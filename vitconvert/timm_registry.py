@@ -78,6 +78,20 @@ def timm_config(config: dict[str, Any], variant: str, options: dict[str, Any],
     return {**config, "architecture": architecture_name(variant), **named, "model_args": {**own, **args}}
 
 
+def mark_as_linear(model: nn.Module, variant: str, layers: Optional[list[int]] = None) -> None:
+    """Make what timm's savers read (pretrained_cfg's architecture, the arguments the factory recorded) name our
+    entrypoint, so that ``save_for_hf``/``push_to_hf_hub`` of a model swapped outside it (``convert``, a format-1
+    folder) write a folder timm rebuilds as this linear model; ``layers``: a hybrid's linear ones."""
+    cfg = getattr(model, "pretrained_cfg", None)
+    if not cfg or not cfg.get("architecture") or is_vitconvert_architecture(cfg["architecture"]):
+        return
+    pinned = next(m for m in model.modules() if isinstance(m, LinearAttention)).pinned_options()
+    args = {k: v for k, v in getattr(model, "_model_args", {}).items() if k != "attn_layer"}
+    own = {"architecture": cfg["architecture"], "options": pinned, **({"layers": layers} if layers else {})}
+    model._model_args = {**own, **args}
+    model.pretrained_cfg = model.default_cfg = {**cfg, "architecture": architecture_name(variant)}
+
+
 def export_model_args(model: nn.Module) -> dict[str, Any]:
     """Replacements that make a linear model's timm arguments serialisable for ``save_for_hf``."""
     layer = getattr(model, "_model_args", {}).get("attn_layer")
@@ -98,8 +112,7 @@ def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: O
                               f"got {architecture!r}")
     for name, value in (("attn_drop_rate", kwargs.get("attn_drop_rate")), ("attn_layer", kwargs.get("attn_layer"))):
         if value:  # refused as the attn_layer= route refuses attn_drop, not dropped without a word
-            raise VitconvertError(f"{architecture_name(variant)}: {name}={value!r} cannot apply: "
-                                  + UNHONOURED[name])
+            raise VitconvertError(f"{architecture_name(variant)}: {name}={value!r}: {UNHONOURED[name]}")
     features = kwargs.pop("features_only", False)
     feature_cfg = {k: kwargs.pop(k) for k in FEATURE_ARGS if k in kwargs}
     if pretrained_model_args:
