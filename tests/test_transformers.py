@@ -27,9 +27,9 @@ LABELS = ["cat", "dog", "fox"]
 CASES = [*VARIANTS, "hybrid", "softmax"]
 
 
-def folder_of(tmp_path: Path, case: str) -> Path:
+def folder_of(tmp_path: Path, case: str, family: str = "vit") -> Path:
     """A tiny model folder whose pretrained_cfg names its classes."""
-    source = tiny_model("vit", num_classes=len(LABELS))
+    source = tiny_model(family, num_classes=len(LABELS))
     source.pretrained_cfg = {**source.pretrained_cfg, "num_classes": len(LABELS), "label_names": LABELS}
     if case == "softmax":
         from timm.models import save_for_hf
@@ -42,7 +42,7 @@ def folder_of(tmp_path: Path, case: str) -> Path:
         (tmp_path / case / "config.json").write_text(json.dumps({**config, "label_names": LABELS}))
         return tmp_path / case
     variant, layers = ("elu", [1]) if case == "hybrid" else (case, None)
-    student, _ = vitconvert.convert(source, variant, attn_init="copy", source="vit_tiny_patch16_224", layers=layers)
+    student, _ = vitconvert.convert(source, variant, attn_init="copy", source=family, layers=layers)
     return vitconvert.save(student, tmp_path / case)
 
 
@@ -84,18 +84,23 @@ def test_transformers_gives_vitconvert_loads_logits_and_the_class_names(tmp_path
 
 
 def materialised(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """What low-memory loaders do with a model built on the meta device: allocate, then load every tensor."""
+    """What low-memory loaders do with a model built on the meta device: allocate, load every tensor, and
+    recompute the buffers no checkpoint holds (EVA's rotary tables, the k_bias its attention fixes at zero)."""
+    from timm.models._manipulate import reinit_non_persistent_buffers
+
     assert {p.device.type for p in model.parameters()} == {"meta"}
     model.to_empty(device="cpu")
     model.load_state_dict(state, strict=True)
+    reinit_non_persistent_buffers(model)
     return model.eval()
 
 
+@pytest.mark.parametrize("family", ["vit", "eva02"])  # eva02: non-persistent buffers (rope, k_bias)
 @pytest.mark.parametrize("variant", [*VARIANTS, "hybrid"])
-def test_every_variant_builds_on_the_meta_device_through_timm_and_transformers(tmp_path, variant):
+def test_every_variant_builds_on_the_meta_device_through_timm_and_transformers(tmp_path, variant, family):
     from transformers import AutoConfig, AutoModelForImageClassification
 
-    folder = folder_of(tmp_path, variant)
+    folder = folder_of(tmp_path, variant, family)
     reference = vitconvert.load(folder)
     state = load_file(str(folder / "model.safetensors"))
     x = image_batch(reference)
@@ -107,6 +112,9 @@ def test_every_variant_builds_on_the_meta_device_through_timm_and_transformers(t
     with torch.no_grad():
         assert torch.equal(through_timm(x), reference(x))
         assert torch.equal(through_transformers(pixel_values=x).logits, reference(x))
+        # and as from_pretrained builds and loads it by itself
+        loaded = AutoModelForImageClassification.from_pretrained(str(folder)).eval()
+        assert torch.equal(loaded(pixel_values=x).logits, reference(x))
 
 
 def test_the_docs_transformers_example_runs_as_shown(tmp_path, monkeypatch):
