@@ -170,7 +170,7 @@ def upgrade_reasons(config: dict[str, Any]) -> list[str]:
     reasons = []
     if block.get("format_version", 1) < FORMAT_VERSION:
         reasons.append("timm and transformers read its format-1 config.json as a softmax model")
-    if "num_classes" in (config.get("model_args") or {}):
+    elif "num_classes" in (config.get("model_args") or {}):
         reasons.append("transformers cannot load it (num_classes in model_args)")
     return reasons
 
