@@ -70,6 +70,7 @@ def test_a_command_loading_an_old_folder_names_upgrade_in_one_note_line():
     """The library warns (OldFolderWarning); the CLI shows it as one `note:` line, not Python's warning format."""
     result = invoke("eval", FORMAT1, "--data", "digits")  # ends in an error: 10 digit classes, a 3-class head
     lines = result.stderr.strip().splitlines()
-    assert lines[0] == (f"note: {FORMAT1} is in an older vitconvert folder layout (timm and transformers read its "
-                        f"format-1 config.json as a softmax model): `vitconvert upgrade {FORMAT1}` rewrites it in place")
+    assert lines[0] == (f"note: {FORMAT1} is in an older vitconvert folder layout (timm and transformers read "
+                        f"its format-1 config.json as a softmax model): `vitconvert upgrade {FORMAT1}` rewrites it "
+                        "in place")
     assert len(lines) == 2 and lines[1].startswith("error: ")
