@@ -68,7 +68,13 @@ def test_upgrade_refuses_in_one_line_and_changes_nothing(tmp_path, case):
 
 def test_a_command_loading_an_old_folder_names_upgrade_in_one_note_line():
     """The library warns (OldFolderWarning); the CLI shows it as one `note:` line, not Python's warning format."""
-    result = invoke("eval", FORMAT1, "--data", "digits")  # ends in an error: 10 digit classes, a 3-class head
+    import warnings
+
+    from vitconvert.folder import OldFolderWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", OldFolderWarning)  # as in a fresh process (no earlier one deduplicates it)
+        result = invoke("eval", FORMAT1, "--data", "digits")  # ends in an error: 10 digit classes, a 3-class head
     lines = result.stderr.strip().splitlines()
     assert lines[0] == (f"note: {FORMAT1} is in an older vitconvert folder layout (timm and transformers read "
                         f"its format-1 config.json as a softmax model): `vitconvert upgrade {FORMAT1}` rewrites it "
