@@ -83,9 +83,10 @@ def mark_as_linear(model: nn.Module, variant: str, layers: Optional[list[int]] =
     entrypoint, so that ``save_for_hf``/``push_to_hf_hub`` of a model swapped outside it (``convert``, a format-1
     folder) write a folder timm rebuilds as this linear model; ``layers``: a hybrid's linear ones."""
     cfg = getattr(model, "pretrained_cfg", None)
-    if not cfg or not cfg.get("architecture") or is_vitconvert_architecture(cfg["architecture"]):
-        return
-    pinned = next(m for m in model.modules() if isinstance(m, LinearAttention)).pinned_options()
+    linear = next((m for m in model.modules() if isinstance(m, LinearAttention)), None)
+    if linear is None or not cfg or not cfg.get("architecture") or is_vitconvert_architecture(cfg["architecture"]):
+        return  # nothing swapped (every layer kept softmax: the source itself), or already ours
+    pinned = linear.pinned_options()
     args = {k: v for k, v in getattr(model, "_model_args", {}).items() if k != "attn_layer"}
     own = {"architecture": cfg["architecture"], "options": pinned, **({"layers": layers} if layers else {})}
     model._model_args = {**own, **args}
