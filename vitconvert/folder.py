@@ -180,9 +180,9 @@ def upgrade_notice(folder: Path, config: dict[str, Any]) -> Optional[str]:
     reasons = upgrade_reasons(config)
     if not reasons or "vitconvert" not in config:
         return None
-    where = "a local copy of it (then push that)" if in_hub_cache(folder) else str(folder)
-    return (f"{folder} is in an older vitconvert folder layout ({'; '.join(reasons)}): "
-            f"`vitconvert upgrade {where}` rewrites it in place")
+    fix = ("`vitconvert upgrade DIR` on a downloaded copy rewrites it (then push that)" if in_hub_cache(folder)
+           else f"`vitconvert upgrade {folder}` rewrites it in place")
+    return f"{folder} is in an older vitconvert folder layout ({'; '.join(reasons)}): {fix}"
 
 
 def in_hub_cache(folder: Path) -> bool:
@@ -239,12 +239,6 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     return model.eval()
 
 
-
-
-class _Unchanged(Exception):
-    """Raised inside upgrade's atomic write to drop the temporary copy of a folder already in today's layout."""
-
-
 def upgrade_folder(folder: Path) -> Optional[int]:
     """Rewrite a vitconvert folder of an older layout in place, atomically, as ``save`` writes it today (same
     weights; its other files kept; a card without vitconvert's marker kept as the user's). Returns the format
@@ -258,6 +252,8 @@ def upgrade_folder(folder: Path) -> Optional[int]:
     if block is None:
         raise VitconvertError(f"{folder} was saved by timm from a vitconvert model (no 'vitconvert' block): it "
                               "loads as it is")
+    if not upgrade_reasons(config):
+        return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OldFolderWarning)
         model = load_folder_model(folder, config)
@@ -266,15 +262,10 @@ def upgrade_folder(folder: Path) -> Optional[int]:
     meta["upgraded_from"].setdefault("format_version", 1)
     card_file = folder / "README.md"
     own_card = card_file.is_file() and CARD_MARKER not in card_file.read_text()
-    try:
-        with atomic_folder(folder, force=True) as tmp:
-            for entry in folder.iterdir():
-                if entry.name not in FOLDER_FILES:
-                    copy = shutil.copytree if entry.is_dir() else shutil.copy2
-                    copy(entry, tmp / entry.name)
-            write_model_files(model, tmp, meta, card=card_file.read_text() if own_card else None)
-            if not upgrade_reasons(config):
-                raise _Unchanged
-    except _Unchanged:
-        return None
+    with atomic_folder(folder, force=True) as tmp:
+        for entry in folder.iterdir():
+            if entry.name not in FOLDER_FILES:
+                copy = shutil.copytree if entry.is_dir() else shutil.copy2
+                copy(entry, tmp / entry.name)
+        write_model_files(model, tmp, meta, card=card_file.read_text() if own_card else None)
     return int(block.get("format_version", 1))
