@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from helpers import FAMILIES, image_batch, place_in_hub_cache, tiny_model
+from helpers import FAMILIES, assert_one_line_error, image_batch, invoke, place_in_hub_cache, tiny_model
 
 import vitconvert
 from vitconvert.attention import VARIANTS, LinearAttention
@@ -181,6 +181,8 @@ def test_a_student_fine_tuned_and_saved_with_timms_save_for_hf_loads_back(tmp_pa
     assert json.loads((tmp_path / "tuned" / "config.json").read_text())["architecture"].startswith("vitconvert_")
     assert_same_model(model, timm.create_model(f"local-dir:{tmp_path / 'tuned'}", pretrained=True), x)
     assert_same_model(model, vitconvert.load(tmp_path / "tuned"), x)
+    convert_it = invoke("convert", tmp_path / "tuned", "--to", "elu", "--out", tmp_path / "again")
+    assert_one_line_error(convert_it, "is already a linear-attention vitconvert model")  # not an internal error
     save_for_hf(student, str(tmp_path / "converted"), safe_serialization=True)  # straight from convert, too
     assert_same_model(student, timm.create_model(f"local-dir:{tmp_path / 'converted'}", pretrained=True), x)
 
