@@ -175,6 +175,9 @@ def test_card_snippet_runs_as_shown_and_gives_the_vitconvert_model(tmp_path, hub
     text = render_card(json.loads((folder / "config.json").read_text()), repo_id="me/x")
     assert "timm.create_model(\"hf-hub:me/x\", pretrained=True)" in text and "import vitconvert" in text
     assert f"Unknown model (vitconvert_{variant})" in text  # what plain timm says (tests/test_timm_loading.py)
+    # ... and what transformers says without vitconvert (tests/test_old_folders.py), with the fix beside it
+    assert f"The model architecture 'vitconvert_{variant}' is not supported in your version of timm" in text
+    assert "`pip install vitconvert` and `import vitconvert`, not a newer timm" in text
     scope = run_card_snippet(text, tmp_path, monkeypatch)
     reference = vitconvert.load("hf-hub:me/x")
     assert all(torch.equal(v, reference.state_dict()[k]) for k, v in scope["model"].state_dict().items())
@@ -194,6 +197,7 @@ def test_card_of_a_format1_folder_says_vitconvert_load(tmp_path, hub_cache, monk
     place_in_hub_cache(hub_cache, "me/old", folder)
     text = render_card(json.loads((folder / "config.json").read_text()), repo_id="me/old")
     assert "timm.create_model" not in text.split("## How to use")[1].split("```")[1]
+    assert "`vitconvert upgrade FOLDER` rewrites a downloaded copy" in text
     scope = run_card_snippet(text, tmp_path, monkeypatch)
     assert scope["model"].blocks[0].attn.variant == "elu"
 

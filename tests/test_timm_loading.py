@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from helpers import FAMILIES, image_batch, place_in_hub_cache, tiny_model
+from helpers import FAMILIES, assert_one_line_error, image_batch, invoke, place_in_hub_cache, tiny_model
 
 import vitconvert
 from vitconvert.attention import VARIANTS, LinearAttention
@@ -47,7 +47,9 @@ def test_timm_local_dir_builds_the_linear_model_bit_for_bit(tmp_path, family, va
 def test_timm_keeps_pretrained_cfg_and_data_config(tmp_path, variant):
     student, folder = saved(tmp_path, "vit", variant)
     model = timm.create_model(f"local-dir:{folder}", pretrained=True)
-    assert model.pretrained_cfg["architecture"] == "vit_tiny_patch16_224"
+    # the entrypoint that rebuilds it (what timm's save_for_hf writes as the architecture); the rest is the source's
+    assert model.pretrained_cfg["architecture"] == f"vitconvert_{variant}"
+    assert model.pretrained_cfg["tag"] == student.pretrained_cfg["tag"]
     data = timm.data.resolve_data_config({}, model=model)
     assert data == timm.data.resolve_data_config({}, model=vitconvert.load(folder))
     assert data["input_size"] == (3, 32, 32) and tuple(data["mean"]) == student.pretrained_cfg["mean"]
@@ -156,3 +158,62 @@ def test_features_only_from_a_folder_gives_the_loaded_models_intermediates(tmp_p
     want = vitconvert.load(folder).forward_intermediates(x, indices=(0, 1), intermediates_only=True)
     got = features.eval()(x)
     assert len(got) == 2 and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("variant", [*VARIANTS, "hybrid"])
+def test_a_student_fine_tuned_and_saved_with_timms_save_for_hf_loads_back(tmp_path, variant):
+    """What timm's train.py and push_to_hf_hub do with a loaded student: train it, save_for_hf; timm and
+    vitconvert.load then build the same linear model (a softmax one would load elu/relu/inline weights silently)."""
+    from timm.models import save_for_hf
+
+    layers = [1] if variant == "hybrid" else None
+    student, _ = vitconvert.convert(tiny_model("vit"), "elu" if layers else variant, attn_init="copy", layers=layers)
+    model = vitconvert.load(vitconvert.save(student, tmp_path / "student")).train()
+    x = image_batch(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1])).backward()
+        optimizer.step()
+    model.eval()
+    assert not torch.equal(model.blocks[1].attn.qkv.weight, student.blocks[1].attn.qkv.weight)  # it trained
+    save_for_hf(model, str(tmp_path / "tuned"), safe_serialization=True)
+    assert json.loads((tmp_path / "tuned" / "config.json").read_text())["architecture"].startswith("vitconvert_")
+    assert_same_model(model, timm.create_model(f"local-dir:{tmp_path / 'tuned'}", pretrained=True), x)
+    assert_same_model(model, vitconvert.load(tmp_path / "tuned"), x)
+    convert_it = invoke("convert", tmp_path / "tuned", "--to", "elu", "--out", tmp_path / "again")
+    assert_one_line_error(convert_it, "is already a linear-attention vitconvert model")  # not an internal error
+    save_for_hf(student, str(tmp_path / "converted"), safe_serialization=True)  # straight from convert, too
+    assert_same_model(student, timm.create_model(f"local-dir:{tmp_path / 'converted'}", pretrained=True), x)
+
+
+@pytest.mark.parametrize("route", ["local-dir", "entrypoint", "attn_layer"])
+def test_attention_dropout_is_refused_on_every_route(tmp_path, route):
+    """Linear attention forms no attention weights to drop: attn_drop_rate is refused, never ignored."""
+    _, folder = saved(tmp_path, "vit", "elu")
+    name, kwargs = FAMILIES["vit"]
+    build = {"local-dir": lambda: timm.create_model(f"local-dir:{folder}", pretrained=True, attn_drop_rate=0.1),
+             "entrypoint": lambda: timm.create_model("vitconvert_elu", architecture=name, attn_drop_rate=0.1,
+                                                     **kwargs),
+             "attn_layer": lambda: timm.create_model(name, attn_layer="vitconvert_elu", attn_drop_rate=0.1,
+                                                     **kwargs)}[route]
+    with pytest.raises((VitconvertError, ValueError), match=r"attn_drop(_rate)?=0\.1: .*no attention weights"):
+        build()
+    with pytest.raises(VitconvertError, match="attn_layer='vitconvert_relu': the variant is the attention layer"):
+        timm.create_model(f"local-dir:{folder}", pretrained=True, attn_layer="vitconvert_relu")
+    # converting a source built with attention dropout says that it is gone
+    _, report = vitconvert.convert(tiny_model("vit", attn_drop_rate=0.1), "elu")
+    assert "attention dropout (p=0.1) dropped: linear attention forms no attention weights to drop" in (
+        report.to_dict()["notes"])
+
+
+def test_class_names_go_top_level_and_a_new_head_drops_them(tmp_path):
+    """config.json repeats pretrained_cfg's label_names at the top, where transformers reads them (id2label);
+    a re-headed student has other classes, so the source's names must not follow it."""
+    source = tiny_model("vit", num_classes=3)
+    source.pretrained_cfg = {**source.pretrained_cfg, "num_classes": 3, "label_names": ["a", "b", "c"]}
+    for num_classes, labels in ((None, ["a", "b", "c"]), (2, None)):
+        student, _ = vitconvert.convert(source, "elu", num_classes=num_classes)
+        cfg = json.loads((vitconvert.save(student, tmp_path / f"m{num_classes}") / "config.json").read_text())
+        assert cfg.get("label_names") == cfg["pretrained_cfg"].get("label_names") == labels
+        assert "num_classes" not in cfg["model_args"]  # the top-level one; transformers passes its own

@@ -275,8 +275,9 @@ def how_to_use(config: dict[str, Any], hub_id: str) -> str:
             "## How to use\n\n```python\nimport vitconvert\n\n"
             f'model = vitconvert.load("hf-hub:{hub_id}")  # a timm model in eval mode\n```\n\n'
             "This folder was written by vitconvert 0.1: its config.json names the softmax architecture, so load it "
-            "with `vitconvert.load` (`timm.create_model` would build softmax attention). Saving the loaded model "
-            "again (`vitconvert.save`) writes a folder that timm loads too."
+            "with `vitconvert.load` (`timm.create_model` and transformers would build softmax attention). "
+            "`vitconvert upgrade FOLDER` rewrites a downloaded copy in place in today's layout, which timm and "
+            "transformers load too."
         )
     return (
         "## How to use\n\n```python\nimport timm\nimport torch\nfrom PIL import Image\n\n"
@@ -289,7 +290,11 @@ def how_to_use(config: dict[str, Any], hub_id: str) -> str:
         "    top5 = model(transform(image).unsqueeze(0)).softmax(dim=-1).topk(5)\n```\n\n"
         f"`import vitconvert` is needed: config.json names the architecture `vitconvert_{variant}`, which "
         "vitconvert registers with timm. Without it timm stops with `RuntimeError: Unknown model "
-        f"(vitconvert_{variant})` instead of building softmax attention around these weights. "
+        f"(vitconvert_{variant})` instead of building softmax attention around these weights, and transformers "
+        f"with `The model architecture 'vitconvert_{variant}' is not supported in your version of timm`: the fix is "
+        "`pip install vitconvert` and `import vitconvert`, not a newer timm. With it, transformers loads the "
+        f'folder too: `pipeline("image-classification", model="{hub_id}")` or '
+        "`AutoModelForImageClassification.from_pretrained(...)`, the same model bit for bit. "
         f"`vitconvert info hf-hub:{hub_id}` summarises the model."
     )
 

@@ -14,6 +14,7 @@ from .errors import BadValue, VitconvertError
 from .init import InitRecipe, InitReport, apply_recipe
 from .selection import Spec, linear_layers
 from .surgery import SurgeryReport, find_softmax_attention, swap_attention
+from .timm_registry import mark_as_linear
 
 
 @dataclass
@@ -90,9 +91,12 @@ def convert(
     if recipe.needs_fresh_model or reheaded:
         fresh = fresh_like(model, recipe.seed, **({"num_classes": num_classes} if reheaded else {}))
     init_report = apply_recipe(student, recipe, fresh, reheaded)
-    if reheaded:
-        student.pretrained_cfg = {**student.pretrained_cfg, "num_classes": num_classes}
+    if reheaded:  # the source's class names name other classes
+        labels = ("label_names", "label_descriptions")
+        student.pretrained_cfg = {**{k: v for k, v in student.pretrained_cfg.items() if k not in labels},
+                                  "num_classes": num_classes}
         student._model_args = {**getattr(student, "_model_args", {}), "num_classes": num_classes}
+    mark_as_linear(student, to, surgery.layers if surgery.hybrid else None)
     student.eval() if not model.training else student.train()
     report = ConversionReport(surgery, init_report, recipe, source=source,
                               num_classes=getattr(student, "num_classes", num_classes))

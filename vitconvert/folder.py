@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -21,15 +23,20 @@ import torch
 from torch import nn
 
 from .attention import VARIANTS, LinearAttention
-from .card import render_card
+from .card import CARD_MARKER, render_card
 from .errors import VitconvertError, first_line
 from .surgery import linear_layer_indices, swap_attention
-from .timm_registry import export_model_args, timm_config
+from .timm_registry import PREFIX, export_model_args, is_vitconvert_architecture, mark_as_linear, timm_config
 from .version import __version__
 from .writer import atomic_folder, check_output  # noqa: F401  (the writer rule, re-exported)
 
 FORMAT_VERSION = 2  # 1: config.json named the softmax architecture (vitconvert 0.1)
 WEIGHTS = "model.safetensors"
+FOLDER_FILES = ("config.json", WEIGHTS, "README.md")  # what write_model_files writes; upgrade keeps the rest
+
+
+class OldFolderWarning(UserWarning):
+    """A folder in an older layout: vitconvert reads it, plain timm or transformers may not (``vitconvert upgrade``)."""
 
 
 def versions() -> dict[str, str]:
@@ -144,10 +151,49 @@ def check_options(variant: str, options: Any, where: str = "--option") -> None:
             raise VitconvertError(f"{where} {key}={value!r}: {key} must be positive (default {default!r})")
 
 
+def folder_block(config: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """config.json's "vitconvert" block; for a folder that timm's own savers wrote from a vitconvert model
+    (``save_for_hf``, ``push_to_hf_hub``: no block, architecture ``vitconvert_<variant>``), the block its
+    model_args imply; None for anything else (a softmax timm folder)."""
+    block = config.get("vitconvert")
+    if block is not None or not is_vitconvert_architecture(config.get("architecture")):
+        return block
+    args = config.get("model_args") or {}
+    layers = {"layers": args["layers"]} if isinstance(args.get("layers"), list) else {}
+    return {"format_version": FORMAT_VERSION, "variant": config["architecture"].removeprefix(PREFIX),
+            "options": args.get("options") or {}, **layers, "saved_by": "timm"}
+
+
+def upgrade_reasons(config: dict[str, Any]) -> list[str]:
+    """What an older layout of config.json keeps other readers from doing (empty: today's layout)."""
+    block = config.get("vitconvert") or {}
+    reasons = []
+    if block.get("format_version", 1) < FORMAT_VERSION:
+        reasons.append("timm and transformers read its format-1 config.json as a softmax model")
+    elif "num_classes" in (config.get("model_args") or {}):
+        reasons.append("transformers cannot load it (num_classes in model_args)")
+    return reasons
+
+
+def upgrade_notice(folder: Path, config: dict[str, Any]) -> Optional[str]:
+    """One line naming ``vitconvert upgrade`` for a folder in an older layout, else None."""
+    reasons = upgrade_reasons(config)
+    if not reasons or "vitconvert" not in config:
+        return None
+    fix = ("`vitconvert upgrade DIR` on a downloaded copy rewrites it (then push that)" if in_hub_cache(folder)
+           else f"`vitconvert upgrade {folder}` rewrites it in place")
+    return f"{folder} is in an older vitconvert folder layout ({'; '.join(reasons)}): {fix}"
+
+
+def in_hub_cache(folder: Path) -> bool:
+    """A snapshot in huggingface_hub's cache (models--org--name/snapshots/REV), which is never rewritten."""
+    return folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--")
+
+
 def check_folder(folder: Path, config: dict[str, Any]) -> None:
     """What ``load`` checks before it builds anything: format, architecture, variant, options, readable weights
     (``info`` runs it, so a folder that cannot load never reports as fine)."""
-    block = config.get("vitconvert")
+    block = folder_block(config)
     if not isinstance(block, dict):
         raise VitconvertError(f"{folder} is not a vitconvert folder (its config.json has no 'vitconvert' block)")
     if not isinstance(block.get("format_version", 0), int) or block.get("format_version", 0) > FORMAT_VERSION:
@@ -167,7 +213,10 @@ def check_folder(folder: Path, config: dict[str, Any]) -> None:
 def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     """Rebuild architecture from config.json, swap attention as recorded, load strictly."""
     check_folder(folder, config)  # the same checks `info` makes, each one line
-    block = config["vitconvert"]
+    block = folder_block(config)
+    assert block is not None  # check_folder refused anything else
+    if notice := upgrade_notice(folder, config):
+        warnings.warn(notice, OldFolderWarning, stacklevel=3)
     state = _read_weights(folder / WEIGHTS)
     with torch.random.fork_rng(devices=[]):  # building must not move the caller's RNG (bitwise resume)
         try:
@@ -175,8 +224,9 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
         except Exception as e:
             raise VitconvertError(f"cannot rebuild the architecture in {folder}/config.json: {e}") from None
         if not any(isinstance(m, LinearAttention) for m in model.modules()):  # format 1: timm built softmax
-            model, _ = swap_attention(model, block["variant"], block.get("options", {}), inplace=True,
-                                      layers=block.get("layers"))
+            model, swapped = swap_attention(model, block["variant"], block.get("options", {}), inplace=True,
+                                            layers=block.get("layers"))
+            mark_as_linear(model, block["variant"], swapped.layers if swapped.hybrid else None)
     recorded, built = block.get("layers"), linear_layer_indices(model)[0]
     if isinstance(recorded, list) and built != recorded:  # ELU and softmax weights fit either way: never load it
         raise VitconvertError(f"{folder}/config.json disagrees with itself: its vitconvert block makes layers "
@@ -189,3 +239,33 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     return model.eval()
 
 
+def upgrade_folder(folder: Path) -> Optional[int]:
+    """Rewrite a vitconvert folder of an older layout in place, atomically, as ``save`` writes it today (same
+    weights; its other files kept; a card without vitconvert's marker kept as the user's). Returns the format
+    version it had, or None when it was already current (nothing is written)."""
+    if in_hub_cache(folder.resolve()):
+        raise VitconvertError(f"{folder} is a snapshot in the Hub cache: upgrade a copy (`hf download REPO "
+                              "--local-dir DIR`, then `vitconvert upgrade DIR`)")
+    config = read_config(folder)
+    check_folder(folder, config)
+    block = config.get("vitconvert")
+    if block is None:
+        raise VitconvertError(f"{folder} was saved by timm from a vitconvert model (no 'vitconvert' block): it "
+                              "loads as it is")
+    if not upgrade_reasons(config):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OldFolderWarning)
+        model = load_folder_model(folder, config)
+    meta = {**model.vitconvert_report, "upgraded_from": {k: block[k] for k in ("format_version", "versions")
+                                                           if k in block}}
+    meta["upgraded_from"].setdefault("format_version", 1)
+    card_file = folder / "README.md"
+    own_card = card_file.is_file() and CARD_MARKER not in card_file.read_text()
+    with atomic_folder(folder, force=True) as tmp:
+        for entry in folder.iterdir():
+            if entry.name not in FOLDER_FILES:
+                copy = shutil.copytree if entry.is_dir() else shutil.copy2
+                copy(entry, tmp / entry.name)
+        write_model_files(model, tmp, meta, card=card_file.read_text() if own_card else None)
+    return int(block.get("format_version", 1))

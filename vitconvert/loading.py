@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .errors import VitconvertError
-from .folder import load_folder_model, read_config
+from .folder import folder_block, load_folder_model, read_config
 from .hub_io import hub_snapshot
 from .sources import LinearSourceError, load_source
 
@@ -27,7 +27,7 @@ def load(spec: Union[str, Path]) -> nn.Module:
         folder = Path(spec.removeprefix("local-dir:")).expanduser()
         if not folder.exists():
             raise VitconvertError(f"path not found: {spec}")
-    if folder.is_dir() and "vitconvert" in read_config(folder):
+    if folder.is_dir() and folder_block(read_config(folder)) is not None:  # also one timm's save_for_hf wrote
         return load_folder_model(folder, read_config(folder))
     return load_source(spec).model
 
@@ -41,7 +41,7 @@ def load_student(spec: str) -> nn.Module:
                                   "wrote")
         if not path.is_dir():
             raise VitconvertError(f"student folder not found: {spec}")
-        if "vitconvert" not in read_config(path):
+        if folder_block(read_config(path)) is None:
             raise VitconvertError(f"{spec} is not a vitconvert model folder: convert it first "
                                   f"(`vitconvert convert {spec} --to VARIANT`)")
     return load(spec)

@@ -20,7 +20,7 @@ from torch import nn
 from .aliases import ALIASES, resolve_alias, suggest
 from .assets import teacher_folder
 from .errors import VitconvertError, first_line
-from .folder import check_weights_readable, read_config
+from .folder import check_weights_readable, folder_block, read_config
 from .hub_io import hub_snapshot
 from .timm_registry import source_architecture
 
@@ -131,7 +131,7 @@ def load_folder(folder: Path, spec: str, **model_kwargs: Any) -> Source:
     if not folder.is_dir():
         raise VitconvertError(f"folder not found: {folder}")
     cfg = read_config(folder)
-    if "vitconvert" in cfg:
+    if folder_block(cfg) is not None:  # ours, or saved from one of ours by timm's save_for_hf
         raise LinearSourceError(f"{spec} is already a linear-attention vitconvert model, not a softmax source: give "
                                 f"the softmax ViT it was converted from ({source_architecture(cfg)[0]})")
     if "architecture" not in cfg:

@@ -115,8 +115,12 @@ def swap_attention(model: nn.Module, variant: str, options: Optional[dict[str, A
         report.replaced.append(name)
         if type(module).__name__ not in report.source_classes:
             report.source_classes.append(type(module).__name__)
-        for dropped in new.dropped:
-            note = f"per-layer {dropped} (a softmax logit bias) dropped: no linear analogue"
+        attn_drop = getattr(getattr(module, "attn_drop", None), "p", 0.0)
+        dropped_notes = [f"per-layer {d} (a softmax logit bias) dropped: no linear analogue" for d in new.dropped]
+        if attn_drop:  # a training setting of the source; said, not silently lost
+            dropped_notes.append(f"attention dropout (p={attn_drop}) dropped: linear attention forms no attention "
+                                 "weights to drop")
+        for note in dropped_notes:
             if note not in report.notes:
                 report.notes.append(note)
     body = feature_wrapped(target)

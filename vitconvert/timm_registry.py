@@ -69,8 +69,28 @@ def timm_config(config: dict[str, Any], variant: str, options: dict[str, Any],
     ``layers``: the linear ones of a hybrid (absent: every layer)."""
     arch, args = source_architecture(config)
     args.pop("attn_layer", None)  # a from-scratch linear ViT: the entrypoint swaps softmax attention instead
+    # the top-level num_classes says it (timm reads it into pretrained_cfg); transformers passes its own
+    # num_classes beside model_args, so a second one there stops it with "multiple values for num_classes"
+    args.pop("num_classes", None)
     own = {"architecture": arch, "options": options, **({"layers": layers} if layers is not None else {})}
-    return {**config, "architecture": architecture_name(variant), "model_args": {**own, **args}}
+    labels = (config.get("pretrained_cfg") or {}).get("label_names")
+    named = {"label_names": labels} if labels and "label_names" not in config else {}  # transformers' id2label
+    return {**config, "architecture": architecture_name(variant), **named, "model_args": {**own, **args}}
+
+
+def mark_as_linear(model: nn.Module, variant: str, layers: Optional[list[int]] = None) -> None:
+    """Make what timm's savers read (pretrained_cfg's architecture, the arguments the factory recorded) name our
+    entrypoint, so that ``save_for_hf``/``push_to_hf_hub`` of a model swapped outside it (``convert``, a format-1
+    folder) write a folder timm rebuilds as this linear model; ``layers``: a hybrid's linear ones."""
+    cfg = getattr(model, "pretrained_cfg", None)
+    linear = next((m for m in model.modules() if isinstance(m, LinearAttention)), None)
+    if linear is None or not cfg or not cfg.get("architecture") or is_vitconvert_architecture(cfg["architecture"]):
+        return  # nothing swapped (every layer kept softmax: the source itself), or already ours
+    pinned = linear.pinned_options()
+    args = {k: v for k, v in getattr(model, "_model_args", {}).items() if k != "attn_layer"}
+    own = {"architecture": cfg["architecture"], "options": pinned, **({"layers": layers} if layers else {})}
+    model._model_args = {**own, **args}
+    model.pretrained_cfg = model.default_cfg = {**cfg, "architecture": architecture_name(variant)}
 
 
 def export_model_args(model: nn.Module) -> dict[str, Any]:
@@ -91,6 +111,9 @@ def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: O
     if not architecture or not timm.is_model(architecture):
         raise VitconvertError(f"{architecture_name(variant)} needs architecture=<the softmax timm model>, "
                               f"got {architecture!r}")
+    for name, value in (("attn_drop_rate", kwargs.get("attn_drop_rate")), ("attn_layer", kwargs.get("attn_layer"))):
+        if value:  # refused as the attn_layer= route refuses attn_drop, not dropped without a word
+            raise VitconvertError(f"{architecture_name(variant)}: {name}={value!r}: {UNHONOURED[name]}")
     features = kwargs.pop("features_only", False)
     feature_cfg = {k: kwargs.pop(k) for k in FEATURE_ARGS if k in kwargs}
     if pretrained_model_args:
@@ -103,7 +126,15 @@ def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: O
         load_pretrained(model, pretrained_cfg=model.pretrained_cfg, num_classes=model.num_classes,
                         in_chans=kwargs.get("in_chans", 3), filter_fn=getattr(family, "checkpoint_filter_fn", None),
                         strict=True, cache_dir=cache_dir)
+    # timm's savers (save_for_hf, push_to_hf_hub) name pretrained_cfg's architecture, beside the arguments the
+    # factory recorded (architecture, options, layers): the entrypoint that rebuilds this model, not the softmax one
+    model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, "architecture": architecture_name(variant)}
     return features_only(model, **feature_cfg) if features else model
+
+
+# timm arguments about softmax attention that a linear variant cannot honour, and why.
+UNHONOURED = {"attn_drop_rate": "linear attention forms no attention weights to drop (proj_drop_rate works)",
+              "attn_layer": "the variant is the attention layer (build the softmax architecture for another one)"}
 
 
 # What timm's ViT families pass to their feature wrapper (``features_only=True``): the intermediate-layer getter.

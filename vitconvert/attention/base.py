@@ -248,6 +248,13 @@ class LinearAttention(nn.Module):
         """Called by timm's ViT weight init after its own init of the Linear layers: the extras' init."""
         self.reset_extra_parameters()
 
+    def init_non_persistent_buffers(self) -> None:
+        """The buffers no checkpoint holds, as timm's EVA/BEiT attention recomputes them after a meta-device build
+        (``to_empty`` + load; transformers and ``timm.models.reinit_non_persistent_buffers`` call this): k_bias,
+        the key bias those families fix at zero."""
+        if self.k_bias is not None:
+            self.k_bias.zero_()
+
     # -- the parts a variant provides -------------------------------------------------------------
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
             extra: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -79,8 +79,11 @@ def resolve_block_counts(grid_size: Grid, blocks_per_side: Any, block_side: int)
 
 
 def block_distances(counts: tuple[int, int]) -> torch.Tensor:
-    """(M, M) Euclidean distances between block centres (i + ½, j + ½), blocks numbered row-major."""
-    rows, cols = torch.meshgrid(torch.arange(counts[0]), torch.arange(counts[1]), indexing="ij")
+    """(M, M) Euclidean distances between block centres (i + ½, j + ½), blocks numbered row-major; on the CPU
+    whatever the default device (a model built under ``torch.device("meta")`` still gets W's values)."""
+    cpu = torch.device("cpu")
+    rows, cols = torch.meshgrid(torch.arange(counts[0], device=cpu), torch.arange(counts[1], device=cpu),
+                                indexing="ij")
     centres = torch.stack((rows.flatten(), cols.flatten()), dim=-1).double() + 0.5
     return torch.cdist(centres, centres)
 
@@ -93,7 +96,7 @@ def distance_weights(counts: tuple[int, int], transform: str = "cos", exp_sigma:
     state is amplified or lost in total.
     """
     dist = block_distances(counts)
-    longest = dist.max() if dist.max() > 0 else torch.ones((), dtype=dist.dtype)
+    longest = dist.max() if dist.max() > 0 else torch.ones((), dtype=dist.dtype, device=dist.device)
     if transform == "cos":
         weights = torch.cos(dist / longest * math.pi / 4)
     elif transform == "linear":

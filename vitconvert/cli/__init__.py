@@ -9,7 +9,7 @@ import typer
 from typer.core import TyperGroup
 
 from ..version import __version__
-from . import bench, compare, convert, distill, export, info, push, quickstart
+from . import bench, compare, convert, distill, export, info, push, quickstart, upgrade
 from . import eval as evaluate
 
 try:  # typer >= 0.24 vendors click as typer._click; its exceptions are the ones raised
@@ -75,6 +75,7 @@ app.command()(push.push)
 app.command()(quickstart.quickstart)
 app.command("list")(info.list_cmd)
 app.command()(info.info)
+app.command()(upgrade.upgrade)
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional, TypeVar
@@ -57,7 +58,7 @@ def user_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            return with_notes(fn, *args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except BadValue as e:  # a library error about a value: name the flag that gave it
@@ -72,6 +73,21 @@ def user_errors(fn: F) -> F:
             fail(f"{summary(e)} (internal error; rerun with VITCONVERT_DEBUG=1 for the traceback)")
 
     return wrapper  # type: ignore[return-value]
+
+
+def with_notes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn`` with vitconvert's own warnings (an old folder layout, ...) as one ``note:`` line each on stderr,
+    not Python's two-line warning with a source line."""
+    def note(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if category.__module__.split(".")[0] == "vitconvert":
+            typer.echo(f"note: {' '.join(str(message).split())}", err=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+        warnings.showwarning = note
+        return fn(*args, **kwargs)
 
 
 def summary(e: BaseException, internal: bool = True) -> str:

@@ -12,7 +12,7 @@ from ..aliases import ALIASES
 from ..attention import VARIANTS
 from ..card import hybrid_layers
 from ..errors import VitconvertError
-from ..folder import check_folder, read_config
+from ..folder import check_folder, read_config, upgrade_notice
 from ..hub_io import hub_snapshot
 from ..recipes import available_recipes
 from ..timm_registry import source_architecture
@@ -65,10 +65,11 @@ def info(folder: str = typer.Argument(..., help="a vitconvert model or run folde
         raise VitconvertError(f"folder not found: {folder}")
     cfg = read_config(path)
     check_folder(path, cfg)  # what load checks, without building the model
-    block = cfg["vitconvert"]
+    block = cfg.get("vitconvert") or {}  # check_folder passed: ours, or saved by timm from one of ours
+    upgrade = upgrade_notice(path, cfg)
     if as_json:
         typer.echo(json.dumps({"architecture": source_architecture(cfg)[0], "num_classes": cfg.get("num_classes"),
-                               **block}))
+                               **block, "upgrade": upgrade}))
         return
     summary = Table(show_header=False, title=str(folder))
     summary.add_column(style="bold")
@@ -92,3 +93,5 @@ def info(folder: str = typer.Argument(..., help="a vitconvert model or run folde
         console.print(report_table(block, "conversion report"))
     for note in block.get("notes", []):
         console.print(f"[yellow]note:[/] {note}")
+    if upgrade:
+        console.print(f"[yellow]note:[/] {upgrade}")

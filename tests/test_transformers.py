@@ -1,0 +1,142 @@
+"""A model folder as Hugging Face transformers reads it (TimmWrapper, which builds through timm): after
+`import vitconvert`, pipeline, AutoModelForImageClassification and AutoImageProcessor give vitconvert.load's
+logits bit for bit, with the folder's class names; and every variant builds on the meta device, as
+transformers builds it, through timm and through transformers. transformers is an optional extra."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from helpers import image_batch, tiny_model
+from PIL import Image
+from safetensors.torch import load_file
+
+import vitconvert
+from vitconvert.attention import VARIANTS
+
+transformers = pytest.importorskip("transformers")
+
+LABELS = ["cat", "dog", "fox"]
+# every variant, a hybrid (softmax kept in block 0) and a softmax control saved by timm itself
+CASES = [*VARIANTS, "hybrid", "softmax"]
+
+
+def folder_of(tmp_path: Path, case: str, family: str = "vit") -> Path:
+    """A tiny model folder whose pretrained_cfg names its classes."""
+    source = tiny_model(family, num_classes=len(LABELS))
+    source.pretrained_cfg = {**source.pretrained_cfg, "num_classes": len(LABELS), "label_names": LABELS}
+    if case == "softmax":
+        from timm.models import save_for_hf
+
+        save_for_hf(source, str(tmp_path / case), safe_serialization=True)
+        config = json.loads((tmp_path / case / "config.json").read_text())
+        # timm's own save_for_hf keeps num_classes in model_args, which transformers passes again
+        # ("multiple values for keyword argument 'num_classes'"): the control is saved as our folders are
+        del config["model_args"]["num_classes"]
+        (tmp_path / case / "config.json").write_text(json.dumps({**config, "label_names": LABELS}))
+        return tmp_path / case
+    variant, layers = ("elu", [1]) if case == "hybrid" else (case, None)
+    student, _ = vitconvert.convert(source, variant, attn_init="copy", source=family, layers=layers)
+    return vitconvert.save(student, tmp_path / case)
+
+
+def an_image() -> Image.Image:
+    return Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_transformers_gives_vitconvert_loads_logits_and_the_class_names(tmp_path, case):
+    from transformers import AutoImageProcessor, AutoModelForImageClassification, pipeline
+
+    folder = folder_of(tmp_path, case)
+    reference = vitconvert.load(folder)
+    image = an_image()
+    # the processor is the source's preprocessing, as timm resolves it for the loaded model
+    pixels = AutoImageProcessor.from_pretrained(str(folder))(image, return_tensors="pt")["pixel_values"]
+    transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=reference))
+    assert torch.equal(pixels, transform(image).unsqueeze(0))
+
+    model = AutoModelForImageClassification.from_pretrained(str(folder)).eval()
+    x = torch.cat([pixels, image_batch(reference)])
+    with torch.no_grad():
+        expected = reference(x)
+        assert torch.equal(model(pixel_values=x).logits, expected)
+    assert model.config.id2label == dict(enumerate(LABELS))
+    if case != "softmax":
+        attn = [type(b.attn).__name__ for b in model.timm_model.blocks]
+        assert attn == [type(b.attn).__name__ for b in reference.blocks] and "Attention" != attn[-1]
+
+    ranked = pipeline("image-classification", model=str(folder))(image, top_k=len(LABELS))
+    scores = expected[0].softmax(-1)
+    assert [r["label"] for r in ranked] == [LABELS[i] for i in scores.argsort(descending=True)]
+    assert [r["score"] for r in ranked] == pytest.approx(sorted(scores.tolist(), reverse=True), abs=1e-6)
+
+    model.save_pretrained(tmp_path / "again")  # transformers' own save loads again as the same model
+    again = AutoModelForImageClassification.from_pretrained(str(tmp_path / "again")).eval()
+    with torch.no_grad():
+        assert torch.equal(again(pixel_values=x).logits, expected)
+
+
+def materialised(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """What low-memory loaders do with a model built on the meta device: allocate, load every tensor, and
+    recompute the buffers no checkpoint holds (EVA's rotary tables, the k_bias its attention fixes at zero)."""
+    from timm.models._manipulate import reinit_non_persistent_buffers
+
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    model.to_empty(device="cpu")
+    model.load_state_dict(state, strict=True)
+    reinit_non_persistent_buffers(model)
+    return model.eval()
+
+
+@pytest.mark.parametrize("family", ["vit", "eva02"])  # eva02: non-persistent buffers (rope, k_bias)
+@pytest.mark.parametrize("variant", [*VARIANTS, "hybrid"])
+def test_every_variant_builds_on_the_meta_device_through_timm_and_transformers(tmp_path, variant, family):
+    from transformers import AutoConfig, AutoModelForImageClassification
+
+    folder = folder_of(tmp_path, variant, family)
+    reference = vitconvert.load(folder)
+    state = load_file(str(folder / "model.safetensors"))
+    x = image_batch(reference)
+    with torch.device("meta"):
+        through_timm = timm.create_model(f"local-dir:{folder}")
+        through_transformers = AutoModelForImageClassification.from_config(AutoConfig.from_pretrained(str(folder)))
+    through_timm = materialised(through_timm, state)
+    through_transformers = materialised(through_transformers, {f"timm_model.{k}": v for k, v in state.items()})
+    with torch.no_grad():
+        assert torch.equal(through_timm(x), reference(x))
+        assert torch.equal(through_transformers(pixel_values=x).logits, reference(x))
+        # and as from_pretrained builds and loads it by itself
+        loaded = AutoModelForImageClassification.from_pretrained(str(folder)).eval()
+        assert torch.equal(loaded(pixel_values=x).logits, reference(x))
+
+
+def test_the_docs_transformers_example_runs_as_shown(tmp_path, monkeypatch):
+    """docs/timm.md's transformers block, on a tiny folder in place of its folder name."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "timm.md").read_text()
+    code = docs.split("## Loading with Hugging Face transformers")[1].split("```python\n")[1].split("```")[0]
+    folder = folder_of(tmp_path, "mhla")
+    monkeypatch.chdir(tmp_path)
+    an_image().save("image.jpg")
+    scope: dict = {}
+    exec(compile(code.replace("deit_small_patch16_224-mhla", str(folder)), "docs/timm.md", "exec"), scope)
+    reference = vitconvert.load(folder)
+    transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=reference))
+    with torch.no_grad():
+        assert torch.equal(scope["logits"], reference(transform(scope["image"]).unsqueeze(0)))
+
+
+def test_nothing_in_the_package_imports_transformers():
+    """An optional extra, for tests and docs only."""
+    package = Path(vitconvert.__file__).parent
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.split(".")[0] == "transformers" for n in names), path
