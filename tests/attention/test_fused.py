@@ -259,3 +259,28 @@ def test_training_keeps_only_q_k_v_and_the_output():
     out = fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6)
     saved = [t for t in out.grad_fn.saved_tensors if t is not None]
     assert len(saved) == 4 and all(t.shape == q.shape for t in saved)  # q, k, v, o: no (B, H, d, d) state
+
+
+@pytest.mark.slow  # minutes in the interpreter
+@pytest.mark.parametrize("tokens,head_dim", [(1025, 64), (4097, 64), (1025, 128)])
+def test_kernels_at_vit_sizes(tokens, head_dim):
+    """1024 px (4097 tokens) and 512 px, head dims 64 and 128: ELU and InLine against the N×N forms, values and
+    gradients, and MHLA's module (a 32×32 grid in 5×5 blocks) against its reference."""
+    q, k, v = qkv(B=1, H=2, N=tokens, d=head_dim)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    for out, expected in (
+        (fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6),
+         kernel_attention_reference(elu_feature_literal(q64), elu_feature_literal(k64), v64, None, 1e-6)),
+        (fused.inline_attention(q, k, v, None, head_dim ** -0.5),
+         inline_weights(q64, k64, None, head_dim ** -0.5) @ v64),
+    ):
+        assert rel_error(out, expected) < TOL[torch.float32]
+        grad = torch.randn_like(expected)
+        got = torch.autograd.grad(out, (q, k, v), grad.float())
+        want = torch.autograd.grad(expected, (q64, k64, v64), grad)
+        assert all(rel_error(g, w) < 1e-4 for g, w in zip(got, want, strict=True))
+    if tokens == 1025:
+        module = make_module("mhla", head_dim, (32, 32), 1, blocks_per_side=5)
+        x = torch.randn(1, tokens, 2 * head_dim, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+        expected = module.double()(x.double(), use_reference=True)
+        assert rel_error(module.float()(x), expected) < 1e-5
