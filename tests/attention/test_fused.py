@@ -284,3 +284,45 @@ def test_kernels_at_vit_sizes(tokens, head_dim):
         x = torch.randn(1, tokens, 2 * head_dim, generator=torch.Generator().manual_seed(3)).to(DEVICE)
         expected = module.double()(x.double(), use_reference=True)
         assert rel_error(module.float()(x), expected) < 1e-5
+
+
+class Unbuildable:
+    """A kernel Triton cannot build on this GPU (as OutOfResources is raised for shared memory or registers)."""
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            from triton.runtime.errors import OutOfResources
+
+            raise OutOfResources(232448, 101376, "shared memory")
+        return run
+
+
+@pytest.mark.parametrize("name", ["elu", "inline", "mhla"])
+def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_form_once(name, monkeypatch):
+    from vitconvert.attention import triton_kernels
+
+    module = make_module(name, 32, (4, 4), 1, **({"blocks_per_side": 2} if name == "mhla" else {}))
+    x = torch.randn(2, 17, 64, device=DEVICE)
+    expected = module(x)
+    monkeypatch.setattr(fused, "_unavailable", [])
+    for kernel in ("attention_fwd_kernel", "state_fwd_kernel", "readout_fwd_kernel"):
+        monkeypatch.setattr(triton_kernels, kernel, Unbuildable())
+    with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources.*VITCONVERT_FUSED=0"):
+        out = module(x)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert not fused.can_run(x)  # off for the process: no second warning, no second try
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module(x)
+
+
+def test_a_backward_kernel_the_gpu_cannot_build_is_a_clear_error(monkeypatch):
+    from vitconvert.attention import triton_kernels
+
+    q, k, v = qkv(N=40)
+    out = fused.kernel_attention(q, k, v, None, fused.RELU, 1e-6)
+    monkeypatch.setattr(triton_kernels, "readout_bwd_kernel", Unbuildable())
+    with pytest.raises(fused.KernelUnavailable, match="VITCONVERT_FUSED=0 selects the eager form"):
+        out.sum().backward()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import warnings
 from functools import lru_cache
 from typing import Optional
 
@@ -45,9 +46,39 @@ def use_fused_kernels() -> bool:
     return os.environ.get(ENV, "1") != "0" and triton_available()
 
 
+class KernelUnavailable(RuntimeError):
+    """Triton could not build a kernel for this GPU (registers, shared memory, an unsupported instruction)."""
+
+
+_unavailable: list[str] = []  # why the kernels were turned off in this process (disable)
+
+
+def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)``, with Triton's build failures as :class:`KernelUnavailable` (the
+    interpreter's errors are bugs, and stay what they are)."""
+    from triton.runtime.errors import InterpreterError, TritonError  # lazy: start-up time (triton on first launch)
+
+    try:
+        kernel[grid](*args, **kwargs)
+    except InterpreterError:
+        raise
+    except TritonError as e:
+        reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+        raise KernelUnavailable(f"the fused linear-attention kernels cannot run on this GPU ({reason}); "
+                                f"{ENV}=0 selects the eager form") from e
+
+
+def disable(error: KernelUnavailable) -> None:
+    """Turn the kernels off for this process after a forward could not build them: once, with a warning; the
+    call that failed and every later one run the eager form."""
+    if not _unavailable:
+        warnings.warn(str(error), RuntimeWarning, stacklevel=3)
+    _unavailable.append(str(error))
+
+
 def can_run(t: torch.Tensor) -> bool:
     """Whether the kernels take this call's q/k/v (the per-call half of dispatch; anything else runs eager)."""
-    if torch.onnx.is_in_onnx_export():
+    if _unavailable or torch.onnx.is_in_onnx_export():
         return False
     return (t.device.type in DEVICES and t.dtype in DTYPES and MIN_HEAD_DIM <= t.shape[-1] <= MAX_HEAD_DIM
             and triton_available())
@@ -135,7 +166,7 @@ def linear_state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Ten
     Z = k.new_empty((B * H, segments, splits, D), dtype=torch.float32)
     ZV = torch.empty_like(Z)
     mask, s_mb = _mask_arg(key_valid, k)
-    state_fwd_kernel[(B * H, segments, splits)](
+    launch(state_fwd_kernel, (B * H, segments, splits),
         k, v, mask, index if index is not None else k, S, Z, ZV,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
         H, length, D, segments, splits, per, feature_eps,
@@ -167,7 +198,7 @@ def linear_state_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[
     dk, dv = torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(
         v, memory_format=torch.contiguous_format)
     mask, s_mb = _mask_arg(key_valid, k)
-    state_bwd_kernel[(B * H, segments, splits)](
+    launch(state_bwd_kernel, (B * H, segments, splits),
         k, v, mask, index if index is not None else k, dS.contiguous(), dz.contiguous(), dzv.contiguous(), dk, dv,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
@@ -220,7 +251,7 @@ def linear_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Opt
     splits, per = split_tokens(B * H, segments, length, q.device)
     block_n, block_d, warps = block_sizes(D)
     o = _output_like(q)
-    readout_fwd_kernel[(B * H, segments, splits)](
+    launch(readout_fwd_kernel, (B * H, segments, splits),
         q, R.contiguous(), r.contiguous(), o, index if index is not None else q,
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
         H, length, D, segments, per, feature_eps, eps,
@@ -248,7 +279,7 @@ def linear_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dR = q.new_empty((B * H, segments, splits, D, D), dtype=torch.float32)
     dr = q.new_empty((B * H, segments, splits, D), dtype=torch.float32)
-    readout_bwd_kernel[(B * H, segments, splits)](
+    launch(readout_bwd_kernel, (B * H, segments, splits),
         q, R.contiguous(), r.contiguous(), o, do, dq, dR, dr, index if index is not None else q,
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
@@ -308,7 +339,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
     block_n, block_d, warps = block_sizes(D)
     o = _output_like(q)
     mask, s_mb = _mask_arg(key_valid, k)
-    attention_fwd_kernel[(B * H,)](
+    launch(attention_fwd_kernel, (B * H,),
         q, k, v, mask, o,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), s_mb, o.stride(0), o.stride(1), o.stride(2),
