@@ -36,9 +36,11 @@ TILE_ENV = "VITCONVERT_FUSED_TILE"
 CONFIG_ENV = "VITCONVERT_FUSED_CONFIG"
 
 
-@lru_cache(maxsize=1)
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # once, at import (cheap; no triton import)
+
+
 def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return TRITON_INSTALLED
 
 
 def use_fused_kernels() -> bool:
