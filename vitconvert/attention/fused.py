@@ -21,8 +21,9 @@ import importlib.util
 import math
 import os
 import warnings
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -76,6 +77,17 @@ def disable(error: KernelUnavailable) -> None:
     if not _unavailable:
         warnings.warn(str(error), RuntimeWarning, stacklevel=3)
     _unavailable.append(str(error))
+
+
+def attempt(mix: Callable[..., torch.Tensor], *args: Any) -> Optional[torch.Tensor]:
+    """``mix(*args)`` on the kernels, or None after :func:`disable` when Triton cannot build them here (the caller
+    then runs its eager form). A function of its own: TorchScript parses even the skipped branches of a scripted
+    ``forward`` and has no ``try``."""
+    try:
+        return mix(*args)
+    except KernelUnavailable as e:
+        disable(e)
+        return None
 
 
 def can_run(t: torch.Tensor) -> bool:

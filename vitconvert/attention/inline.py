@@ -179,11 +179,8 @@ class InLineAttention(LinearAttention):
         kernels = self._kernels_for(grid, local_kernels)
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             if self.fused_kernels and fused.can_run(v):
-                try:
-                    out = fused.inline_attention(q.to(v.dtype), k.to(v.dtype), v, key_valid, self.scale)
-                except fused.KernelUnavailable as e:
-                    fused.disable(e)
-                else:
+                out = fused.attempt(fused.inline_attention, q.to(v.dtype), k.to(v.dtype), v, key_valid, self.scale)
+                if out is not None:
                     if kernels is not None and grid is not None:
                         residual = local_residual(v, kernels.to(v.dtype), grid, self.num_prefix_tokens, key_valid)
                         out = add_to_spatial(out, residual.to(out.dtype), self.num_prefix_tokens)

@@ -153,11 +153,10 @@ class KernelAttention(LinearAttention):
         """φ on q and k together: fewer passes, and for batches the stacked copy is the layout bmm needs."""
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             if self.fused_kernels and fused.can_run(v):
-                try:
-                    return fused.kernel_attention(q.to(v.dtype), k.to(v.dtype), v, key_valid, self.feature_code,
-                                                  self.eps)
-                except fused.KernelUnavailable as e:
-                    fused.disable(e)
+                out = fused.attempt(fused.kernel_attention, q.to(v.dtype), k.to(v.dtype), v, key_valid,
+                                    self.feature_code, self.eps)
+                if out is not None:
+                    return out
         if q.shape[0] > 1 and q.shape == k.shape:  # (B, H) views cannot fold into one bmm batch: copy once, here
             phi_q, phi_k = self.phi(torch.stack((q, k))).unbind(0)
         else:  # one image: (1, H, N, d) views of the qkv output fold into (H, N, d) without a copy

@@ -403,10 +403,9 @@ class MHLAttention(LinearAttention):
         """Blocked states, mixed by W, read by each query; reshapes/gathers, no loops; sums in float32 at least."""
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             if self.fused_kernels and not self.official_denominator and fused.can_run(v):
-                try:
-                    return self._fused_mix(q, k, v, key_valid, grid)
-                except fused.KernelUnavailable as e:
-                    fused.disable(e)
+                out = fused.attempt(self._fused_mix, q, k, v, key_valid, grid)
+                if out is not None:
+                    return out
         dtype = v.dtype
         acc = accumulation_dtype(dtype)
         with full_precision(q):
