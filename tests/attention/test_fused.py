@@ -326,3 +326,40 @@ def test_a_backward_kernel_the_gpu_cannot_build_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(triton_kernels, "readout_bwd_kernel", Unbuildable())
     with pytest.raises(fused.KernelUnavailable, match="VITCONVERT_FUSED=0 selects the eager form"):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("family", ["vit", "eva02", "dinov2", "deit_distilled"])
+@pytest.mark.parametrize("name", FUSED_VARIANTS)
+def test_whole_timm_models_on_the_kernels_match_their_eager_form(family, name, monkeypatch):
+    """Converted timm models as users run them (qkv layouts, rope, registers, distillation tokens), one
+    training step: logits and every gradient of the fused model equal the eager model's."""
+    from helpers import image_batch, tiny_model
+
+    import vitconvert
+
+    calls = []
+    for op in ("linear_attention", "segmented_attention"):
+        original = getattr(fused, op)
+        monkeypatch.setattr(fused, op, lambda *a, _op=original: calls.append(1) or _op(*a))
+    source = tiny_model(family)
+    student, _ = vitconvert.convert(source, name)
+    student = student.to(DEVICE).train()
+    x = image_batch(source).to(DEVICE)
+    results = []
+    for fused_on in (True, False):
+        for module in student.modules():
+            if hasattr(module, "fused_kernels"):
+                module.fused_kernels = fused_on
+        student.zero_grad()
+        logits = student(x)
+        logits.square().sum().backward()
+        results.append((logits.detach(), {n: p.grad.clone() for n, p in student.named_parameters()
+                                          if p.grad is not None}))
+        if fused_on:
+            assert len(calls) == 2  # both blocks ran on the kernels
+    assert len(calls) == 2  # and none when switched off
+    (fused_logits, fused_grads), (eager_logits, eager_grads) = results
+    torch.testing.assert_close(fused_logits, eager_logits, atol=1e-5, rtol=1e-4)
+    assert fused_grads.keys() == eager_grads.keys()
+    for n in eager_grads:
+        torch.testing.assert_close(fused_grads[n], eager_grads[n], atol=1e-5, rtol=1e-3, msg=n)
