@@ -7,11 +7,6 @@ read folders register with timm themselves), and the API names load on first use
 """
 
 import sys as _sys
-from typing import Any as _Any
-
-from .version import __version__
-
-__all__ = ["VARIANTS", "convert", "load", "save", "__version__"]
 
 
 def _is_command_line() -> bool:
@@ -29,6 +24,23 @@ def _is_command_line() -> bool:
             module = arg[2:] or (args[i + 1] if i + 1 < len(args) else "")
             return module in ("vitconvert", "vitconvert.__main__")
     return False
+
+
+_COMMAND_LINE = _is_command_line()
+if _COMMAND_LINE:
+    def _interrupted(kind, value, tb):  # Ctrl-C while Python starts the command is one line, not a traceback
+        if issubclass(kind, KeyboardInterrupt):
+            print("error: interrupted", file=_sys.stderr)
+        else:
+            _sys.__excepthook__(kind, value, tb)
+
+    _sys.excepthook = _interrupted
+
+from typing import Any as _Any  # noqa: E402
+
+from .version import __version__  # noqa: E402
+
+__all__ = ["VARIANTS", "convert", "load", "save", "__version__"]
 
 
 def _public_api() -> dict[str, _Any]:
@@ -49,13 +61,5 @@ def __getattr__(name: str) -> _Any:
     return globals()[name]
 
 
-if _is_command_line():
-    def _interrupted(kind, value, tb):  # Ctrl-C while Python starts the command is one line, not a traceback
-        if issubclass(kind, KeyboardInterrupt):
-            print("error: interrupted", file=_sys.stderr)
-        else:
-            _sys.__excepthook__(kind, value, tb)
-
-    _sys.excepthook = _interrupted
-else:
+if not _COMMAND_LINE:
     globals().update(_public_api())

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Optional
 
 import typer
@@ -65,6 +67,15 @@ class LazyCommand(TyperCommand):
         return self.load().make_context(info_name, args, parent=parent, **extra)
 
 
+@contextmanager
+def said_interrupted() -> Iterator[None]:
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo("error: interrupted", err=True)
+        raise typer.Exit(130) from None
+
+
 class Commands(TyperGroup):
     """The commands of COMMANDS, each loaded when run. Parser errors (a non-numeric --epochs, an unknown flag) are one
     ``error:`` line, like every other error, instead of click's usage box; Ctrl-C while parsing (or while a command's
@@ -74,6 +85,16 @@ class Commands(TyperGroup):
         super().__init__(**kwargs)
         for name, (module, function, summary) in COMMANDS.items():
             self.add_command(LazyCommand(name, module, function, summary))
+
+    # typer turns a KeyboardInterrupt into a silent exit 130: while parsing or importing a command's module
+    # (torch, say), Ctrl-C is said like everywhere else
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with said_interrupted():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with said_interrupted():
+            return super().invoke(ctx)
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
