@@ -69,6 +69,7 @@ class LazyCommand(TyperCommand):
 
 @contextmanager
 def said_interrupted() -> Iterator[None]:
+    """Ctrl-C inside the block is ``error: interrupted`` and exit 130 (typer's own main says nothing)."""
     try:
         yield
     except KeyboardInterrupt:
@@ -86,8 +87,6 @@ class Commands(TyperGroup):
         for name, (module, function, summary) in COMMANDS.items():
             self.add_command(LazyCommand(name, module, function, summary))
 
-    # typer turns a KeyboardInterrupt into a silent exit 130: while parsing or importing a command's module
-    # (torch, say), Ctrl-C is said like everywhere else
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
         with said_interrupted():
             return super().make_context(*args, **kwargs)
