@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+from pathlib import Path
 
+import huggingface_hub
 import pytest
 import torch
+from huggingface_hub import HfApi
 
 if not torch.cuda.is_available():  # the fused kernels' tests run in Triton's interpreter, which must be chosen
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before timm imports triton (attention/test_fused.py)
 
 from helpers import tiny_model  # noqa: E402
+
+import vitconvert  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 torch.set_num_threads(1)  # pytest -n 2 runs two workers on two cores: one thread each, no oversubscription
@@ -47,3 +54,66 @@ def hub_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
     return cache
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread; two spin against each other on a loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# -- Hub: converted folders to push, and a Hub that is never reached (tests/test_hub.py, tests/cli/test_push.py)
+@pytest.fixture(scope="session")
+def templates(tmp_path_factory) -> dict[str, Path]:
+    """One converted tiny folder per variant for the whole session (Mimetic init is the slow part)."""
+    return {}
+
+
+@pytest.fixture
+def make_folder(templates, tmp_path_factory):
+    """make_folder(path, variant="elu", run=False): a converted tiny model folder at ``path``; ``run`` adds
+    what a distill run folder holds beside the model (recipe, metrics, curves, checkpoints)."""
+    def make(path: Path, variant: str = "elu", run: bool = False) -> Path:
+        if variant not in templates:
+            student, _ = vitconvert.convert(tiny_model("vit"), variant, source="vit_tiny")
+            templates[variant] = vitconvert.save(student, tmp_path_factory.mktemp("tpl") / variant, pretrained=False)
+        shutil.copytree(templates[variant], path)
+        if run:
+            (path / "recipe.yaml").write_text("# quick recipe\ndata:\n  dataset: torch/cifar10\nepochs: 2\n")
+            (path / "metrics.jsonl").write_text('{"epoch": 0, "top1": 10.0}\n{"epoch": 1, "top1": 12.5}\n')
+            (path / "curves.png").write_bytes(b"\x89PNG fake")
+            (path / "checkpoint-last").mkdir()
+            (path / "checkpoint-last" / "optimizer.pt").write_bytes(b"state")
+            (path / "best").mkdir()
+            (path / "best" / "model.safetensors").write_bytes(b"weights")
+            (path / "events.out.tfevents.1").write_bytes(b"tb")
+            (path / "optimizer.pt").write_bytes(b"state")
+        return path
+
+    return make
+
+
+@pytest.fixture
+def online(monkeypatch):
+    """Offline mode off (conftest turns it on) and no ambient login, so tests decide where the token comes from."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any socket connection or Hub call fails the test (whatever offline mode says)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    for name in ("create_repo", "create_branch", "upload_folder"):
+        monkeypatch.setattr(HfApi, name, refuse)
+    monkeypatch.setattr(huggingface_hub, "get_token", refuse)

@@ -8,6 +8,7 @@ import os
 
 import timm
 import torch
+from huggingface_hub import HfApi
 from typer.testing import CliRunner
 
 runner = CliRunner()
@@ -82,3 +83,27 @@ def assert_one_line_error(result, text: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert text in lines[0], lines[0]
     assert "Traceback" not in result.output + result.stderr
+
+
+FAKE_TOKEN = "hf_FakeTokenForTests0123456789abcdef"
+
+
+class FakeHub:
+    """Records what reaches huggingface_hub; ``fail`` makes the named call raise."""
+
+    def __init__(self, monkeypatch, fail: dict | None = None):
+        self.calls: list[tuple[str, tuple, dict]] = []
+        self.fail = fail or {}
+        for name in ("create_repo", "create_branch", "upload_folder"):
+            monkeypatch.setattr(HfApi, name, self._record(name))
+
+    def _record(self, name):
+        def method(api, *args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            if name in self.fail:
+                raise self.fail[name]
+            return type("CommitInfo", (), {"commit_url": "https://huggingface.co/me/x/commit/abc"})()
+        return method
+
+    def kwargs(self, name: str) -> dict:
+        return next(kw for n, _, kw in self.calls if n == name)

@@ -9,11 +9,9 @@ from helpers import tiny_model
 from vitconvert import bench
 from vitconvert.attention import VARIANTS
 from vitconvert.bench import (
-    BenchRow,
     benchmark,
     flops_per_image,
     linear_copy,
-    memory_slope,
     parse_sizes,
     parse_variants,
     peak_memory_bytes,
@@ -113,18 +111,6 @@ def test_peak_memory_sees_cpu_tensors():
 
     peak = peak_memory_bytes(step, torch.device("cpu"))
     assert 4 * 2**20 <= peak < 5 * 2**20
-
-
-def row(model: str, tokens: int, mem: float) -> BenchRow:
-    return BenchRow(model, 0, tokens, "infer", 1, 1.0, 1.0, mem, 1.0, 1.0, 1.0)
-
-
-def test_memory_slope():
-    linear = [row("elu", n, 3.0 * n) for n in (256, 1024, 4096)]
-    quadratic = [row("softmax", n, 1e-3 * n * n) for n in (256, 1024, 4096)]
-    assert memory_slope(linear + quadratic, "elu") == pytest.approx(1.0)
-    assert memory_slope(linear + quadratic, "softmax") == pytest.approx(2.0)
-    assert memory_slope(linear[:1], "elu") is None
 
 
 FIRST, SECOND = list(VARIANTS)[:2]

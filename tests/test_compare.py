@@ -15,14 +15,7 @@ from vitconvert.capture import DistillStudent, TeacherTap, attention_pairs
 from vitconvert.compare import compare_models, plot_compare
 from vitconvert.errors import VitconvertError
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; two spin against each other on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def batches(model: torch.nn.Module, n: int = 2, size: int = 4) -> list[torch.Tensor]:

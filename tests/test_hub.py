@@ -5,97 +5,19 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
-import socket
 from pathlib import Path
 
 import huggingface_hub
 import pytest
 import timm
 import torch
-from helpers import image_batch, place_in_hub_cache, tiny_model
-from huggingface_hub import HfApi, ModelCard
+from helpers import FAKE_TOKEN, FakeHub, image_batch, place_in_hub_cache, tiny_model
+from huggingface_hub import ModelCard
 
 import vitconvert
 from vitconvert.card import CARD_MARKER
 from vitconvert.errors import VitconvertError
 from vitconvert.hub import NEVER, push_folder
-
-FAKE_TOKEN = "hf_FakeTokenForTests0123456789abcdef"
-
-
-@pytest.fixture(scope="session")
-def templates(tmp_path_factory) -> dict[str, Path]:
-    """One converted tiny folder per variant for the whole session (Mimetic init is the slow part)."""
-    return {}
-
-
-@pytest.fixture
-def make_folder(templates, tmp_path_factory):
-    """make_folder(path, variant="elu", run=False): a converted tiny model folder at ``path``; ``run`` adds
-    what a distill run folder holds beside the model (recipe, metrics, curves, checkpoints)."""
-    def make(path: Path, variant: str = "elu", run: bool = False) -> Path:
-        if variant not in templates:
-            student, _ = vitconvert.convert(tiny_model("vit"), variant, source="vit_tiny")
-            templates[variant] = vitconvert.save(student, tmp_path_factory.mktemp("tpl") / variant, pretrained=False)
-        shutil.copytree(templates[variant], path)
-        if run:
-            (path / "recipe.yaml").write_text("# quick recipe\ndata:\n  dataset: torch/cifar10\nepochs: 2\n")
-            (path / "metrics.jsonl").write_text('{"epoch": 0, "top1": 10.0}\n{"epoch": 1, "top1": 12.5}\n')
-            (path / "curves.png").write_bytes(b"\x89PNG fake")
-            (path / "checkpoint-last").mkdir()
-            (path / "checkpoint-last" / "optimizer.pt").write_bytes(b"state")
-            (path / "best").mkdir()
-            (path / "best" / "model.safetensors").write_bytes(b"weights")
-            (path / "events.out.tfevents.1").write_bytes(b"tb")
-            (path / "optimizer.pt").write_bytes(b"state")
-        return path
-
-    return make
-
-
-class FakeHub:
-    """Records what reaches huggingface_hub; ``fail`` makes the named call raise."""
-
-    def __init__(self, monkeypatch, fail: dict | None = None):
-        self.calls: list[tuple[str, tuple, dict]] = []
-        self.fail = fail or {}
-        for name in ("create_repo", "create_branch", "upload_folder"):
-            monkeypatch.setattr(HfApi, name, self._record(name))
-
-    def _record(self, name):
-        def method(api, *args, **kwargs):
-            self.calls.append((name, args, kwargs))
-            if name in self.fail:
-                raise self.fail[name]
-            return type("CommitInfo", (), {"commit_url": "https://huggingface.co/me/x/commit/abc"})()
-        return method
-
-    def kwargs(self, name: str) -> dict:
-        return next(kw for n, _, kw in self.calls if n == name)
-
-
-@pytest.fixture
-def online(monkeypatch):
-    """Offline mode off (conftest turns it on) and no ambient login, so tests decide where the token comes from."""
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    """Any socket connection or Hub call fails the test (whatever offline mode says)."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("network access")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    for name in ("create_repo", "create_branch", "upload_folder"):
-        monkeypatch.setattr(HfApi, name, refuse)
-    monkeypatch.setattr(huggingface_hub, "get_token", refuse)
 
 
 def test_dry_run_lists_model_and_run_files_only(tmp_path, online, no_network, make_folder):

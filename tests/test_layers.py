@@ -158,3 +158,20 @@ def test_the_checker_catches_an_upward_and_an_unmarked_lazy_import(tmp_path, mon
         test_imports_point_down(copy)
     found = {(t, local) for t, _, local, _ in imports(copy)}
     assert ("distill", False) in found and ("errors", True) in found
+
+
+def test_no_test_module_imports_another():
+    """Shared test code lives in helpers (tests/helpers.py, tests/<folder>/helpers.py) and fixtures in
+    conftest.py, never in a test module that another one imports."""
+    found = []
+    for path in sorted((PACKAGE.parent / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + ([alias.name for alias in node.names] if not node.module else [])
+            else:
+                continue
+            if any(part.startswith("test_") for name in names for part in name.split(".")):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert not found, f"test modules imported by others: {found}"

@@ -40,6 +40,7 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from .attention import VARIANTS
+from .compare import require_matplotlib
 from .convert import fresh_like
 from .errors import BadValue, VitconvertError, first_line
 from .export import export_onnx, require_onnx
@@ -93,9 +94,6 @@ class BenchReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {**{k: v for k, v in asdict(self).items() if k != "rows"}, "results": [asdict(r) for r in self.rows]}
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 # -- input validation --------------------------------------------------------------------------------
@@ -481,13 +479,6 @@ def _measure(models: dict[str, nn.Module], x: torch.Tensor, mode: str, dev: torc
 
 
 # -- output -----------------------------------------------------------------------------------------
-def require_matplotlib() -> None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise VitconvertError("--plot needs matplotlib: pip install 'vitconvert[plot]'") from None
-
-
 def plot_speedups(report: BenchReport, path: Union[str, Path]) -> Path:
     """PNG of speedup over softmax against tokens (log scale): solid measured, dashed the FLOP bound."""
     require_matplotlib()
@@ -522,15 +513,3 @@ def plot_speedups(report: BenchReport, path: Union[str, Path]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=120)
     return path
-
-
-def memory_slope(rows: Sequence[BenchRow], model: str, mode: str = "infer") -> Optional[float]:
-    """Least-squares slope of log(peak memory) against log(tokens): 1 is linear growth, 2 quadratic."""
-    points = [(math.log(r.tokens), math.log(r.peak_mem_mb)) for r in rows
-              if r.model == model and r.mode == mode and r.tokens and r.peak_mem_mb]
-    if len(points) < 2:
-        return None
-    mx = sum(p[0] for p in points) / len(points)
-    my = sum(p[1] for p in points) / len(points)
-    var = sum((p[0] - mx) ** 2 for p in points)
-    return sum((p[0] - mx) * (p[1] - my) for p in points) / var if var else None

@@ -194,11 +194,19 @@ def image_batches(data: str, model: nn.Module, split: str = "val", batches: int 
     return make_loader(sample, batch_size, seed, train=False, workers=workers)
 
 
-def require_matplotlib() -> None:
+def has_matplotlib() -> bool:
+    """Whether plots can be drawn: matplotlib is optional (``pip install 'vitconvert[plot]'``)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise VitconvertError("plotting needs matplotlib: pip install 'vitconvert[plot]'") from None
+        return False
+    return True
+
+
+def require_matplotlib() -> None:
+    """Stop with one clear error when plotting is asked for and matplotlib is missing (compare's and bench's)."""
+    if not has_matplotlib():
+        raise VitconvertError("plotting needs matplotlib: pip install 'vitconvert[plot]'")
 
 
 def plot_compare(report: CompareReport, path: Union[str, Path], title: str = "student vs teacher") -> Path:

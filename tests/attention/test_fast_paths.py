@@ -11,12 +11,7 @@ from torch.nn import functional as F
 from vitconvert.attention import VARIANTS
 from vitconvert.attention.kernel import EluAttention, elu_feature, fla_installed, kernel_attention
 
-
-def make_module(name: str, grid=(4, 4), num_prefix: int = 1, **options):
-    torch.manual_seed(0)
-    src = Attention(dim=16, num_heads=2, qkv_bias=True)
-    return VARIANTS[name].from_softmax(src, num_prefix_tokens=num_prefix, grid_size=grid, **options)
-
+from .helpers import make_module
 
 # (variant, grid, options): MHLA on a grid its 2×2 blocks divide (reshape path) and on one they do not (gather).
 COMPILE_CASES = [("elu", (4, 4), {}), ("relu", (4, 4), {}), ("inline", (4, 4), {"local_residual": True}),
@@ -25,7 +20,7 @@ COMPILE_CASES = [("elu", (4, 4), {}), ("relu", (4, 4), {}), ("inline", (4, 4), {
 
 
 def compiled_matches_eager(name, grid, options, backend: str, masked: bool):
-    mod = make_module(name, grid, **options)
+    mod = make_module(name, 1, grid, dim=16, dtype=torch.float32, **options)
     tokens = 1 + grid[0] * grid[1]
     x = torch.randn(2, tokens, 16, requires_grad=True)
     mask = torch.ones(2, 1, 1, tokens, dtype=torch.bool)
@@ -60,7 +55,7 @@ def test_mhla_trains_after_inference_on_the_same_grid():
     from vitconvert.attention.mhla import block_indices
 
     block_indices.cache_clear()
-    mod = make_module("mhla", (5, 5), blocks_per_side=2)
+    mod = make_module("mhla", 1, (5, 5), dim=16, dtype=torch.float32, blocks_per_side=2)
     x = torch.randn(1, 26, 16)
     with torch.inference_mode():
         mod(x)
@@ -83,7 +78,7 @@ def test_elu_feature_is_elu_plus_one_with_its_gradient():
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_sums_stay_float32_under_autocast(name):
     """Autocast would run the d×d state matmuls in bf16; the fast forms switch it off for their token sums."""
-    mod = make_module(name)
+    mod = make_module(name, dim=16, dtype=torch.float32)
     q, k, v = (torch.randn(2, 2, 17, 8) for _ in range(3))
     mix = (lambda *a: mod.mix(*a, local_kernels=None)) if name == "inline" else mod.mix
     exact = mix(q, k, v, None, (4, 4))

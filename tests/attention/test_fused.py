@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from timm.layers import Attention
 
-from vitconvert.attention import VARIANTS, fused
+from vitconvert.attention import fused
 from vitconvert.attention.inline import inline_weights
 from vitconvert.attention.kernel import elu_feature_literal, kernel_attention_reference, relu_feature
+
+from . import helpers
 
 pytest.importorskip("triton")
 if not torch.cuda.is_available() and not fused.interpreting():
@@ -105,9 +106,7 @@ def test_output_is_laid_out_for_the_heads_merge():
 
 
 def make_module(name: str, head_dim: int, grid, num_prefix: int, **options):
-    torch.manual_seed(0)
-    src = Attention(dim=2 * head_dim, num_heads=2, qkv_bias=True)
-    module = VARIANTS[name].from_softmax(src, num_prefix_tokens=num_prefix, grid_size=grid, **options)
+    module = helpers.make_module(name, num_prefix, grid, dim=2 * head_dim, dtype=torch.float32, **options)
     if name == "mhla":  # W away from its symmetric init, so a transposed mixing would show
         with torch.no_grad():
             module.block_mix.add_(torch.rand(module.block_mix.shape, generator=torch.Generator().manual_seed(1)))

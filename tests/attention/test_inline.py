@@ -11,6 +11,8 @@ from torch.nn import functional as F
 
 from vitconvert.attention.inline import InLineAttention, inline_attention, inline_weights
 
+from .helpers import make_module, random_mask, random_tensors
+
 EXTRA = ["local_kernel_predictor.0.weight", "local_kernel_predictor.0.bias",
          "local_kernel_predictor.2.weight", "local_kernel_predictor.2.bias"]
 # (num_prefix_tokens, grid): class token on several grids, no prefix, and a register-style prefix of 5.
@@ -18,30 +20,14 @@ CASES = [(1, (2, 2)), (1, (4, 4)), (1, (7, 7)), (0, (4, 4)), (5, (3, 3)), (1, (2
 CASE_IDS = [f"prefix{p}-{h}x{w}" for p, (h, w) in CASES]
 
 
-def make_module(num_prefix: int, grid, local_residual: bool = False, dim: int = 8, heads: int = 2):
+def inline_module(num_prefix: int, grid, local_residual: bool = False) -> InLineAttention:
     """A float64 module; predictor weights enlarged so the residual is not negligible next to the core."""
-    torch.manual_seed(0)
-    src = Attention(dim=dim, num_heads=heads, qkv_bias=True)
-    mod = InLineAttention.from_softmax(src, num_prefix_tokens=num_prefix, grid_size=grid,
-                                       local_residual=local_residual).double()
+    mod = make_module("inline", num_prefix, grid, local_residual=local_residual)
     if local_residual:
         with torch.no_grad():
             for p in mod.local_kernel_predictor.parameters():
                 p.normal_(std=0.5)
     return mod
-
-
-def random_tensors(*shapes, dtype=torch.float64, seed: int = 1) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=gen, dtype=dtype) for s in shapes]
-
-
-def random_mask(batch: int, tokens: int) -> torch.Tensor:
-    """Random (B, N) key validity, with every batch item keeping at least its first token."""
-    gen = torch.Generator().manual_seed(2)
-    mask = torch.rand(batch, tokens, generator=gen) > 0.3
-    mask[:, 0] = True
-    return mask
 
 
 def qkv_and_kernels(mod: InLineAttention, tokens: int, batch: int = 2, dtype=torch.float64):
@@ -54,7 +40,7 @@ def qkv_and_kernels(mod: InLineAttention, tokens: int, batch: int = 2, dtype=tor
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
 @pytest.mark.parametrize("num_prefix,grid", CASES, ids=CASE_IDS)
 def test_mix_matches_reference_with_gradients(num_prefix, grid, masked, local_residual):
-    mod = make_module(num_prefix, grid, local_residual)
+    mod = inline_module(num_prefix, grid, local_residual)
     tokens = num_prefix + grid[0] * grid[1]
     q, k, v, kernels = qkv_and_kernels(mod, tokens)
     key_valid = random_mask(2, tokens) if masked else None
@@ -114,7 +100,7 @@ def test_masked_keys_equal_dropping_them():
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
 @pytest.mark.parametrize("num_prefix,grid", CASES, ids=CASE_IDS)
 def test_forward_matches_reference(num_prefix, grid, masked, local_residual):
-    mod = make_module(num_prefix, grid, local_residual)
+    mod = inline_module(num_prefix, grid, local_residual)
     tokens = num_prefix + grid[0] * grid[1]
     (x,) = random_tensors((2, tokens, mod.dim))
     attn_mask = random_mask(2, tokens)[:, None, None, :] if masked else None
@@ -122,11 +108,11 @@ def test_forward_matches_reference(num_prefix, grid, masked, local_residual):
     slow = mod(x, attn_mask=attn_mask, use_reference=True)
     torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
     if local_residual:
-        assert not torch.allclose(fast, make_module(num_prefix, grid)(x, attn_mask=attn_mask))
+        assert not torch.allclose(fast, inline_module(num_prefix, grid)(x, attn_mask=attn_mask))
 
 
 def test_predictor_gradients_match_reference():
-    mod = make_module(1, (4, 4), local_residual=True)
+    mod = inline_module(1, (4, 4), local_residual=True)
     (x,) = random_tensors((2, 17, mod.dim))
     grads = []
     for use_reference in (False, True):
@@ -161,13 +147,13 @@ def upstream_style_forward(mod: InLineAttention, x: torch.Tensor) -> torch.Tenso
 @pytest.mark.parametrize("side", [2, 4])
 def test_module_matches_upstream_layout(side):
     """Kernel channel order, mean token and residual placement agree with the reference repository."""
-    mod = make_module(1, (side, side), local_residual=True)
+    mod = inline_module(1, (side, side), local_residual=True)
     (x,) = random_tensors((2, 1 + side * side, mod.dim))
     torch.testing.assert_close(mod(x), upstream_style_forward(mod, x), atol=1e-10, rtol=0)
 
 
 def test_prefix_tokens_get_no_residual():
-    mod = make_module(5, (3, 3), local_residual=True)
+    mod = inline_module(5, (3, 3), local_residual=True)
     q, k, v, kernels = qkv_and_kernels(mod, 14)
     with_residual = mod.mix(q, k, v, None, (3, 3), local_kernels=kernels)
     core = inline_attention(q, k, v, None, mod.scale)
@@ -177,7 +163,7 @@ def test_prefix_tokens_get_no_residual():
 
 def test_masked_tokens_do_not_reach_valid_outputs():
     """Padding may hold anything: valid tokens' outputs (core, residual and mean token) ignore it."""
-    mod = make_module(1, (4, 4), local_residual=True)
+    mod = inline_module(1, (4, 4), local_residual=True)
     x, noise = random_tensors((2, 17, mod.dim), (2, 17, mod.dim))
     valid = random_mask(2, 17)
     attn_mask = valid[:, None, None, :]
@@ -188,14 +174,14 @@ def test_masked_tokens_do_not_reach_valid_outputs():
 
 def test_residual_skipped_without_grid():
     """Tokens that form no grid (7 patches, no grid_size): the residual is left out, the core remains."""
-    with_residual, core = make_module(1, None, local_residual=True), make_module(1, None)
+    with_residual, core = inline_module(1, None, local_residual=True), inline_module(1, None)
     (x,) = random_tensors((2, 8, with_residual.dim))
     torch.testing.assert_close(with_residual(x), core(x), atol=1e-12, rtol=0)
     torch.testing.assert_close(with_residual(x), with_residual(x, use_reference=True), atol=1e-10, rtol=0)
 
 
 def test_mix_without_kernels_is_an_error():
-    mod = make_module(1, (2, 2), local_residual=True)
+    mod = inline_module(1, (2, 2), local_residual=True)
     q, k, v, _ = qkv_and_kernels(mod, 5)
     with pytest.raises(RuntimeError, match="local_residual"):
         mod.mix(q, k, v, None, (2, 2))
@@ -218,7 +204,7 @@ def test_state_dict_names_match_softmax(local_residual):
 
 
 def test_reset_extra_parameters_reinitialises_predictor():
-    mod = make_module(1, (2, 2), local_residual=True)
+    mod = inline_module(1, (2, 2), local_residual=True)
     before = [p.clone() for p in mod.local_kernel_predictor.parameters()]
     mod.reset_extra_parameters()
     after = list(mod.local_kernel_predictor.parameters())
@@ -229,7 +215,7 @@ def test_reset_extra_parameters_reinitialises_predictor():
 
 @pytest.mark.parametrize("local_residual", [False, True], ids=["core", "residual"])
 def test_bf16_is_finite_and_close_to_float32(local_residual):
-    mod = make_module(1, (4, 4), local_residual).float()
+    mod = inline_module(1, (4, 4), local_residual).float()
     q, k, v, kernels = qkv_and_kernels(mod, 17, dtype=torch.float32)
     low = [t.bfloat16() for t in (q, k, v, kernels)]
     out = mod.mix(*low[:3], None, (4, 4), local_kernels=low[3])
@@ -239,7 +225,7 @@ def test_bf16_is_finite_and_close_to_float32(local_residual):
 
 
 def test_bf16_module_forward_is_finite():
-    mod = make_module(1, (4, 4), local_residual=True).float()
+    mod = inline_module(1, (4, 4), local_residual=True).float()
     (x,) = random_tensors((2, 17, mod.dim), dtype=torch.float32)
     out = mod.bfloat16()(x.bfloat16())
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()

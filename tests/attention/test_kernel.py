@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from timm.layers import Attention
 
 from vitconvert.attention.kernel import (
     EluAttention,
@@ -15,28 +14,11 @@ from vitconvert.attention.kernel import (
     relu_feature,
 )
 
+from .helpers import make_module, random_mask, random_tensors, softmax_source
+
 VARIANTS = [EluAttention, ReluAttention]
 VARIANT_IDS = [cls.variant for cls in VARIANTS]
 TOKENS = [1, 5, 17, 50]
-
-
-def make_module(cls, num_prefix: int = 1, grid=(4, 4), dim: int = 8, heads: int = 2):
-    torch.manual_seed(0)
-    return cls.from_softmax(Attention(dim=dim, num_heads=heads, qkv_bias=True),
-                            num_prefix_tokens=num_prefix, grid_size=grid).double()
-
-
-def random_tensors(*shapes, dtype=torch.float64, seed: int = 1) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=gen, dtype=dtype) for s in shapes]
-
-
-def random_mask(batch: int, tokens: int) -> torch.Tensor:
-    """Random (B, N) key validity, with every batch item keeping at least its first token."""
-    gen = torch.Generator().manual_seed(2)
-    mask = torch.rand(batch, tokens, generator=gen) > 0.3
-    mask[:, 0] = True
-    return mask
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
@@ -115,7 +97,7 @@ def test_relu_with_all_zero_features_stays_finite(all_zero):
 
 @pytest.mark.parametrize("cls", VARIANTS, ids=VARIANT_IDS)
 def test_state_dict_names_match_softmax(cls):
-    src = Attention(dim=64, num_heads=4, qkv_bias=True)
+    src = softmax_source()
     new = cls.from_softmax(src, num_prefix_tokens=1, grid_size=(4, 4))
     assert new.extra_parameter_names() == []
     assert sorted(new.state_dict()) == sorted(src.state_dict())

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from timm.layers import Attention
 
 from vitconvert.attention.kernel import kernel_attention_reference
 from vitconvert.attention.mhla import (
@@ -18,33 +17,21 @@ from vitconvert.attention.mhla import (
     resolve_block_counts,
 )
 
+from .helpers import make_module, random_mask, random_qkv, softmax_source
+
 EXTRA = ["block_mix", "input_norm.weight", "input_norm.bias", "q_rmsnorm.weight", "k_rmsnorm.weight",
          "lepe.weight", "lepe.bias"]
 
 
-def make_module(num_prefix: int, grid, dim: int = 8, heads: int = 2, **options) -> MHLAttention:
+def mhla_module(num_prefix: int, grid, dim: int = 8, heads: int = 2, **options) -> MHLAttention:
     """A float64 MHLA module whose extra parameters are random, so that each of them matters."""
-    torch.manual_seed(0)
-    src = Attention(dim=dim, num_heads=heads, qkv_bias=True)
-    mod = MHLAttention.from_softmax(src, num_prefix_tokens=num_prefix, grid_size=grid, **options).double()
+    mod = make_module("mhla", num_prefix, grid, dim, heads, **options)
     with torch.no_grad():
         mod.block_mix.uniform_(0.1, 1.0)
         for name, p in mod.named_parameters():
             if name in ("lepe.weight", "lepe.bias", "q_rmsnorm.weight", "k_rmsnorm.weight"):
                 p.normal_(std=0.5).add_(1.0 if "rmsnorm" in name else 0.0)
     return mod
-
-
-def random_qkv(batch: int, heads: int, tokens: int, head_dim: int, dtype=torch.float64):
-    gen = torch.Generator().manual_seed(1)
-    return [torch.randn(batch, heads, tokens, head_dim, generator=gen, dtype=dtype) for _ in range(3)]
-
-
-def random_mask(batch: int, tokens: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(2)
-    mask = torch.rand(batch, tokens, generator=gen) > 0.3
-    mask[:, 0] = True
-    return mask
 
 
 # (grid, blocks_per_side, prefix): divisible, uneven, rectangular, more blocks than rows, one block, no grid.
@@ -56,7 +43,7 @@ CASES = [((2, 2), 2, 0), ((4, 4), 2, 1), ((6, 6), 2, 5), ((6, 6), 4, 1), ((5, 7)
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("denominator", ["consistent", "official"])
 def test_mix_matches_reference(grid, blocks, num_prefix, masked, denominator):
-    mod = make_module(num_prefix, grid, blocks_per_side=blocks, denominator=denominator)
+    mod = mhla_module(num_prefix, grid, blocks_per_side=blocks, denominator=denominator)
     tokens = num_prefix + (grid[0] * grid[1] if grid else 6)
     q, k, v = random_qkv(2, mod.num_heads, tokens, mod.head_dim)
     key_valid = random_mask(2, tokens) if masked else None
@@ -68,7 +55,7 @@ def test_mix_matches_reference(grid, blocks, num_prefix, masked, denominator):
 
 @pytest.mark.parametrize("options", [{}, {"qk_rmsnorm": False, "lepe_kernel": 3}, {"lepe_kernel": 0}])
 def test_mix_matches_reference_with_options(options):
-    mod = make_module(1, (4, 4), blocks_per_side=2, **options)
+    mod = mhla_module(1, (4, 4), blocks_per_side=2, **options)
     q, k, v = random_qkv(2, mod.num_heads, 17, mod.head_dim)
     torch.testing.assert_close(mod.mix(q, k, v, None, (4, 4)), mod.reference(q, k, v, None, (4, 4)),
                                atol=1e-10, rtol=0)
@@ -76,7 +63,7 @@ def test_mix_matches_reference_with_options(options):
 
 @pytest.mark.parametrize("grid,blocks,num_prefix", [((4, 4), 2, 1), ((5, 7), 2, 5), ((2, 2), 2, 0)])
 def test_gradients_match_reference(grid, blocks, num_prefix):
-    mod = make_module(num_prefix, grid, blocks_per_side=blocks)
+    mod = mhla_module(num_prefix, grid, blocks_per_side=blocks)
     tokens = num_prefix + grid[0] * grid[1]
     q, k, v = (t.requires_grad_() for t in random_qkv(2, mod.num_heads, tokens, mod.head_dim))
     key_valid = random_mask(2, tokens)
@@ -92,7 +79,7 @@ def test_gradients_match_reference(grid, blocks, num_prefix):
 
 
 def test_invalid_tokens_do_not_reach_valid_outputs():
-    mod = make_module(1, (4, 4), blocks_per_side=2)
+    mod = mhla_module(1, (4, 4), blocks_per_side=2)
     q, k, v = random_qkv(2, mod.num_heads, 17, mod.head_dim)
     key_valid = random_mask(2, 17)
     before = mod.mix(q, k, v, key_valid, (4, 4))
@@ -103,7 +90,7 @@ def test_invalid_tokens_do_not_reach_valid_outputs():
 
 
 def test_no_grid_is_relu_kernel_attention():
-    mod = make_module(1, None, qk_rmsnorm=False)
+    mod = mhla_module(1, None, qk_rmsnorm=False)
     q, k, v = random_qkv(2, mod.num_heads, 7, mod.head_dim)
     expected = kernel_attention_reference(q.relu() + 1e-6, k.relu() + 1e-6, v, None, 1e-6)
     torch.testing.assert_close(mod.mix(q, k, v, None, None), expected, atol=1e-12, rtol=0)
@@ -111,7 +98,7 @@ def test_no_grid_is_relu_kernel_attention():
 
 def test_blocks_only_see_their_mixture():
     """With W = I and no prefix, a query's output depends on its own block's keys only."""
-    mod = make_module(0, (4, 4), blocks_per_side=2, lepe_kernel=0)
+    mod = mhla_module(0, (4, 4), blocks_per_side=2, lepe_kernel=0)
     with torch.no_grad():
         mod.block_mix.copy_(torch.eye(4))
     q, k, v = random_qkv(1, mod.num_heads, 16, mod.head_dim)
@@ -155,11 +142,6 @@ def test_block_counts_and_uneven_blocks():
     assert sizes.tolist() == [12, 9, 8, 6]  # rows 3+2, columns 4+3
     gather, slot, length = block_layout((5, 7), (2, 2), torch.device("cpu"))
     assert length == 12 and torch.equal(gather[slot], torch.arange(35))
-
-
-def softmax_source(dim: int = 64) -> Attention:
-    torch.manual_seed(0)
-    return Attention(dim=dim, num_heads=4, qkv_bias=True)
 
 
 def test_forward_matches_reference_forward_on_other_grids():
@@ -231,7 +213,7 @@ def test_official_denominator_equals_the_official_code(denominator, matches):
     from .official.mhla import official_core
 
     grid, counts = (4, 6), (2, 3)
-    mod = make_module(0, grid, dim=8, heads=2, blocks_per_side=list(counts), qk_rmsnorm=False, lepe_kernel=0,
+    mod = mhla_module(0, grid, dim=8, heads=2, blocks_per_side=list(counts), qk_rmsnorm=False, lepe_kernel=0,
                       denominator=denominator)
     q, k, v = random_qkv(2, mod.num_heads, grid[0] * grid[1], mod.head_dim)
     ours = mod.mix(q, k, v, None, grid)

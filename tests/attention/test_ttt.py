@@ -12,14 +12,14 @@ from torch.nn import functional as F
 
 from vitconvert.attention.ttt import TTTAttention, normalize_keys
 
+from .helpers import make_module, random_mask, random_qkv, softmax_source
+
 EXTRA = ["fast_w1", "fast_w2", "fast_w3", "q_conv.weight", "q_conv.bias", "k_conv.weight", "k_conv.bias"]
 
 
-def make_module(num_prefix: int, grid, dim: int = 8, heads: int = 2, **options) -> TTTAttention:
+def ttt_module(num_prefix: int, grid, dim: int = 8, heads: int = 2, **options) -> TTTAttention:
     """A float64 TTT module with fast weights large enough that the SwiGLU's nonlinearity matters."""
-    torch.manual_seed(0)
-    src = Attention(dim=dim, num_heads=heads, qkv_bias=True)
-    mod = TTTAttention.from_softmax(src, num_prefix_tokens=num_prefix, grid_size=grid, **options).double()
+    mod = make_module("ttt", num_prefix, grid, dim, heads, **options)
     with torch.no_grad():
         for w in (mod.fast_w1, mod.fast_w2, mod.fast_w3):
             w.normal_(std=0.5)
@@ -29,25 +29,13 @@ def make_module(num_prefix: int, grid, dim: int = 8, heads: int = 2, **options) 
     return mod
 
 
-def random_qkv(batch: int, heads: int, tokens: int, head_dim: int, dtype=torch.float64):
-    gen = torch.Generator().manual_seed(1)
-    return [torch.randn(batch, heads, tokens, head_dim, generator=gen, dtype=dtype) for _ in range(3)]
-
-
-def random_mask(batch: int, tokens: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(2)
-    mask = torch.rand(batch, tokens, generator=gen) > 0.3
-    mask[:, 0] = True
-    return mask
-
-
 CASES = [((2, 2), 0), ((4, 4), 1), ((7, 7), 5), ((4, 4), 0), ((2, 2), 5), ((7, 7), 1), (None, 1)]
 
 
 @pytest.mark.parametrize("grid,num_prefix", CASES)
 @pytest.mark.parametrize("masked", [False, True])
 def test_mix_matches_reference(grid, num_prefix, masked):
-    mod = make_module(num_prefix, grid)
+    mod = ttt_module(num_prefix, grid)
     tokens = num_prefix + (grid[0] * grid[1] if grid else 6)
     q, k, v = random_qkv(2, mod.num_heads, tokens, mod.head_dim)
     key_valid: torch.Tensor | None = random_mask(2, tokens) if masked else None
@@ -59,7 +47,7 @@ def test_mix_matches_reference(grid, num_prefix, masked):
 
 @pytest.mark.parametrize("grid,num_prefix", [((4, 4), 1), ((2, 2), 5), (None, 0)])
 def test_gradients_match_reference(grid, num_prefix):
-    mod = make_module(num_prefix, grid, inner_lr=0.7)
+    mod = ttt_module(num_prefix, grid, inner_lr=0.7)
     tokens = num_prefix + (grid[0] * grid[1] if grid else 5)
     q, k, v = (t.requires_grad_() for t in random_qkv(2, mod.num_heads, tokens, mod.head_dim))
     key_valid = random_mask(2, tokens)
@@ -77,7 +65,7 @@ def test_gradients_match_reference(grid, num_prefix):
 
 
 def test_invalid_tokens_do_not_reach_valid_outputs():
-    mod = make_module(1, (4, 4))
+    mod = ttt_module(1, (4, 4))
     q, k, v = random_qkv(2, mod.num_heads, 17, mod.head_dim)
     key_valid = random_mask(2, 17)
     before = mod.mix(q, k, v, key_valid, (4, 4))
@@ -98,16 +86,11 @@ def test_key_norm_is_instance_norm_with_eps_one():
 
 
 def test_inner_lr_zero_is_the_initial_model():
-    mod = make_module(0, None, inner_lr=0.0)
+    mod = ttt_module(0, None, inner_lr=0.0)
     q, k, v = random_qkv(1, mod.num_heads, 5, mod.head_dim)
     out = mod.mix(q, k, v, None, None)
     expected = (F.silu(q @ mod.fast_w1) * (q @ mod.fast_w2)) @ mod.fast_w3
     torch.testing.assert_close(out, expected)
-
-
-def softmax_source(dim: int = 64) -> Attention:
-    torch.manual_seed(0)
-    return Attention(dim=dim, num_heads=4, qkv_bias=True)
 
 
 def test_forward_matches_reference_forward():

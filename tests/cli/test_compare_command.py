@@ -10,11 +10,11 @@ import pytest
 import timm
 from helpers import assert_one_line_error, runner, tiny_model
 from PIL import Image
-from test_compare import one_thread  # noqa: F401  (autouse fixture)
 
 import vitconvert
 from vitconvert.cli import app
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 CLASSES = 3
 
 

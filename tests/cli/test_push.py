@@ -5,15 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import test_hub
-from helpers import assert_one_line_error, runner
-from test_hub import FAKE_TOKEN, FakeHub
+from helpers import FAKE_TOKEN, FakeHub, assert_one_line_error, runner
 
 from vitconvert.cli import app
-
-# the fixtures of tests/test_hub.py, shared rather than copied
-templates, make_folder = test_hub.templates, test_hub.make_folder
-online, no_network = test_hub.online, test_hub.no_network
 
 
 def invoke(*args: str):

@@ -47,3 +47,10 @@ def make_images(root: Path, per_class: int = 4, val_per_class: int = 2, classes:
                 pixels[..., c % 3] += 180
                 Image.fromarray(pixels).save(root / split / f"class{c}" / f"{i}.png")
     return root
+
+
+def assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    """Two state dicts (or safetensors files read back) hold the same names and the same bits."""
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"

@@ -16,8 +16,7 @@ from vitconvert.errors import VitconvertError
 from vitconvert.recipes import Recipe, load_recipe
 from vitconvert.sources import load_source
 
-from .helpers import FAST, make_teacher
-from .test_resume import assert_same_tensors
+from .helpers import FAST, assert_same_tensors, make_teacher
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from vitconvert.distill import DistillJob, TrainingStopped, run
 from vitconvert.recipes import load_recipe
 
-from .helpers import FAST
+from .helpers import FAST, assert_same_tensors
 
 # Every source of randomness on: RandAugment, random erasing, mixup/cutmix, drop path, EMA, accumulation.
 RANDOM = {**FAST, "epochs": 2, "batch_size": 4, "accum_steps": 2, "rand_augment": "rand-m9-mstd0.5-inc1",
@@ -29,12 +29,6 @@ def records(run_dir):
     timing = ("img_s", "val_seconds")
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [{k: v for k, v in json.loads(line).items() if k not in timing} for line in lines]
-
-
-def assert_same_tensors(a, b):
-    assert a.keys() == b.keys()
-    different = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
 
 
 def test_sigterm_mid_epoch_then_resume_is_bitwise(student, images, tmp_path):

@@ -166,7 +166,6 @@ class LinearAttention(nn.Module):
         self.num_prefix_tokens = num_prefix_tokens
         self.grid_size: Grid = tuple(grid_size) if grid_size is not None else None  # type: ignore[assignment]
         self.rotate_half = False
-        self.source_class: Optional[str] = None
         self.dropped: list[str] = []
         # The fast/literal choice, made once like timm's fused_attn: the Triton kernels where a call can take them
         self.fused_kernels: bool = use_fused_kernels()
@@ -211,7 +210,6 @@ class LinearAttention(nn.Module):
         """Take ``like``'s matched projections, norms and biases (copies) and its layout details."""
         self.num_kv_heads = getattr(like, "num_kv_heads", None) or self.num_heads
         self.rotate_half = bool(getattr(like, "rotate_half", False))
-        self.source_class = type(like).__name__
         for name in MATCHED_MODULES:
             child = getattr(like, name, None)
             setattr(self, name, copy.deepcopy(child) if child is not None else None)

@@ -9,9 +9,7 @@ reads :data:`VARIANTS`. Layers above that must act on each new variant (timm's m
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
-
-from torch import nn
+from typing import TypeVar
 
 from .base import LinearAttention
 
@@ -43,10 +41,3 @@ def on_register(listener: Callable[[str, type[LinearAttention]], None]) -> None:
     _LISTENERS.append(listener)
     for name, cls in list(VARIANTS.items()):
         listener(name, cls)
-
-
-def build(name: str, like: nn.Module, **kwargs: Any) -> LinearAttention:
-    """A ``name`` variant shaped like the softmax module ``like``, extra parameters default-initialised."""
-    if name not in VARIANTS:
-        raise KeyError(f"unknown variant {name!r}; valid: {', '.join(VARIANTS)}")
-    return VARIANTS[name].from_softmax(like, **kwargs)

@@ -1,16 +1,22 @@
-"""The ``vitconvert`` command line: one file per command, each thin over the library."""
+"""The ``vitconvert`` command line: one file per command, each thin over the library.
+
+Commands are loaded lazily, as huggingface_hub's ``hf`` does (``_LAZY_COMMANDS``): ``vitconvert --help`` and
+``--version`` read the table below and import no command module (and so neither torch nor timm); a command's
+module is imported when that command runs or shows its own ``--help``.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Optional
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from ..version import __version__
-from . import bench, compare, convert, distill, export, info, push, quickstart, upgrade
-from . import eval as evaluate
 
 try:  # typer >= 0.24 vendors click as typer._click; its exceptions are the ones raised
     from typer._click import exceptions as click
@@ -18,9 +24,76 @@ except ImportError:  # pragma: no cover - older typer on plain click
     from click import exceptions as click  # type: ignore[no-redef]
 
 
-class OneLineErrors(TyperGroup):
-    """Parser errors (a non-numeric --epochs, an unknown flag) as one ``error:`` line, like every other error,
-    instead of click's usage box; Ctrl-C while parsing is ``error: interrupted`` (exit 130)."""
+# The commands in the order `vitconvert --help` lists them: name -> (module in vitconvert/cli/, function, summary).
+# The summary is the first paragraph of the function's docstring (tests/cli/test_lazy_commands.py checks that);
+# a new command is one line here.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "convert": ("convert", "convert", "Load a softmax ViT, swap every attention for a linear variant, init by "
+                                      "recipe, write a folder."),
+    "distill": ("distill", "distill", "Distill attention from the softmax teacher and fine-tune; the run folder is "
+                                      "itself a model folder."),
+    "eval": ("eval", "eval_cmd", "Evaluate with the model's own preprocessing (the run's, for distill run folders)."),
+    "compare": ("compare", "compare", "Run teacher and student on the same images: per-layer attention and block "
+                                      "gaps, top-1 agreement, KL."),
+    "bench": ("bench", "bench", "Time the softmax source and each linear variant in one process, taking turns: "
+                                "img/s, memory, speedups."),
+    "export": ("export", "export", "Export a model to ONNX or .pt2 and check its logits against PyTorch on real "
+                                   "images."),
+    "push": ("push", "push", "Validate the folder, refresh its model card and upload it to the Hub in one commit."),
+    "quickstart": ("quickstart", "quickstart", "Distil the bundled digits teacher into linear-attention students and "
+                                               "compare them with scratch."),
+    "list": ("info", "list_cmd", "Short model aliases, linear-attention variants and training recipes."),
+    "info": ("info", "info", "What a converted model is and what was copied."),
+    "upgrade": ("upgrade", "upgrade", "Rewrite an older model folder in place (atomically, same weights) so that timm "
+                                      "and transformers load it as the linear model, or refuse it without vitconvert, "
+                                      "instead of building softmax attention."),
+}
+
+
+class LazyCommand(TyperCommand):
+    """A command as the group's help lists it (name and summary); its module is imported when it is run."""
+
+    def __init__(self, name: str, module: str, function: str, summary: str) -> None:
+        super().__init__(name, help=summary)
+        self.module, self.function = module, function
+
+    def load(self) -> TyperCommand:
+        """The real command: its module imported, its function turned into a command as Typer registers it."""
+        single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        single.command(self.name)(getattr(importlib.import_module(f"{__name__}.{self.module}"), self.function))
+        return typer.main.get_command(single)
+
+    def make_context(self, info_name: Optional[str], args: list[str], parent: Any = None, **extra: Any) -> Any:
+        return self.load().make_context(info_name, args, parent=parent, **extra)
+
+
+@contextmanager
+def said_interrupted() -> Iterator[None]:
+    """Ctrl-C inside the block is ``error: interrupted`` and exit 130 (typer's own main says nothing)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo("error: interrupted", err=True)
+        raise typer.Exit(130) from None
+
+
+class Commands(TyperGroup):
+    """The commands of COMMANDS, each loaded when run. Parser errors (a non-numeric --epochs, an unknown flag) are one
+    ``error:`` line, like every other error, instead of click's usage box; Ctrl-C while parsing (or while a command's
+    module imports torch) is ``error: interrupted`` (exit 130)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        for name, (module, function, summary) in COMMANDS.items():
+            self.add_command(LazyCommand(name, module, function, summary))
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with said_interrupted():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with said_interrupted():
+            return super().invoke(ctx)
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
@@ -44,13 +117,14 @@ class OneLineErrors(TyperGroup):
 
 
 app = typer.Typer(
-    cls=OneLineErrors,
+    cls=Commands,
     name="vitconvert",
     help="Turn a pretrained softmax ViT into a fast linear-attention ViT: convert, distill, eval, push.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
 
 def _print_version(value: bool) -> None:
     if value:
@@ -62,20 +136,6 @@ def _print_version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                        help="print vitconvert's version and exit")) -> None:
     """Turn a pretrained softmax ViT into a fast linear-attention ViT: convert, distill, eval, push."""
-
-
-# The commands, registered here in the order `vitconvert --help` lists them (a new command: one line).
-app.command()(convert.convert)
-app.command()(distill.distill)
-app.command("eval")(evaluate.eval_cmd)
-app.command()(compare.compare)
-app.command()(bench.bench)
-app.command()(export.export)
-app.command()(push.push)
-app.command()(quickstart.quickstart)
-app.command("list")(info.list_cmd)
-app.command()(info.info)
-app.command()(upgrade.upgrade)
 
 
 def main() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -166,10 +165,6 @@ def last_converted() -> Path:
         raise VitconvertError(f"the last converted folder ({path}) is gone: name the STUDENT folder")
     raise VitconvertError("no STUDENT given and no `vitconvert convert` was run in this directory: name the "
                           "converted model folder")
-
-
-def is_tty() -> bool:
-    return sys.stdout.isatty()
 
 
 def report_table(report: dict[str, Any], title: str) -> Table:

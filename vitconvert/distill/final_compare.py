@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from .. import data
-from ..compare import compare_models, plot_compare
+from ..compare import compare_models, has_matplotlib, plot_compare
 from ..recipes import Recipe
 
 COMPARE_JSON, COMPARE_PNG = "compare.json", "compare.png"
@@ -54,11 +54,3 @@ def compare_at_end(teacher: nn.Module, student: nn.Module, feed: data.RunData, i
         note(f"note: the end-of-run comparison with the teacher failed ({type(e).__name__}: {e}); "
              "the model is saved without it")
         return None
-
-
-def has_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True

@@ -1,0 +1,47 @@
+"""What the attention tests share: a seeded softmax source, a variant built from it, random inputs.
+
+``from .helpers import make_module, random_mask`` (tests/helpers.py is the suite-wide one, ``from helpers``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from timm.layers import Attention
+
+from vitconvert.attention import VARIANTS, LinearAttention
+
+
+def softmax_source(dim: int = 64, heads: int = 4) -> Attention:
+    """timm's softmax Attention (with qkv bias), the same weights on every call."""
+    torch.manual_seed(0)
+    return Attention(dim=dim, num_heads=heads, qkv_bias=True)
+
+
+def make_module(variant: Union[str, type[LinearAttention]], num_prefix: int = 1,
+                grid: Optional[tuple[int, int]] = (4, 4), dim: int = 8, heads: int = 2,
+                dtype: torch.dtype = torch.float64, **options) -> LinearAttention:
+    """A ``variant`` (name or class) converted from ``softmax_source(dim, heads)``, in ``dtype``; extra
+    parameters at the variant's own init (the tests that need them to matter randomise them)."""
+    cls = VARIANTS[variant] if isinstance(variant, str) else variant
+    src = softmax_source(dim, heads)
+    return cls.from_softmax(src, num_prefix_tokens=num_prefix, grid_size=grid, **options).to(dtype)
+
+
+def random_tensors(*shapes, dtype: torch.dtype = torch.float64, seed: int = 1) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=gen, dtype=dtype) for s in shapes]
+
+
+def random_qkv(batch: int, heads: int, tokens: int, head_dim: int, dtype: torch.dtype = torch.float64):
+    """q, k and v of shape (B, H, N, d)."""
+    return random_tensors(*[(batch, heads, tokens, head_dim)] * 3, dtype=dtype)
+
+
+def random_mask(batch: int, tokens: int) -> torch.Tensor:
+    """Random (B, N) key validity, with every batch item keeping at least its first token."""
+    gen = torch.Generator().manual_seed(2)
+    mask = torch.rand(batch, tokens, generator=gen) > 0.3
+    mask[:, 0] = True
+    return mask
