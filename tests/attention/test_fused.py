@@ -12,14 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitconvert.attention import fused
+from vitconvert.attention import dispatch, fused
 from vitconvert.attention.inline import inline_weights
 from vitconvert.attention.kernel import elu_feature_literal, kernel_attention_reference, relu_feature
 
 from . import helpers
 
 pytest.importorskip("triton")
-if not torch.cuda.is_available() and not fused.interpreting():
+if not torch.cuda.is_available() and not dispatch.interpreting():
     pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
                 allow_module_level=True)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -31,9 +31,9 @@ def kernels_here(monkeypatch):
     """The kernels on this machine's device, with token ranges small enough that heads split across programs;
     float32 convolutions of the eager parts (LePE, InLine's residual) in full float32, as the oracles are."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(fused, "DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(fused, "SPLIT_ROUND", 64)
-    monkeypatch.setattr(fused, "_programs_wanted", lambda device: 64)
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(dispatch, "SPLIT_ROUND", 64)
+    monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: 64)
 
 
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -155,9 +155,9 @@ def test_module_on_the_kernels_matches_its_reference(name, head_dim, grid, num_p
 
 def test_dispatch_is_eager_where_the_kernels_cannot_go(monkeypatch):
     """CPU tensors (outside these tests), head dims outside 16..128, int tensors, ONNX export: the eager form."""
-    monkeypatch.setattr(fused, "DEVICES", ("cuda",))
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda",))
     assert not fused.can_run(torch.zeros(1, 1, 4, 64))
-    monkeypatch.setattr(fused, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
     assert fused.can_run(torch.zeros(1, 1, 4, 64))
     assert not fused.can_run(torch.zeros(1, 1, 4, 8)) and not fused.can_run(torch.zeros(1, 1, 4, 256))
     assert not fused.can_run(torch.zeros(1, 1, 4, 64, dtype=torch.float64))
@@ -227,7 +227,7 @@ def test_one_launch_and_split_heads_give_the_same_values_and_gradients(name, mas
     mask = padding_mask(2, 150) if masked else None
 
     def run(programs: int):
-        monkeypatch.setattr(fused, "_programs_wanted", lambda device: programs)
+        monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: programs)
         q, k, v = qkv(N=150, d=64)
         if name == "inline":
             out = fused.inline_attention(q, k, v, mask, 64 ** -0.5)
@@ -238,7 +238,7 @@ def test_one_launch_and_split_heads_give_the_same_values_and_gradients(name, mas
 
     assert fused.split_tokens(4, 1, 150, torch.device(DEVICE)) == (3, 64)  # the split form, at 64 programs
     split = run(64)
-    monkeypatch.setattr(fused, "SPLIT_ROUND", 256)
+    monkeypatch.setattr(dispatch, "SPLIT_ROUND", 256)
     assert fused.split_tokens(4, 1, 150, torch.device(DEVICE))[0] == 1
     whole = run(64)
     for a, b in zip(whole, split, strict=True):
@@ -303,7 +303,7 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_form_once(name, m
     module = make_module(name, 32, (4, 4), 1, **({"blocks_per_side": 2} if name == "mhla" else {}))
     x = torch.randn(2, 17, 64, device=DEVICE)
     expected = module(x)
-    monkeypatch.setattr(fused, "_unavailable", [])
+    monkeypatch.setattr(dispatch, "_unavailable", [])
     for kernel in ("attention_fwd_kernel", "state_fwd_kernel", "readout_fwd_kernel"):
         monkeypatch.setattr(triton_kernels, kernel, Unbuildable())
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources.*VITCONVERT_FUSED=0"):

@@ -27,7 +27,7 @@ from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 from torch import nn
 from torch.nn import functional as F
 
-from .fused import use_fused_kernels
+from .dispatch import use_fused_kernels
 
 # Children of timm's attention modules that have the same role in a linear variant.
 MATCHED_MODULES = ("qkv", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "norm", "gate", "proj")

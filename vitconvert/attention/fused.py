@@ -10,142 +10,30 @@ for backward, which recomputes the d×d states (as FlashAttention recomputes its
 holds no more than softmax's. MHLA uses the two others: between them, its block mixing W turns states into what
 each query reads with d×d torch ops, which autograd differentiates as usual, W included.
 
-Dispatch is chosen once per module, like timm's ``fused_attn``: :func:`use_fused_kernels` (Triton importable and
-``VITCONVERT_FUSED`` not "0") at construction, then :func:`can_run` per call on what only the call knows (a CUDA
-tensor, a supported dtype and head dim, not tracing for ONNX). Anything else takes the eager form.
+When they run and how they are launched is :mod:`.dispatch`'s (re-exported here for the variants).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import math
-import os
-import warnings
-from collections.abc import Callable
-from functools import lru_cache
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
+from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reach dispatch through this module)
+    CONFIG_ENV,
+    ENV,
+    TILE_ENV,
+    KernelUnavailable,
+    attempt,
+    block_sizes,
+    can_run,
+    launch,
+    split_tokens,
+    tile_args,
+    use_fused_kernels,
+)
+
 IDENTITY, ELU_PLUS_ONE, RELU, RELU_PLUS_EPS = 0, 1, 2, 3  # the kernels' φ codes (triton_kernels.py)
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
-DEVICES = ("cuda",)  # where the kernels run; the CPU tests add "cpu" under TRITON_INTERPRET=1
-SPLIT_ROUND = 128  # a program's token range is a multiple of this (and of every BLOCK_N)
-ENV = "VITCONVERT_FUSED"
-TILE_ENV = "VITCONVERT_FUSED_TILE"
-CONFIG_ENV = "VITCONVERT_FUSED_CONFIG"
-
-
-TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # once, at import (cheap; no triton import)
-
-
-def triton_available() -> bool:
-    return TRITON_INSTALLED
-
-
-def use_fused_kernels() -> bool:
-    """The module-level choice (read at construction): on unless ``VITCONVERT_FUSED=0`` or Triton is missing."""
-    return os.environ.get(ENV, "1") != "0" and triton_available()
-
-
-class KernelUnavailable(RuntimeError):
-    """Triton could not build a kernel for this GPU (registers, shared memory, an unsupported instruction)."""
-
-
-_unavailable: list[str] = []  # why the kernels were turned off in this process (disable)
-
-
-def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
-    """``kernel[grid](*args, **kwargs)``, with Triton's build failures as :class:`KernelUnavailable` (the
-    interpreter's errors are bugs, and stay what they are)."""
-    from triton.runtime.errors import InterpreterError, TritonError  # lazy: start-up time (triton on first launch)
-
-    try:
-        kernel[grid](*args, **kwargs)
-    except InterpreterError:
-        raise
-    except TritonError as e:
-        reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
-        raise KernelUnavailable(f"the fused linear-attention kernels cannot run on this GPU ({reason}); "
-                                f"{ENV}=0 selects the eager form") from e
-
-
-def disable(error: KernelUnavailable) -> None:
-    """Turn the kernels off for this process after a forward could not build them: once, with a warning; the
-    call that failed and every later one run the eager form."""
-    if not _unavailable:
-        warnings.warn(str(error), RuntimeWarning, stacklevel=3)
-    _unavailable.append(str(error))
-
-
-def attempt(mix: Callable[..., torch.Tensor], *args: Any) -> Optional[torch.Tensor]:
-    """``mix(*args)`` on the kernels, or None after :func:`disable` when Triton cannot build them here (the caller
-    then runs its eager form). A function of its own: TorchScript parses even the skipped branches of a scripted
-    ``forward`` and has no ``try``."""
-    try:
-        return mix(*args)
-    except KernelUnavailable as e:
-        disable(e)
-        return None
-
-
-def can_run(t: torch.Tensor) -> bool:
-    """Whether the kernels take this call's q/k/v (the per-call half of dispatch; anything else runs eager)."""
-    if _unavailable or torch.onnx.is_in_onnx_export():
-        return False
-    return (t.device.type in DEVICES and t.dtype in DTYPES and MIN_HEAD_DIM <= t.shape[-1] <= MAX_HEAD_DIM
-            and triton_available())
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-# -- launch geometry -------------------------------------------------------------------------------------
-def block_sizes(head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_D, num_warps): a power-of-two head tile, token chunks that keep the d×d state and one
-    tile of tokens in registers. ``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps`` overrides (for tuning sweeps)."""
-    block_d = max(16, triton_next_power_of_2(head_dim))
-    override = os.environ.get(CONFIG_ENV)
-    if override:
-        block_n, warps = (int(x) for x in override.split(","))
-        return block_n, block_d, warps
-    if block_d >= 128:
-        return 32, block_d, 8
-    return 64, block_d, 4
-
-
-def triton_next_power_of_2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
-@lru_cache(maxsize=8)
-def _programs_wanted(device: torch.device) -> int:
-    if device.type == "cuda":
-        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    return 1
-
-
-def split_tokens(heads: int, segments: int, length: int, device: torch.device) -> tuple[int, int]:
-    """(splits, tokens per split): cut each segment's tokens into ranges until the GPU has enough programs."""
-    chunks = max(1, math.ceil(length / SPLIT_ROUND))
-    splits = min(chunks, max(1, math.ceil(_programs_wanted(device) / max(1, heads * segments))))
-    per = math.ceil(chunks / splits) * SPLIT_ROUND
-    return max(1, math.ceil(length / per)), per
-
-
-def tile_args(t: torch.Tensor) -> dict:
-    """The dots' operand type and precision (triton_kernels.py): half inputs as TF32 tiles (``VITCONVERT_FUSED_TILE=
-    half`` keeps them 16-bit), float32 inputs as torch's TF32 switch for matmuls says (never turned on here)."""
-    import triton.language as tl
-
-    emulate = interpreting()
-    if t.dtype != torch.float32 and os.environ.get(TILE_ENV, "tf32") == "half":
-        tile = tl.bfloat16 if t.dtype == torch.bfloat16 else tl.float16
-        return {"TILE": tile, "PRECISION": "ieee", "EMULATE": emulate}
-    tf32 = t.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32
-    return {"TILE": tl.float32, "PRECISION": "tf32" if tf32 else "ieee", "EMULATE": emulate}
 
 
 def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
