@@ -29,8 +29,9 @@ import torch
 from torch.nn import functional as F
 
 from . import fused
-from .base import AttentionArgs, Grid, LinearAttention, accumulation_dtype, full_precision
+from .base import AttentionArgs, Grid, LinearAttention
 from .registry import register_variant
+from .tensors import accumulation_dtype, full_precision
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

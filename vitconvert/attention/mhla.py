@@ -35,16 +35,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from . import fused
-from .base import (
-    AttentionArgs,
-    Grid,
-    LinearAttention,
-    accumulation_dtype,
-    from_grid,
-    full_precision,
-    split_prefix,
-    to_grid,
-)
+from .base import AttentionArgs, Grid, LinearAttention
 from .blocks import (  # noqa: F401  (block_layout, block_indices: importable from here too)
     TRANSFORMS,
     block_indices,
@@ -60,6 +51,7 @@ from .blocks import (  # noqa: F401  (block_layout, block_indices: importable fr
 )
 from .kernel import kernel_attention, kernel_attention_reference, with_ones
 from .registry import register_variant
+from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

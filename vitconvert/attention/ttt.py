@@ -28,17 +28,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import (
-    AttentionArgs,
-    Grid,
-    LinearAttention,
-    accumulation_dtype,
-    from_grid,
-    full_precision,
-    split_prefix,
-    to_grid,
-)
+from .base import AttentionArgs, Grid, LinearAttention
 from .registry import register_variant
+from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
