@@ -27,7 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -50,6 +50,7 @@ from .sources import load_source
 from .surgery import find_softmax_attention, model_geometry, swap_attention
 from .threads import torch_threads
 from .timm_registry import create_source_model, source_architecture
+from .writer import PNG_METADATA, atomic_file
 
 SOFTMAX = "softmax"
 MODES = ("infer", "train")
@@ -474,8 +475,10 @@ def require_matplotlib() -> None:
         raise VitconvertError("--plot needs matplotlib: pip install 'vitconvert[plot]'") from None
 
 
-def plot_speedups(report: BenchReport, path: Union[str, Path]) -> Path:
-    """PNG of speedup over softmax against tokens (log scale): solid measured, dashed the FLOP bound."""
+def plot_speedups(report: BenchReport, path: Union[str, Path], force: bool = False,
+                  inputs: Iterable[Union[str, Path]] = ()) -> Path:
+    """PNG of speedup over softmax against tokens (log scale): solid measured, dashed the FLOP bound; written
+    by writer.atomic_file's rules (a new .png, or one vitconvert wrote with ``force``; never an input)."""
     require_matplotlib()
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, safe in servers and threads
 
@@ -504,10 +507,9 @@ def plot_speedups(report: BenchReport, path: Union[str, Path]) -> Path:
     ax.set_ylabel("speedup over softmax (×)")
     ax.set_title(f"{report.arch} on {report.device} ({report.threads} threads, {report.clock} clock)", fontsize=10)
     ax.legend(loc="best", fontsize=8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=120)
-    return path
+    with atomic_file(path, force=force, inputs=inputs, name="plot", suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=120, metadata=PNG_METADATA)
+    return Path(path).expanduser()
 
 
 def memory_slope(rows: Sequence[BenchRow], model: str, mode: str = "infer") -> Optional[float]:

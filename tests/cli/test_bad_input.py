@@ -7,7 +7,7 @@ before and after, file modes included). docs/bad-input.md is generated from CASE
 ``test_docs_table_lists_every_case`` fails when the two differ.
 
 Read-only output folders: the tests run as root, where chmod stops nothing, so the read-only case writes into
-/sys (read-only for root too: mkdir there fails with EPERM), a real path rather than a simulation; the full-disk
+/sys (read-only for root too: creating the output's lock file there fails with EACCES), a real path rather than a simulation; the full-disk
 case raises ENOSPC at the writer's boundary (tempfile.mkdtemp in vitconvert/writer.py).
 """
 
@@ -231,6 +231,34 @@ CASES: list[Case] = [
     Case("bench", "missing source", ("bench", "./nope/", "--no-pretrained"), "not found"),
     Case("bench", "unknown variant", ("bench", "{teacher}", "--to", "nosuch"), "unknown variant"),
     Case("bench", "non-numeric --repeats", ("bench", "{teacher}", "--repeats", "x"), "Invalid value for '--repeats'"),
+    # -- files other than folders: plots and exports (issue 23) --------------------------------------------
+    Case("compare", "--plot the student's weights (--force)", ("compare", *S, *D, "--plot",
+                                                               "{student}/model.safetensors", "--force"),
+         "does not end in .png"),
+    Case("compare", "--plot the teacher's config.json (--force)", ("compare", *S, *D, "--plot",
+                                                                   "{teacher}/config.json", "--force"),
+         "does not end in .png"),
+    Case("compare", "--plot a PNG vitconvert did not write (--force)", ("compare", *S, *D, "--plot", "{photo}",
+                                                                        "--force"), "not written by vitconvert"),
+    Case("compare", "--plot inside the student", ("compare", *S, *D, "--plot", "{student}/gaps.png"),
+         "is inside the input"),
+    Case("compare", "--plot a folder", ("compare", *S, *D, "--plot", "{precious}"), "is a folder"),
+    Case("compare", "--plot below a file", ("compare", *S, *D, "--plot", "{afile}/gaps.png"),
+         "is a file, not a folder"),
+    Case("compare", "--plot in a read-only folder", ("compare", *S, *D, "--plot", "/sys/vc-plot.png"),
+         "cannot write /sys/vc-plot.png"),
+    Case("bench", "--plot another model's weights (--force)", ("bench", "{teacher}", "--plot",
+                                                               "{student}/model.safetensors", "--force"),
+         "does not end in .png"),
+    Case("export", "--out another model's weights (--force)", ("export", *S, "--out", "{teacher}/model.safetensors",
+                                                               "--force"), "does not end in .onnx"),
+    Case("export", "--out an unrelated text file (--force)", ("export", *S, "--out", "{afile}", "--force"),
+         "does not end in .onnx"),
+    Case("export", "--out an .onnx file vitconvert did not write (--force)", ("export", *S, "--out", "{useronnx}",
+                                                                              "--force"), "not written by vitconvert"),
+    Case("export", "--format onnx --out x.pt2", ("export", *S, "--out", "x.pt2"), "does not end in .onnx"),
+    Case("export", "--format pt2 --out x.onnx", ("export", *S, "--format", "pt2", "--out", "x.onnx"),
+         "does not end in .pt2"),
     Case("push", "missing folder", ("push", "nope", "--repo", "me/x", "--dry-run"), "not found"),
     Case("push", "a softmax folder", ("push", "{teacher}", "--repo", "me/x", "--dry-run"), "vitconvert"),
     Case("push", "a repo id without org", ("push", *S, "--repo", "noslash", "--dry-run"), "repo"),
@@ -261,6 +289,9 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
     paths["emptyval"] = emptyval
     (root / "afile.txt").write_text("not a model\n")
     paths["afile"] = root / "afile.txt"
+    (root / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n the user's own picture")
+    (root / "user.onnx").write_bytes(b"the user's own model")
+    paths["photo"], paths["useronnx"] = root / "photo.png", root / "user.onnx"
     precious = root / "precious"
     (precious / "sub").mkdir(parents=True)
     (precious / "precious.txt").write_text("the user's own work\n")
@@ -346,7 +377,7 @@ def test_bad_input(case, workspace, tmp_path, monkeypatch):
     assert "Traceback" not in result.output + result.stderr
     assert before == after, "an input changed"
     assert list(cwd.iterdir()) == [], "something was written"
-    assert not Path("/sys/vc-out").exists() and not Path("/sys/vc-run").exists()
+    assert not any(Path(f"/sys/vc-{name}").exists() for name in ("out", "run", "plot.png"))
     line = normalized(lines[0], workspace, tmp_path)
     if os.environ.get("VITCONVERT_WRITE_DOCS"):
         RECORDED[key(case)] = line

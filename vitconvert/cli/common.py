@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional, TypeVar
 
@@ -17,6 +18,7 @@ from rich.table import Table
 
 from ..attention import VARIANTS
 from ..errors import BadValue, VitconvertError
+from ..writer import check_file, output_lock
 
 console = Console()
 F = TypeVar("F", bound=Callable[..., Any])
@@ -33,7 +35,9 @@ DataDirOpt = Annotated[Optional[str], typer.Option("--data-dir", help="root of t
 DownloadOpt = Annotated[bool, typer.Option("--download", help="let timm/torchvision download the dataset")]
 WorkersOpt = Annotated[int, typer.Option("--workers", help="DataLoader worker processes")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object instead of tables")]
-PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="also write the figure as a PNG here")]
+PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="also write the figure as a PNG here (a new .png, "
+                                                                  "or one vitconvert wrote, with --force)")]
+PlotForceOpt = Annotated[bool, typer.Option("--force", help="replace an existing --plot PNG that vitconvert wrote")]
 VariantOpt = Annotated[str, typer.Option("--to", help=f"linear variant: {VARIANT_NAMES}")]
 VariantsOpt = Annotated[Optional[str], typer.Option("--to", help=f"variants, comma-separated ({VARIANT_NAMES}) "
                                                                   "[default: all, or the folder's]")]
@@ -89,6 +93,20 @@ def summary(e: BaseException, internal: bool = True) -> str:
     if not internal:
         return text
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+@contextmanager
+def plot_output(plot: Optional[Path], force: bool, inputs: Iterable[Any] = ()) -> Iterator[Optional[Path]]:
+    """``--plot``, checked and locked before the work (a folder, another suffix, a file vitconvert did not write,
+    an input, a read-only place: refused in a second, not after the benchmark); the path to write, ``~``
+    expanded."""
+    if plot is None:
+        with nullcontext():
+            yield None
+        return
+    path = check_file(plot, force=force, inputs=[i for i in inputs if i], name="plot", suffix=".png")
+    with output_lock(path):
+        yield path
 
 
 def parse_pairs(pairs: Optional[list[str]], flag: str) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -47,11 +48,22 @@ def open_dataset(spec: str, split: str, data_dir: Optional[str] = None, download
 
 
 def open_named(prefix: str, name: str, spec: str, split: str, data_dir: Optional[str], download: bool) -> Dataset:
-    import timm.data
-
     root = str(Path(data_dir).expanduser()) if data_dir else None
     if prefix == "torch" and root is None:
         raise VitconvertError(f"{spec} needs --data-dir: the folder that holds (or will hold, with --download) it")
+    # the folders a failed download would leave behind: those of root that do not exist yet, outermost first
+    created = [] if root is None else [p for p in (Path(root), *Path(root).parents) if not p.exists()][-1:]
+    try:
+        return _open_named(prefix, name, spec, split, root, download)
+    except BaseException:
+        for folder in created:  # ours alone: it did not exist before this call
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _open_named(prefix: str, name: str, spec: str, split: str, root: Optional[str], download: bool) -> Dataset:
+    import timm.data
+
     try:
         if prefix == "torch" and name.lower() in EXTRA_TORCH:
             import torchvision.datasets as tvd

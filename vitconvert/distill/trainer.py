@@ -6,6 +6,7 @@ best/ when validation improves, checkpoint-last/ at each epoch end and on a stop
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from .. import distributed as D
 from ..errors import VitconvertError
 from ..evaluate import eval_sums, metrics_from_sums
 from ..recipes import Recipe, recipe_changes, recipe_summary
+from ..writer import output_lock
 from . import models
 from . import param_groups as groups
 from .checkpoint import CHECKPOINT, Position, read_checkpoint, restore_rng, rng_state, seed_everything, write_checkpoint
@@ -414,14 +416,18 @@ def run(job: DistillJob, on_step: Optional[Callable[[Trainer], None]] = None) ->
     """Distill ``job.student`` from its teacher per ``job.recipe`` into the run folder ``job.out``."""
     check_run_folder(Path(job.out), job.resume, job.force, job_inputs(job.student, job.teacher, job.recipe))
     env = D.setup(job.device)
-    guard = RunGuard(Path(job.out), job.resume, env)
-    ok = False
     try:
-        result = Trainer(job, env).fit(on_step)
-        ok = True
-        return result
+        # one run per folder: a second distill (or resume) into it is refused while this one runs
+        with output_lock(job.out) if env.is_main else contextlib.nullcontext():
+            guard = RunGuard(Path(job.out), job.resume, env)
+            ok = False
+            try:
+                result = Trainer(job, env).fit(on_step)
+                ok = True
+                return result
+            finally:
+                guard.done(ok)
     finally:
-        guard.done(ok)
         D.teardown(env)
 
 
