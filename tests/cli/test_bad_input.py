@@ -7,8 +7,8 @@ before and after, file modes included). docs/bad-input.md is generated from CASE
 ``test_docs_table_lists_every_case`` fails when the two differ.
 
 Read-only output folders: the tests run as root, where chmod stops nothing, so the read-only case writes into
-/sys (read-only for root too: creating the output's lock file there fails with EACCES), a real path rather than a simulation; the full-disk
-case raises ENOSPC at the writer's boundary (tempfile.mkdtemp in vitconvert/writer.py).
+/sys (read-only for root too: creating the output's lock file there fails with EACCES), a real path rather than
+a simulation; the full-disk case raises ENOSPC at the writer's boundary (tempfile.mkdtemp in vitconvert/writer.py).
 """
 
 from __future__ import annotations
