@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Optional
 
+import torch
 import typer
 
 from ..attention import VARIANTS
@@ -80,10 +81,14 @@ def convert(
     check_options(to, options)
     kwargs = {"img_size": img_size} if img_size is not None else {}
     start = time.perf_counter()
-    src = load_source(source, pretrained=pretrained, arch=arch, **kwargs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # a random-init source (--no-pretrained) is rebuilt from this seed as the teacher
+        src = load_source(source, pretrained=pretrained, arch=arch, **kwargs)
     out = out or Path(f"{src.arch}-{to}")
     check_output(out, force=force, inputs=[source])
-    meta = {}
+    meta: dict = {"source_seed": seed} if not src.pretrained else {}  # loading.load_teacher rebuilds it
+    if img_size is not None:
+        meta["source_img_size"] = img_size
     count = auto_count(keep_softmax)
     if count is not None:
         if data is None:
@@ -105,7 +110,7 @@ def convert(
         return
     console.print(report_table(info, f"{src.arch} -> {to} ({len(report.surgery.replaced)} attention layers)"))
     if report.surgery.hybrid:
-        console.print(f"hybrid: {hybrid_layers(info)}" + (f" (chosen by {signal} on {data})" if meta else ""))
+        console.print(f"hybrid: {hybrid_layers(info)}" + (f" (chosen by {signal} on {data})" if "selection" in meta else ""))
     for note in info["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"[green]wrote[/] {out}/ in {elapsed:.1f}s")

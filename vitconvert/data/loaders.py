@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..errors import VitconvertError
 from ..recipes import Recipe
-from .datasets import check_classes, dataset_classes, open_dataset
+from .datasets import check_classes, class_names, dataset_classes, open_dataset
 from .transforms import InputConfig, eval_transform, mixup_for, train_transform
 
 
@@ -172,8 +172,9 @@ class RunData:
 def run_data(r: Recipe, inp: InputConfig, num_classes: int, rank: int, world: int, pin_memory: bool) -> RunData:
     """Open both splits and check them against the head and the batch arithmetic before any model runs."""
     train = open_dataset(r.data, r.train_split, r.data_dir, r.download)  # type: ignore[arg-type]
-    val = open_dataset(r.data, r.val_split, r.data_dir, r.download)  # type: ignore[arg-type]
     check_classes(train, num_classes)
+    val = open_dataset(r.data, r.val_split, r.data_dir, r.download,  # type: ignore[arg-type]
+                       classes=class_names(train), whose=f"the {r.train_split} split's classes")  # labels by name
     if r.batch_size % (world * r.accum_steps):
         raise VitconvertError(f"batch_size {r.batch_size} is not divisible by {world} process(es) × "
                               f"{r.accum_steps} accumulation step(s)")

@@ -91,7 +91,7 @@ class Trainer:
         r, job, env = self.recipe, self.job, self.env
         student = loading.load_student(job.student)
         self.report = dict(getattr(student, "vitconvert_report", {}))
-        self.teacher_spec = loading.teacher_spec(student, job.teacher)
+        self.teacher_spec = loading.teacher_spec(student, job.teacher or self.resumed_teacher())
         teacher = loading.load_teacher(self.teacher_spec, student, r.seed, recorded=job.teacher is None)
         models.check_kd(student, teacher, r.kd_weight)
         self.inp = data.input_config(student, r)
@@ -128,8 +128,21 @@ class Trainer:
         self.ckpt = prepare_run_folder(self.run_dir, self.recipe, job.recipe_text, job.resume, job.force, self.env,
                                        job_inputs(job.student, job.teacher, self.recipe))
         if self.ckpt is not None:
+            self.ckpt.check_same_job(self.job_record(), job.force)
             self.pos = self.ckpt.position
             self.task.model.load_state_dict(self.ckpt.model())
+
+    def resumed_teacher(self) -> Optional[str]:
+        """Resuming without --teacher: the teacher the run was started with (recorded in its checkpoint)."""
+        if not self.job.resume:
+            return None
+        saved = read_checkpoint(self.run_dir).meta.get("job")
+        return saved.get("teacher") if isinstance(saved, dict) else None
+
+    def job_record(self) -> dict[str, Any]:
+        """What a checkpoint records of who is trained from whom, for a resume to check."""
+        student = {k: self.report.get(k) for k in ("variant", "layers", "depth", "source")}
+        return {"teacher": self.teacher_spec, "student": student}
 
     def _setup_optimizer(self) -> None:
         """Optimizer, schedule, loss scaler and EMA from timm's factories (FSDP shards before the optimizer)."""
@@ -392,7 +405,7 @@ class Trainer:
                              optimizer=optim, ema=self.ema.module.state_dict() if self.ema is not None else None,
                              scheduler=self.scheduler.state_dict(),
                              scaler=self.scaler.state_dict() if self.scaler is not None else {},
-                             position=position, recipe=self.recipe.to_dict(), rng=rng)
+                             position=position, recipe=self.recipe.to_dict(), rng=rng, job=self.job_record())
         D.barrier(self.env)
 
     def finish(self, seconds: float) -> RunResult:
