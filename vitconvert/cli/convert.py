@@ -110,7 +110,8 @@ def convert(
         return
     console.print(report_table(info, f"{src.arch} -> {to} ({len(report.surgery.replaced)} attention layers)"))
     if report.surgery.hybrid:
-        console.print(f"hybrid: {hybrid_layers(info)}" + (f" (chosen by {signal} on {data})" if "selection" in meta else ""))
+        chosen = f" (chosen by {signal} on {data})" if "selection" in meta else ""
+        console.print(f"hybrid: {hybrid_layers(info)}{chosen}")
     for note in info["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"[green]wrote[/] {out}/ in {elapsed:.1f}s")

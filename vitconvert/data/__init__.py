@@ -45,7 +45,8 @@ from .transforms import (
 
 __all__ = [
     "EVAL_FOLDERS", "EXTRA_TORCH", "TIMM_PREFIXES", "TRAIN_SPLITS", "ClosingLoader", "DigitsDataset",
-    "EpochBatchSampler", "InputConfig", "RunData", "TransformedDataset", "accepts_size", "align_classes", "check_classes", "class_names",
+    "EpochBatchSampler", "InputConfig", "RunData", "TransformedDataset", "accepts_size", "align_classes",
+    "check_classes", "class_names",
     "dataset_classes", "default_workers", "digits_arrays", "digits_dataset", "end_on_sigterm_from",
     "eval_transform", "export_imagefolder", "ignore_interrupts", "input_config", "is_train_split", "make_loader",
     "mixup_for", "model_input_size", "open_dataset", "open_folder", "open_named", "run_data", "sample_rng",

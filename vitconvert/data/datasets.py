@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Optional
 
 from torch.utils.data import Dataset
