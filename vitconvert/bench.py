@@ -133,6 +133,7 @@ class Reference:
     default_size: int
     variants: list[str]
     options: dict[str, dict[str, Any]]
+    keep_softmax: Optional[list[int]] = None  # a hybrid folder's softmax layers: its variant is timed as it is
 
 
 def own_img_size(model: nn.Module) -> int:
@@ -160,9 +161,11 @@ def reference_for(source: Union[str, nn.Module], pretrained: bool = True) -> Ref
 
         model = build_folder(None)
         variant = block.get("variant")
+        depth, linear = len(find_softmax_attention(model)), block.get("layers")
+        kept = [i for i in range(depth) if i not in linear] if isinstance(linear, list) else []
         return Reference(build_folder, source_architecture(config)[0], own_img_size(model),
                          [variant] if variant in VARIANTS else list(VARIANTS),
-                         {variant: dict(block.get("options") or {})} if variant else {})
+                         {variant: dict(block.get("options") or {})} if variant else {}, kept or None)
     src = load_source(source, pretrained=pretrained)
     default = own_img_size(src.model)
 
@@ -384,7 +387,12 @@ def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]],
         except (RuntimeError, ValueError, AssertionError, TypeError) as e:  # sizes timm cannot take
             raise VitconvertError(f"cannot build {ref.arch} at {size} px: {first_line(e)}") from None
         depth = len(find_softmax_attention(softmax))
+        if keep_softmax is None:
+            keep_softmax = ref.keep_softmax  # a hybrid folder: timed with its own softmax layers
         kept = [i for i in range(depth) if i not in linear_layers(depth, keep_softmax=keep_softmax)]
+        if len(kept) == depth:
+            raise BadValue("keep_softmax", f"keeps all {depth} layers softmax: every 'variant' would be the softmax "
+                                           "model itself; keep fewer")
         models = {SOFTMAX: softmax}
         for name in names:
             models[name] = linear_copy(softmax, name, {**ref.options.get(name, {}), **(options or {})},

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from distill.helpers import FAST, make_images, make_student
+from distill.helpers import FAST, make_images, make_student, make_teacher
 from helpers import runner
 
 from vitconvert.cli import app
@@ -66,7 +66,15 @@ PREPARE: dict[str, Callable[[Path, Path], None]] = {
     "bad_trainer_json": lambda cwd, ws: run_copy(
         cwd, ws, lambda r: (r / "checkpoint-last" / "trainer.json").write_text('{"format": 1}')),
     "half_run": lambda cwd, ws: run_copy(cwd, ws, lambda r: (r / "checkpoint-last" / "trainer.json").unlink()),
+    "negative_position": lambda cwd, ws: run_copy(cwd, ws, lambda r: edit_json(
+        r / "checkpoint-last" / "trainer.json", lambda meta: meta["position"].update(epoch=-1))),
 }
+
+
+def edit_json(path: Path, change: Callable[[dict], None]) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
 
 S = ("{student}",)
 D = ("--data", "{images}")
@@ -123,6 +131,8 @@ CASES: list[Case] = [
     Case("info", "unknown variant in config.json", ("info", "{badvar}"), "unknown variant 'foo'"),
     Case("info", "config.json without architecture", ("info", "{noarch}"), "names no architecture"),
     Case("info", "an option of the wrong type in config.json", ("info", "{badopt}"), "eps takes a finite number"),
+    Case("info", "a layer list past the model's depth", ("info", "{badlayers}"), "must list layer indices"),
+    Case("info", "an empty layer list (no linear layer)", ("info", "{nolinear}"), "makes no layer linear"),
     # -- eval -------------------------------------------------------------------------------------------
     Case("eval", "missing model", ("eval", "nope/", *D), "not found"),
     Case("eval", "a text file as model", ("eval", "{afile}", *D), "is a file, not a model"),
@@ -140,6 +150,8 @@ CASES: list[Case] = [
     Case("eval", "--batch-size 0", ("eval", *S, *D, "--batch-size", "0"), "--batch-size: must be at least 1"),
     Case("eval", "--workers -1", ("eval", *S, *D, "--workers", "-1"), "--workers must not be negative"),
     Case("eval", "data with more classes than the head", ("eval", *S, "--data", "{five}"), "classes"),
+    Case("eval", "an empty class folder", ("eval", *S, "--data", "{emptyclass}"), "class folders without images"),
+    Case("eval", "a model without a classification head", ("eval", "{headless}", *D), "no classification head"),
     Case("eval", "--device mps on a machine without it", ("eval", *S, *D, "--device", "mps"),
          "mps is not available on this machine"),
     Case("eval", "non-numeric --batch-size", ("eval", *S, *D, "--batch-size", "x"), "Invalid value for '--batch-size'"),
@@ -156,6 +168,8 @@ CASES: list[Case] = [
     Case("distill", "an image folder with one class", ("distill", *S, "--data", "{one}", *QUICK, "--out", "r"),
          "class"),
     Case("distill", "an empty split", ("distill", *S, "--data", "{emptyval}", *QUICK, "--out", "r"), "no images"),
+    Case("distill", "val/ with a class folder train/ lacks", ("distill", *S, "--data", "{renamedval}", *QUICK,
+                                                              "--out", "r"), "not among the train split's classes"),
     Case("distill", "--epochs 0", ("distill", *S, *D, *QUICK, "--epochs", "0", "--out", "r"),
          "epochs must be at least 1"),
     Case("distill", "--epochs -1", ("distill", *S, *D, *QUICK, "--epochs", "-1", "--out", "r"),
@@ -221,6 +235,9 @@ CASES: list[Case] = [
     Case("distill", "--resume, checkpoint-last/ without trainer.json", ("distill", *S, *D, *QUICK, "--resume",
                                                                         "--out", "../rc"),
          "has no trainer.json: the checkpoint is damaged", "half_run"),
+    Case("distill", "--resume, a negative position in trainer.json", ("distill", *S, *D, *QUICK, "--resume",
+                                                                      "--out", "../rc"), "the checkpoint is damaged",
+         "negative_position"),
     # -- compare, bench, push, quickstart --------------------------------------------------------------
     Case("compare", "missing student", ("compare", "nope", *D), "not found"),
     Case("compare", "a softmax folder as student", ("compare", "{teacher}", *D), "not a vitconvert model folder"),
@@ -231,6 +248,8 @@ CASES: list[Case] = [
     Case("bench", "missing source", ("bench", "./nope/", "--no-pretrained"), "not found"),
     Case("bench", "unknown variant", ("bench", "{teacher}", "--to", "nosuch"), "unknown variant"),
     Case("bench", "non-numeric --repeats", ("bench", "{teacher}", "--repeats", "x"), "Invalid value for '--repeats'"),
+    Case("bench", "--keep-softmax every layer", ("bench", "{teacher}", "--to", "elu", "--keep-softmax", "0,1",
+                                                 "--repeats", "1"), "keeps all 2 layers softmax"),
     # -- files other than folders: plots and exports (issue 23) --------------------------------------------
     Case("compare", "--plot the student's weights (--force)", ("compare", *S, *D, "--plot",
                                                                "{student}/model.safetensors", "--force"),
@@ -287,6 +306,12 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
         for f in cls.iterdir():
             f.unlink()
     paths["emptyval"] = emptyval
+    emptyclass = make_images(root / "emptyclass")
+    (emptyclass / "val" / "class3").mkdir()
+    renamedval = make_images(root / "renamedval")
+    (renamedval / "val" / "class1").rename(renamedval / "val" / "renamed")
+    paths.update(emptyclass=emptyclass, renamedval=renamedval,
+                 headless=make_teacher(root / "headless", num_classes=0))
     (root / "afile.txt").write_text("not a model\n")
     paths["afile"] = root / "afile.txt"
     (root / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n the user's own picture")
@@ -297,7 +322,8 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
     (precious / "precious.txt").write_text("the user's own work\n")
     (precious / "sub" / "notes.md").write_text("keep\n")
     paths["precious"] = precious
-    for name, edit in (("trunc", None), ("badvar", "variant"), ("noarch", "architecture"), ("badopt", "options")):
+    for name, edit in (("trunc", None), ("badvar", "variant"), ("noarch", "architecture"), ("badopt", "options"),
+                       ("badlayers", [0, 5]), ("nolinear", [])):
         folder = shutil.copytree(student, root / name)
         if edit is None:
             truncate(folder / "model.safetensors")
@@ -307,6 +333,8 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
             config["vitconvert"]["variant"] = "foo"
         elif edit == "options":
             config["vitconvert"]["options"] = {"eps": "abc"}
+        elif isinstance(edit, list):
+            config["vitconvert"]["layers"] = config["model_args"]["layers"] = edit
         else:
             del config["architecture"]
         (folder / "config.json").write_text(json.dumps(config))

@@ -136,3 +136,31 @@ def test_eval_refuses_nan_outputs_and_a_headless_model(ws, tmp_path, monkeypatch
     assert_one_line_error(invoke("eval", broken, "--data", ws / "images"), "outputs are NaN or infinite")
     headless = make_teacher(tmp_path / "headless", num_classes=0)
     assert_one_line_error(invoke("eval", headless, "--data", ws / "images"), "has no classification head")
+
+
+def test_bench_times_a_hybrid_folder_as_it_is(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert invoke("convert", "digits", "--to", "elu", "--keep-softmax", "0", "--out", "h").exit_code == 0
+    result = invoke("bench", "h", "--repeats", "1", "--warmup", "0", "--no-memory", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["keep_softmax"] == [0]  # not the all-linear model
+    assert_one_line_error(invoke("bench", "digits", "--to", "elu", "--keep-softmax", "0-3", "--repeats", "1"),
+                          "keeps all 4 layers softmax")
+
+
+def test_16_bit_pngs_are_scaled_not_clipped(tmp_path):
+    """The same digits as 8-bit and as 16-bit grey PNGs evaluate the same (PIL alone clips 16-bit at 255)."""
+    import numpy as np
+    from PIL import Image
+
+    eight = digit_folder(tmp_path / "8bit", per_class=2)
+    sixteen = shutil.copytree(eight, tmp_path / "16bit")
+    for png in sixteen.rglob("*.png"):
+        grey = Image.open(png).convert("L")
+        grey.save(eight / png.relative_to(sixteen))  # the 8-bit twin, grey as well
+        Image.fromarray(np.asarray(grey, dtype=np.uint16) * 257).save(png)
+    results = [invoke("eval", "digits", "--data", folder, "--json") for folder in (eight, sixteen)]
+    assert all(r.exit_code == 0 for r in results), [r.output for r in results]
+    assert Image.open(next(sixteen.rglob("*.png"))).mode.startswith("I")
+    loss8, loss16 = (json.loads(r.stdout)["loss"] for r in results)
+    assert loss16 == pytest.approx(loss8, rel=1e-6)

@@ -116,7 +116,8 @@ def open_folder(root: Path, split: str, classes: Optional[Sequence[str]] = None,
         raise VitconvertError(f"{folder} has class folders without images ({', '.join(empty[:5])}): an empty class "
                               "is no class at all, and every class after it would take its label; add its images "
                               "or remove the folder")
-    ds = timm.data.create_dataset("", root=str(folder), split=split, search_split=False)
+    # images as stored (input_img_mode=None): TransformedDataset makes them RGB, 16-bit grey scaled, not clipped
+    ds = timm.data.create_dataset("", root=str(folder), split=split, search_split=False, input_img_mode=None)
     if classes:
         ds = align_classes(ds, folder, split, list(classes), whose, strict)
     return ds
@@ -148,7 +149,7 @@ def align_classes(ds: Dataset, folder: Path, split: str, classes: list[str], who
         shown = ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else "")
         raise VitconvertError(f"{folder} has class folders not among {whose} ({', '.join(unknown[:5])}): their "
                               f"labels would be wrong; {whose}: {shown}")
-    return timm.data.create_dataset("", root=str(folder), split=split, search_split=False,
+    return timm.data.create_dataset("", root=str(folder), split=split, search_split=False, input_img_mode=None,
                                     class_map={name: i for i, name in enumerate(classes)})
 
 

@@ -44,6 +44,20 @@ def sample_rng(seed: int, epoch: int, index: int) -> Iterator[None]:
         torch.set_rng_state(state[2])
 
 
+def to_rgb(image: Any) -> Any:
+    """A PIL image as 8-bit RGB. 16- and 32-bit grey (a 16-bit PNG opens as "I;16" or "I") is scaled to 8 bits:
+    PIL's own convert clips it at 255, which turns a 16-bit photograph into an almost black-and-white one."""
+    if image.mode.startswith("I"):
+        import numpy as np
+        from PIL import Image
+
+        values = np.asarray(image, dtype=np.float64)
+        if values.max(initial=0) > 255:
+            values = values / 257.0  # 65535 -> 255
+        return Image.fromarray(np.clip(values + 0.5, 0, 255).astype(np.uint8), "L").convert("RGB")
+    return image.convert("RGB")
+
+
 class TransformedDataset(Dataset):
     """A base dataset's images through ``transform``; seeded per image when ``seed`` is given (training)."""
 
@@ -61,7 +75,7 @@ class TransformedDataset(Dataset):
         image, target = self.base[max(index, 0)]
         target = int(target) if index >= 0 else -1  # -1: padding of an evaluation share
         if getattr(image, "mode", "RGB") != "RGB" and hasattr(image, "convert"):
-            image = image.convert("RGB")
+            image = to_rgb(image)
         if self.seed is None:
             return self.transform(image), target
         with sample_rng(self.seed, self.epoch, index):
