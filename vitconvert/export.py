@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import math
 import warnings
 from collections.abc import Iterator
@@ -106,16 +107,24 @@ def relative_error(got: Any, want: torch.Tensor) -> float:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """torch.onnx prints progress lines and warnings; the command prints its own summary."""
+    """torch.onnx prints progress lines and warnings, and dynamo logs a failed trace as a 150-line traceback
+    (through ``logging``); the command prints its own summary, or one line."""
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        yield
+        logging.disable(logging.CRITICAL)
+        try:
+            yield
+        finally:
+            logging.disable(logging.NOTSET)
 
 
 def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str, Path]] = None,
-           img_size: Optional[int] = None, batch_size: int = 2, dynamic_batch: bool = False,
+           img_size: Optional[int] = None, batch_size: int = 2, dynamic_batch: bool = True,
            opset: Optional[int] = None, force: bool = False, tolerance: float = TOLERANCE) -> ExportResult:
-    """Export ``folder`` to ``out`` (default: beside the folder), check it, and write it only if it passes."""
+    """Export ``folder`` to ``out`` (default: beside the folder), check it, and write it only if it passes.
+
+    ``dynamic_batch`` (the default): any batch size at run time, checked at ``batch_size`` and one more; the
+    trace uses a batch of at least 2 (torch.export fixes a dimension it sees as 1)."""
     import time
 
     if fmt not in FORMATS:
@@ -135,11 +144,11 @@ def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str,
         model = load_for_export(folder, img_size)
         size = model_img_size(model)
         batches = [batch_size, batch_size + 1] if dynamic_batch else [batch_size]
-        images = check_images(model, max(batches), size)
+        images = check_images(model, max(*batches, 2), size)
         with torch.no_grad():
             expected = {b: model(images[:b]) for b in batches}
         with atomic_file(target, force=force, inputs=[folder], suffix=FORMATS[fmt]) as tmp:
-            example = images[:batch_size]
+            example = images[:max(batch_size, 2)] if dynamic_batch else images[:batch_size]
             if fmt == "onnx":
                 export_onnx(model, example, tmp, dynamic_batch, opset or DEFAULT_OPSET)
                 run = _onnx_runner(tmp)

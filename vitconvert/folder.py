@@ -22,7 +22,7 @@ from torch import nn
 
 from .attention import VARIANTS, LinearAttention
 from .card import render_card
-from .errors import VitconvertError, first_line
+from .errors import VitconvertError, first_line, load_reason
 from .surgery import linear_layer_indices, swap_attention
 from .timm_registry import export_model_args, timm_config
 from .version import __version__
@@ -87,6 +87,10 @@ def save(model: nn.Module, folder: Union[str, Path], force: bool = False, inputs
 def read_config(folder: Path) -> dict[str, Any]:
     """config.json of a model folder, with clear errors for a missing or broken one."""
     cfg_file = folder / "config.json"
+    if not cfg_file.is_file() and (folder / "checkpoint-last" / "trainer.json").is_file():
+        raise VitconvertError(f"{folder} is a distill run that has not finished (stopped or still running): its "
+                              "model is written when it ends, only checkpoint-last/ is there; finish it with "
+                              f"`vitconvert distill --resume --out {folder}`")
     if not cfg_file.is_file():
         raise VitconvertError(f"{folder} has no config.json: not a timm or vitconvert model folder")
     try:
@@ -234,7 +238,7 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise VitconvertError(f"{folder}/{WEIGHTS} does not fit its config.json: {first_line(e)}") from None
+        raise VitconvertError(f"{folder}/{WEIGHTS} does not fit its config.json: {load_reason(e)}") from None
     model.vitconvert_report = {k: v for k, v in block.items() if k not in ("format_version", "versions")}
     return model.eval()
 

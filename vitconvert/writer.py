@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional, Union
 
-from .errors import BadValue, VitconvertError
+from .errors import BadValue, VitconvertError, disk_full
 from .version import __version__
 
 PathLike = Union[str, os.PathLike]
@@ -201,7 +201,13 @@ def atomic_folder(out: PathLike, force: bool = False, inputs: Iterable[PathLike]
         except OSError as e:
             raise writable_error(out, e) from None
         try:
-            yield tmp
+            try:
+                yield tmp
+            except Exception as e:  # a library's own error type for a full disk (safetensors' SafetensorError)
+                if disk_full(e) and not isinstance(e, OSError):
+                    raise VitconvertError(f"cannot write {out}: No space left on device (in "
+                                          f"{out.parent.resolve()})") from None
+                raise
             apply_umask(tmp)
             if out.exists():
                 old = out.with_name(f".{out.name}.old-{_tag()}")

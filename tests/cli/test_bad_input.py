@@ -123,6 +123,8 @@ CASES: list[Case] = [
          "Invalid value for '--seed'"),
     Case("convert", "unknown flag", ("convert", "{teacher}", "--to", "elu", "--nosuch"), "No such option: --nosuch"),
     Case("convert", "no source", ("convert",), "Missing argument"),
+    Case("convert", "--data without --keep-softmax auto:K", ("convert", "{teacher}", "--to", "elu", "--data", "nope",
+                                                             "--out", "o"), "--data: is read only by --keep-softmax"),
     # -- info -------------------------------------------------------------------------------------------
     Case("info", "missing folder", ("info", "nope"), "folder not found"),
     Case("info", "a file", ("info", "{afile}"), "is a file, not a model folder"),
@@ -131,6 +133,10 @@ CASES: list[Case] = [
     Case("info", "unknown variant in config.json", ("info", "{badvar}"), "unknown variant 'foo'"),
     Case("info", "config.json without architecture", ("info", "{noarch}"), "names no architecture"),
     Case("info", "an option of the wrong type in config.json", ("info", "{badopt}"), "eps takes a finite number"),
+    Case("info", "a stopped run (only checkpoint-last/)", ("info", "{stopped}"), "a distill run that has not finished"),
+    Case("eval", "a stopped run (only checkpoint-last/)", ("eval", "{stopped}", *D), "a distill run that has not"),
+    Case("export", "a stopped run (only checkpoint-last/)", ("export", "{stopped}", "--out", "x.onnx"),
+         "a distill run that has not finished"),
     Case("info", "a layer list past the model's depth", ("info", "{badlayers}"), "must list layer indices"),
     Case("info", "an empty layer list (no linear layer)", ("info", "{nolinear}"), "makes no layer linear"),
     # -- eval -------------------------------------------------------------------------------------------
@@ -199,6 +205,16 @@ CASES: list[Case] = [
                                                         "rand_augment=rand-m9-zzz1", "--out", "r"),
          "recipe rand_augment: timm cannot read"),
     Case("distill", "--set lr=[1", ("distill", *S, *D, *QUICK, "--set", "lr=[1", "--out", "r"), "cannot read '[1'"),
+    Case("distill", "--set seed past 64 bits", ("distill", *S, *D, *QUICK, "--set", "seed=99999999999999999999",
+                                                "--out", "r"), "seed: 99999999999999999999 must be below 2**63"),
+    Case("distill", "--set name with a path in it", ("distill", *S, *D, *QUICK, "--set", "name=../../escape"),
+         "recipe name: '../../escape' must be a plain name"),
+    Case("distill", "a stray WORLD_SIZE=2 (no torchrun)", ("distill", *S, *D, *QUICK, "--out", "r"),
+         "WORLD_SIZE=2 is set but RANK or MASTER_ADDR is not", "world_size_2"),
+    Case("distill", "a stray WORLD_SIZE=abc", ("distill", *S, *D, *QUICK, "--out", "r"),
+         "WORLD_SIZE='abc' is not a positive integer", "world_size_abc"),
+    Case("distill", "--push-to-hub with the Hub offline", ("distill", *S, *D, *QUICK, "--push-to-hub", "me/x",
+                                                           "--out", "r"), "HF_HUB_OFFLINE is set"),
     Case("distill", "unknown recipe key", ("distill", *S, *D, *QUICK, "--set", "lrr=1", "--out", "r"),
          "unknown recipe key 'lrr'"),
     Case("distill", "--out an unrelated folder (--force)", ("distill", *S, *D, *QUICK, "--out", "{precious}",
@@ -344,6 +360,10 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
                                  "--out", str(root / "run")])
     assert result.exit_code == 0, result.output
     paths["run"] = root / "run"
+    stopped = shutil.copytree(root / "run", root / "stopped")  # as a stop before the end leaves a run
+    for name in ("config.json", "model.safetensors", "README.md", "best"):
+        shutil.rmtree(stopped / name) if (stopped / name).is_dir() else (stopped / name).unlink()
+    paths["stopped"] = stopped
     return paths
 
 
@@ -368,6 +388,8 @@ def run_case(case: Case, workspace: dict[str, Path], cwd: Path, monkeypatch):
         monkeypatch.setattr("vitconvert.writer.tempfile.mkdtemp", full)
     elif case.prepare == "no_datasets":  # whether or not it is installed here: as if it were not
         monkeypatch.setitem(sys.modules, "datasets", None)
+    elif case.prepare in ("world_size_2", "world_size_abc"):
+        monkeypatch.setenv("WORLD_SIZE", case.prepare.rsplit("_", 1)[1])
     elif case.prepare:
         PREPARE[case.prepare](cwd, workspace["ws"])
     args = [a.format(**{k: str(v) for k, v in workspace.items()}) for a in case.args]

@@ -3,6 +3,7 @@ and the folder the last ``convert`` in this directory wrote."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import sys
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..attention import VARIANTS
-from ..errors import BadValue, VitconvertError
+from ..errors import BadValue, Stopped, VitconvertError
 from ..writer import check_file, output_lock
 
 console = Console()
@@ -49,6 +50,9 @@ PretrainedOpt = Annotated[bool, typer.Option("--pretrained/--no-pretrained",
 SeedOpt = Annotated[int, typer.Option("--seed", help="seed of every random draw")]
 
 
+WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print ``error: message`` as exactly one line on stderr and exit non-zero."""
     typer.echo(f"error: {' '.join(str(message).split())}", err=True)
@@ -64,12 +68,21 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
+        except Stopped as e:  # the user asked for it: not an error; say where the work is and how to go on
+            typer.echo(" ".join(str(e).split()), err=True)
+            raise typer.Exit(e.exit_code) from None
         except BadValue as e:  # a library error about a value: name the flag that gave it
             fail(f"--{e.name.replace('_', '-')}: {summary(e, internal=False)}")
         except VitconvertError as e:
             fail(summary(e, internal=False))
         except KeyboardInterrupt:
             fail("interrupted", code=130)
+        except OSError as e:  # the machine, not the code: a full disk, a read-only or forbidden place
+            if e.errno not in WRITE_ERRORS:
+                if os.environ.get("VITCONVERT_DEBUG"):
+                    raise
+                fail(f"{summary(e)} (internal error; rerun with VITCONVERT_DEBUG=1 for the traceback)")
+            fail(f"cannot write {e.filename or 'a file'}: {e.strerror}")
         except Exception as e:  # a bug, but still no traceback for the user
             if os.environ.get("VITCONVERT_DEBUG"):
                 raise
@@ -159,14 +172,22 @@ def remember_last_convert(out: Path) -> None:
         pass
 
 
+def forget_last_convert() -> None:
+    """A convert starts: until it succeeds, `distill` with no folder must not take an older convert's folder."""
+    try:
+        LAST_CONVERT.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def last_converted() -> Path:
-    """The folder the last `vitconvert convert` in this directory wrote."""
+    """The folder the last `vitconvert convert` in this directory wrote (distill's first line names it)."""
     if LAST_CONVERT.is_file():
         path = Path(LAST_CONVERT.read_text().strip())
         if path.is_dir():
             return path
         raise VitconvertError(f"the last converted folder ({path}) is gone: name the STUDENT folder")
-    raise VitconvertError("no STUDENT given and no `vitconvert convert` was run in this directory: name the "
+    raise VitconvertError("no STUDENT given and no `vitconvert convert` finished in this directory: name the "
                           "converted model folder")
 
 

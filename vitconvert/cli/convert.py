@@ -28,6 +28,7 @@ from .common import (
     SeedOpt,
     VariantOpt,
     console,
+    forget_last_convert,
     parse_options,
     remember_last_convert,
     report_table,
@@ -75,8 +76,12 @@ def convert(
         raise VitconvertError(f"--num-classes must be at least 1 (got {num_classes})")
     if img_size is not None and img_size < 1:
         raise VitconvertError(f"--img-size must be at least 1 (got {img_size})")
+    if data is not None and auto_count(keep_softmax) is None:
+        raise BadValue("data", "is read only by --keep-softmax auto:K (the layers are measured on it); drop it, "
+                               "or add --keep-softmax auto:K")
     if out is not None:  # refuse before the work, not after it
         check_output(out, force=force, inputs=[source])
+    forget_last_convert()
     options = parse_options(option)
     check_options(to, options)
     kwargs = {"img_size": img_size} if img_size is not None else {}

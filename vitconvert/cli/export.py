@@ -20,9 +20,10 @@ def export(
                                                                  "beside the folder]"),
     img_size: Optional[int] = typer.Option(None, "--img-size", help="export at this image size (position "
                                                                     "embeddings resampled) [default: the model's]"),
-    batch_size: int = typer.Option(2, "--batch-size", help="batch of the example input (the fixed batch unless "
-                                                           "--dynamic-batch)"),
-    dynamic_batch: bool = typer.Option(False, "--dynamic-batch", help="any batch size at run time (checked at two)"),
+    batch_size: int = typer.Option(2, "--batch-size", help="batch the export is checked at (and the only one it "
+                                                           "takes with --fixed-batch)"),
+    dynamic_batch: bool = typer.Option(True, "--dynamic-batch/--fixed-batch", help="any batch size at run time "
+                                                                                  "(checked at two), or one"),
     opset: Optional[int] = typer.Option(None, "--opset", help="ONNX opset, 18 to 23 [default: 18]"),
     force: bool = typer.Option(False, "--force", help="replace an existing output file"),
     as_json: JsonOpt = False,

@@ -18,7 +18,7 @@ import torch
 
 from .. import data, loading
 from .. import distributed as D
-from ..errors import VitconvertError
+from ..errors import VitconvertError, load_reason
 from ..evaluate import eval_sums, metrics_from_sums
 from ..recipes import Recipe, recipe_changes, recipe_summary
 from ..writer import output_lock
@@ -130,7 +130,11 @@ class Trainer:
         if self.ckpt is not None:
             self.ckpt.check_same_job(self.job_record(), job.force)
             self.pos = self.ckpt.position
-            self.task.model.load_state_dict(self.ckpt.model())
+            try:
+                self.task.model.load_state_dict(self.ckpt.model())
+            except RuntimeError as e:  # a checkpoint of another architecture (written before the job record)
+                raise VitconvertError(f"{self.run_dir / CHECKPOINT} does not fit the student {job.student}: "
+                                      f"{load_reason(e)}; resume with the run's own student") from None
 
     def resumed_teacher(self) -> Optional[str]:
         """Resuming without --teacher: the teacher the run was started with (recorded in its checkpoint)."""
@@ -142,7 +146,7 @@ class Trainer:
     def job_record(self) -> dict[str, Any]:
         """What a checkpoint records of who is trained from whom, for a resume to check."""
         student = {k: self.report.get(k) for k in ("variant", "layers", "depth", "source")}
-        return {"teacher": self.teacher_spec, "student": student}
+        return {"teacher": self.teacher_spec, "student": student, "student_path": str(Path(self.job.student).resolve())}
 
     def _setup_optimizer(self) -> None:
         """Optimizer, schedule, loss scaler and EMA from timm's factories (FSDP shards before the optimizer)."""
@@ -209,6 +213,8 @@ class Trainer:
         self.enter_stage(min(self.pos.epoch, r.epochs - 1))
         self.epoch_sums = self.sums_tensor(self.pos.epoch_sums if self.env.is_main else [])
         self.window = self.sums_tensor(self.pos.window_sums if self.env.is_main else [])
+        self.bar.print(f"{'resuming' if self.ckpt is not None else 'distilling'} {self.job.student} from the teacher "
+                       f"{self.teacher_spec} into {self.run_dir}")  # the student may not have been named
         for line in recipe_summary(r):
             self.bar.print(line)
         if self.ckpt is not None:
@@ -254,7 +260,7 @@ class Trainer:
                     self.save_checkpoint()
                     raise TrainingStopped(f"stopped by {stop.requested or 'a signal'} at epoch {epoch + 1}, step "
                                           f"{self.pos.step}; checkpoint saved in {self.run_dir / CHECKPOINT}: "
-                                          "continue with --resume")
+                                          "continue with --resume", stop.requested or "SIGINT")
         finally:
             self.bar.stop()
         if self.window[-1] > 0:
