@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from ..version import __version__
 from . import bench, compare, convert, distill, export, info, push, quickstart
@@ -43,6 +43,17 @@ class OneLineErrors(TyperGroup):
         sys.exit(result if isinstance(result, int) else 0)
 
 
+class Command(TyperCommand):
+    """--help shows a flag as a flag (``--force``), not as an option taking a value (``--force <bool>``)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
 app = typer.Typer(
     cls=OneLineErrors,
     name="vitconvert",
@@ -65,16 +76,16 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
 
 
 # The commands, registered here in the order `vitconvert --help` lists them (a new command: one line).
-app.command()(convert.convert)
-app.command()(distill.distill)
-app.command("eval")(evaluate.eval_cmd)
-app.command()(compare.compare)
-app.command()(bench.bench)
-app.command()(export.export)
-app.command()(push.push)
-app.command()(quickstart.quickstart)
-app.command("list")(info.list_cmd)
-app.command()(info.info)
+app.command(cls=Command)(convert.convert)
+app.command(cls=Command)(distill.distill)
+app.command("eval", cls=Command)(evaluate.eval_cmd)
+app.command(cls=Command)(compare.compare)
+app.command(cls=Command)(bench.bench)
+app.command(cls=Command)(export.export)
+app.command(cls=Command)(push.push)
+app.command(cls=Command)(quickstart.quickstart)
+app.command("list", cls=Command)(info.list_cmd)
+app.command(cls=Command)(info.info)
 
 
 def main() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from .common import (
@@ -17,6 +16,7 @@ from .common import (
     PretrainedOpt,
     VariantsOpt,
     console,
+    make_console,
     parse_options,
     plot_output,
     user_errors,
@@ -83,7 +83,7 @@ def bench(
     with plot_output(plot, force, [source]) as plot:
         if plot is not None:
             require_matplotlib()  # fail before the work, not after it
-        progress = Console(stderr=True)
+        progress = make_console(stderr=True)
         report = benchmark(source, variants, sizes, batch_size=batch_size, train=train, repeats=repeats,
                            warmup=warmup, pretrained=pretrained, device=device, threads=threads,
                            options=parse_options(option), memory=memory, clock=clock, backend=backend,

@@ -7,6 +7,8 @@ import errno
 import functools
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -21,7 +23,16 @@ from ..attention import VARIANTS
 from ..errors import BadValue, Stopped, VitconvertError
 from ..writer import check_file, output_lock
 
-console = Console()
+
+def make_console(stderr: bool = False) -> Console:
+    """A terminal's own width; a pipe or a log file no width at all, so tables and lines keep every column and
+    digit (rich otherwise assumes 80 columns and cuts numbers to "2812…")."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else UNLIMITED)
+
+
+UNLIMITED = 100_000
+console = make_console()
 F = TypeVar("F", bound=Callable[..., Any])
 VARIANT_NAMES = ", ".join(VARIANTS)
 
@@ -106,6 +117,30 @@ def summary(e: BaseException, internal: bool = True) -> str:
     if not internal:
         return text
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+HEARTBEAT_AFTER_S, HEARTBEAT_EVERY_S = 10.0, 30.0
+
+
+@contextmanager
+def still_working(what: str) -> Iterator[None]:
+    """Long work is never silent: a line on stderr once ``what`` has run HEARTBEAT_AFTER_S seconds, then one
+    every HEARTBEAT_EVERY_S (a terminal and a log alike); quick work prints nothing."""
+    done, start = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        wait = HEARTBEAT_AFTER_S
+        while not done.wait(wait):
+            typer.echo(f"{what}... ({time.monotonic() - start:.0f}s)", err=True)
+            wait = HEARTBEAT_EVERY_S
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 @contextmanager

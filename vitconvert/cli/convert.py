@@ -32,6 +32,7 @@ from .common import (
     parse_options,
     remember_last_convert,
     report_table,
+    still_working,
     user_errors,
 )
 
@@ -86,7 +87,7 @@ def convert(
     check_options(to, options)
     kwargs = {"img_size": img_size} if img_size is not None else {}
     start = time.perf_counter()
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), still_working(f"loading {source}"):
         torch.manual_seed(seed)  # a random-init source (--no-pretrained) is rebuilt from this seed as the teacher
         src = load_source(source, pretrained=pretrained, arch=arch, **kwargs)
     out = out or Path(f"{src.arch}-{to}")
@@ -98,15 +99,18 @@ def convert(
     if count is not None:
         if data is None:
             raise BadValue("data", "needed by --keep-softmax auto:K: the layers are measured on a few batches of it")
-        choice = choose_softmax_layers(src.model, to, count, data, signal=signal, options=options, seed=seed,
-                                       data_dir=data_dir, download=download)
+        with still_working(f"measuring which {count} layer(s) to keep softmax on {data}"):
+            choice = choose_softmax_layers(src.model, to, count, data, signal=signal, options=options, seed=seed,
+                                           data_dir=data_dir, download=download)
         keep_softmax, meta["selection"] = ",".join(map(str, choice.keep)), {**choice.to_dict(), "data": data}
-    student, report = convert_model(src.model, to, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
-                                    seed=seed, num_classes=num_classes, options=options, source=source,
-                                    layers=layers, keep_softmax=keep_softmax or None)
+    with still_working(f"converting to {to} ({attn_init} attention init)"):
+        student, report = convert_model(src.model, to, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
+                                        seed=seed, num_classes=num_classes, options=options, source=source,
+                                        layers=layers, keep_softmax=keep_softmax or None)
     if not report.surgery.layers:
         raise BadValue("keep_softmax", "keeps every layer softmax: that is the source model itself; keep fewer")
-    save(student, out, force=force, inputs=[source], pretrained=src.pretrained, **meta)
+    with still_working(f"writing {out}"):
+        save(student, out, force=force, inputs=[source], pretrained=src.pretrained, **meta)
     elapsed = time.perf_counter() - start
     remember_last_convert(out)
     info = report.to_dict()

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import JsonOpt, console, user_errors
+from .common import JsonOpt, console, still_working, user_errors
 
 
 @user_errors
@@ -34,8 +34,9 @@ def export(
     """
     from ..export import export as export_model  # lazy: start-up time
 
-    result = export_model(folder, format, out, img_size=img_size, batch_size=batch_size,
-                          dynamic_batch=dynamic_batch, opset=opset, force=force)
+    with still_working(f"exporting {folder} to {format} and checking it"):
+        result = export_model(folder, format, out, img_size=img_size, batch_size=batch_size,
+                              dynamic_batch=dynamic_batch, opset=opset, force=force)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
         return

@@ -15,7 +15,7 @@ from ..attention import VARIANTS
 
 if TYPE_CHECKING:  # the quickstart package imports distill: only when the command runs
     from ..quickstart import Update
-from .common import DeviceOpt, JsonOpt, SeedOpt, console, user_errors
+from .common import DeviceOpt, JsonOpt, SeedOpt, console, make_console, user_errors
 
 
 def results_table(result: dict) -> Table:
@@ -98,7 +98,7 @@ def quickstart(
     from ..quickstart import parse_variants, run_quickstart  # lazy: start-up time
 
     chosen = parse_variants(variants)
-    with LiveTable(Console(stderr=True)) as live:
+    with LiveTable(make_console(stderr=True)) as live:
         result = run_quickstart(chosen, out, epochs=epochs, seed=seed, scratch=scratch, device=device, force=force,
                                 jobs=jobs, progress=live).to_dict()
     if as_json:
