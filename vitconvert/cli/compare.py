@@ -18,8 +18,10 @@ from .common import (
     PlotForceOpt,
     PlotOpt,
     SplitOpt,
+    ThreadsOpt,
     WorkersOpt,
     console,
+    cpu_threads,
     plot_output,
     user_errors,
 )
@@ -47,6 +49,7 @@ def compare(
     batches: int = typer.Option(10, help="how many batches to compare on (a fixed random sample of images)"),
     batch_size: int = typer.Option(32, help="images per batch"),
     workers: WorkersOpt = 0,
+    threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
     force: PlotForceOpt = False,
@@ -56,9 +59,10 @@ def compare(
     Example: vitconvert compare runs/quickstart/mhla --data digits --plot gaps.png
     """
     from ..compare import compare_models, image_batches, plot_compare, require_matplotlib  # lazy: start-up time
+    from ..threads import torch_threads  # lazy: start-up time
 
     inputs = [student, teacher, data]
-    with plot_output(plot, force, inputs) as plot:
+    with plot_output(plot, force, inputs) as plot, torch_threads(cpu_threads(threads, student)):
         if plot is not None:
             require_matplotlib()  # fail before the work, not after it
         model = load_student(student)

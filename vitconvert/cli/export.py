@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import JsonOpt, console, still_working, user_errors
+from .common import JsonOpt, ThreadsOpt, console, cpu_threads, still_working, user_errors
 
 
 @user_errors
@@ -26,6 +26,7 @@ def export(
                                                                                   "(checked at two), or one"),
     opset: Optional[int] = typer.Option(None, "--opset", help="ONNX opset, 18 to 23 [default: 18]"),
     force: bool = typer.Option(False, "--force", help="replace an existing output file"),
+    threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Export a model to ONNX or .pt2 and check its logits against PyTorch on real images.
@@ -33,8 +34,9 @@ def export(
     Example: vitconvert export ./deit_small_patch16_224-mhla --format onnx --dynamic-batch
     """
     from ..export import export as export_model  # lazy: start-up time
+    from ..threads import torch_threads  # lazy: start-up time
 
-    with still_working(f"exporting {folder} to {format} and checking it"):
+    with still_working(f"exporting {folder} to {format} and checking it"), torch_threads(cpu_threads(threads, folder)):
         result = export_model(folder, format, out, img_size=img_size, batch_size=batch_size,
                               dynamic_batch=dynamic_batch, opset=opset, force=force)
     if as_json:
