@@ -17,6 +17,7 @@ from . import timm_registry as _timm_registry  # noqa: E402,F401  (importing it 
 from .attention import VARIANTS  # noqa: E402
 from .convert import convert  # noqa: E402
 from .folder import save  # noqa: E402
+from . import hybrid  # noqa: E402  (vitconvert.hybrid.choose_softmax_layers, after `import vitconvert`)
 from .loading import load  # noqa: E402
 
-__all__ = ["VARIANTS", "convert", "load", "save", "__version__"]
+__all__ = ["VARIANTS", "convert", "hybrid", "load", "save", "__version__"]
