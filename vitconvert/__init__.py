@@ -13,11 +13,11 @@ if _sys.argv and _sys.argv[0].rsplit("/", 1)[-1] == "vitconvert":  # the console
 
     _sys.excepthook = _interrupted
 
+from . import hybrid  # noqa: E402  (vitconvert.hybrid.choose_softmax_layers, after `import vitconvert`)
 from . import timm_registry as _timm_registry  # noqa: E402,F401  (importing it registers the variants with timm)
 from .attention import VARIANTS  # noqa: E402
 from .convert import convert  # noqa: E402
 from .folder import save  # noqa: E402
-from . import hybrid  # noqa: E402  (vitconvert.hybrid.choose_softmax_layers, after `import vitconvert`)
 from .loading import load  # noqa: E402
 
 __all__ = ["VARIANTS", "convert", "hybrid", "load", "save", "__version__"]

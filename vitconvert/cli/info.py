@@ -18,7 +18,6 @@ from ..recipes import available_recipes
 from ..timm_registry import source_architecture
 from .common import JsonOpt, console, report_table, user_errors
 
-
 BUNDLED = {"digits": "bundled softmax ViT teacher of the digits data (offline; also --data digits)"}
 
 
