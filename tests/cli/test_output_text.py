@@ -63,3 +63,22 @@ def test_a_non_terminal_distill_prints_progress_within_an_epoch(ws, tmp_path, mo
                     *sets, "--set", "compare_batches=0", "--out", "r")
     assert result.exit_code == 0, result.output
     assert "epoch 1/1 joint step 1/3" in result.stderr and "step 3/3" in result.stderr, result.stderr
+
+
+def test_an_unreachable_hub_is_one_line_at_once(hub_cache, tmp_path, monkeypatch):
+    """Not marked offline, no network, weights not cached: one line in seconds, not a minute of huggingface_hub's
+    'Retrying in 8s' warnings (the endpoint here is a refused local port)."""
+    import time
+
+    import huggingface_hub.constants as constants
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    start = time.perf_counter()
+    result = invoke("convert", "deit_tiny", "--to", "elu", "--out", "s")
+    assert time.perf_counter() - start < 15
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1 and "does not answer" in lines[0], result.stderr
+    assert "use --no-pretrained" in lines[0] and not (tmp_path / "s").exists()
