@@ -38,7 +38,7 @@ OFFLINE = [  # (pattern, replacement), applied in order
     (r"--num-classes 100\b", "--num-classes 10"),
     (r"--data (torch/cifar100|/data/imagenet)", "--data digits"),
     (r" --data-dir /data| --download", ""),
-    (r"--recipe (cifar100|imagenet1k)", r"--recipe \1 --epochs 1 --data digits --set img_size=32"),  # 224 px
+    (r"--recipe (cifar100|imagenet1k)", r"--recipe \1 --epochs 1 --batch-size 64 --data digits --set img_size=32"),
     (r"--nproc_per_node 8", "--nproc_per_node 2"),
     (r"^vitconvert quickstart$", "vitconvert quickstart --variants elu --epochs 1 --no-scratch"),
     (r"--img-size 224,512,1024|--img-size 224,1024", "--img-size 32,64"),
