@@ -8,6 +8,7 @@ rank 0 writes files.
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -119,6 +120,10 @@ def replicate(module: nn.Module, env: DistEnv) -> nn.Module:
         return module
     from torch.nn.parallel import DistributedDataParallel
 
+    # A depthwise conv weight (MHLA's LePE, [C, 1, k, k]) gets its gradient with another stride on the size-1
+    # dimension than the parameter's ([25, 1, 5, 1] vs [25, 25, 5, 1]): the same memory layout, which DDP's
+    # reducer copies once per step and warns about on every rank. Harmless; not worth a line from each rank.
+    warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
     return DistributedDataParallel(module, device_ids=[env.device.index] if env.device.type == "cuda" else None)
 
 
