@@ -76,8 +76,8 @@ def test_a_failing_training_ends_every_worker_with_one_line(tmp_path):
     assert left == [], f"processes left behind: {[(p, _cmdline(p)) for p in left]}"
     assert mark.is_file() and ended - float(mark.read_text()) < 10
     *stages, last = err.strip().splitlines()  # off a terminal each training's stages are logged first
-    assert proc.returncode == 1 and all(re.fullmatch(r"(elu|relu)(-scratch)?: (queued|converting|running, epoch 1/1)", line)
-                                        for line in stages), err
+    stage = re.compile(r"(elu|relu)(-scratch)?: (queued|converting|running, epoch 1/1)")
+    assert proc.returncode == 1 and all(stage.fullmatch(line) for line in stages), err
     assert last.startswith("error: elu") and "RuntimeError: injected training failure" in last, err
 
 
