@@ -147,17 +147,52 @@ def test_atomic_file_rules(tmp_path, umask):
     from vitconvert.writer import atomic_file
 
     umask(0o022)
-    with atomic_file(tmp_path / "x.onnx") as tmp:
-        tmp.write_bytes(b"new")
-    assert (tmp_path / "x.onnx").read_bytes() == b"new" and (tmp_path / "x.onnx").stat().st_mode & 0o777 == 0o644
+    ours = b"\x89PNG\r\n\x1a\n....tEXtSoftware\x00vitconvert 0.1.0"  # the mark savefig(metadata=PNG_METADATA) writes
+    with atomic_file(tmp_path / "x.png") as tmp:
+        tmp.write_bytes(ours)
+    assert (tmp_path / "x.png").read_bytes() == ours and (tmp_path / "x.png").stat().st_mode & 0o777 == 0o644
     with pytest.raises(VitconvertError, match="already exists"):
-        with atomic_file(tmp_path / "x.onnx"):
+        with atomic_file(tmp_path / "x.png"):
             pass
     with pytest.raises(VitconvertError, match="is the input"):
-        with atomic_file(tmp_path / "x.onnx", force=True, inputs=[tmp_path / "x.onnx"]):
+        with atomic_file(tmp_path / "x.png", force=True, inputs=[tmp_path / "x.png"]):
             pass
     with pytest.raises(RuntimeError):
-        with atomic_file(tmp_path / "x.onnx", force=True) as tmp:
+        with atomic_file(tmp_path / "x.png", force=True) as tmp:
             tmp.write_bytes(b"half")
             raise RuntimeError("killed")
-    assert (tmp_path / "x.onnx").read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["x.onnx"]
+    assert (tmp_path / "x.png").read_bytes() == ours and sorted(p.name for p in tmp_path.iterdir()) == ["x.png"]
+
+
+def test_force_replaces_only_a_file_vitconvert_marked(tmp_path):
+    """--force replaces a plot or export vitconvert wrote, never a user's file of the same name or another kind."""
+    from vitconvert.writer import atomic_file
+
+    (tmp_path / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n a user's picture")
+    (tmp_path / "notes.txt").write_text("mine")
+    for name, suffix, text in (("photo.png", ".png", "not written by vitconvert"),
+                               ("notes.txt", ".onnx", "does not end in .onnx"),
+                               ("x.pt2", ".onnx", "does not end in .onnx"), (".", ".png", "is a folder")):
+        with pytest.raises(VitconvertError, match=text):
+            with atomic_file(tmp_path / name, force=True, suffix=suffix) as tmp:
+                tmp.write_bytes(b"new")
+    assert (tmp_path / "photo.png").read_bytes().endswith(b"picture") and (tmp_path / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "photo.png"]
+
+
+def test_output_lock_is_exclusive_and_a_dead_holders_lock_is_taken_over(tmp_path):
+    from vitconvert.writer import output_lock
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = _tag().rsplit("-", 1)[0]
+    (tmp_path / ".a.lock").write_text(f"{host} {os.getppid()}\n")  # a live process holds a
+    (tmp_path / ".b.lock").write_text(f"{host} {dead.pid}\n")  # a killed one held b
+    with pytest.raises(VitconvertError, match=f"being written by another vitconvert command \\(pid {os.getppid()}"):
+        with output_lock(tmp_path / "a"):
+            pass
+    with output_lock(tmp_path / "b"), output_lock(tmp_path / "b"):  # taken over; nested: a no-op
+        assert (tmp_path / ".b.lock").read_text().split() == _tag().rsplit("-", 1)
+    with output_lock(tmp_path / "new" / "deeper" / "c"):
+        assert (tmp_path / "new" / "deeper" / ".c.lock").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".a.lock"]  # the folders it made for c are gone

@@ -36,11 +36,12 @@ if _COMMAND_LINE:
 
     _sys.excepthook = _interrupted
 
+import importlib  # noqa: E402
 from typing import Any as _Any  # noqa: E402
 
 from .version import __version__  # noqa: E402
 
-__all__ = ["VARIANTS", "convert", "load", "save", "__version__"]
+__all__ = ["VARIANTS", "convert", "hybrid", "load", "save", "__version__"]
 
 
 def _public_api() -> dict[str, _Any]:
@@ -50,7 +51,10 @@ def _public_api() -> dict[str, _Any]:
     from .folder import save  # lazy: start-up time
     from .loading import load  # lazy: start-up time
 
-    return {"VARIANTS": VARIANTS, "convert": convert, "load": load, "save": save}
+    # vitconvert.hybrid after `import vitconvert`; import_module, as `from . import hybrid` would ask this
+    # module's __getattr__ for it first, which calls back here
+    hybrid = importlib.import_module(f"{__name__}.hybrid")
+    return {"VARIANTS": VARIANTS, "convert": convert, "hybrid": hybrid, "load": load, "save": save}
 
 
 def __getattr__(name: str) -> _Any:

@@ -27,7 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -51,6 +51,7 @@ from .sources import load_source
 from .surgery import find_softmax_attention, model_geometry, swap_attention
 from .threads import torch_threads
 from .timm_registry import create_source_model, source_architecture
+from .writer import PNG_METADATA, atomic_file
 
 SOFTMAX = "softmax"
 MODES = ("infer", "train")
@@ -133,6 +134,7 @@ class Reference:
     default_size: int
     variants: list[str]
     options: dict[str, dict[str, Any]]
+    keep_softmax: Optional[list[int]] = None  # a hybrid folder's softmax layers: its variant is timed as it is
 
 
 def own_img_size(model: nn.Module) -> int:
@@ -160,9 +162,11 @@ def reference_for(source: Union[str, nn.Module], pretrained: bool = True) -> Ref
 
         model = build_folder(None)
         variant = block.get("variant")
+        depth, linear = len(find_softmax_attention(model)), block.get("layers")
+        kept = [i for i in range(depth) if i not in linear] if isinstance(linear, list) else []
         return Reference(build_folder, source_architecture(config)[0], own_img_size(model),
                          [variant] if variant in VARIANTS else list(VARIANTS),
-                         {variant: dict(block.get("options") or {})} if variant else {})
+                         {variant: dict(block.get("options") or {})} if variant else {}, kept or None)
     src = load_source(source, pretrained=pretrained)
     default = own_img_size(src.model)
 
@@ -395,7 +399,12 @@ def _benchmark(source: Union[str, nn.Module], variants: Optional[Sequence[str]],
         except (RuntimeError, ValueError, AssertionError, TypeError) as e:  # sizes timm cannot take
             raise VitconvertError(f"cannot build {ref.arch} at {size} px: {first_line(e)}") from None
         depth = len(find_softmax_attention(softmax))
+        if keep_softmax is None:
+            keep_softmax = ref.keep_softmax  # a hybrid folder: timed with its own softmax layers
         kept = [i for i in range(depth) if i not in linear_layers(depth, keep_softmax=keep_softmax)]
+        if len(kept) == depth:
+            raise BadValue("keep_softmax", f"keeps all {depth} layers softmax: every 'variant' would be the softmax "
+                                           "model itself; keep fewer")
         models = {SOFTMAX: softmax}
         for name in names:
             models[name] = linear_copy(softmax, name, {**ref.options.get(name, {}), **(options or {})},
@@ -479,8 +488,10 @@ def _measure(models: dict[str, nn.Module], x: torch.Tensor, mode: str, dev: torc
 
 
 # -- output -----------------------------------------------------------------------------------------
-def plot_speedups(report: BenchReport, path: Union[str, Path]) -> Path:
-    """PNG of speedup over softmax against tokens (log scale): solid measured, dashed the FLOP bound."""
+def plot_speedups(report: BenchReport, path: Union[str, Path], force: bool = False,
+                  inputs: Iterable[Union[str, Path]] = ()) -> Path:
+    """PNG of speedup over softmax against tokens (log scale): solid measured, dashed the FLOP bound; written
+    by writer.atomic_file's rules (a new .png, or one vitconvert wrote with ``force``; never an input)."""
     require_matplotlib()
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, safe in servers and threads
 
@@ -509,7 +520,6 @@ def plot_speedups(report: BenchReport, path: Union[str, Path]) -> Path:
     ax.set_ylabel("speedup over softmax (×)")
     ax.set_title(f"{report.arch} on {report.device} ({report.threads} threads, {report.clock} clock)", fontsize=10)
     ax.legend(loc="best", fontsize=8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=120)
-    return path
+    with atomic_file(path, force=force, inputs=inputs, name="plot", suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=120, metadata=PNG_METADATA)
+    return Path(path).expanduser()

@@ -33,6 +33,7 @@ from .data import (
 )
 from .errors import BadValue, VitconvertError
 from .surgery import attention_modules, find_softmax_attention
+from .writer import PNG_METADATA, atomic_file
 
 
 @dataclass
@@ -209,8 +210,18 @@ def require_matplotlib() -> None:
         raise VitconvertError("plotting needs matplotlib: pip install 'vitconvert[plot]'")
 
 
-def plot_compare(report: CompareReport, path: Union[str, Path], title: str = "student vs teacher") -> Path:
-    """A PNG of the per-layer curves: cosines above (1 is a perfect match), attention MSE below (log)."""
+def plot_compare(report: CompareReport, path: Union[str, Path], title: str = "student vs teacher",
+                 force: bool = False, inputs: Iterable[Union[str, Path]] = ()) -> Path:
+    """A PNG of the per-layer curves at ``path`` (writer.atomic_file's rules: a new .png, or one vitconvert
+    wrote with ``force``; never an input)."""
+    figure = compare_figure(report, title)
+    with atomic_file(path, force=force, inputs=inputs, name="plot", suffix=".png") as tmp:
+        figure.savefig(tmp, format="png", dpi=120, metadata=PNG_METADATA)
+    return Path(path).expanduser()
+
+
+def compare_figure(report: CompareReport, title: str = "student vs teacher") -> Any:
+    """The per-layer curves as a matplotlib Figure: cosines above (1 is a perfect match), attention MSE below."""
     require_matplotlib()
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, safe in servers and threads
     from matplotlib.ticker import MaxNLocator
@@ -233,7 +244,4 @@ def plot_compare(report: CompareReport, path: Union[str, Path], title: str = "st
     if report.top1_agreement is not None:
         summary += f", top-1 agreement {report.top1_agreement:.1%}, logit KL {report.logit_kl:.4g}"
     fig.suptitle(f"{title} ({summary})", fontsize=10)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=120)
-    return path
+    return fig

@@ -10,7 +10,7 @@ import timm
 import torch
 from torch import nn
 
-from .errors import BadValue, VitconvertError
+from .errors import BadValue, VitconvertError, first_line
 from .init import InitRecipe, InitReport, apply_recipe
 from .selection import Spec, linear_layers
 from .surgery import SurgeryReport, find_softmax_attention, swap_attention
@@ -86,7 +86,13 @@ def convert(
         student.reset_classifier(num_classes)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.seed)
-        student, surgery = swap_attention(student, to, options, inplace=True, layers=chosen)
+        try:
+            student, surgery = swap_attention(student, to, options, inplace=True, layers=chosen)
+        except (ValueError, ZeroDivisionError, RuntimeError, TypeError) as e:
+            if not options:  # no option of the user's to blame: a bug, shown as one
+                raise
+            given = ", ".join(f"{k}={v!r}" for k, v in options.items())
+            raise BadValue("option", f"{to} cannot be built with {given}: {first_line(e)}") from None
     fresh = None
     if recipe.needs_fresh_model or reheaded:
         fresh = fresh_like(model, recipe.seed, **({"num_classes": num_classes} if reheaded else {}))

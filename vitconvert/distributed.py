@@ -8,6 +8,7 @@ rank 0 writes files.
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -55,10 +56,22 @@ def pick_device(requested: Optional[str], local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def launcher_int(name: str) -> int:
+    """A torchrun variable (WORLD_SIZE, RANK, LOCAL_RANK) as a non-negative integer; unset: its one-process value."""
+    text = os.environ.get(name, "1" if name == "WORLD_SIZE" else "0").strip()
+    if not text.isdigit() or (name == "WORLD_SIZE" and int(text) < 1):
+        kind = "positive" if name == "WORLD_SIZE" else "non-negative"
+        raise VitconvertError(f"the environment variable {name}={text!r} is not a {kind} integer: it is torchrun's "
+                              "to set; unset it to run one process")
+    return int(text)
+
+
 def setup(requested_device: Optional[str] = None) -> DistEnv:
     """Read torchrun's environment; start the process group (NCCL on GPUs, gloo on CPUs) when world > 1."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    world, rank, local_rank = (launcher_int(name) for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"))
+    if world > 1 and ("RANK" not in os.environ or "MASTER_ADDR" not in os.environ):
+        raise VitconvertError(f"WORLD_SIZE={world} is set but RANK or MASTER_ADDR is not: start the command with "
+                              "torchrun (which sets them all), or unset WORLD_SIZE for one process")
     device = pick_device(requested_device, local_rank)
     if world > 1 and not dist.is_initialized():
         if device.type == "cuda":
@@ -107,6 +120,10 @@ def replicate(module: nn.Module, env: DistEnv) -> nn.Module:
         return module
     from torch.nn.parallel import DistributedDataParallel
 
+    # A depthwise conv weight (MHLA's LePE, [C, 1, k, k]) gets its gradient with another stride on the size-1
+    # dimension than the parameter's ([25, 1, 5, 1] vs [25, 25, 5, 1]): the same memory layout, which DDP's
+    # reducer copies once per step and warns about on every rank. Harmless; not worth a line from each rank.
+    warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
     return DistributedDataParallel(module, device_ids=[env.device.index] if env.device.type == "cuda" else None)
 
 

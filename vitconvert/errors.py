@@ -13,6 +13,25 @@ def first_line(e: BaseException, limit: int = 200) -> str:
     return type(e).__name__
 
 
+def load_reason(e: BaseException, limit: int = 240) -> str:
+    """Why ``load_state_dict`` refused: its first line is only "Error(s) in loading state_dict for X:", the
+    reason (missing, unexpected keys, size mismatches) follows; this is the reason, on one line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    reason = " ".join(lines[1:] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines)
+    reason = reason or type(e).__name__
+    return reason if len(reason) <= limit else reason[:limit - 1] + "…"
+
+
+DISK_FULL = ("No space left on device", "StorageFull", "Disk quota exceeded")
+
+
+def disk_full(e: BaseException) -> bool:
+    """ENOSPC/EDQUOT, also as a library reports it in another exception type (safetensors' SafetensorError)."""
+    import errno
+
+    return getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or any(t in str(e) for t in DISK_FULL)
+
+
 class BadValue(VitconvertError):
     """A bad value of one named parameter (``img_size``): the library speaks of the value, the CLI names the flag
     that gave it (``--img-size``), so library errors never assume the command line."""
@@ -20,3 +39,15 @@ class BadValue(VitconvertError):
     def __init__(self, name: str, message: str):
         super().__init__(message)
         self.name = name
+
+
+class Stopped(VitconvertError):
+    """The user stopped the command (Ctrl-C, SIGTERM) and it ended cleanly: not an error. The CLI prints the
+    message (where the work was saved, how to continue) and exits 128 + the signal number, as a shell does."""
+
+    def __init__(self, message: str, signal_name: str = "SIGINT"):
+        super().__init__(message)
+        import signal
+
+        self.signal_name = signal_name
+        self.exit_code = 128 + int(getattr(signal.Signals, signal_name, signal.SIGINT))

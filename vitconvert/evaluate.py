@@ -6,6 +6,7 @@ The same loop validates every epoch of a distill run (its sums are then added ac
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -67,6 +68,9 @@ def metrics_from_sums(sums: torch.Tensor) -> dict[str, Any]:
     loss, top1, top5, n, seconds = sums.tolist()
     if n == 0:
         raise VitconvertError("the evaluation split holds no images")
+    if not math.isfinite(loss):  # NaN logits rank arbitrarily: a top-1 from them would be a number about nothing
+        raise VitconvertError("the model's outputs are NaN or infinite: no accuracy can be measured (its weights "
+                              "or attention options are broken; `vitconvert info` shows them)")
     return {"top1": top1 / n, "top5": top5 / n, "loss": loss / n, "n": int(n),
             "img_s": n / seconds if seconds > 0 else float("inf")}
 
@@ -80,11 +84,23 @@ def evaluate(model: Union[str, nn.Module], data: str, split: str = "val", batch_
         raise BadValue("batch_size", f"must be at least 1 (got {batch_size})")
     net = load(model) if isinstance(model, str) else model  # a model or run folder, or any SOURCE
     dev = pick_device(device, 0)
-    base = open_dataset(data, split, data_dir, download)
     classes = getattr(net, "num_classes", None)
-    if classes:
-        check_classes(base, classes, what="model")
+    if not classes:
+        raise VitconvertError("the model has no classification head (num_classes 0): it outputs features, not "
+                              "class scores, so there is no accuracy to measure; convert it with --num-classes N "
+                              "and distill it, or evaluate a model with a head")
+    base = open_dataset(data, split, data_dir, download, classes=label_names(net), whose="the model's label names",
+                        strict=False)
+    check_classes(base, classes, what="model")
     ds = TransformedDataset(base, eval_transform(input_config(net)))
     loader = make_loader(ds, batch_size, 0, train=False, workers=workers, pin_memory=dev.type == "cuda")
     net = net.eval().to(dev)
     return metrics_from_sums(eval_sums(net, loader, dev, amp=amp))
+
+
+def label_names(model: nn.Module) -> Optional[list[str]]:
+    """The class names the model carries (timm's pretrained_cfg label_names), when there is one per output."""
+    names = getattr(model, "pretrained_cfg", {}).get("label_names")
+    if isinstance(names, (list, tuple)) and len(names) == getattr(model, "num_classes", None):
+        return [str(n) for n in names]
+    return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import math
 import warnings
 from collections.abc import Iterator
@@ -24,7 +25,8 @@ from torch import nn
 from .data import digits_dataset
 from .errors import VitconvertError, first_line
 from .loading import load
-from .writer import atomic_file
+from .version import __version__
+from .writer import MARK, atomic_file, check_file, output_lock
 
 FORMATS = {"onnx": ".onnx", "pt2": ".pt2"}
 DEFAULT_OPSET = 18  # the dynamo exporter's own default and oldest well-supported opset
@@ -105,16 +107,24 @@ def relative_error(got: Any, want: torch.Tensor) -> float:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """torch.onnx prints progress lines and warnings; the command prints its own summary."""
+    """torch.onnx prints progress lines and warnings, and dynamo logs a failed trace as a 150-line traceback
+    (through ``logging``); the command prints its own summary, or one line."""
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        yield
+        logging.disable(logging.CRITICAL)
+        try:
+            yield
+        finally:
+            logging.disable(logging.NOTSET)
 
 
 def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str, Path]] = None,
-           img_size: Optional[int] = None, batch_size: int = 2, dynamic_batch: bool = False,
+           img_size: Optional[int] = None, batch_size: int = 2, dynamic_batch: bool = True,
            opset: Optional[int] = None, force: bool = False, tolerance: float = TOLERANCE) -> ExportResult:
-    """Export ``folder`` to ``out`` (default: beside the folder), check it, and write it only if it passes."""
+    """Export ``folder`` to ``out`` (default: beside the folder), check it, and write it only if it passes.
+
+    ``dynamic_batch`` (the default): any batch size at run time, checked at ``batch_size`` and one more; the
+    trace uses a batch of at least 2 (torch.export fixes a dimension it sees as 1)."""
     import time
 
     if fmt not in FORMATS:
@@ -127,26 +137,28 @@ def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str,
         raise VitconvertError(f"opset {opset} is not supported by the dynamo exporter: choose 18 to 23")
     if fmt == "onnx":
         require_onnx()
-    target = Path(out) if out is not None else default_output(folder, fmt)
+    target = check_file(out if out is not None else default_output(folder, fmt), force=force, inputs=[folder],
+                        suffix=FORMATS[fmt])
     started = time.perf_counter()
-    model = load_for_export(folder, img_size)
-    size = model_img_size(model)
-    batches = [batch_size, batch_size + 1] if dynamic_batch else [batch_size]
-    images = check_images(model, max(batches), size)
-    with torch.no_grad():
-        expected = {b: model(images[:b]) for b in batches}
-    with atomic_file(target, force=force, inputs=[folder]) as tmp:
-        example = images[:batch_size]
-        if fmt == "onnx":
-            export_onnx(model, example, tmp, dynamic_batch, opset or DEFAULT_OPSET)
-            run = _onnx_runner(tmp)
-        else:
-            _export_pt2(model, example, tmp, dynamic_batch)
-            run = _pt2_runner(tmp)
-        error = max(relative_error(run(images[:b]), expected[b]) for b in batches)
-        if not math.isfinite(error) or error > tolerance:
-            raise VitconvertError(f"the exported model's logits differ from PyTorch's by {error:.2e} (relative), "
-                                  f"more than {tolerance:g}: not written")
+    with output_lock(target):  # from before the minutes of export: a second export to this file is refused
+        model = load_for_export(folder, img_size)
+        size = model_img_size(model)
+        batches = [batch_size, batch_size + 1] if dynamic_batch else [batch_size]
+        images = check_images(model, max(*batches, 2), size)
+        with torch.no_grad():
+            expected = {b: model(images[:b]) for b in batches}
+        with atomic_file(target, force=force, inputs=[folder], suffix=FORMATS[fmt]) as tmp:
+            example = images[:max(batch_size, 2)] if dynamic_batch else images[:batch_size]
+            if fmt == "onnx":
+                export_onnx(model, example, tmp, dynamic_batch, opset or DEFAULT_OPSET)
+                run = _onnx_runner(tmp)
+            else:
+                _export_pt2(model, example, tmp, dynamic_batch)
+                run = _pt2_runner(tmp)
+            error = max(relative_error(run(images[:b]), expected[b]) for b in batches)
+            if not math.isfinite(error) or error > tolerance:
+                raise VitconvertError(f"the exported model's logits differ from PyTorch's by {error:.2e} "
+                                      f"(relative), more than {tolerance:g}: not written")
     return ExportResult(str(target), fmt, size, batch_size, dynamic_batch, error, batches,
                         time.perf_counter() - started)
 
@@ -163,6 +175,7 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, dynamic_bat
             program = torch.onnx.export(model, (example,), dynamo=True, opset_version=opset,
                                         input_names=["pixel_values"], output_names=["logits"],
                                         dynamic_shapes=_batch_dims(dynamic_batch), external_data=False)
+            program.model.metadata_props[MARK] = __version__  # writer.written_file: --force may replace it
             program.save(str(path))
     except Exception as e:  # an exporter failure is about this model, not a vitconvert bug to trace
         raise VitconvertError(f"ONNX export failed: {type(e).__name__}: {first_line(e)}") from None
@@ -183,7 +196,7 @@ def _export_pt2(model: nn.Module, example: torch.Tensor, path: Path, dynamic_bat
         with quiet():
             program = torch.export.export(model, (example,), dynamic_shapes=_batch_dims(dynamic_batch))
             buffer = io.BytesIO()  # torch.export.save wants a name ending in .pt2, not our temporary one
-            torch.export.save(program, buffer)
+            torch.export.save(program, buffer, extra_files={MARK: __version__})  # writer.written_file's mark
             path.write_bytes(buffer.getvalue())
     except Exception as e:
         raise VitconvertError(f"torch.export failed: {type(e).__name__}: {first_line(e)}") from None

@@ -24,7 +24,7 @@ from torch import nn
 
 from .attention import VARIANTS, LinearAttention
 from .card import CARD_MARKER, render_card
-from .errors import VitconvertError, first_line
+from .errors import VitconvertError, first_line, load_reason
 from .surgery import linear_layer_indices, swap_attention
 from .timm_registry import PREFIX, export_model_args, is_vitconvert_architecture, mark_as_linear, timm_config
 from .version import __version__
@@ -69,6 +69,7 @@ def write_model_files(model: nn.Module, folder: Path, meta: dict[str, Any],
     model.train(state_backup)
     pinned = next(m for m in model.modules() if isinstance(m, LinearAttention)).pinned_options()
     linear, depth = linear_layer_indices(model)
+    mark_weights(folder / WEIGHTS, variant, linear)
     hybrid = linear if len(linear) != depth else None
     config = timm_config(json.loads((folder / "config.json").read_text()), variant, pinned, hybrid)
     config["vitconvert"] = {"format_version": FORMAT_VERSION, **meta, "variant": variant, "options": options,
@@ -93,6 +94,10 @@ def save(model: nn.Module, folder: Union[str, Path], force: bool = False, inputs
 def read_config(folder: Path) -> dict[str, Any]:
     """config.json of a model folder, with clear errors for a missing or broken one."""
     cfg_file = folder / "config.json"
+    if not cfg_file.is_file() and (folder / "checkpoint-last" / "trainer.json").is_file():
+        raise VitconvertError(f"{folder} is a distill run that has not finished (stopped or still running): its "
+                              "model is written when it ends, only checkpoint-last/ is there; finish it with "
+                              f"`vitconvert distill --resume --out {folder}`")
     if not cfg_file.is_file():
         raise VitconvertError(f"{folder} has no config.json: not a timm or vitconvert model folder")
     try:
@@ -190,6 +195,50 @@ def in_hub_cache(folder: Path) -> bool:
     return folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--")
 
 
+LAYERS_KEY = "vitconvert_linear_layers"  # model.safetensors metadata: which layers hold linear attention
+
+
+def mark_weights(path: Path, variant: str, linear: list[int]) -> None:
+    """Record in the weights file itself which layers hold linear (``variant``) attention, so a config.json whose
+    layer list was edited cannot load softmax weights into linear layers (ELU and softmax weights fit both)."""
+    from safetensors.torch import load_file, save_file
+
+    save_file(load_file(str(path)), str(path), metadata={"format": "pt", LAYERS_KEY: json.dumps(linear),
+                                                         "vitconvert_variant": variant})
+
+
+def marked_layers(path: Path) -> Optional[list[int]]:
+    """The linear layers model.safetensors records (None for files written before the mark)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        value = (fh.metadata() or {}).get(LAYERS_KEY)
+    try:
+        return json.loads(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def check_layers(folder: Path, block: dict[str, Any]) -> None:
+    """The vitconvert block's layer list: layer indices below its depth, at least one, and the ones the weights
+    file was written with."""
+    layers, depth = block.get("layers"), block.get("depth")
+    if layers is None:
+        return
+    if not isinstance(layers, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers) or (
+            isinstance(depth, int) and not all(0 <= i < depth for i in layers)):
+        raise VitconvertError(f"{folder}/config.json: its vitconvert 'layers' must list layer indices from 0 to "
+                              f"{depth - 1 if isinstance(depth, int) else 'depth - 1'} (got {layers!r})")
+    if not layers:
+        raise VitconvertError(f"{folder}/config.json makes no layer linear: that is the softmax model, not a "
+                              "vitconvert one; use its source, or restore the layer list")
+    saved = marked_layers(folder / WEIGHTS)
+    if saved is not None and saved != layers:
+        raise VitconvertError(f"{folder}/config.json makes layers {layers} linear but {WEIGHTS} holds linear "
+                              f"attention in layers {saved}: the weights would load into the wrong attention; "
+                              "restore config.json's layer list")
+
+
 def check_folder(folder: Path, config: dict[str, Any]) -> None:
     """What ``load`` checks before it builds anything: format, architecture, variant, options, readable weights
     (``info`` runs it, so a folder that cannot load never reports as fine)."""
@@ -208,6 +257,7 @@ def check_folder(folder: Path, config: dict[str, Any]) -> None:
     if not (folder / WEIGHTS).is_file():
         raise VitconvertError(f"{folder} has no {WEIGHTS}")
     check_weights_readable(folder)
+    check_layers(folder, block)
 
 
 def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
@@ -231,10 +281,14 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     if isinstance(recorded, list) and built != recorded:  # ELU and softmax weights fit either way: never load it
         raise VitconvertError(f"{folder}/config.json disagrees with itself: its vitconvert block makes layers "
                               f"{recorded} linear, its model_args {built}")
+    saved = marked_layers(folder / WEIGHTS)
+    if saved is not None and built != saved:  # the layer list removed from both: the weights still know
+        raise VitconvertError(f"{folder}/config.json builds layers {built} linear but {WEIGHTS} holds linear "
+                              f"attention in layers {saved}: restore config.json's layer list")
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise VitconvertError(f"{folder}/{WEIGHTS} does not fit its config.json: {first_line(e)}") from None
+        raise VitconvertError(f"{folder}/{WEIGHTS} does not fit its config.json: {load_reason(e)}") from None
     model.vitconvert_report = {k: v for k, v in block.items() if k not in ("format_version", "versions")}
     return model.eval()
 

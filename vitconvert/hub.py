@@ -130,6 +130,15 @@ def check_revision(revision: Optional[str]) -> None:
                               "\\, and no part that starts with '.' or ends with '.lock')")
 
 
+def check_push_ready(repo_id: str, token: Optional[str] = None) -> None:
+    """What a push needs that the folder cannot give: a valid repo id, the Hub not switched off, a token; checked
+    before work that ends in a push (``distill --push-to-hub``), not after hours of training."""
+    parse_repo_id(repo_id, revision_allowed=False)
+    if hub_offline():
+        raise VitconvertError("HF_HUB_OFFLINE is set: unset it to push (or push later with `vitconvert push`)")
+    resolve_token(token)
+
+
 def push_folder(folder: Union[str, Path], repo_id: str, *, private: bool = False, revision: Optional[str] = None,
                 commit_message: Optional[str] = None, token: Optional[str] = None,
                 dry_run: bool = False) -> PushPlan:

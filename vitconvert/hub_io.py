@@ -97,6 +97,27 @@ def hub_offline() -> bool:
     return now or bool(constants.HF_HUB_OFFLINE)
 
 
+def weights_cached(repo_id: str) -> bool:
+    """Whether the Hub cache holds weights of ``repo_id`` (model.safetensors or pytorch_model.bin)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return any(isinstance(try_to_load_from_cache(repo_id, name), str)
+               for name in ("model.safetensors", "pytorch_model.bin"))
+
+
+def hub_reachable(timeout: float = 5.0) -> bool:
+    """One HEAD request to the Hub, no retries: huggingface_hub itself retries a refused connection five times
+    per file with backoff, a minute of 'Retrying in 8s' lines before the error an offline machine gets anyway."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+    except Exception:  # refused, unresolvable, timed out, a proxy that answers nothing
+        return False
+    return True
+
+
 def _connection_errors() -> tuple[type[BaseException], ...]:
     """Connection failures of whichever HTTP library this huggingface_hub uses (httpx or requests)."""
     import importlib

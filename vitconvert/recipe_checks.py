@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +44,11 @@ def check_numbers(r: Any) -> None:
                 raise _fail(name, value, "is not a finite number")
     if r.lr <= 0:
         raise _fail("lr", r.lr, "must be a positive number")
+    if isinstance(r.seed, int) and r.seed >= 2 ** 63:
+        raise _fail("seed", r.seed, "must be below 2**63 (torch's generators take a 64-bit seed)")
+    if r.name is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*", str(r.name)):
+        raise _fail("name", r.name, "must be a plain name (letters, digits, _ . + -; no '/' or '..'): it names "
+                                    "the run folder under runs/")
     if r.min_lr > r.lr:
         raise _fail("min_lr", r.min_lr, f"is above the peak lr ({r.lr})")
     for name in PROBABILITIES:

@@ -21,7 +21,7 @@ from .aliases import ALIASES, resolve_alias, suggest
 from .assets import teacher_folder
 from .errors import VitconvertError, first_line
 from .folder import check_weights_readable, folder_block, read_config
-from .hub_io import hub_snapshot
+from .hub_io import hub_offline, hub_reachable, hub_snapshot, weights_cached
 from .timm_registry import source_architecture
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
@@ -72,6 +72,8 @@ def load_state_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _create(name: str, pretrained: bool, spec: str, **kwargs: Any) -> nn.Module:
+    if pretrained and not name.startswith("local-dir:"):
+        check_weights_reachable(name, spec)
     try:
         return timm.create_model(name, pretrained=pretrained, **kwargs)
     except RuntimeError as e:
@@ -87,6 +89,20 @@ def _create(name: str, pretrained: bool, spec: str, **kwargs: Any) -> nn.Module:
                 f"cannot get pretrained weights for {spec} (no network and not in the Hub cache?): {msg}; "
                 "use --no-pretrained for a randomly initialised model") from None
         raise VitconvertError(f"cannot load {spec}: {msg}") from None
+
+
+def check_weights_reachable(name: str, spec: str) -> None:
+    """Weights on the Hub that are not in its cache need the Hub: one quick request says whether it answers,
+    instead of a minute of huggingface_hub's retry warnings before the same error."""
+    try:
+        repo_id = timm.models.get_pretrained_cfg(name).hf_hub_id
+    except Exception:  # no pretrained config (weights by URL, a custom name): timm says what it can
+        return
+    if not repo_id or hub_offline() or weights_cached(repo_id) or hub_reachable():
+        return
+    raise VitconvertError(f"cannot get pretrained weights for {spec}: the Hub (huggingface.co) does not answer and "
+                          f"{repo_id} is not in the Hub cache; use --no-pretrained for a randomly initialised model, "
+                          "or fill the cache on a machine with a network")
 
 
 def shadowed_name(spec: str, path: Path) -> bool:

@@ -2,9 +2,11 @@
 
 - An existing output is replaced only when vitconvert wrote it (a model folder whose config.json has the
   "vitconvert" block, a run folder: recipe.yaml beside only what ``distill`` writes, or a run's
-  checkpoint-last/) and ``--force`` is
+  checkpoint-last/; a plot or export file carrying vitconvert's mark, ``written_file``) and ``--force`` is
   given; it must never be, contain or lie inside one of the command's inputs. Anything else is refused with
-  one line, whatever the flags.
+  one line, whatever the flags. A file output must end in its format's suffix (.png, .onnx, .pt2).
+- One vitconvert process at a time writes an output: ``output_lock`` holds ``.NAME.lock`` beside it from
+  before the work until the output is in place, so two commands given the same new output never mix.
 - Writes go to a temporary sibling ``.NAME.tmp-HOST-PID-XXXX`` renamed over the target when complete, so
   the old output survives until the new one is whole. The host and PID in the name let a later run remove
   the siblings a killed run left behind, and never one that a live process is still writing.
@@ -22,9 +24,10 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
-from .errors import VitconvertError
+from .errors import BadValue, VitconvertError, disk_full
+from .version import __version__
 
 PathLike = Union[str, os.PathLike]
 # What a distill run folder holds (runfolder.py, trainer.py, monitor.py, final_compare.py).
@@ -190,61 +193,208 @@ def atomic_folder(out: PathLike, force: bool = False, inputs: Iterable[PathLike]
     ``out`` must pass ``check_output``; the old folder is moved aside only once the new one is complete.
     """
     out = check_output(out, force=force, inputs=inputs, flag=flag)
+    with output_lock(out):
+        out = check_output(out, force=force, inputs=inputs, flag=flag)  # as it is now that no one else writes it
+        try:
+            remove_stale_siblings(out)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{_tag()}-", dir=out.parent))
+        except OSError as e:
+            raise writable_error(out, e) from None
+        try:
+            try:
+                yield tmp
+            except Exception as e:  # a library's own error type for a full disk (safetensors' SafetensorError)
+                if disk_full(e) and not isinstance(e, OSError):
+                    raise VitconvertError(f"cannot write {out}: No space left on device (in "
+                                          f"{out.parent.resolve()})") from None
+                raise
+            apply_umask(tmp)
+            if out.exists():
+                old = out.with_name(f".{out.name}.old-{_tag()}")
+                out.rename(old)
+                tmp.rename(out)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(out)
+        except OSError as e:
+            raise writable_error(out, e) from None
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- single files: plots and exports ------------------------------------------------------------------
+# What each file vitconvert writes is, and the mark it leaves in it, so that --force replaces only such a file.
+FILE_KINDS = {".png": "a PNG figure", ".onnx": "an ONNX model", ".pt2": "a torch.export program"}
+MARK = "vitconvert"
+PNG_METADATA = {"Software": f"{MARK} {__version__}"}  # savefig(metadata=...): a PNG tEXt chunk
+
+
+def written_file(path: Path) -> bool:
+    """A plot or export vitconvert wrote: a PNG whose Software text is vitconvert's, an ONNX model with a
+    ``vitconvert`` metadata property, a .pt2 archive with a ``vitconvert`` extra file."""
+    suffix = path.suffix.lower()
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_siblings(out)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{_tag()}-", dir=out.parent))
-    except OSError as e:
-        raise writable_error(out, e) from None
+        if suffix == ".png":
+            with open(path, "rb") as fh:
+                head = fh.read(1 << 16)
+            return head.startswith(b"\x89PNG") and b"Software\x00" + MARK.encode() in head
+        if suffix == ".pt2":
+            import zipfile
+
+            with zipfile.ZipFile(path) as archive:
+                return any(n.endswith(f"extra/{MARK}") for n in archive.namelist())
+        if suffix == ".onnx":
+            import onnx
+
+            model = onnx.load(str(path), load_external_data=False)
+            return any(p.key == MARK for p in model.metadata_props)
+    except Exception:  # unreadable, another format, a missing package: not one we can vouch for
+        return False
+    return False
+
+
+def check_file(out: PathLike, force: bool = False, inputs: Iterable[PathLike] = (), name: str = "out",
+               suffix: str = ".png") -> Path:
+    """Raise unless the single file ``out`` may be written; return it (``~`` expanded).
+
+    It must end in ``suffix``, not be a folder, lie below folders, and neither be nor lie inside an input.
+    An existing file is replaced only when vitconvert wrote it (``written_file``) and ``force`` is given.
+    Errors about the value are ``BadValue(name, ...)``: the CLI names its flag."""
+    given = os.fspath(out)
+    out = Path(given).expanduser()
+    kind = FILE_KINDS.get(suffix, "the file")
+    if given.strip() in ("", ".") or out.is_dir():
+        raise BadValue(name, f"{given or repr(given)} is a folder: give a file name ending in {suffix}")
+    if out.suffix.lower() != suffix:
+        raise BadValue(name, f"{given} does not end in {suffix}: {kind} is written here; give a file name ending "
+                             f"in {suffix}")
+    target = out.resolve()
+    for parent in reversed(target.parents):
+        if parent.exists() and not parent.is_dir():
+            raise BadValue(name, f"cannot write {given}: {parent} is a file, not a folder")
+    for source in filter(None, inputs):
+        path = Path(os.fspath(source).removeprefix("local-dir:")).expanduser()
+        if path.exists() and _overlap(target, path.resolve()):
+            where = "is" if target == path.resolve() else "is inside"
+            raise BadValue(name, f"{given} {where} the input {source}: it would change it; choose another file")
+    if out.exists() or out.is_symlink():
+        if not written_file(out):
+            raise BadValue(name, f"{given} exists and was not written by vitconvert (not {kind} it marked): "
+                                 "refusing to replace it, even with --force; choose another file or remove it "
+                                 "yourself")
+        if not force:
+            raise VitconvertError(f"{given} already exists; use --force to overwrite it")
+    return out
+
+
+_HELD: set[str] = set()  # outputs this process has locked (a nested lock of the same output is a no-op)
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """mkdir -p ``folder``; the folders it created, outermost first."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()][::-1]
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def _lock_holder(lock: Path) -> Optional[tuple[str, int]]:
     try:
-        yield tmp
-        apply_umask(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{_tag()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except OSError as e:
-        raise writable_error(out, e) from None
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        host, pid = lock.read_text().split()
+        return host, int(pid)
+    except (OSError, ValueError):
+        return None
 
 
 @contextmanager
-def atomic_file(out: PathLike, force: bool = False, inputs: Iterable[PathLike] = (),
-                flag: str = "--out") -> Iterator[Path]:
-    """Yield a temporary sibling path for a single-file output (a plot, an exported .onnx); on success it
-    replaces ``out`` (only with ``force``, never an input or a folder), on failure it vanishes."""
-    out = Path(out).expanduser()
-    if out.is_dir():
-        raise VitconvertError(f"{out} is a folder: {flag} names a file here")
-    if out.exists() and not force:
-        raise VitconvertError(f"{out} already exists; use --force to overwrite it")
-    if out.exists():  # check_output's input and parent rules, for a file that may be replaced
-        check_output(out.parent / f".{out.name}.check", inputs=inputs, flag=flag)
-        if any(Path(os.fspath(i)).expanduser().resolve() == out.resolve() for i in inputs):
-            raise VitconvertError(f"{flag} {out} is the input {out}: choose another output file")
-    else:
-        check_output(out, inputs=inputs, flag=flag)
+def output_lock(out: PathLike) -> Iterator[None]:
+    """One vitconvert process at a time per output: ``.NAME.lock`` beside it, created exclusively (O_EXCL) and
+    removed at the end; one left by a killed process on this host is taken over. Creating it is also the first
+    write, so a read-only or full place is refused before the work. Folders it had to create and that stay
+    empty are removed again."""
+    out = Path(os.fspath(out)).expanduser()
+    key = os.path.abspath(out)
+    if key in _HELD:
+        yield
+        return
+    lock = out.parent / f".{out.name}.lock"
+    host, pid = _tag().rsplit("-", 1)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_siblings(out)
-        fd, name = tempfile.mkstemp(prefix=f".{out.name}.tmp-{_tag()}-", dir=out.parent)
-        os.close(fd)
+        created = _make_parents(out.parent)
     except OSError as e:
         raise writable_error(out, e) from None
-    tmp = Path(name)
     try:
-        yield tmp
-        apply_umask(tmp)
-        os.replace(tmp, out)
+        for attempt in range(2):
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666 & ~umask())
+            except FileExistsError:
+                holder = _lock_holder(lock)
+                if holder and holder[0] == host and not _alive(holder[1]) and attempt == 0:
+                    lock.unlink(missing_ok=True)  # its writer was killed
+                    continue
+                who = f"pid {holder[1]} on {holder[0]}" if holder else "another process"
+                raise VitconvertError(f"{out} is being written by another vitconvert command ({who}): wait for it "
+                                      f"to finish or write elsewhere (a lock left by a crash on another host: "
+                                      f"remove {lock})") from None
+            with os.fdopen(fd, "w") as fh:
+                fh.write(f"{host} {pid}\n")
+            break
     except OSError as e:
+        _remove_empty(created)
         raise writable_error(out, e) from None
+    except BaseException:
+        _remove_empty(created)
+        raise
+    _HELD.add(key)
+    try:
+        yield
     finally:
-        tmp.unlink(missing_ok=True)
+        _HELD.discard(key)
+        lock.unlink(missing_ok=True)
+        _remove_empty(created)
+
+
+@contextmanager
+def atomic_file(out: PathLike, force: bool = False, inputs: Iterable[PathLike] = (), name: str = "out",
+                suffix: str = ".png") -> Iterator[Path]:
+    """Yield a temporary sibling path for a single-file output (a plot, an exported .onnx); on success it
+    becomes ``out``, on failure it vanishes. ``check_file``'s rules, under ``output_lock``; a new file is
+    created exclusively (a hard link), so a file that appeared meanwhile is never replaced without ``force``."""
+    out = check_file(out, force=force, inputs=inputs, name=name, suffix=suffix)
+    replacing = out.exists()
+    with output_lock(out):
+        try:
+            remove_stale_siblings(out)
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.tmp-{_tag()}-", dir=out.parent)
+            os.close(fd)
+        except OSError as e:
+            raise writable_error(out, e) from None
+        tmp = Path(tmp_name)
+        try:
+            yield tmp
+            apply_umask(tmp)
+            if replacing:
+                os.replace(tmp, out)
+            else:
+                try:
+                    os.link(tmp, out)
+                except FileExistsError:
+                    raise VitconvertError(f"{out} appeared while this command ran (another program wrote it): "
+                                          "not replaced") from None
+                except OSError:  # no hard links here: the check above and the lock must do
+                    os.replace(tmp, out)
+        except OSError as e:
+            raise writable_error(out, e) from None
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -7,8 +7,8 @@ before and after, file modes included). docs/bad-input.md is generated from CASE
 ``test_docs_table_lists_every_case`` fails when the two differ.
 
 Read-only output folders: the tests run as root, where chmod stops nothing, so the read-only case writes into
-/sys (read-only for root too: mkdir there fails with EPERM), a real path rather than a simulation; the full-disk
-case raises ENOSPC at the writer's boundary (tempfile.mkdtemp in vitconvert/writer.py).
+/sys (read-only for root too: creating the output's lock file there fails with EACCES), a real path rather than
+a simulation; the full-disk case raises ENOSPC at the writer's boundary (tempfile.mkdtemp in vitconvert/writer.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from distill.helpers import FAST, make_images, make_student
+from distill.helpers import FAST, make_images, make_student, make_teacher
 from helpers import runner
 
 from vitconvert.cli import app
@@ -66,7 +66,15 @@ PREPARE: dict[str, Callable[[Path, Path], None]] = {
     "bad_trainer_json": lambda cwd, ws: run_copy(
         cwd, ws, lambda r: (r / "checkpoint-last" / "trainer.json").write_text('{"format": 1}')),
     "half_run": lambda cwd, ws: run_copy(cwd, ws, lambda r: (r / "checkpoint-last" / "trainer.json").unlink()),
+    "negative_position": lambda cwd, ws: run_copy(cwd, ws, lambda r: edit_json(
+        r / "checkpoint-last" / "trainer.json", lambda meta: meta["position"].update(epoch=-1))),
 }
+
+
+def edit_json(path: Path, change: Callable[[dict], None]) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
 
 S = ("{student}",)
 D = ("--data", "{images}")
@@ -107,6 +115,11 @@ CASES: list[Case] = [
     Case("convert", "--option the variant does not have", ("convert", "{teacher}", "--to", "elu", "--option",
                                                            "local_residual=true", "--out", "o"),
          "unknown option 'local_residual' for elu"),
+    Case("convert", "--option block_side=0 (mhla)", ("convert", "{teacher}", "--to", "mhla", "--option", "block_side=0",
+                                                    "--out", "o"), "mhla cannot be built with block_side=0"),
+    Case("convert", "--option lepe_kernel=-1 (mhla)", ("convert", "{teacher}", "--to", "mhla", "--option",
+                                                       "lepe_kernel=-1", "--out", "o"),
+         "mhla cannot be built with lepe_kernel=-1"),
     Case("convert", "--num-classes 0", ("convert", "{teacher}", "--to", "elu", "--out", "o", "--num-classes", "0"),
          "--num-classes must be at least 1"),
     Case("convert", "--img-size 0", ("convert", "{teacher}", "--to", "elu", "--out", "o", "--img-size", "0"),
@@ -115,6 +128,8 @@ CASES: list[Case] = [
          "Invalid value for '--seed'"),
     Case("convert", "unknown flag", ("convert", "{teacher}", "--to", "elu", "--nosuch"), "No such option: --nosuch"),
     Case("convert", "no source", ("convert",), "Missing argument"),
+    Case("convert", "--data without --keep-softmax auto:K", ("convert", "{teacher}", "--to", "elu", "--data", "nope",
+                                                             "--out", "o"), "--data: is read only by --keep-softmax"),
     # -- info -------------------------------------------------------------------------------------------
     Case("info", "missing folder", ("info", "nope"), "folder not found"),
     Case("info", "a file", ("info", "{afile}"), "is a file, not a model folder"),
@@ -123,6 +138,12 @@ CASES: list[Case] = [
     Case("info", "unknown variant in config.json", ("info", "{badvar}"), "unknown variant 'foo'"),
     Case("info", "config.json without architecture", ("info", "{noarch}"), "names no architecture"),
     Case("info", "an option of the wrong type in config.json", ("info", "{badopt}"), "eps takes a finite number"),
+    Case("info", "a stopped run (only checkpoint-last/)", ("info", "{stopped}"), "a distill run that has not finished"),
+    Case("eval", "a stopped run (only checkpoint-last/)", ("eval", "{stopped}", *D), "a distill run that has not"),
+    Case("export", "a stopped run (only checkpoint-last/)", ("export", "{stopped}", "--out", "x.onnx"),
+         "a distill run that has not finished"),
+    Case("info", "a layer list past the model's depth", ("info", "{badlayers}"), "must list layer indices"),
+    Case("info", "an empty layer list (no linear layer)", ("info", "{nolinear}"), "makes no layer linear"),
     # -- eval -------------------------------------------------------------------------------------------
     Case("eval", "missing model", ("eval", "nope/", *D), "not found"),
     Case("eval", "a text file as model", ("eval", "{afile}", *D), "is a file, not a model"),
@@ -140,6 +161,8 @@ CASES: list[Case] = [
     Case("eval", "--batch-size 0", ("eval", *S, *D, "--batch-size", "0"), "--batch-size: must be at least 1"),
     Case("eval", "--workers -1", ("eval", *S, *D, "--workers", "-1"), "--workers must not be negative"),
     Case("eval", "data with more classes than the head", ("eval", *S, "--data", "{five}"), "classes"),
+    Case("eval", "an empty class folder", ("eval", *S, "--data", "{emptyclass}"), "class folders without images"),
+    Case("eval", "a model without a classification head", ("eval", "{headless}", *D), "no classification head"),
     Case("eval", "--device mps on a machine without it", ("eval", *S, *D, "--device", "mps"),
          "mps is not available on this machine"),
     Case("eval", "non-numeric --batch-size", ("eval", *S, *D, "--batch-size", "x"), "Invalid value for '--batch-size'"),
@@ -156,6 +179,8 @@ CASES: list[Case] = [
     Case("distill", "an image folder with one class", ("distill", *S, "--data", "{one}", *QUICK, "--out", "r"),
          "class"),
     Case("distill", "an empty split", ("distill", *S, "--data", "{emptyval}", *QUICK, "--out", "r"), "no images"),
+    Case("distill", "val/ with a class folder train/ lacks", ("distill", *S, "--data", "{renamedval}", *QUICK,
+                                                              "--out", "r"), "not among the train split's classes"),
     Case("distill", "--epochs 0", ("distill", *S, *D, *QUICK, "--epochs", "0", "--out", "r"),
          "epochs must be at least 1"),
     Case("distill", "--epochs -1", ("distill", *S, *D, *QUICK, "--epochs", "-1", "--out", "r"),
@@ -185,6 +210,16 @@ CASES: list[Case] = [
                                                         "rand_augment=rand-m9-zzz1", "--out", "r"),
          "recipe rand_augment: timm cannot read"),
     Case("distill", "--set lr=[1", ("distill", *S, *D, *QUICK, "--set", "lr=[1", "--out", "r"), "cannot read '[1'"),
+    Case("distill", "--set seed past 64 bits", ("distill", *S, *D, *QUICK, "--set", "seed=99999999999999999999",
+                                                "--out", "r"), "seed: 99999999999999999999 must be below 2**63"),
+    Case("distill", "--set name with a path in it", ("distill", *S, *D, *QUICK, "--set", "name=../../escape"),
+         "recipe name: '../../escape' must be a plain name"),
+    Case("distill", "a stray WORLD_SIZE=2 (no torchrun)", ("distill", *S, *D, *QUICK, "--out", "r"),
+         "WORLD_SIZE=2 is set but RANK or MASTER_ADDR is not", "world_size_2"),
+    Case("distill", "a stray WORLD_SIZE=abc", ("distill", *S, *D, *QUICK, "--out", "r"),
+         "WORLD_SIZE='abc' is not a positive integer", "world_size_abc"),
+    Case("distill", "--push-to-hub with the Hub offline", ("distill", *S, *D, *QUICK, "--push-to-hub", "me/x",
+                                                           "--out", "r"), "HF_HUB_OFFLINE is set"),
     Case("distill", "unknown recipe key", ("distill", *S, *D, *QUICK, "--set", "lrr=1", "--out", "r"),
          "unknown recipe key 'lrr'"),
     Case("distill", "--out an unrelated folder (--force)", ("distill", *S, *D, *QUICK, "--out", "{precious}",
@@ -221,6 +256,9 @@ CASES: list[Case] = [
     Case("distill", "--resume, checkpoint-last/ without trainer.json", ("distill", *S, *D, *QUICK, "--resume",
                                                                         "--out", "../rc"),
          "has no trainer.json: the checkpoint is damaged", "half_run"),
+    Case("distill", "--resume, a negative position in trainer.json", ("distill", *S, *D, *QUICK, "--resume",
+                                                                      "--out", "../rc"), "the checkpoint is damaged",
+         "negative_position"),
     # -- compare, bench, push, quickstart --------------------------------------------------------------
     Case("compare", "missing student", ("compare", "nope", *D), "not found"),
     Case("compare", "a softmax folder as student", ("compare", "{teacher}", *D), "not a vitconvert model folder"),
@@ -231,6 +269,36 @@ CASES: list[Case] = [
     Case("bench", "missing source", ("bench", "./nope/", "--no-pretrained"), "not found"),
     Case("bench", "unknown variant", ("bench", "{teacher}", "--to", "nosuch"), "unknown variant"),
     Case("bench", "non-numeric --repeats", ("bench", "{teacher}", "--repeats", "x"), "Invalid value for '--repeats'"),
+    Case("bench", "--keep-softmax every layer", ("bench", "{teacher}", "--to", "elu", "--keep-softmax", "0,1",
+                                                 "--repeats", "1"), "keeps all 2 layers softmax"),
+    # -- files other than folders: plots and exports (issue 23) --------------------------------------------
+    Case("compare", "--plot the student's weights (--force)", ("compare", *S, *D, "--plot",
+                                                               "{student}/model.safetensors", "--force"),
+         "does not end in .png"),
+    Case("compare", "--plot the teacher's config.json (--force)", ("compare", *S, *D, "--plot",
+                                                                   "{teacher}/config.json", "--force"),
+         "does not end in .png"),
+    Case("compare", "--plot a PNG vitconvert did not write (--force)", ("compare", *S, *D, "--plot", "{photo}",
+                                                                        "--force"), "not written by vitconvert"),
+    Case("compare", "--plot inside the student", ("compare", *S, *D, "--plot", "{student}/gaps.png"),
+         "is inside the input"),
+    Case("compare", "--plot a folder", ("compare", *S, *D, "--plot", "{precious}"), "is a folder"),
+    Case("compare", "--plot below a file", ("compare", *S, *D, "--plot", "{afile}/gaps.png"),
+         "is a file, not a folder"),
+    Case("compare", "--plot in a read-only folder", ("compare", *S, *D, "--plot", "/sys/vc-plot.png"),
+         "cannot write /sys/vc-plot.png"),
+    Case("bench", "--plot another model's weights (--force)", ("bench", "{teacher}", "--plot",
+                                                               "{student}/model.safetensors", "--force"),
+         "does not end in .png"),
+    Case("export", "--out another model's weights (--force)", ("export", *S, "--out", "{teacher}/model.safetensors",
+                                                               "--force"), "does not end in .onnx"),
+    Case("export", "--out an unrelated text file (--force)", ("export", *S, "--out", "{afile}", "--force"),
+         "does not end in .onnx"),
+    Case("export", "--out an .onnx file vitconvert did not write (--force)", ("export", *S, "--out", "{useronnx}",
+                                                                              "--force"), "not written by vitconvert"),
+    Case("export", "--format onnx --out x.pt2", ("export", *S, "--out", "x.pt2"), "does not end in .onnx"),
+    Case("export", "--format pt2 --out x.onnx", ("export", *S, "--format", "pt2", "--out", "x.onnx"),
+         "does not end in .pt2"),
     Case("push", "missing folder", ("push", "nope", "--repo", "me/x", "--dry-run"), "not found"),
     Case("push", "a softmax folder", ("push", "{teacher}", "--repo", "me/x", "--dry-run"), "vitconvert"),
     Case("push", "a repo id without org", ("push", *S, "--repo", "noslash", "--dry-run"), "repo"),
@@ -259,14 +327,24 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
         for f in cls.iterdir():
             f.unlink()
     paths["emptyval"] = emptyval
+    emptyclass = make_images(root / "emptyclass")
+    (emptyclass / "val" / "class3").mkdir()
+    renamedval = make_images(root / "renamedval")
+    (renamedval / "val" / "class1").rename(renamedval / "val" / "renamed")
+    paths.update(emptyclass=emptyclass, renamedval=renamedval,
+                 headless=make_teacher(root / "headless", num_classes=0))
     (root / "afile.txt").write_text("not a model\n")
     paths["afile"] = root / "afile.txt"
+    (root / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n the user's own picture")
+    (root / "user.onnx").write_bytes(b"the user's own model")
+    paths["photo"], paths["useronnx"] = root / "photo.png", root / "user.onnx"
     precious = root / "precious"
     (precious / "sub").mkdir(parents=True)
     (precious / "precious.txt").write_text("the user's own work\n")
     (precious / "sub" / "notes.md").write_text("keep\n")
     paths["precious"] = precious
-    for name, edit in (("trunc", None), ("badvar", "variant"), ("noarch", "architecture"), ("badopt", "options")):
+    for name, edit in (("trunc", None), ("badvar", "variant"), ("noarch", "architecture"), ("badopt", "options"),
+                       ("badlayers", [0, 5]), ("nolinear", [])):
         folder = shutil.copytree(student, root / name)
         if edit is None:
             truncate(folder / "model.safetensors")
@@ -276,6 +354,8 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
             config["vitconvert"]["variant"] = "foo"
         elif edit == "options":
             config["vitconvert"]["options"] = {"eps": "abc"}
+        elif isinstance(edit, list):
+            config["vitconvert"]["layers"] = config["model_args"]["layers"] = edit
         else:
             del config["architecture"]
         (folder / "config.json").write_text(json.dumps(config))
@@ -285,6 +365,10 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
                                  "--out", str(root / "run")])
     assert result.exit_code == 0, result.output
     paths["run"] = root / "run"
+    stopped = shutil.copytree(root / "run", root / "stopped")  # as a stop before the end leaves a run
+    for name in ("config.json", "model.safetensors", "README.md", "best"):
+        shutil.rmtree(stopped / name) if (stopped / name).is_dir() else (stopped / name).unlink()
+    paths["stopped"] = stopped
     return paths
 
 
@@ -309,6 +393,8 @@ def run_case(case: Case, workspace: dict[str, Path], cwd: Path, monkeypatch):
         monkeypatch.setattr("vitconvert.writer.tempfile.mkdtemp", full)
     elif case.prepare == "no_datasets":  # whether or not it is installed here: as if it were not
         monkeypatch.setitem(sys.modules, "datasets", None)
+    elif case.prepare in ("world_size_2", "world_size_abc"):
+        monkeypatch.setenv("WORLD_SIZE", case.prepare.rsplit("_", 1)[1])
     elif case.prepare:
         PREPARE[case.prepare](cwd, workspace["ws"])
     args = [a.format(**{k: str(v) for k, v in workspace.items()}) for a in case.args]
@@ -346,7 +432,7 @@ def test_bad_input(case, workspace, tmp_path, monkeypatch):
     assert "Traceback" not in result.output + result.stderr
     assert before == after, "an input changed"
     assert list(cwd.iterdir()) == [], "something was written"
-    assert not Path("/sys/vc-out").exists() and not Path("/sys/vc-run").exists()
+    assert not any(Path(f"/sys/vc-{name}").exists() for name in ("out", "run", "plot.png"))
     line = normalized(lines[0], workspace, tmp_path)
     if os.environ.get("VITCONVERT_WRITE_DOCS"):
         RECORDED[key(case)] = line

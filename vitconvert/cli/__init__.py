@@ -60,7 +60,8 @@ class LazyCommand(TyperCommand):
     def load(self) -> TyperCommand:
         """The real command: its module imported, its function turned into a command as Typer registers it."""
         single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-        single.command(self.name)(getattr(importlib.import_module(f"{__name__}.{self.module}"), self.function))
+        module = importlib.import_module(f"{__name__}.{self.module}")
+        single.command(self.name, cls=Command)(getattr(module, self.function))
         return typer.main.get_command(single)
 
     def make_context(self, info_name: Optional[str], args: list[str], parent: Any = None, **extra: Any) -> Any:
@@ -114,6 +115,17 @@ class Commands(TyperGroup):
             typer.echo("error: interrupted", err=True)
             sys.exit(130)
         sys.exit(result if isinstance(result, int) else 0)
+
+
+class Command(TyperCommand):
+    """--help shows a flag as a flag (``--force``), not as an option taking a value (``--force <bool>``)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
 
 
 app = typer.Typer(

@@ -5,18 +5,20 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from .common import (
     DeviceOpt,
     JsonOpt,
     OptionOpt,
+    PlotForceOpt,
     PlotOpt,
     PretrainedOpt,
     VariantsOpt,
     console,
+    make_console,
     parse_options,
+    plot_output,
     user_errors,
 )
 
@@ -71,6 +73,7 @@ def bench(
                                                                             "softmax in every variant, e.g. 0,1"),
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
+    force: PlotForceOpt = False,
 ) -> None:
     """Time the softmax source and each linear variant in one process, taking turns: img/s, memory, speedups.
 
@@ -80,15 +83,17 @@ def bench(
 
     variants = parse_variants(to)
     sizes = parse_sizes(img_size)
-    if plot is not None:
-        require_matplotlib()  # fail before the work, not after it
-    progress = Console(stderr=True)
-    report = benchmark(source, variants, sizes, batch_size=batch_size, train=train, repeats=repeats, warmup=warmup,
-                       pretrained=pretrained, device=device, threads=threads, options=parse_options(option),
-                       memory=memory, clock=clock, amp=amp, backend=backend, keep_softmax=keep_softmax,
-                       log=None if as_json else lambda msg: progress.print(f"[dim]timing {msg}[/]"))
-    if plot is not None:
-        plot_speedups(report, plot)
+    with plot_output(plot, force, [source]) as plot:
+        if plot is not None:
+            require_matplotlib()  # fail before the work, not after it
+        progress = make_console(stderr=True)
+        report = benchmark(source, variants, sizes, batch_size=batch_size, train=train, repeats=repeats,
+                           warmup=warmup, pretrained=pretrained, device=device, threads=threads,
+                           options=parse_options(option), memory=memory, clock=clock, amp=amp, backend=backend,
+                           keep_softmax=keep_softmax,
+                           log=None if as_json else lambda msg: progress.print(f"[dim]timing {msg}[/]"))
+        if plot is not None:
+            plot_speedups(report, plot, force=force, inputs=[source])
     if as_json:
         import json
 

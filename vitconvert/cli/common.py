@@ -3,10 +3,15 @@ and the folder the last ``convert`` in this directory wrote."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import sys
+import threading
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional, TypeVar
 
@@ -15,10 +20,21 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from ..assets import TEACHER_DIR
 from ..attention import VARIANTS
-from ..errors import BadValue, VitconvertError
+from ..errors import BadValue, Stopped, VitconvertError
+from ..writer import check_file, output_lock
 
-console = Console()
+
+def make_console(stderr: bool = False) -> Console:
+    """A terminal's own width; a pipe or a log file no width at all, so tables and lines keep every column and
+    digit (rich otherwise assumes 80 columns and cuts numbers to "2812…")."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else UNLIMITED)
+
+
+UNLIMITED = 100_000
+console = make_console()
 F = TypeVar("F", bound=Callable[..., Any])
 VARIANT_NAMES = ", ".join(VARIANTS)
 
@@ -33,7 +49,9 @@ DataDirOpt = Annotated[Optional[str], typer.Option("--data-dir", help="root of t
 DownloadOpt = Annotated[bool, typer.Option("--download", help="let timm/torchvision download the dataset")]
 WorkersOpt = Annotated[int, typer.Option("--workers", help="DataLoader worker processes")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object instead of tables")]
-PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="also write the figure as a PNG here")]
+PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="also write the figure as a PNG here (a new .png, "
+                                                                  "or one vitconvert wrote, with --force)")]
+PlotForceOpt = Annotated[bool, typer.Option("--force", help="replace an existing --plot PNG that vitconvert wrote")]
 VariantOpt = Annotated[str, typer.Option("--to", help=f"linear variant: {VARIANT_NAMES}")]
 VariantsOpt = Annotated[Optional[str], typer.Option("--to", help=f"variants, comma-separated ({VARIANT_NAMES}) "
                                                                   "[default: all, or the folder's]")]
@@ -43,6 +61,27 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="any recipe k
 PretrainedOpt = Annotated[bool, typer.Option("--pretrained/--no-pretrained",
                                              help="load the pretrained weights of timm names")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="seed of every random draw")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads [default: 1 for a model "
+                                                                     "under 10M parameters, else torch's]")]
+SMALL_MODEL_BYTES = 40 * 2**20  # ~10M float32 parameters: more threads than one only add waiting
+
+
+def cpu_threads(threads: Optional[int], spec: Any) -> Optional[int]:
+    """--threads, else 1 when ``spec`` names a small model (a local folder or file, or the bundled digits) and
+    the user set no OMP_NUM_THREADS, else None (torch's default). On a small model torch's one thread per core
+    only synchronise: on a busy 2-core machine a 20 s walk-through took 355 s with two."""
+    if threads is not None or os.environ.get("OMP_NUM_THREADS") or spec is None:
+        return threads
+    path = TEACHER_DIR if str(spec) == "digits" else Path(str(spec).removeprefix("local-dir:")).expanduser()
+    try:
+        files = [path] if path.is_file() else list(path.glob("*.safetensors")) if path.is_dir() else []
+        size = sum(f.stat().st_size for f in files)
+    except OSError:
+        return None
+    return 1 if files and size < SMALL_MODEL_BYTES else None
+
+
+WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -60,12 +99,21 @@ def user_errors(fn: F) -> F:
             return with_notes(fn, *args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
+        except Stopped as e:  # the user asked for it: not an error; say where the work is and how to go on
+            typer.echo(" ".join(str(e).split()), err=True)
+            raise typer.Exit(e.exit_code) from None
         except BadValue as e:  # a library error about a value: name the flag that gave it
             fail(f"--{e.name.replace('_', '-')}: {summary(e, internal=False)}")
         except VitconvertError as e:
             fail(summary(e, internal=False))
         except KeyboardInterrupt:
             fail("interrupted", code=130)
+        except OSError as e:  # the machine, not the code: a full disk, a read-only or forbidden place
+            if e.errno not in WRITE_ERRORS:
+                if os.environ.get("VITCONVERT_DEBUG"):
+                    raise
+                fail(f"{summary(e)} (internal error; rerun with VITCONVERT_DEBUG=1 for the traceback)")
+            fail(f"cannot write {e.filename or 'a file'}: {e.strerror}")
         except Exception as e:  # a bug, but still no traceback for the user
             if os.environ.get("VITCONVERT_DEBUG"):
                 raise
@@ -104,6 +152,44 @@ def summary(e: BaseException, internal: bool = True) -> str:
     if not internal:
         return text
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+HEARTBEAT_AFTER_S, HEARTBEAT_EVERY_S = 10.0, 30.0
+
+
+@contextmanager
+def still_working(what: str) -> Iterator[None]:
+    """Long work is never silent: a line on stderr once ``what`` has run HEARTBEAT_AFTER_S seconds, then one
+    every HEARTBEAT_EVERY_S (a terminal and a log alike); quick work prints nothing."""
+    done, start = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        wait = HEARTBEAT_AFTER_S
+        while not done.wait(wait):
+            typer.echo(f"{what}... ({time.monotonic() - start:.0f}s)", err=True)
+            wait = HEARTBEAT_EVERY_S
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+@contextmanager
+def plot_output(plot: Optional[Path], force: bool, inputs: Iterable[Any] = ()) -> Iterator[Optional[Path]]:
+    """``--plot``, checked and locked before the work (a folder, another suffix, a file vitconvert did not write,
+    an input, a read-only place: refused in a second, not after the benchmark); the path to write, ``~``
+    expanded."""
+    if plot is None:
+        with nullcontext():
+            yield None
+        return
+    path = check_file(plot, force=force, inputs=[i for i in inputs if i], name="plot", suffix=".png")
+    with output_lock(path):
+        yield path
 
 
 def parse_pairs(pairs: Optional[list[str]], flag: str) -> dict[str, Any]:
@@ -156,14 +242,22 @@ def remember_last_convert(out: Path) -> None:
         pass
 
 
+def forget_last_convert() -> None:
+    """A convert starts: until it succeeds, `distill` with no folder must not take an older convert's folder."""
+    try:
+        LAST_CONVERT.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def last_converted() -> Path:
-    """The folder the last `vitconvert convert` in this directory wrote."""
+    """The folder the last `vitconvert convert` in this directory wrote (distill's first line names it)."""
     if LAST_CONVERT.is_file():
         path = Path(LAST_CONVERT.read_text().strip())
         if path.is_dir():
             return path
         raise VitconvertError(f"the last converted folder ({path}) is gone: name the STUDENT folder")
-    raise VitconvertError("no STUDENT given and no `vitconvert convert` was run in this directory: name the "
+    raise VitconvertError("no STUDENT given and no `vitconvert convert` finished in this directory: name the "
                           "converted model folder")
 
 

@@ -10,7 +10,21 @@ import typer
 from rich.table import Table
 
 from ..loading import load_student, load_teacher, teacher_spec
-from .common import DataDirOpt, DataOpt, DownloadOpt, JsonOpt, PlotOpt, SplitOpt, WorkersOpt, console, user_errors
+from .common import (
+    DataDirOpt,
+    DataOpt,
+    DownloadOpt,
+    JsonOpt,
+    PlotForceOpt,
+    PlotOpt,
+    SplitOpt,
+    ThreadsOpt,
+    WorkersOpt,
+    console,
+    cpu_threads,
+    plot_output,
+    user_errors,
+)
 
 
 def gap_table(report: dict[str, Any], title: str) -> Table:
@@ -35,26 +49,32 @@ def compare(
     batches: int = typer.Option(10, help="how many batches to compare on (a fixed random sample of images)"),
     batch_size: int = typer.Option(32, help="images per batch"),
     workers: WorkersOpt = 0,
+    threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
+    force: PlotForceOpt = False,
 ) -> None:
     """Run teacher and student on the same images: per-layer attention and block gaps, top-1 agreement, KL.
 
     Example: vitconvert compare runs/quickstart/mhla --data digits --plot gaps.png
     """
     from ..compare import compare_models, image_batches, plot_compare, require_matplotlib  # lazy: start-up time
+    from ..threads import torch_threads  # lazy: start-up time
 
-    if plot is not None:
-        require_matplotlib()  # fail before the work, not after it
-    model = load_student(student)
-    spec = teacher_spec(model, teacher)
-    softmax = load_teacher(spec, model, seed=0, recorded=teacher is None)
-    loader = image_batches(data, model, split, batches, batch_size, workers=workers, data_dir=data_dir,
-                           download=download)
-    report = compare_models(softmax, model, loader)
-    info = report.to_dict()
-    if plot is not None:
-        plot_compare(report, plot, title=f"{Path(student).name} vs {spec}")
+    inputs = [student, teacher, data]
+    with plot_output(plot, force, inputs) as plot, torch_threads(cpu_threads(threads, student)):
+        if plot is not None:
+            require_matplotlib()  # fail before the work, not after it
+        model = load_student(student)
+        spec = teacher_spec(model, teacher)
+        softmax = load_teacher(spec, model, seed=0, recorded=teacher is None)
+        loader = image_batches(data, model, split, batches, batch_size, workers=workers, data_dir=data_dir,
+                               download=download)
+        report = compare_models(softmax, model, loader)
+        info = report.to_dict()
+        if plot is not None:
+            plot_compare(report, plot, title=f"{Path(student).name} vs {spec}", force=force,
+                         inputs=[*inputs, spec])
     if as_json:
         typer.echo(json.dumps({**info, "teacher": spec, **({"plot": str(plot)} if plot else {})}))
         return

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Optional
 
+import torch
 import typer
 
 from ..attention import VARIANTS
@@ -25,11 +26,15 @@ from .common import (
     OptionOpt,
     PretrainedOpt,
     SeedOpt,
+    ThreadsOpt,
     VariantOpt,
     console,
+    cpu_threads,
+    forget_last_convert,
     parse_options,
     remember_last_convert,
     report_table,
+    still_working,
     user_errors,
 )
 
@@ -60,6 +65,7 @@ def convert(
                                "distillation)"),
     data_dir: DataDirOpt = None,
     download: DownloadOpt = False,
+    threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Load a softmax ViT, swap every attention for a linear variant, init by recipe, write a folder.
@@ -67,6 +73,8 @@ def convert(
     Example: vitconvert convert deit_small --to mhla
     Example: vitconvert convert digits --to elu --keep-softmax auto:1 --data digits
     """
+    from ..threads import torch_threads  # lazy: start-up time
+
 
     if to not in VARIANTS:
         raise VitconvertError(f"unknown variant {to!r}; valid: {', '.join(VARIANTS)}")
@@ -74,29 +82,41 @@ def convert(
         raise VitconvertError(f"--num-classes must be at least 1 (got {num_classes})")
     if img_size is not None and img_size < 1:
         raise VitconvertError(f"--img-size must be at least 1 (got {img_size})")
+    if data is None and auto_count(keep_softmax) is not None:
+        raise BadValue("data", "needed by --keep-softmax auto:K: the layers are measured on a few batches of it")
+    if data is not None and auto_count(keep_softmax) is None:
+        raise BadValue("data", "is read only by --keep-softmax auto:K (the layers are measured on it); drop it, "
+                               "or add --keep-softmax auto:K")
     if out is not None:  # refuse before the work, not after it
         check_output(out, force=force, inputs=[source])
+    forget_last_convert()
     options = parse_options(option)
     check_options(to, options)
     kwargs = {"img_size": img_size} if img_size is not None else {}
-    start = time.perf_counter()
-    src = load_source(source, pretrained=pretrained, arch=arch, **kwargs)
-    out = out or Path(f"{src.arch}-{to}")
-    check_output(out, force=force, inputs=[source])
-    meta = {}
-    count = auto_count(keep_softmax)
-    if count is not None:
-        if data is None:
-            raise BadValue("data", "needed by --keep-softmax auto:K: the layers are measured on a few batches of it")
-        choice = choose_softmax_layers(src.model, to, count, data, signal=signal, options=options, seed=seed,
-                                       data_dir=data_dir, download=download)
-        keep_softmax, meta["selection"] = ",".join(map(str, choice.keep)), {**choice.to_dict(), "data": data}
-    student, report = convert_model(src.model, to, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
-                                    seed=seed, num_classes=num_classes, options=options, source=source,
-                                    layers=layers, keep_softmax=keep_softmax or None)
-    if not report.surgery.layers:
-        raise BadValue("keep_softmax", "keeps every layer softmax: that is the source model itself; keep fewer")
-    save(student, out, force=force, inputs=[source], pretrained=src.pretrained, **meta)
+    with torch_threads(cpu_threads(threads, source)):
+        start = time.perf_counter()
+        with torch.random.fork_rng(devices=[]), still_working(f"loading {source}"):
+            torch.manual_seed(seed)  # a random-init source (--no-pretrained) is rebuilt from this seed as the teacher
+            src = load_source(source, pretrained=pretrained, arch=arch, **kwargs)
+        out = out or Path(f"{src.arch}-{to}")
+        check_output(out, force=force, inputs=[source])
+        meta: dict = {"source_seed": seed} if not src.pretrained else {}  # loading.load_teacher rebuilds it
+        if img_size is not None:
+            meta["source_img_size"] = img_size
+        count = auto_count(keep_softmax)
+        if count is not None:
+            with still_working(f"measuring which {count} layer(s) to keep softmax on {data}"):
+                choice = choose_softmax_layers(src.model, to, count, data, signal=signal, options=options, seed=seed,
+                                               data_dir=data_dir, download=download)
+            keep_softmax, meta["selection"] = ",".join(map(str, choice.keep)), {**choice.to_dict(), "data": data}
+        with still_working(f"converting to {to} ({attn_init} attention init)"):
+            student, report = convert_model(src.model, to, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
+                                            seed=seed, num_classes=num_classes, options=options, source=source,
+                                            layers=layers, keep_softmax=keep_softmax or None)
+        if not report.surgery.layers:
+            raise BadValue("keep_softmax", "keeps every layer softmax: that is the source model itself; keep fewer")
+        with still_working(f"writing {out}"):
+            save(student, out, force=force, inputs=[source], pretrained=src.pretrained, **meta)
     elapsed = time.perf_counter() - start
     remember_last_convert(out)
     info = report.to_dict()
@@ -105,7 +125,8 @@ def convert(
         return
     console.print(report_table(info, f"{src.arch} -> {to} ({len(report.surgery.replaced)} attention layers)"))
     if report.surgery.hybrid:
-        console.print(f"hybrid: {hybrid_layers(info)}" + (f" (chosen by {signal} on {data})" if meta else ""))
+        chosen = f" (chosen by {signal} on {data})" if "selection" in meta else ""
+        console.print(f"hybrid: {hybrid_layers(info)}{chosen}")
     for note in info["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"[green]wrote[/] {out}/ in {elapsed:.1f}s")

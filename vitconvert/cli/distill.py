@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from ..errors import Stopped
 from ..recipes import load_recipe
 from .common import (
     DataDirOpt,
@@ -17,7 +18,9 @@ from .common import (
     JsonOpt,
     RecipeDataOpt,
     SetOpt,
+    ThreadsOpt,
     console,
+    cpu_threads,
     last_converted,
     parse_sets,
     user_errors,
@@ -26,7 +29,8 @@ from .common import (
 
 @user_errors
 def distill(
-    student: Optional[Path] = typer.Argument(None, help="converted model folder (default: the last convert's)"),
+    student: Optional[Path] = typer.Argument(None, help="converted model folder (default: the last convert's; "
+                                                        "resuming: the run's own)"),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="recipe YAML or name in recipes/ (cifar100, ...)"),
     data: RecipeDataOpt = None,
     data_dir: DataDirOpt = None,
@@ -45,6 +49,7 @@ def distill(
     stages: Optional[str] = typer.Option(None, "--stages", help="joint, or e.g. attn:5,finetune"),
     set_: SetOpt = None,
     device: DeviceOpt = None,
+    threads: ThreadsOpt = None,
     resume: bool = typer.Option(False, "--resume", help="continue the run in --out from checkpoint-last"),
     force: bool = typer.Option(False, "--force", help="overwrite an existing run (or resume a changed recipe)"),
     fsdp: bool = typer.Option(False, "--fsdp", help="shard the model with FSDP under torchrun (large models)"),
@@ -56,7 +61,8 @@ def distill(
 
     Example: vitconvert distill ./deit_small_patch16_224-mhla --recipe cifar100 --data torch/cifar100 --data-dir ~/data
     """
-    from ..distill import DistillJob, run  # lazy: start-up time
+    from ..distill import DistillJob, resume_defaults, run  # lazy: start-up time
+    from ..threads import torch_threads  # lazy: start-up time
 
     flags = {"data": data, "data_dir": data_dir, "epochs": epochs, "batch_size": batch_size, "lr": lr,
              "seed": seed, "attn_weight": attn_weight, "kd_weight": kd_weight, "attn_target": attn_target,
@@ -64,13 +70,24 @@ def distill(
     overrides = {**parse_sets(set_), **{k: v for k, v in flags.items() if v is not None}}
     if download:
         overrides["download"] = True
+    if resume and out is not None:  # a resume needs the run folder and nothing else: its recipe, its student
+        run_recipe, run_student = resume_defaults(out)
+        recipe, student = recipe or run_recipe, student or run_student
     parsed, text = load_recipe(recipe, overrides)
+    main_process = os.environ.get("RANK", "0") == "0"  # torchrun: rank 0 prints and pushes
+    if push_to_hub and main_process:
+        from ..hub import check_push_ready  # lazy: start-up time
+
+        check_push_ready(push_to_hub)  # a missing token is said now, not after the training
     student = student or last_converted()
     out = out or Path("runs") / f"{student.resolve().name}-{parsed.name}"
-    result = run(DistillJob(student=str(student), recipe=parsed, out=out, recipe_text=text, teacher=teacher,
-                            resume=resume, force=force, device=device, fsdp=fsdp, compile=compile_,
-                            show=not as_json))
-    main_process = os.environ.get("RANK", "0") == "0"  # torchrun: rank 0 prints and pushes
+    with torch_threads(cpu_threads(threads, student)):
+        try:
+            result = run(DistillJob(student=str(student), recipe=parsed, out=out, recipe_text=text,
+                                    teacher=teacher, resume=resume, force=force, device=device, fsdp=fsdp,
+                                    compile=compile_, show=not as_json))
+        except Stopped as e:
+            raise Stopped(f"{e} (`vitconvert distill --resume --out {out}`)", e.signal_name) from None
     if push_to_hub and main_process:
         from ..hub import push_folder  # lazy: start-up time
 

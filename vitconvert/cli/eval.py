@@ -9,7 +9,19 @@ import typer
 from rich.table import Table
 
 from ..errors import VitconvertError
-from .common import DataDirOpt, DataOpt, DeviceOpt, DownloadOpt, JsonOpt, SplitOpt, WorkersOpt, console, user_errors
+from .common import (
+    DataDirOpt,
+    DataOpt,
+    DeviceOpt,
+    DownloadOpt,
+    JsonOpt,
+    SplitOpt,
+    ThreadsOpt,
+    WorkersOpt,
+    console,
+    cpu_threads,
+    user_errors,
+)
 
 
 @user_errors
@@ -22,6 +34,7 @@ def eval_cmd(
     data_dir: DataDirOpt = None,
     download: DownloadOpt = False,
     workers: WorkersOpt = 0,
+    threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate with the model's own preprocessing (the run's, for distill run folders).
@@ -29,11 +42,13 @@ def eval_cmd(
     Example: vitconvert eval runs/quickstart/mhla --data digits
     """
     from ..evaluate import evaluate  # lazy: start-up time
+    from ..threads import torch_threads  # lazy: start-up time
 
     if workers < 0:
         raise VitconvertError(f"--workers must not be negative (got {workers}; 0 loads in this process)")
-    metrics = evaluate(model, data, split=split, batch_size=batch_size, device=device, data_dir=data_dir,
-                       download=download, workers=workers)
+    with torch_threads(cpu_threads(threads, model)):
+        metrics = evaluate(model, data, split=split, batch_size=batch_size, device=device, data_dir=data_dir,
+                           download=download, workers=workers)
     if as_json:
         typer.echo(json.dumps({k: metrics[k] for k in ("top1", "top5", "loss", "n", "img_s")}))
         return

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import JsonOpt, console, user_errors
+from .common import JsonOpt, ThreadsOpt, console, cpu_threads, still_working, user_errors
 
 
 @user_errors
@@ -20,11 +20,13 @@ def export(
                                                                  "beside the folder]"),
     img_size: Optional[int] = typer.Option(None, "--img-size", help="export at this image size (position "
                                                                     "embeddings resampled) [default: the model's]"),
-    batch_size: int = typer.Option(2, "--batch-size", help="batch of the example input (the fixed batch unless "
-                                                           "--dynamic-batch)"),
-    dynamic_batch: bool = typer.Option(False, "--dynamic-batch", help="any batch size at run time (checked at two)"),
+    batch_size: int = typer.Option(2, "--batch-size", help="batch the export is checked at (and the only one it "
+                                                           "takes with --fixed-batch)"),
+    dynamic_batch: bool = typer.Option(True, "--dynamic-batch/--fixed-batch", help="any batch size at run time "
+                                                                                  "(checked at two), or one"),
     opset: Optional[int] = typer.Option(None, "--opset", help="ONNX opset, 18 to 23 [default: 18]"),
     force: bool = typer.Option(False, "--force", help="replace an existing output file"),
+    threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Export a model to ONNX or .pt2 and check its logits against PyTorch on real images.
@@ -32,9 +34,11 @@ def export(
     Example: vitconvert export ./deit_small_patch16_224-mhla --format onnx --dynamic-batch
     """
     from ..export import export as export_model  # lazy: start-up time
+    from ..threads import torch_threads  # lazy: start-up time
 
-    result = export_model(folder, format, out, img_size=img_size, batch_size=batch_size,
-                          dynamic_batch=dynamic_batch, opset=opset, force=force)
+    with still_working(f"exporting {folder} to {format} and checking it"), torch_threads(cpu_threads(threads, folder)):
+        result = export_model(folder, format, out, img_size=img_size, batch_size=batch_size,
+                              dynamic_batch=dynamic_batch, opset=opset, force=force)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
         return

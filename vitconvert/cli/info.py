@@ -18,6 +18,8 @@ from ..recipes import available_recipes
 from ..timm_registry import source_architecture
 from .common import JsonOpt, console, report_table, user_errors
 
+BUNDLED = {"digits": "bundled softmax ViT teacher of the digits data (offline; also --data digits)"}
+
 
 @user_errors
 def list_cmd(as_json: JsonOpt = False) -> None:
@@ -29,13 +31,15 @@ def list_cmd(as_json: JsonOpt = False) -> None:
     recipes = available_recipes()
     if as_json:
         variants = {k: dict(v.default_options) for k, v in VARIANTS.items()}
-        typer.echo(json.dumps({"aliases": ALIASES, "variants": variants, "recipes": recipes}))
+        typer.echo(json.dumps({"aliases": ALIASES, "bundled": BUNDLED, "variants": variants, "recipes": recipes}))
         return
     aliases = Table(title="model aliases")
     aliases.add_column("alias")
     aliases.add_column("timm name")
     for alias, name in ALIASES.items():
         aliases.add_row(alias, name)
+    for name, what in BUNDLED.items():
+        aliases.add_row(name, what)
     variants = Table(title="variants (--to)")
     variants.add_column("name")
     variants.add_column("options (--option KEY=VALUE)")

@@ -15,7 +15,7 @@ from ..attention import VARIANTS
 
 if TYPE_CHECKING:  # the quickstart package imports distill: only when the command runs
     from ..quickstart import Update
-from .common import DeviceOpt, JsonOpt, SeedOpt, console, user_errors
+from .common import DeviceOpt, JsonOpt, SeedOpt, console, make_console, user_errors
 
 
 def results_table(result: dict) -> Table:
@@ -41,11 +41,12 @@ def results_table(result: dict) -> Table:
 
 class LiveTable:
     """One live table of every training (state, epoch, steps, val top-1) on a terminal; elsewhere a line as each
-    one finishes, so logs stay readable."""
+    one changes stage (queued, converting, each epoch) and as it finishes, so a log is never silent for long."""
 
     def __init__(self, console: Console):
         self.console = console
         self.rows: dict[str, Update] = {}
+        self.said: dict[str, tuple[str, int]] = {}  # off a terminal: the last (state, epoch) printed per training
         self.live: Optional[Live] = Live(console=console, transient=True, auto_refresh=False) \
             if console.is_terminal else None
 
@@ -65,6 +66,10 @@ class LiveTable:
         elif update.result is not None:
             row = update.result
             self.console.print(f"[green]{row.name}[/]: val top-1 {100 * row.top1:.2f}% in {row.seconds:.0f}s")
+        elif self.said.get(update.name) != (update.state, update.epoch):
+            self.said[update.name] = (update.state, update.epoch)
+            epoch = f", epoch {update.epoch + 1}/{update.epochs}" if update.state == "running" else ""
+            self.console.print(f"{update.name}: {update.state}{epoch}", highlight=False)
 
     def render(self) -> Table:
         table = Table(title="training (each on one CPU thread)")
@@ -98,7 +103,7 @@ def quickstart(
     from ..quickstart import parse_variants, run_quickstart  # lazy: start-up time
 
     chosen = parse_variants(variants)
-    with LiveTable(Console(stderr=True)) as live:
+    with LiveTable(make_console(stderr=True)) as live:
         result = run_quickstart(chosen, out, epochs=epochs, seed=seed, scratch=scratch, device=device, force=force,
                                 jobs=jobs, progress=live).to_dict()
     if as_json:

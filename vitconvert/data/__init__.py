@@ -9,7 +9,9 @@ from .datasets import (
                        EXTRA_TORCH,
                        TIMM_PREFIXES,
                        TRAIN_SPLITS,
+                       align_classes,
                        check_classes,
+                       class_names,
                        dataset_classes,
                        is_train_split,
                        open_dataset,
@@ -43,7 +45,8 @@ from .transforms import (
 
 __all__ = [
     "EVAL_FOLDERS", "EXTRA_TORCH", "TIMM_PREFIXES", "TRAIN_SPLITS", "ClosingLoader", "DigitsDataset",
-    "EpochBatchSampler", "InputConfig", "RunData", "TransformedDataset", "accepts_size", "check_classes",
+    "EpochBatchSampler", "InputConfig", "RunData", "TransformedDataset", "accepts_size", "align_classes",
+    "check_classes", "class_names",
     "dataset_classes", "default_workers", "digits_arrays", "digits_dataset", "end_on_sigterm_from",
     "eval_transform", "export_imagefolder", "ignore_interrupts", "input_config", "is_train_split", "make_loader",
     "mixup_for", "model_input_size", "open_dataset", "open_folder", "open_named", "run_data", "sample_rng",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -29,8 +31,13 @@ def is_train_split(split: str) -> bool:
 
 
 # -- opening a dataset -----------------------------------------------------------------------------------
-def open_dataset(spec: str, split: str, data_dir: Optional[str] = None, download: bool = False) -> Dataset:
-    """Untransformed (PIL image, label) pairs of ``split`` from a folder, a timm dataset name or ``digits``."""
+def open_dataset(spec: str, split: str, data_dir: Optional[str] = None, download: bool = False,
+                 classes: Optional[Sequence[str]] = None, whose: str = "", strict: bool = True) -> Dataset:
+    """Untransformed (PIL image, label) pairs of ``split`` from a folder, a timm dataset name or ``digits``.
+
+    ``classes`` (the train split's class folders, a model's label names) gives an image folder's labels by
+    name instead of by position (``align_classes``); ``whose`` says where they come from, for its errors;
+    ``strict=False`` lets a folder whose names share none with ``classes`` keep its own order."""
     if not spec:
         raise VitconvertError("no data: pass --data FOLDER (with train/ and val/), a timm name "
                               "(torch/cifar100, hfds/...) or digits")
@@ -43,15 +50,26 @@ def open_dataset(spec: str, split: str, data_dir: Optional[str] = None, download
         return open_named(prefix.lower(), rest, spec, split, data_dir, download)
     if sep and prefix.lower() in ("hfids", "tfds", "wds"):
         raise VitconvertError(f"{spec}: streaming datasets are not supported; use hfds/ or an image folder")
-    return open_folder(Path(spec).expanduser(), split)
+    return open_folder(Path(spec).expanduser(), split, classes, whose, strict)
 
 
 def open_named(prefix: str, name: str, spec: str, split: str, data_dir: Optional[str], download: bool) -> Dataset:
-    import timm.data
-
     root = str(Path(data_dir).expanduser()) if data_dir else None
     if prefix == "torch" and root is None:
         raise VitconvertError(f"{spec} needs --data-dir: the folder that holds (or will hold, with --download) it")
+    # the folders a failed download would leave behind: those of root that do not exist yet, outermost first
+    created = [] if root is None else [p for p in (Path(root), *Path(root).parents) if not p.exists()][-1:]
+    try:
+        return _open_named(prefix, name, spec, split, root, download)
+    except BaseException:
+        for folder in created:  # ours alone: it did not exist before this call
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _open_named(prefix: str, name: str, spec: str, split: str, root: Optional[str], download: bool) -> Dataset:
+    import timm.data
+
     try:
         if prefix == "torch" and name.lower() in EXTRA_TORCH:
             import torchvision.datasets as tvd
@@ -70,8 +88,10 @@ def open_named(prefix: str, name: str, spec: str, split: str, data_dir: Optional
                               f"{reason}{hint}") from None
 
 
-def open_folder(root: Path, split: str) -> Dataset:
-    """An image folder root with ``train/`` and ``val/`` (class subfolders inside), read by timm."""
+def open_folder(root: Path, split: str, classes: Optional[Sequence[str]] = None, whose: str = "",
+                strict: bool = True) -> Dataset:
+    """An image folder root with ``train/`` and ``val/`` (class subfolders inside), read by timm; labelled by
+    ``classes`` when given (``align_classes``)."""
     import timm.data
     from timm.data.readers.img_extensions import get_img_extensions
 
@@ -90,7 +110,47 @@ def open_folder(root: Path, split: str) -> Dataset:
     extensions = tuple(get_img_extensions())
     if not any(p.suffix.lower() in extensions for p in folder.rglob("*") if p.is_file()):
         raise VitconvertError(f"{folder} holds no images (class subfolders of {', '.join(extensions[:4])}...)")
-    return timm.data.create_dataset("", root=str(folder), split=split, search_split=False)
+    empty = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith(".")
+                   and not any(p.suffix.lower() in extensions for p in d.rglob("*") if p.is_file()))
+    if empty:
+        raise VitconvertError(f"{folder} has class folders without images ({', '.join(empty[:5])}): an empty class "
+                              "is no class at all, and every class after it would take its label; add its images "
+                              "or remove the folder")
+    # images as stored (input_img_mode=None): TransformedDataset makes them RGB, 16-bit grey scaled, not clipped
+    ds = timm.data.create_dataset("", root=str(folder), split=split, search_split=False, input_img_mode=None)
+    if classes:
+        ds = align_classes(ds, folder, split, list(classes), whose, strict)
+    return ds
+
+
+def class_names(ds: Dataset) -> Optional[list[str]]:
+    """An image folder's class names in label order (None for datasets that do not name their classes)."""
+    mapping = getattr(getattr(ds, "reader", None), "class_to_idx", None) or getattr(ds, "class_to_idx", None)
+    if not isinstance(mapping, dict) or not mapping:
+        return None
+    return [str(name) for name, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
+
+
+def align_classes(ds: Dataset, folder: Path, split: str, classes: list[str], whose: str,
+                  strict: bool = True) -> Dataset:
+    """Label ``folder``'s images by ``classes`` (names, in label order) instead of by their sorted position, so a
+    split missing a class, or a model's own label names, keep every label right. A class folder ``classes``
+    lacks is refused; with ``strict=False`` a folder sharing no name with ``classes`` keeps its own order (a
+    model's label names may be words where the user's folders are their own names)."""
+    import timm.data
+
+    found = class_names(ds)
+    if found is None or found == classes:
+        return ds
+    unknown = [name for name in found if name not in classes]
+    if len(unknown) == len(found) and not strict:
+        return ds
+    if unknown:
+        shown = ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else "")
+        raise VitconvertError(f"{folder} has class folders not among {whose} ({', '.join(unknown[:5])}): their "
+                              f"labels would be wrong; {whose}: {shown}")
+    return timm.data.create_dataset("", root=str(folder), split=split, search_split=False, input_img_mode=None,
+                                    class_map={name: i for i, name in enumerate(classes)})
 
 
 def dataset_classes(ds: Dataset) -> Optional[int]:

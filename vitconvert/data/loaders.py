@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..errors import VitconvertError
 from ..recipes import Recipe
-from .datasets import check_classes, dataset_classes, open_dataset
+from .datasets import check_classes, class_names, dataset_classes, open_dataset
 from .transforms import InputConfig, eval_transform, mixup_for, train_transform
 
 
@@ -44,6 +44,20 @@ def sample_rng(seed: int, epoch: int, index: int) -> Iterator[None]:
         torch.set_rng_state(state[2])
 
 
+def to_rgb(image: Any) -> Any:
+    """A PIL image as 8-bit RGB. 16- and 32-bit grey (a 16-bit PNG opens as "I;16" or "I") is scaled to 8 bits:
+    PIL's own convert clips it at 255, which turns a 16-bit photograph into an almost black-and-white one."""
+    if image.mode.startswith("I"):
+        import numpy as np
+        from PIL import Image
+
+        values = np.asarray(image, dtype=np.float64)
+        if values.max(initial=0) > 255:
+            values = values / 257.0  # 65535 -> 255
+        return Image.fromarray(np.clip(values + 0.5, 0, 255).astype(np.uint8), "L").convert("RGB")
+    return image.convert("RGB")
+
+
 class TransformedDataset(Dataset):
     """A base dataset's images through ``transform``; seeded per image when ``seed`` is given (training)."""
 
@@ -61,7 +75,7 @@ class TransformedDataset(Dataset):
         image, target = self.base[max(index, 0)]
         target = int(target) if index >= 0 else -1  # -1: padding of an evaluation share
         if getattr(image, "mode", "RGB") != "RGB" and hasattr(image, "convert"):
-            image = image.convert("RGB")
+            image = to_rgb(image)
         if self.seed is None:
             return self.transform(image), target
         with sample_rng(self.seed, self.epoch, index):
@@ -172,8 +186,9 @@ class RunData:
 def run_data(r: Recipe, inp: InputConfig, num_classes: int, rank: int, world: int, pin_memory: bool) -> RunData:
     """Open both splits and check them against the head and the batch arithmetic before any model runs."""
     train = open_dataset(r.data, r.train_split, r.data_dir, r.download)  # type: ignore[arg-type]
-    val = open_dataset(r.data, r.val_split, r.data_dir, r.download)  # type: ignore[arg-type]
     check_classes(train, num_classes)
+    val = open_dataset(r.data, r.val_split, r.data_dir, r.download,  # type: ignore[arg-type]
+                       classes=class_names(train), whose=f"the {r.train_split} split's classes")  # labels by name
     if r.batch_size % (world * r.accum_steps):
         raise VitconvertError(f"batch_size {r.batch_size} is not divisible by {world} process(es) × "
                               f"{r.accum_steps} accumulation step(s)")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ..recipes import load_recipe
+from .runfolder import resume_defaults
 from .trainer import DistillJob, RunResult, TrainingStopped, run
 
 
@@ -23,4 +24,4 @@ def distill(student: Union[str, Path], out: Union[str, Path], recipe: Optional[s
     return run(DistillJob(student=str(student), recipe=parsed, out=Path(out), recipe_text=text, **job))
 
 
-__all__ = ["DistillJob", "RunResult", "TrainingStopped", "distill", "run"]
+__all__ = ["DistillJob", "RunResult", "TrainingStopped", "distill", "resume_defaults", "run"]

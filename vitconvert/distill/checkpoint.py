@@ -116,8 +116,10 @@ def json_only(state: dict[str, Any]) -> dict[str, Any]:
 
 def write_checkpoint(run: Path, *, model: dict[str, torch.Tensor], optimizer: dict[str, Any],
                      ema: Optional[dict[str, torch.Tensor]], scheduler: dict[str, Any], scaler: dict[str, Any],
-                     position: Position, recipe: dict[str, Any], rng: list[dict[str, Any]]) -> Path:
-    """Write ``run/checkpoint-last`` atomically (a temporary sibling renamed over the old one)."""
+                     position: Position, recipe: dict[str, Any], rng: list[dict[str, Any]],
+                     job: Optional[dict[str, Any]] = None) -> Path:
+    """Write ``run/checkpoint-last`` atomically (a temporary sibling renamed over the old one). ``job`` names
+    the teacher and the student's make (variant, layers, source): a resume checks it (``check_same_job``)."""
     from safetensors.torch import save_file
 
     rng_tensors: dict[str, torch.Tensor] = {}
@@ -136,7 +138,7 @@ def write_checkpoint(run: Path, *, model: dict[str, torch.Tensor], optimizer: di
         save_file(rng_tensors, str(tmp / "rng.safetensors"))
         meta = {"format": FORMAT, "position": asdict(position), "recipe": recipe, "world": len(rng),
                 "optimizer": opt_meta, "scheduler": json_only(scheduler), "scaler": json_only(scaler),
-                "rng": rng_json}
+                "rng": rng_json, **({"job": job} if job is not None else {})}
         (tmp / "trainer.json").write_text(json.dumps(meta, indent=1) + "\n")
     return run / CHECKPOINT
 
@@ -181,9 +183,12 @@ class Checkpoint:
             if not isinstance(meta.get(key), kind):
                 raise VitconvertError(damaged % f"'{key}'")
         try:
-            Position(**meta["position"])
+            position = Position(**meta["position"])
         except TypeError:
             raise VitconvertError(damaged % "'position'") from None
+        counts = (position.epoch, position.batch, position.step, position.best_epoch)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+            raise VitconvertError(damaged % "'position' (epoch, batch, step: counts, never negative)")
         if not isinstance(meta["optimizer"].get("param_groups"), list):
             raise VitconvertError(damaged % "'optimizer.param_groups'")
         names = ["model.safetensors", "optimizer.safetensors", "rng.safetensors"]
@@ -200,6 +205,24 @@ class Checkpoint:
             except Exception as e:
                 reason = (str(e).splitlines() or [type(e).__name__])[0][:120]
                 raise VitconvertError(f"cannot read {path}: corrupt or truncated ({reason})") from None
+
+    def check_same_job(self, job: dict[str, Any], force: bool) -> None:
+        """The resumed run's student must be made as the checkpoint's was (else its weights load into other
+        layers), and its teacher the same unless ``force``. A checkpoint older than this record is trusted."""
+        saved = self.meta.get("job")
+        if not isinstance(saved, dict):
+            return
+        then, now = saved.get("student", {}), job.get("student", {})
+        if then != now:
+            changed = "; ".join(f"{k}: {then.get(k)} -> {now.get(k)}" for k in sorted({*then, *now})
+                                if then.get(k) != now.get(k))
+            raise VitconvertError(f"--resume: this run's checkpoint is of another student ({changed}): its weights "
+                                  f"do not fit this one; resume with the run's own student, or start over with "
+                                  "--force without --resume")
+        if saved.get("teacher") != job.get("teacher") and not force:
+            raise VitconvertError(f"--resume: this run was distilled from the teacher {saved.get('teacher')}, not "
+                                  f"{job.get('teacher')}: resume with --teacher {saved.get('teacher')} (or add "
+                                  "--force to continue under the new teacher)")
 
     def model(self) -> dict[str, torch.Tensor]:
         return self._tensors("model.safetensors")

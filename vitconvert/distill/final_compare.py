@@ -18,8 +18,9 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from .. import data
-from ..compare import compare_models, has_matplotlib, plot_compare
+from ..compare import compare_figure, compare_models, has_matplotlib
 from ..recipes import Recipe
+from ..writer import PNG_METADATA
 
 COMPARE_JSON, COMPARE_PNG = "compare.json", "compare.png"
 
@@ -48,7 +49,8 @@ def compare_at_end(teacher: nn.Module, student: nn.Module, feed: data.RunData, i
         about = {"teacher": teacher_spec, "data": recipe.data, "split": recipe.val_split}
         (folder / COMPARE_JSON).write_text(json.dumps({**info, **about}, indent=1) + "\n")
         if has_matplotlib():
-            plot_compare(report, folder / COMPARE_PNG, title=f"{folder.name} vs {teacher_spec}")
+            figure = compare_figure(report, title=f"{folder.name} vs {teacher_spec}")  # in the run folder, ours
+            figure.savefig(folder / COMPARE_PNG, format="png", dpi=120, metadata=PNG_METADATA)
         return info
     except Exception as e:
         note(f"note: the end-of-run comparison with the teacher failed ({type(e).__name__}: {e}); "

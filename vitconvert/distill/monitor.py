@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -110,17 +112,25 @@ def plot_curves(run: Path) -> Optional[Path]:
     return out
 
 
+LOG_EVERY_S = 30.0  # off a terminal (a log file, a pipe): a progress line at most this often within an epoch
+
+
 class Bar:
-    """Epoch lines and, on a terminal, a rich progress bar per epoch (loss terms, img/s, ETA), on stderr."""
+    """Epoch lines and, on a terminal, a rich progress bar per epoch (loss terms, img/s, ETA), on stderr; off a
+    terminal, where a bar cannot draw, a plain progress line every LOG_EVERY_S seconds instead of silence."""
 
     def __init__(self, show: bool):
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, width=None if sys.stderr.isatty() else 100_000)  # logs: whole lines
         self.show = show
         self.animate = show and self.console.is_terminal
         self.progress: Optional[Progress] = None
         self.task: Any = None
+        self.description, self.total, self.done, self.terms = "", 0, 0, ""
+        self.last_line = time.monotonic()
 
     def start(self, description: str, total: int, done: int) -> None:
+        self.description, self.total, self.done = description, total, done
+        self.last_line = time.monotonic()
         if not self.animate:
             return
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -130,8 +140,13 @@ class Bar:
         self.task = self.progress.add_task(description, total=total, completed=done, terms="")
 
     def advance(self, terms: Optional[str] = None) -> None:
+        self.done += 1
+        self.terms = terms if terms is not None else self.terms
         if self.progress is not None:
             self.progress.update(self.task, advance=1, **({"terms": terms} if terms is not None else {}))
+        elif self.show and time.monotonic() - self.last_line >= LOG_EVERY_S:
+            self.print(f"{self.description} step {self.done}/{self.total} {self.terms}".rstrip())
+            self.last_line = time.monotonic()
 
     def stop(self) -> None:
         if self.progress is not None:

@@ -30,6 +30,20 @@ def job_inputs(student: str, teacher: Optional[str], recipe: Recipe) -> list[str
     return [str(p) for p in (student, teacher, recipe.data) if p]
 
 
+def resume_defaults(run: Path) -> tuple[Optional[str], Optional[Path]]:
+    """What resuming ``run`` needs besides it: its own recipe.yaml, and the student its checkpoint was trained
+    from (when recorded and still there); None where the run does not say."""
+    recipe = str(run / RECIPE) if (run / RECIPE).is_file() else None
+    student = None
+    try:
+        job = read_checkpoint(run).meta.get("job")
+    except VitconvertError:
+        job = None
+    if isinstance(job, dict) and job.get("student_path") and Path(job["student_path"]).is_dir():
+        student = Path(job["student_path"])
+    return recipe, student
+
+
 def failed_start(run: Path) -> bool:
     """A run folder that a failed start left behind: a recipe and nothing to resume or to keep."""
     return is_run_folder(run) and not (run / CHECKPOINT).exists() and not (run / "config.json").exists()
@@ -67,8 +81,9 @@ def prepare_run_folder(run: Path, recipe: Recipe, recipe_text: str, resume: bool
             raise VitconvertError(f"{run} is complete ({ckpt.position.epoch} of {recipe.epochs} epochs): nothing "
                                   "to resume; to train longer, add --epochs N --force")
         if changes and not force:
-            raise VitconvertError(f"--resume with a changed recipe ({'; '.join(changes[:4])}): the run would not "
-                                  "match; add --force to continue under the new recipe")
+            raise VitconvertError(f"--resume with a changed recipe ({'; '.join(changes[:4])}): {run} was trained "
+                                  "with its recipe.yaml, which a resume reads by itself; drop the changed values, "
+                                  "or add --force to continue under the new recipe")
         return ckpt
     check_run_folder(run, resume, force, inputs)
     if env.is_main:

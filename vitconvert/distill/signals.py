@@ -6,10 +6,10 @@ import signal
 import threading
 from typing import Any, Optional
 
-from ..errors import VitconvertError
+from ..errors import Stopped
 
 
-class TrainingStopped(VitconvertError):
+class TrainingStopped(Stopped):
     """A stop signal arrived: the checkpoint was saved and ``--resume`` continues the run."""
 
 

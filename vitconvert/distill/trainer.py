@@ -6,6 +6,7 @@ best/ when validation improves, checkpoint-last/ at each epoch end and on a stop
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable
@@ -17,9 +18,10 @@ import torch
 
 from .. import data, loading
 from .. import distributed as D
-from ..errors import VitconvertError
+from ..errors import VitconvertError, load_reason
 from ..evaluate import eval_sums, metrics_from_sums
 from ..recipes import Recipe, recipe_changes, recipe_summary
+from ..writer import output_lock
 from . import models
 from . import param_groups as groups
 from .checkpoint import CHECKPOINT, Position, read_checkpoint, restore_rng, rng_state, seed_everything, write_checkpoint
@@ -89,7 +91,7 @@ class Trainer:
         r, job, env = self.recipe, self.job, self.env
         student = loading.load_student(job.student)
         self.report = dict(getattr(student, "vitconvert_report", {}))
-        self.teacher_spec = loading.teacher_spec(student, job.teacher)
+        self.teacher_spec = loading.teacher_spec(student, job.teacher or self.resumed_teacher())
         teacher = loading.load_teacher(self.teacher_spec, student, r.seed, recorded=job.teacher is None)
         models.check_kd(student, teacher, r.kd_weight)
         self.inp = data.input_config(student, r)
@@ -126,8 +128,25 @@ class Trainer:
         self.ckpt = prepare_run_folder(self.run_dir, self.recipe, job.recipe_text, job.resume, job.force, self.env,
                                        job_inputs(job.student, job.teacher, self.recipe))
         if self.ckpt is not None:
+            self.ckpt.check_same_job(self.job_record(), job.force)
             self.pos = self.ckpt.position
-            self.task.model.load_state_dict(self.ckpt.model())
+            try:
+                self.task.model.load_state_dict(self.ckpt.model())
+            except RuntimeError as e:  # a checkpoint of another architecture (written before the job record)
+                raise VitconvertError(f"{self.run_dir / CHECKPOINT} does not fit the student {job.student}: "
+                                      f"{load_reason(e)}; resume with the run's own student") from None
+
+    def resumed_teacher(self) -> Optional[str]:
+        """Resuming without --teacher: the teacher the run was started with (recorded in its checkpoint)."""
+        if not self.job.resume:
+            return None
+        saved = read_checkpoint(self.run_dir).meta.get("job")
+        return saved.get("teacher") if isinstance(saved, dict) else None
+
+    def job_record(self) -> dict[str, Any]:
+        """What a checkpoint records of who is trained from whom, for a resume to check."""
+        student = {k: self.report.get(k) for k in ("variant", "layers", "depth", "source")}
+        return {"teacher": self.teacher_spec, "student": student, "student_path": str(Path(self.job.student).resolve())}
 
     def _setup_optimizer(self) -> None:
         """Optimizer, schedule, loss scaler and EMA from timm's factories (FSDP shards before the optimizer)."""
@@ -194,6 +213,8 @@ class Trainer:
         self.enter_stage(min(self.pos.epoch, r.epochs - 1))
         self.epoch_sums = self.sums_tensor(self.pos.epoch_sums if self.env.is_main else [])
         self.window = self.sums_tensor(self.pos.window_sums if self.env.is_main else [])
+        self.bar.print(f"{'resuming' if self.ckpt is not None else 'distilling'} {self.job.student} from the teacher "
+                       f"{self.teacher_spec} into {self.run_dir}")  # the student may not have been named
         for line in recipe_summary(r):
             self.bar.print(line)
         if self.ckpt is not None:
@@ -239,7 +260,7 @@ class Trainer:
                     self.save_checkpoint()
                     raise TrainingStopped(f"stopped by {stop.requested or 'a signal'} at epoch {epoch + 1}, step "
                                           f"{self.pos.step}; checkpoint saved in {self.run_dir / CHECKPOINT}: "
-                                          "continue with --resume")
+                                          "continue with --resume", stop.requested or "SIGINT")
         finally:
             self.bar.stop()
         if self.window[-1] > 0:
@@ -390,7 +411,7 @@ class Trainer:
                              optimizer=optim, ema=self.ema.module.state_dict() if self.ema is not None else None,
                              scheduler=self.scheduler.state_dict(),
                              scaler=self.scaler.state_dict() if self.scaler is not None else {},
-                             position=position, recipe=self.recipe.to_dict(), rng=rng)
+                             position=position, recipe=self.recipe.to_dict(), rng=rng, job=self.job_record())
         D.barrier(self.env)
 
     def finish(self, seconds: float) -> RunResult:
@@ -414,14 +435,18 @@ def run(job: DistillJob, on_step: Optional[Callable[[Trainer], None]] = None) ->
     """Distill ``job.student`` from its teacher per ``job.recipe`` into the run folder ``job.out``."""
     check_run_folder(Path(job.out), job.resume, job.force, job_inputs(job.student, job.teacher, job.recipe))
     env = D.setup(job.device)
-    guard = RunGuard(Path(job.out), job.resume, env)
-    ok = False
     try:
-        result = Trainer(job, env).fit(on_step)
-        ok = True
-        return result
+        # one run per folder: a second distill (or resume) into it is refused while this one runs
+        with output_lock(job.out) if env.is_main else contextlib.nullcontext():
+            guard = RunGuard(Path(job.out), job.resume, env)
+            ok = False
+            try:
+                result = Trainer(job, env).fit(on_step)
+                ok = True
+                return result
+            finally:
+                guard.done(ok)
     finally:
-        guard.done(ok)
         D.teardown(env)
 
 

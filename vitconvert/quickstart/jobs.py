@@ -67,6 +67,8 @@ Progress = Callable[[Update], None]
 
 def train_one(job: Job, out: Path, device: Optional[str], force: bool, progress: Optional[Progress] = None) -> Result:
     """convert (init per ``job.init``) -> save -> distill per the quickstart recipe -> eval of the run folder."""
+    if progress is not None:
+        progress(Update(job.name, "converting"))
     teacher = load_source(DATA).model
     student, _ = convert(teacher, to=job.variant, options=VARIANT_OPTIONS.get(job.variant), source=DATA, **job.init)
     start = save(student, out / "init" / job.name, force=force, pretrained=True)

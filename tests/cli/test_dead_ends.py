@@ -1,0 +1,109 @@
+"""No dead end (issue 23): a stop is not an error and the run folder alone resumes it; distill never trains a
+student it was not given; the machine's failures (a full disk, an architecture that does not fit) are one line
+that says so, not an internal error; export takes any batch. (convert --img-size then distill: test_results.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from distill.helpers import FAST, make_images, make_student
+from helpers import assert_one_line_error, invoke
+
+REPO = Path(__file__).resolve().parents[2]
+QUICK = ["--batch-size", "4", "--set", "compare_batches=0"] + [
+    a for k, v in FAST.items() if k not in ("epochs", "batch_size") for a in ("--set", f"{k}={json.dumps(v)}")]
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dead-ends")
+    make_student(root)
+    make_images(root / "images")
+    return root
+
+
+def test_ctrl_c_is_a_stop_and_the_run_folder_alone_resumes_it(ws, tmp_path):
+    """A real SIGINT mid-run: exit 130 (not `error:`), the line says how to continue; that command — the run
+    folder and nothing else, no recipe flags retyped — finishes the run."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "vitconvert", "distill", str(ws / "student-elu"), "--data",
+                             str(ws / "images"), "--epochs", "40", *QUICK, "--out", "run"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline and not (
+            metrics.is_file() and '"val_top1"' in metrics.read_text()):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 130 and last.startswith("stopped by SIGINT"), (proc.returncode, err)
+    assert "error" not in err and "vitconvert distill --resume --out run" in last, err
+    done = json.loads((tmp_path / "run" / "checkpoint-last" / "trainer.json").read_text())["position"]["epoch"]
+    assert 1 <= done < 40
+
+    os.chdir(tmp_path)  # no STUDENT, no --data, no --epochs: the run says them
+    try:
+        resumed = invoke("distill", "--resume", "--out", "run")
+    finally:
+        os.chdir(REPO)
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["vitconvert"]["metrics"]["epochs"] == 40
+
+
+def test_distill_never_takes_the_folder_of_an_older_convert_after_a_failed_one(ws, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert invoke("convert", ws / "teacher", "--to", "elu", "--out", "first").exit_code == 0
+    failed = invoke("convert", ws / "teacher", "--to", "elu", "--option", "eps=-1", "--out", "second")
+    assert failed.exit_code != 0
+    assert_one_line_error(invoke("distill", "--data", ws / "images", "--epochs", "1", *QUICK),
+                          "no STUDENT given and no `vitconvert convert` finished")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_full_disk_during_distill_is_one_line(ws, tmp_path, monkeypatch):
+    """safetensors reports ENOSPC as its own SafetensorError: still the documented 'cannot write ...' line."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def full(*args, **kwargs):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No '
+                              'space left on device" })')
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    result = invoke("distill", ws / "student-elu", "--data", ws / "images", "--epochs", "1", *QUICK, "--out", "r")
+    last = result.stderr.strip().splitlines()[-1]  # after the run's progress lines
+    assert result.exit_code == 1 and last.startswith("error: cannot write r/") and "No space left on device" in last
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_checkpoint_of_another_architecture_is_one_line(ws, tmp_path, monkeypatch):
+    """A checkpoint written before runs recorded their student: load_state_dict's reason, not its header."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--data", ws / "images", "--epochs", "1", *QUICK, "--out", "r"]
+    assert invoke("distill", ws / "student-elu", *args).exit_code == 0
+    trainer = tmp_path / "r" / "checkpoint-last" / "trainer.json"
+    meta = json.loads(trainer.read_text())
+    del meta["job"]
+    trainer.write_text(json.dumps(meta))
+    wide = make_student(tmp_path / "wide", embed_dim=48)
+    result = invoke("distill", wide, *args[:-2], "--epochs", "2", "--resume", "--force", "--out", "r")
+    assert_one_line_error(result, "does not fit the student")
+    assert "size mismatch" in result.stderr and "Error(s) in loading" not in result.stderr
+
+
+def test_export_takes_any_batch_by_default_even_one(ws, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("export", ws / "student-elu", "--format", "pt2", "--batch-size", "1", "--out", "m.pt2", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["dynamic_batch"] and report["checked_batches"] == [1, 2] and len(result.stderr.splitlines()) < 3
