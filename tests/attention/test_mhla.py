@@ -226,3 +226,23 @@ def test_official_denominator_equals_the_official_code(denominator, matches):
     theirs = official_core(blocked(q), blocked(k), blocked(v), mod.block_mix.detach(), mod.options["eps"])
     relative = (blocked(ours) - theirs).abs().max() / theirs.abs().max()
     assert (relative <= 1e-6) == matches, float(relative)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"block_side": -3}, "block_side must be at least 1"),
+    ({"block_side": 0}, "block_side must be at least 1"),
+    ({"transform": "exp", "exp_sigma": 0.0}, "exp_sigma must be positive"),
+    ({"transform": "local", "local_threshold": -1.0}, "local_threshold must not be negative"),
+    ({"lepe_kernel": -1}, "lepe_kernel must be odd"),
+])
+def test_options_that_would_build_a_nan_or_silently_different_model_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        MHLAttention(32, 2, grid_size=(4, 4), **options)
+
+
+@pytest.mark.parametrize("options", [{"transform": "exp", "exp_sigma": 0.5}, {"transform": "local",
+                                                                              "local_threshold": 0.0}])
+def test_edge_options_build_a_finite_block_mixing(options):
+    module = MHLAttention(32, 2, grid_size=(8, 8), block_side=2, **options)
+    assert torch.isfinite(module.block_mix).all()
+    torch.testing.assert_close(module.block_mix.sum(0), torch.ones(16))

@@ -136,8 +136,14 @@ class MHLAttention(LinearAttention):
             raise ValueError(f"unknown denominator {denominator!r}; valid: {', '.join(DENOMINATORS)}")
         if transform not in TRANSFORMS:
             raise ValueError(f"unknown transform {transform!r}; valid: {', '.join(TRANSFORMS)}")
-        if lepe_kernel and lepe_kernel % 2 == 0:
+        if lepe_kernel < 0 or (lepe_kernel and lepe_kernel % 2 == 0):
             raise ValueError(f"lepe_kernel must be odd (or 0 for no LePE), got {lepe_kernel}")
+        if block_side < 1:
+            raise ValueError(f"block_side must be at least 1 token, got {block_side}")
+        if not exp_sigma > 0:  # exp(-d/σ) of σ <= 0 blows up or divides by zero: a NaN W
+            raise ValueError(f"exp_sigma must be positive, got {exp_sigma}")
+        if not local_threshold >= 0:  # below 0 no block, not even itself, is near: columns of zeros, 0/0 in W
+            raise ValueError(f"local_threshold must not be negative, got {local_threshold}")
         if blocks_per_side is not None and not isinstance(blocks_per_side, int):
             blocks_per_side = list(blocks_per_side)  # JSON-safe in self.options
         options = {"blocks_per_side": blocks_per_side, "block_side": block_side, "transform": transform,
