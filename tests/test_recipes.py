@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -128,3 +129,16 @@ def test_new_params_overrides_merge_into_the_file_and_reload(tmp_path):
     assert Recipe(new_params={"lr_scale": 10}).new_params == recipe.new_params.__class__(lr_scale=10.0)
     assert recipe_changes({k: v for k, v in Recipe().to_dict().items() if k != "new_params"}, Recipe()) == []
     assert recipe_changes(Recipe().to_dict(), Recipe(compare_batches=0)) == []  # operational: no --force
+
+
+@pytest.mark.parametrize(("field", "value", "rule"), [
+    ("lr", -1.0, "must be a positive number"),
+    ("lr", 0.0, "must be a positive number"),  # one rule for the lr (it was `< 0` in one place, `<= 0` in the other)
+    ("weight_decay", -0.1, "must not be negative"),
+    ("attn_weight", -1.0, "must not be negative"),
+    ("smoothing", -0.1, "must be in [0, 1)"),
+    ("reprob", 1.5, "is a probability"),
+])
+def test_each_number_rule_has_one_home(field, value, rule):
+    with pytest.raises(VitconvertError, match=re.escape(f"recipe {field}: {value!r} {rule}")):
+        load_recipe(None, {field: value})

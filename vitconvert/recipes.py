@@ -150,9 +150,6 @@ class Recipe:
             raise VitconvertError(f"recipe drop_path must be 'auto' or a number in [0, 1) (got {self.drop_path!r})")
         if self.img_size is not None and self.img_size < 1:
             raise VitconvertError(f"recipe img_size must be positive (got {self.img_size})")
-        for name in ("lr", "weight_decay", "attn_weight", "kd_weight", "smoothing", "mixup", "cutmix", "reprob"):
-            if getattr(self, name) < 0:
-                raise VitconvertError(f"recipe {name} must not be negative (got {getattr(self, name)})")
         if self.kd_temperature <= 0:
             raise VitconvertError(f"recipe kd_temperature must be positive (got {self.kd_temperature})")
         if not isinstance(self.new_params, NewParams):  # Recipe(new_params={...}) from Python
