@@ -82,6 +82,62 @@ def _tokens(IDX, seg, L, end, start, BLOCK_N: tl.constexpr, HAS_INDEX: tl.conste
 
 
 @triton.jit
+def _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, feature_eps,
+              FEATURE: tl.constexpr, HAS_MASK: tl.constexpr):
+    """One chunk of keys: (valid rows, valid tile, k in float32, v as stored, φ(k) zero outside the tile)."""
+    ok = inside
+    if HAS_MASK:
+        ok = ok & (tl.load(mask_row + tok, mask=inside, other=0) != 0)
+    tile = ok[:, None] & d_ok[None, :]
+    k = tl.load(k_base + tok[:, None] * s_kn + d[None, :], mask=tile, other=0.0).to(tl.float32)
+    v = tl.load(v_base + tok[:, None] * s_vn + d[None, :], mask=tile, other=0.0)
+    return ok, tile, k, v, tl.where(tile, _phi(k, FEATURE, feature_eps), 0.0)
+
+
+@triton.jit
+def _add_to_state(acc, z, zv, phi_k, v, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """S += φ(k)ᵀ v, z += Σ φ(k), zv += Σ v over one chunk."""
+    acc += _dot(tl.trans(phi_k.to(TILE)), v.to(TILE), PRECISION, EMULATE)
+    return acc, z + tl.sum(phi_k, axis=0), zv + tl.sum(v.to(tl.float32), axis=0)
+
+
+@triton.jit
+def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, feature_eps, eps, FEATURE: tl.constexpr,
+              NORMALISE: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """One chunk of queries: o = φ(q) R / (φ(q)·r + ε), or q R + r (affine), stored in o's dtype."""
+    q = tl.load(q_base + tok[:, None] * s_qn + d[None, :], mask=tile, other=0.0)
+    phi_q = tl.where(tile, _phi(q.to(tl.float32), FEATURE, feature_eps), 0.0)
+    num = _dot(phi_q.to(TILE), r_tile, PRECISION, EMULATE)
+    if NORMALISE:
+        o = num / (tl.sum(phi_q * rz[None, :], axis=1) + eps)[:, None]
+    else:
+        o = num + rz[None, :]
+    tl.store(o_base + tok[:, None] * s_on + d[None, :], o.to(o_base.dtype.element_ty), mask=tile)
+
+
+@triton.jit
+def _load_square(P, which, d, d_ok, D):
+    """Entry ``which`` of a (…, D, D) float32 tensor, zero-padded to the head tile."""
+    return tl.load(P + which * D * D + d[:, None] * D + d[None, :], mask=d_ok[:, None] & d_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _store_square(P, which, x, d, d_ok, D):
+    tl.store(P + which * D * D + d[:, None] * D + d[None, :], x, mask=d_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _load_row(P, which, d, d_ok, D):
+    """Entry ``which`` of a (…, D) float32 tensor, zero-padded to the head tile."""
+    return tl.load(P + which * D + d, mask=d_ok, other=0.0)
+
+
+@triton.jit
+def _store_row(P, which, x, d, d_ok, D):
+    tl.store(P + which * D + d, x, mask=d_ok)
+
+
+@triton.jit
 def state_fwd_kernel(
     K, V, MASK, IDX, S, Z, ZV,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb,
@@ -102,20 +158,14 @@ def state_fwd_kernel(
     begin = split * tokens_per_split
     end = tl.minimum(begin + tokens_per_split, L)
     for start in range(begin, end, BLOCK_N):
-        tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-        if HAS_MASK:
-            ok = ok & (tl.load(MASK + b * s_mb + tok, mask=ok, other=0) != 0)
-        tile = ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + tok[:, None] * s_kn + d[None, :], mask=tile, other=0.0)
-        v = tl.load(v_base + tok[:, None] * s_vn + d[None, :], mask=tile, other=0.0)
-        phi_k = tl.where(tile, _phi(k.to(tl.float32), FEATURE, feature_eps), 0.0)
-        acc += _dot(tl.trans(phi_k.to(TILE)), v.to(TILE), PRECISION, EMULATE)
-        z += tl.sum(phi_k, axis=0)
-        zv += tl.sum(v.to(tl.float32), axis=0)
+        tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
+        _, _, _, v, phi_k = _key_tile(k_base, v_base, MASK + b * s_mb, tok, inside, d, d_ok, s_kn, s_vn,
+                                      feature_eps, FEATURE, HAS_MASK)
+        acc, z, zv = _add_to_state(acc, z, zv, phi_k, v, TILE, PRECISION, EMULATE)
     out = (bh * SEGMENTS + seg) * SPLITS + split
-    tl.store(S + out * D * D + d[:, None] * D + d[None, :], acc, mask=d_ok[:, None] & d_ok[None, :])
-    tl.store(Z + out * D + d, z, mask=d_ok)
-    tl.store(ZV + out * D + d, zv, mask=d_ok)
+    _store_square(S, out, acc, d, d_ok, D)
+    _store_row(Z, out, z, d, d_ok, D)
+    _store_row(ZV, out, zv, d, d_ok, D)
 
 
 @triton.jit
@@ -136,24 +186,15 @@ def readout_fwd_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     which = bh * SEGMENTS + seg
-    r = tl.load(R + which * D * D + d[:, None] * D + d[None, :], mask=d_ok[:, None] & d_ok[None, :], other=0.0)
-    rz = tl.load(RZ + which * D + d, mask=d_ok, other=0.0)
+    r_tile = _load_square(R, which, d, d_ok, D).to(TILE)
+    rz = _load_row(RZ, which, d, d_ok, D)
     q_base, o_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh
-    r_tile = r.to(TILE)
     begin = split * tokens_per_split
     end = tl.minimum(begin + tokens_per_split, L)
     for start in range(begin, end, BLOCK_N):
         tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-        tile = ok[:, None] & d_ok[None, :]
-        q = tl.load(q_base + tok[:, None] * s_qn + d[None, :], mask=tile, other=0.0)
-        phi_q = tl.where(tile, _phi(q.to(tl.float32), FEATURE, feature_eps), 0.0)
-        num = _dot(phi_q.to(TILE), r_tile, PRECISION, EMULATE)
-        if NORMALISE:
-            den = tl.sum(phi_q * rz[None, :], axis=1) + eps
-            o = num / den[:, None]
-        else:
-            o = num + rz[None, :]
-        tl.store(o_base + tok[:, None] * s_on + d[None, :], o.to(O.dtype.element_ty), mask=tile)
+        _read_out(q_base, o_base, tok, ok[:, None] & d_ok[None, :], d, s_qn, s_on, r_tile, rz, feature_eps, eps,
+                  FEATURE, NORMALISE, TILE, PRECISION, EMULATE)
 
 
 @triton.jit
@@ -175,9 +216,8 @@ def readout_bwd_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     which = bh * SEGMENTS + seg
-    r = tl.load(R + which * D * D + d[:, None] * D + d[None, :], mask=d_ok[:, None] & d_ok[None, :], other=0.0)
-    rz = tl.load(RZ + which * D + d, mask=d_ok, other=0.0)
-    r_t = tl.trans(r).to(TILE)
+    r_t = tl.trans(_load_square(R, which, d, d_ok, D)).to(TILE)
+    rz = _load_row(RZ, which, d, d_ok, D)
     dr = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     drz = tl.zeros((BLOCK_D,), dtype=tl.float32)
     q_base, o_base, g_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh, DO + b * s_gb + h * s_gh
@@ -205,8 +245,8 @@ def readout_bwd_kernel(
         dq = dphi * _phi_grad(q, FEATURE)
         tl.store(dq_base + tok[:, None] * s_dqn + d[None, :], dq.to(DQ.dtype.element_ty), mask=tile)
     out = which * SPLITS + split
-    tl.store(DR + out * D * D + d[:, None] * D + d[None, :], dr, mask=d_ok[:, None] & d_ok[None, :])
-    tl.store(DRZ + out * D + d, drz, mask=d_ok)
+    _store_square(DR, out, dr, d, d_ok, D)
+    _store_row(DRZ, out, drz, d, d_ok, D)
 
 
 @triton.jit
@@ -225,23 +265,18 @@ def state_bwd_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     which = bh * SEGMENTS + seg
-    ds = tl.load(DS + which * D * D + d[:, None] * D + d[None, :], mask=d_ok[:, None] & d_ok[None, :], other=0.0)
+    ds = _load_square(DS, which, d, d_ok, D)
     ds_t, ds_tile = tl.trans(ds).to(TILE), ds.to(TILE)
-    dz = tl.load(DZ + which * D + d, mask=d_ok, other=0.0)
-    dzv = tl.load(DZV + which * D + d, mask=d_ok, other=0.0)
+    dz = _load_row(DZ, which, d, d_ok, D)
+    dzv = _load_row(DZV, which, d, d_ok, D)
     k_base, v_base = K + b * s_kb + h * s_kh, V + b * s_vb + h * s_vh
     dk_base, dv_base = DK + b * s_dkb + h * s_dkh, DV + b * s_dvb + h * s_dvh
     begin = split * tokens_per_split
     end = tl.minimum(begin + tokens_per_split, L)
     for start in range(begin, end, BLOCK_N):
         tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-        ok = inside
-        if HAS_MASK:
-            ok = ok & (tl.load(MASK + b * s_mb + tok, mask=inside, other=0) != 0)
-        tile = ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + tok[:, None] * s_kn + d[None, :], mask=tile, other=0.0).to(tl.float32)
-        v = tl.load(v_base + tok[:, None] * s_vn + d[None, :], mask=tile, other=0.0)
-        phi_k = tl.where(tile, _phi(k, FEATURE, feature_eps), 0.0)
+        _, tile, k, v, phi_k = _key_tile(k_base, v_base, MASK + b * s_mb, tok, inside, d, d_ok, s_kn, s_vn,
+                                         feature_eps, FEATURE, HAS_MASK)
         dphi = _dot(v.to(TILE), ds_t, PRECISION, EMULATE) + dz[None, :]
         dk = tl.where(tile, dphi * _phi_grad(k, FEATURE), 0.0)
         dv = tl.where(tile, _dot(phi_k.to(TILE), ds_tile, PRECISION, EMULATE) + dzv[None, :], 0.0)
@@ -259,8 +294,8 @@ def attention_fwd_kernel(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
     EMULATE: tl.constexpr,
 ):
-    """The whole forward of one (batch·head) in one program, for inference when a head needs no split: the state
-    stays in registers between the two passes over the tokens (no round trip, one launch).
+    """The whole forward of one (batch·head) in one program, for a head that needs no split: the state stays in
+    registers between the two passes over the tokens (no round trip, one launch).
 
     Kernel attention: o = φ(q) S / (φ(q)·z + ε). InLine (φ = identity): o = q (s/n)(S − z v̄ᵀ) + v̄, v̄ = zv/n.
     """
@@ -274,17 +309,10 @@ def attention_fwd_kernel(
     zv = tl.zeros((BLOCK_D,), dtype=tl.float32)
     count = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
-        tok = start + tl.arange(0, BLOCK_N)
-        ok = tok < N
-        if HAS_MASK:
-            ok = ok & (tl.load(MASK + b * s_mb + tok, mask=tok < N, other=0) != 0)
-        tile = ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + tok[:, None] * s_kn + d[None, :], mask=tile, other=0.0)
-        v = tl.load(v_base + tok[:, None] * s_vn + d[None, :], mask=tile, other=0.0)
-        phi_k = tl.where(tile, _phi(k.to(tl.float32), FEATURE, feature_eps), 0.0)
-        acc += _dot(tl.trans(phi_k.to(TILE)), v.to(TILE), PRECISION, EMULATE)
-        z += tl.sum(phi_k, axis=0)
-        zv += tl.sum(v.to(tl.float32), axis=0)
+        tok, inside = _tokens(Q, 0, N, N, start, BLOCK_N, False)
+        ok, _, _, v, phi_k = _key_tile(k_base, v_base, MASK + b * s_mb, tok, inside, d, d_ok, s_kn, s_vn,
+                                       feature_eps, FEATURE, HAS_MASK)
+        acc, z, zv = _add_to_state(acc, z, zv, phi_k, v, TILE, PRECISION, EMULATE)
         count += ok.to(tl.float32)
     if INLINE:
         n = tl.maximum(tl.sum(count, axis=0), 1.0)
@@ -295,13 +323,11 @@ def attention_fwd_kernel(
     r_tile = acc.to(TILE)
     q_base, o_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh
     for start in range(0, N, BLOCK_N):
-        tok = start + tl.arange(0, BLOCK_N)
-        tile = (tok < N)[:, None] & d_ok[None, :]
-        q = tl.load(q_base + tok[:, None] * s_qn + d[None, :], mask=tile, other=0.0)
-        phi_q = tl.where(tile, _phi(q.to(tl.float32), FEATURE, feature_eps), 0.0)
-        num = _dot(phi_q.to(TILE), r_tile, PRECISION, EMULATE)
+        tok, inside = _tokens(Q, 0, N, N, start, BLOCK_N, False)
+        tile = inside[:, None] & d_ok[None, :]
         if INLINE:
-            o = num + bias[None, :]
+            _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, bias, feature_eps, eps, FEATURE, False, TILE,
+                      PRECISION, EMULATE)
         else:
-            o = num / (tl.sum(phi_q * bias[None, :], axis=1) + eps)[:, None]
-        tl.store(o_base + tok[:, None] * s_on + d[None, :], o.to(O.dtype.element_ty), mask=tile)
+            _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, bias, feature_eps, eps, FEATURE, True, TILE,
+                      PRECISION, EMULATE)
