@@ -9,6 +9,8 @@ On a GPU the same tests run the compiled kernels.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
 import torch
 
@@ -54,6 +56,20 @@ def padding_mask(B: int, N: int) -> torch.Tensor:
 # tolerance of the kernels against a float64 oracle: float32 sums, or bf16 inputs and output
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1.2e-2}
 
+
+def assert_matches_oracle(out, inputs, oracle, tol: float, grad_tol: Optional[float] = None):
+    """``out`` (computed from ``inputs``) against ``oracle`` run on float64 copies of them: values within ``tol``,
+    the gradients of every input within ``grad_tol`` (2 × tol by default). Returns the kernels' gradients."""
+    copies = [t.detach().double().requires_grad_() for t in inputs]
+    expected = oracle(*copies)
+    grad = torch.randn_like(expected)
+    got = torch.autograd.grad(out, inputs, grad.to(out.dtype))
+    want = torch.autograd.grad(expected, copies, grad)
+    assert rel_error(out, expected) < tol
+    for g, w in zip(got, want, strict=True):
+        assert rel_error(g, w) < (2 * tol if grad_tol is None else grad_tol)
+    return got
+
 ORACLES = {
     "elu": (fused.ELU_PLUS_ONE, elu_feature_literal),
     "relu": (fused.RELU, relu_feature),
@@ -69,14 +85,8 @@ def test_kernel_attention_matches_the_n_by_n_form_values_and_gradients(name, mas
     mask = padding_mask(2, 150) if masked else None
     out = fused.kernel_attention(q, k, v, mask, feature, 1e-6)
     assert out.dtype == dtype and out.shape == q.shape
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    expected = kernel_attention_reference(phi(q64), phi(k64), v64, mask, 1e-6)
-    grad = torch.randn_like(expected)
-    got = torch.autograd.grad(out, (q, k, v), grad.to(dtype))
-    want = torch.autograd.grad(expected, (q64, k64, v64), grad)
-    assert rel_error(out, expected) < TOL[dtype]
-    for g, w in zip(got, want, strict=True):
-        assert rel_error(g, w) < 2 * TOL[dtype]
+    got = assert_matches_oracle(out, (q, k, v), lambda q, k, v: kernel_attention_reference(phi(q), phi(k), v, mask,
+                                                                                          1e-6), TOL[dtype])
     if masked:  # a padded key gets no gradient and changes no output
         assert got[1][-1, :, 50:].abs().max() == 0 and got[2][-1, :, 50:].abs().max() == 0
 
@@ -88,14 +98,7 @@ def test_inline_matches_its_explicit_weights(masked, dtype):
     mask = padding_mask(2, 99) if masked else None
     scale = 64 ** -0.5
     out = fused.inline_attention(q, k, v, mask, scale)
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    expected = inline_weights(q64, k64, mask, scale) @ v64
-    grad = torch.randn_like(expected)
-    got = torch.autograd.grad(out, (q, k, v), grad.to(dtype))
-    want = torch.autograd.grad(expected, (q64, k64, v64), grad)
-    assert rel_error(out, expected) < TOL[dtype]
-    for g, w in zip(got, want, strict=True):
-        assert rel_error(g, w) < 2 * TOL[dtype]
+    assert_matches_oracle(out, (q, k, v), lambda q, k, v: inline_weights(q, k, mask, scale) @ v, TOL[dtype])
 
 
 def test_output_is_laid_out_for_the_heads_merge():
@@ -266,18 +269,13 @@ def test_kernels_at_vit_sizes(tokens, head_dim):
     """1024 px (4097 tokens) and 512 px, head dims 64 and 128: ELU and InLine against the N×N forms, values and
     gradients, and MHLA's module (a 32×32 grid in 5×5 blocks) against its reference."""
     q, k, v = qkv(B=1, H=2, N=tokens, d=head_dim)
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    for out, expected in (
-        (fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6),
-         kernel_attention_reference(elu_feature_literal(q64), elu_feature_literal(k64), v64, None, 1e-6)),
-        (fused.inline_attention(q, k, v, None, head_dim ** -0.5),
-         inline_weights(q64, k64, None, head_dim ** -0.5) @ v64),
-    ):
-        assert rel_error(out, expected) < TOL[torch.float32]
-        grad = torch.randn_like(expected)
-        got = torch.autograd.grad(out, (q, k, v), grad.float())
-        want = torch.autograd.grad(expected, (q64, k64, v64), grad)
-        assert all(rel_error(g, w) < 1e-4 for g, w in zip(got, want, strict=True))
+    elu = elu_feature_literal
+    assert_matches_oracle(fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6), (q, k, v),
+                          lambda q, k, v: kernel_attention_reference(elu(q), elu(k), v, None, 1e-6),
+                          TOL[torch.float32], grad_tol=1e-4)
+    assert_matches_oracle(fused.inline_attention(q, k, v, None, head_dim ** -0.5), (q, k, v),
+                          lambda q, k, v: inline_weights(q, k, None, head_dim ** -0.5) @ v, TOL[torch.float32],
+                          grad_tol=1e-4)
     if tokens == 1025:
         module = make_module("mhla", head_dim, (32, 32), 1, blocks_per_side=5)
         x = torch.randn(1, tokens, 2 * head_dim, generator=torch.Generator().manual_seed(3)).to(DEVICE)
