@@ -13,20 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from distill.helpers import FAST, make_images, make_student
+from distill.helpers import CLI_FAST, make_student, make_workspace
 from helpers import assert_one_line_error, invoke
 
 REPO = Path(__file__).resolve().parents[2]
-QUICK = ["--batch-size", "4", "--set", "compare_batches=0"] + [
-    a for k, v in FAST.items() if k not in ("epochs", "batch_size") for a in ("--set", f"{k}={json.dumps(v)}")]
-
-
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("dead-ends")
-    make_student(root)
-    make_images(root / "images")
-    return root
+    return make_workspace(tmp_path_factory.mktemp("dead-ends"))
 
 
 def test_ctrl_c_is_a_stop_and_the_run_folder_alone_resumes_it(ws, tmp_path):
@@ -34,7 +27,7 @@ def test_ctrl_c_is_a_stop_and_the_run_folder_alone_resumes_it(ws, tmp_path):
     folder and nothing else, no recipe flags retyped — finishes the run."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "vitconvert", "distill", str(ws / "student-elu"), "--data",
-                             str(ws / "images"), "--epochs", "40", *QUICK, "--out", "run"], cwd=tmp_path, env=env,
+                             str(ws / "images"), "--epochs", "40", *CLI_FAST, "--out", "run"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     metrics = tmp_path / "run" / "metrics.jsonl"
@@ -64,7 +57,7 @@ def test_distill_never_takes_the_folder_of_an_older_convert_after_a_failed_one(w
     assert invoke("convert", ws / "teacher", "--to", "elu", "--out", "first").exit_code == 0
     failed = invoke("convert", ws / "teacher", "--to", "elu", "--option", "eps=-1", "--out", "second")
     assert failed.exit_code != 0
-    assert_one_line_error(invoke("distill", "--data", ws / "images", "--epochs", "1", *QUICK),
+    assert_one_line_error(invoke("distill", "--data", ws / "images", "--epochs", "1", *CLI_FAST),
                           "no STUDENT given and no `vitconvert convert` finished")
     assert not (tmp_path / "runs").exists()
 
@@ -80,7 +73,7 @@ def test_a_full_disk_during_distill_is_one_line(ws, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(safetensors.torch, "save_file", full)
-    result = invoke("distill", ws / "student-elu", "--data", ws / "images", "--epochs", "1", *QUICK, "--out", "r")
+    result = invoke("distill", ws / "student-elu", "--data", ws / "images", "--epochs", "1", *CLI_FAST, "--out", "r")
     last = result.stderr.strip().splitlines()[-1]  # after the run's progress lines
     assert result.exit_code == 1 and last.startswith("error: cannot write r/") and "No space left on device" in last
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
@@ -89,7 +82,7 @@ def test_a_full_disk_during_distill_is_one_line(ws, tmp_path, monkeypatch):
 def test_a_checkpoint_of_another_architecture_is_one_line(ws, tmp_path, monkeypatch):
     """A checkpoint written before runs recorded their student: load_state_dict's reason, not its header."""
     monkeypatch.chdir(tmp_path)
-    args = ["--data", ws / "images", "--epochs", "1", *QUICK, "--out", "r"]
+    args = ["--data", ws / "images", "--epochs", "1", *CLI_FAST, "--out", "r"]
     assert invoke("distill", ws / "student-elu", *args).exit_code == 0
     trainer = tmp_path / "r" / "checkpoint-last" / "trainer.json"
     meta = json.loads(trainer.read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import safetensors
-from distill.helpers import FAST, make_images, make_student
+from distill.helpers import CLI_FAST, make_workspace
 from helpers import invoke
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,10 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("output-text")
-    make_student(root)
-    make_images(root / "images")
-    return root
+    return make_workspace(tmp_path_factory.mktemp("output-text"))
 
 
 def test_a_piped_table_keeps_every_column(ws):
@@ -58,9 +55,7 @@ def test_a_non_terminal_distill_prints_progress_within_an_epoch(ws, tmp_path, mo
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(monitor, "LOG_EVERY_S", 0.0)
-    sets = [a for k, v in FAST.items() if k not in ("epochs", "batch_size") for a in ("--set", f"{k}={json.dumps(v)}")]
-    result = invoke("distill", ws / "student-elu", "--data", ws / "images", "--epochs", "1", "--batch-size", "4",
-                    *sets, "--set", "compare_batches=0", "--out", "r")
+    result = invoke("distill", ws / "student-elu", "--data", ws / "images", "--epochs", "1", *CLI_FAST, "--out", "r")
     assert result.exit_code == 0, result.output
     assert "epoch 1/1 joint step 1/3" in result.stderr and "step 3/3" in result.stderr, result.stderr
 

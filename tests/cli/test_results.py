@@ -9,24 +9,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from distill.helpers import FAST, make_images, make_student, make_teacher
+from distill.helpers import CLI_FAST, make_teacher, make_workspace
 from helpers import assert_one_line_error, invoke
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from vitconvert.data import digits_dataset
 
-QUICK = ["--epochs", "1", "--batch-size", "4", "--set", "compare_batches=0"] + [
-    a for k, v in FAST.items() if k not in ("epochs", "batch_size") for a in ("--set", f"{k}={json.dumps(v)}")]
+QUICK = ["--epochs", "1", *CLI_FAST]
 RANDOM_SOURCE = ["vit_tiny_patch16_224", "--no-pretrained", "--img-size", "32"]
 
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("results")
-    make_student(root)
-    make_images(root / "images")
-    return root
+    return make_workspace(tmp_path_factory.mktemp("results"))
 
 
 def test_a_random_init_source_is_its_students_teacher(ws, tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,18 @@ def make_images(root: Path, per_class: int = 4, val_per_class: int = 2, classes:
                 pixels[..., c % 3] += 180
                 Image.fromarray(pixels).save(root / split / f"class{c}" / f"{i}.png")
     return root
+
+
+def make_workspace(root: Path) -> Path:
+    """A student (ELU, with its teacher) and an image folder under ``root``: what a distill command test needs."""
+    make_student(root)
+    make_images(root / "images")
+    return root
+
+
+# `vitconvert distill` flags for a run of seconds: the FAST recipe values (but the epochs), batch 4, no compare
+CLI_FAST = ["--batch-size", "4", "--set", "compare_batches=0"] + [
+    a for k, v in FAST.items() if k not in ("epochs", "batch_size") for a in ("--set", f"{k}={json.dumps(v)}")]
 
 
 def assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
