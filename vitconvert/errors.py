@@ -1,8 +1,46 @@
 """One exception type for everything a user can get wrong; the CLI prints it as one line."""
 
+import re
+from typing import Any
+
+PARAM = re.compile(r"\u27e6([a-z_]+)(?:=([^\u27e7]*))?\u27e7")
+
+
+def param(name: str, value: Any = None) -> str:
+    """Mentions a parameter inside an error message, as the reader knows it: ``pretrained=False`` for a library
+    caller, ``--no-pretrained`` on the command line (``for_cli``). The library never spells a flag."""
+    return f"\u27e6{name}\u27e7" if value is None else f"\u27e6{name}={value}\u27e7"
+
+
+def _as_argument(match: re.Match) -> str:
+    name, value = match.groups()
+    return name if value is None else f"{name}={value}"
+
+
+def _as_flag(match: re.Match) -> str:
+    name, value = match.groups()
+    flag = "--" + name.replace("_", "-")
+    if value in (None, "True"):
+        return flag
+    return f"--no-{flag[2:]}" if value == "False" else f"{flag} {value}"
+
+
+def for_cli(text: str) -> str:
+    """A message with its parameter mentions as the flags that set them (``--arch NAME``, ``--no-pretrained``)."""
+    return PARAM.sub(_as_flag, text)
+
 
 class VitconvertError(Exception):
-    """A problem with the user's input (names, paths, files, options), explained in one sentence."""
+    """A problem with the user's input (names, paths, files, options), explained in one sentence.
+
+    Parameter mentions (``param``) read as arguments in ``str(e)``; ``f"{e}"`` keeps them marked, so a message
+    that wraps another (``f"cannot load the teacher: {e}"``) still shows flags on the command line."""
+
+    def __str__(self) -> str:
+        return PARAM.sub(_as_argument, super().__str__())
+
+    def __format__(self, spec: str) -> str:
+        return format(super().__str__(), spec)
 
 
 def first_line(e: BaseException, limit: int = 200) -> str:

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from ..assets import TEACHER_DIR
 from ..attention import VARIANTS
-from ..errors import BadValue, Stopped, VitconvertError
+from ..errors import BadValue, Stopped, VitconvertError, for_cli
 from ..writer import check_file, output_lock
 
 
@@ -141,7 +141,7 @@ def summary(e: BaseException, internal: bool = True) -> str:
     """One line for ``e``: ``Type: message`` for internal errors (the type alone for an empty message), the
     message for a user error. An exception raised in a DataLoader worker arrives as "Caught X in DataLoader
     worker process N." plus the worker's traceback: keep the worker's own last line and where it happened."""
-    text = str(e).strip()
+    text = for_cli(format(e)).strip()
     head, sep, trace = text.partition("\nOriginal Traceback")
     if sep and head.startswith("Caught "):
         lines = [line.strip() for line in trace.splitlines() if line.strip()]
