@@ -11,6 +11,6 @@ from . import ttt  # noqa: F401
 # isort: on
 
 from .base import LinearAttention
-from .registry import VARIANTS, on_register, register_variant, unregister_variant
+from .registry import VARIANTS, on_register, register_variant, unregister_variant, variant_class
 
 __all__ = ["VARIANTS", "LinearAttention", "on_register", "register_variant", "unregister_variant"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from ..errors import BadValue
 from .base import LinearAttention
 
 VARIANTS: dict[str, type[LinearAttention]] = {}
@@ -28,6 +29,15 @@ def register_variant(cls: V) -> V:
     VARIANTS[name] = cls
     for listener in _LISTENERS:
         listener(name, cls)
+    return cls
+
+
+def variant_class(name: str, param: str = "to") -> type[LinearAttention]:
+    """The class registered as ``name``; the one place an unknown variant name is refused (``param`` is the
+    caller's parameter that gave it, so the CLI names its flag)."""
+    cls = VARIANTS.get(name)
+    if cls is None:
+        raise BadValue(param, f"unknown variant {name!r}; valid: {', '.join(VARIANTS)}")
     return cls
 
 
