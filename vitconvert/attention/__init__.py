@@ -13,4 +13,4 @@ from . import ttt  # noqa: F401
 from .base import LinearAttention
 from .registry import VARIANTS, on_register, register_variant, unregister_variant, variant_class
 
-__all__ = ["VARIANTS", "LinearAttention", "on_register", "register_variant", "unregister_variant"]
+__all__ = ["VARIANTS", "LinearAttention", "on_register", "register_variant", "unregister_variant", "variant_class"]
