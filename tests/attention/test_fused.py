@@ -315,14 +315,51 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_form_once(name, m
         module(x)
 
 
-def test_a_backward_kernel_the_gpu_cannot_build_is_a_clear_error(monkeypatch):
+BACKWARD_KERNELS = ("readout_bwd_kernel", "state_bwd_kernel")
+
+
+@pytest.mark.parametrize("name", ["elu", "inline", "mhla"])
+def test_a_backward_kernel_the_gpu_cannot_build_falls_back_to_the_eager_gradients(name, monkeypatch):
+    """The forward ran on the kernels, backward cannot build one: a warning, the kernels off for the process,
+    and this step's gradients (inputs and parameters, MHLA's W included) from the ops' eager forms."""
     from vitconvert.attention import triton_kernels
 
-    q, k, v = qkv(N=40)
-    out = fused.kernel_attention(q, k, v, None, fused.RELU, 1e-6)
-    monkeypatch.setattr(triton_kernels, "readout_bwd_kernel", Unbuildable())
-    with pytest.raises(fused.KernelUnavailable, match="VITCONVERT_FUSED=0 selects the eager form"):
-        out.sum().backward()
+    module = make_module(name, 32, (4, 4), 1, **({"blocks_per_side": 2} if name == "mhla" else {}))
+    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
+    grad = torch.randn(2, 17, 64, device=DEVICE)
+    want = torch.autograd.grad(module(x), [x, *module.parameters()], grad)
+    monkeypatch.setattr(dispatch, "_unavailable", [])
+    out = module(x)  # forward on the kernels
+    for kernel in BACKWARD_KERNELS:
+        monkeypatch.setattr(triton_kernels, kernel, Unbuildable())
+    with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources.*VITCONVERT_FUSED=0"):
+        got = torch.autograd.grad(out, [x, *module.parameters()], grad)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+    assert not fused.can_run(x)  # the next step runs eager, without a second warning
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+def test_the_eager_forms_of_the_ops_compute_what_the_kernels_compute(masked):
+    """fused_eager (the backward fallback) against the kernels: states and read-out over MHLA's segment table
+    with its −1 pads and the prefix segment, and the one-segment kernel attention."""
+    from vitconvert.attention import fused_eager
+    from vitconvert.attention.blocks import segment_index
+
+    q, k, v = (t.detach() for t in qkv(N=1 + 36))
+    key_valid = padding_mask(2, 37) if masked else None
+    index = segment_index((6, 6), (2, 3), 1, q.device)  # uneven blocks: the table pads with −1
+    S, z, zv = fused.linear_state(k, v, key_valid, index, fused.RELU_PLUS_EPS, 1e-3)
+    S0, z0, zv0 = fused_eager.state(k, v, key_valid, index, fused.RELU_PLUS_EPS, 1e-3)
+    for got, want in ((S, S0), (z, z0), (zv, zv0)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+    o = fused.linear_readout(q, S, z, index, fused.RELU_PLUS_EPS, 1e-3, 1e-6, True)
+    torch.testing.assert_close(o, fused_eager.readout(q, S, z, index, fused.RELU_PLUS_EPS, 1e-3, 1e-6, True),
+                               atol=1e-5, rtol=1e-5)
+    for feature, inline in ((fused.ELU_PLUS_ONE, False), (fused.IDENTITY, True)):
+        args = (key_valid, feature, 0.0, 1e-6 if not inline else 0.0, 0.5 if inline else 1.0, inline)
+        torch.testing.assert_close(fused.linear_attention(q, k, v, *args), fused._attention_eager(q, k, v, *args),
+                                   atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("family", ["vit", "eva02", "dinov2", "deit_distilled"])

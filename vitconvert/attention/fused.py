@@ -10,7 +10,9 @@ for backward, which recomputes the d×d states (as FlashAttention recomputes its
 holds no more than softmax's. MHLA uses the two others: between them, its block mixing W turns states into what
 each query reads with d×d torch ops, which autograd differentiates as usual, W included.
 
-When they run and how they are launched is :mod:`.dispatch`'s (re-exported here for the variants).
+When they run and how they are launched is :mod:`.dispatch`'s (re-exported here for the variants). A backward
+kernel Triton cannot build turns the kernels off (as a forward one does) and that step's gradients come from
+the ops' eager forms (:mod:`.fused_eager`), so training goes on.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from . import fused_eager
 from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reach dispatch through this module)
     CONFIG_ENV,
     ENV,
@@ -26,6 +29,7 @@ from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reac
     KernelUnavailable,
     attempt,
     block_sizes,
+    disable,
     can_run,
     launch,
     split_tokens,
@@ -33,7 +37,7 @@ from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reac
     use_fused_kernels,
 )
 
-IDENTITY, ELU_PLUS_ONE, RELU, RELU_PLUS_EPS = 0, 1, 2, 3  # the kernels' φ codes (triton_kernels.py)
+from .fused_eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: E402,F401  (the kernels' φ codes)
 
 
 def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
@@ -128,8 +132,12 @@ def _state_backward(ctx, dS, dz, dzv):
     segments, D = (1 if index is None else index.shape[0]), k.shape[-1]
     zeros = k.new_zeros((B, H, segments, D), dtype=torch.float32)
     dS = dS if dS is not None else k.new_zeros((B, H, segments, D, D), dtype=torch.float32)
-    dk, dv = linear_state_backward(k, v, key_valid, index, dS, dz if dz is not None else zeros,
-                                   dzv if dzv is not None else zeros, ctx.feature, ctx.feature_eps)
+    dz, dzv = (dz if dz is not None else zeros), (dzv if dzv is not None else zeros)
+    try:
+        dk, dv = linear_state_backward(k, v, key_valid, index, dS, dz, dzv, ctx.feature, ctx.feature_eps)
+    except KernelUnavailable as e:
+        dk, dv, _, _ = _eager_gradients(e, fused_eager.state, (k, v, key_valid, index), (dS, dz, dzv),
+                                        ctx.feature, ctx.feature_eps)
     return dk, dv, None, None, None, None
 
 
@@ -205,7 +213,10 @@ def _readout_setup(ctx, inputs, output) -> None:
 
 def _readout_backward(ctx, do):
     q, R, r, o, index = ctx.saved_tensors
-    dq, dR, dr = linear_readout_backward(q, R, r, o, do, index, *ctx.args)
+    try:
+        dq, dR, dr = linear_readout_backward(q, R, r, o, do, index, *ctx.args)
+    except KernelUnavailable as e:
+        dq, dR, dr, _ = _eager_gradients(e, fused_eager.readout, (q, R, r, index), (do,), *ctx.args)
     return dq, dR.to(R.dtype), dr.to(r.dtype), None, None, None, None, None
 
 
@@ -288,11 +299,29 @@ def _attention_setup(ctx, inputs, output) -> None:
 
 def _attention_backward(ctx, do):
     q, k, v, o, key_valid = ctx.saved_tensors
-    dq, dk, dv = linear_attention_backward(q, k, v, o, do, key_valid, *ctx.args)
+    try:
+        dq, dk, dv = linear_attention_backward(q, k, v, o, do, key_valid, *ctx.args)
+    except KernelUnavailable as e:
+        dq, dk, dv, _ = _eager_gradients(e, _attention_eager, (q, k, v, key_valid), (do,), *ctx.args)
     return dq, dk, dv, None, None, None, None, None, None
 
 
 linear_attention.register_autograd(_attention_backward, setup_context=_attention_setup)
+
+
+def _attention_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                     feature: int, feature_eps: float, eps: float, scale: float, inline: bool) -> torch.Tensor:
+    """:func:`linear_attention` in torch (its backward's fallback)."""
+    S, z, zv = fused_eager.state(k, v, key_valid, None, feature, feature_eps)
+    R, r, _ = _reader(S, z, zv, key_valid, q.shape[2], scale, inline)
+    return fused_eager.readout(q, R, r, None, feature, feature_eps, eps, not inline)
+
+
+def _eager_gradients(error: KernelUnavailable, form, inputs, grads, *args):
+    """A backward kernel that cannot be built here: the kernels go off for the process (one warning) and this
+    step's gradients come from the op's eager form."""
+    disable(error)
+    return fused_eager.gradients(form, inputs, grads, *args)
 
 
 # -- the variants' forms ------------------------------------------------------------------------------------
