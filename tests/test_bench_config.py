@@ -17,6 +17,7 @@ from vitconvert.errors import BadValue
     ({"variants": ["elu", "softmax"]}, "variants", "unknown variant 'softmax'; valid: "),
     ({"variants": "elu"}, "variants", "a list of variant names"),
     ({"img_sizes": [224, 0]}, "img_sizes", r"positive integers \(got \[224, 0\]\)"),
+    ({"img_sizes": [22.4]}, "img_sizes", "positive integers"),
     ({"batch_size": 0}, "batch_size", r"at least 1 \(got 0\)"),
     ({"repeats": 0}, "repeats", r"at least 1 \(got 0\)"),
     ({"warmup": -1}, "warmup", r"at least 0 \(got -1\)"),
@@ -41,6 +42,7 @@ def test_a_good_config_is_frozen_and_resolves_device_and_autocast():
     config = BenchConfig("deit_tiny", ["elu"], [224], device="cpu", amp="float32")
     assert config.torch_device() == torch.device("cpu") and config.autocast is None
     assert BenchConfig("deit_tiny", device="cpu", amp="float16").autocast == "float16"
+    assert BenchConfig("deit_tiny", img_sizes=range(224, 225)).img_sizes == range(224, 225)  # any integers
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.repeats = 0  # checked once: a config cannot turn bad afterwards
 

@@ -8,6 +8,7 @@ checked when the models are built.
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ class BenchConfig:
             raise BadValue("variants", f"expects a list of variant names, e.g. [{self.variants!r}]")
         for name in self.variants or ():
             variant_class(name, param="variants")
-        if any(not isinstance(size, int) or size < 1 for size in self.img_sizes or ()):
+        if any(not isinstance(size, numbers.Integral) or size < 1 for size in self.img_sizes or ()):
             raise BadValue("img_sizes", f"must be positive integers (got {list(self.img_sizes)})")
         for name, least in (("batch_size", 1), ("repeats", 1), ("warmup", 0), ("threads", 1)):
             value = getattr(self, name)
