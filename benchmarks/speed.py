@@ -24,15 +24,8 @@ import timm
 import torch
 
 from vitconvert.attention import VARIANTS
-from vitconvert.bench import (
-    SOFTMAX,
-    BenchReport,
-    benchmark,
-    linear_copy,
-    peak_memory_bytes,
-    plot_speedups,
-    tokens_of,
-)
+from vitconvert.bench import SOFTMAX, BenchReport, benchmark, linear_copy, peak_memory_bytes, tokens_of
+from vitconvert.cli.bench import plot_speedups
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = list(VARIANTS)

@@ -8,16 +8,10 @@ from helpers import tiny_model
 
 from vitconvert import bench
 from vitconvert.attention import VARIANTS
-from vitconvert.bench import (
-    benchmark,
-    flops_per_image,
-    linear_copy,
-    parse_sizes,
-    parse_variants,
-    peak_memory_bytes,
-    plot_speedups,
-)
-from vitconvert.errors import VitconvertError
+from vitconvert.bench import benchmark, linear_copy, peak_memory_bytes
+from vitconvert.cli.bench import parse_sizes, parse_variants, plot_speedups
+from vitconvert.errors import BadValue, VitconvertError
+from vitconvert.flops import flops_per_image
 
 # The tiny ViT of conftest at 48 px: patch 8 -> 36 patches + class token, width 32, 2 heads of 16, depth 2.
 N, C, D, LAYERS, CLASSES, PATCHES = 37, 32, 16, 2, 1000, 36
@@ -55,10 +49,10 @@ def test_medians_speedups_and_turns_against_a_fake_clock(monkeypatch):
         return run
 
     monkeypatch.setitem(bench.CLOCKS, "wall", lambda: clock["now"])
-    x = torch.zeros(2, 3, 8, 8)  # batch 2: ms per image is half the step's
-    rows = {r.model: r for r in bench._measure({}, x, "infer", torch.device("cpu"), repeats=3, warmup=0, size=8,
-                                               tokens=5, flops={"softmax": 1.0, "elu": 1.0}, memory=False,
-                                               clock="wall", steps={"softmax": step("softmax"), "elu": step("elu")})}
+    times = bench.take_turns({"softmax": step("softmax"), "elu": step("elu")}, torch.device("cpu"), repeats=3,
+                             warmup=0)
+    rows = {r.model: r for r in bench.rows_of(times, {"softmax": None, "elu": None}, {"softmax": 1.0, "elu": 1.0},
+                                              mode="infer", img_size=8, tokens=5, batch=2)}  # ms per image: half
     assert calls == ["softmax", "elu", "elu", "softmax", "softmax", "elu"]
     assert rows["softmax"].ms_per_img == pytest.approx(20 / 2) and rows["elu"].ms_per_img == pytest.approx(5 / 2)
     assert rows["softmax"].img_per_s == pytest.approx(100) and rows["elu"].img_per_s == pytest.approx(400)
@@ -124,8 +118,9 @@ def test_parse_variants(text, expected):
 
 @pytest.mark.parametrize("text,message", [("softmax", "unknown variant 'softmax'"), (",", "at least one")])
 def test_parse_variants_errors(text, message):
-    with pytest.raises(VitconvertError, match=message):
+    with pytest.raises(BadValue, match=message) as e:
         parse_variants(text)
+    assert e.value.name == "to"  # the CLI says --to
 
 
 def test_parse_sizes():
@@ -139,14 +134,32 @@ def test_bad_arguments():
     model = tiny_model("vit")
     with pytest.raises(VitconvertError, match="at least 1"):
         benchmark(model, ["elu"], batch_size=0)
-    with pytest.raises(VitconvertError, match="unknown variant"):
+    with pytest.raises(BadValue, match="unknown variant") as e:
         benchmark(model, ["softmax"])
+    assert e.value.name == "variants"
 
 
 def test_plot_writes_png(report, tmp_path):
     pytest.importorskip("matplotlib")
     out = plot_speedups(report, tmp_path / "speed.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_draws_each_variant_per_mode_and_its_flop_bound_once(report):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from vitconvert.cli.bench import _plot_curves
+
+    ax = Figure().subplots()
+    _plot_curves(ax, report.rows)
+    lines = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+    assert len(ax.get_lines()) == 6  # two variants × (infer, train, bound)
+    assert sorted(lines) == ["FLOP bound", "elu (infer)", "elu (train)", "ttt (infer)", "ttt (train)"]  # one bound
+    assert lines["elu (infer)"].get_linestyle() == "-" and lines["elu (train)"].get_linestyle() == ":"
+    assert lines["FLOP bound"].get_linestyle() == "--"
+    elu = {r.mode: r.speedup for r in report.rows if r.model == "elu"}
+    assert list(lines["elu (train)"].get_ydata()) == [elu["train"]]
 
 
 def test_plot_without_matplotlib_is_one_clear_error(report, tmp_path, monkeypatch):
@@ -216,7 +229,7 @@ def test_warmup_rounds(warmup, mode, amp, compile, rounds):
     ("float16", "cpu", "torch", "float16"),
 ])
 def test_auto_autocast_is_bf16_on_cuda_only(amp, device, backend, resolved):
-    from vitconvert.bench import resolve_amp
+    from vitconvert.bench_config import resolve_amp
 
     assert resolve_amp(amp, device, backend) == resolved
 

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("any model", ["loading"]),
     ("jobs", ["convert", "evaluate", "compare", "export", "hub"]),
     ("layer choice", ["hybrid"]),
+    ("measuring", ["bench_config", "flops", "onnx_timing"]),  # what bench.py puts together
     ("composite jobs", ["bench", "distill"]),
     ("the quickstart", ["quickstart"]),
     ("public API", [""]),  # vitconvert/__init__.py

@@ -1,12 +1,21 @@
-"""``vitconvert bench SOURCE --to elu,relu --img-size 224,512``: speed and memory against the softmax source."""
+"""``vitconvert bench SOURCE --to elu,relu --img-size 224,512``: speed and memory against the softmax source.
+
+The command reads its flags into one ``BenchConfig`` and makes one library call, ``vitconvert.bench.benchmark``;
+what only a command line needs lives here: the comma-separated lists, the table and the ``--plot`` figure.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import typer
 from rich.table import Table
 
+from ..attention import VARIANTS, variant_class
+from ..errors import BadValue
+from ..writer import PNG_METADATA, atomic_file
 from .common import (
     DeviceOpt,
     JsonOpt,
@@ -21,6 +30,36 @@ from .common import (
     plot_output,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from ..bench import BenchReport, BenchRow
+
+
+def parse_variants(text: Optional[str]) -> Optional[list[str]]:
+    """``--to elu,relu`` -> ['elu', 'relu'] (each a known variant, once); None stays None (the default set)."""
+    if text is None:
+        return None
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise BadValue("to", f"needs at least one variant, e.g. {','.join(list(VARIANTS)[:2])}")
+    for name in names:
+        variant_class(name, param="to")
+    return names
+
+
+def parse_sizes(text: Optional[str]) -> Optional[list[int]]:
+    """``--img-size 224,512`` -> [224, 512]; every entry a positive integer."""
+    if text is None:
+        return None
+    sizes = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) <= 0:
+            raise BadValue("img_size", f"expects positive integers separated by commas, got {text!r}")
+        sizes.append(int(part))
+    return list(dict.fromkeys(sizes))
 
 
 def bench_table(report: dict[str, Any]) -> Table:
@@ -79,19 +118,19 @@ def bench(
 
     Example: vitconvert bench deit_small --no-pretrained --to elu,mhla --img-size 224,512
     """
-    from ..bench import benchmark, parse_sizes, parse_variants, plot_speedups, require_matplotlib  # lazy: start-up time
+    from ..bench import benchmark  # lazy: start-up time
+    from ..bench_config import BenchConfig  # lazy: start-up time
+    from ..compare import require_matplotlib  # lazy: start-up time
 
-    variants = parse_variants(to)
-    sizes = parse_sizes(img_size)
+    config = BenchConfig(source, parse_variants(to), parse_sizes(img_size), batch_size=batch_size, train=train,
+                         repeats=repeats, warmup=warmup, pretrained=pretrained, device=device, threads=threads,
+                         options=parse_options(option), memory=memory, clock=clock, amp=amp, backend=backend,
+                         keep_softmax=keep_softmax)
     with plot_output(plot, force, [source]) as plot:
         if plot is not None:
             require_matplotlib()  # fail before the work, not after it
         progress = make_console(stderr=True)
-        report = benchmark(source, variants, sizes, batch_size=batch_size, train=train, repeats=repeats,
-                           warmup=warmup, pretrained=pretrained, device=device, threads=threads,
-                           options=parse_options(option), memory=memory, clock=clock, amp=amp, backend=backend,
-                           keep_softmax=keep_softmax,
-                           log=None if as_json else lambda msg: progress.print(f"[dim]timing {msg}[/]"))
+        report = benchmark(config, log=None if as_json else lambda msg: progress.print(f"[dim]timing {msg}[/]"))
         if plot is not None:
             plot_speedups(report, plot, force=force, inputs=[source])
     if as_json:
@@ -103,3 +142,53 @@ def bench(
     console.print("speedup = softmax ms / model ms (same size and mode); FLOP bound = softmax FLOPs / model FLOPs")
     if plot is not None:
         console.print(f"[green]wrote[/] {plot}")
+
+
+# -- the --plot figure --------------------------------------------------------------------------------------
+def plot_speedups(report: BenchReport, path: Union[str, Path], force: bool = False,
+                  inputs: Iterable[Union[str, Path]] = ()) -> Path:
+    """PNG of speedup over softmax against tokens (log scale): solid measured, dashed the FLOP bound; written
+    by writer.atomic_file's rules (a new .png, or one vitconvert wrote with ``force``; never an input)."""
+    from ..compare import require_matplotlib  # lazy: start-up time
+
+    require_matplotlib()
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, safe in servers and threads
+
+    fig = Figure(figsize=(7, 4.5), constrained_layout=True)
+    ax = fig.subplots()
+    _plot_curves(ax, report.rows)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log")
+    ticks = sorted({r.tokens for r in report.rows if r.tokens})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("speedup over softmax (×)")
+    ax.set_title(f"{report.arch} on {report.device} ({report.threads} threads, {report.clock} clock)", fontsize=10)
+    ax.legend(loc="best", fontsize=8)
+    with atomic_file(path, force=force, inputs=inputs, name="plot", suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=120, metadata=PNG_METADATA)
+    return Path(path).expanduser()
+
+
+def _plot_curves(ax: Axes, rows: list[BenchRow]) -> None:
+    """One colour per variant: its measured speedup per mode (inference solid, training dotted) and, for the
+    first mode, its FLOP bound dashed."""
+    from ..bench import MODES, SOFTMAX  # lazy: start-up time
+
+    modes = sorted({r.mode for r in rows}, key=MODES.index)
+    for i, name in enumerate(dict.fromkeys(r.model for r in rows if r.model != SOFTMAX)):
+        for mode in modes:
+            curve = sorted((r for r in rows if r.model == name and r.mode == mode and r.tokens), key=lambda r: r.tokens)
+            if curve:
+                _plot_curve(ax, curve, f"C{i}", with_bound=mode == modes[0], first=i == 0)
+
+
+def _plot_curve(ax: Axes, curve: list[BenchRow], colour: str, with_bound: bool, first: bool) -> None:
+    tokens = [r.tokens for r in curve]
+    name, mode = curve[0].model, curve[0].mode
+    ax.plot(tokens, [r.speedup for r in curve], "-" if mode == "infer" else ":", marker="o", color=colour,
+            label=f"{name} ({mode})")
+    if with_bound:
+        ax.plot(tokens, [r.flop_bound for r in curve], "--", color=colour, alpha=0.4,
+                label="FLOP bound" if first else None)
