@@ -312,7 +312,7 @@ CASES: list[Case] = [
     Case("push", "a softmax folder", ("push", "{teacher}", "--repo", "me/x", "--dry-run"), "vitconvert"),
     Case("push", "a repo id without org", ("push", *S, "--repo", "noslash", "--dry-run"), "repo"),
     Case("push", "a revision git refuses (--dry-run)", ("push", *S, "--repo", "me/x", "--revision", "a..b",
-                                                        "--dry-run"), "invalid --revision 'a..b'"),
+                                                        "--dry-run"), "--revision: 'a..b' is not a git branch name"),
     Case("quickstart", "unknown variant", ("quickstart", "--variants", "nosuch", "--out", "q"), "nosuch"),
     Case("quickstart", "--out an unrelated folder (--force)", ("quickstart", "--variants", "elu", "--epochs", "1",
                                                                "--out", "{precious}", "--force"),

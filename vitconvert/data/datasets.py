@@ -9,7 +9,7 @@ from typing import Optional
 
 from torch.utils.data import Dataset
 
-from ..errors import VitconvertError, first_line
+from ..errors import VitconvertError, first_line, param
 from .digits import digits_dataset
 
 TRAIN_SPLITS = ("train", "training")
@@ -39,7 +39,7 @@ def open_dataset(spec: str, split: str, data_dir: Optional[str] = None, download
     name instead of by position (``align_classes``); ``whose`` says where they come from, for its errors;
     ``strict=False`` lets a folder whose names share none with ``classes`` keep its own order."""
     if not spec:
-        raise VitconvertError("no data: pass --data FOLDER (with train/ and val/), a timm name "
+        raise VitconvertError(f"no data: pass {param('data', 'FOLDER')} (with train/ and val/), a timm name "
                               "(torch/cifar100, hfds/...) or digits")
     if spec == "digits":
         if not is_train_split(split) and split not in EVAL_FOLDERS:
@@ -56,7 +56,8 @@ def open_dataset(spec: str, split: str, data_dir: Optional[str] = None, download
 def open_named(prefix: str, name: str, spec: str, split: str, data_dir: Optional[str], download: bool) -> Dataset:
     root = str(Path(data_dir).expanduser()) if data_dir else None
     if prefix == "torch" and root is None:
-        raise VitconvertError(f"{spec} needs --data-dir: the folder that holds (or will hold, with --download) it")
+        raise VitconvertError(f"{spec} needs {param('data_dir')}: the folder that holds (or will hold, with "
+                              f"{param('download', True)}) it")
     # the folders a failed download would leave behind: those of root that do not exist yet, outermost first
     created = [] if root is None else [p for p in (Path(root), *Path(root).parents) if not p.exists()][-1:]
     try:
@@ -83,7 +84,7 @@ def _open_named(prefix: str, name: str, spec: str, split: str, root: Optional[st
                               f"{package}") from None
     except (RuntimeError, OSError, FileNotFoundError, ValueError, AssertionError) as e:
         reason = first_line(e)
-        hint = "" if download else "; pass --download to fetch it (needs a network)"
+        hint = "" if download else f"; pass {param('download', True)} to fetch it (needs a network)"
         raise VitconvertError(f"cannot open {spec} ({split}) under {root or 'the Hugging Face cache'}: "
                               f"{reason}{hint}") from None
 
@@ -172,5 +173,5 @@ def dataset_classes(ds: Dataset) -> Optional[int]:
 def check_classes(ds: Dataset, head: int, what: str = "student") -> None:
     found = dataset_classes(ds)
     if found is not None and found != head:
-        raise VitconvertError(f"the data has {found} classes but the {what}'s head has {head}: convert the model "
-                              f"with `vitconvert convert SOURCE --num-classes {found}` (a new, random head)")
+        raise VitconvertError(f"the data has {found} classes but the {what}'s head has {head}: convert the source "
+                              f"model with {param('num_classes', found)} (a new, random head)")
