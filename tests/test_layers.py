@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("any model", ["loading"]),
     ("jobs", ["convert", "evaluate", "compare", "export", "hub"]),
     ("layer choice", ["hybrid"]),
+    ("the convert job", ["convert_job"]),
     ("composite jobs", ["bench", "distill"]),
     ("the quickstart", ["quickstart"]),
     ("public API", [""]),  # vitconvert/__init__.py
