@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -67,16 +66,13 @@ def convert(
     """
     from ..threads import torch_threads  # lazy: start-up time
 
-    def stage(what: str) -> AbstractContextManager[None]:
-        forget_last_convert()  # the work starts: until it ends, `distill` must not take an older convert's folder
-        return still_working(what)
-
+    forget_last_convert()  # until this one succeeds, `distill` must not take an older convert's folder
     with torch_threads(cpu_threads(threads, source)):
         result = convert_source(source, to, out, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
                                 seed=seed, num_classes=num_classes, pretrained=pretrained, arch=arch,
                                 img_size=img_size, options=parse_options(option), layers=layers,
                                 keep_softmax=keep_softmax, data=data, signal=signal, data_dir=data_dir,
-                                download=download, force=force, progress=stage)
+                                download=download, force=force, progress=still_working)
     remember_last_convert(result.out)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
