@@ -51,7 +51,7 @@ def test_save_never_overwrites_without_force(tmp_path):
     out = tmp_path / "m"
     vitconvert.save(student, out)
     stamp = (out / "model.safetensors").stat().st_mtime_ns
-    with pytest.raises(VitconvertError, match="--force"):
+    with pytest.raises(VitconvertError, match="use force=True"):  # a Python caller reads the argument
         vitconvert.save(student, out)
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
     vitconvert.save(student, out, force=True)

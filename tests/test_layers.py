@@ -19,6 +19,7 @@ LAZY_MARK = "# lazy: start-up time"
 # Bottom to top; the same picture as docs/architecture.md. A key names a module or a whole package.
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundations", ["errors", "version"]),
+    ("output rules", ["output_rules"]),
     ("services", ["threads", "writer", "distributed", "aliases", "assets", "hub_io", "recipe_checks", "selection"]),
     ("variants", ["attention"]),
     ("recipes and families", ["recipes", "surgery"]),
@@ -29,6 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("any model", ["loading"]),
     ("jobs", ["convert", "evaluate", "compare", "export", "hub"]),
     ("layer choice", ["hybrid"]),
+    ("the convert job", ["convert_job"]),
     ("measuring", ["bench_config", "flops", "onnx_timing"]),  # what bench.py puts together
     ("composite jobs", ["bench", "distill"]),
     ("the quickstart", ["quickstart"]),

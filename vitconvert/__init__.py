@@ -41,20 +41,22 @@ from typing import Any as _Any  # noqa: E402
 
 from .version import __version__  # noqa: E402
 
-__all__ = ["VARIANTS", "convert", "hybrid", "load", "save", "__version__"]
+__all__ = ["VARIANTS", "convert", "convert_source", "hybrid", "load", "save", "__version__"]
 
 
 def _public_api() -> dict[str, _Any]:
     from . import timm_registry  # noqa: F401  # lazy: start-up time (importing it registers the variants with timm)
     from .attention import VARIANTS  # lazy: start-up time
     from .convert import convert  # lazy: start-up time
+    from .convert_job import convert_source  # lazy: start-up time
     from .folder import save  # lazy: start-up time
     from .loading import load  # lazy: start-up time
 
     # vitconvert.hybrid after `import vitconvert`; import_module, as `from . import hybrid` would ask this
     # module's __getattr__ for it first, which calls back here
     hybrid = importlib.import_module(f"{__name__}.hybrid")
-    return {"VARIANTS": VARIANTS, "convert": convert, "hybrid": hybrid, "load": load, "save": save}
+    return {"VARIANTS": VARIANTS, "convert": convert, "convert_source": convert_source, "hybrid": hybrid,
+            "load": load, "save": save}
 
 
 def __getattr__(name: str) -> _Any:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .attention import LinearAttention
-from .errors import VitconvertError
+from .errors import VitconvertError, param
 from .surgery import attention_modules, find_softmax_attention
 
 Captured = tuple[tuple[Any, ...], dict[str, Any]]  # (args, kwargs) of one attention call
@@ -36,15 +36,16 @@ def attention_pairs(student: nn.Module, teacher: nn.Module) -> tuple[list[Linear
     if not any(isinstance(m, LinearAttention) for m in layers):
         raise VitconvertError("the student has no linear attention: convert it first (vitconvert convert)")
     if not theirs:
-        raise VitconvertError("the teacher has no softmax attention: give a softmax ViT as --teacher "
+        raise VitconvertError(f"the teacher has no softmax attention: give a softmax ViT as {param('teacher')} "
                               "(a converted vitconvert model cannot teach)")
     if len(layers) != len(theirs):
         raise VitconvertError(f"teacher and student differ in depth: the teacher has {len(theirs)} attention "
-                              f"layers, the student {len(layers)}; use the student's softmax source as --teacher")
+                              f"layers, the student {len(layers)}; use the student's softmax source as "
+                              f"{param('teacher')}")
     for i, (s, t) in enumerate(zip(layers, theirs, strict=True)):
         if attention_width(s) != attention_width(t):
             raise VitconvertError(f"teacher and student differ in width at layer {i}: {attention_width(t)} vs "
-                                  f"{attention_width(s)}; use the student's softmax source as --teacher")
+                                  f"{attention_width(s)}; use the student's softmax source as {param('teacher')}")
     pairs = [(s, t) for s, t in zip(layers, theirs, strict=True) if isinstance(s, LinearAttention)]
     return [s for s, _ in pairs], [t for _, t in pairs]
 

@@ -31,7 +31,7 @@ from .data import (
     open_dataset,
     teacher_normalizer,
 )
-from .errors import BadValue, VitconvertError
+from .errors import BadValue, VitconvertError, param
 from .surgery import attention_modules, find_softmax_attention
 from .writer import PNG_METADATA, atomic_file
 
@@ -88,10 +88,10 @@ def paired_attention(teacher: nn.Module, student: nn.Module) -> tuple[list[nn.Mo
     theirs = [m for _, m in find_softmax_attention(teacher)]
     mine = [m for _, m in find_softmax_attention(student)]
     if not theirs:
-        raise VitconvertError("the teacher has no softmax attention: give a softmax ViT as --teacher")
+        raise VitconvertError(f"the teacher has no softmax attention: give a softmax ViT as {param('teacher')}")
     if len(mine) != len(theirs):
         raise VitconvertError(f"teacher and student differ in depth: {len(theirs)} vs {len(mine)} attention "
-                              "layers; use the student's softmax source as --teacher")
+                              f"layers; use the student's softmax source as {param('teacher')}")
     return theirs, mine
 
 

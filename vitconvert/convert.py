@@ -10,6 +10,7 @@ import timm
 import torch
 from torch import nn
 
+from .attention import variant_class
 from .errors import BadValue, VitconvertError, first_line
 from .init import InitRecipe, InitReport, apply_recipe
 from .selection import Spec, linear_layers
@@ -56,6 +57,13 @@ def fresh_like(model: nn.Module, seed: int, **overrides: Any) -> nn.Module:
         return timm.create_model(arch, pretrained=False, **args)
 
 
+def check_request(to: str, num_classes: Optional[int]) -> None:
+    """What ``convert`` refuses before touching a model: an unknown variant, a head of no classes."""
+    variant_class(to, param="to")
+    if num_classes is not None and num_classes < 1:
+        raise BadValue("num_classes", f"must be at least 1 (got {num_classes})")
+
+
 def convert(
     model: nn.Module,
     to: str,
@@ -73,11 +81,10 @@ def convert(
 
     ``layers`` (e.g. ``"2-11"`` or ``[2, 3]``) swaps only those attention layers, ``keep_softmax`` every layer
     but those; the kept ones keep the source's softmax module and weights (a hybrid student)."""
+    check_request(to, num_classes)
     recipe = InitRecipe(attn_init, mlp_init, rest_init, seed)
     attention = [name for name, _ in find_softmax_attention(model)]
     chosen = linear_layers(len(attention), layers, keep_softmax, attention)
-    if num_classes is not None and num_classes < 1:
-        raise BadValue("num_classes", f"must be at least 1 (got {num_classes})")
     reheaded = num_classes is not None and num_classes != getattr(model, "num_classes", None)
     student = copy.deepcopy(model)
     if reheaded:
@@ -92,7 +99,7 @@ def convert(
             if not options:  # no option of the user's to blame: a bug, shown as one
                 raise
             given = ", ".join(f"{k}={v!r}" for k, v in options.items())
-            raise BadValue("option", f"{to} cannot be built with {given}: {first_line(e)}") from None
+            raise BadValue("options", f"{to} cannot be built with {given}: {first_line(e)}") from None
     fresh = None
     if recipe.needs_fresh_model or reheaded:
         fresh = fresh_like(model, recipe.seed, **({"num_classes": num_classes} if reheaded else {}))

@@ -134,7 +134,7 @@ def shard(module: nn.Module, env: DistEnv, attention_types: tuple[type, ...]) ->
     from torch.distributed.fsdp import fully_shard
 
     if not env.distributed:
-        raise VitconvertError("--fsdp needs several processes: start with torchrun --nproc_per_node N")
+        raise BadValue("fsdp", "needs several processes: start the command with torchrun, N processes")
     mesh = init_device_mesh(env.device.type, (env.world,))
     units = (*attention_types, Mlp, GluMlp, SwiGLU)
     for sub in list(module.modules()):

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from .card import CARD_MARKER, render_card
-from .errors import VitconvertError, first_line
+from .errors import BadValue, VitconvertError, first_line, param
 from .folder import load_folder_model, read_config
 from .hub_io import describe_hub_error, hub_offline, parse_repo_id, resolve_token, token_source
 from .timm_registry import source_architecture
@@ -126,7 +126,7 @@ def check_revision(revision: Optional[str]) -> None:
     parts = revision.split("/")
     if (BAD_REF.search(revision) or revision.startswith(("/", "-")) or revision.endswith(("/", ".", ".lock"))
             or revision == "@" or any(p.startswith(".") or p.endswith(".lock") or not p for p in parts)):
-        raise VitconvertError(f"invalid --revision {revision!r}: not a git branch name (no '..', spaces, ~ ^ : ? * [ "
+        raise BadValue("revision", f"{revision!r} is not a git branch name (no '..', spaces, ~ ^ : ? * [ "
                               "\\, and no part that starts with '.' or ends with '.lock')")
 
 
@@ -146,7 +146,7 @@ def push_folder(folder: Union[str, Path], repo_id: str, *, private: bool = False
     folder = Path(folder).expanduser()
     repo_id, _ = parse_repo_id(repo_id, revision_allowed=False)
     if revision is not None and not revision.strip():
-        raise VitconvertError("--revision is empty: give a branch name or leave it out for main")
+        raise BadValue("revision", "is empty: give a branch name or leave it out for main")
     check_revision(revision)
     config = check_folder(folder)
     card = refresh_card(folder, config, repo_id)
@@ -157,7 +157,8 @@ def push_folder(folder: Union[str, Path], repo_id: str, *, private: bool = False
     if dry_run:
         return plan
     if hub_offline():
-        raise VitconvertError("HF_HUB_OFFLINE is set: unset it to push, or use --dry-run to see what would be sent")
+        raise VitconvertError(f"HF_HUB_OFFLINE is set: unset it to push, or use {param('dry_run', True)} to see what "
+                              "would be sent")
     secret = resolve_token(token)
     from huggingface_hub import HfApi
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from .attention import LinearAttention
 from .attention.base import MATCHED_MODULES, MATCHED_PARAMS
-from .errors import VitconvertError
+from .errors import VitconvertError, param
 from .surgery import find_softmax_attention
 
 ATTN_INITS = ("mimetic", "copy", "random")
@@ -124,7 +124,7 @@ def mimetic_init(attn: LinearAttention, generator: torch.Generator) -> None:
     """Per head W_qᵀW_k ≈ α₁Z₁+β₁I (fresh Z per head); across heads W_vᵀW_projᵀ ≈ α₂Z₂−β₂I; biases zero."""
     if attn.num_kv_heads != attn.num_heads:
         raise VitconvertError("Mimetic init pairs each query head with its own key head; this model uses "
-                              "grouped-query attention: use --attn-init copy or random")
+                              f"grouped-query attention: use {param('attn_init', 'copy')} or random")
     w_q, w_k, w_v = attn.qkv_weights()
     dim, d, heads = w_q.shape[1], attn.head_dim, attn.num_heads
     # Z is drawn in float64 (the seeded draw of every earlier version) and factored in float32: 2.5× faster
@@ -204,11 +204,11 @@ def apply_recipe(student: nn.Module, recipe: InitRecipe, fresh: Optional[nn.Modu
             if isinstance(module, LinearAttention):
                 mimetic_init(module, generator)
     actions = parameter_actions(student, recipe, reheaded)
-    for name, param in student.named_parameters():
+    for name, tensor in student.named_parameters():
         group, action = actions[name]
         if action == "random":
-            if name not in fresh_params or fresh_params[name].shape != param.shape:
+            if name not in fresh_params or fresh_params[name].shape != tensor.shape:
                 raise VitconvertError(f"cannot random-initialise {name}: no timm parameter of that name and shape")
-            param.copy_(fresh_params[name])
-        report.add(group, action, param.numel())
+            tensor.copy_(fresh_params[name])
+        report.add(group, action, tensor.numel())
     return report

@@ -63,7 +63,8 @@ def linear_layers(depth: int, layers: Spec = None, keep_softmax: Spec = None, na
         raise BadValue("keep_softmax", "give either the layers to swap or the ones to keep softmax, not both")
     if auto_count(keep_softmax) is not None:
         raise BadValue("keep_softmax", "auto:K is chosen from data: resolve it first (vitconvert.hybrid."
-                                       "choose_softmax_layers, or `vitconvert convert ... --data DATA`)")
+                                       "choose_softmax_layers), or convert with vitconvert.convert_source, which "
+                                       "does")
     if layers is not None:
         return parse_indices(layers, depth, "layers", names)
     if keep_softmax is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 from timm.layers import Attention, AttentionRope
 from timm.models.beit import Attention as BeitAttention
@@ -17,7 +17,7 @@ from timm.models.eva import EvaAttention
 from timm.models.vision_transformer_relpos import RelPosAttention
 from torch import nn
 
-from .attention import VARIANTS, LinearAttention
+from .attention import LinearAttention, variant_class
 from .errors import VitconvertError
 
 # Global (all-token) softmax self-attention classes of timm's ViT families.
@@ -85,20 +85,13 @@ def swap_attention(model: nn.Module, variant: str, options: Optional[dict[str, A
                    inplace: bool = False, layers: Optional[Sequence[int]] = None) -> tuple[nn.Module, SurgeryReport]:
     """Return a copy of ``model`` (the original stays a valid teacher) with linear attention in ``layers``
     (indices in model order; default: every layer); the others keep their softmax module and weights."""
-    if variant not in VARIANTS:
-        raise VitconvertError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    cls = variant_class(variant, param="variant")
     options = dict(options or {})
     found = find_softmax_attention(model)
     if not found:
-        linear = [n for n, m in model.named_modules() if isinstance(m, LinearAttention)]
-        if linear:
-            raise VitconvertError("this model already has linear attention (a vitconvert model); "
-                                  "convert its softmax source instead")
-        raise VitconvertError(f"{type(model).__name__} has no global softmax attention to convert "
-                              "(only ViT families with all-token self-attention are supported)")
+        refuse_no_softmax(model)
     target = model if inplace else copy.deepcopy(model)
     num_prefix, grid = model_geometry(target)
-    cls = VARIANTS[variant]
     chosen = set(range(len(found)) if layers is None else layers)
     if any(not 0 <= i < len(found) for i in chosen):
         raise VitconvertError(f"layer {max(chosen)} does not exist: the model has {len(found)} attention layers")
@@ -115,21 +108,41 @@ def swap_attention(model: nn.Module, variant: str, options: Optional[dict[str, A
         report.replaced.append(name)
         if type(module).__name__ not in report.source_classes:
             report.source_classes.append(type(module).__name__)
-        attn_drop = getattr(getattr(module, "attn_drop", None), "p", 0.0)
-        dropped_notes = [f"per-layer {d} (a softmax logit bias) dropped: no linear analogue" for d in new.dropped]
-        if attn_drop:  # a training setting of the source; said, not silently lost
-            dropped_notes.append(f"attention dropout (p={attn_drop}) dropped: linear attention forms no attention "
-                                 "weights to drop")
-        for note in dropped_notes:
-            if note not in report.notes:
-                report.notes.append(note)
-    body = feature_wrapped(target)
-    for attr in SHARED_LOGIT_BIAS if not report.hybrid else ():  # kept softmax layers still read a shared bias
+        report.notes.extend(n for n in dropped_notes(module, new) if n not in report.notes)
+    report.notes.extend(model_notes(feature_wrapped(target), grid, drop_shared_biases=not report.hybrid))
+    return target, report
+
+
+def refuse_no_softmax(model: nn.Module) -> NoReturn:
+    """Why ``model`` has nothing to convert: it is converted already, or not a ViT family vitconvert knows."""
+    if any(isinstance(m, LinearAttention) for m in model.modules()):
+        raise VitconvertError("this model already has linear attention (a vitconvert model); "
+                              "convert its softmax source instead")
+    raise VitconvertError(f"{type(model).__name__} has no global softmax attention to convert "
+                          "(only ViT families with all-token self-attention are supported)")
+
+
+def dropped_notes(module: nn.Module, new: LinearAttention) -> list[str]:
+    """What of a softmax layer its linear replacement leaves out: softmax logit biases, attention dropout (a
+    training setting of the source; said, not silently lost)."""
+    notes = [f"per-layer {d} (a softmax logit bias) dropped: no linear analogue" for d in new.dropped]
+    attn_drop = getattr(getattr(module, "attn_drop", None), "p", 0.0)
+    if attn_drop:
+        notes.append(f"attention dropout (p={attn_drop}) dropped: linear attention forms no attention weights "
+                     "to drop")
+    return notes
+
+
+def model_notes(body: nn.Module, grid: Optional[tuple[int, int]], drop_shared_biases: bool) -> list[str]:
+    """Model-level changes: shared softmax logit biases dropped (kept while a softmax layer still reads them),
+    rope kept, no fixed grid."""
+    notes = []
+    for attr in SHARED_LOGIT_BIAS if drop_shared_biases else ():
         if getattr(body, attr, None) is not None:
             setattr(body, attr, None)
-            report.notes.append(f"shared {attr} (a softmax logit bias) dropped: no linear analogue")
+            notes.append(f"shared {attr} (a softmax logit bias) dropped: no linear analogue")
     if getattr(body, "rope", None) is not None:
-        report.notes.append("rotary position embedding kept: applied to q and k before the feature map")
+        notes.append("rotary position embedding kept: applied to q and k before the feature map")
     if grid is None:
-        report.notes.append("no fixed patch grid: grid-based parts fall back to their grid-free form")
-    return target, report
+        notes.append("no fixed patch grid: grid-based parts fall back to their grid-free form")
+    return notes

@@ -26,3 +26,14 @@ def test_a_library_error_about_a_value_is_shown_with_its_flag(capsys):
         command()
     assert ended.value.exit_code == 1
     assert capsys.readouterr().err.strip() == "error: --img-size: expects positive integers, got '0'"
+
+
+def test_a_parameter_whose_flag_is_spelled_otherwise_is_shown_with_that_flag(capsys):
+    """convert's ``options`` dict comes from repeated --option pairs: the message names --option."""
+    @user_errors
+    def command():
+        raise BadValue("options", "mhla cannot be built with eps=0")
+
+    with pytest.raises(typer.Exit):
+        command()
+    assert capsys.readouterr().err == "error: --option: mhla cannot be built with eps=0\n"

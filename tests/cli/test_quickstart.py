@@ -125,8 +125,8 @@ def test_refuses_to_overwrite_without_force(quick):
 
 
 @pytest.mark.parametrize("args, text", [
-    (["--variants", "elu,linformer"], "unknown variant(s) linformer"),
-    (["--variants", ","], "--variants is empty"),
+    (["--variants", "elu,linformer"], "--variants: unknown variant 'linformer'"),
+    (["--variants", ","], "--variants: is empty"),
     (["--epochs", "0"], "epochs must be at least 1"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, text):

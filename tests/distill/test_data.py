@@ -66,9 +66,9 @@ def test_folder_errors(tmp_path):
     (tmp_path / "noval" / "val").rename(tmp_path / "noval" / "other")
     with pytest.raises(VitconvertError, match="has no validation/val/valid/ folder"):
         open_dataset(str(tmp_path / "noval"), "validation")
-    with pytest.raises(VitconvertError, match="needs --data-dir"):
+    with pytest.raises(VitconvertError, match="needs data_dir"):
         open_dataset("torch/cifar10", "train")
-    with pytest.raises(VitconvertError, match="pass --download"):
+    with pytest.raises(VitconvertError, match="pass download=True"):
         open_dataset("torch/cifar10", "train", data_dir=str(tmp_path))
 
 
@@ -76,7 +76,7 @@ def test_class_count_must_match_the_head(images):
     ds = open_dataset(str(images), "validation")
     assert len(ds) == 6
     check_classes(ds, 3)
-    with pytest.raises(VitconvertError, match="3 classes but the student's head has 10.*--num-classes 3"):
+    with pytest.raises(VitconvertError, match="3 classes but the student's head has 10.*num_classes=3"):
         check_classes(ds, 10)
 
 

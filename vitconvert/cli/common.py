@@ -84,6 +84,15 @@ def cpu_threads(threads: Optional[int], spec: Any) -> Optional[int]:
 WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
+# Library parameters whose flag is spelled otherwise: a dict of ``options`` is given as repeated --option pairs.
+FLAG_NAMES = {"options": "option"}
+
+
+def flag_of(name: str) -> str:
+    """The flag that sets the library parameter ``name`` (``img_size`` -> ``--img-size``)."""
+    return "--" + FLAG_NAMES.get(name, name).replace("_", "-")
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print ``error: message`` as exactly one line on stderr and exit non-zero."""
     typer.echo(f"error: {' '.join(str(message).split())}", err=True)
@@ -103,7 +112,7 @@ def user_errors(fn: F) -> F:
             typer.echo(" ".join(str(e).split()), err=True)
             raise typer.Exit(e.exit_code) from None
         except BadValue as e:  # a library error about a value: name the flag that gave it
-            fail(f"--{e.name.replace('_', '-')}: {summary(e, internal=False)}")
+            fail(f"{flag_of(e.name)}: {summary(e, internal=False)}")
         except VitconvertError as e:
             fail(summary(e, internal=False))
         except KeyboardInterrupt:

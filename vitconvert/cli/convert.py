@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
-import torch
 import typer
 
-from ..attention import VARIANTS
 from ..card import hybrid_layers
-from ..convert import convert as convert_model
-from ..errors import BadValue, VitconvertError
-from ..folder import check_options, save
-from ..hybrid import choose_softmax_layers
-from ..selection import auto_count
-from ..sources import load_source
-from ..writer import check_output
+from ..convert_job import ConvertResult, convert_source
 from .common import (
     DataDirOpt,
     DownloadOpt,
@@ -75,58 +66,28 @@ def convert(
     """
     from ..threads import torch_threads  # lazy: start-up time
 
-
-    if to not in VARIANTS:
-        raise VitconvertError(f"unknown variant {to!r}; valid: {', '.join(VARIANTS)}")
-    if num_classes is not None and num_classes < 1:
-        raise VitconvertError(f"--num-classes must be at least 1 (got {num_classes})")
-    if img_size is not None and img_size < 1:
-        raise VitconvertError(f"--img-size must be at least 1 (got {img_size})")
-    if data is None and auto_count(keep_softmax) is not None:
-        raise BadValue("data", "needed by --keep-softmax auto:K: the layers are measured on a few batches of it")
-    if data is not None and auto_count(keep_softmax) is None:
-        raise BadValue("data", "is read only by --keep-softmax auto:K (the layers are measured on it); drop it, "
-                               "or add --keep-softmax auto:K")
-    if out is not None:  # refuse before the work, not after it
-        check_output(out, force=force, inputs=[source])
-    forget_last_convert()
-    options = parse_options(option)
-    check_options(to, options)
-    kwargs = {"img_size": img_size} if img_size is not None else {}
+    forget_last_convert()  # until this one succeeds, `distill` must not take an older convert's folder
     with torch_threads(cpu_threads(threads, source)):
-        start = time.perf_counter()
-        with torch.random.fork_rng(devices=[]), still_working(f"loading {source}"):
-            torch.manual_seed(seed)  # a random-init source (--no-pretrained) is rebuilt from this seed as the teacher
-            src = load_source(source, pretrained=pretrained, arch=arch, **kwargs)
-        out = out or Path(f"{src.arch}-{to}")
-        check_output(out, force=force, inputs=[source])
-        meta: dict = {"source_seed": seed} if not src.pretrained else {}  # loading.load_teacher rebuilds it
-        if img_size is not None:
-            meta["source_img_size"] = img_size
-        count = auto_count(keep_softmax)
-        if count is not None:
-            with still_working(f"measuring which {count} layer(s) to keep softmax on {data}"):
-                choice = choose_softmax_layers(src.model, to, count, data, signal=signal, options=options, seed=seed,
-                                               data_dir=data_dir, download=download)
-            keep_softmax, meta["selection"] = ",".join(map(str, choice.keep)), {**choice.to_dict(), "data": data}
-        with still_working(f"converting to {to} ({attn_init} attention init)"):
-            student, report = convert_model(src.model, to, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
-                                            seed=seed, num_classes=num_classes, options=options, source=source,
-                                            layers=layers, keep_softmax=keep_softmax or None)
-        if not report.surgery.layers:
-            raise BadValue("keep_softmax", "keeps every layer softmax: that is the source model itself; keep fewer")
-        with still_working(f"writing {out}"):
-            save(student, out, force=force, inputs=[source], pretrained=src.pretrained, **meta)
-    elapsed = time.perf_counter() - start
-    remember_last_convert(out)
-    info = report.to_dict()
+        result = convert_source(source, to, out, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
+                                seed=seed, num_classes=num_classes, pretrained=pretrained, arch=arch,
+                                img_size=img_size, options=parse_options(option), layers=layers,
+                                keep_softmax=keep_softmax, data=data, signal=signal, data_dir=data_dir,
+                                download=download, force=force, progress=still_working)
+    remember_last_convert(result.out)
     if as_json:
-        typer.echo(json.dumps({"out": str(out), "seconds": round(elapsed, 3), **info}))
+        typer.echo(json.dumps(result.to_dict()))
         return
-    console.print(report_table(info, f"{src.arch} -> {to} ({len(report.surgery.replaced)} attention layers)"))
-    if report.surgery.hybrid:
-        chosen = f" (chosen by {signal} on {data})" if "selection" in meta else ""
+    print_result(result, to, signal, data)
+
+
+def print_result(result: ConvertResult, to: str, signal: str, data: Optional[str]) -> None:
+    """The report table, the hybrid's layers (and how they were chosen), the notes, where the folder is."""
+    info = result.report.to_dict()
+    console.print(report_table(info, f"{result.arch} -> {to} ({len(result.report.surgery.replaced)} attention "
+                                     "layers)"))
+    if result.report.surgery.hybrid:
+        chosen = f" (chosen by {signal} on {data})" if result.selection else ""
         console.print(f"hybrid: {hybrid_layers(info)}{chosen}")
     for note in info["notes"]:
         console.print(f"[yellow]note:[/] {note}")
-    console.print(f"[green]wrote[/] {out}/ in {elapsed:.1f}s")
+    console.print(f"[green]wrote[/] {result.out}/ in {result.seconds:.1f}s")

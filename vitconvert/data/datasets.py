@@ -9,7 +9,7 @@ from typing import Optional
 
 from torch.utils.data import Dataset
 
-from ..errors import VitconvertError, first_line
+from ..errors import VitconvertError, first_line, param
 from .digits import digits_dataset
 
 TRAIN_SPLITS = ("train", "training")
@@ -39,7 +39,7 @@ def open_dataset(spec: str, split: str, data_dir: Optional[str] = None, download
     name instead of by position (``align_classes``); ``whose`` says where they come from, for its errors;
     ``strict=False`` lets a folder whose names share none with ``classes`` keep its own order."""
     if not spec:
-        raise VitconvertError("no data: pass --data FOLDER (with train/ and val/), a timm name "
+        raise VitconvertError(f"no data: pass {param('data', 'FOLDER')} (with train/ and val/), a timm name "
                               "(torch/cifar100, hfds/...) or digits")
     if spec == "digits":
         if not is_train_split(split) and split not in EVAL_FOLDERS:
@@ -56,7 +56,8 @@ def open_dataset(spec: str, split: str, data_dir: Optional[str] = None, download
 def open_named(prefix: str, name: str, spec: str, split: str, data_dir: Optional[str], download: bool) -> Dataset:
     root = str(Path(data_dir).expanduser()) if data_dir else None
     if prefix == "torch" and root is None:
-        raise VitconvertError(f"{spec} needs --data-dir: the folder that holds (or will hold, with --download) it")
+        raise VitconvertError(f"{spec} needs {param('data_dir')}: the folder that holds (or will hold, with "
+                              f"{param('download', True)}) it")
     # the folders a failed download would leave behind: those of root that do not exist yet, outermost first
     created = [] if root is None else [p for p in (Path(root), *Path(root).parents) if not p.exists()][-1:]
     try:
@@ -83,7 +84,7 @@ def _open_named(prefix: str, name: str, spec: str, split: str, root: Optional[st
                               f"{package}") from None
     except (RuntimeError, OSError, FileNotFoundError, ValueError, AssertionError) as e:
         reason = first_line(e)
-        hint = "" if download else "; pass --download to fetch it (needs a network)"
+        hint = "" if download else f"; pass {param('download', True)} to fetch it (needs a network)"
         raise VitconvertError(f"cannot open {spec} ({split}) under {root or 'the Hugging Face cache'}: "
                               f"{reason}{hint}") from None
 
@@ -93,13 +94,22 @@ def open_folder(root: Path, split: str, classes: Optional[Sequence[str]] = None,
     """An image folder root with ``train/`` and ``val/`` (class subfolders inside), read by timm; labelled by
     ``classes`` when given (``align_classes``)."""
     import timm.data
-    from timm.data.readers.img_extensions import get_img_extensions
 
+    folder = split_folder(root, split)
+    check_images(folder)
+    # images as stored (input_img_mode=None): TransformedDataset makes them RGB, 16-bit grey scaled, not clipped
+    ds = timm.data.create_dataset("", root=str(folder), split=split, search_split=False, input_img_mode=None)
+    if classes:
+        ds = align_classes(ds, folder, split, list(classes), whose, strict)
+    return ds
+
+
+def split_folder(root: Path, split: str) -> Path:
+    """The folder of ``split`` under an image folder root. An evaluation split's synonyms (val/, valid/, ...)
+    stand in for one another; any other name (test, a typo) means exactly that folder, never a silent val/."""
     if not root.is_dir():
         raise VitconvertError(f"data folder not found: {root} (expected a folder with train/ and val/, a timm "
                               "dataset name like torch/cifar100, or digits)")
-    # an evaluation split's synonyms (val/, valid/, ...) stand in for one another; any other name (test, a typo)
-    # means exactly that folder, never a silent val/
     names = TRAIN_SPLITS if is_train_split(split) else (split, *EVAL_FOLDERS) if split in EVAL_FOLDERS[:5] else (
         split,)
     folder = next((root / n for n in names if (root / n).is_dir()), None)
@@ -107,20 +117,27 @@ def open_folder(root: Path, split: str, classes: Optional[Sequence[str]] = None,
         have = sorted(p.name for p in root.iterdir() if p.is_dir())
         raise VitconvertError(f"{root} has no {'/'.join(names[:3])}/ folder for the {split} split (it has: "
                               f"{', '.join(have) or 'no folders'})")
+    return folder
+
+
+def check_images(folder: Path) -> None:
+    """A split folder with images, and every class folder with some: an empty class would shift the labels of
+    every class after it."""
+    from timm.data.readers.img_extensions import get_img_extensions
+
     extensions = tuple(get_img_extensions())
-    if not any(p.suffix.lower() in extensions for p in folder.rglob("*") if p.is_file()):
+
+    def has_images(where: Path) -> bool:
+        return any(p.suffix.lower() in extensions for p in where.rglob("*") if p.is_file())
+
+    if not has_images(folder):
         raise VitconvertError(f"{folder} holds no images (class subfolders of {', '.join(extensions[:4])}...)")
     empty = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith(".")
-                   and not any(p.suffix.lower() in extensions for p in d.rglob("*") if p.is_file()))
+                   and not has_images(d))
     if empty:
         raise VitconvertError(f"{folder} has class folders without images ({', '.join(empty[:5])}): an empty class "
                               "is no class at all, and every class after it would take its label; add its images "
                               "or remove the folder")
-    # images as stored (input_img_mode=None): TransformedDataset makes them RGB, 16-bit grey scaled, not clipped
-    ds = timm.data.create_dataset("", root=str(folder), split=split, search_split=False, input_img_mode=None)
-    if classes:
-        ds = align_classes(ds, folder, split, list(classes), whose, strict)
-    return ds
 
 
 def class_names(ds: Dataset) -> Optional[list[str]]:
@@ -172,5 +189,5 @@ def dataset_classes(ds: Dataset) -> Optional[int]:
 def check_classes(ds: Dataset, head: int, what: str = "student") -> None:
     found = dataset_classes(ds)
     if found is not None and found != head:
-        raise VitconvertError(f"the data has {found} classes but the {what}'s head has {head}: convert the model "
-                              f"with `vitconvert convert SOURCE --num-classes {found}` (a new, random head)")
+        raise VitconvertError(f"the data has {found} classes but the {what}'s head has {head}: convert the source "
+                              f"model with {param('num_classes', found)} (a new, random head)")

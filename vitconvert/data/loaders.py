@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..errors import VitconvertError
+from ..errors import VitconvertError, param
 from ..recipes import Recipe
 from .datasets import check_classes, class_names, dataset_classes, open_dataset
 from .transforms import InputConfig, eval_transform, mixup_for, train_transform
@@ -200,7 +200,7 @@ def run_data(r: Recipe, inp: InputConfig, num_classes: int, rank: int, world: in
     updates = len(train) // world // micro // r.accum_steps  # type: ignore[arg-type]
     if updates < 1:
         raise VitconvertError(f"the training split has {len(train)} images: fewer than one optimizer step of "  # type: ignore[arg-type]
-                              f"batch_size {r.batch_size}; lower --batch-size")
+                              f"batch_size {r.batch_size}; lower {param('batch_size')}")
     train_set = TransformedDataset(train, train_transform(r, inp), seed=r.seed)
     val_set = TransformedDataset(val, eval_transform(inp))
     where = dict(workers=r.workers, rank=rank, world=world, pin_memory=pin_memory)

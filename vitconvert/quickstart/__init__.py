@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..attention import VARIANTS
-from ..errors import VitconvertError
+from ..attention import VARIANTS, variant_class
+from ..errors import BadValue, VitconvertError, param
 from ..evaluate import evaluate
 from ..recipes import load_recipe
 from ..sources import load_source
@@ -52,10 +52,9 @@ def parse_variants(text: str) -> list[str]:
     """``"a,b,a"`` -> ["a", "b"], checked against the registry, duplicates dropped."""
     names = list(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
     if not names:
-        raise VitconvertError(f"--variants is empty; choose from {', '.join(VARIANTS)}")
-    unknown = [v for v in names if v not in VARIANTS]
-    if unknown:
-        raise VitconvertError(f"unknown variant(s) {', '.join(unknown)}; valid: {', '.join(VARIANTS)}")
+        raise BadValue("variants", f"is empty; choose from {', '.join(VARIANTS)}")
+    for name in names:
+        variant_class(name, param="variants")
     return names
 
 
@@ -63,8 +62,8 @@ def check_out(out: Path, force: bool) -> None:
     """Refuse to write into a non-empty folder before any work starts (``--force`` replaces our subfolders)."""
     check_container(out)  # never write into a folder of the user's own files (writer.py)
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise VitconvertError(f"{out} already exists and is not empty; use --force to overwrite its runs "
-                              "or --out to choose another folder")
+        raise VitconvertError(f"{out} already exists and is not empty; use {param('force', True)} to overwrite its "
+                              f"runs or {param('out')} to choose another folder")
 
 
 def run_quickstart(variants: Sequence[str] = DEFAULT_VARIANTS, out: Path = Path("runs/quickstart"),
