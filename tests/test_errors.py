@@ -59,10 +59,6 @@ PENDING_FLAG_FILES = {
     "compare.py",
     "data/datasets.py",
     "data/loaders.py",
-    "distill/checkpoint.py",
-    "distill/models.py",
-    "distill/runfolder.py",
-    "distill/trainer.py",
     "distributed.py",
     "evaluate.py",
     "folder.py",
@@ -118,3 +114,15 @@ def test_parameter_mentions_read_as_arguments_in_python_and_as_flags_on_the_cli(
     assert for_cli(f"{outer}") == ("cannot load the teacher: no weights; use --no-pretrained or --arch NAME; name it "
                                    "with --teacher")
     assert for_cli(f"{VitconvertError(param('force', True))}") == "--force"
+
+
+def test_a_stop_message_names_flags_on_the_cli(capsys):
+    from vitconvert.errors import Stopped, param
+
+    @user_errors
+    def command():
+        raise Stopped(f"stopped by SIGTERM; continue with {param('resume', True)}", "SIGTERM")
+
+    with pytest.raises(typer.Exit) as stopped:
+        command()
+    assert stopped.value.exit_code == 143 and capsys.readouterr().err == "stopped by SIGTERM; continue with --resume\n"
