@@ -55,10 +55,6 @@ def test_a_loader_worker_error_keeps_the_workers_last_line_not_its_traceback():
 FLAG = re.compile(r"(?<![\w-])--[a-z]")
 # Library modules still naming flags in what they raise; each leaves this list as it moves to param()/BadValue.
 PENDING_FLAG_FILES = {
-    "distill/checkpoint.py",
-    "distill/models.py",
-    "distill/runfolder.py",
-    "distill/trainer.py",
     "evaluate.py",
     "folder.py",
     "hub_io.py",
@@ -108,3 +104,15 @@ def test_parameter_mentions_read_as_arguments_in_python_and_as_flags_on_the_cli(
     assert for_cli(f"{outer}") == ("cannot load the teacher: no weights; use --no-pretrained or --arch NAME; name it "
                                    "with --teacher")
     assert for_cli(f"{VitconvertError(param('force', True))}") == "--force"
+
+
+def test_a_stop_message_names_flags_on_the_cli(capsys):
+    from vitconvert.errors import Stopped, param
+
+    @user_errors
+    def command():
+        raise Stopped(f"stopped by SIGTERM; continue with {param('resume', True)}", "SIGTERM")
+
+    with pytest.raises(typer.Exit) as stopped:
+        command()
+    assert stopped.value.exit_code == 143 and capsys.readouterr().err == "stopped by SIGTERM; continue with --resume\n"

@@ -142,3 +142,16 @@ def test_new_params_overrides_merge_into_the_file_and_reload(tmp_path):
 def test_each_number_rule_has_one_home(field, value, rule):
     with pytest.raises(VitconvertError, match=re.escape(f"recipe {field}: {value!r} {rule}")):
         load_recipe(None, {field: value})
+
+
+def test_the_stage_plan_is_parsed_once_and_travels_with_the_recipe(monkeypatch):
+    import pickle
+
+    from vitconvert import recipes
+
+    recipe = Recipe(epochs=4, stages="attn:1,finetune", warmup_epochs=0)
+    monkeypatch.setattr(recipes, "parse_stages", lambda *args: pytest.fail("parsed again"))
+    assert [recipe.stage_at(e) for e in range(5)] == ["attn", "finetune", "finetune", "finetune", "finetune"]
+    assert recipe.stage_plan() == [("attn", 1), ("finetune", 3)]
+    copy = pickle.loads(pickle.dumps(recipe))  # a worker process gets the plan with the recipe
+    assert copy == recipe and copy.stage_plan() == recipe.stage_plan() and "_plan" not in recipe.to_dict()

@@ -37,11 +37,21 @@ def _one_of(field: str, value: str, valid: list[str]) -> VitconvertError:
 
 def check_numbers(r: Any) -> None:
     """Every number finite, probabilities in [0, 1], the learning rate positive, ranges ordered."""
+    check_finite(r)
+    check_learning_rate(r)
+    check_ranges(r)
+    check_shapes(r)
+
+
+def check_finite(r: Any) -> None:
     for name, value in vars(r).items():
         values = value if isinstance(value, tuple) else (value,)
-        for v in values:
-            if isinstance(v, float) and not math.isfinite(v):
-                raise _fail(name, value, "is not a finite number")
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise _fail(name, value, "is not a finite number")
+
+
+def check_learning_rate(r: Any) -> None:
+    """lr positive, min_lr below it; the seed and name, which name and seed the run."""
     if r.lr <= 0:
         raise _fail("lr", r.lr, "must be a positive number")
     if isinstance(r.seed, int) and r.seed >= 2 ** 63:
@@ -51,6 +61,10 @@ def check_numbers(r: Any) -> None:
                                     "the run folder under runs/")
     if r.min_lr > r.lr:
         raise _fail("min_lr", r.min_lr, f"is above the peak lr ({r.lr})")
+
+
+def check_ranges(r: Any) -> None:
+    """Probabilities in [0, 1], the non-negative fields not negative, clipping and cropping positive."""
     for name in PROBABILITIES:
         if not 0 <= getattr(r, name) <= 1:
             raise _fail(name, getattr(r, name), "is a probability: it must be between 0 and 1")
@@ -64,6 +78,10 @@ def check_numbers(r: Any) -> None:
         raise _fail("clip_grad", r.clip_grad, "must be positive, or null for no clipping")
     if r.crop_pct is not None and not 0 < r.crop_pct <= 1:
         raise _fail("crop_pct", r.crop_pct, "must be in (0, 1]")
+
+
+def check_shapes(r: Any) -> None:
+    """scale an ordered [min, max]; mean and std one value or one per channel, std positive."""
     if len(r.scale) != 2 or not 0 < r.scale[0] <= r.scale[1]:
         raise _fail("scale", list(r.scale), "must be [min, max] with 0 < min <= max (RandomResizedCrop area range)")
     for name in ("mean", "std"):

@@ -61,6 +61,38 @@ class NewParams:
         return cls(**{k: _coerce_value(f"new_params.{k}", hints[k], v) for k, v in value.items()})
 
 
+def _named_stages(stages: str) -> list[tuple[str, Optional[int]]]:
+    """"attn:5,finetune" -> [("attn", 5), ("finetune", None)]: each stage with its epochs, None where unsaid."""
+    parts = [p.strip() for p in stages.split(",") if p.strip()]
+    if not parts:
+        raise VitconvertError("recipe stages is empty; use e.g. joint or attn:5,finetune")
+    named: list[tuple[str, Optional[int]]] = []
+    for part in parts:
+        name, sep, count = part.partition(":")
+        if name not in STAGES:
+            raise VitconvertError(f"unknown stage {name!r} in {stages!r}; valid: {', '.join(STAGES)}")
+        try:
+            named.append((name, int(count) if sep else None))
+        except ValueError:
+            raise VitconvertError(f"stage {part!r}: the epoch count must be an integer") from None
+    return named
+
+
+def parse_stages(stages: str, epochs: int) -> tuple[tuple[str, int], ...]:
+    """((stage, epochs), ...) summing to ``epochs``; stages without a count share what the others leave."""
+    named = _named_stages(stages)
+    free = [i for i, (_, e) in enumerate(named) if e is None]
+    rest = epochs - sum(e for _, e in named if e is not None)
+    if (free and rest < len(free)) or (not free and rest != 0):
+        raise VitconvertError(f"stages {stages!r} do not fit in {epochs} epochs")
+    plan = [(n, e or 0) for n, e in named]
+    for rank, i in enumerate(free):
+        plan[i] = (plan[i][0], rest // len(free) + (rank < rest % len(free)))
+    if any(e < 1 for _, e in plan):
+        raise VitconvertError(f"every stage in {stages!r} needs at least one epoch")
+    return tuple(plan)
+
+
 @dataclass(frozen=True)
 class Recipe:
     """Every knob of a distill run. Defaults: the Xu et al. (2024) small-dataset recipe (method.md)."""
@@ -134,12 +166,24 @@ class Recipe:
     log_interval: int = 10  # optimizer steps between metrics.jsonl step records
 
     def __post_init__(self) -> None:
+        self._check_choices()
+        self._check_counts()
+        if not isinstance(self.new_params, NewParams):  # Recipe(new_params={...}) from Python
+            object.__setattr__(self, "new_params", NewParams.from_value(self.new_params))
+        self._check_schedule()
+        object.__setattr__(self, "_plan", parse_stages(self.stages, self.epochs))  # parsed once, checked here
+        check_recipe(self)  # ranges, and the names timm reads later, against timm's registries
+
+    def _check_choices(self) -> None:
+        """The string fields vitconvert reads itself, against their few valid values."""
         for name, value, valid in (("attn_loss", self.attn_loss, ATTN_LOSSES),
                                    ("attn_target", self.attn_target, ATTN_TARGETS),
                                    ("amp_dtype", self.amp_dtype, AMP_DTYPES),
                                    ("mixup_mode", self.mixup_mode, ("batch", "pair", "elem"))):
             if value not in valid:
                 raise VitconvertError(f"recipe {name}: {value!r} is not one of {', '.join(valid)}")
+
+    def _check_counts(self) -> None:
         for name in ("epochs", "batch_size", "accum_steps", "recount", "log_interval"):
             if getattr(self, name) < 1:
                 raise VitconvertError(f"recipe {name} must be at least 1 (got {getattr(self, name)})")
@@ -152,8 +196,9 @@ class Recipe:
             raise VitconvertError(f"recipe img_size must be positive (got {self.img_size})")
         if self.kd_temperature <= 0:
             raise VitconvertError(f"recipe kd_temperature must be positive (got {self.kd_temperature})")
-        if not isinstance(self.new_params, NewParams):  # Recipe(new_params={...}) from Python
-            object.__setattr__(self, "new_params", NewParams.from_value(self.new_params))
+
+    def _check_schedule(self) -> None:
+        """Warm-ups and frozen epochs inside the run, layer decay a factor, the comparison a count."""
         for name, warmup in (("warmup_epochs", self.warmup_epochs),
                              ("new_params.warmup_epochs", self.new_params.warmup_epochs)):
             if warmup is not None and warmup >= self.epochs and warmup > 0:
@@ -166,44 +211,19 @@ class Recipe:
             raise VitconvertError(f"recipe layer_decay must be in (0, 1] or null (got {self.layer_decay})")
         if self.compare_batches < 0:
             raise VitconvertError(f"recipe compare_batches must not be negative (got {self.compare_batches})")
-        self.stage_plan()  # validates the stage string
-        check_recipe(self)  # ranges, and the names timm reads later, against timm's registries
 
     def stage_plan(self) -> list[tuple[str, int]]:
         """[(stage, epochs)] summing to ``epochs``: "attn:5,finetune" -> [("attn", 5), ("finetune", epochs-5)]."""
-        parts = [p.strip() for p in self.stages.split(",") if p.strip()]
-        if not parts:
-            raise VitconvertError("recipe stages is empty; use e.g. joint or attn:5,finetune")
-        named: list[tuple[str, Optional[int]]] = []
-        for part in parts:
-            name, sep, count = part.partition(":")
-            if name not in STAGES:
-                raise VitconvertError(f"unknown stage {name!r} in {self.stages!r}; valid: {', '.join(STAGES)}")
-            try:
-                epochs = int(count) if sep else None
-            except ValueError:
-                raise VitconvertError(f"stage {part!r}: the epoch count must be an integer") from None
-            named.append((name, epochs))
-        fixed = sum(e for _, e in named if e is not None)
-        free = [i for i, (_, e) in enumerate(named) if e is None]
-        rest = self.epochs - fixed
-        if (free and rest < len(free)) or (not free and rest != 0):
-            raise VitconvertError(f"stages {self.stages!r} do not fit in {self.epochs} epochs")
-        plan = [(n, e or 0) for n, e in named]
-        for rank, i in enumerate(free):
-            plan[i] = (plan[i][0], rest // len(free) + (rank < rest % len(free)))
-        if any(e < 1 for _, e in plan):
-            raise VitconvertError(f"every stage in {self.stages!r} needs at least one epoch")
-        return plan
+        return list(self._plan)  # type: ignore[attr-defined]
 
     def stage_at(self, epoch: int) -> str:
         """The stage that trains epoch ``epoch`` (0-based)."""
         end = 0
-        for name, epochs in self.stage_plan():
+        for name, epochs in self._plan:  # type: ignore[attr-defined]
             end += epochs
             if epoch < end:
                 return name
-        return self.stage_plan()[-1][0]
+        return self._plan[-1][0]  # type: ignore[attr-defined]
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -237,19 +257,33 @@ def _coerce_value(key: str, hint: Any, value: Any) -> Any:
         raise VitconvertError(f"recipe {key} cannot be null")
     options = [a for a in args if a is not type(None)] if typing.get_origin(hint) is Union else [hint]
     for option in options:
-        if option is bool and isinstance(value, bool):
-            return value
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if option is str and isinstance(value, str):
-            return value
-        if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)) and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-            return tuple(float(v) for v in value)
+        if _fits(option, value):
+            return _as_type(option, value)
     names = " or ".join(getattr(o, "__name__", str(o)).replace("tuple", "list of numbers") for o in options)
     raise VitconvertError(f"recipe {key}: expected {names}, got {value!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fits(option: Any, value: Any) -> bool:
+    """Whether a YAML value is of the field type ``option`` (no bool for a number; an int for a float)."""
+    if option in (bool, str):
+        return isinstance(value, option)
+    if option is int:
+        return _is_number(value) and isinstance(value, int)
+    if option is float:
+        return _is_number(value)
+    return typing.get_origin(option) is tuple and isinstance(value, (list, tuple)) and all(map(_is_number, value))
+
+
+def _as_type(option: Any, value: Any) -> Any:
+    if option is float:
+        return float(value)
+    if typing.get_origin(option) is tuple:
+        return tuple(float(v) for v in value)
+    return value
 
 
 def recipe_dirs() -> list[Path]:

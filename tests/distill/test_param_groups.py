@@ -120,7 +120,7 @@ def test_copied_weights_do_not_move_while_frozen_and_do_after(teacher, images, t
 
     def check(trainer):
         if trainer.pos.epoch == 0:  # every step of the frozen epoch: model and EMA
-            for model in (trainer.task.model, trainer.ema.module):
+            for model in (trainer.task.model, trainer.task.ema.module):
                 params = dict(model.named_parameters())
                 assert all(torch.equal(params[n], start[n]) for n in start if n not in fresh)
             seen.append(trainer.pos.step)

@@ -109,7 +109,7 @@ def user_errors(fn: F) -> F:
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except Stopped as e:  # the user asked for it: not an error; say where the work is and how to go on
-            typer.echo(" ".join(str(e).split()), err=True)
+            typer.echo(" ".join(for_cli(format(e)).split()), err=True)
             raise typer.Exit(e.exit_code) from None
         except BadValue as e:  # a library error about a value: name the flag that gave it
             fail(f"{flag_of(e.name)}: {summary(e, internal=False)}")

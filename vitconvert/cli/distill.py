@@ -10,7 +10,6 @@ from typing import Optional
 import typer
 
 from ..errors import Stopped
-from ..recipes import load_recipe
 from .common import (
     DataDirOpt,
     DeviceOpt,
@@ -61,33 +60,26 @@ def distill(
 
     Example: vitconvert distill ./deit_small_patch16_224-mhla --recipe cifar100 --data torch/cifar100 --data-dir ~/data
     """
-    from ..distill import DistillJob, resume_defaults, run  # lazy: start-up time
+    from ..distill import TrainingStopped, distill, resume_defaults  # lazy: start-up time
     from ..threads import torch_threads  # lazy: start-up time
 
     flags = {"data": data, "data_dir": data_dir, "epochs": epochs, "batch_size": batch_size, "lr": lr,
              "seed": seed, "attn_weight": attn_weight, "kd_weight": kd_weight, "attn_target": attn_target,
-             "attn_loss": attn_loss, "stages": stages}
+             "attn_loss": attn_loss, "stages": stages, "download": download or None}
     overrides = {**parse_sets(set_), **{k: v for k, v in flags.items() if v is not None}}
-    if download:
-        overrides["download"] = True
-    if resume and out is not None:  # a resume needs the run folder and nothing else: its recipe, its student
-        run_recipe, run_student = resume_defaults(out)
-        recipe, student = recipe or run_recipe, student or run_student
-    parsed, text = load_recipe(recipe, overrides)
     main_process = os.environ.get("RANK", "0") == "0"  # torchrun: rank 0 prints and pushes
     if push_to_hub and main_process:
         from ..hub import check_push_ready  # lazy: start-up time
 
         check_push_ready(push_to_hub)  # a missing token is said now, not after the training
-    student = student or last_converted()
-    out = out or Path("runs") / f"{student.resolve().name}-{parsed.name}"
+    resumed = resume_defaults(out)[1] if resume and out is not None else None  # resuming: the run's own student
+    student = student or resumed or last_converted()
     with torch_threads(cpu_threads(threads, student)):
         try:
-            result = run(DistillJob(student=str(student), recipe=parsed, out=out, recipe_text=text,
-                                    teacher=teacher, resume=resume, force=force, device=device, fsdp=fsdp,
-                                    compile=compile_, show=not as_json))
-        except Stopped as e:
-            raise Stopped(f"{e} (`vitconvert distill --resume --out {out}`)", e.signal_name) from None
+            result = distill(student, out, recipe, overrides, teacher=teacher, resume=resume, force=force,
+                             device=device, fsdp=fsdp, compile=compile_, show=not as_json)
+        except TrainingStopped as e:
+            raise Stopped(f"{e} (`vitconvert distill --resume --out {e.run}`)", e.signal_name) from None
     if push_to_hub and main_process:
         from ..hub import push_folder  # lazy: start-up time
 

@@ -16,11 +16,12 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ..errors import VitconvertError, first_line
+from ..errors import BadValue, VitconvertError, first_line, param
 from ..folder import atomic_folder
 
 CHECKPOINT = "checkpoint-last"
 FORMAT = 1
+START_OVER = f"start over with {param('force', True)} without {param('resume')}"
 
 
 @dataclass
@@ -173,8 +174,7 @@ class Checkpoint:
         run folder is touched (a missing file, a truncated one, trainer.json without its fields)."""
         from safetensors import safe_open
 
-        damaged = f"{self.folder}/trainer.json lacks or mangles %s: the checkpoint is damaged (start over with " \
-                  "--force without --resume)"
+        damaged = f"{self.folder}/trainer.json lacks or mangles %s: the checkpoint is damaged ({START_OVER})"
         meta = self.meta
         if not isinstance(meta, dict):
             raise VitconvertError(damaged % "everything")
@@ -196,8 +196,7 @@ class Checkpoint:
         for name in names:
             path = self.folder / name
             if not path.is_file():
-                raise VitconvertError(f"{path} is missing: the checkpoint is damaged (start over with --force "
-                                      "without --resume)")
+                raise VitconvertError(f"{path} is missing: the checkpoint is damaged ({START_OVER})")
             try:
                 with safe_open(str(path), framework="pt") as f:
                     for key in f.keys():
@@ -216,13 +215,12 @@ class Checkpoint:
         if then != now:
             changed = "; ".join(f"{k}: {then.get(k)} -> {now.get(k)}" for k in sorted({*then, *now})
                                 if then.get(k) != now.get(k))
-            raise VitconvertError(f"--resume: this run's checkpoint is of another student ({changed}): its weights "
-                                  f"do not fit this one; resume with the run's own student, or start over with "
-                                  "--force without --resume")
+            raise BadValue("resume", f"this run's checkpoint is of another student ({changed}): its weights do not "
+                                     f"fit this one; resume with the run's own student, or {START_OVER}")
         if saved.get("teacher") != job.get("teacher") and not force:
-            raise VitconvertError(f"--resume: this run was distilled from the teacher {saved.get('teacher')}, not "
-                                  f"{job.get('teacher')}: resume with --teacher {saved.get('teacher')} (or add "
-                                  "--force to continue under the new teacher)")
+            raise BadValue("resume", f"this run was distilled from the teacher {saved.get('teacher')}, not "
+                                     f"{job.get('teacher')}: resume with {param('teacher', saved.get('teacher'))} (or "
+                                     f"add {param('force', True)} to continue under the new teacher)")
 
     def model(self) -> dict[str, torch.Tensor]:
         return self._tensors("model.safetensors")
@@ -247,10 +245,9 @@ def read_checkpoint(run: Path) -> Checkpoint:
     folder = run / CHECKPOINT
     meta_file = folder / "trainer.json"
     if folder.is_dir() and not meta_file.is_file():
-        raise VitconvertError(f"{folder} has no trainer.json: the checkpoint is damaged (start over with --force "
-                              "without --resume)")
+        raise VitconvertError(f"{folder} has no trainer.json: the checkpoint is damaged ({START_OVER})")
     if not meta_file.is_file():
-        raise VitconvertError(f"--resume: {run} has no {CHECKPOINT}/ to resume from (start without --resume)")
+        raise BadValue("resume", f"{run} has no {CHECKPOINT}/ to resume from (start without {param('resume')})")
     try:
         meta = json.loads(meta_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):

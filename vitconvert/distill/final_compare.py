@@ -32,13 +32,13 @@ def sample_batches(dataset: Dataset, batches: int, batch_size: int, seed: int, w
     return data.make_loader(sample, batch_size, seed, train=False, workers=workers)  # type: ignore[arg-type]
 
 
-def compare_at_end(teacher: nn.Module, student: nn.Module, feed: data.RunData, inp: data.InputConfig,
-                   recipe: Recipe, device: torch.device, folder: Path, teacher_spec: str,
+def compare_at_end(student: nn.Module, *, teacher: nn.Module, teacher_spec: str, feed: data.RunData,
+                   inp: data.InputConfig, recipe: Recipe, device: torch.device, folder: Path,
                    note: Callable[[str], None]) -> Optional[dict[str, Any]]:
-    """Compare a device copy of ``student`` (the CPU export model) with ``teacher`` on ``compare_batches``
-    validation batches; write compare.json and, with matplotlib, compare.png into ``folder``; return
-    ``CompareReport.to_dict()`` for the card. A failure is a note, not an error: a diagnostic must not cost
-    the trained model its folder."""
+    """Compare a device copy of ``student`` (the CPU eval model) with ``teacher`` (named ``teacher_spec``) on
+    ``recipe.compare_batches`` batches of ``feed``'s validation set; write compare.json and, with matplotlib,
+    compare.png into ``folder``; return ``CompareReport.to_dict()`` for the card. A failure is a ``note``, not
+    an error: a diagnostic must not cost the trained model its folder."""
 
     try:
         on_device = copy.deepcopy(student).to(device).eval()

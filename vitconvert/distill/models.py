@@ -10,22 +10,22 @@ import torch
 from torch import nn
 
 from ..data import InputConfig, accepts_size, model_input_size
-from ..errors import VitconvertError
+from ..errors import VitconvertError, param
 
 
 def check_sizes(student: nn.Module, teacher: nn.Module, img_size: int) -> None:
     for who, model in (("student", student), ("teacher", teacher)):
         if not accepts_size(model, img_size):
             raise VitconvertError(f"the {who} is built for {model_input_size(model)} px images but the recipe "
-                                  f"trains at {img_size} px: set img_size to {model_input_size(model)} "
-                                  f"(--set img_size=...) or convert at --img-size {img_size}")
+                                  f"trains at {img_size} px: set the recipe's img_size to {model_input_size(model)} "
+                                  f"or convert at {param('img_size', img_size)}")
 
 
 def check_kd(student: nn.Module, teacher: nn.Module, kd_weight: float) -> None:
     mine, theirs = getattr(student, "num_classes", None), getattr(teacher, "num_classes", None)
     if kd_weight > 0 and mine != theirs:
         raise VitconvertError(f"logit KD needs the teacher's classes: the teacher has {theirs}, the student "
-                              f"{mine}; use --kd-weight 0 (attention distillation still applies)")
+                              f"{mine}; use {param('kd_weight', 0)} (attention distillation still applies)")
 
 
 def embed_width(model: nn.Module) -> int:

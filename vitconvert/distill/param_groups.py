@@ -170,23 +170,6 @@ def frozen_ids(model: nn.Module, recipe: Recipe) -> set[int]:
     return {id(p) for name, p in model.named_parameters() if name not in fresh}
 
 
-def phase(recipe: Recipe, epoch: int) -> tuple[str, bool]:
-    """(stage, whether the copied weights are frozen) of ``epoch``: what the trainer sets up at its start."""
-    return recipe.stage_at(epoch), epoch < recipe.freeze_copied_epochs
-
-
-def trainable_ids(recipe: Recipe, epoch: int, model: nn.Module, attn_ids: set[int], frozen: set[int]) -> set[int]:
-    """What trains in ``epoch``: the stage's parameters (``attn``: attention only) less the frozen copied ones."""
-    stage, is_frozen = phase(recipe, epoch)
-    ids = attn_ids if stage == "attn" else {id(p) for p in model.parameters()}
-    ids = ids - frozen if is_frozen else ids
-    if not ids:
-        raise VitconvertError(f"nothing would train in epoch {epoch + 1} (stage {stage}"
-                              + (", copied weights frozen, and every weight of it was copied" if is_frozen else "")
-                              + "): lower freeze_copied_epochs or change the stages")
-    return ids
-
-
 def logged_lrs(optimizer: torch.optim.Optimizer) -> dict[str, float]:
     """The schedule's lr, the largest over copied groups (layer decay scales the lower layers down), and
     ``lr_new``, the largest over fresh-weight groups, when they have groups of their own."""

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .. import distributed as D
-from ..errors import VitconvertError
+from ..errors import VitconvertError, param
 from ..folder import atomic_folder, write_model_files
 from ..recipes import Recipe, recipe_changes
 from ..writer import _tag as writer_tag
@@ -57,7 +57,8 @@ def check_run_folder(run: Path, resume: bool, force: bool, inputs: Iterable[str]
     empty = run.is_dir() and not any(run.iterdir())
     check_output(run, force=True, inputs=inputs, replace_ok=True)  # never a folder vitconvert did not write
     if run.exists() and not empty and not force and not failed_start(run):
-        raise VitconvertError(f"{run} already exists; use --resume to continue it or --force to start over")
+        raise VitconvertError(f"{run} already exists; use {param('resume', True)} to continue it or "
+                              f"{param('force', True)} to start over")
 
 
 def aside(run: Path) -> Path:
@@ -79,11 +80,11 @@ def prepare_run_folder(run: Path, recipe: Recipe, recipe_text: str, resume: bool
         changes = recipe_changes(ckpt.recipe, recipe)
         if not changes and ckpt.position.epoch >= recipe.epochs:
             raise VitconvertError(f"{run} is complete ({ckpt.position.epoch} of {recipe.epochs} epochs): nothing "
-                                  "to resume; to train longer, add --epochs N --force")
+                                  f"to resume; to train longer, add {param('epochs', 'N')} {param('force', True)}")
         if changes and not force:
-            raise VitconvertError(f"--resume with a changed recipe ({'; '.join(changes[:4])}): {run} was trained "
-                                  "with its recipe.yaml, which a resume reads by itself; drop the changed values, "
-                                  "or add --force to continue under the new recipe")
+            raise VitconvertError(f"{param('resume', True)} with a changed recipe ({'; '.join(changes[:4])}): {run} "
+                                  "was trained with its recipe.yaml, which a resume reads by itself; drop the changed "
+                                  f"values, or add {param('force', True)} to continue under the new recipe")
         return ckpt
     check_run_folder(run, resume, force, inputs)
     if env.is_main:

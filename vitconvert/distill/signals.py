@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import Stopped
 
 
 class TrainingStopped(Stopped):
-    """A stop signal arrived: the checkpoint was saved and ``--resume`` continues the run."""
+    """A stop signal arrived: the checkpoint was saved in ``run``, and resuming it continues the run."""
+
+    def __init__(self, message: str, signal_name: str = "SIGINT", run: Optional[Path] = None):
+        super().__init__(message, signal_name)
+        self.run = run
 
 
 class StopRequest:
