@@ -96,7 +96,7 @@ def test_pending_flag_files_still_name_flags():
 
 
 def test_parameter_mentions_read_as_arguments_in_python_and_as_flags_on_the_cli():
-    from vitconvert.errors import VitconvertError, for_cli, param
+    from vitconvert.errors import VitconvertError, for_cli, param, setting
 
     inner = VitconvertError(f"no weights; use {param('pretrained', False)} or {param('arch', 'NAME')}")
     outer = VitconvertError(f"cannot load the teacher: {inner}; name it with {param('teacher')}")
@@ -104,6 +104,8 @@ def test_parameter_mentions_read_as_arguments_in_python_and_as_flags_on_the_cli(
     assert for_cli(f"{outer}") == ("cannot load the teacher: no weights; use --no-pretrained or --arch NAME; name it "
                                    "with --teacher")
     assert for_cli(f"{VitconvertError(param('force', True))}") == "--force"
+    recipe = VitconvertError(f"resume with {setting('clip_grad', 1.0)}")
+    assert (str(recipe), for_cli(f"{recipe}")) == ("resume with clip_grad=1.0 in the recipe", "resume with --set clip_grad=1.0")
 
 
 def test_a_stop_message_names_flags_on_the_cli(capsys):

@@ -3,7 +3,7 @@
 import re
 from typing import Any
 
-PARAM = re.compile(r"\u27e6([a-z_]+)(?:=([^\u27e7]*))?\u27e7")
+PARAM = re.compile(r"\u27e6(set:)?([a-z_]+)(?:=([^\u27e7]*))?\u27e7")
 
 
 def param(name: str, value: Any = None) -> str:
@@ -12,13 +12,23 @@ def param(name: str, value: Any = None) -> str:
     return f"\u27e6{name}\u27e7" if value is None else f"\u27e6{name}={value}\u27e7"
 
 
+def setting(key: str, value: Any) -> str:
+    """Mentions a recipe setting: ``clip_grad=1.0 in the recipe`` for a library caller, ``--set clip_grad=1.0`` on
+    the command line."""
+    return f"\u27e6set:{key}={value}\u27e7"
+
+
 def _as_argument(match: re.Match) -> str:
-    name, value = match.groups()
+    recipe, name, value = match.groups()
+    if recipe:
+        return f"{name}={value} in the recipe"
     return name if value is None else f"{name}={value}"
 
 
 def _as_flag(match: re.Match) -> str:
-    name, value = match.groups()
+    recipe, name, value = match.groups()
+    if recipe:
+        return f"--set {name}={value}"
     flag = "--" + name.replace("_", "-")
     if value in (None, "True"):
         return flag

@@ -10,14 +10,14 @@ import torch
 from torch import nn
 
 from ..data import InputConfig, accepts_size, model_input_size
-from ..errors import VitconvertError, param
+from ..errors import VitconvertError, param, setting
 
 
 def check_sizes(student: nn.Module, teacher: nn.Module, img_size: int) -> None:
     for who, model in (("student", student), ("teacher", teacher)):
         if not accepts_size(model, img_size):
             raise VitconvertError(f"the {who} is built for {model_input_size(model)} px images but the recipe "
-                                  f"trains at {img_size} px: set the recipe's img_size to {model_input_size(model)} "
+                                  f"trains at {img_size} px: use {setting('img_size', model_input_size(model))} "
                                   f"or convert at {param('img_size', img_size)}")
 
 

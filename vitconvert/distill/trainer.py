@@ -20,7 +20,7 @@ from torch import nn
 
 from .. import data, loading
 from .. import distributed as D
-from ..errors import VitconvertError, load_reason, param
+from ..errors import VitconvertError, load_reason, param, setting
 from ..evaluate import eval_sums, metrics_from_sums
 from ..recipes import recipe_changes, recipe_summary
 from ..writer import output_lock
@@ -262,7 +262,7 @@ class Trainer:
             return
         saved = read_checkpoint(self.run_dir).position.epoch if (self.run_dir / CHECKPOINT).is_dir() else None
         where = (f"the last good checkpoint ({self.run_dir / CHECKPOINT}, after epoch {saved}) is kept: resume from "
-                 f"it with a lower {param('lr')} or with the recipe's clip_grad at 1.0" if saved is not None
+                 f"it with a lower {param('lr')} or with {setting('clip_grad', 1.0)}" if saved is not None
                  else "no checkpoint was written")
         raise VitconvertError(f"the loss became NaN or infinite at epoch {epoch + 1}, step {self.pos.step}; "
                               f"training stopped and {where}")
