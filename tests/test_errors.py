@@ -64,15 +64,11 @@ PENDING_FLAG_FILES = {
     "distill/runfolder.py",
     "distill/trainer.py",
     "distributed.py",
-    "evaluate.py",
     "folder.py",
     "hub.py",
-    "hub_io.py",
     "init.py",
-    "loading.py",
     "quickstart/__init__.py",
     "selection.py",
-    "sources.py",
     "writer.py",
 }
 
