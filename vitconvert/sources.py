@@ -11,7 +11,7 @@ vitconvert (linear) folder is refused from its config.json, before any weights a
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -124,7 +124,6 @@ class Source:
     arch: str
     spec: str  # the SOURCE string as the user gave it
     pretrained: bool
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def load_state_file(path: Path) -> dict[str, torch.Tensor]:
