@@ -112,6 +112,7 @@ def test_mimetic_cited_only_when_used(config):
     ("./my_folder", True, None),  # a local folder has no Hub id
     ("weights/model.safetensors", True, None),
     ("digits", True, None),  # a bundled model, not a timm name
+    ("hf-hub:not a/valid id", True, None),  # a hand-edited config.json: no base model, and the card still renders
 ])
 def test_base_model(config, source, pretrained, expected):
     cfg = copy.deepcopy(config)

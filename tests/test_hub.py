@@ -161,7 +161,7 @@ def test_offline_push_refuses_before_any_call(tmp_path, monkeypatch, make_folder
 
 @pytest.mark.parametrize("repo,text", [
     ("noslash", "expected org/name"), ("a/b/c", "expected org/name"), ("bad id/x", "expected org/name"),
-    ("", "expected org/name"), ("me/x@dev", "--revision"), ("me/--x", "expected org/name"),
+    ("", "expected org/name"), ("me/x@dev", "the branch with revision, not @"), ("me/--x", "expected org/name"),
 ])
 def test_invalid_repo_ids(tmp_path, repo, text):
     with pytest.raises(VitconvertError, match=text):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import timm
 import torch
 from helpers import FAMILIES, place_in_hub_cache, tiny_model
 
-from vitconvert.errors import VitconvertError
-from vitconvert.sources import load_source, resolve_alias
+from vitconvert.errors import VitconvertError, for_cli
+from vitconvert.sources import SourceNotFound, load_source, resolve, resolve_alias
 
 
 def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -74,8 +77,9 @@ def test_weights_that_do_not_fit_arch(tmp_path):
 def test_weights_file_needs_arch(tmp_path):
     path = tmp_path / "w.safetensors"
     path.write_bytes(b"x")
-    with pytest.raises(VitconvertError, match="--arch"):
+    with pytest.raises(VitconvertError, match="arch=NAME") as info:
         load_source(str(path))
+    assert "--arch NAME" in for_cli(f"{info.value}")  # the command line names the flag
 
 
 def test_corrupt_safetensors_in_folder(timm_folder):
@@ -108,7 +112,7 @@ def test_pretrained_name_offline_gives_clear_error(monkeypatch, tmp_path):
 
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
-    with pytest.raises(VitconvertError, match="--no-pretrained"):
+    with pytest.raises(VitconvertError, match="pretrained=False"):
         load_source("deit_tiny", pretrained=True, depth=1)
 
 
@@ -151,7 +155,7 @@ def test_hf_hub_offline_is_read_one_way_everywhere(monkeypatch, value, offline):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", not_cached)
     with pytest.raises(VitconvertError) as info:
-        hub_folder("hf-hub:me/not-cached")
+        hub_folder("me/not-cached")
     assert ("HF_HUB_OFFLINE is set" in str(info.value)) is offline
 
 
@@ -163,3 +167,50 @@ def test_hf_hub_offline_set_before_huggingface_hub_was_imported_counts(monkeypat
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)  # e.g. TRANSFORMERS_OFFLINE=1, which huggingface_hub also reads
     assert hub_offline()
+
+
+def test_resolve_says_what_each_form_names(timm_folder, tmp_path, monkeypatch, hub_cache):
+    from vitconvert.assets import TEACHER_DIR
+
+    _, folder = timm_folder
+    place_in_hub_cache(hub_cache, "me/tiny", folder, revision="v1")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"x")
+    hub = resolve("hf-hub:me/tiny@v1")
+    assert (hub.kind, hub.repo_id, hub.revision) == ("folder", "me/tiny", "v1")
+    assert (hub.path / "config.json").read_bytes() == (folder / "config.json").read_bytes() and not hub.linear
+    for spec in (str(folder), f"local-dir:{folder}", "~/timm", "local-dir:~/timm"):
+        assert (resolve(spec).kind, resolve(spec).path) == ("folder", folder), spec
+    assert resolve(str(weights)).kind == "file" and resolve(str(weights)).path == weights
+    digits = resolve("digits")
+    assert (digits.kind, digits.path, digits.bundled) == ("folder", TEACHER_DIR, True)
+    assert (resolve("deit_small").kind, resolve("deit_small").name) == ("timm", "deit_small_patch16_224")
+    assert resolve("vit_tiny_patch16_224").name == "vit_tiny_patch16_224"
+
+
+def test_a_bare_name_beats_a_folder_without_a_model_but_not_one_with(timm_folder, tmp_path, monkeypatch):
+    _, folder = timm_folder
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "digits").mkdir()  # an image folder named after its data
+    assert resolve("digits").bundled and resolve("./digits").path == Path("digits")
+    shutil.copytree(folder, tmp_path / "deit_small")  # a model folder of that name: the folder it is
+    assert resolve("deit_small").kind == "folder"
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("", "empty model source"),
+    ("./nope", "path not found: ./nope"),
+    ("~/nope/model", "path not found: ~/nope/model"),
+    ("local-dir:/no/such", "folder not found: /no/such"),
+    ("no_such_model_name", "unknown model 'no_such_model_name'"),
+])
+def test_resolve_a_string_that_names_nothing(spec, message):
+    with pytest.raises(SourceNotFound, match=message):
+        resolve(spec)
+
+
+def test_local_dir_names_a_folder(tmp_path):
+    (tmp_path / "w.safetensors").write_bytes(b"x")
+    with pytest.raises(SourceNotFound, match="local-dir: names a folder"):
+        resolve(f"local-dir:{tmp_path / 'w.safetensors'}")

@@ -40,11 +40,11 @@ from .bench_config import CLOCKS, BenchConfig
 from .convert import fresh_like
 from .errors import BadValue, VitconvertError, first_line
 from .flops import flops_per_image
-from .folder import read_config
-from .hub_io import hub_snapshot
+from .folder import folder_block
+from .loading import ANY_FORMS, refuse_file
 from .onnx_timing import onnx_steps
 from .selection import Spec, linear_layers
-from .sources import load_source
+from .sources import load_source, resolve
 from .surgery import find_softmax_attention, model_geometry, swap_attention
 from .threads import torch_threads
 from .timm_registry import create_source_model, source_architecture
@@ -116,10 +116,12 @@ def reference_for(source: Union[str, nn.Module], pretrained: bool = True) -> Ref
     architecture, random weights: weights do not change speed), or a model object built by timm."""
     if isinstance(source, nn.Module):
         return _reference_from_module(source)
-    folder = hub_snapshot(source) if source.startswith("hf-hub:") else Path(source.removeprefix("local-dir:"))
-    if folder.is_dir() and (folder / "config.json").is_file() and "vitconvert" in read_config(folder):
-        config = read_config(folder)
-        block = config["vitconvert"]
+    resolved = resolve(source)
+    if resolved.kind == "file":
+        refuse_file(resolved, ANY_FORMS)
+    if resolved.linear:
+        config = resolved.config()
+        block = folder_block(config) or {}
 
         def build_folder(size: Optional[int]) -> nn.Module:
             kwargs = {"img_size": size} if size else {}
@@ -134,13 +136,13 @@ def reference_for(source: Union[str, nn.Module], pretrained: bool = True) -> Ref
         return Reference(build_folder, source_architecture(config)[0], own_img_size(model),
                          [variant] if variant in VARIANTS else list(VARIANTS),
                          {variant: dict(block.get("options") or {})} if variant else {}, kept or None)
-    src = load_source(source, pretrained=pretrained)
+    src = load_source(resolved, pretrained=pretrained)
     default = own_img_size(src.model)
 
     def build(size: Optional[int]) -> nn.Module:
         if not size or size == default:
             return src.model
-        return load_source(source, pretrained=pretrained, img_size=size).model
+        return load_source(resolved, pretrained=pretrained, img_size=size).model
 
     return Reference(build, src.arch, default, list(VARIANTS), {})
 

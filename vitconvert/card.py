@@ -21,6 +21,8 @@ import yaml
 
 from .aliases import resolve_alias
 from .attention import VARIANTS
+from .errors import VitconvertError
+from .hub_io import parse_repo_id
 from .selection import describe
 from .timm_registry import is_vitconvert_architecture, source_architecture
 
@@ -51,7 +53,10 @@ def base_model(config: dict[str, Any]) -> Optional[str]:
     block = config.get("vitconvert", {})
     source = str(block.get("source") or "")
     if source.startswith("hf-hub:"):
-        return source.removeprefix("hf-hub:").split("@")[0]
+        try:
+            return parse_repo_id(source)[0]
+        except VitconvertError:  # a hand-edited config.json: the card names no base model rather than failing
+            return None
     if not source or block.get("pretrained") is False:
         return None  # random weights derive from nothing
     import timm
@@ -185,31 +190,46 @@ def hybrid_layers(block: dict[str, Any]) -> Optional[str]:
 def lineage(config: dict[str, Any]) -> str:
     """source -> convert -> (distill ...): every step that made these weights."""
     block = config.get("vitconvert", {})
-    init = block.get("init") or {}
-    base = base_model(config)
-    pretrained = "" if block.get("pretrained", True) else ", random init (no pretrained weights)"
-    source = f"**source**: `{block.get('source') or 'a timm model'}`"
-    if base:
-        source += f" ([{base}](https://huggingface.co/{base}))"
-    steps = [source + f", softmax attention{pretrained}",
-             f"**convert** (vitconvert {(block.get('versions') or {}).get('vitconvert', '?')}): attention -> "
-             f"`{block.get('variant', '?')}` initialised `{init.get('attn', '?')}`, MLPs `{init.get('mlp', '?')}`, "
-             f"rest `{init.get('rest', '?')}`, seed {init.get('seed', '?')}"]
-    extra = [s for s in block.get("lineage") or []
-             if not (isinstance(s, dict) and s.get("step") in ("source", "convert"))]
-    teacher = block.get("teacher")
-    if (block.get("recipe") or block.get("metrics") or teacher) and not any(
-            isinstance(s, dict) and s.get("step") == "distill" for s in extra):
-        extra.append({"step": "distill", **({"teacher": teacher} if teacher else {}),
-                      **({"epochs": block["metrics"]["epochs"]} if "epochs" in (block.get("metrics") or {}) else {})})
-    for step in extra:
-        if isinstance(step, dict):
-            rest = {k: v for k, v in step.items() if k != "step"}
-            steps.append(f"**{step.get('step', 'step')}**" + (": " + ", ".join(f"{k} {fmt(v)}" for k, v in rest.items())
-                                                              if rest else ""))
-        else:
-            steps.append(str(step))
+    steps = [source_step(config), convert_step(block)] + [step_text(s) for s in later_steps(block)]
     return "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
+
+
+def source_step(config: dict[str, Any]) -> str:
+    """The softmax source, linked to its Hub page when it has one."""
+    block = config.get("vitconvert", {})
+    text = f"**source**: `{block.get('source') or 'a timm model'}`"
+    if base := base_model(config):
+        text += f" ([{base}](https://huggingface.co/{base}))"
+    random = "" if block.get("pretrained", True) else ", random init (no pretrained weights)"
+    return text + f", softmax attention{random}"
+
+
+def convert_step(block: dict[str, Any]) -> str:
+    init = block.get("init") or {}
+    return (f"**convert** (vitconvert {(block.get('versions') or {}).get('vitconvert', '?')}): attention -> "
+            f"`{block.get('variant', '?')}` initialised `{init.get('attn', '?')}`, MLPs `{init.get('mlp', '?')}`, "
+            f"rest `{init.get('rest', '?')}`, seed {init.get('seed', '?')}")
+
+
+def later_steps(block: dict[str, Any]) -> list[Any]:
+    """The recorded steps after convert; a distillation the block implies (a recipe, metrics or a teacher) and
+    does not list is added."""
+    steps = [s for s in block.get("lineage") or [] if not (isinstance(s, dict) and s.get("step") in
+                                                            ("source", "convert"))]
+    teacher, metrics = block.get("teacher"), block.get("metrics") or {}
+    listed = any(isinstance(s, dict) and s.get("step") == "distill" for s in steps)
+    if (block.get("recipe") or metrics or teacher) and not listed:
+        steps.append({"step": "distill", **({"teacher": teacher} if teacher else {}),
+                      **({"epochs": metrics["epochs"]} if "epochs" in metrics else {})})
+    return steps
+
+
+def step_text(step: Any) -> str:
+    """``**name**: key value, ...`` for a step dict; anything else as written."""
+    if not isinstance(step, dict):
+        return str(step)
+    rest = ", ".join(f"{k} {fmt(v)}" for k, v in step.items() if k != "step")
+    return f"**{step.get('step', 'step')}**" + (f": {rest}" if rest else "")
 
 
 def compare_section(compare: Any) -> str:

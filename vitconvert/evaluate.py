@@ -10,6 +10,7 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
@@ -19,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from .data import TransformedDataset, check_classes, eval_transform, input_config, make_loader, open_dataset
 from .distributed import pick_device
-from .errors import BadValue, VitconvertError
+from .errors import BadValue, VitconvertError, param
 from .loading import load
 
 
@@ -75,20 +76,21 @@ def metrics_from_sums(sums: torch.Tensor) -> dict[str, Any]:
             "img_s": n / seconds if seconds > 0 else float("inf")}
 
 
-def evaluate(model: Union[str, nn.Module], data: str, split: str = "val", batch_size: int = 64,
+def evaluate(model: Union[str, Path, nn.Module], data: str, split: str = "val", batch_size: int = 64,
              device: Optional[str] = None, data_dir: Optional[str] = None, download: bool = False,
-             workers: Optional[int] = 0, amp: bool = True) -> dict[str, Any]:
-    """{"top1", "top5" (fractions), "loss", "n", "img_s"} of ``model`` on ``data``'s ``split``."""
+             workers: Optional[int] = 0, amp: bool = True, pretrained: bool = True) -> dict[str, Any]:
+    """{"top1", "top5" (fractions), "loss", "n", "img_s"} of ``model`` on ``data``'s ``split``: a model, or any
+    SOURCE ``vitconvert.load`` takes (``pretrained=False``: a timm name's random init)."""
 
     if batch_size < 1:
         raise BadValue("batch_size", f"must be at least 1 (got {batch_size})")
-    net = load(model) if isinstance(model, str) else model  # a model or run folder, or any SOURCE
+    net = model if isinstance(model, nn.Module) else load(model, pretrained=pretrained)
     dev = pick_device(device, 0)
     classes = getattr(net, "num_classes", None)
     if not classes:
         raise VitconvertError("the model has no classification head (num_classes 0): it outputs features, not "
-                              "class scores, so there is no accuracy to measure; convert it with --num-classes N "
-                              "and distill it, or evaluate a model with a head")
+                              f"class scores, so there is no accuracy to measure; convert it with "
+                              f"{param('num_classes', 'N')} and distill it, or evaluate a model with a head")
     base = open_dataset(data, split, data_dir, download, classes=label_names(net), whose="the model's label names",
                         strict=False)
     check_classes(base, classes, what="model")

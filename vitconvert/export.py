@@ -25,6 +25,7 @@ from torch import nn
 from .data import digits_dataset
 from .errors import VitconvertError, first_line
 from .loading import load
+from .sources import Resolved, resolve
 from .version import __version__
 from .writer import MARK, atomic_file, check_file, output_lock
 
@@ -62,16 +63,22 @@ def _importable(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def default_output(folder: Union[str, Path], fmt: str) -> Path:
-    """Next to the folder, never inside it: ``runs/x-mhla`` -> ``runs/x-mhla.onnx`` (the folder stays as pushed)."""
-    folder = Path(folder)
-    return folder.parent / f"{folder.name}{FORMATS[fmt]}"
+def default_output(source: Resolved, fmt: str) -> Path:
+    """Next to a local folder, never inside it: ``runs/x-mhla`` -> ``runs/x-mhla.onnx`` (the folder stays as
+    pushed); a Hub repo, a timm name or the bundled model: its name in the working directory (``digits.onnx``)."""
+    if source.repo_id is not None:
+        return Path(source.repo_id.split("/")[-1] + FORMATS[fmt])
+    if source.path is None or source.bundled:
+        return Path(source.spec + FORMATS[fmt])
+    return source.path.parent / f"{source.path.name}{FORMATS[fmt]}"
 
 
-def load_for_export(folder: Union[str, Path], img_size: Optional[int] = None) -> nn.Module:
-    """The folder's model in eval mode, rebuilt at ``img_size`` (position embeddings resampled) when given."""
+def load_for_export(source: Union[str, Path, Resolved], img_size: Optional[int] = None,
+                    pretrained: bool = True) -> nn.Module:
+    """The model ``source`` names (anything ``vitconvert.load`` takes) in eval mode, rebuilt at ``img_size``
+    (position embeddings resampled) when given."""
 
-    model = load(str(folder))
+    model = load(source, pretrained=pretrained)
     if img_size is not None and img_size != model_img_size(model):
         if img_size < 1:
             raise VitconvertError(f"image size must be positive (got {img_size})")
@@ -120,8 +127,11 @@ def quiet() -> Iterator[None]:
 
 def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str, Path]] = None,
            img_size: Optional[int] = None, batch_size: int = 2, dynamic_batch: bool = True,
-           opset: Optional[int] = None, force: bool = False, tolerance: float = TOLERANCE) -> ExportResult:
-    """Export ``folder`` to ``out`` (default: beside the folder), check it, and write it only if it passes.
+           opset: Optional[int] = None, force: bool = False, tolerance: float = TOLERANCE,
+           pretrained: bool = True) -> ExportResult:
+    """Export the model ``folder`` names (a vitconvert model or run folder, or any SOURCE ``vitconvert.load``
+    takes) to ``out`` (default: beside a local folder, else in the working directory), check it, and write it
+    only if it passes.
 
     ``dynamic_batch`` (the default): any batch size at run time, checked at ``batch_size`` and one more; the
     trace uses a batch of at least 2 (torch.export fixes a dimension it sees as 1)."""
@@ -137,17 +147,19 @@ def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str,
         raise VitconvertError(f"opset {opset} is not supported by the dynamo exporter: choose 18 to 23")
     if fmt == "onnx":
         require_onnx()
-    target = check_file(out if out is not None else default_output(folder, fmt), force=force, inputs=[folder],
+    source = resolve(folder)
+    inputs = [source.path or folder]
+    target = check_file(out if out is not None else default_output(source, fmt), force=force, inputs=inputs,
                         suffix=FORMATS[fmt])
     started = time.perf_counter()
     with output_lock(target):  # from before the minutes of export: a second export to this file is refused
-        model = load_for_export(folder, img_size)
+        model = load_for_export(source, img_size, pretrained)
         size = model_img_size(model)
         batches = [batch_size, batch_size + 1] if dynamic_batch else [batch_size]
         images = check_images(model, max(*batches, 2), size)
         with torch.no_grad():
             expected = {b: model(images[:b]) for b in batches}
-        with atomic_file(target, force=force, inputs=[folder], suffix=FORMATS[fmt]) as tmp:
+        with atomic_file(target, force=force, inputs=inputs, suffix=FORMATS[fmt]) as tmp:
             example = images[:max(batch_size, 2)] if dynamic_batch else images[:batch_size]
             if fmt == "onnx":
                 export_onnx(model, example, tmp, dynamic_batch, opset or DEFAULT_OPSET)

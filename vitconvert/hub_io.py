@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from .errors import VitconvertError, first_line
+from .errors import VitconvertError, first_line, param
 
-LOGIN_HINT = ("run `hf auth login` (or `huggingface-cli login`), set HF_TOKEN, or pass --token")
+LOGIN_HINT = f"run `hf auth login` (or `huggingface-cli login`), set HF_TOKEN, or pass {param('token')}"
 
 
 def parse_repo_id(text: str, revision_allowed: bool = True) -> tuple[str, Optional[str]]:
@@ -21,7 +21,7 @@ def parse_repo_id(text: str, revision_allowed: bool = True) -> tuple[str, Option
 
     repo, at, revision = (text or "").strip().removeprefix("hf-hub:").partition("@")
     if at and not revision_allowed:
-        raise VitconvertError(f"invalid repo id {text!r}: give the branch with --revision, not @")
+        raise VitconvertError(f"invalid repo id {text!r}: give the branch with {param('revision')}, not @")
     try:
         validate_repo_id(repo)
     except HFValidationError:
@@ -33,12 +33,12 @@ def parse_repo_id(text: str, revision_allowed: bool = True) -> tuple[str, Option
     return repo, revision or None
 
 
-def hub_snapshot(spec: str) -> Path:
-    """Download (or find in the cache, offline) a Hub repo's config + weights; returns the snapshot folder."""
+def hub_snapshot(repo: str, revision: Optional[str] = None) -> Path:
+    """Download (or find in the cache, offline) a Hub repo's config + weights; returns the snapshot folder.
+    ``repo`` is an id ``parse_repo_id`` returned (sources.resolve parses ``hf-hub:`` strings)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
-    repo, revision = parse_repo_id(spec)
     try:
         return Path(snapshot_download(repo, revision=revision,
                                       allow_patterns=["config.json", "*.safetensors", "README.md", "*.yaml"]))

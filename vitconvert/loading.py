@@ -1,7 +1,7 @@
 """Any model by the name a user gives: a vitconvert folder (linear) or a softmax source, and a distill run's pair.
 
 The one place that decides between ``folder`` (our format) and ``sources`` (softmax models through timm), so
-neither has to know the other.
+neither has to know the other; both start from ``sources.resolve``, the one reading of a SOURCE string.
 """
 
 from __future__ import annotations
@@ -12,48 +12,75 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from .errors import VitconvertError
-from .folder import folder_block, load_folder_model, read_config
-from .hub_io import hub_snapshot
-from .sources import LinearSourceError, load_source
+from .errors import VitconvertError, param
+from .folder import load_folder_model, read_config
+from .sources import (
+    SOFTMAX_FORMS,
+    WEIGHT_SUFFIXES,
+    LinearSourceError,
+    Resolved,
+    SourceNotFound,
+    load_source,
+    resolve,
+)
+
+LINEAR_FORMS = "a vitconvert model or run folder: a path, local-dir:PATH or hf-hub:org/name[@revision]"
+ANY_FORMS = ("a vitconvert model or run folder, hf-hub:org/name[@revision], a timm name or alias, digits, or a timm "
+             "model folder (PATH or local-dir:PATH)")
 
 
-def load(spec: Union[str, Path]) -> nn.Module:
-    """A model from a vitconvert folder, a run folder or ``hf-hub:org/name[@rev]`` (or any timm source)."""
-    spec = str(spec)
-    if spec.startswith("hf-hub:"):
-        folder = hub_snapshot(spec)
-    else:
-        folder = Path(spec.removeprefix("local-dir:")).expanduser()
-        if not folder.exists():  # a timm name or the bundled digits (load_source says "path not found" for paths)
-            return load_source(spec).model
-    if folder.is_dir() and folder_block(read_config(folder)) is not None:  # also one timm's save_for_hf wrote
-        return load_folder_model(folder, read_config(folder))
-    return load_source(spec).model
+def load(spec: Union[str, Path, Resolved], pretrained: bool = True) -> nn.Module:
+    """Any model a SOURCE names: a vitconvert model or run folder (a path, ``local-dir:``, ``hf-hub:org/name[@rev]``)
+    or a softmax source (a timm name or alias, ``digits``, a timm folder); ``pretrained=False``: a timm name's
+    random init. A bare weights file needs its architecture: ``sources.load_source(path, arch=...)`` reads it."""
+    resolved = spec if isinstance(spec, Resolved) else resolve(spec)
+    if resolved.linear:
+        assert resolved.path is not None
+        return load_folder_model(resolved.path, read_config(resolved.path))
+    if resolved.kind == "file":
+        refuse_file(resolved, ANY_FORMS)
+    return load_source(resolved, pretrained=pretrained).model
+
+
+def refuse_file(resolved: Resolved, forms: str) -> None:
+    """One line for a file where a model is wanted (a bare weights file has no architecture to build it with)."""
+    assert resolved.path is not None
+    if resolved.path.suffix in WEIGHT_SUFFIXES:
+        raise VitconvertError(f"{resolved.path.name} is a bare weights file with no architecture: give the model "
+                              f"folder it belongs to (convert also reads it with its timm architecture)")
+    raise VitconvertError(f"{resolved.path.name} is a file, not a model: give {forms}")
+
+
+def linear_folder(spec: str, role: str = "model") -> Path:
+    """The vitconvert folder ``spec`` names (a model or run folder, local or a Hub snapshot), or one line saying
+    what it names instead; ``role`` names it in that line ("student")."""
+    try:
+        resolved = resolve(spec)
+    except SourceNotFound:
+        raise VitconvertError(f"{role} folder not found: {spec} (give {LINEAR_FORMS})") from None
+    if resolved.kind == "file":
+        raise VitconvertError(f"{spec} is a file, not a model folder (give {LINEAR_FORMS})")
+    if not resolved.linear:
+        what = "a timm model name" if resolved.kind == "timm" else "a softmax model"
+        raise VitconvertError(f"{spec} is not a vitconvert model folder ({what}): convert it first")
+    assert resolved.path is not None
+    return resolved.path
 
 
 def load_student(spec: str) -> nn.Module:
     """A vitconvert model folder or run folder (linear attention, loaded strictly)."""
-    path = Path(spec).expanduser()
-    if not spec.startswith("hf-hub:"):
-        if path.is_file():
-            raise VitconvertError(f"{spec} is a file, not a model folder: give the folder `vitconvert convert` "
-                                  "wrote")
-        if not path.is_dir():
-            raise VitconvertError(f"student folder not found: {spec}")
-        if folder_block(read_config(path)) is None:
-            raise VitconvertError(f"{spec} is not a vitconvert model folder: convert it first "
-                                  f"(`vitconvert convert {spec} --to VARIANT`)")
-    return load(spec)
+    folder = linear_folder(spec, "student")
+    return load_folder_model(folder, read_config(folder))
 
 
 def teacher_spec(student: nn.Module, override: Optional[str]) -> str:
-    """--teacher, else the source the student records."""
+    """``override`` (the teacher the user named), else the source the student records."""
     if override:
         return override
     source = getattr(student, "vitconvert_report", {}).get("source")
     if not source:
-        raise VitconvertError("the student records no source model: name the softmax teacher with --teacher")
+        raise VitconvertError(f"the student records no source model: name the softmax teacher with "
+                              f"{param('teacher')}")
     return str(source)
 
 
@@ -61,7 +88,7 @@ def load_teacher(spec: str, student: nn.Module, seed: int, recorded: bool) -> nn
     """The softmax teacher, at the student's image size.
 
     The student's own source (``spec`` is the recorded one) is rebuilt as convert built it: at the recorded
-    ``--img-size`` and, for a random-init source (--no-pretrained), from the recorded seed, so the teacher *is*
+    image size and, for a random-init source (``pretrained=False``), from the recorded seed, so the teacher *is*
     the model the student was converted from (its kept softmax layers match the teacher's exactly). Another
     teacher is built under ``seed`` and its position embeddings resampled to the student's size."""
     report = getattr(student, "vitconvert_report", {})
@@ -72,12 +99,16 @@ def load_teacher(spec: str, student: nn.Module, seed: int, recorded: bool) -> nn
         if "source_seed" not in report:
             raise VitconvertError(f"the student was converted from a randomly initialised {spec} (no pretrained "
                                   "weights) by an older vitconvert that did not record its seed: that teacher "
-                                  "cannot be rebuilt; convert it again, or name a softmax teacher with --teacher")
+                                  "cannot be rebuilt; convert it again, or name a softmax teacher with "
+                                  f"{param('teacher')}")
         seed = int(report["source_seed"])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
-            source = load_source(spec, pretrained=pretrained, **kwargs)
+            resolved = resolve(spec)
+            if resolved.kind == "file":
+                refuse_file(resolved, SOFTMAX_FORMS)
+            source = load_source(resolved, pretrained=pretrained, **kwargs)
         except LinearSourceError:
             raise VitconvertError(f"the teacher {spec} is a linear-attention vitconvert model; give a softmax "
                                   "ViT") from None
@@ -85,7 +116,7 @@ def load_teacher(spec: str, student: nn.Module, seed: int, recorded: bool) -> nn
             if not recorded:
                 raise
             raise VitconvertError(f"cannot load the teacher {spec!r} (the student's recorded source): {e}; "
-                                  "name it with --teacher") from None
+                                  f"name it with {param('teacher')}") from None
     teacher = source.model.eval()
     size = input_size(student)
     if size is not None and input_size(teacher) not in (None, size) and hasattr(teacher, "set_input_size"):

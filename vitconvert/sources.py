@@ -1,17 +1,19 @@
-"""SOURCE string -> a timm softmax ViT, through timm's own loading.
+"""SOURCE strings: what one names (``resolve``, the one parser of them all) and softmax models through timm.
 
-A source is a timm name, a short alias, ``digits`` (the bundled teacher), ``hf-hub:org/name[@revision]``,
-``local-dir:PATH`` or a plain folder path (timm ``save_for_hf`` layout), or a weights file used with ``arch``.
-Sources are softmax models only: a vitconvert (linear) folder is refused from its config.json, before any
-weights are read — ``vitconvert.load`` (loading.py) is the one entry that takes either.
+A SOURCE is a timm name, a short alias, ``digits`` (the bundled teacher), ``hf-hub:org/name[@revision]``,
+``local-dir:PATH`` or a plain path (``~`` expanded) to a model folder, or a weights file (read with ``arch``).
+``resolve`` says which, reading only the string and the file system (and the Hub for ``hf-hub:``, whose folder
+it fetches); every command and ``vitconvert.load`` start from it. ``load_source`` loads softmax models only: a
+vitconvert (linear) folder is refused from its config.json, before any weights are read — ``vitconvert.load``
+(loading.py) is the one entry that takes either.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
 import timm
 import torch
@@ -19,12 +21,13 @@ from torch import nn
 
 from .aliases import ALIASES, resolve_alias, suggest
 from .assets import teacher_folder
-from .errors import VitconvertError, first_line
+from .errors import BadValue, VitconvertError, first_line, param
 from .folder import check_weights_readable, folder_block, read_config
-from .hub_io import hub_offline, hub_reachable, hub_snapshot, weights_cached
+from .hub_io import hub_offline, hub_reachable, hub_snapshot, parse_repo_id, weights_cached
 from .timm_registry import source_architecture
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+SOFTMAX_FORMS = "a timm name or alias, digits, hf-hub:org/name[@revision], or a model folder (PATH or local-dir:PATH)"
 
 
 def bundled_folder(name: str) -> Optional[Path]:
@@ -38,6 +41,81 @@ class LinearSourceError(VitconvertError):
     """A vitconvert folder where a softmax source was expected."""
 
 
+class SourceNotFound(VitconvertError):
+    """A SOURCE string that names nothing: a path that does not exist, a name neither timm nor we know."""
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a SOURCE string names, nothing loaded yet.
+
+    ``kind`` is "folder" (a local folder, a run folder, a Hub snapshot or the bundled model: ``path``), "file"
+    (a weights file or any other file: ``path``) or "timm" (a timm name, ``name`` with an alias resolved);
+    ``repo_id``/``revision`` say a folder came from the Hub, ``bundled`` that it ships in the package."""
+
+    spec: str  # as the user gave it: what messages and config.json's "source" show
+    kind: Literal["folder", "file", "timm"]
+    path: Optional[Path] = None
+    name: Optional[str] = None
+    repo_id: Optional[str] = None
+    revision: Optional[str] = None
+    bundled: bool = False
+
+    def config(self) -> dict[str, Any]:
+        """The folder's config.json (one line when there is none: not a model folder)."""
+        assert self.path is not None and self.kind == "folder"
+        return read_config(self.path)
+
+    @property
+    def linear(self) -> bool:
+        """A vitconvert folder (ours, or one timm's savers wrote from ours), rather than a softmax model."""
+        return self.kind == "folder" and folder_block(self.config()) is not None
+
+
+def looks_like_path(spec: str, path: Path) -> bool:
+    """A string meant as a path: it exists, has a separator, starts with ``.`` or ``~``, or ends like weights."""
+    return path.exists() or os.sep in spec or spec.startswith((".", "~")) or spec.endswith(WEIGHT_SUFFIXES)
+
+
+def resolve(spec: Union[str, Path]) -> Resolved:
+    """What ``spec`` names: ``hf-hub:`` (fetched, or found in the Hub cache offline), ``local-dir:``, a path, the
+    bundled ``digits``, an alias or a timm name, in that order; a bare name beats a same-named folder that holds
+    no model (``shadowed_name``). A string that names nothing is one line (``SourceNotFound``)."""
+    spec = str(spec)
+    if not spec.strip():
+        raise SourceNotFound("empty model source")
+    if spec.startswith("hf-hub:"):
+        repo_id, revision = parse_repo_id(spec)
+        return Resolved(spec, "folder", hub_snapshot(repo_id, revision), repo_id=repo_id, revision=revision)
+    if spec.startswith("local-dir:"):
+        path = Path(spec.removeprefix("local-dir:")).expanduser()
+        if not path.is_dir():
+            raise SourceNotFound(f"folder not found: {path}" if not path.exists() else
+                                 f"{spec}: local-dir: names a folder, and {path} is a file")
+        return Resolved(spec, "folder", path)
+    path = Path(spec).expanduser()
+    if looks_like_path(spec, path) and not shadowed_name(spec, path):
+        if not path.exists():
+            raise SourceNotFound(f"path not found: {spec}")
+        return Resolved(spec, "folder" if path.is_dir() else "file", path)
+    bundled = bundled_folder(spec)
+    if bundled is not None:
+        return Resolved(spec, "folder", bundled, bundled=True)
+    name = resolve_alias(spec)
+    if not timm.is_model(name):
+        raise SourceNotFound(f"unknown model {spec!r}{suggest(spec)}")
+    return Resolved(spec, "timm", name=name)
+
+
+def shadowed_name(spec: str, path: Path) -> bool:
+    """A bare name (``digits``, ``deit_small``) that a local non-model folder of the same name would hide:
+    the name wins; ``./digits`` still means the folder."""
+    bare = os.sep not in spec and not spec.startswith((".", "~")) and not spec.endswith(WEIGHT_SUFFIXES)
+    if not bare or (path / "config.json").is_file() or path.is_file():
+        return False
+    return bundled_folder(spec) is not None or spec in ALIASES or timm.is_model(spec)
+
+
 @dataclass
 class Source:
     """A loaded softmax model and where it came from (recorded in the converted folder)."""
@@ -46,7 +124,6 @@ class Source:
     arch: str
     spec: str  # the SOURCE string as the user gave it
     pretrained: bool
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def load_state_file(path: Path) -> dict[str, torch.Tensor]:
@@ -87,7 +164,7 @@ def _create(name: str, pretrained: bool, spec: str, **kwargs: Any) -> nn.Module:
                            or "cache" in msg.lower() or "not found" in msg.lower() or "404" in msg):
             raise VitconvertError(
                 f"cannot get pretrained weights for {spec} (no network and not in the Hub cache?): {msg}; "
-                "use --no-pretrained for a randomly initialised model") from None
+                f"use {param('pretrained', False)} for a randomly initialised model") from None
         raise VitconvertError(f"cannot load {spec}: {msg}") from None
 
 
@@ -101,45 +178,23 @@ def check_weights_reachable(name: str, spec: str) -> None:
     if not repo_id or hub_offline() or weights_cached(repo_id) or hub_reachable():
         return
     raise VitconvertError(f"cannot get pretrained weights for {spec}: the Hub (huggingface.co) does not answer and "
-                          f"{repo_id} is not in the Hub cache; use --no-pretrained for a randomly initialised model, "
-                          "or fill the cache on a machine with a network")
+                          f"{repo_id} is not in the Hub cache; use {param('pretrained', False)} for a randomly "
+                          "initialised model, or fill the cache on a machine with a network")
 
 
-def shadowed_name(spec: str, path: Path) -> bool:
-    """A bare name (``digits``, ``deit_small``) that a local non-model folder of the same name would hide:
-    the name wins; ``./digits`` still means the folder."""
-    bare = os.sep not in spec and not spec.startswith(".") and not spec.endswith(WEIGHT_SUFFIXES)
-    if not bare or (path / "config.json").is_file() or path.is_file():
-        return False
-    return bundled_folder(spec) is not None or spec in ALIASES or timm.is_model(spec)
-
-
-def load_source(spec: str, pretrained: bool = True, arch: Optional[str] = None, **model_kwargs: Any) -> Source:
-    """Resolve any SOURCE string to a loaded timm model."""
-    if not spec or not spec.strip():
-        raise VitconvertError("empty model source")
-    if spec.startswith("hf-hub:"):
-        return load_folder(hub_snapshot(spec), spec, **model_kwargs)
-    if spec.startswith("local-dir:"):
-        return load_folder(Path(spec.split(":", 1)[1]), spec, **model_kwargs)
-    path = Path(spec).expanduser()
-    looks_like_path = path.exists() or os.sep in spec or spec.endswith(WEIGHT_SUFFIXES) or spec.startswith(".")
-    if looks_like_path and shadowed_name(spec, path):
-        looks_like_path = False  # `digits` is the bundled teacher even beside a ./digits image folder (as --data)
-    if looks_like_path:
-        if not path.exists():
-            raise VitconvertError(f"path not found: {spec}")
-        if path.is_dir():
-            return load_folder(path, spec, **model_kwargs)
-        return load_weights_file(path, spec, arch, **model_kwargs)
-    bundled = bundled_folder(spec)
-    if bundled is not None:
-        return load_folder(bundled, spec, **model_kwargs)
-    name = resolve_alias(spec)
-    if not timm.is_model(name):
-        raise VitconvertError(f"unknown model {spec!r}{suggest(spec)}")
-    model = _create(name, pretrained, spec, **model_kwargs)
-    return Source(model, name, spec, pretrained)
+def load_source(source: Union[str, Path, Resolved], pretrained: bool = True, arch: Optional[str] = None,
+                **model_kwargs: Any) -> Source:
+    """The softmax model a SOURCE names (``arch``: the timm architecture of a bare weights file)."""
+    resolved = source if isinstance(source, Resolved) else resolve(source)
+    if resolved.kind == "folder":
+        assert resolved.path is not None
+        return load_folder(resolved.path, resolved.spec, **model_kwargs)
+    if resolved.kind == "file":
+        assert resolved.path is not None
+        return load_weights_file(resolved.path, resolved.spec, arch, **model_kwargs)
+    assert resolved.name is not None
+    model = _create(resolved.name, pretrained, resolved.spec, **model_kwargs)
+    return Source(model, resolved.name, resolved.spec, pretrained)
 
 
 def load_folder(folder: Path, spec: str, **model_kwargs: Any) -> Source:
@@ -160,16 +215,17 @@ def load_folder(folder: Path, spec: str, **model_kwargs: Any) -> Source:
 
 
 def load_weights_file(path: Path, spec: str, arch: Optional[str], **model_kwargs: Any) -> Source:
-    """A bare weights file needs ``--arch``; timm builds the model and its filter adapts the keys."""
+    """A bare weights file needs its timm architecture (``arch``); timm builds the model and its filter adapts the
+    keys."""
     if path.suffix not in WEIGHT_SUFFIXES:
         raise VitconvertError(f"{path.name} is a file, not a model: give a model folder, a timm name, or a weights "
                               f"file ({', '.join(WEIGHT_SUFFIXES)})")
     if arch is None:
-        raise VitconvertError(f"{path.name} is a bare weights file with no architecture: `vitconvert convert "
-                              f"{path} --arch NAME` reads it; other commands take a model folder")
+        raise VitconvertError(f"{path.name} is a bare weights file with no architecture: name its timm "
+                              f"architecture with {param('arch', 'NAME')}, or give the model folder it belongs to")
     name = resolve_alias(arch)
     if not timm.is_model(name):
-        raise VitconvertError(f"unknown architecture {arch!r}{suggest(arch)}")
+        raise BadValue("arch", f"unknown architecture {arch!r}{suggest(arch)}")
     state = load_state_file(path)  # validates the file in one line before timm reads it
     overlay: dict[str, Any] = {"file": str(path)}
     head = state.get("head.weight")

@@ -142,7 +142,7 @@ CASES: list[Case] = [
     # -- info -------------------------------------------------------------------------------------------
     Case("info", "missing folder", ("info", "nope"), "folder not found"),
     Case("info", "a file", ("info", "{afile}"), "is a file, not a model folder"),
-    Case("info", "a softmax (timm) folder", ("info", "{teacher}"), "not a vitconvert folder"),
+    Case("info", "a softmax (timm) folder", ("info", "{teacher}"), "not a vitconvert model folder"),
     Case("info", "truncated weights", ("info", "{trunc}"), "corrupt or truncated"),
     Case("info", "unknown variant in config.json", ("info", "{badvar}"), "unknown variant 'foo'"),
     Case("info", "config.json without architecture", ("info", "{noarch}"), "names no architecture"),

@@ -10,11 +10,13 @@ from rich.table import Table
 
 from ..errors import VitconvertError
 from .common import (
+    MODEL_HELP,
     DataDirOpt,
     DataOpt,
     DeviceOpt,
     DownloadOpt,
     JsonOpt,
+    PretrainedOpt,
     SplitOpt,
     ThreadsOpt,
     WorkersOpt,
@@ -26,7 +28,7 @@ from .common import (
 
 @user_errors
 def eval_cmd(
-    model: Annotated[str, typer.Argument(help="model or run folder, hf-hub:org/name, or any softmax SOURCE")],
+    model: Annotated[str, typer.Argument(help=MODEL_HELP)],
     data: DataOpt,
     split: SplitOpt = "val",
     batch_size: int = typer.Option(64, "--batch-size", help="images per forward"),
@@ -34,6 +36,7 @@ def eval_cmd(
     data_dir: DataDirOpt = None,
     download: DownloadOpt = False,
     workers: WorkersOpt = 0,
+    pretrained: PretrainedOpt = True,
     threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -48,7 +51,7 @@ def eval_cmd(
         raise VitconvertError(f"--workers must not be negative (got {workers}; 0 loads in this process)")
     with torch_threads(cpu_threads(threads, model)):
         metrics = evaluate(model, data, split=split, batch_size=batch_size, device=device, data_dir=data_dir,
-                           download=download, workers=workers)
+                           download=download, workers=workers, pretrained=pretrained)
     if as_json:
         typer.echo(json.dumps({k: metrics[k] for k in ("top1", "top5", "loss", "n", "img_s")}))
         return

@@ -1,4 +1,4 @@
-"""``vitconvert export FOLDER --format onnx``: ONNX or .pt2 next to the folder, checked against PyTorch."""
+"""``vitconvert export MODEL --format onnx``: ONNX or .pt2 next to the model folder, checked against PyTorch."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from typing import Optional
 
 import typer
 
-from .common import JsonOpt, ThreadsOpt, console, cpu_threads, still_working, user_errors
+from .common import MODEL_HELP, JsonOpt, PretrainedOpt, ThreadsOpt, console, cpu_threads, still_working, user_errors
 
 
 @user_errors
 def export(
-    folder: str = typer.Argument(..., help="a vitconvert model or run folder (or a softmax timm folder)"),
+    model: str = typer.Argument(..., help=MODEL_HELP),
     format: str = typer.Option("onnx", "--format", "-f", help="onnx (ONNX Runtime checks it) or pt2 "
                                                               "(torch.export's ExportedProgram)"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="output file [default: FOLDER.onnx / FOLDER.pt2, "
-                                                                 "beside the folder]"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="output file [default: MODEL.onnx / MODEL.pt2, "
+                                                                 "beside a local folder, else here]"),
     img_size: Optional[int] = typer.Option(None, "--img-size", help="export at this image size (position "
                                                                     "embeddings resampled) [default: the model's]"),
     batch_size: int = typer.Option(2, "--batch-size", help="batch the export is checked at (and the only one it "
@@ -26,6 +26,7 @@ def export(
                                                                                   "(checked at two), or one"),
     opset: Optional[int] = typer.Option(None, "--opset", help="ONNX opset, 18 to 23 [default: 18]"),
     force: bool = typer.Option(False, "--force", help="replace an existing output file"),
+    pretrained: PretrainedOpt = True,
     threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -36,9 +37,9 @@ def export(
     from ..export import export as export_model  # lazy: start-up time
     from ..threads import torch_threads  # lazy: start-up time
 
-    with still_working(f"exporting {folder} to {format} and checking it"), torch_threads(cpu_threads(threads, folder)):
-        result = export_model(folder, format, out, img_size=img_size, batch_size=batch_size,
-                              dynamic_batch=dynamic_batch, opset=opset, force=force)
+    with still_working(f"exporting {model} to {format} and checking it"), torch_threads(cpu_threads(threads, model)):
+        result = export_model(model, format, out, img_size=img_size, batch_size=batch_size,
+                              dynamic_batch=dynamic_batch, opset=opset, force=force, pretrained=pretrained)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
         return

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..aliases import ALIASES
 from ..attention import VARIANTS
 from ..card import hybrid_layers
-from ..errors import VitconvertError
 from ..folder import check_folder, read_config, upgrade_notice
-from ..hub_io import hub_snapshot
+from ..loading import LINEAR_FORMS, linear_folder
 from ..recipes import available_recipes
 from ..timm_registry import source_architecture
 from .common import JsonOpt, console, report_table, user_errors
@@ -51,22 +50,18 @@ def list_cmd(as_json: JsonOpt = False) -> None:
     console.print(variants)
     if recipes:
         console.print("recipes: " + ", ".join(recipes))
-    console.print("Any timm model name, hf-hub:org/name, a folder or a weights file (--arch) is also a SOURCE.")
+    console.print("Any timm model name, hf-hub:org/name\\[@revision], a model folder (PATH or local-dir:PATH) or, for "
+                  "convert, a weights file (--arch) is also a SOURCE.")
 
 
 @user_errors
-def info(folder: str = typer.Argument(..., help="a vitconvert model or run folder, or hf-hub:org/name"),
-         as_json: JsonOpt = False) -> None:
+def info(folder: str = typer.Argument(..., help=escape(LINEAR_FORMS)), as_json: JsonOpt = False) -> None:
     """What a converted model is and what was copied.
 
     Example: vitconvert info ./deit_small_patch16_224-mhla
     """
 
-    path = hub_snapshot(folder) if folder.startswith("hf-hub:") else Path(folder)
-    if path.is_file():
-        raise VitconvertError(f"{folder} is a file, not a model folder: give the folder that holds config.json")
-    if not path.is_dir():
-        raise VitconvertError(f"folder not found: {folder}")
+    path = linear_folder(folder)
     cfg = read_config(path)
     check_folder(path, cfg)  # what load checks, without building the model
     block = cfg.get("vitconvert") or {}  # check_folder passed: ours, or saved by timm from one of ours
