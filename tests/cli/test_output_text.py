@@ -38,6 +38,16 @@ def test_help_shows_flags_without_a_value(command):
     assert "<bool>" not in result.output, result.output
 
 
+def test_help_shows_square_brackets_as_written():
+    """typer reads help as rich markup, where "[default: …]" and "[@revision]" were tags and vanished."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400"}
+    shown = {command: subprocess.run([sys.executable, "-m", "vitconvert", command, "--help"], env=env,
+                                     capture_output=True, text=True, timeout=120).stdout
+             for command in ("convert", "compare")}
+    assert "output folder [default: ./<timm-name>-<variant>]" in shown["convert"], shown["convert"]
+    assert "hf-hub:org/name[@revision]" in shown["compare"] and "\\[" not in shown["compare"], shown["compare"]
+
+
 def test_long_work_says_it_is_working(ws, tmp_path, monkeypatch):
     """Each stage that runs past the threshold prints a line (10 s in use; 0 here)."""
     import vitconvert.cli.common as common

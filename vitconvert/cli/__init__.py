@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import typer
 from typer.core import TyperCommand, TyperGroup
+from rich.markup import escape
 
 from ..version import __version__
 
@@ -118,7 +119,15 @@ class Commands(TyperGroup):
 
 
 class Command(TyperCommand):
-    """--help shows a flag as a flag (``--force``), not as an option taking a value (``--force <bool>``)."""
+    """--help shows a flag as a flag (``--force``), not as an option taking a value (``--force <bool>``), and help
+    texts as written: typer reads them as rich markup, where "[default: ./NAME]" or "org/name[@rev]" would vanish."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.help = escape(self.help) if self.help else self.help
+        for param in self.params:
+            if getattr(param, "help", None):
+                param.help = escape(param.help)
 
     def get_params(self, ctx: Any) -> list[Any]:
         params = super().get_params(ctx)

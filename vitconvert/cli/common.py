@@ -43,7 +43,7 @@ DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, c
 DATA_HELP = ("image folder (train/, val/ with class subfolders), a timm dataset name (torch/cifar100, hfds/...), "
              "or digits")
 DataOpt = Annotated[str, typer.Option("--data", help=DATA_HELP)]
-MODEL_HELP = ("a vitconvert model or run folder (PATH or local-dir:PATH), hf-hub:org/name\\[@revision], or a softmax "
+MODEL_HELP = ("a vitconvert model or run folder (PATH or local-dir:PATH), hf-hub:org/name[@revision], or a softmax "
               "model: a timm name or alias, digits, a timm folder")  # what vitconvert.load takes (eval, export)
 RecipeDataOpt = Annotated[Optional[str], typer.Option("--data", help=DATA_HELP + " [default: the recipe's]")]
 SplitOpt = Annotated[str, typer.Option("--split", help="which split of DATA (a folder name for image folders)")]

@@ -41,10 +41,10 @@ def gap_table(report: dict[str, Any], title: str) -> Table:
 @user_errors
 def compare(
     student: Annotated[str, typer.Argument(help="a vitconvert model or run folder: a path, local-dir:PATH or "
-                                                "hf-hub:org/name\\[@revision]")],
+                                                "hf-hub:org/name[@revision]")],
     data: DataOpt,
     teacher: Optional[str] = typer.Option(None, help="softmax teacher: a timm name or alias, digits, "
-                                                     "hf-hub:org/name\\[@revision], a timm folder [default: the "
+                                                     "hf-hub:org/name[@revision], a timm folder [default: the "
                                                      "student's recorded source]"),
     split: SplitOpt = "val",
     data_dir: DataDirOpt = None,
