@@ -65,7 +65,6 @@ PENDING_FLAG_FILES = {
     "distill/trainer.py",
     "distributed.py",
     "evaluate.py",
-    "folder.py",
     "hub.py",
     "hub_io.py",
     "init.py",

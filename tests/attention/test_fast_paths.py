@@ -97,7 +97,7 @@ def test_fla_state_equals_reference(monkeypatch):
     key_valid = torch.rand(2, 197, device="cuda") > 0.2
     torch.testing.assert_close(mod.mix(q, k, v, key_valid, None), mod.reference(q, k, v, key_valid, None),
                                atol=1e-4, rtol=1e-4)
-    phi = EluAttention.feature
+    phi = mod.phi
     monkeypatch.setenv("VITCONVERT_FLA", "0")
     plain = kernel_attention(phi(q), phi(k), v, key_valid, 1e-6)
     monkeypatch.setenv("VITCONVERT_FLA", "1")

@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from vitconvert.attention.ttt import TTTAttention, normalize_keys
+from vitconvert.errors import BadValue
 
 from .helpers import make_module, random_mask, random_qkv, softmax_source
 
@@ -121,7 +122,7 @@ def test_parameters_extra_and_matched():
 
 def test_default_options_are_json_and_validated():
     assert json.loads(json.dumps(TTTAttention.default_options)) == {"inner_lr": 1.0, "key_norm_eps": 1.0}
-    with pytest.raises(ValueError, match="chunk_size"):
+    with pytest.raises(BadValue, match="unknown option 'chunk_size' for ttt; valid: inner_lr, key_norm_eps"):
         TTTAttention.from_softmax(softmax_source(), chunk_size=4)
 
 

@@ -21,20 +21,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable
 from functools import lru_cache
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch.nn import functional as F
 
 from . import fused
-from .base import AttentionArgs, Grid, LinearAttention
+from .base import Grid, LinearAttention
+from .options import Option, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, full_precision
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 KATHAROPOULOS_BIBTEX = """@inproceedings{katharopoulos2020transformers,
   title     = {Transformers are {RNNs}: Fast Autoregressive Transformers with Linear Attention},
@@ -133,20 +130,25 @@ def kernel_attention_reference(phi_q, phi_k, v, key_valid: Optional[torch.Tensor
 
 
 class KernelAttention(LinearAttention):
-    feature: ClassVar[Callable[[torch.Tensor], torch.Tensor]]
-    feature_code: ClassVar[int]  # φ in the fused kernels (attention/fused.py)
-    reference_feature: ClassVar[Callable[[torch.Tensor], torch.Tensor]]
+    """Normalised kernel attention with the feature map φ of a subclass (``phi``, ``phi_literal``, ``phi_code``)."""
 
-    def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs: Unpack[AttentionArgs]):
-        """``eps``: added to the normaliser φ(q_i)ᵀ Σ_j φ(k_j) (keeps rows with all-zero features finite)."""
-        super().__init__(dim, num_heads, options={"eps": float(eps)}, **kwargs)
+    declared_options = (
+        Option("eps", 1e-6, "added to the normaliser φ(q_i)ᵀ Σ_j φ(k_j) (keeps rows with all-zero features finite)",
+               number, positive),
+    )
+    phi_code: ClassVar[int]  # φ in the fused kernels (attention/fused.py)
 
-    def build_extra_parameters(self) -> None:
-        self.eps = float(self.options["eps"])  # typed, for TorchScript (self.options is a Python dict)
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs: Any):
+        super().__init__(dim, num_heads, **kwargs)
+        self.eps: float = self.options["eps"]
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:
-        """``feature`` as a method (TorchScript calls methods, not class attributes)."""
+        """φ, the fast form (a method: TorchScript calls methods, not class attributes)."""
         raise NotImplementedError
+
+    def phi_literal(self, x: torch.Tensor) -> torch.Tensor:
+        """φ exactly as the paper writes it: the reference's."""
+        return self.phi(x)
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
             extra: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -154,7 +156,7 @@ class KernelAttention(LinearAttention):
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             if self.fused_kernels and fused.can_run(v):
                 out = fused.attempt(fused.kernel_attention, q.to(v.dtype), k.to(v.dtype), v, key_valid,
-                                    self.feature_code, self.eps)
+                                    self.phi_code, self.eps)
                 if out is not None:
                     return out
         if q.shape[0] > 1 and q.shape == k.shape:  # (B, H) views cannot fold into one bmm batch: copy once, here
@@ -164,8 +166,7 @@ class KernelAttention(LinearAttention):
         return kernel_attention(phi_q, phi_k, v, key_valid, self.eps)
 
     def reference(self, q, k, v, key_valid, grid: Grid):
-        phi = type(self).reference_feature
-        return kernel_attention_reference(phi(q), phi(k), v, key_valid, self.options["eps"])
+        return kernel_attention_reference(self.phi_literal(q), self.phi_literal(k), v, key_valid, self.eps)
 
 
 @register_variant
@@ -175,12 +176,13 @@ class EluAttention(KernelAttention):
     variant = "elu"
     paper = 'Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)'
     bibtex = KATHAROPOULOS_BIBTEX
-    feature = staticmethod(elu_feature)
-    feature_code = fused.ELU_PLUS_ONE
-    reference_feature = staticmethod(elu_feature_literal)
+    phi_code = fused.ELU_PLUS_ONE
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:
         return elu_feature(x)
+
+    def phi_literal(self, x: torch.Tensor) -> torch.Tensor:
+        return elu_feature_literal(x)
 
 
 @register_variant
@@ -190,9 +192,7 @@ class ReluAttention(KernelAttention):
     variant = "relu"
     paper = 'Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)'
     bibtex = KATHAROPOULOS_BIBTEX
-    feature = staticmethod(relu_feature)
-    feature_code = fused.RELU
-    reference_feature = staticmethod(relu_feature)
+    phi_code = fused.RELU
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:
         return relu_feature(x)
