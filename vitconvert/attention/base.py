@@ -116,8 +116,10 @@ class LinearAttention(nn.Module):
         self.grid_size: Grid = tuple(grid_size) if grid_size is not None else None  # type: ignore[assignment]
         self.rotate_half = False
         self.dropped: list[str] = []
-        # The fast/literal choice, made once like timm's fused_attn: the Triton kernels where a call can take them
+        # The fast/literal choices, made once like timm's fused_attn: the Triton kernels where a call can take them;
+        # the slow literal form of the formula (``reference``, eager only) when a test or a check sets it
         self.fused_kernels: bool = use_fused_kernels()
+        self.use_reference: bool = False
         # timm's Attention layout, in MATCHED_MODULES order (state-dict order does not depend on the way in)
         self.qkv: Optional[nn.Linear] = nn.Linear(dim, self.attn_dim * 3, bias=qkv_bias, **dd)
         for name in ("q_proj", "k_proj", "v_proj"):
@@ -313,7 +315,6 @@ class LinearAttention(nn.Module):
         attn_mask: Optional[torch.Tensor] = None,
         is_causal: bool = False,
         rope: Optional[torch.Tensor] = None,
-        use_reference: bool = False,
         shared_rel_pos_bias: Optional[torch.Tensor] = None,  # BEiT's and relpos ViTs' shared softmax logit biases:
         shared_rel_pos: Optional[torch.Tensor] = None,  # no linear analogue, ignored (docs/variants.md)
     ) -> torch.Tensor:
@@ -325,10 +326,10 @@ class LinearAttention(nn.Module):
         x, extra = self.prepare(x, key_valid, grid)
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         q, k, v = self.project(x, rope)
-        if not use_reference:
+        if not self.use_reference:
             out = self.mix(q, k, v, key_valid, grid, extra)
         elif torch.jit.is_scripting():  # the oracles are Python loops and autograd calls: not compiled
-            raise RuntimeError("use_reference=True (the slow reference form) runs in eager mode only")
+            raise RuntimeError("use_reference (the slow reference form) runs in eager mode only")
         else:
             out = self.reference(q, k, v, key_valid, grid, *([] if extra is None else [extra]))
         out = out.transpose(1, 2).reshape(B, N, self.attn_dim)
