@@ -179,7 +179,7 @@ class LinearAttention(nn.Module):
         self.rotate_half = bool(getattr(like, "rotate_half", False))
         for name in MATCHED_MODULES:
             child = getattr(like, name, None)
-            setattr(self, name, copy.deepcopy(child).to("meta") if child is not None else None)
+            setattr(self, name, meta_copy(child) if child is not None else None)
         if self.q_norm is None:
             self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
         if self.norm is None:
@@ -345,6 +345,15 @@ class LinearAttention(nn.Module):
 
 
 register_notrace_module(LinearAttention)  # an FX leaf, subclasses included (timm's tracer tests isinstance)
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """``module``'s structure (its kind, shapes, settings such as a norm's eps) on the meta device, without copying
+    its values: they come by name once materialised."""
+    memo: dict[int, Any] = {id(b): torch.empty_like(b, device="meta") for b in module.buffers()}
+    memo.update({id(p): nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
+                 for p in module.parameters()})
+    return copy.deepcopy(module, memo)
 
 
 def _infer_head_dim(like: nn.Module) -> int:
