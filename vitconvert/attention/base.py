@@ -167,7 +167,7 @@ class LinearAttention(nn.Module):
                   **options)
         new.copy_matched(module)
         new.to_empty(device=weight.device)
-        new.load_state_dict(module.state_dict(), strict=False)  # the matched tensors, by name
+        new.copy_matched_values(module)
         new.k_bias = None if getattr(module, "k_bias", None) is None else module.k_bias.detach().clone()
         new.reset_extra_parameters()
         return new
@@ -189,6 +189,14 @@ class LinearAttention(nn.Module):
             setattr(self, name, nn.Parameter(torch.empty_like(p, device="meta")) if p is not None else None)
         self.dropped = [n for n in DROPPED if getattr(like, n, None) is not None]
         self.proj_drop = copy.deepcopy(getattr(like, "proj_drop", nn.Identity()))
+
+    @torch.no_grad()
+    def copy_matched_values(self, like: nn.Module) -> None:
+        """Every tensor of the matched parts (parameters and buffers) takes ``like``'s value of the same name."""
+        values = {**dict(like.named_parameters()), **dict(like.named_buffers())}
+        for name, tensor in [*self.named_parameters(), *self.named_buffers()]:
+            if name.split(".")[0] in MATCHED_MODULES + MATCHED_PARAMS:
+                tensor.copy_(values[name])
 
     @classmethod
     def configure(cls, **defaults: Any) -> type[LinearAttention]:
