@@ -106,7 +106,7 @@ class LinearAttention(nn.Module):
         head_dim = attn_head_dim or dim // num_heads
         if attn_head_dim is None and dim % num_heads:
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
-        self.options: dict[str, Any] = self.read_options(options)
+        self.options: dict[str, Any] = self.checked_options(options)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_kv_heads = num_heads  # grouped-query attention only by from_softmax
@@ -135,7 +135,7 @@ class LinearAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
         self.dim = self.proj.out_features
 
-    def read_options(self, given: dict[str, Any]) -> dict[str, Any]:
+    def checked_options(self, given: dict[str, Any]) -> dict[str, Any]:
         """The constructor's options, read and checked by their declaration (a bad value is
         ``BadValue(option_name, ...)``, an undeclared name the TypeError of any unknown keyword argument)."""
         declared = {o.name: o for o in self.declared_options}

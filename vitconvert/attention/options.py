@@ -18,7 +18,7 @@ from ..errors import BadValue
 
 
 class Refused(ValueError):
-    """What a reader or a check says about a value it refuses (``takes a finite number``)."""
+    """Raised by a reader for a value it cannot take; the message says what it takes (``takes a finite number``)."""
 
 
 @dataclass(frozen=True)
