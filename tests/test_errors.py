@@ -53,10 +53,6 @@ def test_a_loader_worker_error_keeps_the_workers_last_line_not_its_traceback():
 
 
 FLAG = re.compile(r"(?<![\w-])--[a-z]")
-# Library modules still naming flags in what they raise; each leaves this list as it moves to param()/BadValue.
-PENDING_FLAG_FILES = {
-    "folder.py",
-}
 
 
 def raised_flags(path: Path) -> list[str]:
@@ -77,18 +73,11 @@ def test_library_errors_name_parameters_not_flags():
     offenders = {}
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package).as_posix()
-        if rel.startswith("cli/") or rel in PENDING_FLAG_FILES:
+        if rel.startswith("cli/"):
             continue
         if hits := raised_flags(path):
             offenders[rel] = hits
     assert not offenders, offenders
-
-
-def test_pending_flag_files_still_name_flags():
-    """The PENDING list only shrinks: a file that no longer names a flag leaves it."""
-    package = Path(vitconvert_errors.__file__).parent
-    clean = sorted(f for f in PENDING_FLAG_FILES if not raised_flags(package / f))
-    assert not clean, f"remove from PENDING_FLAG_FILES: {clean}"
 
 
 def test_parameter_mentions_read_as_arguments_in_python_and_as_flags_on_the_cli():

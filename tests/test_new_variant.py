@@ -17,6 +17,7 @@ import vitconvert
 from vitconvert.attention import register_variant, unregister_variant
 from vitconvert.attention.base import LinearAttention
 from vitconvert.attention.kernel import kernel_attention, kernel_attention_reference
+from vitconvert.attention.options import Option, number, positive
 from vitconvert.quickstart import parse_variants
 
 
@@ -26,14 +27,17 @@ class SoftplusAttention(LinearAttention):
     variant = "softplus"
     paper = "a toy variant of tests/test_new_variant.py"
 
-    def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs):
-        super().__init__(dim, num_heads, options={"eps": float(eps)}, **kwargs)
+    declared_options = (Option("eps", 1e-6, "added to the normaliser", number, positive),)
+
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs):
+        super().__init__(dim, num_heads, **kwargs)
+        self.eps: float = self.options["eps"]
 
     def mix(self, q, k, v, key_valid, grid, extra=None):
-        return kernel_attention(F.softplus(q), F.softplus(k), v, key_valid, self.options["eps"])
+        return kernel_attention(F.softplus(q), F.softplus(k), v, key_valid, self.eps)
 
     def reference(self, q, k, v, key_valid, grid):
-        return kernel_attention_reference(F.softplus(q), F.softplus(k), v, key_valid, self.options["eps"])
+        return kernel_attention_reference(F.softplus(q), F.softplus(k), v, key_valid, self.eps)
 
 
 @pytest.fixture
@@ -67,6 +71,8 @@ def test_the_cli_converts_to_it(softplus, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     config = json.loads((tmp_path / "s" / "config.json").read_text())
     assert config["architecture"] == "vitconvert_softplus" and config["vitconvert"]["options"] == {"eps": 1e-5}
+    refused = invoke("convert", "digits", "--to", "softplus", "--out", "t", "--option", "eps=0")
+    assert refused.exit_code != 0 and "softplus's eps must be positive" in refused.stderr
 
 
 def test_unregistered_it_is_refused_with_the_valid_names(tmp_path, monkeypatch):

@@ -56,6 +56,24 @@ def test_timm_keeps_pretrained_cfg_and_data_config(tmp_path, variant):
     timm.data.create_transform(**data)
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_a_folder_builds_on_the_meta_device_then_loads_its_weights(tmp_path, variant):
+    """How transformers and low-memory loaders build: under torch.device("meta") no value is computed (MHLA's
+    distance init of W included), then to_empty + the folder's weights (+ timm's non-persistent buffers) give
+    the saved model bit for bit."""
+    from safetensors.torch import load_file
+    from timm.models._manipulate import reinit_non_persistent_buffers
+
+    student, folder = saved(tmp_path, "vit", variant)
+    with torch.device("meta"):
+        model = timm.create_model(f"local-dir:{folder}")
+    assert all(t.is_meta for t in model.state_dict().values())
+    model.to_empty(device="cpu")
+    reinit_non_persistent_buffers(model)
+    model.load_state_dict(load_file(folder / "model.safetensors"), strict=True)
+    assert_same_model(student, model, image_batch(student))
+
+
 def test_timm_loading_with_a_new_head_keeps_the_rest(tmp_path):
     """timm's own num_classes override works as for any timm model: everything but the classifier is loaded."""
     student, folder = saved(tmp_path, "vit", "mhla")

@@ -11,7 +11,6 @@ and load strictly.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import warnings
 from collections.abc import Iterable
@@ -22,9 +21,10 @@ import timm
 import torch
 from torch import nn
 
-from .attention import VARIANTS, LinearAttention
+from .attention import LinearAttention, variant_class
+from .attention.options import read_options
 from .card import CARD_MARKER, render_card
-from .errors import VitconvertError, first_line, load_reason
+from .errors import BadValue, VitconvertError, first_line, load_reason, param
 from .surgery import linear_layer_indices, swap_attention
 from .timm_registry import PREFIX, export_model_args, is_vitconvert_architecture, mark_as_linear, timm_config
 from .version import __version__
@@ -96,8 +96,8 @@ def read_config(folder: Path) -> dict[str, Any]:
     cfg_file = folder / "config.json"
     if not cfg_file.is_file() and (folder / "checkpoint-last" / "trainer.json").is_file():
         raise VitconvertError(f"{folder} is a distill run that has not finished (stopped or still running): its "
-                              "model is written when it ends, only checkpoint-last/ is there; finish it with "
-                              f"`vitconvert distill --resume --out {folder}`")
+                              "model is written when it ends, only checkpoint-last/ is there; finish it by resuming "
+                              f"distill with {param('resume', True)} and {param('out', folder)}")
     if not cfg_file.is_file():
         raise VitconvertError(f"{folder} has no config.json: not a timm or vitconvert model folder")
     try:
@@ -131,29 +131,12 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise VitconvertError(f"cannot read {path}: corrupt or truncated safetensors ({reason})") from None
 
 
-def check_options(variant: str, options: Any, where: str = "--option") -> None:
-    """Variant options of the type their default has (a number for eps, true/false for flags), eps-like ones
-    positive: a bad value is refused where it is given, not as a TypeError when the model first runs."""
-    defaults = VARIANTS[variant].default_options
-    if not isinstance(options, dict):
-        raise VitconvertError(f"{where}: the {variant} options must be a mapping, got {options!r}")
-    for key, value in options.items():
-        if key not in defaults:
-            valid = ", ".join(defaults) or "none"
-            raise VitconvertError(f"{where}: unknown option {key!r} for {variant}; valid: {valid}")
-        default = defaults[key]
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        pair = isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                                         for v in value) and len(value) == 2
-        ok = {bool: isinstance(value, bool), str: isinstance(value, str), int: isinstance(value, int) and number,
-              float: number and math.isfinite(value),
-              type(None): value is None or (number and value == int(value)) or pair}.get(type(default), True)
-        if not ok:
-            kind = {bool: "true or false", str: "a string", int: "an integer", float: "a finite number",
-                    type(None): "an integer, a pair of integers or null"}[type(default)]
-            raise VitconvertError(f"{where} {key}={value!r}: {variant}'s {key} takes {kind} (default {default!r})")
-        if "eps" in key and number and value <= 0:
-            raise VitconvertError(f"{where} {key}={value!r}: {key} must be positive (default {default!r})")
+def check_options(variant: str, options: Any, param: str = "option") -> dict[str, Any]:
+    """Every option of ``variant``, ``options``' values read and checked by the variant's declaration (the rest
+    their defaults): a bad value is refused where it is given (``BadValue(param, ...)``), not as a TypeError when
+    the model first runs."""
+    cls = variant_class(variant)
+    return read_options(cls.declared_options, options, variant, param)
 
 
 def folder_block(config: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -250,10 +233,14 @@ def check_folder(folder: Path, config: dict[str, Any]) -> None:
     arch = config.get("architecture")
     if not isinstance(arch, str) or not timm.is_model(arch):
         raise VitconvertError(f"{folder}/config.json names no architecture timm knows (architecture: {arch!r})")
-    variant = block.get("variant")
-    if variant not in VARIANTS:
-        raise VitconvertError(f"{folder}/config.json: unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
-    check_options(variant, block.get("options") or {}, where=f"{folder}/config.json options:")
+    try:
+        variant = variant_class(block.get("variant"), param="variant").variant
+    except BadValue as e:
+        raise VitconvertError(f"{folder}/config.json: {e}") from None
+    try:
+        check_options(variant, block.get("options") or {})
+    except BadValue as e:
+        raise VitconvertError(f"{folder}/config.json options: {e}") from None
     if not (folder / WEIGHTS).is_file():
         raise VitconvertError(f"{folder} has no {WEIGHTS}")
     check_weights_readable(folder)
@@ -298,8 +285,9 @@ def upgrade_folder(folder: Path) -> Optional[int]:
     weights; its other files kept; a card without vitconvert's marker kept as the user's). Returns the format
     version it had, or None when it was already current (nothing is written)."""
     if in_hub_cache(folder.resolve()):
-        raise VitconvertError(f"{folder} is a snapshot in the Hub cache: upgrade a copy (`hf download REPO "
-                              "--local-dir DIR`, then `vitconvert upgrade DIR`)")
+        raise VitconvertError(f"{folder} is a snapshot in the Hub cache: upgrade a copy: download it to a "
+                              f"folder of your own (`hf download REPO` with {param('local_dir', 'DIR')}), then "
+                              "upgrade that folder")
     config = read_config(folder)
     check_folder(folder, config)
     block = config.get("vitconvert")

@@ -1,6 +1,6 @@
 """What the attention tests share: a seeded softmax source, a variant built from it, random inputs.
 
-``from .helpers import make_module, random_mask`` (tests/helpers.py is the suite-wide one, ``from helpers``).
+``from .helpers import make_module, literal, random_mask`` (tests/helpers.py is the suite-wide one, ``from helpers``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,15 @@ def make_module(variant: Union[str, type[LinearAttention]], num_prefix: int = 1,
     cls = VARIANTS[variant] if isinstance(variant, str) else variant
     src = softmax_source(dim, heads)
     return cls.from_softmax(src, num_prefix_tokens=num_prefix, grid_size=grid, **options).to(dtype)
+
+
+def literal(module: LinearAttention, x: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``module(x)`` in its slow literal form (``reference``), the module's choice switched for this one call."""
+    module.use_reference = True
+    try:
+        return module(x, **kwargs)
+    finally:
+        module.use_reference = False
 
 
 def random_tensors(*shapes, dtype: torch.dtype = torch.float64, seed: int = 1) -> list[torch.Tensor]:

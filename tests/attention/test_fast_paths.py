@@ -97,8 +97,8 @@ def test_fla_state_equals_reference(monkeypatch):
     key_valid = torch.rand(2, 197, device="cuda") > 0.2
     torch.testing.assert_close(mod.mix(q, k, v, key_valid, None), mod.reference(q, k, v, key_valid, None),
                                atol=1e-4, rtol=1e-4)
-    phi = EluAttention.feature
-    monkeypatch.setenv("VITCONVERT_FLA", "0")
-    plain = kernel_attention(phi(q), phi(k), v, key_valid, 1e-6)
-    monkeypatch.setenv("VITCONVERT_FLA", "1")
-    torch.testing.assert_close(kernel_attention(phi(q), phi(k), v, key_valid, 1e-6), plain, atol=1e-4, rtol=1e-4)
+    phi = mod.phi
+    assert mod.fla  # chosen at construction, from VITCONVERT_FLA
+    plain = kernel_attention(phi(q), phi(k), v, key_valid, 1e-6, fla=False)
+    torch.testing.assert_close(kernel_attention(phi(q), phi(k), v, key_valid, 1e-6, fla=True), plain, atol=1e-4,
+                               rtol=1e-4)

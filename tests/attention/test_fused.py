@@ -141,7 +141,7 @@ def test_module_on_the_kernels_matches_its_reference(name, head_dim, grid, num_p
         attn_mask = padding_mask(2, tokens)[:, None, None, :]
     reference = module.double()
     x64 = x.double().requires_grad_()
-    expected = reference(x64, attn_mask=attn_mask, use_reference=True)
+    expected = helpers.literal(reference, x64, attn_mask=attn_mask)
     expected.square().sum().backward()
     want = {n: p.grad.clone() for n, p in reference.named_parameters() if p.grad is not None}
     module = reference.float()
@@ -183,7 +183,7 @@ def test_mhla_official_denominator_stays_eager(monkeypatch):
     module = make_module("mhla", 32, (4, 4), 1, blocks_per_side=2, denominator="official")
     monkeypatch.setattr(fused, "segmented_attention", lambda *a: (_ for _ in ()).throw(AssertionError("fused")))
     x = torch.randn(1, 17, 64, device=DEVICE)
-    torch.testing.assert_close(module(x), module(x, use_reference=True), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(module(x), helpers.literal(module, x), atol=1e-5, rtol=1e-4)
 
 
 def test_custom_ops_pass_torch_library_checks():
@@ -279,7 +279,7 @@ def test_kernels_at_vit_sizes(tokens, head_dim):
     if tokens == 1025:
         module = make_module("mhla", head_dim, (32, 32), 1, blocks_per_side=5)
         x = torch.randn(1, tokens, 2 * head_dim, generator=torch.Generator().manual_seed(3)).to(DEVICE)
-        expected = module.double()(x.double(), use_reference=True)
+        expected = helpers.literal(module.double(), x.double())
         assert rel_error(module.float()(x), expected) < 1e-5
 
 

@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from vitconvert.attention.inline import InLineAttention, inline_attention, inline_weights
 
-from .helpers import make_module, random_mask, random_tensors
+from .helpers import literal, make_module, random_mask, random_tensors
 
 EXTRA = ["local_kernel_predictor.0.weight", "local_kernel_predictor.0.bias",
          "local_kernel_predictor.2.weight", "local_kernel_predictor.2.bias"]
@@ -105,7 +105,7 @@ def test_forward_matches_reference(num_prefix, grid, masked, local_residual):
     (x,) = random_tensors((2, tokens, mod.dim))
     attn_mask = random_mask(2, tokens)[:, None, None, :] if masked else None
     fast = mod(x, attn_mask=attn_mask)
-    slow = mod(x, attn_mask=attn_mask, use_reference=True)
+    slow = literal(mod, x, attn_mask=attn_mask)
     torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
     if local_residual:
         assert not torch.allclose(fast, inline_module(num_prefix, grid)(x, attn_mask=attn_mask))
@@ -117,7 +117,8 @@ def test_predictor_gradients_match_reference():
     grads = []
     for use_reference in (False, True):
         mod.zero_grad()
-        mod(x, use_reference=use_reference).square().sum().backward()
+        mod.use_reference = use_reference
+        mod(x).square().sum().backward()
         grads.append([p.grad.clone() for p in mod.local_kernel_predictor.parameters()])
     for g_fast, g_slow in zip(*grads, strict=True):
         torch.testing.assert_close(g_fast, g_slow, atol=1e-10, rtol=1e-10)
@@ -177,7 +178,7 @@ def test_residual_skipped_without_grid():
     with_residual, core = inline_module(1, None, local_residual=True), inline_module(1, None)
     (x,) = random_tensors((2, 8, with_residual.dim))
     torch.testing.assert_close(with_residual(x), core(x), atol=1e-12, rtol=0)
-    torch.testing.assert_close(with_residual(x), with_residual(x, use_reference=True), atol=1e-10, rtol=0)
+    torch.testing.assert_close(with_residual(x), literal(with_residual, x), atol=1e-10, rtol=0)
 
 
 def test_mix_without_kernels_is_an_error():

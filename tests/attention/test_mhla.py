@@ -16,8 +16,9 @@ from vitconvert.attention.mhla import (
     reference_block_of,
     resolve_block_counts,
 )
+from vitconvert.errors import BadValue
 
-from .helpers import make_module, random_mask, random_qkv, softmax_source
+from .helpers import literal, make_module, random_mask, random_qkv, softmax_source
 
 EXTRA = ["block_mix", "input_norm.weight", "input_norm.bias", "q_rmsnorm.weight", "k_rmsnorm.weight",
          "lepe.weight", "lepe.bias"]
@@ -152,7 +153,7 @@ def test_forward_matches_reference_forward_on_other_grids():
     for tokens, attn_mask in ((17, None), (17, mask), (37, None)):  # 37: a 6×6 grid, same 2×2 blocks
         x = torch.randn(2, tokens, 64, dtype=torch.float64)
         fast = mod(x, attn_mask=attn_mask)
-        slow = mod(x, attn_mask=attn_mask, use_reference=True)
+        slow = literal(mod, x, attn_mask=attn_mask)
         assert fast.shape == x.shape
         torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
 
@@ -173,11 +174,11 @@ def test_parameters_extra_and_matched():
 def test_default_options_are_json_and_validated():
     opts = json.loads(json.dumps(MHLAttention.default_options))
     assert opts == MHLAttention.default_options and opts["transform"] == "cos" and opts["eps"] == 1e-6
-    with pytest.raises(ValueError, match="window"):
+    with pytest.raises(BadValue, match="unknown option 'window' for mhla"):
         MHLAttention.from_softmax(softmax_source(), window=4)
-    with pytest.raises(ValueError, match="transform"):
+    with pytest.raises(BadValue, match="mhla's transform takes one of cos, linear, exp, local, got 'gaussian'"):
         MHLAttention.from_softmax(softmax_source(), transform="gaussian")
-    with pytest.raises(ValueError, match="lepe_kernel"):
+    with pytest.raises(BadValue, match="mhla's lepe_kernel must be odd \\(or 0 for no LePE\\), got 4"):
         MHLAttention.from_softmax(softmax_source(), lepe_kernel=4)
 
 
@@ -229,14 +230,14 @@ def test_official_denominator_equals_the_official_code(denominator, matches):
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"block_side": -3}, "block_side must be at least 1"),
-    ({"block_side": 0}, "block_side must be at least 1"),
-    ({"transform": "exp", "exp_sigma": 0.0}, "exp_sigma must be positive"),
-    ({"transform": "local", "local_threshold": -1.0}, "local_threshold must not be negative"),
-    ({"lepe_kernel": -1}, "lepe_kernel must be odd"),
+    ({"block_side": -3}, "mhla's block_side must be at least 1"),
+    ({"block_side": 0}, "mhla's block_side must be at least 1"),
+    ({"transform": "exp", "exp_sigma": 0.0}, "mhla's exp_sigma must be positive"),
+    ({"transform": "local", "local_threshold": -1.0}, "mhla's local_threshold must not be negative"),
+    ({"lepe_kernel": -1}, "mhla's lepe_kernel must be odd"),
 ])
 def test_options_that_would_build_a_nan_or_silently_different_model_are_refused(options, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(BadValue, match=message):
         MHLAttention(32, 2, grid_size=(4, 4), **options)
 
 

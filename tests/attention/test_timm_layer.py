@@ -13,6 +13,7 @@ import vitconvert
 from vitconvert.attention import VARIANTS, LinearAttention
 from vitconvert.attention.mhla import MHLAttention, distance_weights
 from vitconvert.attention.ttt import TTTAttention
+from vitconvert.errors import BadValue
 
 TIMM_ARGS = dict(qkv_bias=True, qk_norm=True, proj_bias=True, attn_drop=0.0, proj_drop=0.1, norm_layer=nn.LayerNorm)
 TINY_VIT = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
@@ -79,16 +80,18 @@ def test_from_softmax_extras_do_not_depend_on_construction_garbage(variant):
     assert all(torch.isfinite(v).all() and torch.equal(v, states[1][k]) for k, v in states[0].items())
 
 
-def test_options_are_typed_keyword_arguments_and_validated():
+def test_options_are_keyword_arguments_checked_by_their_declaration():
     assert MHLAttention.default_options["transform"] == "cos" and TTTAttention.default_options["inner_lr"] == 1.0
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="window"):
         MHLAttention(32, num_heads=2, window=4)
-    with pytest.raises(ValueError, match="transform"):
+    with pytest.raises(BadValue, match="transform") as bad:
         MHLAttention(32, num_heads=2, transform="gaussian")
+    assert bad.value.name == "transform"  # the constructor's own argument
     with pytest.raises(ValueError, match="attn_drop"):
         VARIANTS["elu"](32, num_heads=2, attn_drop=0.1)  # no attention weights to drop
-    with pytest.raises(ValueError, match="unknown option"):
+    with pytest.raises(BadValue, match="unknown option") as bad:
         TTTAttention.from_softmax(Attention(32, num_heads=2), chunk_size=4)
+    assert bad.value.name == "option"  # one of from_softmax's **options (convert's options, the CLI's --option)
 
 
 def train_losses(model: nn.Module, steps: int = 6) -> list[float]:
@@ -142,9 +145,12 @@ def test_timm_vit_init_keeps_the_variants_own_init():
     assert abs(attn.qkv.weight.std().item() - 0.02) < 0.005  # timm's trunc-normal ViT init of the projections
 
 
-def test_configure_rejects_unknown_arguments():
+def test_configure_rejects_unknown_arguments_and_bad_values():
     with pytest.raises(ValueError, match="window"):
         MHLAttention.configure(window=3)
+    with pytest.raises(BadValue, match="mhla's exp_sigma must be positive, got 0"):
+        MHLAttention.configure(exp_sigma=0)
+    assert MHLAttention.configure(transform="exp").default_options["transform"] == "exp"
 
 
 def test_from_scratch_linear_vit_saves_as_a_folder_timm_and_vitconvert_load(tmp_path):

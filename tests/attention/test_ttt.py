@@ -11,8 +11,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from vitconvert.attention.ttt import TTTAttention, normalize_keys
+from vitconvert.errors import BadValue
 
-from .helpers import make_module, random_mask, random_qkv, softmax_source
+from .helpers import literal, make_module, random_mask, random_qkv, softmax_source
 
 EXTRA = ["fast_w1", "fast_w2", "fast_w3", "q_conv.weight", "q_conv.bias", "k_conv.weight", "k_conv.bias"]
 
@@ -101,7 +102,7 @@ def test_forward_matches_reference_forward():
     mask[1, ..., 9:] = False
     for attn_mask in (None, mask):
         fast = mod(x, attn_mask=attn_mask)
-        slow = mod(x, attn_mask=attn_mask, use_reference=True)
+        slow = literal(mod, x, attn_mask=attn_mask)
         assert fast.shape == x.shape
         torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
 
@@ -121,7 +122,7 @@ def test_parameters_extra_and_matched():
 
 def test_default_options_are_json_and_validated():
     assert json.loads(json.dumps(TTTAttention.default_options)) == {"inner_lr": 1.0, "key_norm_eps": 1.0}
-    with pytest.raises(ValueError, match="chunk_size"):
+    with pytest.raises(BadValue, match="unknown option 'chunk_size' for ttt; valid: inner_lr, key_norm_eps"):
         TTTAttention.from_softmax(softmax_source(), chunk_size=4)
 
 

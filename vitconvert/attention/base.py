@@ -19,7 +19,7 @@ import copy
 import inspect
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar, Optional, TypedDict
+from typing import Any, ClassVar, Optional
 
 import torch
 from timm.layers import register_notrace_module
@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .dispatch import use_fused_kernels
+from .options import Option, describe, read_options, with_defaults
 
 # Children of timm's attention modules that have the same role in a linear variant.
 MATCHED_MODULES = ("qkv", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "norm", "gate", "proj")
@@ -52,46 +53,28 @@ def key_validity(attn_mask: Optional[torch.Tensor], batch: int, tokens: int) -> 
     return valid.expand(batch, tokens)
 
 
-class AttentionArgs(TypedDict, total=False):
-    """timm's attention constructor arguments (``timm.layers.Attention``; what ``Block`` passes to ``attn_layer``),
-    plus the token geometry a linear variant needs. Typed keyword arguments of every variant."""
-
-    attn_head_dim: Optional[int]
-    dim_out: Optional[int]
-    qkv_bias: bool
-    qk_norm: bool
-    scale_norm: bool
-    proj_bias: bool
-    gated: bool
-    attn_drop: float
-    proj_drop: float
-    norm_layer: Optional[Callable[..., nn.Module]]
-    num_prefix_tokens: int
-    grid_size: Grid
-    device: Any
-    dtype: Optional[torch.dtype]
-
-
 class LinearAttention(nn.Module):
     """Base of every variant: softmax projections in, a linear token mixer in the middle.
 
     Built two ways, both leaving an initialised module: like timm's ``Attention`` (``dim, num_heads, qkv_bias,
     qk_norm, ...``; so a variant is a timm ``attn_layer``), or from a softmax module with :meth:`from_softmax`,
-    which copies its projections. A variant's own options are typed keyword-only arguments of its constructor;
-    ``default_options`` is derived from them and ``self.options`` holds their values (saved in config.json).
+    which copies its projections. A variant's own options are declared once, in ``declared_options``
+    (options.py): they are keyword arguments of its constructor, ``default_options`` lists their defaults and
+    ``self.options`` holds their values as read (saved in config.json). A variant's constructor calls this one,
+    then builds and initialises its own parameters, as timm's modules do: nothing here calls back into it.
     """
 
     variant: ClassVar[str] = ""  # its registry name (registry.register_variant)
     paper: ClassVar[str] = ""  # the paper it comes from, one line (model cards, `vitconvert list`)
     bibtex: ClassVar[str] = ""  # BibTeX of that paper (model cards)
-    # Default options of the variant (its keyword-only constructor arguments); stored in config.json.
-    default_options: ClassVar[dict[str, Any]] = {}
+    declared_options: ClassVar[tuple[Option, ...]] = ()  # the variant's options, each declared once
+    default_options: ClassVar[dict[str, Any]] = {}  # {name: default} of declared_options (set per class)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "__init__" in cls.__dict__ and "default_options" not in cls.__dict__:
-            params = inspect.signature(cls.__init__).parameters.values()
-            cls.default_options = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+        cls.default_options = {o.name: o.default for o in cls.declared_options}
+        if cls.declared_options and cls.__dict__.get("__doc__"):  # help(cls) lists the options
+            cls.__doc__ = f"{cls.__doc__.rstrip()}\n\n{describe(cls.declared_options)}\n"
 
     def __init__(
         self,
@@ -111,7 +94,7 @@ class LinearAttention(nn.Module):
         grid_size: Grid = None,
         device: Any = None,
         dtype: Optional[torch.dtype] = None,
-        options: Optional[dict[str, Any]] = None,
+        **options: Any,
     ):
         super().__init__()
         if attn_drop:
@@ -123,7 +106,7 @@ class LinearAttention(nn.Module):
         head_dim = attn_head_dim or dim // num_heads
         if attn_head_dim is None and dim % num_heads:
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
-        self.options: dict[str, Any] = dict(options or {})
+        self.options: dict[str, Any] = self.checked_options(options)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_kv_heads = num_heads  # grouped-query attention only by from_softmax
@@ -133,8 +116,10 @@ class LinearAttention(nn.Module):
         self.grid_size: Grid = tuple(grid_size) if grid_size is not None else None  # type: ignore[assignment]
         self.rotate_half = False
         self.dropped: list[str] = []
-        # The fast/literal choice, made once like timm's fused_attn: the Triton kernels where a call can take them
+        # The fast/literal choices, made once like timm's fused_attn: the Triton kernels where a call can take them;
+        # the slow literal form of the formula (``reference``, eager only) when a test or a check sets it
         self.fused_kernels: bool = use_fused_kernels()
+        self.use_reference: bool = False
         # timm's Attention layout, in MATCHED_MODULES order (state-dict order does not depend on the way in)
         self.qkv: Optional[nn.Linear] = nn.Linear(dim, self.attn_dim * 3, bias=qkv_bias, **dd)
         for name in ("q_proj", "k_proj", "v_proj"):
@@ -149,47 +134,69 @@ class LinearAttention(nn.Module):
         self.register_buffer("k_bias", None, persistent=False)
         self.proj_drop = nn.Dropout(proj_drop)
         self.dim = self.proj.out_features
-        self.build_extra_parameters()
-        if self.proj.weight.device.type != "meta":  # from_softmax builds on meta and initialises once, after
-            self.reset_extra_parameters()
+
+    def checked_options(self, given: dict[str, Any]) -> dict[str, Any]:
+        """The constructor's options, read and checked by their declaration (a bad value is
+        ``BadValue(option_name, ...)``, an undeclared name the TypeError of any unknown keyword argument)."""
+        declared = {o.name: o for o in self.declared_options}
+        for name in given:
+            if name not in declared:
+                raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {name!r}")
+        return {name: o.value(given[name], self.variant) if name in given else o.default
+                for name, o in declared.items()}
+
+    @property
+    def building_on_meta(self) -> bool:
+        """Built under ``torch.device("meta")`` or by :meth:`from_softmax`: values come later (``to_empty`` +
+        :meth:`reset_extra_parameters`, or loaded weights), so the constructor skips drawing them."""
+        return self.proj.weight.device.type == "meta"
 
     @classmethod
     def from_softmax(cls, module: nn.Module, num_prefix_tokens: int = 1, grid_size: Grid = None,
                      **options: Any) -> LinearAttention:
-        """A variant with ``module``'s projections (copied); extra parameters get the method's default init."""
-        unknown = set(options) - set(cls.default_options)
-        if unknown:
-            raise ValueError(f"unknown option(s) for {cls.variant!r}: {', '.join(sorted(unknown))}; "
-                             f"valid: {', '.join(cls.default_options) or 'none'}")
+        """A variant with ``module``'s projections (copied); extra parameters get the method's default init.
+
+        Built on the meta device with ``module``'s geometry, then given ``module``'s matched parts by name
+        (copies), then materialised on ``module``'s device and the extras initialised, once."""
+        options = read_options(cls.declared_options, options, cls.variant)
         in_proj = module.qkv if getattr(module, "qkv", None) is not None else module.q_proj
         weight = module.proj.weight
         head_dim = getattr(module, "head_dim", None) or _infer_head_dim(module)
         new = cls(in_proj.in_features, module.num_heads, attn_head_dim=head_dim, dim_out=module.proj.out_features,
                   num_prefix_tokens=num_prefix_tokens, grid_size=grid_size, device="meta", dtype=weight.dtype,
                   **options)
+        new.copy_matched(module)
         new.to_empty(device=weight.device)
-        new._adopt(module)
+        new.copy_matched_values(module)
+        new.k_bias = None if getattr(module, "k_bias", None) is None else module.k_bias.detach().clone()
         new.reset_extra_parameters()
         return new
 
-    def _adopt(self, like: nn.Module) -> None:
-        """Take ``like``'s matched projections, norms and biases (copies) and its layout details."""
+    def copy_matched(self, like: nn.Module) -> None:
+        """Take ``like``'s layout of the matched parts (its projections, norms, biases, dropout, as modules of
+        the same kind and shape; values come by name after) and its layout details."""
         self.num_kv_heads = getattr(like, "num_kv_heads", None) or self.num_heads
         self.rotate_half = bool(getattr(like, "rotate_half", False))
         for name in MATCHED_MODULES:
             child = getattr(like, name, None)
-            setattr(self, name, copy.deepcopy(child) if child is not None else None)
+            setattr(self, name, meta_copy(child) if child is not None else None)
         if self.q_norm is None:
             self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
         if self.norm is None:
             self.norm = nn.Identity()
         for name in MATCHED_PARAMS:
             p = getattr(like, name, None)
-            setattr(self, name, nn.Parameter(p.detach().clone()) if p is not None else None)
-        k_bias = getattr(like, "k_bias", None)
-        self.k_bias = None if k_bias is None else k_bias.detach().clone()
+            setattr(self, name, nn.Parameter(torch.empty_like(p, device="meta")) if p is not None else None)
         self.dropped = [n for n in DROPPED if getattr(like, n, None) is not None]
         self.proj_drop = copy.deepcopy(getattr(like, "proj_drop", nn.Identity()))
+
+    @torch.no_grad()
+    def copy_matched_values(self, like: nn.Module) -> None:
+        """Every tensor of the matched parts (parameters and buffers) takes ``like``'s value of the same name."""
+        values = {**dict(like.named_parameters()), **dict(like.named_buffers())}
+        for name, tensor in [*self.named_parameters(), *self.named_buffers()]:
+            if name.split(".")[0] in MATCHED_MODULES + MATCHED_PARAMS:
+                tensor.copy_(values[name])
 
     @classmethod
     def configure(cls, **defaults: Any) -> type[LinearAttention]:
@@ -204,8 +211,8 @@ class LinearAttention(nn.Module):
         def __init__(self: LinearAttention, *args: Any, **kwargs: Any) -> None:
             base.__init__(self, *args, **{**defaults, **kwargs})
 
-        options = {**cls.default_options, **{k: v for k, v in defaults.items() if k in cls.default_options}}
-        return type(cls.__name__, (cls,), {"__init__": __init__, "default_options": options,
+        declared = with_defaults(cls.declared_options, defaults, cls.variant)
+        return type(cls.__name__, (cls,), {"__init__": __init__, "declared_options": declared,
                                            "__module__": cls.__module__, "__qualname__": cls.__qualname__})
 
     def init_weights(self) -> None:
@@ -228,10 +235,6 @@ class LinearAttention(nn.Module):
     def reference(self, q, k, v, key_valid: Optional[torch.Tensor], grid: Grid) -> torch.Tensor:
         """Slow, literal form of the variant's formula; the oracle of the tests."""
         raise NotImplementedError
-
-    def build_extra_parameters(self) -> None:
-        """Create the parameters softmax attention does not have (on ``self.proj.weight``'s device and dtype);
-        called by ``__init__`` with ``self.options`` set. Their values come from :meth:`reset_extra_parameters`."""
 
     def reset_extra_parameters(self) -> None:
         """Give the parameters softmax attention does not have their method's default init."""
@@ -320,7 +323,6 @@ class LinearAttention(nn.Module):
         attn_mask: Optional[torch.Tensor] = None,
         is_causal: bool = False,
         rope: Optional[torch.Tensor] = None,
-        use_reference: bool = False,
         shared_rel_pos_bias: Optional[torch.Tensor] = None,  # BEiT's and relpos ViTs' shared softmax logit biases:
         shared_rel_pos: Optional[torch.Tensor] = None,  # no linear analogue, ignored (docs/variants.md)
     ) -> torch.Tensor:
@@ -332,10 +334,10 @@ class LinearAttention(nn.Module):
         x, extra = self.prepare(x, key_valid, grid)
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         q, k, v = self.project(x, rope)
-        if not use_reference:
+        if not self.use_reference:
             out = self.mix(q, k, v, key_valid, grid, extra)
         elif torch.jit.is_scripting():  # the oracles are Python loops and autograd calls: not compiled
-            raise RuntimeError("use_reference=True (the slow reference form) runs in eager mode only")
+            raise RuntimeError("use_reference (the slow reference form) runs in eager mode only")
         else:
             out = self.reference(q, k, v, key_valid, grid, *([] if extra is None else [extra]))
         out = out.transpose(1, 2).reshape(B, N, self.attn_dim)
@@ -351,6 +353,15 @@ class LinearAttention(nn.Module):
 
 
 register_notrace_module(LinearAttention)  # an FX leaf, subclasses included (timm's tracer tests isinstance)
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """``module``'s structure (its kind, shapes, settings such as a norm's eps) on the meta device, without copying
+    its values: they come by name once materialised."""
+    memo: dict[int, Any] = {id(b): torch.empty_like(b, device="meta") for b in module.buffers()}
+    memo.update({id(p): nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
+                 for p in module.parameters()})
+    return copy.deepcopy(module, memo)
 
 
 def _infer_head_dim(like: nn.Module) -> int:

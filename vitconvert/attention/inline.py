@@ -18,19 +18,17 @@ Choices beyond the reference (which has no padding mask and a square grid after 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from . import fused
-from .base import AttentionArgs, Grid, LinearAttention
+from .base import Grid, LinearAttention
+from .options import Option, flag
 from .registry import register_variant
 from .tensors import accumulation_dtype, flat_heads, from_grid, full_precision, split_prefix, to_grid
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 KERNEL = 3  # the reference's 3×3 local window
 
@@ -114,12 +112,13 @@ class InLineAttention(LinearAttention):
   year      = {2024}
 }"""
 
-    def __init__(self, dim: int, num_heads: int = 8, *, local_residual: bool = False,
-                 **kwargs: Unpack[AttentionArgs]):
-        """``local_residual``: the reference code's predicted 3×3 depthwise residual on V (module docstring)."""
-        super().__init__(dim, num_heads, options={"local_residual": bool(local_residual)}, **kwargs)
+    declared_options = (
+        Option("local_residual", False, "the reference code's predicted 3×3 depthwise residual on V (module "
+               "docstring)", flag),
+    )
 
-    def build_extra_parameters(self) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs: Any):
+        super().__init__(dim, num_heads, **kwargs)
         self.local_kernel_predictor: Optional[nn.Sequential] = None
         self.local_kernel_size = KERNEL
         if self.options["local_residual"]:
@@ -130,6 +129,8 @@ class InLineAttention(LinearAttention):
                 nn.GELU(),
                 nn.Conv1d(C, KERNEL * KERNEL * C, 1, groups=H, **factory),
             )
+        if not self.building_on_meta:
+            self.reset_extra_parameters()
 
     def reset_extra_parameters(self) -> None:
         """PyTorch's default conv init, as the reference leaves it."""

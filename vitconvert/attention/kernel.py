@@ -11,8 +11,8 @@ max(x, 0) + 2^(log2 e · min(x, 0)), equal to elu(x) + 1, because ``F.elu`` goes
 On CUDA the fused Triton kernels (attention/fused.py) take the call: φ, the state and the read-out in two
 passes over the tokens, backward by recomputation. The eager form below is the CPU path and their reference.
 
-Optional GPU path, with the fused kernels off (VITCONVERT_FUSED=0): with VITCONVERT_FLA=1 on CUDA, the state
-comes from flash-linear-attention (extra ``fast``).
+Optional GPU path, with the fused kernels off (VITCONVERT_FUSED=0): in a module built with VITCONVERT_FLA=1 (read
+once, at construction, as ``self.fla``), the state of CUDA calls comes from flash-linear-attention (extra ``fast``).
 Off by default: fla has causal kernels only, so just its final state is our formula, and one cuBLAS matmul
 computes that state already (docs/performance.md).
 """
@@ -21,20 +21,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable
 from functools import lru_cache
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch.nn import functional as F
 
 from . import fused
-from .base import AttentionArgs, Grid, LinearAttention
+from .base import Grid, LinearAttention
+from .options import Option, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, full_precision
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 KATHAROPOULOS_BIBTEX = """@inproceedings{katharopoulos2020transformers,
   title     = {Transformers are {RNNs}: Fast Autoregressive Transformers with Linear Attention},
@@ -75,9 +72,15 @@ def with_ones(v: torch.Tensor) -> torch.Tensor:
     return F.pad(v, (0, 1), value=1.0)
 
 
+def use_fla() -> bool:
+    """The flash-linear-attention state kernel, chosen once per module (at construction, like the fused kernels):
+    opt-in (VITCONVERT_FLA=1) and installed; it then takes the CUDA calls."""
+    return os.environ.get("VITCONVERT_FLA", "0") == "1" and fla_installed()
+
+
 def fla_enabled(t: torch.Tensor) -> bool:
-    """The flash-linear-attention state kernel: opt-in (VITCONVERT_FLA=1), CUDA only, when the package imports."""
-    return t.is_cuda and os.environ.get("VITCONVERT_FLA", "0") == "1" and fla_installed()
+    """Whether a module built now would take fla's state for ``t``."""
+    return t.is_cuda and use_fla()
 
 
 @lru_cache(maxsize=1)
@@ -85,12 +88,13 @@ def fla_installed() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
-def optional_fla_state(phi_k: torch.Tensor, v1: torch.Tensor) -> Optional[torch.Tensor]:
-    """:func:`fla_state` when :func:`fla_enabled`, else None (always None under TorchScript)."""
+def optional_fla_state(phi_k: torch.Tensor, v1: torch.Tensor, fla: bool) -> Optional[torch.Tensor]:
+    """:func:`fla_state` when the module chose fla (:func:`use_fla`) and the call is on CUDA, else None (always
+    None under TorchScript)."""
     if torch.jit.is_scripting():
         return None
     else:
-        return fla_state(phi_k, v1) if fla_enabled(v1) else None
+        return fla_state(phi_k, v1) if fla and v1.is_cuda else None
 
 
 def fla_state(phi_k: torch.Tensor, v1: torch.Tensor) -> torch.Tensor:
@@ -107,8 +111,9 @@ def fla_state(phi_k: torch.Tensor, v1: torch.Tensor) -> torch.Tensor:
 
 
 def kernel_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                     eps: float) -> torch.Tensor:
-    """Σ-form of normalised kernel attention on (B, H, N, d) features; sums in float32 at least."""
+                     eps: float, fla: bool = False) -> torch.Tensor:
+    """Σ-form of normalised kernel attention on (B, H, N, d) features; sums in float32 at least (the state from
+    flash-linear-attention with ``fla`` on CUDA)."""
     dtype = v.dtype
     acc = accumulation_dtype(dtype)
     with full_precision(v):
@@ -116,7 +121,7 @@ def kernel_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, 
         v1 = with_ones(v.to(acc))
         if key_valid is not None:
             phi_k = phi_k * key_valid[:, None, :, None].to(acc)
-        state = optional_fla_state(phi_k, v1)
+        state = optional_fla_state(phi_k, v1, fla)
         if state is None:
             state = phi_k.transpose(-2, -1) @ v1  # (B, H, d, d+1): [Σ_j φ(k_j) v_jᵀ | Σ_j φ(k_j)]
         out = phi_q @ state  # (B, H, N, d+1): [numerator | denominator]
@@ -133,20 +138,26 @@ def kernel_attention_reference(phi_q, phi_k, v, key_valid: Optional[torch.Tensor
 
 
 class KernelAttention(LinearAttention):
-    feature: ClassVar[Callable[[torch.Tensor], torch.Tensor]]
-    feature_code: ClassVar[int]  # φ in the fused kernels (attention/fused.py)
-    reference_feature: ClassVar[Callable[[torch.Tensor], torch.Tensor]]
+    """Normalised kernel attention with the feature map φ of a subclass (``phi``, ``phi_literal``, ``phi_code``)."""
 
-    def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs: Unpack[AttentionArgs]):
-        """``eps``: added to the normaliser φ(q_i)ᵀ Σ_j φ(k_j) (keeps rows with all-zero features finite)."""
-        super().__init__(dim, num_heads, options={"eps": float(eps)}, **kwargs)
+    declared_options = (
+        Option("eps", 1e-6, "added to the normaliser φ(q_i)ᵀ Σ_j φ(k_j) (keeps rows with all-zero features finite)",
+               number, positive),
+    )
+    phi_code: ClassVar[int]  # φ in the fused kernels (attention/fused.py)
 
-    def build_extra_parameters(self) -> None:
-        self.eps = float(self.options["eps"])  # typed, for TorchScript (self.options is a Python dict)
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs: Any):
+        super().__init__(dim, num_heads, **kwargs)
+        self.eps: float = self.options["eps"]
+        self.fla: bool = use_fla()  # the fast choice beside fused_kernels, made once
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:
-        """``feature`` as a method (TorchScript calls methods, not class attributes)."""
+        """φ, the fast form (a method: TorchScript calls methods, not class attributes)."""
         raise NotImplementedError
+
+    def phi_literal(self, x: torch.Tensor) -> torch.Tensor:
+        """φ exactly as the paper writes it: the reference's."""
+        return self.phi(x)
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
             extra: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -154,18 +165,17 @@ class KernelAttention(LinearAttention):
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             if self.fused_kernels and fused.can_run(v):
                 out = fused.attempt(fused.kernel_attention, q.to(v.dtype), k.to(v.dtype), v, key_valid,
-                                    self.feature_code, self.eps)
+                                    self.phi_code, self.eps)
                 if out is not None:
                     return out
         if q.shape[0] > 1 and q.shape == k.shape:  # (B, H) views cannot fold into one bmm batch: copy once, here
             phi_q, phi_k = self.phi(torch.stack((q, k))).unbind(0)
         else:  # one image: (1, H, N, d) views of the qkv output fold into (H, N, d) without a copy
             phi_q, phi_k = self.phi(q), self.phi(k)
-        return kernel_attention(phi_q, phi_k, v, key_valid, self.eps)
+        return kernel_attention(phi_q, phi_k, v, key_valid, self.eps, self.fla)
 
     def reference(self, q, k, v, key_valid, grid: Grid):
-        phi = type(self).reference_feature
-        return kernel_attention_reference(phi(q), phi(k), v, key_valid, self.options["eps"])
+        return kernel_attention_reference(self.phi_literal(q), self.phi_literal(k), v, key_valid, self.eps)
 
 
 @register_variant
@@ -175,12 +185,13 @@ class EluAttention(KernelAttention):
     variant = "elu"
     paper = 'Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)'
     bibtex = KATHAROPOULOS_BIBTEX
-    feature = staticmethod(elu_feature)
-    feature_code = fused.ELU_PLUS_ONE
-    reference_feature = staticmethod(elu_feature_literal)
+    phi_code = fused.ELU_PLUS_ONE
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:
         return elu_feature(x)
+
+    def phi_literal(self, x: torch.Tensor) -> torch.Tensor:
+        return elu_feature_literal(x)
 
 
 @register_variant
@@ -190,9 +201,7 @@ class ReluAttention(KernelAttention):
     variant = "relu"
     paper = 'Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)'
     bibtex = KATHAROPOULOS_BIBTEX
-    feature = staticmethod(relu_feature)
-    feature_code = fused.RELU
-    reference_feature = staticmethod(relu_feature)
+    phi_code = fused.RELU
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:
         return relu_feature(x)

@@ -27,15 +27,14 @@ Choices where the reference (square grids divisible into square blocks, no class
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from . import fused
-from .base import AttentionArgs, Grid, LinearAttention
+from .base import Grid, LinearAttention
 from .blocks import (  # noqa: F401  (block_layout, block_indices: importable from here too)
     TRANSFORMS,
     block_indices,
@@ -50,13 +49,23 @@ from .blocks import (  # noqa: F401  (block_layout, block_indices: importable fr
     to_blocks,
 )
 from .kernel import kernel_attention, kernel_attention_reference, with_ones
+from .options import Option, choice, count_or_pair, flag, integer, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
 
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
-
 DENOMINATORS = ("consistent", "official")
+
+
+def at_least_one_token(value: int) -> Optional[str]:
+    return None if value >= 1 else "must be at least 1 token"
+
+
+def not_negative(value: float) -> Optional[str]:  # below 0 no block, not even itself, is near: 0/0 in W
+    return None if value >= 0 else "must not be negative"
+
+
+def odd_or_zero(value: int) -> Optional[str]:
+    return None if value == 0 or (value > 0 and value % 2) else "must be odd (or 0 for no LePE)"
 
 
 def relu_plus(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -101,61 +110,31 @@ class MHLAttention(LinearAttention):
   year      = {2026}
 }"""
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        *,
-        blocks_per_side: Optional[Union[int, Sequence[int]]] = None,
-        block_side: int = 7,
-        transform: str = "cos",
-        exp_sigma: float = 3.0,
-        local_threshold: float = 1.5,
-        qk_rmsnorm: bool = True,
-        input_norm: bool = True,
-        lepe_kernel: int = 5,
-        eps: float = 1e-6,
-        denominator: str = "consistent",
-        **kwargs: Unpack[AttentionArgs],
-    ):
-        """Options:
+    declared_options = (
+        Option("blocks_per_side", None, "blocks per axis, an int or [M_h, M_w]; null: from grid_size and "
+               "block_side", count_or_pair),
+        Option("block_side", 7, "target block side in tokens when blocks_per_side is null (14×14 -> 2×2 blocks)",
+               integer, at_least_one_token),
+        Option("transform", "cos", "distance -> W init: cos, linear, exp, local (the reference's column-normalised "
+               "ones)", choice(*TRANSFORMS)),
+        Option("exp_sigma", 3.0, "σ of the exp transform, exp(-distance/σ)", number, positive),
+        Option("local_threshold", 1.5, "the local transform's reach in block distances", number, not_negative),
+        Option("qk_rmsnorm", True, "the reference's RMSNorm on q and k (on in all its registered models)", flag),
+        Option("input_norm", True, "the reference's LayerNorm on the layer input", flag),
+        Option("lepe_kernel", 5, "side of the depthwise conv over V on the grid (LePE); 0 turns LePE off", integer,
+               odd_or_zero),
+        Option("eps", 1e-6, "added to φ = relu + eps and to the normaliser", number, positive),
+        Option("denominator", "consistent", "consistent: each query normalised by its own φ(q_i)·Σ_b W_ab z_b, the "
+               "sum of its attention weights; official: per-block scalars Σ_b W_ab φ(q_{b,l})·z_b mixed as "
+               "DAGroup-PKU/MHLA's code does (docs/variants.md)", choice(*DENOMINATORS)),
+    )
 
-        - ``blocks_per_side``: int or [M_h, M_w]; None: from ``grid_size`` and ``block_side``
-        - ``block_side``: target block side in tokens when ``blocks_per_side`` is None (14×14 -> 2×2 blocks)
-        - ``transform``: distance -> W init: cos, linear, exp, local (the reference's column-normalised ones)
-        - ``exp_sigma``, ``local_threshold``: parameters of the "exp" and "local" transforms
-        - ``qk_rmsnorm``: the reference's RMSNorm on q and k (on in all its registered models)
-        - ``input_norm``: the reference's LayerNorm on the layer input
-        - ``lepe_kernel``: depthwise conv over V on the grid; 0 turns LePE off
-        - ``eps``: added to φ = relu + eps and to the normaliser
-        - ``denominator``: ``consistent`` (default) normalises each query by its own φ(q_i)·Σ_b W_ab z_b, the sum
-          of its attention weights; ``official`` mixes per-block scalars Σ_b W_ab φ(q_{b,l})·z_b (queries of the
-          other blocks at the same in-block position l) as DAGroup-PKU/MHLA's code does (docs/variants.md)
-        """
-        if denominator not in DENOMINATORS:
-            raise ValueError(f"unknown denominator {denominator!r}; valid: {', '.join(DENOMINATORS)}")
-        if transform not in TRANSFORMS:
-            raise ValueError(f"unknown transform {transform!r}; valid: {', '.join(TRANSFORMS)}")
-        if lepe_kernel < 0 or (lepe_kernel and lepe_kernel % 2 == 0):
-            raise ValueError(f"lepe_kernel must be odd (or 0 for no LePE), got {lepe_kernel}")
-        if block_side < 1:
-            raise ValueError(f"block_side must be at least 1 token, got {block_side}")
-        if not exp_sigma > 0:  # exp(-d/σ) of σ <= 0 blows up or divides by zero: a NaN W
-            raise ValueError(f"exp_sigma must be positive, got {exp_sigma}")
-        if not local_threshold >= 0:  # below 0 no block, not even itself, is near: columns of zeros, 0/0 in W
-            raise ValueError(f"local_threshold must not be negative, got {local_threshold}")
-        if blocks_per_side is not None and not isinstance(blocks_per_side, int):
-            blocks_per_side = list(blocks_per_side)  # JSON-safe in self.options
-        options = {"blocks_per_side": blocks_per_side, "block_side": block_side, "transform": transform,
-                   "exp_sigma": exp_sigma, "local_threshold": local_threshold, "qk_rmsnorm": qk_rmsnorm,
-                   "input_norm": input_norm, "lepe_kernel": lepe_kernel, "eps": eps, "denominator": denominator}
-        super().__init__(dim, num_heads, options=options, **kwargs)
-
-    def build_extra_parameters(self) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs: Any):
+        super().__init__(dim, num_heads, **kwargs)
         opts = self.options
         self.block_counts = resolve_block_counts(self.grid_size, opts["blocks_per_side"], opts["block_side"])
-        self.eps = float(opts["eps"])  # options used in forward, typed (TorchScript cannot type self.options)
-        self.official_denominator = opts["denominator"] == "official"
+        self.eps: float = opts["eps"]
+        self.official_denominator: bool = opts["denominator"] == "official"
         factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
         blocks = self.block_counts[0] * self.block_counts[1]
         self.block_mix = nn.Parameter(torch.empty(blocks, blocks, **factory))
@@ -166,6 +145,8 @@ class MHLAttention(LinearAttention):
         size = opts["lepe_kernel"]
         self.lepe = nn.Conv2d(C, C, size, padding=size // 2, groups=C, **factory) if size else None
         self.lepe_padding = size // 2
+        if not self.building_on_meta:
+            self.reset_extra_parameters()
 
     def pinned_options(self) -> dict[str, Any]:
         """The block counts chosen from the grid, fixed: W (M×M) keeps its shape when timm rebuilds at another size."""
@@ -305,7 +286,7 @@ class MHLAttention(LinearAttention):
 
         W̃ is W with a last row and column of ones for the global prefix block.
         """
-        eps = self.options["eps"]
+        eps = self.eps
         phi_q, phi_k = self.features(q, k, key_valid)
         if grid is None:
             return kernel_attention_reference(phi_q, phi_k, v, None, eps)
@@ -318,7 +299,7 @@ class MHLAttention(LinearAttention):
         mask = extended[block_of][:, block_of]
         scores = (phi_q @ phi_k.transpose(-2, -1)) * mask
         norm = scores.sum(dim=-1, keepdim=True)
-        if self.options["denominator"] == "official":  # query i reads its in-block partners' denominators
+        if self.official_denominator:  # query i reads its in-block partners' denominators
             dots, npt = phi_q @ phi_k.transpose(-2, -1), self.num_prefix_tokens  # φ(q_r)·φ(k_j)
             norm = norm.clone()
             for i, partner in self._reference_partners(grid, block_of, blocks).items():

@@ -22,18 +22,16 @@ Choices beyond the reference (which has no class token, no padding mask and a sq
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import AttentionArgs, Grid, LinearAttention
+from .base import Grid, LinearAttention
+from .options import Option, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 FastWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -113,15 +111,15 @@ class TTTAttention(LinearAttention):
   note      = {code: github.com/LeapLabTHU/Transformer-to-TTT}
 }"""
 
-    def __init__(self, dim: int, num_heads: int = 8, *, inner_lr: float = 1.0, key_norm_eps: float = 1.0,
-                 **kwargs: Unpack[AttentionArgs]):
-        """``inner_lr``: step size of the inner gradient step; ``key_norm_eps``: eps of the keys' instance norm."""
-        super().__init__(dim, num_heads, options={"inner_lr": float(inner_lr), "key_norm_eps": float(key_norm_eps)},
-                         **kwargs)
+    declared_options = (
+        Option("inner_lr", 1.0, "step size of the inner gradient step", number),
+        Option("key_norm_eps", 1.0, "eps of the keys' instance norm", number, positive),
+    )
 
-    def build_extra_parameters(self) -> None:
-        self.inner_lr = float(self.options["inner_lr"])  # typed (TorchScript cannot type self.options)
-        self.key_norm_eps = float(self.options["key_norm_eps"])
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs: Any):
+        super().__init__(dim, num_heads, **kwargs)
+        self.inner_lr: float = self.options["inner_lr"]
+        self.key_norm_eps: float = self.options["key_norm_eps"]
         factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
         shape = (self.num_heads, self.head_dim, self.head_dim)
         self.fast_w1 = nn.Parameter(torch.empty(shape, **factory))
@@ -131,6 +129,8 @@ class TTTAttention(LinearAttention):
         dim = self.attn_dim
         self.q_conv = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim, **factory)
         self.k_conv = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim, **factory)
+        if not self.building_on_meta:
+            self.reset_extra_parameters()
 
     def reset_extra_parameters(self) -> None:
         """Fast weights trunc-normal std 0.02 (as the reference); the convs keep PyTorch's default init."""
@@ -207,7 +207,7 @@ class TTTAttention(LinearAttention):
         B, H, N, _ = q.shape
         valid = key_valid if key_valid is not None else torch.ones(B, N, dtype=torch.bool, device=q.device)
         grad_enabled = torch.is_grad_enabled()
-        lr = self.options["inner_lr"]
+        lr = self.inner_lr
         with torch.enable_grad():
             k = self._reference_key_norm(k, valid)
             q = self._reference_conv(q, self.q_conv, grid, valid)
@@ -234,7 +234,7 @@ class TTTAttention(LinearAttention):
             kv = k[b][:, valid[b]]
             mean = kv.mean(dim=1, keepdim=True) if kv.shape[1] else torch.zeros_like(k[b, :, :1])
             var = ((kv - mean) ** 2).mean(dim=1, keepdim=True) if kv.shape[1] else torch.zeros_like(mean)
-            rows.append((k[b] - mean) / torch.sqrt(var + self.options["key_norm_eps"]))
+            rows.append((k[b] - mean) / torch.sqrt(var + self.key_norm_eps))
         return torch.stack(rows)
 
     def _reference_conv(self, t: torch.Tensor, conv: nn.Conv2d, grid: Grid, valid: torch.Tensor) -> torch.Tensor:
