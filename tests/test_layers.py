@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("services", ["threads", "writer", "distributed", "aliases", "assets", "hub_io", "recipe_checks", "selection"]),
     ("variants", ["attention"]),
     ("recipes and families", ["recipes", "surgery"]),
-    ("data and model plumbing", ["data", "init", "timm_registry", "capture"]),
+    ("data and model plumbing", ["data", "init", "timm_registry", "capture", "recipe_report"]),
     ("model card", ["card"]),
     ("model folder", ["folder"]),
     ("softmax sources", ["sources"]),

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from vitconvert.errors import VitconvertError
-from vitconvert.recipes import Recipe, available_recipes, build_recipe, load_recipe, recipe_changes
+from vitconvert.recipe_report import recipe_changes
+from vitconvert.recipes import Recipe, available_recipes, build_recipe, load_recipe
 
 PAPER_DATASETS = ("cifar10", "cifar100", "stl10", "food101", "flowers102", "pets", "imagenet1k")
 

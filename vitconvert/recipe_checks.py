@@ -14,9 +14,11 @@ import math
 import re
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 from .errors import VitconvertError
+
+STAGES = ("joint", "attn", "finetune")
 
 PROBABILITIES = ("hflip", "reprob", "mixup_prob", "mixup_switch_prob", "momentum", "ema_decay")
 NON_NEGATIVE = ("min_lr", "warmup_lr", "color_jitter", "mixup", "cutmix", "weight_decay", "attn_weight", "kd_weight",
@@ -181,3 +183,35 @@ def check_recipe(r: Any) -> None:
                 check(r)
     finally:
         random.setstate(state)
+
+
+def _named_stages(stages: str) -> list[tuple[str, Optional[int]]]:
+    """"attn:5,finetune" -> [("attn", 5), ("finetune", None)]: each stage with its epochs, None where unsaid."""
+    parts = [p.strip() for p in stages.split(",") if p.strip()]
+    if not parts:
+        raise VitconvertError("recipe stages is empty; use e.g. joint or attn:5,finetune")
+    named: list[tuple[str, Optional[int]]] = []
+    for part in parts:
+        name, sep, count = part.partition(":")
+        if name not in STAGES:
+            raise VitconvertError(f"unknown stage {name!r} in {stages!r}; valid: {', '.join(STAGES)}")
+        try:
+            named.append((name, int(count) if sep else None))
+        except ValueError:
+            raise VitconvertError(f"stage {part!r}: the epoch count must be an integer") from None
+    return named
+
+
+def parse_stages(stages: str, epochs: int) -> tuple[tuple[str, int], ...]:
+    """((stage, epochs), ...) summing to ``epochs``; stages without a count share what the others leave."""
+    named = _named_stages(stages)
+    free = [i for i, (_, e) in enumerate(named) if e is None]
+    rest = epochs - sum(e for _, e in named if e is not None)
+    if (free and rest < len(free)) or (not free and rest != 0):
+        raise VitconvertError(f"stages {stages!r} do not fit in {epochs} epochs")
+    plan = [(n, e or 0) for n, e in named]
+    for rank, i in enumerate(free):
+        plan[i] = (plan[i][0], rest // len(free) + (rank < rest % len(free)))
+    if any(e < 1 for _, e in plan):
+        raise VitconvertError(f"every stage in {stages!r} needs at least one epoch")
+    return tuple(plan)

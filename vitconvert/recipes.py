@@ -17,11 +17,10 @@ from typing import Any, Optional, Union
 import yaml
 
 from .errors import VitconvertError, first_line
-from .recipe_checks import check_recipe
+from .recipe_checks import check_recipe, parse_stages
 
 ATTN_LOSSES = ("mse", "cosine", "smooth_l1")
 ATTN_TARGETS = ("own", "teacher-forced")
-STAGES = ("joint", "attn", "finetune")
 AMP_DTYPES = ("bfloat16", "float16")
 # Fields that say where or how fast, not what is trained: changing them does not change a resumed run's result.
 OPERATIONAL = frozenset({"data_dir", "download", "workers", "log_interval", "compare_batches", "schedule_scaled"})
@@ -59,38 +58,6 @@ class NewParams:
                 raise VitconvertError(f"unknown recipe key new_params.{key}{hint}")
         hints = typing.get_type_hints(cls)
         return cls(**{k: _coerce_value(f"new_params.{k}", hints[k], v) for k, v in value.items()})
-
-
-def _named_stages(stages: str) -> list[tuple[str, Optional[int]]]:
-    """"attn:5,finetune" -> [("attn", 5), ("finetune", None)]: each stage with its epochs, None where unsaid."""
-    parts = [p.strip() for p in stages.split(",") if p.strip()]
-    if not parts:
-        raise VitconvertError("recipe stages is empty; use e.g. joint or attn:5,finetune")
-    named: list[tuple[str, Optional[int]]] = []
-    for part in parts:
-        name, sep, count = part.partition(":")
-        if name not in STAGES:
-            raise VitconvertError(f"unknown stage {name!r} in {stages!r}; valid: {', '.join(STAGES)}")
-        try:
-            named.append((name, int(count) if sep else None))
-        except ValueError:
-            raise VitconvertError(f"stage {part!r}: the epoch count must be an integer") from None
-    return named
-
-
-def parse_stages(stages: str, epochs: int) -> tuple[tuple[str, int], ...]:
-    """((stage, epochs), ...) summing to ``epochs``; stages without a count share what the others leave."""
-    named = _named_stages(stages)
-    free = [i for i, (_, e) in enumerate(named) if e is None]
-    rest = epochs - sum(e for _, e in named if e is not None)
-    if (free and rest < len(free)) or (not free and rest != 0):
-        raise VitconvertError(f"stages {stages!r} do not fit in {epochs} epochs")
-    plan = [(n, e or 0) for n, e in named]
-    for rank, i in enumerate(free):
-        plan[i] = (plan[i][0], rest // len(free) + (rank < rest % len(free)))
-    if any(e < 1 for _, e in plan):
-        raise VitconvertError(f"every stage in {stages!r} needs at least one epoch")
-    return tuple(plan)
 
 
 @dataclass(frozen=True)
@@ -403,25 +370,3 @@ def scale_schedule(values: dict[str, Any], overrides: dict[str, Any]) -> dict[st
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def recipe_summary(r: Recipe) -> list[str]:
-    """The lines ``distill`` prints at its start: what will run, so a wrong schedule shows before it costs."""
-    augment = [name for name, on in (("RandAugment " + str(r.rand_augment), bool(r.rand_augment)),
-                                     ("mixup", r.mixup > 0), ("cutmix", r.cutmix > 0), ("erasing", r.reprob > 0),
-                                     ("colour jitter", bool(r.color_jitter)), ("hflip", r.hflip > 0))
-               if on]
-    lines = [f"recipe {r.name or '(default)'}: {r.epochs} epochs, warm-up {r.warmup_epochs} "
-             f"(lr {r.warmup_lr:g} -> peak {r.lr:g}, cosine to {r.min_lr:g}), batch {r.batch_size}"
-             + (f" ({r.accum_steps} accumulation steps)" if r.accum_steps > 1 else ""),
-             "augmentation: " + (", ".join(augment) if augment else "off")]
-    if r.schedule_scaled:
-        lines.append(f"scaled with --epochs: {r.schedule_scaled}")
-    return lines
-
-
-def recipe_changes(old: dict[str, Any], new: Recipe) -> list[str]:
-    """What differs between a stored recipe dict and ``new``, ignoring operational fields: ``key: a -> b``."""
-    current, defaults = new.to_dict(), Recipe().to_dict()
-    keys = [k for k in current if k not in OPERATIONAL and old.get(k, defaults[k]) != current[k]]
-    return [f"{k}: {old.get(k)!r} -> {current[k]!r}" for k in keys]

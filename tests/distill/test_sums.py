@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from vitconvert.distributed import DistEnv
 from vitconvert.distill.sums import TERMS, RunningSums
+from vitconvert.distributed import DistEnv
 
 CPU = torch.device("cpu")
 

@@ -29,14 +29,13 @@ from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reac
     KernelUnavailable,
     attempt,
     block_sizes,
-    disable,
     can_run,
+    disable,
     launch,
     split_tokens,
     tile_args,
     use_fused_kernels,
 )
-
 from .fused_eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: E402,F401  (the kernels' φ codes)
 
 

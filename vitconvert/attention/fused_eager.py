@@ -82,7 +82,7 @@ def gradients(form, inputs: tuple[Optional[torch.Tensor], ...], grads: tuple[tor
         wanted = [t for t in leaves if t is not None and t.requires_grad]
         outputs = form(*leaves, *args)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-        pairs = [(o, g) for o, g in zip(outputs, grads) if g is not None]
+        pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None]
         found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
     found = iter(found)
     result = []

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from typing import Any, Optional
 
 import typer
-from typer.core import TyperCommand, TyperGroup
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from ..version import __version__
 

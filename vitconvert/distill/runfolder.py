@@ -17,7 +17,8 @@ from torch import nn
 from .. import distributed as D
 from ..errors import VitconvertError, param
 from ..folder import atomic_folder, write_model_files
-from ..recipes import Recipe, recipe_changes
+from ..recipe_report import recipe_changes
+from ..recipes import Recipe
 from ..writer import _tag as writer_tag
 from ..writer import apply_umask, check_output, is_run_folder, remove_stale_siblings, writable_error
 from .checkpoint import CHECKPOINT, Checkpoint, read_checkpoint

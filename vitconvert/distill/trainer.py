@@ -22,7 +22,7 @@ from .. import data, loading
 from .. import distributed as D
 from ..errors import VitconvertError, load_reason, param, setting
 from ..evaluate import eval_sums, metrics_from_sums
-from ..recipes import recipe_changes, recipe_summary
+from ..recipe_report import recipe_changes, recipe_summary
 from ..writer import output_lock
 from . import models
 from . import param_groups as groups

@@ -1,0 +1,35 @@
+"""The package stays readable for the next person (issue 22): no module over 400 lines, no function past radon's
+grade C (cyclomatic complexity above 20 is grade D: split it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import vitconvert
+
+PACKAGE = Path(vitconvert.__file__).parent
+MAX_LINES = 400
+MAX_COMPLEXITY = 20  # radon's grade C ends here
+
+
+def modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_no_module_is_over_400_lines():
+    long = {p.relative_to(PACKAGE).as_posix(): n for p in modules()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these by concept: {long}"
+
+
+def test_no_function_is_radon_grade_d_or_worse():
+    complexity = pytest.importorskip("radon.complexity")  # in the dev extra
+    worst = {}
+    for path in modules():
+        for block in complexity.cc_visit(path.read_text()):
+            for item in [block, *getattr(block, "methods", [])]:
+                if item.complexity > MAX_COMPLEXITY:
+                    worst[f"{path.relative_to(PACKAGE).as_posix()}:{item.lineno} {item.name}"] = item.complexity
+    assert not worst, worst

@@ -1,0 +1,29 @@
+"""A recipe in words: what ``distill`` prints at its start, and what changed when a run resumes under another."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .recipes import OPERATIONAL, Recipe
+
+
+def recipe_summary(r: Recipe) -> list[str]:
+    """The lines ``distill`` prints at its start: what will run, so a wrong schedule shows before it costs."""
+    augment = [name for name, on in (("RandAugment " + str(r.rand_augment), bool(r.rand_augment)),
+                                     ("mixup", r.mixup > 0), ("cutmix", r.cutmix > 0), ("erasing", r.reprob > 0),
+                                     ("colour jitter", bool(r.color_jitter)), ("hflip", r.hflip > 0))
+               if on]
+    lines = [f"recipe {r.name or '(default)'}: {r.epochs} epochs, warm-up {r.warmup_epochs} "
+             f"(lr {r.warmup_lr:g} -> peak {r.lr:g}, cosine to {r.min_lr:g}), batch {r.batch_size}"
+             + (f" ({r.accum_steps} accumulation steps)" if r.accum_steps > 1 else ""),
+             "augmentation: " + (", ".join(augment) if augment else "off")]
+    if r.schedule_scaled:
+        lines.append(f"scaled with --epochs: {r.schedule_scaled}")
+    return lines
+
+
+def recipe_changes(old: dict[str, Any], new: Recipe) -> list[str]:
+    """What differs between a stored recipe dict and ``new``, ignoring operational fields: ``key: a -> b``."""
+    current, defaults = new.to_dict(), Recipe().to_dict()
+    keys = [k for k in current if k not in OPERATIONAL and old.get(k, defaults[k]) != current[k]]
+    return [f"{k}: {old.get(k)!r} -> {current[k]!r}" for k in keys]
