@@ -17,6 +17,7 @@ from ..attention import VARIANTS, variant_class
 from ..errors import BadValue
 from ..writer import PNG_METADATA, atomic_file
 from .common import (
+    MODEL_HELP,
     DeviceOpt,
     JsonOpt,
     OptionOpt,
@@ -89,7 +90,8 @@ def bench_table(report: dict[str, Any]) -> Table:
 
 @user_errors
 def bench(
-    source: str = typer.Argument(..., help="timm name, alias, hf-hub:org/name, timm or vitconvert folder"),
+    source: str = typer.Argument(..., help=MODEL_HELP + " (a vitconvert folder: its variant against its source "
+                                "architecture)"),
     to: VariantsOpt = None,
     img_size: Optional[str] = typer.Option(None, "--img-size", help="image sizes, comma-separated (default: the "
                                                                       "model's); the source is rebuilt at each"),

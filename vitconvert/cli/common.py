@@ -20,7 +20,6 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from ..assets import TEACHER_DIR
 from ..attention import VARIANTS
 from ..errors import BadValue, Stopped, VitconvertError, for_cli
 from ..writer import check_file, output_lock
@@ -72,13 +71,15 @@ def cpu_threads(threads: Optional[int], spec: Any) -> Optional[int]:
     """--threads, else 1 when ``spec`` names a small model (a local folder or file, or the bundled digits) and
     the user set no OMP_NUM_THREADS, else None (torch's default). On a small model torch's one thread per core
     only synchronise: on a busy 2-core machine a 20 s walk-through took 355 s with two."""
-    if threads is not None or os.environ.get("OMP_NUM_THREADS") or spec is None:
-        return threads
-    path = TEACHER_DIR if str(spec) == "digits" else Path(str(spec).removeprefix("local-dir:")).expanduser()
+    if threads is not None or os.environ.get("OMP_NUM_THREADS") or spec is None or str(spec).startswith("hf-hub:"):
+        return threads  # (a Hub model is not fetched just to count its bytes)
+    from ..sources import resolve  # lazy: start-up time (timm)
+
     try:
-        files = [path] if path.is_file() else list(path.glob("*.safetensors")) if path.is_dir() else []
+        path = resolve(spec).path
+        files = [] if path is None else [path] if path.is_file() else list(path.glob("*.safetensors"))
         size = sum(f.stat().st_size for f in files)
-    except OSError:
+    except (VitconvertError, OSError):  # the command's own loading says what is wrong with it
         return None
     return 1 if files and size < SMALL_MODEL_BYTES else None
 
