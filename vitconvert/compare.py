@@ -32,6 +32,7 @@ from .data import (
     teacher_normalizer,
 )
 from .errors import BadValue, VitconvertError, param
+from .loading import load_student, load_teacher, teacher_spec
 from .surgery import attention_modules, find_softmax_attention
 from .writer import PNG_METADATA, atomic_file
 
@@ -193,6 +194,27 @@ def image_batches(data: str, model: nn.Module, split: str = "val", batches: int 
     chosen = torch.randperm(len(base), generator=torch.Generator().manual_seed(seed))[:batches * batch_size]
     sample = TransformedDataset(Subset(base, chosen.tolist()), eval_transform(input_config(model)))
     return make_loader(sample, batch_size, seed, train=False, workers=workers)
+
+
+@dataclass
+class StudentComparison:
+    """What ``vitconvert compare`` reports: the comparison, and the teacher it was made against."""
+
+    report: CompareReport
+    teacher: str  # the teacher's SOURCE: as named, or the one the student records
+
+
+def compare_student(student: str, data: str, teacher: Optional[str] = None, *, split: str = "val",
+                    batches: int = 10, batch_size: int = 32, workers: int = 0, data_dir: Optional[str] = None,
+                    download: bool = False) -> StudentComparison:
+    """A vitconvert folder (or run folder, or Hub id) against its softmax teacher — ``teacher``, else the source
+    it was converted from, rebuilt as convert built it — on a fixed sample of ``data``."""
+    model = load_student(student)
+    spec = teacher_spec(model, teacher)
+    softmax = load_teacher(spec, model, seed=0, recorded=teacher is None)
+    loader = image_batches(data, model, split, batches, batch_size, workers=workers, data_dir=data_dir,
+                           download=download)
+    return StudentComparison(compare_models(softmax, model, loader), spec)
 
 
 def has_matplotlib() -> bool:

@@ -84,6 +84,8 @@ def evaluate(model: Union[str, Path, nn.Module], data: str, split: str = "val", 
 
     if batch_size < 1:
         raise BadValue("batch_size", f"must be at least 1 (got {batch_size})")
+    if workers is not None and workers < 0:
+        raise BadValue("workers", f"must not be negative (got {workers}; 0 loads in this process)")
     net = model if isinstance(model, nn.Module) else load(model, pretrained=pretrained)
     dev = pick_device(device, 0)
     classes = getattr(net, "num_classes", None)

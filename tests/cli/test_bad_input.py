@@ -168,7 +168,7 @@ CASES: list[Case] = [
     Case("eval", "an unknown --split of digits", ("eval", *S, "--data", "digits", "--split", "nosuch"),
          "digits has no 'nosuch' split"),
     Case("eval", "--batch-size 0", ("eval", *S, *D, "--batch-size", "0"), "--batch-size: must be at least 1"),
-    Case("eval", "--workers -1", ("eval", *S, *D, "--workers", "-1"), "--workers must not be negative"),
+    Case("eval", "--workers -1", ("eval", *S, *D, "--workers", "-1"), "--workers: must not be negative"),
     Case("eval", "data with more classes than the head", ("eval", *S, "--data", "{five}"), "classes"),
     Case("eval", "an empty class folder", ("eval", *S, "--data", "{emptyclass}"), "class folders without images"),
     Case("eval", "a model without a classification head", ("eval", "{headless}", *D), "no classification head"),

@@ -87,3 +87,18 @@ def test_timm_dataset_names_take_data_dir(setup, tmp_path):
     assert_one_line_error(invoke(setup / "student", "--data", "torch/cifar100", "--data-dir", tmp_path),
                           f"cannot open torch/cifar100 (val) under {tmp_path}")
     assert list(tmp_path.iterdir()) == []  # nothing downloaded without --download
+
+
+def test_the_library_job_is_what_the_command_reports(setup):
+    """`vitconvert compare` is `compare_student` plus a table: the same numbers, the teacher the student records."""
+    from vitconvert.compare import compare_student
+
+    result = compare_student(str(setup / "student"), str(setup / "data"), batches=1, batch_size=6)
+    assert result.teacher == str(setup / "teacher")
+    shown = invoke(setup / "student", "--data", setup / "data", "--batches", "1", "--batch-size", "6", "--json")
+    assert shown.exit_code == 0, shown.output
+    reported = json.loads(shown.stdout)
+    assert reported["teacher"] == result.teacher
+    for shown_row, row in zip(reported["layers"], result.report.to_dict()["layers"], strict=True):
+        assert shown_row == pytest.approx(row)
+    assert reported["top1_agreement"] == pytest.approx(result.report.top1_agreement)

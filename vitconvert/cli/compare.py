@@ -9,7 +9,6 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from ..loading import load_student, load_teacher, teacher_spec
 from .common import (
     DataDirOpt,
     DataOpt,
@@ -61,19 +60,16 @@ def compare(
 
     Example: vitconvert compare runs/quickstart/mhla --data digits --plot gaps.png
     """
-    from ..compare import compare_models, image_batches, plot_compare, require_matplotlib  # lazy: start-up time
+    from ..compare import compare_student, plot_compare, require_matplotlib  # lazy: start-up time
     from ..threads import torch_threads  # lazy: start-up time
 
     inputs = [student, teacher, data]
     with plot_output(plot, force, inputs) as plot, torch_threads(cpu_threads(threads, student)):
         if plot is not None:
             require_matplotlib()  # fail before the work, not after it
-        model = load_student(student)
-        spec = teacher_spec(model, teacher)
-        softmax = load_teacher(spec, model, seed=0, recorded=teacher is None)
-        loader = image_batches(data, model, split, batches, batch_size, workers=workers, data_dir=data_dir,
-                               download=download)
-        report = compare_models(softmax, model, loader)
+        result = compare_student(student, data, teacher, split=split, batches=batches, batch_size=batch_size,
+                                 workers=workers, data_dir=data_dir, download=download)
+        report, spec = result.report, result.teacher
         info = report.to_dict()
         if plot is not None:
             plot_compare(report, plot, title=f"{Path(student).name} vs {spec}", force=force,

@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..errors import VitconvertError
 from .common import (
     MODEL_HELP,
     DataDirOpt,
@@ -47,8 +46,6 @@ def eval_cmd(
     from ..evaluate import evaluate  # lazy: start-up time
     from ..threads import torch_threads  # lazy: start-up time
 
-    if workers < 0:
-        raise VitconvertError(f"--workers must not be negative (got {workers}; 0 loads in this process)")
     with torch_threads(cpu_threads(threads, model)):
         metrics = evaluate(model, data, split=split, batch_size=batch_size, device=device, data_dir=data_dir,
                            download=download, workers=workers, pretrained=pretrained)
