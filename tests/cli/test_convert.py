@@ -58,6 +58,17 @@ def test_list_shows_aliases_and_variants():
     assert "deit_small" in invoke("list").output
 
 
+def test_list_shows_every_declared_option_with_its_default_and_doc():
+    """The options table comes from each variant's declaration (attention/options.py), nothing written again."""
+    data = json.loads(invoke("list", "--json").stdout)["options"]
+    for name, cls in VARIANTS.items():
+        assert [o["name"] for o in data[name]] == [o.name for o in cls.declared_options]
+        assert [o["default"] for o in data[name]] == [o.default for o in cls.declared_options]
+    shown = invoke("list").output  # not a terminal: no column is cut
+    block_side = next(o for o in VARIANTS["mhla"].declared_options if o.name == "block_side")
+    assert block_side.doc in shown
+
+
 @pytest.mark.parametrize("args,text", [
     (["convert", "deit_smal", "--to", "elu"], "did you mean"),
     (["convert", "deit_tiny", "--to", "softmax2", *TINY_ARGS], "valid: elu, relu, inline, mhla, ttt"),

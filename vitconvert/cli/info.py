@@ -20,6 +20,17 @@ from .common import JsonOpt, console, report_table, user_errors
 BUNDLED = {"digits": "bundled softmax ViT teacher of the digits data (offline; also --data digits)"}
 
 
+def options_table() -> Table:
+    """Every variant option as its declaration says it (attention/options.py): name, default, what it does."""
+    table = Table(title="variant options (--option KEY=VALUE, repeatable; also in a folder's config.json)")
+    for column in ("variant", "option", "default", "what it does"):
+        table.add_column(column)
+    for name, cls in VARIANTS.items():
+        for option in cls.declared_options:
+            table.add_row(name, option.name, json.dumps(option.default), option.doc)
+    return table
+
+
 @user_errors
 def list_cmd(as_json: JsonOpt = False) -> None:
     """Short model aliases, linear-attention variants and training recipes.
@@ -30,7 +41,10 @@ def list_cmd(as_json: JsonOpt = False) -> None:
     recipes = available_recipes()
     if as_json:
         variants = {k: dict(v.default_options) for k, v in VARIANTS.items()}
-        typer.echo(json.dumps({"aliases": ALIASES, "bundled": BUNDLED, "variants": variants, "recipes": recipes}))
+        options = {k: [{"name": o.name, "default": o.default, "doc": o.doc} for o in v.declared_options]
+                   for k, v in VARIANTS.items()}
+        typer.echo(json.dumps({"aliases": ALIASES, "bundled": BUNDLED, "variants": variants, "options": options,
+                               "recipes": recipes}))
         return
     aliases = Table(title="model aliases")
     aliases.add_column("alias")
@@ -48,6 +62,7 @@ def list_cmd(as_json: JsonOpt = False) -> None:
         variants.add_row(name, ", ".join(f"{k}={v}" for k, v in cls.default_options.items()), doc)
     console.print(aliases)
     console.print(variants)
+    console.print(options_table())
     if recipes:
         console.print("recipes: " + ", ".join(recipes))
     console.print("Any timm model name, hf-hub:org/name\\[@revision], a model folder (PATH or local-dir:PATH) or, for "
