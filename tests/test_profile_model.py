@@ -1,0 +1,37 @@
+"""benchmarks/profile_model.py, the whole-model profile a GPU session runs first, dry-run on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_model.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("profile_model", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_model_gets_its_time_against_softmax_and_a_profile(capsys, one_thread):
+    script = load_script()
+    code = script.main(["--device", "cpu", "--model", "vit_tiny_patch16_224", "--img-size", "32", "--batch", "2",
+                        "--calls", "1", "--rows", "3", "--variants", "softmax,mhla", "--train"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert re.search(r"^softmax: [\d.]+ ms/step", out, re.M), out
+    assert re.search(r"^mhla: [\d.]+ ms/step \(wall, unprofiled\) \([\d.]+× softmax\)", out, re.M), out
+    assert out.count("Self CPU time total") == 2  # one profile table per model
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--device", "cpu", "--variants", "softmax,nope"], "unknown variant 'nope'"),
+])
+def test_bad_arguments_are_one_line(argv, message, capsys):
+    assert load_script().main(argv) == 2
+    assert message in capsys.readouterr().err
