@@ -126,7 +126,7 @@ def test_refuses_to_overwrite_without_force(quick):
 
 @pytest.mark.parametrize("args, text", [
     (["--variants", "elu,linformer"], "--variants: unknown variant 'linformer'"),
-    (["--variants", ","], "--variants: is empty"),
+    (["--variants", ","], "--variants: needs at least one variant"),
     (["--epochs", "0"], "epochs must be at least 1"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, text):

@@ -41,6 +41,17 @@ def variant_class(name: str, param: str = "to") -> type[LinearAttention]:
     return cls
 
 
+def variant_names(text: str, param: str) -> list[str]:
+    """A comma-separated list of variants (``"elu,mhla,elu"`` -> ["elu", "mhla"]): each known, each once, at
+    least one."""
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise BadValue(param, f"needs at least one variant, e.g. {','.join(list(VARIANTS)[:2])}")
+    for name in names:
+        variant_class(name, param)
+    return names
+
+
 def unregister_variant(name: str) -> None:
     """Remove a variant (tests and plugins that register one for a while); listeners are not called."""
     VARIANTS.pop(name, None)

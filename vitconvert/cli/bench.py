@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import typer
 from rich.table import Table
 
-from ..attention import VARIANTS, variant_class
+from ..attention import variant_names
 from ..errors import BadValue
 from ..writer import PNG_METADATA, atomic_file
 from .common import (
@@ -40,14 +40,7 @@ if TYPE_CHECKING:
 
 def parse_variants(text: Optional[str]) -> Optional[list[str]]:
     """``--to elu,relu`` -> ['elu', 'relu'] (each a known variant, once); None stays None (the default set)."""
-    if text is None:
-        return None
-    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    if not names:
-        raise BadValue("to", f"needs at least one variant, e.g. {','.join(list(VARIANTS)[:2])}")
-    for name in names:
-        variant_class(name, param="to")
-    return names
+    return None if text is None else variant_names(text, "to")
 
 
 def parse_sizes(text: Optional[str]) -> Optional[list[int]]:

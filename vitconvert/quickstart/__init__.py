@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..attention import VARIANTS, variant_class
-from ..errors import BadValue, VitconvertError, param
+from ..attention import variant_names
+from ..errors import VitconvertError, param
 from ..evaluate import evaluate
 from ..recipes import load_recipe
 from ..sources import load_source
@@ -50,12 +50,7 @@ class Quickstart:
 
 def parse_variants(text: str) -> list[str]:
     """``"a,b,a"`` -> ["a", "b"], checked against the registry, duplicates dropped."""
-    names = list(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
-    if not names:
-        raise BadValue("variants", f"is empty; choose from {', '.join(VARIANTS)}")
-    for name in names:
-        variant_class(name, param="variants")
-    return names
+    return variant_names(text, "variants")
 
 
 def check_out(out: Path, force: bool) -> None:
