@@ -247,3 +247,20 @@ def test_edge_options_build_a_finite_block_mixing(options):
     module = MHLAttention(32, 2, grid_size=(8, 8), block_side=2, **options)
     assert torch.isfinite(module.block_mix).all()
     torch.testing.assert_close(module.block_mix.sum(0), torch.ones(16))
+
+
+def test_the_lean_head_rmsnorm_is_rmsnorm_over_heads_and_keeps_only_its_input():
+    """The fused path's RMSNorm (an autograd Function) against F.rms_norm over all heads' channels: values and
+    the gradients of input and weight (gradcheck in float64), and nothing N-sized saved but the input itself."""
+    from vitconvert.attention.mhla import lean_rms_over_heads, rms_over_heads
+
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(2, 3, 10, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = (1 + torch.rand(24, generator=g, dtype=torch.float64)).requires_grad_()
+    torch.testing.assert_close(lean_rms_over_heads(t, weight), rms_over_heads(t, weight))
+    assert torch.autograd.gradcheck(lean_rms_over_heads, (t, weight))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
+        lean_rms_over_heads(t, weight)
+    big = [x for x in saved if x.numel() >= t.numel()]
+    assert len(big) == 1 and big[0].untyped_storage().data_ptr() == t.untyped_storage().data_ptr()

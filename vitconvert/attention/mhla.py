@@ -84,6 +84,42 @@ def rms_over_heads(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return flat.reshape(B, N, H, d).transpose(1, 2)
 
 
+class _LeanRmsOverHeads(torch.autograd.Function):
+    """:func:`rms_over_heads` that keeps only its input (a view of the qkv projection, already alive) and the
+    per-token rstd for backward. Under autocast F.rms_norm runs in float32 and autograd keeps float32 copies of
+    q and k: four N×C float32 tensors per MHLA layer, a third of its training memory beyond softmax's."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x = t.to(accumulation_dtype(t.dtype))
+        rstd = torch.rsqrt(x.pow(2).mean(dim=(1, 3), keepdim=True) + eps)  # (B, 1, N, 1): over all heads' channels
+        ctx.save_for_backward(t, weight, rstd)
+        return (x * rstd * _per_head(weight, t)).to(t.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        t, weight, rstd = ctx.saved_tensors
+        x, grad = t.to(rstd.dtype), grad.to(rstd.dtype)
+        scaled = grad * _per_head(weight, t)
+        dx = rstd * (scaled - x * rstd.square() * (scaled * x).mean(dim=(1, 3), keepdim=True))
+        dweight = (grad * x * rstd).sum(dim=(0, 2)).reshape(-1)
+        return dx.to(t.dtype), dweight.to(weight.dtype), None
+
+
+def _per_head(weight: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """RMSNorm's (H·d,) weight laid over (B, H, N, d), in float32 at least."""
+    return weight.to(accumulation_dtype(like.dtype)).view(1, like.shape[1], 1, like.shape[3])
+
+
+def lean_rms_over_heads(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """:func:`rms_over_heads` in float32 (at least) with nothing N-sized kept for backward but its input (the fused path's;
+    the eager path keeps the plain form, which TorchScript and ONNX export take). ε as F.rms_norm's default: the
+    float32 one under autocast (where F.rms_norm runs in float32), else the input dtype's."""
+    autocast = torch.is_autocast_enabled(t.device.type)
+    eps = torch.finfo(torch.float32 if autocast else t.dtype).eps
+    return _LeanRmsOverHeads.apply(t, weight, eps)
+
+
 def lepe_reference(v_image: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
     """The depthwise conv as an explicit sum over the zero-padded shifts of the V image."""
     size = conv.kernel_size[0]
@@ -223,7 +259,7 @@ class MHLAttention(LinearAttention):
                    grid: Grid) -> torch.Tensor:
         """:meth:`mix` on the Triton kernels: φ, the block states and the read-out fused, W̃ and LePE in torch."""
         if self.q_rmsnorm is not None:
-            q, k = rms_over_heads(q, self.q_rmsnorm.weight), rms_over_heads(k, self.k_rmsnorm.weight)
+            q, k = lean_rms_over_heads(q, self.q_rmsnorm.weight), lean_rms_over_heads(k, self.k_rmsnorm.weight)
         q, k = q.to(v.dtype), k.to(v.dtype)
         if grid is None:
             return fused.kernel_attention(q, k, v, key_valid, fused.RELU_PLUS_EPS, self.eps, self.eps)
