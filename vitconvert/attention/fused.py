@@ -1,14 +1,14 @@
-"""Fused linear attention on the GPU: the Triton kernels of :mod:`.triton_kernels` as two PyTorch custom ops.
+"""Fused linear attention on the GPU: the Triton kernels of :mod:`.triton_kernels` as PyTorch custom ops.
 
-``vitconvert::linear_attention`` (q, k, v) -> o                     (ELU, ReLU, InLine: the whole mixing)
-``vitconvert::linear_state``  (k, v) -> per-segment S, z, zv        (float32, d×d per head and segment)
-``vitconvert::linear_readout`` (q, R, r) -> o                       (q's dtype, laid out as (B, N, H, d))
+``vitconvert::linear_attention``   (q, k, v) -> o              (ELU, ReLU, InLine: the whole mixing)
+``vitconvert::blocked_attention``  (q, k, v, W̃) -> o           (MHLA: block states mixed by W̃, then read)
+built on the two building blocks of :mod:`.fused_parts`, ``vitconvert::linear_state`` (per-segment d×d states)
+and ``vitconvert::linear_readout``.
 
 Each op has a backward op and is registered with ``torch.library``, so autograd, ``torch.compile`` (one opaque
-node each, no graph break) and ``torch.export`` see them as ops. ``linear_attention`` keeps only q, k, v and o
-for backward, which recomputes the d×d states (as FlashAttention recomputes its scores), so a training step
-holds no more than softmax's. MHLA uses the two others: between them, its block mixing W turns states into what
-each query reads with d×d torch ops, which autograd differentiates as usual, W included.
+node each, no graph break) and ``torch.export`` see them as ops. Both keep only q, k, v and o (and W̃) for
+backward, which recomputes the d×d states (as FlashAttention recomputes its scores), so a training step holds
+no more than softmax's.
 
 When they run and how they are launched is :mod:`.dispatch`'s (re-exported here for the variants). A backward
 kernel Triton cannot build turns the kernels off (as a forward one does) and that step's gradients come from
@@ -36,190 +36,16 @@ from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reac
     tile_args,
     use_fused_kernels,
 )
-from .fused_eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: E402,F401  (the kernels' φ codes)
-
-
-def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
-    """(segments, columns of the index table): one segment of every token without a table."""
-    return (1, tokens) if index is None else (index.shape[0], index.shape[1])
-
-
-def _total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
-    """(B·H, G, splits, …) partial sums -> (B, H, G, …): summed over the token ranges (a view when there is one)."""
-    total = partials.squeeze(2) if partials.shape[2] == 1 else partials.sum(2)
-    return total.view(batch, heads, *total.shape[1:])
-
-
-def _mask_arg(key_valid: Optional[torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, int]:
-    if key_valid is None:
-        return like, 0  # never read (HAS_MASK is False)
-    return key_valid, key_valid.stride(0)
-
-
-# -- the ops -------------------------------------------------------------------------------------------------
-@torch.library.custom_op("vitconvert::linear_state", mutates_args=())
-def linear_state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
-                 feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """S (B, H, G, d, d), z and zv (B, H, G, d), float32, over the G segments of ``index`` (all tokens if None)."""
-    from .triton_kernels import state_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
-
-    B, H, N, D = k.shape
-    segments, length = _segments(index, N)
-    splits, per = split_tokens(B * H, segments, length, k.device)
-    block_n, block_d, warps = block_sizes(D)
-    S = k.new_empty((B * H, segments, splits, D, D), dtype=torch.float32)
-    Z = k.new_empty((B * H, segments, splits, D), dtype=torch.float32)
-    ZV = torch.empty_like(Z)
-    mask, s_mb = _mask_arg(key_valid, k)
-    launch(state_fwd_kernel, (B * H, segments, splits),
-        k, v, mask, index if index is not None else k, S, Z, ZV,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
-        H, length, D, segments, splits, per, feature_eps,
-        FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, BLOCK_N=block_n,
-        BLOCK_D=block_d, **tile_args(k), num_warps=warps)
-    return _total(S, B, H), _total(Z, B, H), _total(ZV, B, H)
-
-
-@linear_state.register_fake
-def _(k, v, key_valid, index, feature, feature_eps):
-    B, H, N, D = k.shape
-    segments = 1 if index is None else index.shape[0]
-    S = k.new_empty((B, H, segments, D, D), dtype=torch.float32)
-    return S, k.new_empty((B, H, segments, D), dtype=torch.float32), k.new_empty((B, H, segments, D),
-                                                                                  dtype=torch.float32)
-
-
-@torch.library.custom_op("vitconvert::linear_state_backward", mutates_args=())
-def linear_state_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                          index: Optional[torch.Tensor], dS: torch.Tensor, dz: torch.Tensor, dzv: torch.Tensor,
-                          feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """dk, dv (the dtypes and shapes of k and v, contiguous) from the gradients of S, z, zv."""
-    from .triton_kernels import state_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
-
-    B, H, N, D = k.shape
-    segments, length = _segments(index, N)
-    splits, per = split_tokens(B * H, segments, length, k.device)
-    block_n, block_d, warps = block_sizes(D)
-    dk, dv = torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(
-        v, memory_format=torch.contiguous_format)
-    mask, s_mb = _mask_arg(key_valid, k)
-    launch(state_bwd_kernel, (B * H, segments, splits),
-        k, v, mask, index if index is not None else k, dS.contiguous(), dz.contiguous(), dzv.contiguous(), dk, dv,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        H, length, D, segments, per, feature_eps,
-        FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, BLOCK_N=block_n,
-        BLOCK_D=block_d, **tile_args(k), num_warps=warps)
-    return dk, dv
-
-
-@linear_state_backward.register_fake
-def _(k, v, key_valid, index, dS, dz, dzv, feature, feature_eps):
-    return torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(
-        v, memory_format=torch.contiguous_format)
-
-
-def _state_setup(ctx, inputs, output) -> None:
-    k, v, key_valid, index, feature, feature_eps = inputs
-    ctx.save_for_backward(k, v, key_valid, index)
-    ctx.feature, ctx.feature_eps = feature, feature_eps
-
-
-def _state_backward(ctx, dS, dz, dzv):
-    k, v, key_valid, index = ctx.saved_tensors
-    B, H = k.shape[:2]
-    segments, D = (1 if index is None else index.shape[0]), k.shape[-1]
-    zeros = k.new_zeros((B, H, segments, D), dtype=torch.float32)
-    dS = dS if dS is not None else k.new_zeros((B, H, segments, D, D), dtype=torch.float32)
-    dz, dzv = (dz if dz is not None else zeros), (dzv if dzv is not None else zeros)
-    try:
-        dk, dv = linear_state_backward(k, v, key_valid, index, dS, dz, dzv, ctx.feature, ctx.feature_eps)
-    except KernelUnavailable as e:
-        dk, dv, _, _ = _eager_gradients(e, fused_eager.state, (k, v, key_valid, index), (dS, dz, dzv),
-                                        ctx.feature, ctx.feature_eps)
-    return dk, dv, None, None, None, None
-
-
-linear_state.register_autograd(_state_backward, setup_context=_state_setup)
-
-
-def _output_like(q: torch.Tensor) -> torch.Tensor:
-    """(B, H, N, d) output stored as (B, N, H, d): the attention module's transpose-and-reshape is then a view."""
-    B, H, N, D = q.shape
-    return q.new_empty((B, N, H, D)).transpose(1, 2)
-
-
-@torch.library.custom_op("vitconvert::linear_readout", mutates_args=())
-def linear_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
-                   feature_eps: float, eps: float, normalise: bool) -> torch.Tensor:
-    """o of every query from the state R (B, H, G, d, d) and r (B, H, G, d) of its segment (module docstring)."""
-    from .triton_kernels import readout_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
-
-    B, H, N, D = q.shape
-    segments, length = _segments(index, N)
-    splits, per = split_tokens(B * H, segments, length, q.device)
-    block_n, block_d, warps = block_sizes(D)
-    o = _output_like(q)
-    launch(readout_fwd_kernel, (B * H, segments, splits),
-        q, R.contiguous(), r.contiguous(), o, index if index is not None else q,
-        q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        H, length, D, segments, per, feature_eps, eps,
-        FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, BLOCK_N=block_n, BLOCK_D=block_d,
-        **tile_args(q), num_warps=warps)
-    return o
-
-
-@linear_readout.register_fake
-def _(q, R, r, index, feature, feature_eps, eps, normalise):
-    return _output_like(q)
-
-
-@torch.library.custom_op("vitconvert::linear_readout_backward", mutates_args=())
-def linear_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
-                            index: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float,
-                            normalise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq (q's dtype, contiguous), dR and dr (float32) of :func:`linear_readout`."""
-    from .triton_kernels import readout_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
-
-    B, H, N, D = q.shape
-    segments, length = _segments(index, N)
-    splits, per = split_tokens(B * H, segments, length, q.device)
-    block_n, block_d, warps = block_sizes(D)
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dR = q.new_empty((B * H, segments, splits, D, D), dtype=torch.float32)
-    dr = q.new_empty((B * H, segments, splits, D), dtype=torch.float32)
-    launch(readout_bwd_kernel, (B * H, segments, splits),
-        q, R.contiguous(), r.contiguous(), o, do, dq, dR, dr, index if index is not None else q,
-        q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
-        H, length, D, segments, splits, per, feature_eps, eps,
-        FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, BLOCK_N=block_n, BLOCK_D=block_d,
-        **tile_args(q), num_warps=warps)
-    return dq, _total(dR, B, H), _total(dr, B, H)
-
-
-@linear_readout_backward.register_fake
-def _(q, R, r, o, do, index, feature, feature_eps, eps, normalise):
-    return (torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(R, dtype=torch.float32),
-            torch.empty_like(r, dtype=torch.float32))
-
-
-def _readout_setup(ctx, inputs, output) -> None:
-    q, R, r, index, feature, feature_eps, eps, normalise = inputs
-    ctx.save_for_backward(q, R, r, output, index)
-    ctx.args = (feature, feature_eps, eps, normalise)
-
-
-def _readout_backward(ctx, do):
-    q, R, r, o, index = ctx.saved_tensors
-    try:
-        dq, dR, dr = linear_readout_backward(q, R, r, o, do, index, *ctx.args)
-    except KernelUnavailable as e:
-        dq, dR, dr, _ = _eager_gradients(e, fused_eager.readout, (q, R, r, index), (do,), *ctx.args)
-    return dq, dR.to(R.dtype), dr.to(r.dtype), None, None, None, None, None
-
-
-linear_readout.register_autograd(_readout_backward, setup_context=_readout_setup)
+from .fused_eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: F401  (the kernels' φ codes)
+from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the building blocks from here)
+    _eager_gradients,
+    _mask_arg,
+    _output_like,
+    linear_readout,
+    linear_readout_backward,
+    linear_state,
+    linear_state_backward,
+)
 
 
 def _reader(S: torch.Tensor, z: torch.Tensor, zv: torch.Tensor, key_valid: Optional[torch.Tensor], tokens: int,
@@ -316,11 +142,79 @@ def _attention_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
     return fused_eager.readout(q, R, r, None, feature, feature_eps, eps, not inline)
 
 
-def _eager_gradients(error: KernelUnavailable, form, inputs, grads, *args):
-    """A backward kernel that cannot be built here: the kernels go off for the process (one warning) and this
-    step's gradients come from the op's eager form."""
-    disable(error)
-    return fused_eager.gradients(form, inputs, grads, *args)
+def _mixed(S: torch.Tensor, z: torch.Tensor, mixing: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """R_a = Σ_s W̃[a, s] S_s and r_a = Σ_s W̃[a, s] z_s, in float32 (autocast would round the states to bf16)."""
+    with torch.autocast(S.device.type, enabled=False):
+        m = mixing.to(torch.float32)
+        return torch.einsum("as,bhsxy->bhaxy", m, S), torch.einsum("as,bhsx->bhax", m, z)
+
+
+@torch.library.custom_op("vitconvert::blocked_attention", mutates_args=())
+def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                      index: torch.Tensor, mixing: torch.Tensor, feature: int, feature_eps: float,
+                      eps: float) -> torch.Tensor:
+    """Normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA): the
+    segments' states, W̃'s mixing and the read-out as one op, so autograd keeps neither S nor R."""
+    S, z, _ = linear_state(k, v, key_valid, index, feature, feature_eps)
+    R, r = _mixed(S, z, mixing)
+    return linear_readout(q, R, r, index, feature, feature_eps, eps, True)
+
+
+@blocked_attention.register_fake
+def _(q, k, v, key_valid, index, mixing, feature, feature_eps, eps):
+    return _output_like(q)
+
+
+@torch.library.custom_op("vitconvert::blocked_attention_backward", mutates_args=())
+def blocked_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                               do: torch.Tensor, key_valid: Optional[torch.Tensor], index: torch.Tensor,
+                               mixing: torch.Tensor, feature: int, feature_eps: float,
+                               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv, dW̃ of :func:`blocked_attention`: the states recomputed, the read-out's backward, the mixing's
+    (dW̃ = Σ dR·S + dr·z, dS = W̃ᵀ dR, dz = W̃ᵀ dr), then the states' backward."""
+    S, z, _ = linear_state(k, v, key_valid, index, feature, feature_eps)
+    R, r = _mixed(S, z, mixing)
+    dq, dR, dr = linear_readout_backward(q, R, r, o, do, index, feature, feature_eps, eps, True)
+    with torch.autocast(S.device.type, enabled=False):
+        m = mixing.to(torch.float32)
+        dmixing = torch.einsum("bhaxy,bhsxy->as", dR, S) + torch.einsum("bhax,bhsx->as", dr, z)
+        dS, dz = torch.einsum("as,bhaxy->bhsxy", m, dR), torch.einsum("as,bhax->bhsx", m, dr)
+    dk, dv = linear_state_backward(k, v, key_valid, index, dS, dz, torch.zeros_like(dz), feature, feature_eps)
+    return dq, dk, dv, dmixing.to(mixing.dtype)
+
+
+@blocked_attention_backward.register_fake
+def _(q, k, v, o, do, key_valid, index, mixing, feature, feature_eps, eps):
+    return (*(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)),
+            torch.empty_like(mixing))
+
+
+def _blocked_setup(ctx, inputs, output) -> None:
+    q, k, v, key_valid, index, mixing, *args = inputs
+    ctx.save_for_backward(q, k, v, output, key_valid, index, mixing)
+    ctx.args = args
+
+
+def _blocked_backward(ctx, do):
+    q, k, v, o, key_valid, index, mixing = ctx.saved_tensors
+    try:
+        dq, dk, dv, dmixing = blocked_attention_backward(q, k, v, o, do, key_valid, index, mixing, *ctx.args)
+    except KernelUnavailable as e:
+        dq, dk, dv, _, _, dmixing = _eager_gradients(e, _blocked_eager, (q, k, v, key_valid, index, mixing), (do,),
+                                                     *ctx.args)
+    return dq, dk, dv, None, None, dmixing, None, None, None
+
+
+blocked_attention.register_autograd(_blocked_backward, setup_context=_blocked_setup)
+
+
+def _blocked_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                   index: torch.Tensor, mixing: torch.Tensor, feature: int, feature_eps: float,
+                   eps: float) -> torch.Tensor:
+    """:func:`blocked_attention` in torch (its backward's fallback)."""
+    S, z, _ = fused_eager.state(k, v, key_valid, index, feature, feature_eps)
+    R, r = _mixed(S, z, mixing)
+    return fused_eager.readout(q, R, r, index, feature, feature_eps, eps, True)
 
 
 # -- the variants' forms ------------------------------------------------------------------------------------
@@ -340,8 +234,4 @@ def segmented_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_v
                         index: torch.Tensor, mixing: torch.Tensor, feature: int, feature_eps: float,
                         eps: float) -> torch.Tensor:
     """Normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA)."""
-    S, z, _ = linear_state(k, v, key_valid, index, feature, feature_eps)
-    mixing = mixing.to(torch.float32)
-    R = torch.einsum("as,bhsxy->bhaxy", mixing, S)
-    r = torch.einsum("as,bhsx->bhax", mixing, z)
-    return linear_readout(q, R, r, index, feature, feature_eps, eps, True)
+    return blocked_attention(q, k, v, key_valid, index, mixing, feature, feature_eps, eps)

@@ -112,8 +112,8 @@ def _per_head(weight: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def lean_rms_over_heads(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """:func:`rms_over_heads` in float32 (at least) with nothing N-sized kept for backward but its input (the fused path's;
-    the eager path keeps the plain form, which TorchScript and ONNX export take). ε as F.rms_norm's default: the
+    """:func:`rms_over_heads` in float32 (at least) with nothing N-sized kept for backward but its input (the fused
+    path's; the eager path keeps the plain form, which TorchScript and ONNX export take). ε as F.rms_norm's: the
     float32 one under autocast (where F.rms_norm runs in float32), else the input dtype's."""
     autocast = torch.is_autocast_enabled(t.device.type)
     eps = torch.finfo(torch.float32 if autocast else t.dtype).eps
