@@ -1,4 +1,4 @@
-"""benchmarks/profile_model.py, the whole-model profile a GPU session runs first, dry-run on the CPU."""
+"""The benchmark scripts a GPU session runs first (profile_model.py) and the CPU memory measure, dry-run here."""
 
 from __future__ import annotations
 
@@ -35,3 +35,19 @@ def test_each_model_gets_its_time_against_softmax_and_a_profile(capsys, one_thre
 def test_bad_arguments_are_one_line(argv, message, capsys):
     assert load_script().main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_saved_memory_reports_each_variant_against_softmax(capsys):
+    """benchmarks/saved_memory.py: the training-memory numbers of docs/performance.md, on the CPU."""
+    from vitconvert.attention import dispatch
+
+    spec = importlib.util.spec_from_file_location("saved_memory", SCRIPT.parent / "saved_memory.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    devices = dispatch.DEVICES
+    assert script.main(["--model", "vit_tiny_patch16_224", "--img-size", "32", "--depth", "1", "--batch", "1",
+                        "--variants", "elu,mhla"]) == 0
+    assert dispatch.DEVICES == devices  # the interpreter's device is not left on for the rest of the process
+    out = capsys.readouterr().out
+    assert re.search(r"softmax +[\d.]+ MiB", out) and re.search(r"elu +[\d.]+ MiB +1\.00× softmax", out), out
+    assert re.search(r"mhla +[\d.]+ MiB +[\d.]+× softmax", out), out
