@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from ..aliases import ALIASES
@@ -70,7 +69,7 @@ def list_cmd(as_json: JsonOpt = False) -> None:
 
 
 @user_errors
-def info(folder: str = typer.Argument(..., help=escape(LINEAR_FORMS)), as_json: JsonOpt = False) -> None:
+def info(folder: str = typer.Argument(..., help=LINEAR_FORMS), as_json: JsonOpt = False) -> None:
     """What a converted model is and what was copied.
 
     Example: vitconvert info ./deit_small_patch16_224-mhla
