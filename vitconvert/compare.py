@@ -206,12 +206,13 @@ class StudentComparison:
 
 def compare_student(student: str, data: str, teacher: Optional[str] = None, *, split: str = "val",
                     batches: int = 10, batch_size: int = 32, workers: int = 0, data_dir: Optional[str] = None,
-                    download: bool = False) -> StudentComparison:
+                    download: bool = False, pretrained: Optional[bool] = None) -> StudentComparison:
     """A vitconvert folder (or run folder, or Hub id) against its softmax teacher — ``teacher``, else the source
-    it was converted from, rebuilt as convert built it — on a fixed sample of ``data``."""
+    it was converted from, rebuilt as convert built it — on a fixed sample of ``data``. ``pretrained`` chooses a
+    named teacher's weights (default: as the student's source was built)."""
     model = load_student(student)
     spec = teacher_spec(model, teacher)
-    softmax = load_teacher(spec, model, seed=0, recorded=teacher is None)
+    softmax = load_teacher(spec, model, seed=0, recorded=teacher is None, pretrained=pretrained)
     loader = image_batches(data, model, split, batches, batch_size, workers=workers, data_dir=data_dir,
                            download=download)
     return StudentComparison(compare_models(softmax, model, loader), spec)

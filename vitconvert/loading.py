@@ -84,16 +84,20 @@ def teacher_spec(student: nn.Module, override: Optional[str]) -> str:
     return str(source)
 
 
-def load_teacher(spec: str, student: nn.Module, seed: int, recorded: bool) -> nn.Module:
+def load_teacher(spec: str, student: nn.Module, seed: int, recorded: bool,
+                 pretrained: Optional[bool] = None) -> nn.Module:
     """The softmax teacher, at the student's image size.
 
     The student's own source (``spec`` is the recorded one) is rebuilt as convert built it: at the recorded
     image size and, for a random-init source (``pretrained=False``), from the recorded seed, so the teacher *is*
     the model the student was converted from (its kept softmax layers match the teacher's exactly). Another
-    teacher is built under ``seed`` and its position embeddings resampled to the student's size."""
+    teacher is built under ``seed`` and its position embeddings resampled to the student's size; ``pretrained``
+    chooses its weights (default: as the student's source was built), so a named teacher can be a random one
+    on a machine without its weights."""
     report = getattr(student, "vitconvert_report", {})
-    pretrained = bool(report.get("pretrained", True))
     own = spec == str(report.get("source"))
+    recorded_pretrained = bool(report.get("pretrained", True))
+    pretrained = recorded_pretrained if own or pretrained is None else pretrained
     kwargs = {"img_size": report["source_img_size"]} if own and report.get("source_img_size") else {}
     if own and not pretrained:
         if "source_seed" not in report:

@@ -157,6 +157,9 @@ def _create(name: str, pretrained: bool, spec: str, **kwargs: Any) -> nn.Module:
         msg = first_line(e)
         if "size mismatch" in str(e) or "Missing key" in str(e) or "Unexpected key" in str(e):
             raise VitconvertError(f"the weights of {spec} do not fit architecture {name}: {msg}") from None
+        if pretrained and "No pretrained weights exist" in msg:  # timm's words, which name its Python argument
+            raise VitconvertError(f"timm has no pretrained weights for {spec}: use {param('pretrained', False)} "
+                                  "for a randomly initialised model") from None
         raise VitconvertError(f"cannot build {spec}: {msg}") from None
     except (OSError, ValueError) as e:
         msg = first_line(e)

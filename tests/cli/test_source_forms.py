@@ -204,3 +204,22 @@ def test_a_bare_name_beats_a_same_named_folder_without_a_model(ws, tmp_path, mon
     assert json.loads(ok(invoke("eval", "digits", "--data", "digits", "--json")))["n"] == 297
     assert vitconvert.load(NAME, pretrained=False).num_classes == 3
     assert_one_line_error(invoke("eval", "./digits", "--data", "digits"), "has no config.json")
+
+
+@pytest.mark.parametrize("command", ["compare", "distill"])
+def test_a_named_teacher_takes_no_pretrained_where_its_weights_are_missing(command, ws, tmp_path):
+    """linear/ records a pretrained source, so a named teacher is asked for pretrained weights; where there are
+    none the error points to --no-pretrained, which both commands that take --teacher have (it was a dead end)."""
+    if command == "compare":
+        args = ["compare", ws / "linear", "--teacher", NAME, "--data", ws / "images", "--batches", "1",
+                "--batch-size", "2", "--json"]
+    else:
+        args = ["distill", ws / "linear", "--teacher", NAME, "--data", ws / "images", "--epochs", "1",
+                "--batch-size", "2", "--set", "compare_batches=0", "--out", tmp_path / "run", "--json"]
+    refused = invoke(*args)
+    assert_one_line_error(refused, "--no-pretrained")
+    assert not (tmp_path / "run").exists()
+    report = json.loads(ok(invoke(*args, "--no-pretrained")))
+    if command == "distill":  # the run records its teacher in its folder's config.json
+        report = json.loads((tmp_path / "run" / "config.json").read_text())["vitconvert"]
+    assert report["teacher"] == NAME

@@ -59,6 +59,10 @@ VariantsOpt = Annotated[Optional[str], typer.Option("--to", help=f"variants, com
 OptionOpt = Annotated[Optional[list[str]], typer.Option("--option", help="variant option KEY=VALUE (repeatable; "
                                                                          "`vitconvert list` shows them)")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="any recipe key, KEY=VALUE (repeatable)")]
+TeacherPretrainedOpt = Annotated[Optional[bool], typer.Option(
+    "--pretrained/--no-pretrained", show_default=False,
+    help="a --teacher other than the student's source: with its pretrained weights, or randomly initialised "
+         "[default: as the student's source was built]")]
 PretrainedOpt = Annotated[bool, typer.Option("--pretrained/--no-pretrained",
                                              help="load the pretrained weights of timm names")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="seed of every random draw")]

@@ -17,6 +17,7 @@ from .common import (
     PlotForceOpt,
     PlotOpt,
     SplitOpt,
+    TeacherPretrainedOpt,
     ThreadsOpt,
     WorkersOpt,
     console,
@@ -51,6 +52,7 @@ def compare(
     batches: int = typer.Option(10, help="how many batches to compare on (a fixed random sample of images)"),
     batch_size: int = typer.Option(32, help="images per batch"),
     workers: WorkersOpt = 0,
+    pretrained: TeacherPretrainedOpt = None,
     threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
@@ -68,7 +70,7 @@ def compare(
         if plot is not None:
             require_matplotlib()  # fail before the work, not after it
         result = compare_student(student, data, teacher, split=split, batches=batches, batch_size=batch_size,
-                                 workers=workers, data_dir=data_dir, download=download)
+                                 workers=workers, data_dir=data_dir, download=download, pretrained=pretrained)
         report, spec = result.report, result.teacher
         info = report.to_dict()
         if plot is not None:

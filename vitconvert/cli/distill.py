@@ -17,6 +17,7 @@ from .common import (
     JsonOpt,
     RecipeDataOpt,
     SetOpt,
+    TeacherPretrainedOpt,
     ThreadsOpt,
     console,
     cpu_threads,
@@ -36,6 +37,7 @@ def distill(
     download: DownloadOpt = False,
     teacher: Optional[str] = typer.Option(None, "--teacher", help="softmax teacher SOURCE (default: the student's "
                                                                   "recorded source)"),
+    pretrained: TeacherPretrainedOpt = None,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="run folder (default: ./runs/<student>-<recipe>)"),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="total epochs (all stages)"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="global batch per optimizer step"),
@@ -76,8 +78,8 @@ def distill(
     student = student or resumed or last_converted()
     with torch_threads(cpu_threads(threads, student)):
         try:
-            result = distill(student, out, recipe, overrides, teacher=teacher, resume=resume, force=force,
-                             device=device, fsdp=fsdp, compile=compile_, show=not as_json)
+            result = distill(student, out, recipe, overrides, teacher=teacher, pretrained=pretrained, resume=resume,
+                             force=force, device=device, fsdp=fsdp, compile=compile_, show=not as_json)
         except TrainingStopped as e:
             raise Stopped(f"{e} (`vitconvert distill --resume --out {e.run}`)", e.signal_name) from None
     if push_to_hub and main_process:

@@ -22,9 +22,9 @@ def distill(student: Union[str, Path, None] = None, out: Union[str, Path, None] 
     """Distill the model folder ``student`` into the run folder ``out``.
 
     ``recipe`` is a YAML path or a name in recipes/ (default: the built-in recipe); ``overrides`` replace its
-    keys (``{"epochs": 3}``); ``job`` takes DistillJob's run options: teacher, resume, force, device, fsdp,
-    compile, show. Resuming (``resume=True``) needs only ``out``: the recipe and the student default to the
-    run's own. ``out`` defaults to ``runs/<student>-<recipe name>``.
+    keys (``{"epochs": 3}``); ``job`` takes DistillJob's run options: teacher, pretrained (a named
+    teacher's weights), resume, force, device, fsdp, compile, show. Resuming (``resume=True``) needs only
+    ``out``: the recipe and the student default to the run's own. ``out`` defaults to ``runs/<student>-<recipe name>``.
     """
     if job.get("resume") and out is not None:  # a resume needs the run folder and nothing else
         run_recipe, run_student = resume_defaults(Path(out))

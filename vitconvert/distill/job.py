@@ -19,6 +19,7 @@ class DistillJob:
     out: Path
     recipe_text: str = ""
     teacher: Optional[str] = None
+    pretrained: Optional[bool] = None  # a named teacher's weights (None: as the student's source was built)
     resume: bool = False
     force: bool = False
     device: Optional[str] = None

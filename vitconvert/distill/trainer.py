@@ -95,7 +95,7 @@ class Trainer:
         r, job = self.recipe, self.job
         student = loading.load_student(job.student)
         spec = loading.teacher_spec(student, job.teacher or resumed_teacher(job))
-        teacher = loading.load_teacher(spec, student, r.seed, recorded=job.teacher is None)
+        teacher = loading.load_teacher(spec, student, r.seed, recorded=job.teacher is None, pretrained=job.pretrained)
         models.check_kd(student, teacher, r.kd_weight)
         inp = data.input_config(student, r)
         models.check_sizes(student, teacher, inp.img_size)
