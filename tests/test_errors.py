@@ -81,7 +81,8 @@ def test_library_errors_name_parameters_not_flags():
 
 
 def test_parameter_mentions_read_as_arguments_in_python_and_as_flags_on_the_cli():
-    from vitconvert.errors import VitconvertError, for_cli, param, setting
+    from vitconvert.cli.common import for_cli
+    from vitconvert.errors import VitconvertError, param, setting
 
     inner = VitconvertError(f"no weights; use {param('pretrained', False)} or {param('arch', 'NAME')}")
     outer = VitconvertError(f"cannot load the teacher: {inner}; name it with {param('teacher')}")
@@ -89,6 +90,7 @@ def test_parameter_mentions_read_as_arguments_in_python_and_as_flags_on_the_cli(
     assert for_cli(f"{outer}") == ("cannot load the teacher: no weights; use --no-pretrained or --arch NAME; name it "
                                    "with --teacher")
     assert for_cli(f"{VitconvertError(param('force', True))}") == "--force"
+    assert for_cli(f"{VitconvertError(param('options', 'eps=1'))}") == "--option eps=1"  # as BadValue('options')
     recipe = VitconvertError(f"resume with {setting('clip_grad', 1.0)}")
     assert str(recipe) == "resume with clip_grad=1.0 in the recipe"
     assert for_cli(f"{recipe}") == "resume with --set clip_grad=1.0"

@@ -10,7 +10,8 @@ import timm
 import torch
 from helpers import FAMILIES, place_in_hub_cache, tiny_model
 
-from vitconvert.errors import VitconvertError, for_cli
+from vitconvert.cli.common import for_cli
+from vitconvert.errors import VitconvertError
 from vitconvert.sources import SourceNotFound, load_source, resolve, resolve_alias
 
 

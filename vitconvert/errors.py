@@ -8,7 +8,7 @@ PARAM = re.compile(r"\u27e6(set:)?([a-z_]+)(?:=([^\u27e7]*))?\u27e7")
 
 def param(name: str, value: Any = None) -> str:
     """Mentions a parameter inside an error message, as the reader knows it: ``pretrained=False`` for a library
-    caller, ``--no-pretrained`` on the command line (``for_cli``). The library never spells a flag."""
+    caller, ``--no-pretrained`` on the command line (``cli.common.for_cli``). The library never spells a flag."""
     return f"\u27e6{name}\u27e7" if value is None else f"\u27e6{name}={value}\u27e7"
 
 
@@ -23,21 +23,6 @@ def _as_argument(match: re.Match) -> str:
     if recipe:
         return f"{name}={value} in the recipe"
     return name if value is None else f"{name}={value}"
-
-
-def _as_flag(match: re.Match) -> str:
-    recipe, name, value = match.groups()
-    if recipe:
-        return f"--set {name}={value}"
-    flag = "--" + name.replace("_", "-")
-    if value in (None, "True"):
-        return flag
-    return f"--no-{flag[2:]}" if value == "False" else f"{flag} {value}"
-
-
-def for_cli(text: str) -> str:
-    """A message with its parameter mentions as the flags that set them (``--arch NAME``, ``--no-pretrained``)."""
-    return PARAM.sub(_as_flag, text)
 
 
 class VitconvertError(Exception):

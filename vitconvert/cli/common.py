@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import re
 import sys
 import threading
 import time
@@ -21,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..attention import VARIANTS
-from ..errors import BadValue, Stopped, VitconvertError, for_cli
+from ..errors import PARAM, BadValue, Stopped, VitconvertError
 from ..writer import check_file, output_lock
 
 
@@ -98,6 +99,21 @@ FLAG_NAMES = {"options": "option"}
 def flag_of(name: str) -> str:
     """The flag that sets the library parameter ``name`` (``img_size`` -> ``--img-size``)."""
     return "--" + FLAG_NAMES.get(name, name).replace("_", "-")
+
+
+def _as_flag(match: re.Match) -> str:
+    recipe, name, value = match.groups()
+    if recipe:
+        return f"--set {name}={value}"
+    if value in (None, "True"):
+        return flag_of(name)
+    return f"--no-{flag_of(name)[2:]}" if value == "False" else f"{flag_of(name)} {value}"
+
+
+def for_cli(text: str) -> str:
+    """A library message with its parameter mentions (``errors.param``, ``errors.setting``) as the flags that set
+    them (``--arch NAME``, ``--no-pretrained``, ``--set clip_grad=1.0``): only the command line knows flags."""
+    return PARAM.sub(_as_flag, text)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
