@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before torch/timm import triton
+if __name__ == "__main__":  # run as a script: before torch/timm import triton (not when a test imports saved_mib)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import argparse  # noqa: E402
 import sys  # noqa: E402

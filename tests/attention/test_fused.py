@@ -406,16 +406,15 @@ def test_whole_timm_models_on_the_kernels_match_their_eager_form(family, name, m
 
 
 def saved_mib(model: torch.nn.Module, images: torch.Tensor) -> float:
-    """MiB of the distinct storages autograd keeps for backward from one bf16-autocast training forward."""
-    storages: dict[int, int] = {}
+    """benchmarks/saved_memory.py's measure (what autograd keeps from one bf16-autocast training forward, MiB)."""
+    import importlib.util
+    from pathlib import Path
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast(DEVICE, dtype=torch.bfloat16):
-        model(images)
-    return sum(storages.values()) / 2**20
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "saved_memory.py"
+    spec = importlib.util.spec_from_file_location("saved_memory", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.saved_mib(model, images)
 
 
 # a training step's memory against softmax's (SDPA keeps q, k, v, o and the log-sum-exp), measured as what
