@@ -11,17 +11,17 @@ ratio is a lower bound of the peak's.
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
+from typing import Optional
 
-if __name__ == "__main__":  # run as a script: before torch/timm import triton (not when a test imports saved_mib)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
 
-import argparse  # noqa: E402
-import sys  # noqa: E402
-from typing import Optional  # noqa: E402
+if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernels: set before timm imports triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # (not when a test imports saved_mib)
 
 import timm  # noqa: E402
-import torch  # noqa: E402
 
 import vitconvert  # noqa: E402
 from vitconvert.attention import VARIANTS, dispatch  # noqa: E402
