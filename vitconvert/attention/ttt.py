@@ -27,6 +27,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .base import Grid, LinearAttention
 from .options import Option, number, positive
@@ -93,6 +94,13 @@ def inner_gradients(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None
     return dw12, dw3
 
 
+def records_for_backward() -> bool:
+    """Whether this forward records a graph for backward that a recomputation can serve: grad on, and no trace for
+    export (torch.export, ONNX) or TorchScript, whose graphs take the plain step."""
+    return (torch.is_grad_enabled() and not torch.jit.is_tracing() and not torch.compiler.is_exporting()
+            and not torch.onnx.is_in_onnx_export())
+
+
 def _times(t: torch.Tensor, coef: float, per_item: Optional[torch.Tensor]) -> torch.Tensor:
     """t·coef, or t·per_item when given (one code path for TorchScript, which has no float-or-tensor type)."""
     return t * coef if per_item is None else t * per_item
@@ -120,6 +128,9 @@ class TTTAttention(LinearAttention):
         super().__init__(dim, num_heads, **kwargs)
         self.inner_lr: float = self.options["inner_lr"]
         self.key_norm_eps: float = self.options["key_norm_eps"]
+        # Like timm's grad_checkpointing, for the step alone and on by default (a setting of the module, not saved):
+        # a training forward keeps q, k, v for backward and recomputes the step there (see mix)
+        self.recompute_step: bool = True
         factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
         shape = (self.num_heads, self.head_dim, self.head_dim)
         self.fast_w1 = nn.Parameter(torch.empty(shape, **factory))
@@ -167,9 +178,24 @@ class TTTAttention(LinearAttention):
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
             extra: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """:meth:`step`; when it records for backward (grad enabled, ``recompute_step`` on), recomputed in backward.
+
+        Autograd would keep about 15 N-sized intermediates of the step (the normalised keys, the convs' outputs,
+        the inner gradients' chain, the read-out); recomputed, it keeps q, k, v (views of the qkv projection's
+        output, which softmax attention keeps too), for one more step forward per training step. Non-reentrant,
+        so DDP, FSDP, timm's own block checkpointing and torch.compile take it; the step draws no random numbers,
+        so no RNG state is stashed. Tracing for export or TorchScript records the plain step.
+        """
+        if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
+            if self.recompute_step and records_for_backward():
+                return checkpoint(self.step, q, k, v, key_valid, grid, use_reentrant=False, preserve_rng_state=False)
+        return self.step(q, k, v, key_valid, grid)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+             grid: Grid) -> torch.Tensor:
         """Closed-form step in float32 at least (autocast off: the d×d sums over N tokens need the range); on the
         GPU with bf16 inputs, :meth:`bf16_mix`."""
-        if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
+        if not torch.jit.is_scripting():
             if self.fused_kernels and q.is_cuda and v.dtype == torch.bfloat16:
                 return self.bf16_mix(q, k, v, key_valid, grid)
         dtype = v.dtype
