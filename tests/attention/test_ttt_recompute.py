@@ -164,3 +164,37 @@ def test_traces_for_export_and_torchscript_record_the_plain_step(checkpoint_call
         traced = torch.jit.trace(mod, x)
     torch.testing.assert_close(traced(x), mod(x))
     assert len(checkpoint_calls) == 1  # the last call, eager with grad on
+
+
+def test_a_compiled_training_step_keeps_the_recomputation_in_one_graph():
+    """torch.compile(fullgraph=True) over a converted model: the step stays a checkpointed region (dynamo's
+    activation-checkpoint op) in a single graph, with the eager model's loss and gradients."""
+    import timm
+
+    import vitconvert
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    source = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=48,
+                               num_heads=3, depth=2, num_classes=5)
+    student, _ = vitconvert.convert(source, "ttt")
+    images = torch.randn(2, 3, 32, 32)
+    graphs = []
+
+    def keep_graph(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    runs = []
+    for model in (torch.compile(student, fullgraph=True, backend=keep_graph), student):
+        student.zero_grad()
+        loss = model(images).square().mean()
+        loss.backward()
+        runs.append((loss.detach(), [p.grad.clone() for p in student.parameters()]))
+    assert len(graphs) == 1
+    targets = [str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"]
+    assert sum("checkpoint" in t for t in targets) == 2, targets  # one per block
+    (compiled_loss, compiled_grads), (loss, grads) = runs
+    torch.testing.assert_close(compiled_loss, loss)
+    for got, want in zip(compiled_grads, grads, strict=True):
+        torch.testing.assert_close(got, want)
