@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from . import dispatch
 from .base import Grid, LinearAttention
 from .options import Option, number, positive
 from .registry import register_variant
@@ -42,13 +43,18 @@ def inner_model(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.T
     return (F.silu(x @ w1) * (x @ w2)) @ w3
 
 
-def normalize_keys(k: torch.Tensor, valid: torch.Tensor | None, eps: float) -> torch.Tensor:
+def normalize_keys(k: torch.Tensor, valid: torch.Tensor | None, eps: float, by_var_mean: bool = False) -> torch.Tensor:
     """Instance norm of (B, H, N, d) keys over the tokens, per channel, statistics from valid tokens only.
 
-    With no mask this is ``F.instance_norm`` (biased variance, no affine), as the reference applies it. Written
-    as sums (and the centred keys reused for the output) because ``torch.var_mean`` over the token axis is 16×
-    slower on CPUs than these five passes together.
+    With no mask this is ``F.instance_norm`` (biased variance, no affine), as the reference applies it. The CPU
+    form is written as sums (and the centred keys reused for the output) because ``torch.var_mean`` over the
+    token axis is 16× slower on CPUs than these five passes together; on a GPU (``by_var_mean``) it is one
+    reduction, and the output one fused pass k·r − mean·r: two passes over the keys.
     """
+    if valid is None and by_var_mean:
+        var, mean = torch.var_mean(k, dim=-2, correction=0, keepdim=True)
+        r = torch.rsqrt(var + eps)
+        return torch.addcmul(-mean * r, k, r)
     if valid is None:
         mean = k.sum(dim=-2, keepdim=True) / k.shape[-2]
         centred = k - mean
@@ -74,8 +80,10 @@ def inner_gradients(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None
 
     With a = kW1, b = kW2, h = silu(a)⊙b and g = dL/d f = −(s/N) v: dW3 = hᵀg, dh = gW3ᵀ,
     da = dh⊙b⊙silu'(a), db = dh⊙silu(a), dW1 = kᵀda, dW2 = kᵀdb. Sums over tokens are d×d matmuls.
-    For speed the −s/N factor scales d×d matrices instead of the N tokens of v, and a, b (and dW1, dW2)
-    come from one matmul each with W1 and W2 side by side.
+    Fewest passes over the N tokens: the −s/N factor scales d×d matrices instead of v; a and b come from one
+    matmul with W1 and W2 side by side; silu'(a) = σ + silu − σ·silu is one lerp; dW1 and dW2 are two matmuls
+    (a concatenation of da and db would be one more pass); v, a strided view of the qkv projection, is made
+    contiguous once (each matmul would copy it).
     """
     d = k.shape[-1]
     coef = -scale / k.shape[-2]  # a Python float (one scalar) without a mask, per item with one:
@@ -84,12 +92,15 @@ def inner_gradients(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None
         m = valid.to(v.dtype)
         v = v * m[:, None, :, None]
         per_item = (-scale / m.sum(dim=-1).clamp(min=1.0))[:, None, None, None]
+    v = v.contiguous()
     a, b = (k @ w12).split(d, dim=-1)
     sig = torch.sigmoid(a)
     act = a * sig
     dh = v @ _times(w3.transpose(-2, -1), coef, per_item)  # (B, H, N, d): gW3ᵀ with g = coef·v
-    da = dh * b * sig * (a - act + 1.0)  # silu'(a) = σ(a)(1 + a(1 − σ(a)))
-    dw12 = k.transpose(-2, -1) @ torch.cat((da, dh * act), dim=-1)
+    one = torch.ones((), dtype=a.dtype, device=a.device)
+    da = dh * b * torch.lerp(act, one, sig)  # silu'(a) = σ(a)(1 + a(1 − σ(a))) = silu + σ(1 − silu)
+    kt = k.transpose(-2, -1)
+    dw12 = torch.cat((kt @ da, kt @ (dh * act)), dim=-1)
     dw3 = _times((act * b).transpose(-2, -1) @ v, coef, per_item)
     return dw12, dw3
 
@@ -159,7 +170,9 @@ class TTTAttention(LinearAttention):
         """t + depthwise conv(t) on the grid's spatial tokens; prefix tokens pass through unchanged.
 
         Without a mask the residual is folded into the kernel (+1 on the centre tap): one pass, not two. The
-        conv comes as its weight and bias (TorchScript passes no modules as arguments); one group per channel.
+        conv comes as its weight and bias (TorchScript passes no modules as arguments); one group per channel. The
+        concatenation with the prefix is a pass even with no prefix tokens, and one the matmuls need: it lays the
+        tokens out as (B, H, N, d), where the conv's output (token-major) would be copied by each matmul.
         """
         if grid is None:
             return t
@@ -195,14 +208,14 @@ class TTTAttention(LinearAttention):
              grid: Grid) -> torch.Tensor:
         """Closed-form step in float32 at least (autocast off: the d×d sums over N tokens need the range); on the
         GPU with bf16 inputs, :meth:`bf16_mix`."""
-        if not torch.jit.is_scripting():
-            if self.fused_kernels and q.is_cuda and v.dtype == torch.bfloat16:
+        if not torch.jit.is_scripting():  # the GPU path's devices: the fused kernels' (dispatch.DEVICES)
+            if self.fused_kernels and q.device.type in dispatch.DEVICES and v.dtype == torch.bfloat16:
                 return self.bf16_mix(q, k, v, key_valid, grid)
         dtype = v.dtype
         acc = accumulation_dtype(dtype)
         with full_precision(q):
             q, k, v = q.to(acc), k.to(acc), v.to(acc)
-            k = normalize_keys(k, key_valid, self.key_norm_eps)
+            k = normalize_keys(k, key_valid, self.key_norm_eps, by_var_mean=k.is_cuda)
             q = self.local_conv(q, self.q_conv.weight, self.q_conv.bias, grid, key_valid)
             k = self.local_conv(k, self.k_conv.weight, self.k_conv.bias, grid, key_valid)
             w1, w2, w3 = self.fast_weights(acc)
@@ -218,7 +231,7 @@ class TTTAttention(LinearAttention):
         the key statistics and the fast weights (initial and updated) stay float32. bf16 only: its float32
         exponent range holds the −s/N-scaled gradients, which underflow in float16."""
         dtype = v.dtype
-        k = normalize_keys(k.float(), key_valid, self.key_norm_eps).to(dtype)
+        k = normalize_keys(k.float(), key_valid, self.key_norm_eps, by_var_mean=True).to(dtype)
         q = self.local_conv(q, self.q_conv.weight, self.q_conv.bias, grid, key_valid)
         k = self.local_conv(k, self.k_conv.weight, self.k_conv.bias, grid, key_valid)
         w1, w2, w3 = self.fast_weights(torch.float32)

@@ -1,0 +1,178 @@
+"""Passes over memory without a GPU: the aten ops of one forward of a converted model, and the bytes they move.
+
+    python benchmarks/op_traffic.py                        # TTT in vit_small at 224 px, 2 blocks, batch 2
+    python benchmarks/op_traffic.py --variant mhla --img-size 512 --by-op
+
+A TorchDispatchMode records every aten op one forward runs (views left out: they move no data), with the bytes
+it reads (its tensor inputs) and writes (its outputs), and marks those inside the attention layers' token mixing
+(``mix``). Token-sized ops touch a tensor at least as large as q: the passes over N-sized memory that bound an
+O(N) layer on a GPU. Two forms: float32 (the eager form: the CPU's, and the reference), and bf16 autocast on the
+GPU path (the fused kernels in Triton's interpreter, each one op; TTT's bf16 form), as a GPU runs them. The ops
+are the same on any device; their times are not measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernels: set before timm imports triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import timm  # noqa: E402
+
+import vitconvert  # noqa: E402
+from vitconvert.attention import VARIANTS, LinearAttention, dispatch  # noqa: E402
+
+
+def moved_bytes(t: torch.Tensor) -> int:
+    """Bytes an op reads or writes of ``t``: its elements, at most its storage (a broadcast reads each once)."""
+    return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+
+
+def aliases(func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> bool:
+    """A view: new metadata over an input's storage, no data moved (also ``_unsafe_view``, which matmul's
+    reshapes use and the schema does not mark as a view); an in-place op moves data and counts."""
+    if func.is_view:
+        return True
+    if func._schema.is_mutable or not outputs:
+        return False
+    held = {t.untyped_storage().data_ptr() for t in inputs}
+    return all(t.untyped_storage().data_ptr() in held for t in outputs)
+
+
+class Traffic:
+    """The ops of a region: how many, how many token-sized, and the bytes they move, with a count per op name."""
+
+    def __init__(self) -> None:
+        self.ops, self.token_sized, self.bytes = 0, 0, 0
+        self.by_op: Counter = Counter()
+        self.token_sized_by_op: Counter = Counter()
+        self.bytes_by_op: Counter = Counter()
+
+    def add(self, name: str, moved: int, large: bool) -> None:
+        self.ops += 1
+        self.token_sized += large
+        self.bytes += moved
+        self.by_op[name] += 1
+        self.token_sized_by_op[name] += large
+        self.bytes_by_op[name] += moved
+
+
+class OpTraffic(TorchDispatchMode):
+    """Records every aten op that moves data: into ``model``, and into ``mixing`` while ``in_mix`` is set."""
+
+    def __init__(self, token_sized: int) -> None:
+        super().__init__()
+        self.token_sized = token_sized  # elements of q: an op touching a tensor this large is a pass over tokens
+        self.model, self.mixing = Traffic(), Traffic()
+        self.in_mix = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not aliases(func, inputs, outputs):
+            tensors = inputs + outputs
+            if tensors:
+                moved = sum(moved_bytes(t) for t in tensors)
+                large = max(t.numel() for t in tensors) >= self.token_sized
+                name = func.name().removeprefix("aten::")
+                self.model.add(name, moved, large)
+                if self.in_mix:
+                    self.mixing.add(name, moved, large)
+        return out
+
+
+@contextmanager
+def marked_mixing(model: torch.nn.Module, recorder: OpTraffic) -> Iterator[None]:
+    """Each attention layer's ``mix`` sets ``recorder.in_mix`` while it runs."""
+    layers = [m for m in model.modules() if isinstance(m, LinearAttention)]
+
+    def marked(layer: LinearAttention) -> Any:
+        mix = layer.mix
+
+        def mix_marked(*args: Any) -> torch.Tensor:
+            recorder.in_mix = True
+            try:
+                return mix(*args)
+            finally:
+                recorder.in_mix = False
+        return mix_marked
+
+    for layer in layers:
+        layer.mix = marked(layer)  # an instance attribute over the method, removed below
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.mix
+
+
+def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: int) -> OpTraffic:
+    """One forward of ``model`` without grad in ``form`` ('float32' or 'bf16'), every op recorded."""
+    recorder = OpTraffic(token_sized)
+    with ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        if form == "bf16":
+            stack.enter_context(torch.autocast(images.device.type, dtype=torch.bfloat16))
+        stack.enter_context(marked_mixing(model, recorder))
+        stack.enter_context(recorder)
+        model(images)
+    return recorder
+
+
+def report(name: str, recorder: OpTraffic, layers: int, by_op: bool) -> None:
+    mib = 2 ** 20
+    mixing, whole = recorder.mixing, recorder.model
+    print(f"  {name}: model {whole.ops} ops, {whole.bytes / mib:.1f} MiB; token mixing per layer "
+          f"{mixing.ops / layers:.0f} ops ({mixing.token_sized / layers:.0f} token-sized), "
+          f"{mixing.bytes / layers / mib:.2f} MiB")
+    if by_op:
+        for op, n in sorted(mixing.by_op.items(), key=lambda kv: -mixing.bytes_by_op[kv[0]]):
+            print(f"      {op:30s} {n / layers:5.1f}× ({mixing.token_sized_by_op[op] / layers:4.1f} token-sized) "
+                  f"{mixing.bytes_by_op[op] / layers / mib:8.2f} MiB")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="vit_small_patch16_224", help="timm name (random init)")
+    parser.add_argument("--variant", default="ttt")
+    parser.add_argument("--img-size", type=int, default=224)
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--by-op", action="store_true", help="the token mixing's ops by name, per layer")
+    args = parser.parse_args(argv)
+    if args.variant not in VARIANTS:
+        print(f"error: unknown variant {args.variant!r}; valid: {', '.join(VARIANTS)}", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    source = timm.create_model(args.model, pretrained=False, img_size=args.img_size, depth=args.depth)
+    student, _ = vitconvert.convert(source, args.variant)
+    images = torch.randn(args.batch, 3, args.img_size, args.img_size)
+    first = next(m for m in student.modules() if isinstance(m, LinearAttention))
+    tokens = student.patch_embed.num_patches + first.num_prefix_tokens
+    token_sized = args.batch * first.attn_dim * student.patch_embed.num_patches  # q on the grid (the convs)
+    print(f"{args.variant} in {args.model} at {args.img_size} px ({tokens} tokens), {args.depth} blocks, "
+          f"batch {args.batch}: aten ops of one forward (views left out)")
+    devices = dispatch.DEVICES
+    try:
+        report("float32", count(student, images, "float32", token_sized), args.depth, args.by_op)
+        dispatch.DEVICES = ("cuda", "cpu")  # the GPU path, the kernels in Triton's interpreter
+        report("bf16 GPU path", count(student, images, "bf16", token_sized), args.depth, args.by_op)
+    finally:
+        dispatch.DEVICES = devices
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
