@@ -2,6 +2,7 @@
 
     python benchmarks/op_traffic.py                        # TTT in vit_small at 224 px, 2 blocks, batch 2
     python benchmarks/op_traffic.py --variant mhla --img-size 512 --by-op
+    python benchmarks/op_traffic.py --train                # a training step: forward and backward
 
 A TorchDispatchMode records every aten op one forward runs (views left out: they move no data), with the bytes
 it reads (its tensor inputs) and writes (its outputs), and marks those inside the attention layers' token mixing
@@ -118,25 +119,31 @@ def marked_mixing(model: torch.nn.Module, recorder: OpTraffic) -> Iterator[None]
             del layer.mix
 
 
-def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: int) -> OpTraffic:
-    """One forward of ``model`` without grad in ``form`` ('float32' or 'bf16'), every op recorded."""
+def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: int, train: bool = False) -> OpTraffic:
+    """One forward of ``model`` in ``form`` ('float32' or 'bf16') without grad, or with ``train`` one training step
+    (forward and backward of the logits' mean, from no gradients), every op recorded."""
     recorder = OpTraffic(token_sized)
+    model.zero_grad(set_to_none=True)
     with ExitStack() as stack:
-        stack.enter_context(torch.no_grad())
-        if form == "bf16":
-            stack.enter_context(torch.autocast(images.device.type, dtype=torch.bfloat16))
+        stack.enter_context(torch.enable_grad() if train else torch.no_grad())
         stack.enter_context(marked_mixing(model, recorder))
         stack.enter_context(recorder)
-        model(images)
+        with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=form == "bf16"):
+            logits = model(images)
+        if train:
+            logits.float().mean().backward()
+    model.zero_grad(set_to_none=True)
     return recorder
 
 
 def report(name: str, recorder: OpTraffic, layers: int, by_op: bool) -> None:
     mib = 2 ** 20
     mixing, whole = recorder.mixing, recorder.model
-    print(f"  {name}: model {whole.ops} ops, {whole.bytes / mib:.1f} MiB; token mixing per layer "
-          f"{mixing.ops / layers:.0f} ops ({mixing.token_sized / layers:.0f} token-sized), "
-          f"{mixing.bytes / layers / mib:.2f} MiB")
+    line = f"  {name}: model {whole.ops} ops ({whole.token_sized} token-sized), {whole.bytes / mib:.1f} MiB"
+    if mixing.ops:  # (softmax has no token mixing of ours: SDPA is one op of the model)
+        line += (f"; token mixing's forward per layer {mixing.ops / layers:.0f} ops "
+                 f"({mixing.token_sized / layers:.0f} token-sized), {mixing.bytes / layers / mib:.2f} MiB")
+    print(line)
     if by_op:
         for op, n in sorted(mixing.by_op.items(), key=lambda kv: -mixing.bytes_by_op[kv[0]]):
             print(f"      {op:30s} {n / layers:5.1f}× ({mixing.token_sized_by_op[op] / layers:4.1f} token-sized) "
@@ -151,6 +158,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--by-op", action="store_true", help="the token mixing's ops by name, per layer")
+    parser.add_argument("--train", action="store_true", help="a training step (forward and backward), not a forward")
     args = parser.parse_args(argv)
     if args.variant not in VARIANTS:
         print(f"error: unknown variant {args.variant!r}; valid: {', '.join(VARIANTS)}", file=sys.stderr)
@@ -163,12 +171,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     tokens = student.patch_embed.num_patches + first.num_prefix_tokens
     token_sized = args.batch * first.attn_dim * student.patch_embed.num_patches  # q on the grid (the convs)
     print(f"{args.variant} in {args.model} at {args.img_size} px ({tokens} tokens), {args.depth} blocks, "
-          f"batch {args.batch}: aten ops of one forward (views left out)")
+          f"batch {args.batch}: aten ops of {'a training step' if args.train else 'one forward'} (views left out)")
     devices = dispatch.DEVICES
     try:
-        report("float32", count(student, images, "float32", token_sized), args.depth, args.by_op)
-        dispatch.DEVICES = ("cuda", "cpu")  # the GPU path, the kernels in Triton's interpreter
-        report("bf16 GPU path", count(student, images, "bf16", token_sized), args.depth, args.by_op)
+        for form, name in (("float32", "float32"), ("bf16", "bf16 GPU path")):
+            if form == "bf16":
+                dispatch.DEVICES = ("cuda", "cpu")  # the GPU path, the kernels in Triton's interpreter
+            report(f"softmax, {name}", count(source, images, form, token_sized, args.train), args.depth, False)
+            report(f"{args.variant}, {name}", count(student, images, form, token_sized, args.train), args.depth,
+                   args.by_op)
     finally:
         dispatch.DEVICES = devices
     return 0

@@ -63,12 +63,18 @@ def test_bf16_form_has_the_float32_gradients_within_bf16_rounding(masked):
         assert torch.isfinite(half).all() and rel_error(half, exact) < 2e-2  # 7e-3 to 1.2e-2 here, as before the cuts
 
 
-def test_op_traffic_reports_the_model_and_its_token_mixing(capsys):
-    assert op_traffic().main(["--model", "vit_tiny_patch16_224", "--img-size", "32", "--depth", "1", "--batch", "1",
-                              "--by-op"]) == 0
+@pytest.mark.parametrize("train", [False, True], ids=["forward", "training-step"])
+def test_op_traffic_reports_softmax_the_model_and_its_token_mixing(train, capsys):
+    argv = ["--model", "vit_tiny_patch16_224", "--img-size", "32", "--depth", "1", "--batch", "1", "--by-op"]
+    devices = dispatch.DEVICES
+    assert op_traffic().main(argv + (["--train"] if train else [])) == 0
+    assert dispatch.DEVICES == devices  # the GPU path on the CPU is not left on for the rest of the process
     out = capsys.readouterr().out
+    assert ("aten ops of a training step" in out) == train, out
+    model = r"model \d+ ops \(\d+ token-sized\), [\d.]+ MiB"
     for form in ("float32", "bf16 GPU path"):
-        assert re.search(rf"^  {form}: model \d+ ops, [\d.]+ MiB; token mixing per layer \d+ ops \(\d+ token-sized\)",
+        assert re.search(rf"^  softmax, {form}: {model}$", out, re.M), out
+        assert re.search(rf"^  ttt, {form}: {model}; token mixing's forward per layer \d+ ops \(\d+ token-sized\)",
                          out, re.M), out
     assert re.search(r"^ +bmm +[\d.]+× \( *[\d.]+ token-sized\) +[\d.]+ MiB$", out, re.M), out
     assert op_traffic().main(["--variant", "nope"]) == 2
