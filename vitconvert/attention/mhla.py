@@ -231,7 +231,7 @@ class MHLAttention(LinearAttention):
         self._check_grid(q.shape[2], grid)
         index = segment_index(grid, self.block_counts, self.num_prefix_tokens, q.device)
         out = fused.segmented_attention(q, k, v, key_valid, index, extended_block_mix(self.block_mix),
-                                        fused.RELU_PLUS_EPS, self.eps, self.eps, *norms)
+                                        fused.RELU_PLUS_EPS, self.eps, self.eps, *norms, self.lepe is not None)
         if self.lepe is None:
             return out
         bias = self.lepe.bias
