@@ -6,8 +6,9 @@ inputs: N×C tensors that the softmax layer does not hold. Here:
 - the RMSNorm of q and k over all heads' channels is computed inside ``vitconvert::blocked_attention`` (its
   output is a transient of the op), and its backward recomputes the per-token rstd from the raw q, k the op keeps
   anyway (views of the qkv projection): :func:`rms_over_heads` and :func:`rms_over_heads_backward`;
-- the LayerNorm on the layer input (:class:`OutputSavingLayerNorm`) keeps its output in the autocast dtype, the
-  very tensor the qkv projection keeps, and recovers x̂ = (y − b) / w from it in backward.
+- the LayerNorm on the layer input and the fused qkv projection after it are one autograd Function
+  (:func:`layer_norm_linear`) that keeps x̂ in the projection's input dtype: as many bytes as softmax's qkv
+  projection keeps of its input, where autograd's LayerNorm would keep its float32 input on top.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch import nn
+from torch.nn import functional as F
 
 from .tensors import accumulation_dtype
 
@@ -53,3 +56,65 @@ def rms_pair(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor],
     if q_weight is None or k_weight is None:
         return q, k
     return rms_over_heads(q, q_weight, eps), rms_over_heads(k, k_weight, eps)
+
+
+class _LayerNormLinear(torch.autograd.Function):
+    """F.linear(F.layer_norm(x), weight, bias) keeping x̂ = (x − μ)·rstd in the linear's input dtype and the
+    per-token rstd: the one N×C tensor a softmax layer's qkv projection keeps (its input) and nothing else
+    N-sized. Backward recomputes the linear's input y = x̂·w + b from x̂ (no division by w: exact for any w).
+
+    Precision: x̂ is kept in the dtype y is rounded to for the matmul (bf16 under autocast), so the backward
+    reads x̂ and y within one rounding of that dtype (relative 2⁻⁹ in bf16), as the matmul's own gradients
+    read y; in float32 it is exact to float32 rounding. The forward is autograd's own LayerNorm and linear.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, norm_weight: Optional[torch.Tensor], norm_bias: Optional[torch.Tensor],
+                eps: float, weight: torch.Tensor, bias: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        acc = accumulation_dtype(x.dtype)
+        xf = x.to(acc)
+        mean = xf.mean(dim=-1, keepdim=True)
+        rstd = torch.rsqrt((xf - mean).square().mean(dim=-1, keepdim=True) + eps)
+        x_hat = (xf - mean) * rstd
+        y = _affine(x_hat, norm_weight, norm_bias).to(dtype)
+        out = F.linear(y, weight.to(dtype), None if bias is None else bias.to(dtype))
+        ctx.save_for_backward(x_hat.to(dtype), rstd, norm_weight, norm_bias, weight)
+        ctx.x_dtype, ctx.has_bias = x.dtype, bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x_hat, rstd, norm_weight, norm_bias, weight = ctx.saved_tensors
+        y = _affine(x_hat.to(rstd.dtype), norm_weight, norm_bias).to(x_hat.dtype)
+        g = grad.to(x_hat.dtype)
+        dweight = dbias = dnorm_weight = dnorm_bias = None
+        if ctx.needs_input_grad[4]:
+            dweight = (g.flatten(0, -2).transpose(0, 1) @ y.flatten(0, -2)).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[5]:
+            dbias = grad.to(rstd.dtype).flatten(0, -2).sum(0).to(weight.dtype)
+        dy = (g @ weight.to(g.dtype)).to(rstd.dtype)
+        x_hat = x_hat.to(rstd.dtype)
+        if norm_weight is not None and ctx.needs_input_grad[1]:
+            dnorm_weight = (dy * x_hat).flatten(0, -2).sum(0).to(norm_weight.dtype)
+        if norm_bias is not None and ctx.needs_input_grad[2]:
+            dnorm_bias = dy.flatten(0, -2).sum(0).to(norm_bias.dtype)
+        dx_hat = dy if norm_weight is None else dy * norm_weight.to(dy.dtype)
+        dx = rstd * (dx_hat - dx_hat.mean(dim=-1, keepdim=True)
+                     - x_hat * (dx_hat * x_hat).mean(dim=-1, keepdim=True))
+        return dx.to(ctx.x_dtype), dnorm_weight, dnorm_bias, None, dweight, dbias, None
+
+
+def _affine(x_hat: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:
+    y = x_hat if weight is None else x_hat * weight.to(x_hat.dtype)
+    return y if bias is None else y + bias.to(x_hat.dtype)
+
+
+def layer_norm_linear(x: torch.Tensor, norm: nn.LayerNorm, weight: torch.Tensor,
+                      bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``F.linear(norm(x), weight, bias)`` keeping only x̂ (in the matmul's dtype: autocast's, else x's) and the
+    per-token rstd for backward (:class:`_LayerNormLinear`)."""
+    if len(norm.normalized_shape) != 1:
+        raise ValueError("layer_norm_linear normalises the last dimension only")
+    autocast = torch.is_autocast_enabled(x.device.type)
+    dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+    return _LayerNormLinear.apply(x, norm.weight, norm.bias, norm.eps, weight, bias, dtype)

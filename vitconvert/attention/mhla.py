@@ -49,6 +49,7 @@ from .blocks import (  # noqa: F401  (block_layout, block_indices: importable fr
     to_blocks,
 )
 from .kernel import kernel_attention, kernel_attention_reference, with_ones
+from .lean_norms import layer_norm_linear
 from .options import Option, choice, count_or_pair, flag, integer, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
@@ -164,10 +165,34 @@ class MHLAttention(LinearAttention):
 
     def prepare(self, x: torch.Tensor, key_valid: Optional[torch.Tensor],
                 grid: Grid) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The reference normalises the layer input (LayerNorm) before projecting q, k, v."""
-        if self.input_norm is not None:
+        """The reference normalises the layer input (LayerNorm) before projecting q, k, v: here, or in
+        :meth:`fused_qkv` where the projection is one fused qkv linear (and no gate reads the normalised input)."""
+        if self.input_norm is not None and (self.qkv is None or self.gate is not None):
             x = self.input_norm(x)
         return x, None
+
+    def fused_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """The input LayerNorm, then the fused qkv projection. With the kernels, one autograd Function
+        (lean_norms.layer_norm_linear) that keeps x̂ in the projection's dtype instead of autograd's float32 copy of
+        the input (the bias-split layout keeps the plain form)."""
+        out = x
+        if self.qkv is not None:
+            if self.input_norm is not None and self.gate is None:
+                if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
+                    if self.q_bias is None and self._fused_here(x[..., :self.head_dim]):
+                        return layer_norm_linear(x, self.input_norm, self.qkv.weight, self.qkv.bias)
+                x = self.input_norm(x)
+            if self.q_bias is not None:
+                out = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
+                if self.qkv.bias is not None:
+                    out = out + self.qkv.bias
+            else:
+                out = self.qkv(x)
+        return out
+
+    def _fused_here(self, t: torch.Tensor) -> bool:
+        """Whether this call runs on the kernels (``t`` with q's last dimension: can_run checks the head dim)."""
+        return self.fused_kernels and not self.official_denominator and fused.can_run(t)
 
     # -- shared by mix and reference ----------------------------------------------------------------
     def features(self, q: torch.Tensor, k: torch.Tensor, key_valid: Optional[torch.Tensor]):
@@ -196,7 +221,7 @@ class MHLAttention(LinearAttention):
             grid: Grid, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Blocked states, mixed by W, read by each query; reshapes/gathers, no loops; sums in float32 at least."""
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
-            if self.fused_kernels and not self.official_denominator and fused.can_run(v):
+            if self._fused_here(v):
                 out = fused.attempt(self._fused_mix, q, k, v, key_valid, grid)
                 if out is not None:
                     return out
