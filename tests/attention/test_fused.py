@@ -108,6 +108,18 @@ def test_output_is_laid_out_for_the_heads_merge():
     assert out.transpose(1, 2).is_contiguous()
 
 
+@pytest.mark.parametrize("num_prefix", [0, 2])
+def test_mhla_adds_lepe_in_the_layout_of_the_heads_merge(num_prefix):
+    """MHLA's fused output with LePE added (zeros for the prefix tokens) is still stored as (B, N, H, d): the
+    module's transpose(1, 2).reshape stays a view, as for the op's own output."""
+    module = make_module("mhla", 32, (4, 4), num_prefix, blocks_per_side=2)
+    q, k, v = (t.detach() for t in qkv(B=2, H=2, N=num_prefix + 16, d=32))
+    out = module.mix(q, k, v, None, (4, 4))
+    assert out.transpose(1, 2).is_contiguous()
+    module.fused_kernels = False
+    torch.testing.assert_close(out, module.mix(q, k, v, None, (4, 4)), atol=1e-5, rtol=1e-4)
+
+
 def make_module(name: str, head_dim: int, grid, num_prefix: int, **options):
     module = helpers.make_module(name, num_prefix, grid, dim=2 * head_dim, dtype=torch.float32, **options)
     if name == "mhla":  # W away from its symmetric init, so a transposed mixing would show

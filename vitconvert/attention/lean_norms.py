@@ -27,23 +27,23 @@ def _per_head(weight: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return weight.to(accumulation_dtype(like.dtype)).view(1, like.shape[1], 1, like.shape[3])
 
 
-def rms_rstd(t: torch.Tensor, eps: float) -> torch.Tensor:
-    """(B, 1, N, 1) 1/rms of each token over all heads' channels, in float32 at least."""
-    x = t.to(accumulation_dtype(t.dtype))
+def _rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """(B, 1, N, 1) 1/rms of each token of (B, H, N, d) ``x`` over all heads' channels, in x's dtype."""
     return torch.rsqrt(x.square().mean(dim=(1, 3), keepdim=True) + eps)
 
 
 def rms_over_heads(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of each token of (B, H, N, d) ``t`` over its H·d channels, in float32 at least, back in t's dtype."""
-    return (t.to(accumulation_dtype(t.dtype)) * rms_rstd(t, eps) * _per_head(weight, t)).to(t.dtype)
+    x = t.to(accumulation_dtype(t.dtype))
+    return (x * _rstd(x, eps) * _per_head(weight, t)).to(t.dtype)
 
 
 def rms_over_heads_backward(t: torch.Tensor, weight: torch.Tensor, eps: float,
                             grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dt, dweight) of :func:`rms_over_heads` from the gradient of its output, in float32 at least (rstd
     recomputed)."""
-    rstd = rms_rstd(t, eps)
-    x, grad = t.to(rstd.dtype), grad.to(rstd.dtype)
+    x = t.to(accumulation_dtype(t.dtype))
+    rstd, grad = _rstd(x, eps), grad.to(x.dtype)
     scaled = grad * _per_head(weight, t)
     dt = rstd * (scaled - x * rstd.square() * (scaled * x).mean(dim=(1, 3), keepdim=True))
     dweight = (grad * x * rstd).sum(dim=(0, 2)).reshape(-1)
@@ -71,11 +71,8 @@ class _LayerNormLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, norm_weight: Optional[torch.Tensor], norm_bias: Optional[torch.Tensor],
                 eps: float, weight: torch.Tensor, bias: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        acc = accumulation_dtype(x.dtype)
-        xf = x.to(acc)
-        mean = xf.mean(dim=-1, keepdim=True)
-        rstd = torch.rsqrt((xf - mean).square().mean(dim=-1, keepdim=True) + eps)
-        x_hat = (xf - mean) * rstd
+        xf = x.to(accumulation_dtype(x.dtype))
+        x_hat, _, rstd = torch.native_layer_norm(xf, xf.shape[-1:], None, None, eps)  # one pass: x̂ and rstd
         y = _affine(x_hat, norm_weight, norm_bias).to(dtype)
         out = F.linear(y, weight.to(dtype), None if bias is None else bias.to(dtype))
         ctx.save_for_backward(x_hat.to(dtype), rstd, norm_weight, norm_bias, weight)
@@ -105,6 +102,9 @@ class _LayerNormLinear(torch.autograd.Function):
 
 
 def _affine(x_hat: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x̂·w + b in x̂'s dtype (one pass with both)."""
+    if weight is not None and bias is not None:
+        return torch.addcmul(bias.to(x_hat.dtype), x_hat, weight.to(x_hat.dtype))
     y = x_hat if weight is None else x_hat * weight.to(x_hat.dtype)
     return y if bias is None else y + bias.to(x_hat.dtype)
 

@@ -263,8 +263,12 @@ class MHLAttention(LinearAttention):
         lepe = F.conv2d(to_grid(self._masked_spatial_v(v, key_valid), grid), self.lepe.weight.to(v.dtype),
                         bias.to(v.dtype) if bias is not None else None, padding=self.lepe_padding,
                         groups=self.lepe.groups)
-        prefix, spatial = split_prefix(out, self.num_prefix_tokens)
-        return torch.cat((prefix, spatial + from_grid(lepe, self.num_heads).to(out.dtype)), dim=2)
+        # one add in the (B, N, C) layout of the heads' merge (o's storage order; the sum keeps it, so the merge is
+        # a view): no split and cat of the prefix, whose tokens get zeros by one pad of the conv output
+        B, H, N, d = out.shape
+        tokens = F.pad(lepe.flatten(2), (self.num_prefix_tokens, 0)) if self.num_prefix_tokens else lepe.flatten(2)
+        merged = out.transpose(1, 2).reshape(B, N, H * d) + tokens.transpose(1, 2).to(out.dtype)
+        return merged.view(B, N, H, d).transpose(1, 2)
 
     def _fused_norm_args(self, v: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], float]:
         """(q weight, k weight, ε) of the RMSNorm the blocked op applies; ε as F.rms_norm's: float32's under
