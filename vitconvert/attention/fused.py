@@ -8,7 +8,8 @@ and ``vitconvert::linear_readout``.
 Each op has a backward op and is registered with ``torch.library``, so autograd, ``torch.compile`` (one opaque
 node each, no graph break) and ``torch.export`` see them as ops. Both keep only q, k, v and o (and W̃) for
 backward, which recomputes the d×d states (as FlashAttention recomputes its scores), so a training step holds
-no more than softmax's.
+no more than softmax's; the blocked op can also leave o out (read out again in backward) and apply MHLA's
+RMSNorm to q and k itself (recomputed in backward), keeping the raw q and k.
 
 When they run and how they are launched is :mod:`.dispatch`'s (re-exported here for the variants). A backward
 kernel Triton cannot build turns the kernels off (as a forward one does) and that step's gradients come from

@@ -33,7 +33,16 @@ def _rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rms_over_heads(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of each token of (B, H, N, d) ``t`` over its H·d channels, in float32 at least, back in t's dtype."""
+    """RMSNorm of each token of (B, H, N, d) ``t`` over its H·d channels, in float32 at least, back in t's dtype.
+
+    bf16/fp16: F.rms_norm over the (B, N, H·d) view of q or k (a view of the qkv projection's output), with the
+    weight in t's dtype: torch's fused CUDA kernel (one pass, float32 inside) where it has one, the same math
+    decomposed elsewhere; the weight's rounding is one more of the output's own.
+    """
+    B, H, N, d = t.shape
+    if t.dtype in (torch.bfloat16, torch.float16):
+        flat = F.rms_norm(t.transpose(1, 2).reshape(B, N, H * d), (H * d,), weight.to(t.dtype), eps)
+        return flat.view(B, N, H, d).transpose(1, 2)
     x = t.to(accumulation_dtype(t.dtype))
     return (x * _rstd(x, eps) * _per_head(weight, t)).to(t.dtype)
 
@@ -73,7 +82,7 @@ class _LayerNormLinear(torch.autograd.Function):
                 eps: float, weight: torch.Tensor, bias: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         xf = x.to(accumulation_dtype(x.dtype))
         x_hat, _, rstd = torch.native_layer_norm(xf, xf.shape[-1:], None, None, eps)  # one pass: x̂ and rstd
-        y = _affine(x_hat, norm_weight, norm_bias).to(dtype)
+        y = _affine(x_hat, norm_weight, norm_bias, dtype)
         out = F.linear(y, weight.to(dtype), None if bias is None else bias.to(dtype))
         ctx.save_for_backward(x_hat.to(dtype), rstd, norm_weight, norm_bias, weight)
         ctx.x_dtype, ctx.has_bias = x.dtype, bias is not None
@@ -82,7 +91,7 @@ class _LayerNormLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x_hat, rstd, norm_weight, norm_bias, weight = ctx.saved_tensors
-        y = _affine(x_hat.to(rstd.dtype), norm_weight, norm_bias).to(x_hat.dtype)
+        y = _affine(x_hat, norm_weight, norm_bias, x_hat.dtype)
         g = grad.to(x_hat.dtype)
         dweight = dbias = dnorm_weight = dnorm_bias = None
         if ctx.needs_input_grad[4]:
@@ -101,20 +110,27 @@ class _LayerNormLinear(torch.autograd.Function):
         return dx.to(ctx.x_dtype), dnorm_weight, dnorm_bias, None, dweight, dbias, None
 
 
-def _affine(x_hat: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x̂·w + b in x̂'s dtype (one pass with both)."""
+def _affine(x_hat: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+            dtype: torch.dtype) -> torch.Tensor:
+    """x̂·w + b computed in float32 at least and stored in ``dtype``, in one pass when both are given (inside the
+    Function: no autograd here, so ``out=`` is allowed)."""
     if weight is not None and bias is not None:
-        return torch.addcmul(bias.to(x_hat.dtype), x_hat, weight.to(x_hat.dtype))
-    y = x_hat if weight is None else x_hat * weight.to(x_hat.dtype)
-    return y if bias is None else y + bias.to(x_hat.dtype)
+        acc = accumulation_dtype(x_hat.dtype)
+        return torch.addcmul(bias.to(acc), x_hat, weight.to(acc), out=x_hat.new_empty(x_hat.shape, dtype=dtype))
+    y = x_hat.to(accumulation_dtype(x_hat.dtype))
+    y = y if weight is None else y * weight.to(y.dtype)
+    return (y if bias is None else y + bias.to(y.dtype)).to(dtype)
 
 
 def layer_norm_linear(x: torch.Tensor, norm: nn.LayerNorm, weight: torch.Tensor,
                       bias: Optional[torch.Tensor]) -> torch.Tensor:
     """``F.linear(norm(x), weight, bias)`` keeping only x̂ (in the matmul's dtype: autocast's, else x's) and the
-    per-token rstd for backward (:class:`_LayerNormLinear`)."""
+    per-token rstd for backward (:class:`_LayerNormLinear`); without autograd, the plain form."""
     if len(norm.normalized_shape) != 1:
         raise ValueError("layer_norm_linear normalises the last dimension only")
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad
+                                              for t in (x, norm.weight, norm.bias, weight, bias)):
+        return F.linear(norm(x), weight, bias)  # nothing to keep: autograd's own ops (one pass fewer)
     autocast = torch.is_autocast_enabled(x.device.type)
     dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
     return _LayerNormLinear.apply(x, norm.weight, norm.bias, norm.eps, weight, bias, dtype)
