@@ -28,11 +28,15 @@ from vitconvert.attention import VARIANTS, dispatch  # noqa: E402
 
 
 def saved_mib(model: torch.nn.Module, images: torch.Tensor) -> float:
-    """MiB of the distinct storages autograd keeps from one bf16-autocast training forward."""
+    """MiB of the distinct storages autograd keeps from one bf16-autocast training forward, the model's own
+    parameters left out (a layer that keeps a weight itself holds nothing beyond the weights; autocast's bf16
+    copies of them count)."""
     storages: dict[int, int] = {}
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        if t.untyped_storage().data_ptr() not in weights:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

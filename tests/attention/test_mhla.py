@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from vitconvert.attention.kernel import kernel_attention_reference
 from vitconvert.attention.mhla import (
@@ -249,18 +250,68 @@ def test_edge_options_build_a_finite_block_mixing(options):
     torch.testing.assert_close(module.block_mix.sum(0), torch.ones(16))
 
 
-def test_the_lean_head_rmsnorm_is_rmsnorm_over_heads_and_keeps_only_its_input():
-    """The fused path's RMSNorm (an autograd Function) against F.rms_norm over all heads' channels: values and
-    the gradients of input and weight (gradcheck in float64), and nothing N-sized saved but the input itself."""
-    from vitconvert.attention.mhla import lean_rms_over_heads, rms_over_heads
+def test_the_blocked_ops_rmsnorm_and_its_backward_are_rmsnorm_over_heads():
+    """The RMSNorm the fused path runs inside the blocked op (attention/lean_norms.py) against F.rms_norm over
+    all heads' channels (mhla.rms_over_heads): values, and its hand-written backward (rstd recomputed) against
+    autograd's gradients of input and weight, in float64."""
+    from vitconvert.attention.lean_norms import rms_over_heads as lean, rms_over_heads_backward
+    from vitconvert.attention.mhla import rms_over_heads
 
     g = torch.Generator().manual_seed(0)
     t = torch.randn(2, 3, 10, 8, generator=g, dtype=torch.float64, requires_grad=True)
     weight = (1 + torch.rand(24, generator=g, dtype=torch.float64)).requires_grad_()
-    torch.testing.assert_close(lean_rms_over_heads(t, weight), rms_over_heads(t, weight))
-    assert torch.autograd.gradcheck(lean_rms_over_heads, (t, weight))
+    grad = torch.randn(2, 3, 10, 8, generator=g, dtype=torch.float64)
+    eps = torch.finfo(torch.float64).eps
+    expected = rms_over_heads(t, weight)
+    torch.testing.assert_close(lean(t.double(), weight, eps).double(), expected.detach(), atol=1e-6, rtol=1e-6)
+    dt, dweight = torch.autograd.grad(expected, (t, weight), grad)
+    mine = rms_over_heads_backward(t.detach(), weight.detach(), eps, grad)
+    torch.testing.assert_close(mine[0].double(), dt, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(mine[1].double(), dweight, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_the_layernorm_and_qkv_function_is_layernorm_then_linear_and_keeps_one_input_sized_tensor(bias):
+    """lean_norms.layer_norm_linear against F.linear(F.layer_norm(x)): float64 values and the gradients of x, the
+    norm's weight and bias and the linear's, exact where a norm weight is 0 (backward never divides by it); under
+    bf16 autocast within bf16 rounding of the float32 form, keeping one bf16 N×C tensor (x̂) and nothing in
+    float32 beyond per-token rstd."""
+    from vitconvert.attention.lean_norms import layer_norm_linear
+
+    g = torch.Generator().manual_seed(0)
+    norm = nn.LayerNorm(16, dtype=torch.float64, bias=bias)
+    linear = nn.Linear(16, 48, bias=bias, dtype=torch.float64)
+    with torch.no_grad():
+        norm.weight.uniform_(-1.5, 1.5, generator=g)
+        norm.weight[:3] = 0.0
+        if bias:
+            norm.bias.uniform_(-2, 2, generator=g)
+    x = torch.randn(2, 9, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 9, 48, generator=g, dtype=torch.float64)
+    params = [x, *norm.parameters(), *linear.parameters()]
+    out = layer_norm_linear(x, norm, linear.weight, linear.bias)
+    expected = linear(norm(x))
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(torch.autograd.grad(out, params, grad), torch.autograd.grad(expected, params, grad),
+                         strict=True):
+        torch.testing.assert_close(got, want)
+    assert torch.autograd.gradcheck(lambda t: layer_norm_linear(t, norm, linear.weight, linear.bias), (x,))
+
+    norm, linear, x = norm.float(), linear.float(), x.detach().float().requires_grad_()
+    params = [x, *norm.parameters(), *linear.parameters()]
     saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
-        lean_rms_over_heads(t, weight)
-    big = [x for x in saved if x.numel() >= t.numel()]
-    assert len(big) == 1 and big[0].untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = layer_norm_linear(x, norm, linear.weight, linear.bias)
+    expected = linear(norm(x))
+    assert out.dtype == torch.bfloat16
+    big = [t for t in saved if t.numel() >= x.numel() and not any(t is p for p in params[1:])]
+    assert [(t.shape, t.dtype) for t in big] == [(x.shape, torch.bfloat16)]
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.detach().float() - b.detach()).norm() / b.detach().norm())
+
+    assert rel(out, expected) < 1e-2
+    for got, want in zip(torch.autograd.grad(out, params, grad.float().bfloat16()),
+                         torch.autograd.grad(expected, params, grad.float()), strict=True):
+        assert rel(got, want) < 2e-2

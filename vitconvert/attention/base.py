@@ -263,17 +263,23 @@ class LinearAttention(nn.Module):
                 biases.append(lin.bias)
         return [b for b in biases if b is not None]
 
+    def fused_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, 3·C) of the fused qkv projection, as the softmax module computed it (MHLA folds its input norm in)."""
+        out = x
+        if self.qkv is not None:
+            if self.q_bias is not None:
+                out = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
+                if self.qkv.bias is not None:
+                    out = out + self.qkv.bias
+            else:
+                out = self.qkv(x)
+        return out
+
     def project(self, x: torch.Tensor, rope: Optional[torch.Tensor] = None):
         """q, k, v as (B, H, N, d), computed exactly as the softmax module computed them."""
         B, N, _ = x.shape
         if self.qkv is not None:
-            if self.q_bias is not None:
-                bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))
-                qkv = F.linear(x, self.qkv.weight, bias)
-                if self.qkv.bias is not None:
-                    qkv = qkv + self.qkv.bias
-            else:
-                qkv = self.qkv(x)
+            qkv = self.fused_qkv(x)
             q, k, v = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         else:
             q = self.q_proj(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)

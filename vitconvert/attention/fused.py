@@ -8,7 +8,8 @@ and ``vitconvert::linear_readout``.
 Each op has a backward op and is registered with ``torch.library``, so autograd, ``torch.compile`` (one opaque
 node each, no graph break) and ``torch.export`` see them as ops. Both keep only q, k, v and o (and W̃) for
 backward, which recomputes the d×d states (as FlashAttention recomputes its scores), so a training step holds
-no more than softmax's.
+no more than softmax's; the blocked op can also leave o out (read out again in backward) and apply MHLA's
+RMSNorm to q and k itself (recomputed in backward), keeping the raw q and k.
 
 When they run and how they are launched is :mod:`.dispatch`'s (re-exported here for the variants). A backward
 kernel Triton cannot build turns the kernels off (as a forward one does) and that step's gradients come from
@@ -46,6 +47,7 @@ from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the
     linear_state,
     linear_state_backward,
 )
+from .lean_norms import rms_over_heads_backward, rms_pair
 
 
 def _reader(S: torch.Tensor, z: torch.Tensor, zv: torch.Tensor, key_valid: Optional[torch.Tensor], tokens: int,
@@ -151,29 +153,38 @@ def _mixed(S: torch.Tensor, z: torch.Tensor, mixing: torch.Tensor) -> tuple[torc
 
 @torch.library.custom_op("vitconvert::blocked_attention", mutates_args=())
 def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                      index: torch.Tensor, mixing: torch.Tensor, feature: int, feature_eps: float,
-                      eps: float) -> torch.Tensor:
+                      index: Optional[torch.Tensor], mixing: torch.Tensor, feature: int, feature_eps: float,
+                      eps: float, q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None,
+                      norm_eps: float = 0.0, recompute_output: bool = False) -> torch.Tensor:
     """Normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA): the
-    segments' states, W̃'s mixing and the read-out as one op, so autograd keeps neither S nor R."""
+    segments' states, W̃'s mixing and the read-out as one op, so autograd keeps neither S nor R. ``index`` None:
+    one segment of all tokens. With ``q_weight`` and ``k_weight``, q and k first get MHLA's RMSNorm over heads
+    (ε ``norm_eps``), a transient here: autograd keeps the raw q and k (views of the qkv projection).
+    ``recompute_output``: autograd does not keep o either (backward reads it out again), for a caller whose next
+    op makes a new tensor of it (MHLA adds LePE) that the layer keeps anyway."""
+    q, k = rms_pair(q, k, q_weight, k_weight, norm_eps)
     S, z, _ = linear_state(k, v, key_valid, index, feature, feature_eps)
     R, r = _mixed(S, z, mixing)
     return linear_readout(q, R, r, index, feature, feature_eps, eps, True)
 
 
 @blocked_attention.register_fake
-def _(q, k, v, key_valid, index, mixing, feature, feature_eps, eps):
+def _(q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight=None, k_weight=None, norm_eps=0.0,
+      recompute_output=False):
     return _output_like(q)
 
 
 @torch.library.custom_op("vitconvert::blocked_attention_backward", mutates_args=())
-def blocked_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                               do: torch.Tensor, key_valid: Optional[torch.Tensor], index: torch.Tensor,
+def blocked_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: Optional[torch.Tensor],
+                               do: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
                                mixing: torch.Tensor, feature: int, feature_eps: float,
                                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv, dW̃ of :func:`blocked_attention`: the states recomputed, the read-out's backward, the mixing's
-    (dW̃ = Σ dR·S + dr·z, dS = W̃ᵀ dR, dz = W̃ᵀ dr), then the states' backward."""
+    (dW̃ = Σ dR·S + dr·z, dS = W̃ᵀ dR, dz = W̃ᵀ dr), then the states' backward. ``o`` None: read out again."""
     S, z, _ = linear_state(k, v, key_valid, index, feature, feature_eps)
     R, r = _mixed(S, z, mixing)
+    if o is None:
+        o = linear_readout(q, R, r, index, feature, feature_eps, eps, True)
     dq, dR, dr = linear_readout_backward(q, R, r, o, do, index, feature, feature_eps, eps, True)
     with torch.autocast(S.device.type, enabled=False):
         m = mixing.to(torch.float32)
@@ -190,28 +201,34 @@ def _(q, k, v, o, do, key_valid, index, mixing, feature, feature_eps, eps):
 
 
 def _blocked_setup(ctx, inputs, output) -> None:
-    q, k, v, key_valid, index, mixing, *args = inputs
-    ctx.save_for_backward(q, k, v, output, key_valid, index, mixing)
-    ctx.args = args
+    q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps, recompute = inputs
+    ctx.save_for_backward(q, k, v, None if recompute else output, key_valid, index, mixing, q_weight, k_weight)
+    ctx.args = (feature, feature_eps, eps)
+    ctx.norm_eps = norm_eps
 
 
 def _blocked_backward(ctx, do):
-    q, k, v, o, key_valid, index, mixing = ctx.saved_tensors
+    q, k, v, o, key_valid, index, mixing, q_weight, k_weight = ctx.saved_tensors
+    q_in, k_in = rms_pair(q, k, q_weight, k_weight, ctx.norm_eps)  # recomputed: the op kept the raw q, k
     try:
-        dq, dk, dv, dmixing = blocked_attention_backward(q, k, v, o, do, key_valid, index, mixing, *ctx.args)
+        dq, dk, dv, dmixing = blocked_attention_backward(q_in, k_in, v, o, do, key_valid, index, mixing, *ctx.args)
     except KernelUnavailable as e:
-        dq, dk, dv, _, _, dmixing = _eager_gradients(e, _blocked_eager, (q, k, v, key_valid, index, mixing), (do,),
-                                                     *ctx.args)
-    return dq, dk, dv, None, None, dmixing, None, None, None
+        dq, dk, dv, _, _, dmixing = _eager_gradients(e, _blocked_eager, (q_in, k_in, v, key_valid, index, mixing),
+                                                     (do,), *ctx.args)
+    dq_weight = dk_weight = None
+    if q_weight is not None and k_weight is not None:
+        dq, dq_weight = rms_over_heads_backward(q, q_weight, ctx.norm_eps, dq)
+        dk, dk_weight = rms_over_heads_backward(k, k_weight, ctx.norm_eps, dk)
+    return dq, dk, dv, None, None, dmixing, None, None, None, dq_weight, dk_weight, None, None
 
 
 blocked_attention.register_autograd(_blocked_backward, setup_context=_blocked_setup)
 
 
 def _blocked_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                   index: torch.Tensor, mixing: torch.Tensor, feature: int, feature_eps: float,
+                   index: Optional[torch.Tensor], mixing: torch.Tensor, feature: int, feature_eps: float,
                    eps: float) -> torch.Tensor:
-    """:func:`blocked_attention` in torch (its backward's fallback)."""
+    """:func:`blocked_attention` in torch, on normalised q and k (its backward's fallback)."""
     S, z, _ = fused_eager.state(k, v, key_valid, index, feature, feature_eps)
     R, r = _mixed(S, z, mixing)
     return fused_eager.readout(q, R, r, index, feature, feature_eps, eps, True)
@@ -231,7 +248,10 @@ def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
 
 
 def segmented_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                        index: torch.Tensor, mixing: torch.Tensor, feature: int, feature_eps: float,
-                        eps: float) -> torch.Tensor:
-    """Normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA)."""
-    return blocked_attention(q, k, v, key_valid, index, mixing, feature, feature_eps, eps)
+                        index: Optional[torch.Tensor], mixing: torch.Tensor, feature: int, feature_eps: float,
+                        eps: float, q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None,
+                        norm_eps: float = 0.0, recompute_output: bool = False) -> torch.Tensor:
+    """Normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA), after
+    the RMSNorm over heads of q and k when their weights are given (computed in the op, recomputed in backward)."""
+    return blocked_attention(q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight, k_weight,
+                             norm_eps, recompute_output)

@@ -49,6 +49,7 @@ from .blocks import (  # noqa: F401  (block_layout, block_indices: importable fr
     to_blocks,
 )
 from .kernel import kernel_attention, kernel_attention_reference, with_ones
+from .lean_norms import layer_norm_linear
 from .options import Option, choice, count_or_pair, flag, integer, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
@@ -82,42 +83,6 @@ def rms_over_heads(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     B, H, N, d = t.shape
     flat = F.rms_norm(t.transpose(1, 2).reshape(B, N, H * d), (H * d,), weight.to(t.dtype))
     return flat.reshape(B, N, H, d).transpose(1, 2)
-
-
-class _LeanRmsOverHeads(torch.autograd.Function):
-    """:func:`rms_over_heads` that keeps only its input (a view of the qkv projection, already alive) and the
-    per-token rstd for backward. Under autocast F.rms_norm runs in float32 and autograd keeps float32 copies of
-    q and k: four N×C float32 tensors per MHLA layer, a third of its training memory beyond softmax's."""
-
-    @staticmethod
-    def forward(ctx, t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        x = t.to(accumulation_dtype(t.dtype))
-        rstd = torch.rsqrt(x.pow(2).mean(dim=(1, 3), keepdim=True) + eps)  # (B, 1, N, 1): over all heads' channels
-        ctx.save_for_backward(t, weight, rstd)
-        return (x * rstd * _per_head(weight, t)).to(t.dtype)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        t, weight, rstd = ctx.saved_tensors
-        x, grad = t.to(rstd.dtype), grad.to(rstd.dtype)
-        scaled = grad * _per_head(weight, t)
-        dx = rstd * (scaled - x * rstd.square() * (scaled * x).mean(dim=(1, 3), keepdim=True))
-        dweight = (grad * x * rstd).sum(dim=(0, 2)).reshape(-1)
-        return dx.to(t.dtype), dweight.to(weight.dtype), None
-
-
-def _per_head(weight: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """RMSNorm's (H·d,) weight laid over (B, H, N, d), in float32 at least."""
-    return weight.to(accumulation_dtype(like.dtype)).view(1, like.shape[1], 1, like.shape[3])
-
-
-def lean_rms_over_heads(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """:func:`rms_over_heads` in float32 (at least) with nothing N-sized kept for backward but its input (the fused
-    path's; the eager path keeps the plain form, which TorchScript and ONNX export take). ε as F.rms_norm's: the
-    float32 one under autocast (where F.rms_norm runs in float32), else the input dtype's."""
-    autocast = torch.is_autocast_enabled(t.device.type)
-    eps = torch.finfo(torch.float32 if autocast else t.dtype).eps
-    return _LeanRmsOverHeads.apply(t, weight, eps)
 
 
 def lepe_reference(v_image: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
@@ -200,10 +165,34 @@ class MHLAttention(LinearAttention):
 
     def prepare(self, x: torch.Tensor, key_valid: Optional[torch.Tensor],
                 grid: Grid) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The reference normalises the layer input (LayerNorm) before projecting q, k, v."""
-        if self.input_norm is not None:
+        """The reference normalises the layer input (LayerNorm) before projecting q, k, v: here, or in
+        :meth:`fused_qkv` where the projection is one fused qkv linear (and no gate reads the normalised input)."""
+        if self.input_norm is not None and (self.qkv is None or self.gate is not None):
             x = self.input_norm(x)
         return x, None
+
+    def fused_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """The input LayerNorm, then the fused qkv projection. With the kernels, one autograd Function
+        (lean_norms.layer_norm_linear) that keeps x̂ in the projection's dtype instead of autograd's float32 copy of
+        the input (the bias-split layout keeps the plain form)."""
+        out = x
+        if self.qkv is not None:
+            if self.input_norm is not None and self.gate is None:
+                if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
+                    if self.q_bias is None and self._fused_here(x[..., :self.head_dim]):
+                        return layer_norm_linear(x, self.input_norm, self.qkv.weight, self.qkv.bias)
+                x = self.input_norm(x)
+            if self.q_bias is not None:
+                out = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
+                if self.qkv.bias is not None:
+                    out = out + self.qkv.bias
+            else:
+                out = self.qkv(x)
+        return out
+
+    def _fused_here(self, t: torch.Tensor) -> bool:
+        """Whether this call runs on the kernels (``t`` with q's last dimension: can_run checks the head dim)."""
+        return self.fused_kernels and not self.official_denominator and fused.can_run(t)
 
     # -- shared by mix and reference ----------------------------------------------------------------
     def features(self, q: torch.Tensor, k: torch.Tensor, key_valid: Optional[torch.Tensor]):
@@ -232,7 +221,7 @@ class MHLAttention(LinearAttention):
             grid: Grid, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Blocked states, mixed by W, read by each query; reshapes/gathers, no loops; sums in float32 at least."""
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
-            if self.fused_kernels and not self.official_denominator and fused.can_run(v):
+            if self._fused_here(v):
                 out = fused.attempt(self._fused_mix, q, k, v, key_valid, grid)
                 if out is not None:
                     return out
@@ -257,24 +246,37 @@ class MHLAttention(LinearAttention):
 
     def _fused_mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                    grid: Grid) -> torch.Tensor:
-        """:meth:`mix` on the Triton kernels: φ, the block states and the read-out fused, W̃ and LePE in torch."""
-        if self.q_rmsnorm is not None:
-            q, k = lean_rms_over_heads(q, self.q_rmsnorm.weight), lean_rms_over_heads(k, self.k_rmsnorm.weight)
-        q, k = q.to(v.dtype), k.to(v.dtype)
+        """:meth:`mix` on the Triton kernels: the RMSNorm of q and k, φ, the block states and the read-out in one op
+        (which keeps only the raw q, k, v), W̃ and LePE in torch. No grid: one block of all tokens."""
+        q, k, norms = q.to(v.dtype), k.to(v.dtype), self._fused_norm_args(v)
         if grid is None:
-            return fused.kernel_attention(q, k, v, key_valid, fused.RELU_PLUS_EPS, self.eps, self.eps)
+            ones = torch.ones(1, 1, dtype=v.dtype, device=v.device)
+            return fused.segmented_attention(q, k, v, key_valid, None, ones, fused.RELU_PLUS_EPS, self.eps, self.eps,
+                                             *norms)
         self._check_grid(q.shape[2], grid)
         index = segment_index(grid, self.block_counts, self.num_prefix_tokens, q.device)
         out = fused.segmented_attention(q, k, v, key_valid, index, extended_block_mix(self.block_mix),
-                                        fused.RELU_PLUS_EPS, self.eps, self.eps)
+                                        fused.RELU_PLUS_EPS, self.eps, self.eps, *norms, self.lepe is not None)
         if self.lepe is None:
             return out
         bias = self.lepe.bias
         lepe = F.conv2d(to_grid(self._masked_spatial_v(v, key_valid), grid), self.lepe.weight.to(v.dtype),
                         bias.to(v.dtype) if bias is not None else None, padding=self.lepe_padding,
                         groups=self.lepe.groups)
-        prefix, spatial = split_prefix(out, self.num_prefix_tokens)
-        return torch.cat((prefix, spatial + from_grid(lepe, self.num_heads).to(out.dtype)), dim=2)
+        # one add in the (B, N, C) layout of the heads' merge (o's storage order; the sum keeps it, so the merge is
+        # a view): no split and cat of the prefix, whose tokens get zeros by one pad of the conv output
+        B, H, N, d = out.shape
+        tokens = F.pad(lepe.flatten(2), (self.num_prefix_tokens, 0)) if self.num_prefix_tokens else lepe.flatten(2)
+        merged = out.transpose(1, 2).reshape(B, N, H * d) + tokens.transpose(1, 2).to(out.dtype)
+        return merged.view(B, N, H, d).transpose(1, 2)
+
+    def _fused_norm_args(self, v: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], float]:
+        """(q weight, k weight, ε) of the RMSNorm the blocked op applies; ε as F.rms_norm's: float32's under
+        autocast (where F.rms_norm runs in float32), else the input dtype's."""
+        if self.q_rmsnorm is None or self.k_rmsnorm is None:
+            return None, None, 0.0
+        autocast = torch.is_autocast_enabled(v.device.type)
+        return self.q_rmsnorm.weight, self.k_rmsnorm.weight, torch.finfo(torch.float32 if autocast else v.dtype).eps
 
     def _blocked_attention(self, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                            grid: tuple[int, int], lepe: Optional[torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,136 @@
+"""Norms of MHLA's fused path written out by hand, so that a training forward keeps no more than softmax's.
+
+Under autocast, autograd's own F.rms_norm and F.layer_norm run in float32 and keep float32 copies of their
+inputs: N×C tensors that the softmax layer does not hold. Here:
+
+- the RMSNorm of q and k over all heads' channels is computed inside ``vitconvert::blocked_attention`` (its
+  output is a transient of the op), and its backward recomputes the per-token rstd from the raw q, k the op keeps
+  anyway (views of the qkv projection): :func:`rms_over_heads` and :func:`rms_over_heads_backward`;
+- the LayerNorm on the layer input and the fused qkv projection after it are one autograd Function
+  (:func:`layer_norm_linear`) that keeps x̂ in the projection's input dtype: as many bytes as softmax's qkv
+  projection keeps of its input, where autograd's LayerNorm would keep its float32 input on top.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .tensors import accumulation_dtype
+
+
+def _per_head(weight: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """RMSNorm's (H·d,) weight laid over (B, H, N, d) ``like``, in float32 at least."""
+    return weight.to(accumulation_dtype(like.dtype)).view(1, like.shape[1], 1, like.shape[3])
+
+
+def _rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """(B, 1, N, 1) 1/rms of each token of (B, H, N, d) ``x`` over all heads' channels, in x's dtype."""
+    return torch.rsqrt(x.square().mean(dim=(1, 3), keepdim=True) + eps)
+
+
+def rms_over_heads(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each token of (B, H, N, d) ``t`` over its H·d channels, in float32 at least, back in t's dtype.
+
+    bf16/fp16: F.rms_norm over the (B, N, H·d) view of q or k (a view of the qkv projection's output), with the
+    weight in t's dtype: torch's fused CUDA kernel (one pass, float32 inside) where it has one, the same math
+    decomposed elsewhere; the weight's rounding is one more of the output's own.
+    """
+    B, H, N, d = t.shape
+    if t.dtype in (torch.bfloat16, torch.float16):
+        flat = F.rms_norm(t.transpose(1, 2).reshape(B, N, H * d), (H * d,), weight.to(t.dtype), eps)
+        return flat.view(B, N, H, d).transpose(1, 2)
+    x = t.to(accumulation_dtype(t.dtype))
+    return (x * _rstd(x, eps) * _per_head(weight, t)).to(t.dtype)
+
+
+def rms_over_heads_backward(t: torch.Tensor, weight: torch.Tensor, eps: float,
+                            grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dt, dweight) of :func:`rms_over_heads` from the gradient of its output, in float32 at least (rstd
+    recomputed)."""
+    x = t.to(accumulation_dtype(t.dtype))
+    rstd, grad = _rstd(x, eps), grad.to(x.dtype)
+    scaled = grad * _per_head(weight, t)
+    dt = rstd * (scaled - x * rstd.square() * (scaled * x).mean(dim=(1, 3), keepdim=True))
+    dweight = (grad * x * rstd).sum(dim=(0, 2)).reshape(-1)
+    return dt.to(t.dtype), dweight.to(weight.dtype)
+
+
+def rms_pair(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
+             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k normalised (when their weights are given), else as they are."""
+    if q_weight is None or k_weight is None:
+        return q, k
+    return rms_over_heads(q, q_weight, eps), rms_over_heads(k, k_weight, eps)
+
+
+class _LayerNormLinear(torch.autograd.Function):
+    """F.linear(F.layer_norm(x), weight, bias) keeping x̂ = (x − μ)·rstd in the linear's input dtype and the
+    per-token rstd: the one N×C tensor a softmax layer's qkv projection keeps (its input) and nothing else
+    N-sized. Backward recomputes the linear's input y = x̂·w + b from x̂ (no division by w: exact for any w).
+
+    Precision: x̂ is kept in the dtype y is rounded to for the matmul (bf16 under autocast), so the backward
+    reads x̂ and y within one rounding of that dtype (relative 2⁻⁹ in bf16), as the matmul's own gradients
+    read y; in float32 it is exact to float32 rounding. The forward is autograd's own LayerNorm and linear.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, norm_weight: Optional[torch.Tensor], norm_bias: Optional[torch.Tensor],
+                eps: float, weight: torch.Tensor, bias: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        xf = x.to(accumulation_dtype(x.dtype))
+        x_hat, _, rstd = torch.native_layer_norm(xf, xf.shape[-1:], None, None, eps)  # one pass: x̂ and rstd
+        y = _affine(x_hat, norm_weight, norm_bias, dtype)
+        out = F.linear(y, weight.to(dtype), None if bias is None else bias.to(dtype))
+        ctx.save_for_backward(x_hat.to(dtype), rstd, norm_weight, norm_bias, weight)
+        ctx.x_dtype, ctx.has_bias = x.dtype, bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x_hat, rstd, norm_weight, norm_bias, weight = ctx.saved_tensors
+        y = _affine(x_hat, norm_weight, norm_bias, x_hat.dtype)
+        g = grad.to(x_hat.dtype)
+        dweight = dbias = dnorm_weight = dnorm_bias = None
+        if ctx.needs_input_grad[4]:
+            dweight = (g.flatten(0, -2).transpose(0, 1) @ y.flatten(0, -2)).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[5]:
+            dbias = grad.to(rstd.dtype).flatten(0, -2).sum(0).to(weight.dtype)
+        dy = (g @ weight.to(g.dtype)).to(rstd.dtype)
+        x_hat = x_hat.to(rstd.dtype)
+        if norm_weight is not None and ctx.needs_input_grad[1]:
+            dnorm_weight = (dy * x_hat).flatten(0, -2).sum(0).to(norm_weight.dtype)
+        if norm_bias is not None and ctx.needs_input_grad[2]:
+            dnorm_bias = dy.flatten(0, -2).sum(0).to(norm_bias.dtype)
+        dx_hat = dy if norm_weight is None else dy * norm_weight.to(dy.dtype)
+        dx = rstd * (dx_hat - dx_hat.mean(dim=-1, keepdim=True)
+                     - x_hat * (dx_hat * x_hat).mean(dim=-1, keepdim=True))
+        return dx.to(ctx.x_dtype), dnorm_weight, dnorm_bias, None, dweight, dbias, None
+
+
+def _affine(x_hat: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+            dtype: torch.dtype) -> torch.Tensor:
+    """x̂·w + b computed in float32 at least and stored in ``dtype``, in one pass when both are given (inside the
+    Function: no autograd here, so ``out=`` is allowed)."""
+    if weight is not None and bias is not None:
+        acc = accumulation_dtype(x_hat.dtype)
+        return torch.addcmul(bias.to(acc), x_hat, weight.to(acc), out=x_hat.new_empty(x_hat.shape, dtype=dtype))
+    y = x_hat.to(accumulation_dtype(x_hat.dtype))
+    y = y if weight is None else y * weight.to(y.dtype)
+    return (y if bias is None else y + bias.to(y.dtype)).to(dtype)
+
+
+def layer_norm_linear(x: torch.Tensor, norm: nn.LayerNorm, weight: torch.Tensor,
+                      bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``F.linear(norm(x), weight, bias)`` keeping only x̂ (in the matmul's dtype: autocast's, else x's) and the
+    per-token rstd for backward (:class:`_LayerNormLinear`); without autograd, the plain form."""
+    if len(norm.normalized_shape) != 1:
+        raise ValueError("layer_norm_linear normalises the last dimension only")
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad
+                                              for t in (x, norm.weight, norm.bias, weight, bias)):
+        return F.linear(norm(x), weight, bias)  # nothing to keep: autograd's own ops (one pass fewer)
+    autocast = torch.is_autocast_enabled(x.device.type)
+    dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+    return _LayerNormLinear.apply(x, norm.weight, norm.bias, norm.eps, weight, bias, dtype)
