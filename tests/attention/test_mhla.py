@@ -254,7 +254,8 @@ def test_the_blocked_ops_rmsnorm_and_its_backward_are_rmsnorm_over_heads():
     """The RMSNorm the fused path runs inside the blocked op (attention/lean_norms.py) against F.rms_norm over
     all heads' channels (mhla.rms_over_heads): values, and its hand-written backward (rstd recomputed) against
     autograd's gradients of input and weight, in float64."""
-    from vitconvert.attention.lean_norms import rms_over_heads as lean, rms_over_heads_backward
+    from vitconvert.attention.lean_norms import rms_over_heads as lean
+    from vitconvert.attention.lean_norms import rms_over_heads_backward
     from vitconvert.attention.mhla import rms_over_heads
 
     g = torch.Generator().manual_seed(0)

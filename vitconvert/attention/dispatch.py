@@ -88,6 +88,17 @@ def can_run(t: torch.Tensor) -> bool:
             and triton_available())
 
 
+def direct(t: torch.Tensor) -> bool:
+    """Whether an op call may skip PyTorch's custom-op dispatcher and run its Python body through an
+    ``autograd.Function`` (fused.py): a plain eager call on a plain tensor. The dispatcher and the custom op's
+    autograd cost tens of µs of host time per op, forward and backward, in every layer
+    (benchmarks/host_overhead.py); the compiler, torch.export, FX, ``torch.jit.trace``, dispatch-mode tracers
+    (make_fx, FLOP and traffic counters) and functorch transforms still see the custom ops."""
+    return (not torch.compiler.is_compiling() and type(t) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0
+            and not torch._C._are_functorch_transforms_active()  # (the compiler's check first: it stops there)
+            and not torch.jit.is_tracing())  # a trace records ops: the Function's launch would be left out
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -96,8 +107,12 @@ def interpreting() -> bool:
 def block_sizes(head_dim: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_D, num_warps): a power-of-two head tile, token chunks that keep the d×d state and one
     tile of tokens in registers. ``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps`` overrides (for tuning sweeps)."""
+    return _block_sizes(head_dim, os.environ.get(CONFIG_ENV))
+
+
+@lru_cache(maxsize=64)  # per launch, so cached: host time (benchmarks/host_overhead.py)
+def _block_sizes(head_dim: int, override: Optional[str]) -> tuple[int, int, int]:
     block_d = max(16, triton_next_power_of_2(head_dim))
-    override = os.environ.get(CONFIG_ENV)
     if override:
         block_n, warps = (int(x) for x in override.split(","))
         return block_n, block_d, warps
@@ -128,11 +143,16 @@ def split_tokens(heads: int, segments: int, length: int, device: torch.device) -
 def tile_args(t: torch.Tensor) -> dict:
     """The dots' operand type and precision (triton_kernels.py): half inputs as TF32 tiles (``VITCONVERT_FUSED_TILE=
     half`` keeps them 16-bit), float32 inputs as torch's TF32 switch for matmuls says (never turned on here)."""
+    tf32_matmuls = t.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    return _tile_args(t.dtype, tf32_matmuls, os.environ.get(TILE_ENV, "tf32"), interpreting())
+
+
+@lru_cache(maxsize=32)  # per launch, so cached (the caller only unpacks the dict)
+def _tile_args(dtype: torch.dtype, tf32_matmuls: bool, tile: str, emulate: bool) -> dict:
     import triton.language as tl
 
-    emulate = interpreting()
-    if t.dtype != torch.float32 and os.environ.get(TILE_ENV, "tf32") == "half":
-        tile = tl.bfloat16 if t.dtype == torch.bfloat16 else tl.float16
-        return {"TILE": tile, "PRECISION": "ieee", "EMULATE": emulate}
-    tf32 = t.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32
+    if dtype != torch.float32 and tile == "half":
+        return {"TILE": tl.bfloat16 if dtype == torch.bfloat16 else tl.float16, "PRECISION": "ieee",
+                "EMULATE": emulate}
+    tf32 = dtype != torch.float32 or tf32_matmuls
     return {"TILE": tl.float32, "PRECISION": "tf32" if tf32 else "ieee", "EMULATE": emulate}

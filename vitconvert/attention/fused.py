@@ -6,10 +6,14 @@ built on the two building blocks of :mod:`.fused_parts`, ``vitconvert::linear_st
 and ``vitconvert::linear_readout``.
 
 Each op has a backward op and is registered with ``torch.library``, so autograd, ``torch.compile`` (one opaque
-node each, no graph break) and ``torch.export`` see them as ops. Both keep only q, k, v and o (and W̃) for
-backward, which recomputes the d×d states (as FlashAttention recomputes its scores), so a training step holds
-no more than softmax's; the blocked op can also leave o out (read out again in backward) and apply MHLA's
-RMSNorm to q and k itself (recomputed in backward), keeping the raw q and k.
+node each, no graph break) and ``torch.export`` see them as ops. A plain eager call skips the custom-op dispatcher
+(:func:`.dispatch.direct`): an ``autograd.Function`` runs the same body, saves the same tensors and has the same
+backward, and a call autograd does not record runs the body alone (host time: benchmarks/host_overhead.py).
+
+Both keep only q, k, v and o (and W̃) for backward, which recomputes the d×d states (as FlashAttention
+recomputes its scores), so a training step holds no more than softmax's; the blocked op can also leave o out
+(read out again in backward) and apply MHLA's RMSNorm to q and k itself (recomputed in backward), keeping the
+raw q and k.
 
 When they run and how they are launched is :mod:`.dispatch`'s (re-exported here for the variants). A backward
 kernel Triton cannot build turns the kernels off (as a forward one does) and that step's gradients come from
@@ -21,6 +25,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import fused_eager
 from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reach dispatch through this module)
@@ -31,6 +36,7 @@ from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reac
     attempt,
     block_sizes,
     can_run,
+    direct,
     disable,
     launch,
     split_tokens,
@@ -46,6 +52,10 @@ from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the
     linear_readout_backward,
     linear_state,
     linear_state_backward,
+    run_readout,
+    run_readout_backward,
+    run_state,
+    run_state_backward,
 )
 from .lean_norms import rms_over_heads_backward, rms_pair
 
@@ -64,8 +74,7 @@ def _reader(S: torch.Tensor, z: torch.Tensor, zv: torch.Tensor, key_valid: Optio
     return (S - z.unsqueeze(-1) * v_mean.unsqueeze(-2)) * (scale / n).unsqueeze(-1), v_mean, n
 
 
-@torch.library.custom_op("vitconvert::linear_attention", mutates_args=())
-def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+def run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                      feature: int, feature_eps: float, eps: float, scale: float, inline: bool) -> torch.Tensor:
     """Kernel attention (or InLine, ``inline``) of (B, H, N, d) q, k, v: one launch when every head fits one
     program, else the state and read-out kernels. Autograd keeps q, k, v and o only; backward recomputes."""
@@ -73,9 +82,9 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
 
     B, H, N, D = q.shape
     if split_tokens(B * H, 1, N, q.device)[0] > 1:
-        S, z, zv = linear_state(k, v, key_valid, None, feature, feature_eps)
+        S, z, zv = run_state(k, v, key_valid, None, feature, feature_eps)
         R, r, _ = _reader(S, z, zv, key_valid, N, scale, inline)
-        return linear_readout(q, R, r, None, feature, feature_eps, eps, not inline)
+        return run_readout(q, R, r, None, feature, feature_eps, eps, not inline)
     block_n, block_d, warps = block_sizes(D)
     o = _output_like(q)
     mask, s_mb = _mask_arg(key_valid, k)
@@ -89,33 +98,53 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
     return o
 
 
+linear_attention = torch.library.custom_op("vitconvert::linear_attention", mutates_args=())(run_attention)
+
+
 @linear_attention.register_fake
 def _(q, k, v, key_valid, feature, feature_eps, eps, scale, inline):
     return _output_like(q)
 
 
-@torch.library.custom_op("vitconvert::linear_attention_backward", mutates_args=())
-def linear_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
+def run_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
                               key_valid: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float,
                               scale: float, inline: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of :func:`linear_attention`: the state recomputed, the read-out's backward, then the state's
     (InLine's d×d chain rule in between: dS = (s/n) dA, dz = −dS v̄, dzv = (dv̄ − dSᵀ z) / n)."""
-    S, z, zv = linear_state(k, v, key_valid, None, feature, feature_eps)
+    S, z, zv = run_state(k, v, key_valid, None, feature, feature_eps)
     R, r, n = _reader(S, z, zv, key_valid, q.shape[2], scale, inline)
-    dq, dR, dr = linear_readout_backward(q, R, r, o, do, None, feature, feature_eps, eps, not inline)
+    dq, dR, dr = run_readout_backward(q, R, r, o, do, None, feature, feature_eps, eps, not inline)
     if inline:
         dS = dR * (scale / n).unsqueeze(-1)
         dz = -(dS @ r.unsqueeze(-1)).squeeze(-1)
         dzv = (dr - (dS.transpose(-2, -1) @ z.unsqueeze(-1)).squeeze(-1)) / n
     else:
         dS, dz, dzv = dR, dr, torch.zeros_like(dr)
-    dk, dv = linear_state_backward(k, v, key_valid, None, dS, dz, dzv, feature, feature_eps)
+    dk, dv = run_state_backward(k, v, key_valid, None, dS, dz, dzv, feature, feature_eps)
     return dq, dk, dv
+
+
+linear_attention_backward = torch.library.custom_op("vitconvert::linear_attention_backward", mutates_args=())(
+    run_attention_backward)
 
 
 @linear_attention_backward.register_fake
 def _(q, k, v, o, do, key_valid, feature, feature_eps, eps, scale, inline):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _direct_function(name: str, body, setup_context, backward) -> type[torch.autograd.Function]:
+    """An op's eager calls without the custom-op dispatcher (:func:`.dispatch.direct`): the same body, the same
+    saved tensors and the same backward (whose kernels also run direct when the gradient is a plain tensor).
+    ``forward`` takes ``ctx`` itself: a Function with ``setup_context`` binds its arguments by ``inspect`` on
+    every call, tens of µs."""
+    def forward(ctx, *args):
+        output = body(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),  # no double backward, as the ops
+                                                   "backward": staticmethod(once_differentiable(backward))})
 
 
 def _attention_setup(ctx, inputs, output) -> None:
@@ -127,13 +156,15 @@ def _attention_setup(ctx, inputs, output) -> None:
 def _attention_backward(ctx, do):
     q, k, v, o, key_valid = ctx.saved_tensors
     try:
-        dq, dk, dv = linear_attention_backward(q, k, v, o, do, key_valid, *ctx.args)
+        dq, dk, dv = (run_attention_backward if direct(do) else linear_attention_backward)(q, k, v, o, do,
+                                                                                          key_valid, *ctx.args)
     except KernelUnavailable as e:
         dq, dk, dv, _ = _eager_gradients(e, _attention_eager, (q, k, v, key_valid), (do,), *ctx.args)
     return dq, dk, dv, None, None, None, None, None, None
 
 
 linear_attention.register_autograd(_attention_backward, setup_context=_attention_setup)
+_DirectAttention = _direct_function("DirectAttention", run_attention, _attention_setup, _attention_backward)
 
 
 def _attention_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
@@ -147,12 +178,11 @@ def _attention_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
 def _mixed(S: torch.Tensor, z: torch.Tensor, mixing: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """R_a = Σ_s W̃[a, s] S_s and r_a = Σ_s W̃[a, s] z_s, in float32 (autocast would round the states to bf16)."""
     with torch.autocast(S.device.type, enabled=False):
-        m = mixing.to(torch.float32)
-        return torch.einsum("as,bhsxy->bhaxy", m, S), torch.einsum("as,bhsx->bhax", m, z)
+        m = mixing.to(torch.float32)  # (matmuls over flattened states: an einsum costs more host time than its work)
+        return torch.matmul(m, S.flatten(-2)).view(S.shape), torch.matmul(m, z)
 
 
-@torch.library.custom_op("vitconvert::blocked_attention", mutates_args=())
-def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+def run_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                       index: Optional[torch.Tensor], mixing: torch.Tensor, feature: int, feature_eps: float,
                       eps: float, q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None,
                       norm_eps: float = 0.0, recompute_output: bool = False) -> torch.Tensor:
@@ -163,9 +193,12 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_val
     ``recompute_output``: autograd does not keep o either (backward reads it out again), for a caller whose next
     op makes a new tensor of it (MHLA adds LePE) that the layer keeps anyway."""
     q, k = rms_pair(q, k, q_weight, k_weight, norm_eps)
-    S, z, _ = linear_state(k, v, key_valid, index, feature, feature_eps)
+    S, z, _ = run_state(k, v, key_valid, index, feature, feature_eps)
     R, r = _mixed(S, z, mixing)
-    return linear_readout(q, R, r, index, feature, feature_eps, eps, True)
+    return run_readout(q, R, r, index, feature, feature_eps, eps, True)
+
+
+blocked_attention = torch.library.custom_op("vitconvert::blocked_attention", mutates_args=())(run_blocked)
 
 
 @blocked_attention.register_fake
@@ -174,24 +207,29 @@ def _(q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight=Non
     return _output_like(q)
 
 
-@torch.library.custom_op("vitconvert::blocked_attention_backward", mutates_args=())
-def blocked_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: Optional[torch.Tensor],
+def run_blocked_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: Optional[torch.Tensor],
                                do: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
                                mixing: torch.Tensor, feature: int, feature_eps: float,
                                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv, dW̃ of :func:`blocked_attention`: the states recomputed, the read-out's backward, the mixing's
     (dW̃ = Σ dR·S + dr·z, dS = W̃ᵀ dR, dz = W̃ᵀ dr), then the states' backward. ``o`` None: read out again."""
-    S, z, _ = linear_state(k, v, key_valid, index, feature, feature_eps)
+    S, z, _ = run_state(k, v, key_valid, index, feature, feature_eps)
     R, r = _mixed(S, z, mixing)
     if o is None:
-        o = linear_readout(q, R, r, index, feature, feature_eps, eps, True)
-    dq, dR, dr = linear_readout_backward(q, R, r, o, do, index, feature, feature_eps, eps, True)
+        o = run_readout(q, R, r, index, feature, feature_eps, eps, True)
+    dq, dR, dr = run_readout_backward(q, R, r, o, do, index, feature, feature_eps, eps, True)
     with torch.autocast(S.device.type, enabled=False):
         m = mixing.to(torch.float32)
-        dmixing = torch.einsum("bhaxy,bhsxy->as", dR, S) + torch.einsum("bhax,bhsx->as", dr, z)
-        dS, dz = torch.einsum("as,bhaxy->bhsxy", m, dR), torch.einsum("as,bhax->bhsx", m, dr)
-    dk, dv = linear_state_backward(k, v, key_valid, index, dS, dz, torch.zeros_like(dz), feature, feature_eps)
+        dR_flat, S_flat = dR.flatten(-2), S.flatten(-2)  # (B, H, G, d·d)
+        dmixing = (torch.tensordot(dR_flat, S_flat, dims=([0, 1, 3], [0, 1, 3]))
+                   + torch.tensordot(dr, z, dims=([0, 1, 3], [0, 1, 3])))
+        dS, dz = torch.matmul(m.t(), dR_flat).view(dR.shape), torch.matmul(m.t(), dr)
+    dk, dv = run_state_backward(k, v, key_valid, index, dS, dz, torch.zeros_like(dz), feature, feature_eps)
     return dq, dk, dv, dmixing.to(mixing.dtype)
+
+
+blocked_attention_backward = torch.library.custom_op("vitconvert::blocked_attention_backward", mutates_args=())(
+    run_blocked_backward)
 
 
 @blocked_attention_backward.register_fake
@@ -211,7 +249,8 @@ def _blocked_backward(ctx, do):
     q, k, v, o, key_valid, index, mixing, q_weight, k_weight = ctx.saved_tensors
     q_in, k_in = rms_pair(q, k, q_weight, k_weight, ctx.norm_eps)  # recomputed: the op kept the raw q, k
     try:
-        dq, dk, dv, dmixing = blocked_attention_backward(q_in, k_in, v, o, do, key_valid, index, mixing, *ctx.args)
+        grads = run_blocked_backward if direct(do) else blocked_attention_backward
+        dq, dk, dv, dmixing = grads(q_in, k_in, v, o, do, key_valid, index, mixing, *ctx.args)
     except KernelUnavailable as e:
         dq, dk, dv, _, _, dmixing = _eager_gradients(e, _blocked_eager, (q_in, k_in, v, key_valid, index, mixing),
                                                      (do,), *ctx.args)
@@ -223,6 +262,7 @@ def _blocked_backward(ctx, do):
 
 
 blocked_attention.register_autograd(_blocked_backward, setup_context=_blocked_setup)
+_DirectBlocked = _direct_function("DirectBlocked", run_blocked, _blocked_setup, _blocked_backward)
 
 
 def _blocked_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
@@ -235,16 +275,27 @@ def _blocked_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid:
 
 
 # -- the variants' forms ------------------------------------------------------------------------------------
+def _records(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether autograd records this call (else a direct call runs the bare body: no Function, no ctx)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args) -> torch.Tensor:
+    if not direct(q):
+        return linear_attention(q, k, v, *args)
+    return (_DirectAttention.apply if _records(q, k, v) else run_attention)(q, k, v, *args)
+
+
 def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                      feature: int, eps: float, feature_eps: float = 0.0) -> torch.Tensor:
     """φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / (φ(q_i)·Σ_j φ(k_j) + ε) on raw (B, H, N, d) q, k, v (φ applied in the kernels)."""
-    return linear_attention(q, k, v, key_valid, feature, feature_eps, eps, 1.0, False)
+    return _linear(q, k, v, key_valid, feature, feature_eps, eps, 1.0, False)
 
 
 def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                      scale: float) -> torch.Tensor:
     """InLine's out_i = q_iᵀ (s/n)(Σ k vᵀ − (Σ k) v̄ᵀ) + v̄ (φ = identity)."""
-    return linear_attention(q, k, v, key_valid, IDENTITY, 0.0, 0.0, scale, True)
+    return _linear(q, k, v, key_valid, IDENTITY, 0.0, 0.0, scale, True)
 
 
 def segmented_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
@@ -253,5 +304,8 @@ def segmented_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_v
                         norm_eps: float = 0.0, recompute_output: bool = False) -> torch.Tensor:
     """Normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA), after
     the RMSNorm over heads of q and k when their weights are given (computed in the op, recomputed in backward)."""
-    return blocked_attention(q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight, k_weight,
-                             norm_eps, recompute_output)
+    args = (q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps,
+            recompute_output)
+    if not direct(q):
+        return blocked_attention(*args)
+    return (_DirectBlocked.apply if _records(q, k, v, mixing, q_weight, k_weight) else run_blocked)(*args)

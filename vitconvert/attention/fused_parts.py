@@ -35,8 +35,7 @@ def _mask_arg(key_valid: Optional[torch.Tensor], like: torch.Tensor) -> tuple[to
 
 
 # -- the ops -------------------------------------------------------------------------------------------------
-@torch.library.custom_op("vitconvert::linear_state", mutates_args=())
-def linear_state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
+def run_state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
                  feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """S (B, H, G, d, d), z and zv (B, H, G, d), float32, over the G segments of ``index`` (all tokens if None)."""
     from .triton_kernels import state_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
@@ -58,6 +57,9 @@ def linear_state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Ten
     return _total(S, B, H), _total(Z, B, H), _total(ZV, B, H)
 
 
+linear_state = torch.library.custom_op("vitconvert::linear_state", mutates_args=())(run_state)
+
+
 @linear_state.register_fake
 def _(k, v, key_valid, index, feature, feature_eps):
     B, H, N, D = k.shape
@@ -67,8 +69,7 @@ def _(k, v, key_valid, index, feature, feature_eps):
                                                                                   dtype=torch.float32)
 
 
-@torch.library.custom_op("vitconvert::linear_state_backward", mutates_args=())
-def linear_state_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+def run_state_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                           index: Optional[torch.Tensor], dS: torch.Tensor, dz: torch.Tensor, dzv: torch.Tensor,
                           feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """dk, dv (the dtypes and shapes of k and v, contiguous) from the gradients of S, z, zv."""
@@ -89,6 +90,10 @@ def linear_state_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, BLOCK_N=block_n,
         BLOCK_D=block_d, **tile_args(k), num_warps=warps)
     return dk, dv
+
+
+linear_state_backward = torch.library.custom_op("vitconvert::linear_state_backward", mutates_args=())(
+    run_state_backward)
 
 
 @linear_state_backward.register_fake
@@ -127,8 +132,7 @@ def _output_like(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty((B, N, H, D)).transpose(1, 2)
 
 
-@torch.library.custom_op("vitconvert::linear_readout", mutates_args=())
-def linear_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
+def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
                    feature_eps: float, eps: float, normalise: bool) -> torch.Tensor:
     """o of every query from the state R (B, H, G, d, d) and r (B, H, G, d) of its segment (module docstring)."""
     from .triton_kernels import readout_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
@@ -147,13 +151,15 @@ def linear_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Opt
     return o
 
 
+linear_readout = torch.library.custom_op("vitconvert::linear_readout", mutates_args=())(run_readout)
+
+
 @linear_readout.register_fake
 def _(q, R, r, index, feature, feature_eps, eps, normalise):
     return _output_like(q)
 
 
-@torch.library.custom_op("vitconvert::linear_readout_backward", mutates_args=())
-def linear_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
+def run_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
                             index: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float,
                             normalise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq (q's dtype, contiguous), dR and dr (float32) of :func:`linear_readout`."""
@@ -174,6 +180,10 @@ def linear_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o
         FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, BLOCK_N=block_n, BLOCK_D=block_d,
         **tile_args(q), num_warps=warps)
     return dq, _total(dR, B, H), _total(dr, B, H)
+
+
+linear_readout_backward = torch.library.custom_op("vitconvert::linear_readout_backward", mutates_args=())(
+    run_readout_backward)
 
 
 @linear_readout_backward.register_fake

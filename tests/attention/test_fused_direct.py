@@ -1,0 +1,174 @@
+"""The fused ops' direct calls: plain eager calls skip the custom-op dispatcher (an autograd.Function around the
+same body), and give exactly the custom ops' values, gradients and saved tensors; every tracer still sees the
+ops (dispatch.direct). Kernels in Triton's interpreter on the CPU, as in test_fused.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vitconvert.attention import dispatch, fused
+from vitconvert.attention.blocks import extended_block_mix, segment_index
+
+from .helpers import random_mask, random_qkv
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available() and not dispatch.interpreting():
+    pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
+                allow_module_level=True)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "host_overhead.py"
+
+
+@pytest.fixture(autouse=True)
+def kernels_here(monkeypatch):
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
+
+
+def qkv(N: int = 40, d: int = 32) -> list[torch.Tensor]:
+    return [t.to(DEVICE, torch.float32).requires_grad_() for t in random_qkv(2, 2, N, d)]
+
+
+def padding_mask(N: int) -> torch.Tensor:
+    return random_mask(2, N).to(DEVICE)
+
+
+def blocked_args(recompute: bool):
+    q, k, v = qkv()
+    index = segment_index((6, 6), (2, 3), 4, q.device)  # 4 prefix tokens + a 6×6 grid in 2×3 blocks
+    mixing = extended_block_mix(torch.rand(6, 6, generator=torch.Generator().manual_seed(3))).requires_grad_()
+    weights = [(1 + torch.rand(64, generator=torch.Generator().manual_seed(i))).requires_grad_() for i in (4, 5)]
+    return (q, k, v, padding_mask(40), index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6, *weights, 1e-6, recompute)
+
+
+CALLS = {
+    "elu": lambda: (fused.kernel_attention, (*qkv(), padding_mask(40), fused.ELU_PLUS_ONE, 1e-6)),
+    "inline": lambda: (fused.inline_attention, (*qkv(d=64), None, 0.125)),
+    "mhla": lambda: (fused.segmented_attention, blocked_args(recompute=False)),
+    "mhla-recompute": lambda: (fused.segmented_attention, blocked_args(recompute=True)),
+}
+
+
+class OpNames(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def values_and_gradients(form, args, direct: bool) -> list[torch.Tensor]:
+    out = form(*args)
+    assert type(out.grad_fn).__name__.startswith("Direct") == direct, out.grad_fn  # the path asked for was taken
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(9)).to(out)
+    return [out.detach(), *torch.autograd.grad((out * probe).sum(), leaves)]
+
+
+@pytest.mark.parametrize("case", list(CALLS))
+def test_direct_call_gives_the_custom_ops_values_and_gradients(case, monkeypatch):
+    form, args = CALLS[case]()
+    direct = values_and_gradients(form, args, True)
+    monkeypatch.setattr(fused, "direct", lambda t: False)  # every call through the custom ops
+    through_ops = values_and_gradients(form, args, False)
+    assert len(direct) == len(through_ops) > 3
+    for a, b in zip(direct, through_ops, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["elu", "mhla-recompute"])
+def test_direct_call_keeps_what_the_custom_op_keeps(case, monkeypatch):
+    """The same tensors saved for backward (o left out when recomputed), so the memory is the op's."""
+    def saved_shapes() -> list[tuple[int, ...]]:
+        form, args = CALLS[case]()
+        shapes: list[tuple[int, ...]] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):
+            form(*args)
+        return sorted(shapes)
+
+    direct = saved_shapes()
+    monkeypatch.setattr(fused, "direct", lambda t: False)
+    assert direct == saved_shapes() and direct
+
+
+def test_direct_only_for_plain_eager_calls():
+    """Tracers see the custom ops: a dispatch mode (make_fx, op counters), fake tensors, functorch, the compiler."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(2, 3)
+    assert dispatch.direct(x)
+    with OpNames():
+        assert not dispatch.direct(x)
+    with FakeTensorMode() as fake_mode:
+        fake = fake_mode.from_tensor(x)
+    assert not dispatch.direct(fake)
+    seen: list[bool] = []
+    torch.func.vmap(lambda row: seen.append(dispatch.direct(row)) or row)(x)
+    torch.func.grad(lambda t: seen.append(dispatch.direct(t)) or t.sum())(x)
+    assert seen == [False, False]
+    with warnings.catch_warnings():  # (torch.jit.trace is deprecated; its check reruns the function untraced)
+        warnings.simplefilter("ignore", FutureWarning)
+        traced = torch.jit.trace(lambda t: t + 1 if dispatch.direct(t) else t - 1, x, check_trace=False)
+    assert traced(x).equal(x - 1)
+    torch._dynamo.reset()
+    assert torch.compile(lambda t: t + 1 if dispatch.direct(t) else t - 1, fullgraph=True, backend="eager")(x).equal(
+        x - 1)
+
+
+def test_no_double_backward_through_a_direct_call():
+    """The kernels' backward is not itself differentiable (nor is the custom op's): an error, not a silent zero."""
+    form, args = CALLS["elu"]()
+    out = form(*args)
+    (dq,) = torch.autograd.grad(out.square().sum(), args[0], create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dq.sum().backward()
+
+
+def test_a_dispatch_mode_sees_the_custom_op_not_its_body():
+    q, k, v = (t.detach() for t in qkv(N=20))
+    with OpNames() as mode:
+        fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6)
+    assert mode.names == ["vitconvert.linear_attention.default"], mode.names
+
+
+def host_overhead():
+    spec = importlib.util.spec_from_file_location("host_overhead", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("host_overhead", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_host_overhead_reports_every_layer_against_softmax(tmp_path, capsys, monkeypatch):
+    import json
+
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda",))  # the script switches the CPU's fused path on itself
+    argv = ["--variants", "elu,mhla,ttt", "--iters", "2", "--repeats", "1", "--json", str(tmp_path / "h.json")]
+    assert host_overhead().main(argv) == 0
+    assert dispatch.DEVICES == ("cuda",)  # and off again
+    out = capsys.readouterr().out
+    assert "Triton launches replaced by a counter (no GPU)" in out
+    assert re.search(r"^softmax +[\d.]+ +1\.00× +[\d.]+ +1\.00× +0/0 +\d+/\d+ *$", out, re.M), out
+    rows = {row["layer"]: row for row in json.loads((tmp_path / "h.json").read_text())["rows"]}
+    assert list(rows) == ["softmax", "elu", "mhla", "ttt"]
+    assert (rows["elu"]["launches_infer"], rows["elu"]["launches_train"]) == (1, 4)  # one forward kernel; backward 3
+    assert rows["mhla"]["launches_infer"] == 2 and rows["mhla"]["launches_train"] >= 5  # states + read-out
+    assert rows["ttt"]["launches_train"] == 0  # TTT's step is torch ops
+    assert all(row["infer_us"] > 0 and row["train_us"] > 0 for row in rows.values())
+    assert rows["elu"]["aten_ops_train"] > rows["elu"]["aten_ops_infer"] > 0  # the bodies' ops are counted
+    ops = {row["op"]: row for row in json.loads((tmp_path / "h.json").read_text())["ops"]}
+    assert list(ops) == ["sdpa", "linear_attention", "linear_attention (custom op)", "blocked_attention",
+                         "blocked_attention (custom op)"]
+    assert ops["sdpa"]["infer_vs_sdpa"] == 1.0 and all(row["train_us"] > 0 for row in ops.values())
+    assert re.search(r"^linear_attention \(custom op\) +[\d.]+ +[\d.]+× +[\d.]+ +[\d.]+×$", out, re.M), out
+    assert host_overhead().main(["--variants", "nope"]) == 2
+    assert host_overhead().main(["--width", "x"]) == 2
