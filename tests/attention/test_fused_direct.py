@@ -41,11 +41,11 @@ def padding_mask(N: int) -> torch.Tensor:
 
 
 def blocked_args(recompute: bool):
-    q, k, v = qkv()
-    index = segment_index((6, 6), (2, 3), 4, q.device)  # 4 prefix tokens + a 6×6 grid in 2×3 blocks
-    mixing = extended_block_mix(torch.rand(6, 6, generator=torch.Generator().manual_seed(3))).requires_grad_()
+    q, k, v = qkv(N=17)
+    index = segment_index((4, 4), (2, 2), 1, q.device)  # a class token + a 4×4 grid in 2×2 blocks
+    mixing = extended_block_mix(torch.rand(4, 4, generator=torch.Generator().manual_seed(3))).requires_grad_()
     weights = [(1 + torch.rand(64, generator=torch.Generator().manual_seed(i))).requires_grad_() for i in (4, 5)]
-    return (q, k, v, padding_mask(40), index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6, *weights, 1e-6, recompute)
+    return (q, k, v, padding_mask(17), index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6, *weights, 1e-6, recompute)
 
 
 CALLS = {

@@ -24,8 +24,9 @@ def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
 
 def _total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
     """(B·H, G, splits, …) partial sums -> (B, H, G, …): summed over the token ranges (a view when there is one)."""
-    total = partials.squeeze(2) if partials.shape[2] == 1 else partials.sum(2)
-    return total.view(batch, heads, *total.shape[1:])
+    if partials.shape[2] == 1:  # one view op, not a squeeze and a view (each op costs host time)
+        return partials.view(batch, heads, partials.shape[1], *partials.shape[3:])
+    return partials.sum(2).view(batch, heads, partials.shape[1], *partials.shape[3:])
 
 
 def _mask_arg(key_valid: Optional[torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, int]:
