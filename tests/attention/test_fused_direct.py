@@ -172,3 +172,19 @@ def test_host_overhead_reports_every_layer_against_softmax(tmp_path, capsys, mon
     assert re.search(r"^linear_attention \(custom op\) +[\d.]+ +[\d.]+× +[\d.]+ +[\d.]+×$", out, re.M), out
     assert host_overhead().main(["--variants", "nope"]) == 2
     assert host_overhead().main(["--width", "x"]) == 2
+
+
+@pytest.mark.parametrize("name", ["elu", "mhla"])
+def test_torch_export_records_the_fused_op_and_its_graph_runs_with_grad(name):
+    """torch.export (non-strict: make_fx) takes the custom op, not the direct Function; MHLA's fused LayerNorm-and-qkv
+    Function, whose forward export inlines, takes its plain form there, so the graph also runs with grad on."""
+    from .helpers import make_module
+
+    options = {"blocks_per_side": 2} if name == "mhla" else {}
+    module = make_module(name, 1, (4, 4), dim=64, heads=2, dtype=torch.float32, **options).to(DEVICE)
+    x = torch.randn(2, 17, 64, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    exported = torch.export.export(module, (x,))
+    ops = [str(node.target) for node in exported.graph.nodes if "vitconvert" in str(node.target)]
+    assert ops == [f"vitconvert.{'blocked' if name == 'mhla' else 'linear'}_attention.default"], ops
+    out = exported.module()(x)  # grad on, parameters that require grad
+    assert torch.equal(out.detach(), module(x).detach())
