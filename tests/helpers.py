@@ -4,7 +4,12 @@ runner with the one-line-error check every command's bad input must pass."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import sys
+import types
+from pathlib import Path
 
 import timm
 import torch
@@ -12,6 +17,18 @@ from huggingface_hub import HfApi
 from typer.testing import CliRunner
 
 runner = CliRunner()
+
+
+@functools.cache
+def load_benchmark(name: str) -> types.ModuleType:
+    """benchmarks/<name>.py as a module (benchmarks/ is not a package), loaded once per process and registered in
+    sys.modules first, as its dataclasses need."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def invoke(*args: str, **kwargs):

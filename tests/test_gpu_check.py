@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,20 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_benchmark
 
 from vitconvert.attention import VARIANTS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
 
-@functools.cache
 def load_script():
-    """The script as a module (benchmarks/ is not a package); registered first, as its dataclasses need."""
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_check")
 
 
 @pytest.fixture(scope="module")

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+from helpers import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_model.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("profile_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("profile_model")
 
 
 def test_each_model_gets_its_time_against_softmax_and_a_profile(capsys, one_thread):
@@ -41,9 +38,7 @@ def test_saved_memory_reports_each_variant_against_softmax(capsys):
     """benchmarks/saved_memory.py: the training-memory numbers of docs/performance.md, on the CPU."""
     from vitconvert.attention import dispatch
 
-    spec = importlib.util.spec_from_file_location("saved_memory", SCRIPT.parent / "saved_memory.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_benchmark("saved_memory")
     devices = dispatch.DEVICES
     assert script.main(["--model", "vit_tiny_patch16_224", "--img-size", "32", "--depth", "1", "--batch", "1",
                         "--variants", "elu,mhla"]) == 0

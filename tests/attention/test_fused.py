@@ -487,14 +487,9 @@ def test_whole_timm_models_on_the_kernels_match_their_eager_form(family, name, m
 
 def saved_mib(model: torch.nn.Module, images: torch.Tensor) -> float:
     """benchmarks/saved_memory.py's measure (what autograd keeps from one bf16-autocast training forward, MiB)."""
-    import importlib.util
-    from pathlib import Path
+    from helpers import load_benchmark
 
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "saved_memory.py"
-    spec = importlib.util.spec_from_file_location("saved_memory", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.saved_mib(model, images)
+    return load_benchmark("saved_memory").saved_mib(model, images)
 
 
 # a training step's memory against softmax's (SDPA keeps q, k, v, o and the log-sum-exp), measured as what

@@ -4,14 +4,12 @@ ops (dispatch.direct). Kernels in Triton's interpreter on the CPU, as in test_fu
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_benchmark
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vitconvert.attention import dispatch, fused
@@ -24,7 +22,6 @@ if not torch.cuda.is_available() and not dispatch.interpreting():
     pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
                 allow_module_level=True)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "host_overhead.py"
 
 
 @pytest.fixture(autouse=True)
@@ -141,11 +138,7 @@ def test_a_dispatch_mode_sees_the_custom_op_not_its_body():
 
 
 def host_overhead():
-    spec = importlib.util.spec_from_file_location("host_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("host_overhead", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("host_overhead")
 
 
 def test_host_overhead_reports_every_layer_against_softmax(tmp_path, capsys, monkeypatch):

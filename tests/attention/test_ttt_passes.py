@@ -3,13 +3,11 @@ count of token-sized ops (benchmarks/op_traffic.py, dry-run here)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_benchmark
 from torch.nn import functional as F
 
 from vitconvert.attention import dispatch
@@ -17,15 +15,9 @@ from vitconvert.attention.ttt import normalize_keys
 
 from .helpers import make_module, random_mask, random_qkv
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "op_traffic.py"
-
 
 def op_traffic():
-    spec = importlib.util.spec_from_file_location("op_traffic", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("op_traffic", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("op_traffic")
 
 
 def test_the_one_reduction_key_norm_is_the_instance_norm_values_and_gradients():
