@@ -56,8 +56,8 @@ def test_recomputed_step_gives_the_step_values_and_gradients_bitwise(grid, num_p
         assert torch.equal(got, want)
 
 
-def test_a_whole_model_trains_the_same_with_the_step_recomputed():
-    """bf16 autocast, as a training step runs: the same loss and the same gradient of every parameter."""
+def tiny_ttt_student() -> tuple[torch.nn.Module, torch.Tensor]:
+    """A 2-block TTT ViT converted from a random tiny timm ViT, and a batch of 32 px images for it."""
     import timm
 
     import vitconvert
@@ -66,7 +66,12 @@ def test_a_whole_model_trains_the_same_with_the_step_recomputed():
     source = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=48,
                                num_heads=3, depth=2, num_classes=5)
     student, _ = vitconvert.convert(source, "ttt")
-    images = torch.randn(2, 3, 32, 32)
+    return student, torch.randn(2, 3, 32, 32)
+
+
+def test_a_whole_model_trains_the_same_with_the_step_recomputed():
+    """bf16 autocast, as a training step runs: the same loss and the same gradient of every parameter."""
+    student, images = tiny_ttt_student()
     runs = []
     for recompute in (True, False):
         for m in student.modules():
@@ -169,16 +174,8 @@ def test_traces_for_export_and_torchscript_record_the_plain_step(checkpoint_call
 def test_a_compiled_training_step_keeps_the_recomputation_in_one_graph():
     """torch.compile(fullgraph=True) over a converted model: the step stays a checkpointed region (dynamo's
     activation-checkpoint op) in a single graph, with the eager model's loss and gradients."""
-    import timm
-
-    import vitconvert
-
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    source = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=48,
-                               num_heads=3, depth=2, num_classes=5)
-    student, _ = vitconvert.convert(source, "ttt")
-    images = torch.randn(2, 3, 32, 32)
+    student, images = tiny_ttt_student()
     graphs = []
 
     def keep_graph(gm, example_inputs):
