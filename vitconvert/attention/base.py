@@ -265,15 +265,15 @@ class LinearAttention(nn.Module):
 
     def fused_qkv(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, 3·C) of the fused qkv projection, as the softmax module computed it (MHLA folds its input norm in)."""
-        out = x
-        if self.qkv is not None:
-            if self.q_bias is not None:
-                out = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
-                if self.qkv.bias is not None:
-                    out = out + self.qkv.bias
-            else:
-                out = self.qkv(x)
-        return out
+        return self.qkv_linear(x) if self.qkv is not None else x
+
+    def qkv_linear(self, x: torch.Tensor) -> torch.Tensor:
+        """The fused qkv linear alone, with the split q/k/v biases where the source had them (BEiT, EVA)."""
+        assert self.qkv is not None
+        if self.q_bias is not None:
+            out = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
+            return out + self.qkv.bias if self.qkv.bias is not None else out
+        return self.qkv(x)
 
     def project(self, x: torch.Tensor, rope: Optional[torch.Tensor] = None):
         """q, k, v as (B, H, N, d), computed exactly as the softmax module computed them."""

@@ -175,20 +175,14 @@ class MHLAttention(LinearAttention):
         """The input LayerNorm, then the fused qkv projection. With the kernels, one autograd Function
         (lean_norms.layer_norm_linear) that keeps x̂ in the projection's dtype instead of autograd's float32 copy of
         the input (the bias-split layout keeps the plain form)."""
-        out = x
-        if self.qkv is not None:
-            if self.input_norm is not None and self.gate is None:
-                if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
-                    if self.q_bias is None and self._fused_here(x[..., :self.head_dim]):
-                        return layer_norm_linear(x, self.input_norm, self.qkv.weight, self.qkv.bias)
-                x = self.input_norm(x)
-            if self.q_bias is not None:
-                out = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
-                if self.qkv.bias is not None:
-                    out = out + self.qkv.bias
-            else:
-                out = self.qkv(x)
-        return out
+        if self.qkv is None:
+            return x
+        if self.input_norm is not None and self.gate is None:
+            if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
+                if self.q_bias is None and self._fused_here(x[..., :self.head_dim]):
+                    return layer_norm_linear(x, self.input_norm, self.qkv.weight, self.qkv.bias)
+            x = self.input_norm(x)
+        return self.qkv_linear(x)
 
     def _fused_here(self, t: torch.Tensor) -> bool:
         """Whether this call runs on the kernels (``t`` with q's last dimension: can_run checks the head dim)."""
