@@ -99,6 +99,12 @@ def direct(t: torch.Tensor) -> bool:
             and not torch.jit.is_tracing())  # a trace records ops: the Function's launch would be left out
 
 
+def exporting() -> bool:
+    """Whether torch.export is tracing (torch >= 2.5; before, export traced with dynamo)."""
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return is_exporting is not None and is_exporting()
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 

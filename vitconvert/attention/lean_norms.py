@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .dispatch import exporting
 from .tensors import accumulation_dtype
 
 
@@ -122,13 +123,6 @@ def _affine(x_hat: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[
     return (y if bias is None else y + bias.to(y.dtype)).to(dtype)
 
 
-def exporting() -> bool:
-    """Under torch.export, which inlines a Function's forward into the graph: the plain form, whose graph runs with
-    or without grad (the Function's ``out=`` pass refuses tensors that require grad)."""
-    is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5
-    return is_exporting is not None and is_exporting()
-
-
 def layer_norm_linear(x: torch.Tensor, norm: nn.LayerNorm, weight: torch.Tensor,
                       bias: Optional[torch.Tensor]) -> torch.Tensor:
     """``F.linear(norm(x), weight, bias)`` keeping only x̂ (in the matmul's dtype: autocast's, else x's) and the
@@ -137,7 +131,9 @@ def layer_norm_linear(x: torch.Tensor, norm: nn.LayerNorm, weight: torch.Tensor,
         raise ValueError("layer_norm_linear normalises the last dimension only")
     if not torch.is_grad_enabled() or exporting() or not any(t is not None and t.requires_grad
                                                              for t in (x, norm.weight, norm.bias, weight, bias)):
-        return F.linear(norm(x), weight, bias)  # nothing to keep: autograd's own ops (one pass fewer)
+        # nothing to keep: autograd's own ops (one pass fewer). Under torch.export, which inlines a Function's
+        # forward into its graph, too: that graph runs with grad on, where the Function's out= pass is refused
+        return F.linear(norm(x), weight, bias)
     autocast = torch.is_autocast_enabled(x.device.type)
     dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
     return _LayerNormLinear.apply(x, norm.weight, norm.bias, norm.eps, weight, bias, dtype)

@@ -108,9 +108,8 @@ def inner_gradients(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None
 def records_for_backward() -> bool:
     """Whether this forward records a graph for backward that a recomputation can serve: grad on, and no trace for
     export (torch.export, ONNX) or TorchScript, whose graphs take the plain step."""
-    exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5; before, export traced with dynamo
     return (torch.is_grad_enabled() and not torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export()
-            and not (exporting is not None and exporting()))
+            and not dispatch.exporting())
 
 
 def _times(t: torch.Tensor, coef: float, per_item: Optional[torch.Tensor]) -> torch.Tensor:
