@@ -144,15 +144,16 @@ def timed(step: Callable[[], None], device: torch.device, iters: int) -> float:
     return (time.perf_counter() - start) / iters * 1e6
 
 
-def time_in_turns(steps: dict[str, Callable[[], None]], device: torch.device, iters: int,
-                  repeats: int) -> dict[str, float]:
+def time_in_turns(steps: dict[str, Callable[[], None]], device: torch.device, iters: int, repeats: int,
+                  what: str) -> dict[str, float]:
     """Median µs per call of each step over ``repeats`` runs of ``iters`` calls, the steps timed in turns (the
-    order reversed every other round), so that a loaded machine slows them alike."""
+    order reversed every other round), so that a loaded machine slows them alike. Progress on stderr."""
     for step in steps.values():
         for _ in range(max(3, iters // 10)):
             step()
     runs: dict[str, list[float]] = {key: [] for key in steps}
     for turn in range(repeats):
+        print(f"timing {what}: round {turn + 1}/{repeats}", file=sys.stderr, flush=True)
         for key in (list(steps) if turn % 2 == 0 else list(reversed(steps))):
             runs[key].append(timed(steps[key], device, iters))
     return {key: statistics.median(times) for key, times in runs.items()}
@@ -226,6 +227,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: --variants takes {', '.join(VARIANTS)} (got {args.variants!r}); --iters and --repeats "
               f"are at least 1", file=sys.stderr)
         return 2
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        print(f"error: --json {args.json}: its folder does not exist", file=sys.stderr)
+        return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         torch.set_num_threads(1)  # the host's single thread of dispatch, as it queues a GPU's kernels
@@ -250,8 +254,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         counted = {key: counts(step, launches) for key, step in steps.items()}
         for layer in found.values():
             layer.zero_grad(set_to_none=True)
-        micros = time_in_turns(steps, device, args.iters, args.repeats)
-        op_micros = time_in_turns(op_steps(device), device, args.iters, args.repeats)
+        micros = time_in_turns(steps, device, args.iters, args.repeats, "the layers")
+        op_micros = time_in_turns(op_steps(device), device, args.iters, args.repeats, "the token mixing alone")
     rows = [{"layer": name, "infer_us": micros[f"{name} infer"], "train_us": micros[f"{name} train"],
              "launches_infer": counted[f"{name} infer"][0], "launches_train": counted[f"{name} train"][0],
              "aten_ops_infer": counted[f"{name} infer"][1], "aten_ops_train": counted[f"{name} train"][1]}

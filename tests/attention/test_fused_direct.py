@@ -148,7 +148,9 @@ def test_host_overhead_reports_every_layer_against_softmax(tmp_path, capsys, mon
     argv = ["--variants", "elu,mhla,ttt", "--iters", "2", "--repeats", "1", "--json", str(tmp_path / "h.json")]
     assert host_overhead().main(argv) == 0
     assert dispatch.DEVICES == ("cuda",)  # and off again
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "timing the layers: round 1/1" in captured.err  # progress beside the table, not in it
     assert "Triton launches replaced by a counter (no GPU)" in out
     assert re.search(r"^softmax +[\d.]+ +1\.00× +[\d.]+ +1\.00× +0/0 +\d+/\d+ *$", out, re.M), out
     rows = {row["layer"]: row for row in json.loads((tmp_path / "h.json").read_text())["rows"]}
@@ -165,6 +167,9 @@ def test_host_overhead_reports_every_layer_against_softmax(tmp_path, capsys, mon
     assert re.search(r"^linear_attention \(custom op\) +[\d.]+ +[\d.]+× +[\d.]+ +[\d.]+×$", out, re.M), out
     assert host_overhead().main(["--variants", "nope"]) == 2
     assert host_overhead().main(["--width", "x"]) == 2
+    assert host_overhead().main(["--json", str(tmp_path / "nowhere" / "h.json")]) == 2
+    err = capsys.readouterr().err
+    assert "error: --json" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("name", ["elu", "mhla"])
