@@ -39,9 +39,9 @@ if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernel
 import timm  # noqa: E402
 
 import vitconvert  # noqa: E402
-from vitconvert.attention import VARIANTS, dispatch, fused, fused_parts  # noqa: E402
+from vitconvert.attention import VARIANTS, dispatch, fused, fused_parts, fused_ttt  # noqa: E402
 
-LAUNCHING_MODULES = (fused, fused_parts)  # where the ops call dispatch.launch (imported by name)
+LAUNCHING_MODULES = (fused, fused_parts, fused_ttt)  # where the ops call dispatch.launch (imported by name)
 
 
 class Launches:

@@ -12,7 +12,7 @@ import torch
 from helpers import load_benchmark
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vitconvert.attention import dispatch, fused
+from vitconvert.attention import dispatch, fused, fused_ttt
 from vitconvert.attention.blocks import extended_block_mix, segment_index
 
 from .helpers import random_mask, random_qkv
@@ -37,6 +37,10 @@ def padding_mask(N: int) -> torch.Tensor:
     return random_mask(2, N).to(DEVICE)
 
 
+def ttt_weights() -> torch.Tensor:
+    return (0.2 * torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(6))).requires_grad_()
+
+
 def blocked_args(recompute: bool):
     q, k, v = qkv(N=17)
     index = segment_index((4, 4), (2, 2), 1, q.device)  # a class token + a 4×4 grid in 2×2 blocks
@@ -50,7 +54,14 @@ CALLS = {
     "inline": lambda: (fused.inline_attention, (*qkv(d=64), None, 0.125)),
     "mhla": lambda: (fused.segmented_attention, blocked_args(recompute=False)),
     "mhla-recompute": lambda: (fused.segmented_attention, blocked_args(recompute=True)),
+    "ttt": lambda: (fused_ttt.fused_step, (*qkv(N=17), padding_mask(17), ttt_weights(), 0.125, 0.5)),
 }
+
+
+def through_the_ops(monkeypatch) -> None:
+    """Every call through the custom ops (each module imported ``direct`` by name)."""
+    for module in (fused, fused_ttt):
+        monkeypatch.setattr(module, "direct", lambda t: False)
 
 
 class OpNames(TorchDispatchMode):
@@ -75,14 +86,14 @@ def values_and_gradients(form, args, direct: bool) -> list[torch.Tensor]:
 def test_direct_call_gives_the_custom_ops_values_and_gradients(case, monkeypatch):
     form, args = CALLS[case]()
     direct = values_and_gradients(form, args, True)
-    monkeypatch.setattr(fused, "direct", lambda t: False)  # every call through the custom ops
+    through_the_ops(monkeypatch)
     through_ops = values_and_gradients(form, args, False)
     assert len(direct) == len(through_ops) > 3
     for a, b in zip(direct, through_ops, strict=True):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("case", ["elu", "mhla-recompute"])
+@pytest.mark.parametrize("case", ["elu", "mhla-recompute", "ttt"])
 def test_direct_call_keeps_what_the_custom_op_keeps(case, monkeypatch):
     """The same tensors saved for backward (o left out when recomputed), so the memory is the op's."""
     def saved_shapes() -> list[tuple[int, ...]]:
@@ -93,7 +104,7 @@ def test_direct_call_keeps_what_the_custom_op_keeps(case, monkeypatch):
         return sorted(shapes)
 
     direct = saved_shapes()
-    monkeypatch.setattr(fused, "direct", lambda t: False)
+    through_the_ops(monkeypatch)
     assert direct == saved_shapes() and direct
 
 
@@ -132,9 +143,11 @@ def test_no_double_backward_through_a_direct_call():
 
 def test_a_dispatch_mode_sees_the_custom_op_not_its_body():
     q, k, v = (t.detach() for t in qkv(N=20))
+    weights = ttt_weights().detach()
     with OpNames() as mode:
         fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6)
-    assert mode.names == ["vitconvert.linear_attention.default"], mode.names
+        fused_ttt.fused_step(q, k, v, None, weights, 0.125, 0.5)
+    assert mode.names == ["vitconvert.linear_attention.default", "vitconvert.ttt_step.default"], mode.names
 
 
 def host_overhead():
@@ -157,7 +170,8 @@ def test_host_overhead_reports_every_layer_against_softmax(tmp_path, capsys, mon
     assert list(rows) == ["softmax", "elu", "mhla", "ttt"]
     assert (rows["elu"]["launches_infer"], rows["elu"]["launches_train"]) == (1, 4)  # one forward kernel; backward 3
     assert rows["mhla"]["launches_infer"] == 2 and rows["mhla"]["launches_train"] >= 5  # states + read-out
-    assert rows["ttt"]["launches_train"] == 0  # TTT's step is torch ops
+    # TTT: the inner sums and the read-out; a training step recomputes both, then three backward kernels
+    assert (rows["ttt"]["launches_infer"], rows["ttt"]["launches_train"]) == (2, 7)
     assert all(row["infer_us"] > 0 and row["train_us"] > 0 for row in rows.values())
     assert rows["elu"]["aten_ops_train"] > rows["elu"]["aten_ops_infer"] > 0  # the bodies' ops are counted
     ops = {row["op"]: row for row in json.loads((tmp_path / "h.json").read_text())["ops"]}

@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from . import dispatch
+from . import dispatch, fused, fused_ttt
 from .base import Grid, LinearAttention
 from .options import Option, number, positive
 from .registry import register_variant
@@ -200,15 +200,33 @@ class TTTAttention(LinearAttention):
         so no RNG state is stashed. Tracing for export or TorchScript records the plain step.
         """
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
-            if self.recompute_step and records_for_backward():
-                return checkpoint(self.step, q, k, v, key_valid, grid, use_reentrant=False, preserve_rng_state=False)
+            on_kernels = self.fused_kernels and fused.can_run(v)
+            recompute = self.recompute_step and records_for_backward()
+            if on_kernels:  # a kernel Triton cannot build: turned off, and the step again from the start
+                out = fused.attempt(self.run_step, q, k, v, key_valid, grid, True, recompute)
+                if out is not None:
+                    return out
+            return self.run_step(q, k, v, key_valid, grid, False, recompute)
         return self.step(q, k, v, key_valid, grid)
 
+    def run_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                 grid: Grid, on_kernels: bool, recompute: bool) -> torch.Tensor:
+        """:meth:`step`, checkpointed when ``recompute``. The path is decided before the checkpoint and passed in,
+        so backward's recomputation takes the forward's (a later layer's backward may turn the kernels off first),
+        and a forward the kernels fail part-way is run again whole (the checkpoint must see one path's tensors)."""
+        if recompute:
+            return checkpoint(self.step, q, k, v, key_valid, grid, on_kernels, use_reentrant=False,
+                              preserve_rng_state=False)
+        return self.step(q, k, v, key_valid, grid, on_kernels)
+
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-             grid: Grid) -> torch.Tensor:
-        """Closed-form step in float32 at least (autocast off: the d×d sums over N tokens need the range); on the
-        GPU with bf16 inputs, :meth:`bf16_mix`."""
+             grid: Grid, on_kernels: bool = False) -> torch.Tensor:
+        """Closed-form step in float32 at least (autocast off: the d×d sums over N tokens need the range); with
+        ``on_kernels``, :meth:`fused_step` (the Triton kernels; a failure to build one raises KernelUnavailable),
+        else on the GPU with bf16 inputs :meth:`bf16_mix`."""
         if not torch.jit.is_scripting():  # the GPU path's devices: the fused kernels' (dispatch.DEVICES)
+            if on_kernels:
+                return self.fused_step(q, k, v, key_valid, grid)
             if self.fused_kernels and q.device.type in dispatch.DEVICES and v.dtype == torch.bfloat16:
                 return self.bf16_mix(q, k, v, key_valid, grid)
         dtype = v.dtype
@@ -225,11 +243,24 @@ class TTTAttention(LinearAttention):
             out = swiglu_readout(q, w12 - lr * dw12, w3 - lr * dw3)
         return out.to(dtype)
 
+    def fused_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                   grid: Grid) -> torch.Tensor:
+        """The step on the Triton kernels (attention/fused_ttt.py): the key norm (float32 statistics) and the convs
+        in torch, in v's dtype; the inner sums, the update and the read-out in the op, whose token-sized work
+        stays in float32 registers, and the fast weights float32 throughout."""
+        dtype = v.dtype
+        k = normalize_keys(k.float(), key_valid, self.key_norm_eps, by_var_mean=True).to(dtype)
+        q = self.local_conv(q.to(dtype), self.q_conv.weight, self.q_conv.bias, grid, key_valid)
+        k = self.local_conv(k, self.k_conv.weight, self.k_conv.bias, grid, key_valid)
+        weights = torch.stack((self.fast_w1, self.fast_w2, self.fast_w3), dim=1).float()  # (H, 3, d, d)
+        return fused_ttt.fused_step(q, k, v, key_valid, weights, self.scale, self.inner_lr)
+
     def bf16_mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                  grid: Grid) -> torch.Tensor:
-        """The same step with the N-sized work in bf16 on tensor cores (float32 accumulation inside each matmul):
-        the key statistics and the fast weights (initial and updated) stay float32. bf16 only: its float32
-        exponent range holds the −s/N-scaled gradients, which underflow in float16."""
+        """The same step in torch ops where the kernels cannot run, with the N-sized work in bf16 on tensor cores
+        (float32 accumulation inside each matmul): the key statistics and the fast weights (initial and updated)
+        stay float32. bf16 only: its float32 exponent range holds the −s/N-scaled gradients, which underflow in
+        float16."""
         dtype = v.dtype
         k = normalize_keys(k.float(), key_valid, self.key_norm_eps, by_var_mean=True).to(dtype)
         q = self.local_conv(q, self.q_conv.weight, self.q_conv.bias, grid, key_valid)

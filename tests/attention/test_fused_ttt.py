@@ -1,0 +1,238 @@
+"""TTT's step on the Triton kernels (attention/fused_ttt.py, ttt_kernels.py) against the closed-form step in
+float64 and the module's literal reference (autograd through the per-token inner loss). Kernels in Triton's
+interpreter on the CPU, as in test_fused.py: values and gradients of q, k, v and the fast weights, float32 and
+bfloat16, masks, token counts that are not a multiple of the chunk, heads split over token ranges, head dims
+32/64/96, and the fallbacks where Triton cannot build a kernel."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import pytest
+import torch
+
+from vitconvert.attention import dispatch, fused, fused_ttt
+
+from . import helpers
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available() and not dispatch.interpreting():
+    pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
+                allow_module_level=True)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KERNELS = ("inner_sums_kernel", "swiglu_readout_kernel")
+BACKWARD_KERNELS = ("swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel")
+
+
+@pytest.fixture(autouse=True)
+def kernels_here(monkeypatch):
+    """The kernels on this machine's device, with token ranges short enough that heads split across programs;
+    the convs in full float32, as the oracles are."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(dispatch, "SPLIT_ROUND", 64)
+    monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: 64)
+
+
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm())
+
+
+def step_inputs(N: int = 70, d: int = 32, dtype: torch.dtype = torch.float32, masked: bool = False,
+                seed: int = 0) -> tuple[list[torch.Tensor], Optional[torch.Tensor]]:
+    """q, k, v (2, 2, N, d) and fast weights (2, 3, d, d) large enough that the step moves the read-out."""
+    q, k, v = (t.to(DEVICE, dtype).requires_grad_() for t in helpers.random_qkv(2, 2, N, d, dtype=torch.float32))
+    weights = (torch.randn(2, 3, d, d, generator=torch.Generator().manual_seed(seed)) * 2 * d ** -0.5)
+    mask = helpers.random_mask(2, N).to(DEVICE) if masked else None
+    return [q, k, v, weights.to(DEVICE).requires_grad_()], mask
+
+
+def against_float64(inputs: list[torch.Tensor], mask: Optional[torch.Tensor], lr: float = 1.0):
+    """(relative errors of the op's output, then of each input's gradient) against the eager step in float64."""
+    d = inputs[0].shape[-1]
+    out = fused_ttt.fused_step(*inputs[:3], mask, inputs[3], d ** -0.5, lr)
+    copies = [t.detach().double().requires_grad_() for t in inputs]
+    expected = fused_ttt.ttt_eager(*copies[:3], mask, copies[3], d ** -0.5, lr)
+    probe = torch.randn(expected.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    got = torch.autograd.grad(out, inputs, probe.to(out))
+    want = torch.autograd.grad(expected, copies, probe)
+    return [rel_error(out, expected), *(rel_error(g, w) for g, w in zip(got, want, strict=True))]
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+@pytest.mark.parametrize("programs", [1, 64], ids=["head-per-program", "split-heads"])
+@pytest.mark.parametrize("d", [32, 64, 96])
+def test_the_op_is_the_closed_form_step_values_and_gradients(d, programs, masked, monkeypatch):
+    monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: programs)
+    inputs, mask = step_inputs(N=70 if d < 96 else 40, d=d, masked=masked)
+    if programs == 64 and d < 96:
+        assert fused.split_tokens(4, 1, 70, torch.device(DEVICE))[0] == 2  # two ranges per head, partial sums
+    errors = against_float64(inputs, mask, lr=0.7)
+    assert max(errors) < 2e-6, errors
+
+
+def test_bf16_inputs_keep_float32_registers():
+    """bf16 q, k, v (and output): the step within bf16 rounding of the float64 one, gradients likewise."""
+    inputs, mask = step_inputs(N=70, d=32, dtype=torch.bfloat16, masked=True)
+    out = fused_ttt.fused_step(*inputs[:3], mask, inputs[3], 32 ** -0.5, 1.0)
+    assert out.dtype == torch.bfloat16
+    errors = against_float64(inputs, mask)
+    assert max(errors) < 1.5e-2, errors
+
+
+def test_the_step_moves_the_read_out():
+    """A zero step (lr 0) reads the initial model: the update is not a no-op by accident of the weights."""
+    inputs, _ = step_inputs()
+    with torch.no_grad():
+        moved = fused_ttt.fused_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 1.0)
+        still = fused_ttt.fused_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 0.0)
+    assert rel_error(moved, still) > 0.05
+
+
+def test_masked_keys_take_no_part_and_get_zero_gradients():
+    inputs, mask = step_inputs(masked=True)
+    out = fused_ttt.fused_step(*inputs[:3], mask, inputs[3], 32 ** -0.5, 1.0)
+    dq, dk, dv = torch.autograd.grad(out.square().sum(), inputs[:3])
+    invalid = ~mask[:, None, :, None].expand_as(dk)
+    assert dk[invalid].abs().max() == 0 and dv[invalid].abs().max() == 0
+    assert dq[invalid].abs().max() > 0  # their queries still read the updated model
+    with torch.no_grad():  # and what they hold does not matter to anyone
+        k2, v2 = (t.detach().masked_fill(invalid, 7.0) for t in inputs[1:3])
+        again = fused_ttt.fused_step(inputs[0], k2, v2, mask, inputs[3], 32 ** -0.5, 1.0)
+    torch.testing.assert_close(again, out.detach())
+
+
+TTT_CASES = [(32, (6, 7), 1), (64, (4, 4), 0), (32, None, 1)]  # (head dim, grid, prefix tokens)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+@pytest.mark.parametrize("head_dim,grid,num_prefix", TTT_CASES, ids=["d32-6x7-p1", "d64-4x4-p0", "d32-nogrid-p1"])
+def test_module_on_the_kernels_matches_its_reference(head_dim, grid, num_prefix, masked, monkeypatch):
+    """The whole TTT module (key norm, convs, the kernels' step, projections) against its literal form in
+    float64 (autograd through the per-token inner loss): outputs, input gradients, every parameter gradient."""
+    calls = []
+    original = fused_ttt.fused_step
+    monkeypatch.setattr(fused_ttt, "fused_step", lambda *a: calls.append(1) or original(*a))
+    tokens = num_prefix + (grid[0] * grid[1] if grid else 20)
+    module = helpers.make_module("ttt", num_prefix, grid, dim=2 * head_dim, dtype=torch.float32).to(DEVICE)
+    with torch.no_grad():  # fast weights that make the step matter
+        for w in (module.fast_w1, module.fast_w2, module.fast_w3):
+            w.normal_(std=head_dim ** -0.5, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(2, tokens, 2 * head_dim, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    attn_mask = helpers.random_mask(2, tokens).to(DEVICE)[:, None, None, :] if masked else None
+    reference = module.double()
+    x64 = x.double().requires_grad_()
+    expected = helpers.literal(reference, x64, attn_mask=attn_mask)
+    expected.square().sum().backward()
+    want = {n: p.grad.clone() for n, p in reference.named_parameters() if p.grad is not None}
+    module = reference.float()
+    module.zero_grad()
+    x32 = x.float().requires_grad_()
+    out = module(x32, attn_mask=attn_mask)
+    out.square().sum().backward()
+    assert calls, "the kernels did not run"
+    assert rel_error(out, expected) < 1e-5
+    assert rel_error(x32.grad, x64.grad) < 1e-4
+    for n, p in module.named_parameters():
+        if n in want:
+            assert rel_error(p.grad, want[n]) < 1e-4, n
+
+
+def test_training_keeps_q_k_v_and_the_weights_only():
+    inputs, _ = step_inputs()
+    out = fused_ttt.fused_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 1.0)
+    saved = [t for t in out.grad_fn.saved_tensors if t is not None]
+    assert [tuple(t.shape) for t in saved] == [(2, 2, 70, 32)] * 3 + [(2, 3, 32, 32)]
+
+
+def test_the_op_passes_torch_library_checks_and_compiles_as_one_graph():
+    inputs, mask = step_inputs(N=40)
+    tests = ("test_schema", "test_faketensor", "test_autograd_registration")
+    torch.library.opcheck(fused_ttt.ttt_step, (*inputs[:3], mask, inputs[3], 32 ** -0.5, 1.0), test_utils=tests)
+    torch._dynamo.reset()
+    module = helpers.make_module("ttt", 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
+    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    torch.testing.assert_close(out, module(x), atol=1e-5, rtol=1e-5)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(grad, torch.autograd.grad(module(x).sum(), x)[0], atol=1e-5, rtol=1e-4)
+
+
+class Unbuildable:
+    """A kernel Triton cannot build on this GPU (as OutOfResources is raised for shared memory or registers)."""
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            from triton.runtime.errors import OutOfResources
+
+            raise OutOfResources(232448, 101376, "shared memory")
+        return run
+
+
+@pytest.mark.parametrize("stage", ["forward", "backward"])
+def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, monkeypatch):
+    """Forward: the module runs its torch step. Backward (the forward ran on the kernels): this step's gradients
+    from the op's eager form. Either way one warning, and the kernels off for the process."""
+    from vitconvert.attention import ttt_kernels
+
+    module = helpers.make_module("ttt", 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
+    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
+    grad = torch.randn(2, 17, 64, device=DEVICE)
+    out = module(x)
+    want = torch.autograd.grad(out, [x, *module.parameters()], grad)
+    monkeypatch.setattr(dispatch, "_unavailable", [])
+    if stage == "backward":
+        out = module(x)
+    for kernel in (KERNELS if stage == "forward" else ()) + BACKWARD_KERNELS:  # (backward's recomputed forward
+        monkeypatch.setattr(ttt_kernels, kernel, Unbuildable())                 # runs the kernels it built)
+    with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources.*VITCONVERT_FUSED=0"):
+        if stage == "forward":
+            out = module(x)
+        got = torch.autograd.grad(out, [x, *module.parameters()], grad)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+    assert not fused.can_run(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module(x)
+
+
+@pytest.mark.parametrize("family", ["vit", "dinov2"])
+def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, monkeypatch):
+    """Converted timm models (class token, registers), one training step under the recomputation users get:
+    logits and every gradient as the eager step's; then backward kernels Triton cannot build: the earlier
+    layer's recomputation still takes its forward's path, and the gradients are the eager step's."""
+    from helpers import image_batch, tiny_model
+
+    import vitconvert
+    from vitconvert.attention import ttt_kernels
+
+    source = tiny_model(family)
+    student, _ = vitconvert.convert(source, "ttt")
+    student = student.to(DEVICE).train()
+    layers = [m for m in student.modules() if hasattr(m, "recompute_step")]
+    assert len(layers) == 2 and all(m.recompute_step for m in layers)
+    x = image_batch(source).to(DEVICE)
+
+    def step(fused_on: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        for m in layers:
+            m.fused_kernels = fused_on
+        student.zero_grad()
+        logits = student(x)
+        logits.square().sum().backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in student.named_parameters() if p.grad is not None}
+
+    results = [step(True), step(False)]
+    monkeypatch.setattr(dispatch, "_unavailable", [])
+    for kernel in BACKWARD_KERNELS:
+        monkeypatch.setattr(ttt_kernels, kernel, Unbuildable())
+    with pytest.warns(RuntimeWarning, match="cannot run on this GPU"):
+        results.append(step(True))
+    (eager_logits, eager_grads) = results[1]
+    for logits, grads in (results[0], results[2]):
+        torch.testing.assert_close(logits, eager_logits, atol=1e-5, rtol=1e-4)
+        assert grads.keys() == eager_grads.keys()
+        for n in eager_grads:
+            torch.testing.assert_close(grads[n], eager_grads[n], atol=1e-5, rtol=1e-3, msg=n)

@@ -1,0 +1,172 @@
+"""TTT's closed-form step on the GPU: the Triton kernels of :mod:`.ttt_kernels` as one PyTorch custom op.
+
+``vitconvert::ttt_step``  (q, k, v, W) -> o    with W the (H, 3, d, d) float32 fast weights [W1, W2, W3]
+
+on the normalised and convolved q and k (those stay torch ops: a reduction over tokens and a 3×3 conv). The
+inner gradients' d×d sums, the update W' = W − lr·∇L (on d×d matrices, in torch) and the read-out
+f_{W'}(q) in two kernels; backward in three (the sums again, the read-out's backward, the sums' backward), so
+autograd keeps q, k and v and no token-sized intermediate. Registered like the linear-attention ops
+(:mod:`.fused`): torch.compile and torch.export see one op, and a plain eager call skips the dispatcher
+(:func:`.dispatch.direct`). A backward kernel Triton cannot build turns the kernels off and takes that step's
+gradients from the op's eager form.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from .dispatch import KernelUnavailable, block_sizes, direct, launch, split_tokens, tile_args
+from .fused import _direct_function, _records
+from .fused_parts import _eager_gradients, _mask_arg, _output_like
+
+
+def _step_size(key_valid: Optional[torch.Tensor], tokens: int, scale: float,
+               lr: float) -> Union[float, torch.Tensor]:
+    """lr·s/n, so that W' = W + (lr·s/n)·Ĝ: the step −lr times the inner loss's factor −s/n, n the valid keys
+    (a float, or (B, 1, 1, 1, 1) with a mask)."""
+    if key_valid is None:
+        return lr * scale / tokens
+    return (lr * scale) / key_valid.sum(dim=-1).clamp(min=1).to(torch.float32).view(-1, 1, 1, 1, 1)
+
+
+def _total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
+    """(B·H, splits, 3, d, d) partial sums -> (B, H, 3, d, d)."""
+    total = partials.view(partials.shape[0], *partials.shape[2:]) if partials.shape[1] == 1 else partials.sum(1)
+    return total.view(batch, heads, *partials.shape[2:])
+
+
+def _geometry(q: torch.Tensor) -> tuple[int, ...]:
+    """B, H, N, d, the token ranges (count, length) and the block sizes (BLOCK_N, BLOCK_D, warps) of a launch."""
+    B, H, N, D = q.shape
+    splits, per = split_tokens(B * H, 1, N, q.device)
+    block_n, block_d, warps = block_sizes(D)
+    return B, H, N, D, splits, per, block_n, block_d, warps
+
+
+def run_inner_sums(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                   weights: torch.Tensor) -> torch.Tensor:
+    """Ĝ = [Ĝ1, Ĝ2, Ĝ3] (B, H, 3, d, d) float32: the inner gradients before their −s/n factor."""
+    from .ttt_kernels import inner_sums_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+
+    B, H, N, D, splits, per, block_n, block_d, warps = _geometry(k)
+    G = k.new_empty((B * H, splits, 3, D, D), dtype=torch.float32)
+    mask, s_mb = _mask_arg(key_valid, k)
+    launch(inner_sums_kernel, (B * H, splits),
+        k, v, mask, weights, G,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
+        H, N, D, splits, per,
+        HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k), num_warps=warps)
+    return _total(G, B, H)
+
+
+def _updated(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], weights: torch.Tensor,
+             scale: float, lr: float) -> tuple[torch.Tensor, Union[float, torch.Tensor]]:
+    """(W' (B, H, 3, d, d) float32, the step size): the fast weights after the inner step."""
+    step = _step_size(key_valid, k.shape[2], scale, lr)
+    return weights + step * run_inner_sums(k, v, key_valid, weights), step
+
+
+def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+            weights: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
+    """out_i = f_{W'}(q_i) after one inner step on (k, v), for (B, H, N, d) q, k, v and (H, 3, d, d) float32 W."""
+    from .ttt_kernels import swiglu_readout_kernel  # lazy: start-up time
+
+    updated, _ = _updated(k, v, key_valid, weights, scale, lr)
+    B, H, N, D, splits, per, block_n, block_d, warps = _geometry(q)
+    o = _output_like(q)
+    launch(swiglu_readout_kernel, (B * H, splits),
+        q, updated, o,
+        q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        H, N, D, per,
+        BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q), num_warps=warps)
+    return o
+
+
+ttt_step = torch.library.custom_op("vitconvert::ttt_step", mutates_args=())(run_ttt)
+
+
+@ttt_step.register_fake
+def _(q, k, v, key_valid, weights, scale, lr):
+    return _output_like(q)
+
+
+def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                     key_valid: Optional[torch.Tensor], weights: torch.Tensor, scale: float,
+                     lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv, dW of :func:`ttt_step`: W' recomputed, the read-out's backward (dq, dW'), then the sums'
+    (dĜ = step·dW', dk, dv and the chain's dW); dW = Σ_batch (dW' + the chain's)."""
+    from .ttt_kernels import inner_sums_bwd_kernel, swiglu_readout_bwd_kernel  # lazy: start-up time
+
+    updated, step = _updated(k, v, key_valid, weights, scale, lr)
+    B, H, N, D, splits, per, block_n, block_d, warps = _geometry(q)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    d_updated = q.new_empty((B * H, splits, 3, D, D), dtype=torch.float32)
+    launch(swiglu_readout_bwd_kernel, (B * H, splits),
+        q, updated, do, dq, d_updated,
+        q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        dq.stride(0), dq.stride(1), dq.stride(2),
+        H, N, D, splits, per,
+        BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q), num_warps=warps)
+    d_updated = _total(d_updated, B, H)
+    dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v))
+    d_chain = q.new_empty((B * H, splits, 3, D, D), dtype=torch.float32)
+    mask, s_mb = _mask_arg(key_valid, k)
+    launch(inner_sums_bwd_kernel, (B * H, splits),
+        k, v, mask, weights, (d_updated * step).contiguous(), dk, dv, d_chain,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        H, N, D, splits, per,
+        HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k), num_warps=warps)
+    dweights = (d_updated + _total(d_chain, B, H)).sum(0)
+    return dq, dk, dv, dweights.to(weights.dtype)
+
+
+ttt_step_backward = torch.library.custom_op("vitconvert::ttt_step_backward", mutates_args=())(run_ttt_backward)
+
+
+@ttt_step_backward.register_fake
+def _(q, k, v, do, key_valid, weights, scale, lr):
+    return (*(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)),
+            torch.empty_like(weights))
+
+
+def _setup(ctx, inputs, output) -> None:
+    q, k, v, key_valid, weights, scale, lr = inputs
+    ctx.save_for_backward(q, k, v, key_valid, weights)
+    ctx.args = (scale, lr)
+
+
+def _backward(ctx, do):
+    q, k, v, key_valid, weights = ctx.saved_tensors
+    try:
+        dq, dk, dv, dweights = (run_ttt_backward if direct(do) else ttt_step_backward)(q, k, v, do, key_valid,
+                                                                                      weights, *ctx.args)
+    except KernelUnavailable as e:
+        dq, dk, dv, _, dweights = _eager_gradients(e, ttt_eager, (q, k, v, key_valid, weights), (do,), *ctx.args)
+    return dq, dk, dv, None, dweights, None, None
+
+
+ttt_step.register_autograd(_backward, setup_context=_setup)
+_DirectStep = _direct_function("DirectTTTStep", run_ttt, _setup, _backward)
+
+
+def ttt_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+              weights: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
+    """:func:`ttt_step` in torch, float32 (its backward's fallback and the tests' oracle of the op)."""
+    from .ttt import inner_gradients, swiglu_readout  # lazy: ttt.py imports this module
+
+    dtype, acc = q.dtype, torch.promote_types(weights.dtype, torch.float32)
+    q, k, v, weights = q.to(acc), k.to(acc), v.to(acc), weights.to(acc)
+    w12, w3 = torch.cat((weights[:, 0], weights[:, 1]), dim=-1), weights[:, 2]
+    dw12, dw3 = inner_gradients(k, v, key_valid, w12, w3, scale)
+    return swiglu_readout(q, w12 - lr * dw12, w3 - lr * dw3).to(dtype)
+
+
+def fused_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+               weights: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
+    """The op, called direct where it may (no dispatcher, and no Function when autograd does not record)."""
+    if not direct(q):
+        return ttt_step(q, k, v, key_valid, weights, scale, lr)
+    return (_DirectStep.apply if _records(q, k, v, weights) else run_ttt)(q, k, v, key_valid, weights, scale, lr)

@@ -1,0 +1,240 @@
+"""Triton kernels of TTT's closed-form step (attention/ttt.py): the inner gradients, the read-out of the updated
+model, and their backward passes.
+
+Per (batch, head), with k the normalised and convolved keys, a = kW1, b = kW2, act = silu(a), u = vW3ᵀ:
+
+    Ĝ1 = Σ_j k_jᵀ (u ⊙ b ⊙ silu'(a))_j,   Ĝ2 = Σ_j k_jᵀ (u ⊙ act)_j,   Ĝ3 = Σ_j (act ⊙ b)_jᵀ v_j
+
+are the inner loss's gradients before its −s/N factor (the caller scales the d×d sums, so nothing N-sized is
+scaled and float16 does not underflow), the caller forms W' = W − lr·(−s/N)·Ĝ, and every query reads
+
+    o_i = (silu(q_i W1') ⊙ (q_i W2')) W3'.
+
+Each program owns one (batch·head, token range) and walks it in chunks of BLOCK_N tokens; the token-sized
+intermediates (a, b, silu, its derivative, u) live in float32 registers only, the dots run as the linear-attention
+kernels' (triton_kernels.py: TILE operands, float32 accumulators), and partial d×d sums are written per program
+and summed by the caller. Masked keys load as zero rows of k and v, which add nothing to any sum and get zero
+gradients. Backward recomputes a, b and u from k and v (and W' from the sums), so a training step keeps nothing
+N-sized beyond q, k and v.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .triton_kernels import _dot
+
+
+@triton.jit
+def _square(P, which, d, d_ok, D):
+    """Matrix ``which`` of a stack of (D, D) float32 matrices, zero-padded to the head tile."""
+    return tl.load(P + which * D * D + d[:, None] * D + d[None, :], mask=d_ok[:, None] & d_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _put_square(P, which, x, d, d_ok, D):
+    tl.store(P + which * D * D + d[:, None] * D + d[None, :], x, mask=d_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _rows(base, tok, tile, d, stride):
+    """One chunk of token rows in float32, zero outside ``tile``."""
+    return tl.load(base + tok[:, None] * stride + d[None, :], mask=tile, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _chunk(start, end, MASK_ROW, d_ok, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr):
+    """(token index, valid rows, valid tile) of one chunk below ``end``."""
+    tok = start + tl.arange(0, BLOCK_N)
+    ok = tok < end
+    if HAS_MASK:
+        ok = ok & (tl.load(MASK_ROW + tok, mask=ok, other=0) != 0)
+    return tok, ok, ok[:, None] & d_ok[None, :]
+
+
+@triton.jit
+def _swiglu_parts(x, w1, w2, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """a = xW1, b = xW2, σ(a), silu(a) and silu'(a) = silu + σ(1 − silu), float32."""
+    xt = x.to(TILE)
+    a = _dot(xt, w1, PRECISION, EMULATE)
+    b = _dot(xt, w2, PRECISION, EMULATE)
+    sig = tl.sigmoid(a)
+    act = a * sig
+    return a, b, sig, act, act + sig * (1.0 - act)
+
+
+@triton.jit
+def inner_sums_kernel(
+    K, V, MASK, W, G,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb,
+    H, N, D, SPLITS, tokens_per_split,
+    HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """Partial Ĝ1, Ĝ2, Ĝ3 of one (batch·head, token range). W: (H, 3, D, D) float32, G: (BH, SPLITS, 3, D, D)."""
+    bh, split = tl.program_id(0), tl.program_id(1)
+    b_, h = bh // H, bh % H
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    w1 = _square(W, h * 3, d, d_ok, D).to(TILE)
+    w2 = _square(W, h * 3 + 1, d, d_ok, D).to(TILE)
+    w3_t = tl.trans(_square(W, h * 3 + 2, d, d_ok, D)).to(TILE)
+    g1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    g2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    g3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    k_base, v_base = K + b_ * s_kb + h * s_kh, V + b_ * s_vb + h * s_vh
+    begin = split * tokens_per_split
+    end = tl.minimum(begin + tokens_per_split, N)
+    for start in range(begin, end, BLOCK_N):
+        tok, _, tile = _chunk(start, end, MASK + b_ * s_mb, d_ok, BLOCK_N, HAS_MASK)
+        k = _rows(k_base, tok, tile, d, s_kn)
+        v = _rows(v_base, tok, tile, d, s_vn)
+        _, b, _, act, dsilu = _swiglu_parts(k, w1, w2, TILE, PRECISION, EMULATE)
+        u = _dot(v.to(TILE), w3_t, PRECISION, EMULATE)
+        kt = tl.trans(k.to(TILE))
+        g1 += _dot(kt, (u * b * dsilu).to(TILE), PRECISION, EMULATE)
+        g2 += _dot(kt, (u * act).to(TILE), PRECISION, EMULATE)
+        g3 += _dot(tl.trans((act * b).to(TILE)), v.to(TILE), PRECISION, EMULATE)
+    out = (bh * SPLITS + split) * 3
+    _put_square(G, out, g1, d, d_ok, D)
+    _put_square(G, out + 1, g2, d, d_ok, D)
+    _put_square(G, out + 2, g3, d, d_ok, D)
+
+
+@triton.jit
+def swiglu_readout_kernel(
+    Q, W, O,
+    s_qb, s_qh, s_qn, s_ob, s_oh, s_on,
+    H, N, D, tokens_per_split,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
+    """o = (silu(qW1') ⊙ qW2') W3' for the queries of one (batch·head, token range); W: (BH, 3, D, D) float32."""
+    bh, split = tl.program_id(0), tl.program_id(1)
+    b_, h = bh // H, bh % H
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    w1 = _square(W, bh * 3, d, d_ok, D).to(TILE)
+    w2 = _square(W, bh * 3 + 1, d, d_ok, D).to(TILE)
+    w3 = _square(W, bh * 3 + 2, d, d_ok, D).to(TILE)
+    q_base, o_base = Q + b_ * s_qb + h * s_qh, O + b_ * s_ob + h * s_oh
+    begin = split * tokens_per_split
+    end = tl.minimum(begin + tokens_per_split, N)
+    for start in range(begin, end, BLOCK_N):
+        tok, _, tile = _chunk(start, end, Q, d_ok, BLOCK_N, False)
+        _, b, _, act, _ = _swiglu_parts(_rows(q_base, tok, tile, d, s_qn), w1, w2, TILE, PRECISION, EMULATE)
+        o = _dot((act * b).to(TILE), w3, PRECISION, EMULATE)
+        tl.store(o_base + tok[:, None] * s_on + d[None, :], o.to(O.dtype.element_ty), mask=tile)
+
+
+@triton.jit
+def swiglu_readout_bwd_kernel(
+    Q, W, DO, DQ, DW,
+    s_qb, s_qh, s_qn, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
+    H, N, D, SPLITS, tokens_per_split,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
+    """dq of each query and partial dW1', dW2', dW3' of the range (DW: (BH, SPLITS, 3, D, D)):
+    dh = do W3'ᵀ, da = dh ⊙ b ⊙ silu'(a), db = dh ⊙ silu(a), dq = da W1'ᵀ + db W2'ᵀ, dW1' = Σ qᵀda,
+    dW2' = Σ qᵀdb, dW3' = Σ hᵀdo."""
+    bh, split = tl.program_id(0), tl.program_id(1)
+    b_, h = bh // H, bh % H
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    w1 = _square(W, bh * 3, d, d_ok, D)
+    w2 = _square(W, bh * 3 + 1, d, d_ok, D)
+    w1_t, w2_t = tl.trans(w1).to(TILE), tl.trans(w2).to(TILE)
+    w1, w2 = w1.to(TILE), w2.to(TILE)
+    w3_t = tl.trans(_square(W, bh * 3 + 2, d, d_ok, D)).to(TILE)
+    dw1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    dw2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    dw3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    q_base, g_base, dq_base = Q + b_ * s_qb + h * s_qh, DO + b_ * s_gb + h * s_gh, DQ + b_ * s_dqb + h * s_dqh
+    begin = split * tokens_per_split
+    end = tl.minimum(begin + tokens_per_split, N)
+    for start in range(begin, end, BLOCK_N):
+        tok, _, tile = _chunk(start, end, Q, d_ok, BLOCK_N, False)
+        q = _rows(q_base, tok, tile, d, s_qn)
+        g = _rows(g_base, tok, tile, d, s_gn).to(TILE)
+        _, b, _, act, dsilu = _swiglu_parts(q, w1, w2, TILE, PRECISION, EMULATE)
+        dh = _dot(g, w3_t, PRECISION, EMULATE)
+        da = (dh * b * dsilu).to(TILE)
+        db = (dh * act).to(TILE)
+        dq = _dot(da, w1_t, PRECISION, EMULATE) + _dot(db, w2_t, PRECISION, EMULATE)
+        tl.store(dq_base + tok[:, None] * s_dqn + d[None, :], dq.to(DQ.dtype.element_ty), mask=tile)
+        qt = tl.trans(q.to(TILE))
+        dw1 += _dot(qt, da, PRECISION, EMULATE)
+        dw2 += _dot(qt, db, PRECISION, EMULATE)
+        dw3 += _dot(tl.trans((act * b).to(TILE)), g, PRECISION, EMULATE)
+    out = (bh * SPLITS + split) * 3
+    _put_square(DW, out, dw1, d, d_ok, D)
+    _put_square(DW, out + 1, dw2, d, d_ok, D)
+    _put_square(DW, out + 2, dw3, d, d_ok, D)
+
+
+@triton.jit
+def inner_sums_bwd_kernel(
+    K, V, MASK, W, DG, DK, DV, DW,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
+    H, N, D, SPLITS, tokens_per_split,
+    HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """dk, dv of one (batch·head, token range) and its partial dW1, dW2, dW3 (DW: (BH, SPLITS, 3, D, D)) from
+    dĜ (DG: (BH, 3, D, D)), through da = u⊙b⊙silu'(a), db = u⊙act, h = act⊙b, u = vW3ᵀ, a = kW1, b = kW2
+    (silu''(a) = σ(1 − σ)(2 + a(1 − 2σ)))."""
+    bh, split = tl.program_id(0), tl.program_id(1)
+    b_, h = bh // H, bh % H
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    w1 = _square(W, h * 3, d, d_ok, D)
+    w2 = _square(W, h * 3 + 1, d, d_ok, D)
+    w3 = _square(W, h * 3 + 2, d, d_ok, D)
+    w1_t, w2_t, w3_t = tl.trans(w1).to(TILE), tl.trans(w2).to(TILE), tl.trans(w3).to(TILE)
+    w1, w2, w3 = w1.to(TILE), w2.to(TILE), w3.to(TILE)
+    dg1 = _square(DG, bh * 3, d, d_ok, D)
+    dg2 = _square(DG, bh * 3 + 1, d, d_ok, D)
+    dg3 = _square(DG, bh * 3 + 2, d, d_ok, D)
+    dg1_t, dg2_t, dg3_t = tl.trans(dg1).to(TILE), tl.trans(dg2).to(TILE), tl.trans(dg3).to(TILE)
+    dg1, dg2, dg3 = dg1.to(TILE), dg2.to(TILE), dg3.to(TILE)
+    dw1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    dw2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    dw3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    k_base, v_base = K + b_ * s_kb + h * s_kh, V + b_ * s_vb + h * s_vh
+    dk_base, dv_base = DK + b_ * s_dkb + h * s_dkh, DV + b_ * s_dvb + h * s_dvh
+    begin = split * tokens_per_split
+    end = tl.minimum(begin + tokens_per_split, N)
+    for start in range(begin, end, BLOCK_N):
+        tok, _, tile = _chunk(start, end, MASK + b_ * s_mb, d_ok, BLOCK_N, HAS_MASK)
+        k = _rows(k_base, tok, tile, d, s_kn)
+        v = _rows(v_base, tok, tile, d, s_vn)
+        kt, vt = k.to(TILE), v.to(TILE)
+        a, b, sig, act, dsilu = _swiglu_parts(k, w1, w2, TILE, PRECISION, EMULATE)
+        u = _dot(vt, w3_t, PRECISION, EMULATE)
+        da, db, hh = u * b * dsilu, u * act, act * b
+        d_da = _dot(kt, dg1, PRECISION, EMULATE)  # through Ĝ1 = kᵀda, Ĝ2 = kᵀdb, Ĝ3 = hᵀv
+        d_db = _dot(kt, dg2, PRECISION, EMULATE)
+        d_h = _dot(vt, dg3_t, PRECISION, EMULATE)
+        dk = _dot(da.to(TILE), dg1_t, PRECISION, EMULATE) + _dot(db.to(TILE), dg2_t, PRECISION, EMULATE)
+        dv = _dot(hh.to(TILE), dg3, PRECISION, EMULATE)
+        du = d_da * b * dsilu + d_db * act
+        d_b = d_da * u * dsilu + d_h * act
+        d_act = d_db * u + d_h * b
+        d_a = d_act * dsilu + d_da * u * b * (sig * (1.0 - sig) * (2.0 + a * (1.0 - 2.0 * sig)))
+        d_a, d_b, du = d_a.to(TILE), d_b.to(TILE), du.to(TILE)
+        dv += _dot(du, w3, PRECISION, EMULATE)
+        dk += _dot(d_a, w1_t, PRECISION, EMULATE) + _dot(d_b, w2_t, PRECISION, EMULATE)
+        dw1 += _dot(tl.trans(kt), d_a, PRECISION, EMULATE)
+        dw2 += _dot(tl.trans(kt), d_b, PRECISION, EMULATE)
+        dw3 += _dot(tl.trans(du), vt, PRECISION, EMULATE)
+        store = (tok < end)[:, None] & d_ok[None, :]  # masked keys get a zero gradient, written
+        tl.store(dk_base + tok[:, None] * s_dkn + d[None, :], tl.where(tile, dk, 0.0).to(DK.dtype.element_ty),
+                 mask=store)
+        tl.store(dv_base + tok[:, None] * s_dvn + d[None, :], tl.where(tile, dv, 0.0).to(DV.dtype.element_ty),
+                 mask=store)
+    out = (bh * SPLITS + split) * 3
+    _put_square(DW, out, dw1, d, d_ok, D)
+    _put_square(DW, out + 1, dw2, d, d_ok, D)
+    _put_square(DW, out + 2, dw3, d, d_ok, D)
