@@ -72,13 +72,25 @@ def test_the_op_is_the_closed_form_step_values_and_gradients(d, programs, masked
     assert max(errors) < 2e-6, errors
 
 
-def test_bf16_inputs_keep_float32_registers():
-    """bf16 q, k, v (and output): the step within bf16 rounding of the float64 one, gradients likewise."""
-    inputs, mask = step_inputs(N=70, d=32, dtype=torch.bfloat16, masked=True)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_inputs_keep_float32_registers(dtype):
+    """bf16 or fp16 q, k, v (and output): the step within their rounding of the float64 one, gradients likewise.
+    The −s/N factor scales the d×d sums, not N-sized tensors, so float16 does not underflow (the torch form's
+    bf16_mix is bf16 only)."""
+    inputs, mask = step_inputs(N=70, d=32, dtype=dtype, masked=True)
     out = fused_ttt.fused_step(*inputs[:3], mask, inputs[3], 32 ** -0.5, 1.0)
-    assert out.dtype == torch.bfloat16
+    assert out.dtype == dtype
     errors = against_float64(inputs, mask)
-    assert max(errors) < 1.5e-2, errors
+    assert max(errors) < (1.5e-2 if dtype == torch.bfloat16 else 2e-3), errors
+
+
+@pytest.mark.slow  # a minute in the interpreter
+@pytest.mark.parametrize("tokens,head_dim", [(1025, 64), (197, 128)])
+def test_the_op_at_vit_sizes(tokens, head_dim):
+    """512 px (1025 tokens) at head dim 64, and 224 px at head dim 128 (two 64-token chunks, one 128 head tile)."""
+    inputs, mask = step_inputs(N=tokens, d=head_dim, masked=True)
+    errors = against_float64(inputs, mask)
+    assert max(errors) < 5e-6, errors
 
 
 def test_the_step_moves_the_read_out():

@@ -20,6 +20,7 @@ import torch
 from .dispatch import KernelUnavailable, block_sizes, direct, launch, split_tokens, tile_args
 from .fused import _direct_function, _records
 from .fused_parts import _eager_gradients, _mask_arg, _output_like
+from .ttt_closed_form import inner_gradients, swiglu_readout
 
 
 def _step_size(key_valid: Optional[torch.Tensor], tokens: int, scale: float,
@@ -155,8 +156,6 @@ _DirectStep = _direct_function("DirectTTTStep", run_ttt, _setup, _backward)
 def ttt_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
               weights: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
     """:func:`ttt_step` in torch, float32 (its backward's fallback and the tests' oracle of the op)."""
-    from .ttt import inner_gradients, swiglu_readout  # lazy: ttt.py imports this module
-
     dtype, acc = q.dtype, torch.promote_types(weights.dtype, torch.float32)
     q, k, v, weights = q.to(acc), k.to(acc), v.to(acc), weights.to(acc)
     w12, w3 = torch.cat((weights[:, 0], weights[:, 1]), dim=-1), weights[:, 2]
