@@ -2,7 +2,8 @@
 # The one prepared run for a session lent a GPU (issue 21), about 8 minutes on one H200; results under $OUT:
 #   1. where the time goes: whole-model profiles at 224 px (inference) and 1024 px (training), softmax in the
 #      same run, then the token mixing alone at 4097 tokens;
-#   2. the host's time per layer at a tiny size (where the GPU waits for Python: launches, dispatch);
+#   2. the host's time per layer at a tiny size (where the GPU waits for Python: launches, dispatch), and the
+#      registers, spills and shared memory of every fused kernel as Triton builds it (TTT's are the heaviest);
 #   3. benchmarks/gpu_check.py: the op-level section, speed and memory against SDPA softmax, precision, distill,
 #      compiled rows (as far as its budget goes), saved section by section.
 # Usage (from the repository root): OUT=/some/folder bash benchmarks/device_check.sh
@@ -25,6 +26,7 @@ run() {  # run NAME SECONDS COMMAND...: its output in $OUT/NAME.txt, and a line 
 }
 run profile-224-infer 90 python benchmarks/profile_model.py --img-size 224 --batch 256 --variants softmax,elu,mhla,ttt
 run profile-1024-train 90 python benchmarks/profile_model.py --img-size 1024 --batch 16 --train --variants softmax,elu,mhla,ttt
-run mix-4097 60 python benchmarks/profile_mix.py --tokens 4097 --variants softmax,elu,mhla
-run host-overhead 45 python benchmarks/host_overhead.py --json "$OUT/host-overhead.json"
-run gpu-check 260 python benchmarks/gpu_check.py --budget-s 195 --out "$OUT/gpu-check-cuda.json"
+run mix-4097 60 python benchmarks/profile_mix.py --tokens 4097 --variants softmax,elu,mhla,ttt
+run host-overhead 40 python benchmarks/host_overhead.py --json "$OUT/host-overhead.json"
+run kernel-resources 25 python benchmarks/kernel_resources.py --json "$OUT/kernel-resources.json"
+run gpu-check 250 python benchmarks/gpu_check.py --budget-s 185 --out "$OUT/gpu-check-cuda.json"

@@ -46,13 +46,14 @@ class KernelUnavailable(RuntimeError):
 _unavailable: list[str] = []  # why the kernels were turned off in this process (disable)
 
 
-def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
+def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> Any:
     """``kernel[grid](*args, **kwargs)``, with Triton's build failures as :class:`KernelUnavailable` (the
-    interpreter's errors are bugs, and stay what they are)."""
+    interpreter's errors are bugs, and stay what they are). Returns what Triton returns: the compiled kernel on a
+    GPU (its registers and spills: benchmarks/kernel_resources.py)."""
     from triton.runtime.errors import InterpreterError, TritonError  # lazy: start-up time (triton on first launch)
 
     try:
-        kernel[grid](*args, **kwargs)
+        return kernel[grid](*args, **kwargs)
     except InterpreterError:
         raise
     except TritonError as e:

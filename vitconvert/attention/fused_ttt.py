@@ -1,16 +1,16 @@
 """TTT's closed-form step on the GPU: the Triton kernels of :mod:`.ttt_kernels` as one PyTorch custom op.
 
-``vitconvert::ttt_step``  (q, k, v, W) -> o    with W the (H, 3, d, d) float32 fast weights [W1, W2, W3]
+``vitconvert::ttt_step``  (q, k, v, W) -> (o, W')    W: the (H, 3, d, d) float32 fast weights [W1, W2, W3]
 
 on the normalised and convolved q and k (those stay torch ops: a reduction over tokens and a 3×3 conv). The
 inner gradients' d×d sums, the update W' = W − lr·∇L (on d×d matrices, in torch) and the read-out
-f_{W'}(q) in two kernels; backward in three (the sums again, the read-out's backward, the sums' backward), so
-autograd keeps q, k and v and no token-sized intermediate. Registered like the linear-attention ops
-(:mod:`.fused`): torch.compile and torch.export see one op, and a plain eager call skips the dispatcher
+f_{W'}(q) in two kernels; backward in two (the read-out's backward, the sums' backward) from q, k, v and W'
+(B, H, 3, d, d): autograd keeps no token-sized intermediate, and TTT's checkpoint keeps not even W' (it is
+recomputed with the step, and the recomputation is what backward reads). Registered like the linear-attention
+ops (:mod:`.fused`): torch.compile and torch.export see one op, and a plain eager call skips the dispatcher
 (:func:`.dispatch.direct`). A backward kernel Triton cannot build turns the kernels off and takes that step's
 gradients from the op's eager form.
 """
-
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -62,19 +62,15 @@ def run_inner_sums(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
     return _total(G, B, H)
 
 
-def _updated(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], weights: torch.Tensor,
-             scale: float, lr: float) -> tuple[torch.Tensor, Union[float, torch.Tensor]]:
-    """(W' (B, H, 3, d, d) float32, the step size): the fast weights after the inner step."""
-    step = _step_size(key_valid, k.shape[2], scale, lr)
-    return weights + step * run_inner_sums(k, v, key_valid, weights), step
-
-
 def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-            weights: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
-    """out_i = f_{W'}(q_i) after one inner step on (k, v), for (B, H, N, d) q, k, v and (H, 3, d, d) float32 W."""
+            weights: torch.Tensor, scale: float, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, W'): out_i = f_{W'}(q_i) after one inner step on (k, v), for (B, H, N, d) q, k, v and (H, 3, d, d)
+    float32 W; W' (B, H, 3, d, d) float32 is an output for backward, which reads it instead of summing again
+    (under TTT's checkpoint it is not kept but recomputed with the step, as every saved tensor is)."""
     from .ttt_kernels import swiglu_readout_kernel  # lazy: start-up time
 
-    updated, _ = _updated(k, v, key_valid, weights, scale, lr)
+    step = _step_size(key_valid, k.shape[2], scale, lr)
+    updated = weights + step * run_inner_sums(k, v, key_valid, weights)
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(q)
     o = _output_like(q)
     launch(swiglu_readout_kernel, (B * H, splits),
@@ -82,7 +78,7 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
         H, N, D, per,
         BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q), num_warps=warps)
-    return o
+    return o, updated
 
 
 ttt_step = torch.library.custom_op("vitconvert::ttt_step", mutates_args=())(run_ttt)
@@ -90,17 +86,18 @@ ttt_step = torch.library.custom_op("vitconvert::ttt_step", mutates_args=())(run_
 
 @ttt_step.register_fake
 def _(q, k, v, key_valid, weights, scale, lr):
-    return _output_like(q)
+    B, H, _, D = q.shape
+    return _output_like(q), q.new_empty((B, H, 3, D, D), dtype=torch.float32)
 
 
 def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
-                     key_valid: Optional[torch.Tensor], weights: torch.Tensor, scale: float,
+                     key_valid: Optional[torch.Tensor], weights: torch.Tensor, updated: torch.Tensor, scale: float,
                      lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv, dW of :func:`ttt_step`: W' recomputed, the read-out's backward (dq, dW'), then the sums'
+    """dq, dk, dv, dW of :func:`ttt_step` given its W': the read-out's backward (dq, dW'), then the sums'
     (dĜ = step·dW', dk, dv and the chain's dW); dW = Σ_batch (dW' + the chain's)."""
     from .ttt_kernels import inner_sums_bwd_kernel, swiglu_readout_bwd_kernel  # lazy: start-up time
 
-    updated, step = _updated(k, v, key_valid, weights, scale, lr)
+    step = _step_size(key_valid, k.shape[2], scale, lr)
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(q)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     d_updated = q.new_empty((B * H, splits, 3, D, D), dtype=torch.float32)
@@ -128,22 +125,22 @@ ttt_step_backward = torch.library.custom_op("vitconvert::ttt_step_backward", mut
 
 
 @ttt_step_backward.register_fake
-def _(q, k, v, do, key_valid, weights, scale, lr):
+def _(q, k, v, do, key_valid, weights, updated, scale, lr):
     return (*(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)),
             torch.empty_like(weights))
 
 
 def _setup(ctx, inputs, output) -> None:
     q, k, v, key_valid, weights, scale, lr = inputs
-    ctx.save_for_backward(q, k, v, key_valid, weights)
+    ctx.save_for_backward(q, k, v, key_valid, weights, output[1])
     ctx.args = (scale, lr)
 
 
-def _backward(ctx, do):
-    q, k, v, key_valid, weights = ctx.saved_tensors
+def _backward(ctx, do, _):  # (W' is for backward only: nothing flows back through it)
+    q, k, v, key_valid, weights, updated = ctx.saved_tensors
     try:
         dq, dk, dv, dweights = (run_ttt_backward if direct(do) else ttt_step_backward)(q, k, v, do, key_valid,
-                                                                                      weights, *ctx.args)
+                                                                                      weights, updated, *ctx.args)
     except KernelUnavailable as e:
         dq, dk, dv, _, dweights = _eager_gradients(e, ttt_eager, (q, k, v, key_valid, weights), (do,), *ctx.args)
     return dq, dk, dv, None, dweights, None, None
@@ -167,5 +164,5 @@ def fused_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Opt
                weights: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
     """The op, called direct where it may (no dispatcher, and no Function when autograd does not record)."""
     if not direct(q):
-        return ttt_step(q, k, v, key_valid, weights, scale, lr)
-    return (_DirectStep.apply if _records(q, k, v, weights) else run_ttt)(q, k, v, key_valid, weights, scale, lr)
+        return ttt_step(q, k, v, key_valid, weights, scale, lr)[0]
+    return (_DirectStep.apply if _records(q, k, v, weights) else run_ttt)(q, k, v, key_valid, weights, scale, lr)[0]
