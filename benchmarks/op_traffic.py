@@ -40,10 +40,14 @@ def moved_bytes(t: torch.Tensor) -> int:
     return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
 
 
+ALLOCATIONS = {"empty.memory_format", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
+
+
 def aliases(func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> bool:
     """A view: new metadata over an input's storage, no data moved (also ``_unsafe_view``, which matmul's
-    reshapes use and the schema does not mark as a view); an in-place op moves data and counts."""
-    if func.is_view:
+    reshapes use and the schema does not mark as a view), or an allocation (memory, no data); an in-place op
+    moves data and counts."""
+    if func.is_view or func.name().removeprefix("aten::") in ALLOCATIONS:
         return True
     if func._schema.is_mutable or not outputs:
         return False

@@ -33,6 +33,30 @@ def test_the_one_reduction_key_norm_is_the_instance_norm_values_and_gradients():
     torch.testing.assert_close(*grads)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_the_fused_paths_key_norm_is_the_instance_norm_values_and_gradients(dtype):
+    """lean_norms.key_instance_norm (TTT's fused path: float32 statistics read from bf16 keys, no float32 copy;
+    a Function whose backward recomputes x̂) against F.instance_norm in float64, within k's rounding; the no-grad
+    form gives the Function's values bitwise."""
+    from vitconvert.attention.lean_norms import key_instance_norm
+
+    k64 = torch.randn(2, 3, 50, 8, dtype=torch.float64).mul(3.0).add(5.0)  # a mean to take out
+    k = k64.to(dtype).requires_grad_()
+    ref_in = k.detach().double().requires_grad_()
+    expected = F.instance_norm(ref_in.permute(0, 1, 3, 2).reshape(2, 24, 50), eps=1.0).reshape(2, 3, 8, 50)
+    expected = expected.permute(0, 1, 3, 2)
+    out = key_instance_norm(k, 1.0)
+    assert out.dtype == dtype
+    tol = 8e-3 if dtype == torch.bfloat16 else 1e-6
+    assert rel_error(out, expected) < tol
+    probe = torch.randn(2, 3, 50, 8, dtype=torch.float64)
+    (got,) = torch.autograd.grad((out.double() * probe).sum(), k)
+    (want,) = torch.autograd.grad((expected * probe).sum(), ref_in)
+    assert rel_error(got, want) < 2 * tol
+    with torch.no_grad():
+        assert torch.equal(key_instance_norm(k, 1.0), out.detach())
+
+
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm())
 
@@ -75,9 +99,10 @@ def test_op_traffic_reports_softmax_the_model_and_its_token_mixing(train, capsys
 # Token-sized passes of TTT's step (more tokens than channels, so only the N-sized ops count). float32, the CPU's
 # eager form: the key norm (five sums-form passes), two convs and two concatenations with the prefix, v made
 # contiguous once, seven matmuls, a and b's sigmoid, silu, the silu' lerp and four products, the read-out's silu
-# and product (29 before the last cuts). bf16, the GPU path: the key norm (a float32 copy, one var_mean, one
-# addcmul, the bf16 copy), the two convs and concatenations, and the one fused op (25 as torch ops, 31 before).
-TOKEN_SIZED_PASSES = {"float32": 26, "bf16": 9}
+# and product (29 before the last cuts). bf16, the GPU path: the key norm (two reading passes for its float32
+# statistics, one addcmul written in bf16), the two convs and concatenations, and the one fused op (25 as torch
+# ops, 31 before; 9 with the key norm's float32 copies).
+TOKEN_SIZED_PASSES = {"float32": 26, "bf16": 8}
 
 
 @pytest.mark.parametrize("class_token", [True, False], ids=["class-token", "no-prefix"])

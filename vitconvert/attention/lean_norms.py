@@ -9,6 +9,9 @@ inputs: N×C tensors that the softmax layer does not hold. Here:
 - the LayerNorm on the layer input and the fused qkv projection after it are one autograd Function
   (:func:`layer_norm_linear`) that keeps x̂ in the projection's input dtype: as many bytes as softmax's qkv
   projection keeps of its input, where autograd's LayerNorm would keep its float32 input on top.
+
+TTT's key norm on its fused path (:func:`key_instance_norm`) is written out for the passes rather than the
+memory (its step is recomputed in backward anyway): float32 statistics read from bf16 keys, no float32 copy.
 """
 
 from __future__ import annotations
@@ -137,3 +140,51 @@ def layer_norm_linear(x: torch.Tensor, norm: nn.LayerNorm, weight: torch.Tensor,
     autocast = torch.is_autocast_enabled(x.device.type)
     dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
     return _LayerNormLinear.apply(x, norm.weight, norm.bias, norm.eps, weight, bias, dtype)
+
+
+def _key_stats(k: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, rstd) over the tokens of (B, H, N, d) ``k``, float32, (B, H, 1, d): two reading passes in float32
+    registers (the mean, and the root of Σk² as a norm), no float32 copy of k."""
+    n = k.shape[-2]
+    mean = k.mean(dim=-2, keepdim=True, dtype=torch.float32)
+    mean_square = torch.linalg.vector_norm(k, dim=-2, keepdim=True, dtype=torch.float32).square() / n
+    return mean, torch.rsqrt((mean_square - mean.square()).clamp(min=0.0) + eps)
+
+
+def _normalised(k: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """(k − mean)·rstd computed in float32 and written in k's dtype: one pass (no autograd here: ``out=``). In
+    k's layout (a view of the qkv projection: tokens-major), which the convs' grid view then takes without a copy."""
+    return torch.addcmul(-mean * rstd, k, rstd, out=torch.empty_like(k))
+
+
+class _KeyInstanceNorm(torch.autograd.Function):
+    """TTT's instance norm of the keys over the tokens (biased variance, no affine) on the fused path: statistics
+    in float32 from k as it is (bf16 under autocast), output in k's dtype; keeps k and the (B, H, 1, d) statistics,
+    and backward recomputes x̂: dk = rstd·(g − mean(g) − x̂·mean(g·x̂))."""
+
+    @staticmethod
+    def forward(ctx, k: torch.Tensor, eps: float) -> torch.Tensor:
+        mean, rstd = _key_stats(k, eps)
+        ctx.save_for_backward(k, mean, rstd)
+        return _normalised(k, mean, rstd)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        k, mean, rstd = ctx.saved_tensors
+        x_hat = (k.to(torch.float32) - mean) * rstd
+        g = grad.to(torch.float32)
+        dk = rstd * (g - g.mean(dim=-2, keepdim=True) - x_hat * (g * x_hat).mean(dim=-2, keepdim=True))
+        return dk.to(k.dtype), None
+
+
+def key_instance_norm(k: torch.Tensor, eps: float) -> torch.Tensor:
+    """F.instance_norm over the tokens of (B, H, N, d) ``k`` (no mask) in k's dtype, statistics in float32: three
+    reading passes and one write, where the float32 form copies k to float32, reduces, writes the float32 output
+    and copies it back. Under torch.export, or where k's dtype is float32 already, the plain form."""
+    if k.dtype == torch.float32 or exporting():
+        var, mean = torch.var_mean(k.to(torch.float32), dim=-2, correction=0, keepdim=True)
+        rstd = torch.rsqrt(var + eps)
+        return torch.addcmul(-mean * rstd, k.to(torch.float32), rstd).to(k.dtype)
+    if torch.is_grad_enabled() and k.requires_grad:
+        return _KeyInstanceNorm.apply(k, eps)
+    return _normalised(k, *_key_stats(k, eps))

@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import dispatch, fused, fused_ttt
 from .base import Grid, LinearAttention
+from .lean_norms import key_instance_norm
 from .options import Option, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
@@ -181,7 +182,10 @@ class TTTAttention(LinearAttention):
         in torch, in v's dtype; the inner sums, the update and the read-out in the op, whose token-sized work
         stays in float32 registers, and the fast weights float32 throughout."""
         dtype = v.dtype
-        k = normalize_keys(k.float(), key_valid, self.key_norm_eps, by_var_mean=True).to(dtype)
+        if key_valid is None:
+            k = key_instance_norm(k.to(dtype), self.key_norm_eps)
+        else:
+            k = normalize_keys(k.float(), key_valid, self.key_norm_eps, by_var_mean=True).to(dtype)
         q = self.local_conv(q.to(dtype), self.q_conv.weight, self.q_conv.bias, grid, key_valid)
         k = self.local_conv(k, self.k_conv.weight, self.k_conv.bias, grid, key_valid)
         weights = torch.stack((self.fast_w1, self.fast_w2, self.fast_w3), dim=1).float()  # (H, 3, d, d)
