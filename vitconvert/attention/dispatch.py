@@ -111,19 +111,22 @@ def interpreting() -> bool:
 
 
 # -- launch geometry -------------------------------------------------------------------------------------
-def block_sizes(head_dim: int) -> tuple[int, int, int]:
+def block_sizes(head_dim: int, many_tiles: bool = False) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_D, num_warps): a power-of-two head tile, token chunks that keep the d×d state and one
-    tile of tokens in registers. ``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps`` overrides (for tuning sweeps)."""
-    return _block_sizes(head_dim, os.environ.get(CONFIG_ENV))
+    tile of tokens in registers. ``many_tiles``: kernels that hold several d×d matrices (TTT's: up to a dozen
+    and three accumulators) take half the chunk and twice the warps from head dim 64 up, for registers (a guess
+    until measured: benchmarks/kernel_resources.py). ``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps`` overrides
+    every kernel's (for tuning sweeps)."""
+    return _block_sizes(head_dim, os.environ.get(CONFIG_ENV), many_tiles)
 
 
 @lru_cache(maxsize=64)  # per launch, so cached: host time (benchmarks/host_overhead.py)
-def _block_sizes(head_dim: int, override: Optional[str]) -> tuple[int, int, int]:
+def _block_sizes(head_dim: int, override: Optional[str], many_tiles: bool) -> tuple[int, int, int]:
     block_d = max(16, triton_next_power_of_2(head_dim))
     if override:
         block_n, warps = (int(x) for x in override.split(","))
         return block_n, block_d, warps
-    if block_d >= 128:
+    if block_d >= 128 or (many_tiles and block_d >= 64):
         return 32, block_d, 8
     return 64, block_d, 4
 

@@ -42,7 +42,7 @@ def _geometry(q: torch.Tensor) -> tuple[int, ...]:
     """B, H, N, d, the token ranges (count, length) and the block sizes (BLOCK_N, BLOCK_D, warps) of a launch."""
     B, H, N, D = q.shape
     splits, per = split_tokens(B * H, 1, N, q.device)
-    block_n, block_d, warps = block_sizes(D)
+    block_n, block_d, warps = block_sizes(D, many_tiles=True)
     return B, H, N, D, splits, per, block_n, block_d, warps
 
 
