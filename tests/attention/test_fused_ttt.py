@@ -218,9 +218,10 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, 
 
 @pytest.mark.parametrize("family", ["vit", "dinov2"])
 def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, monkeypatch):
-    """Converted timm models (class token, registers), one training step under the recomputation users get:
-    logits and every gradient as the eager step's; then backward kernels Triton cannot build: the earlier
-    layer's recomputation still takes its forward's path, and the gradients are the eager step's."""
+    """Converted timm models (class token, registers), one training step under the recomputation users get, and
+    one with the step recorded whole: logits and every gradient as the eager step's; then backward kernels Triton
+    cannot build: the earlier layer's recomputation still takes its forward's path, and the gradients are the
+    eager step's."""
     from helpers import image_batch, tiny_model
 
     import vitconvert
@@ -242,13 +243,18 @@ def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, mon
         return logits.detach(), {n: p.grad.clone() for n, p in student.named_parameters() if p.grad is not None}
 
     results = [step(True), step(False)]
+    for m in layers:  # recorded whole (no recomputation): the op keeps its inputs and W'
+        m.recompute_step = False
+    results.append(step(True))
+    for m in layers:
+        m.recompute_step = True
     monkeypatch.setattr(dispatch, "_unavailable", [])
     for kernel in BACKWARD_KERNELS:
         monkeypatch.setattr(ttt_kernels, kernel, Unbuildable())
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU"):
         results.append(step(True))
     (eager_logits, eager_grads) = results[1]
-    for logits, grads in (results[0], results[2]):
+    for logits, grads in (results[0], *results[2:]):
         torch.testing.assert_close(logits, eager_logits, atol=1e-5, rtol=1e-4)
         assert grads.keys() == eager_grads.keys()
         for n in eager_grads:
