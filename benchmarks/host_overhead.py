@@ -39,9 +39,7 @@ if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernel
 import timm  # noqa: E402
 
 import vitconvert  # noqa: E402
-from vitconvert.attention import VARIANTS, dispatch, fused, fused_parts, fused_ttt  # noqa: E402
-
-LAUNCHING_MODULES = (fused, fused_parts, fused_ttt)  # where the ops call dispatch.launch (imported by name)
+from vitconvert.attention import VARIANTS, dispatch, fused  # noqa: E402
 
 
 class Launches:
@@ -54,22 +52,7 @@ class Launches:
     def __call__(self, kernel, grid, *args, **kwargs) -> None:
         self.count += 1
         if self.run:
-            dispatch.launch(kernel, grid, *args, **kwargs)
-
-
-@contextmanager
-def fused_path(launches: Launches, device: torch.device) -> Iterator[None]:
-    """The fused path on ``device`` (the CPU's only here, for the measurement), every launch through ``launches``."""
-    saved_devices, saved = dispatch.DEVICES, [m.launch for m in LAUNCHING_MODULES]
-    try:
-        dispatch.DEVICES = tuple({*saved_devices, device.type})
-        for module in LAUNCHING_MODULES:
-            module.launch = launches
-        yield
-    finally:
-        dispatch.DEVICES = saved_devices
-        for module, launch in zip(LAUNCHING_MODULES, saved, strict=True):
-            module.launch = launch
+            dispatch.build_and_run(kernel, grid, *args, **kwargs)
 
 
 def layers(model_name: str, variants: list[str], device: torch.device,
@@ -248,7 +231,7 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"Triton launches {kernels}; median of {args.repeats} × {args.iters} calls, the layers in turns")
     print(f"{'layer':8} {'infer µs':>9} {'×softmax':>9} {'train µs':>9} {'×softmax':>9} {'launches':>9} "
           f"{'aten ops':>9}")
-    with fused_path(launches, device):
+    with dispatch.launches_through(launches, device.type):
         steps = {f"{name} {mode}": make_step(layer, x, mode == "train") for name, layer in found.items()
                  for mode in ("infer", "train")}
         counted = {key: counts(step, launches) for key, step in steps.items()}

@@ -19,8 +19,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -29,10 +28,8 @@ import torch
 if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernels: set before anything imports triton
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from vitconvert.attention import dispatch, fused, fused_parts, fused_ttt  # noqa: E402
+from vitconvert.attention import dispatch, fused, fused_ttt  # noqa: E402
 from vitconvert.attention.blocks import extended_block_mix, segment_index  # noqa: E402
-
-LAUNCHING_MODULES = (fused, fused_parts, fused_ttt)  # where the ops call dispatch.launch (imported by name)
 
 
 class Builds:
@@ -43,7 +40,7 @@ class Builds:
         self.rows: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     def __call__(self, kernel, grid, *args, **kwargs) -> Any:
-        compiled = dispatch.launch(kernel, grid, *args, **kwargs)
+        compiled = dispatch.build_and_run(kernel, grid, *args, **kwargs)
         name = getattr(kernel, "fn", kernel).__name__
         settings = {key: kwargs[key] for key in ("BLOCK_N", "BLOCK_D", "num_warps") if key in kwargs}
         key = (self.op, name, *settings.values())
@@ -54,21 +51,6 @@ class Builds:
                               "spills": getattr(compiled, "n_spills", None),
                               "shared_bytes": getattr(metadata, "shared", None)}
         return compiled
-
-
-@contextmanager
-def recorded(builds: Builds, device: torch.device) -> Iterator[None]:
-    """The fused path on ``device``, every launch through ``builds``."""
-    saved_devices, saved = dispatch.DEVICES, [m.launch for m in LAUNCHING_MODULES]
-    try:
-        dispatch.DEVICES = tuple({*saved_devices, device.type})
-        for module in LAUNCHING_MODULES:
-            module.launch = builds
-        yield
-    finally:
-        dispatch.DEVICES = saved_devices
-        for module, launch in zip(LAUNCHING_MODULES, saved, strict=True):
-            module.launch = launch
 
 
 def op_calls(d: int, device: torch.device, side: int = 16) -> dict[str, Callable[[], torch.Tensor]]:
@@ -113,7 +95,7 @@ def measure(head_dims: list[int], device: torch.device, side: int = 16,
                 dispatch._programs_wanted = lambda device: 1 << 20
             builds = Builds(op)
             try:
-                with recorded(builds, device):
+                with dispatch.launches_through(builds, device.type):
                     call().float().square().mean().backward()
             finally:
                 dispatch._programs_wanted = wanted

@@ -54,3 +54,37 @@ def random_mask(batch: int, tokens: int) -> torch.Tensor:
     mask = torch.rand(batch, tokens, generator=gen) > 0.3
     mask[:, 0] = True
     return mask
+
+
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm())
+
+
+def float32_against_literal(module: LinearAttention, x: torch.Tensor,
+                            attn_mask: Optional[torch.Tensor] = None) -> dict[str, float]:
+    """Relative errors of ``module`` run in float32 (its fast form: on a GPU path, the kernels) against its literal
+    form in float64, for the loss Σ out²: "output", "input" (x's gradient) and each parameter's gradient by name.
+    The module ends in float32."""
+    reference = module.double()
+    x64 = x.double().requires_grad_()
+    expected = literal(reference, x64, attn_mask=attn_mask)
+    expected.square().sum().backward()
+    want = {n: p.grad.clone() for n, p in reference.named_parameters() if p.grad is not None}
+    module = reference.float()
+    module.zero_grad()
+    x32 = x.float().requires_grad_()
+    out = module(x32, attn_mask=attn_mask)
+    out.square().sum().backward()
+    errors = {"output": rel_error(out, expected), "input": rel_error(x32.grad, x64.grad)}
+    return errors | {n: rel_error(p.grad, want[n]) for n, p in module.named_parameters() if n in want}
+
+
+class Unbuildable:
+    """A kernel Triton cannot build on this GPU (as OutOfResources is raised for shared memory or registers)."""
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            from triton.runtime.errors import OutOfResources
+
+            raise OutOfResources(232448, 101376, "shared memory")
+        return run

@@ -15,6 +15,7 @@ import torch
 from vitconvert.attention import dispatch, fused, fused_ttt
 
 from . import helpers
+from .helpers import rel_error
 
 pytest.importorskip("triton")
 if not torch.cuda.is_available() and not dispatch.interpreting():
@@ -33,10 +34,6 @@ def kernels_here(monkeypatch):
     monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(dispatch, "SPLIT_ROUND", 64)
     monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: 64)
-
-
-def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm())
 
 
 def step_inputs(N: int = 70, d: int = 32, dtype: torch.dtype = torch.float32, masked: bool = False,
@@ -136,22 +133,10 @@ def test_module_on_the_kernels_matches_its_reference(head_dim, grid, num_prefix,
             w.normal_(std=head_dim ** -0.5, generator=torch.Generator().manual_seed(3))
     x = torch.randn(2, tokens, 2 * head_dim, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     attn_mask = helpers.random_mask(2, tokens).to(DEVICE)[:, None, None, :] if masked else None
-    reference = module.double()
-    x64 = x.double().requires_grad_()
-    expected = helpers.literal(reference, x64, attn_mask=attn_mask)
-    expected.square().sum().backward()
-    want = {n: p.grad.clone() for n, p in reference.named_parameters() if p.grad is not None}
-    module = reference.float()
-    module.zero_grad()
-    x32 = x.float().requires_grad_()
-    out = module(x32, attn_mask=attn_mask)
-    out.square().sum().backward()
+    errors = helpers.float32_against_literal(module, x, attn_mask)
     assert calls, "the kernels did not run"
-    assert rel_error(out, expected) < 1e-5
-    assert rel_error(x32.grad, x64.grad) < 1e-4
-    for n, p in module.named_parameters():
-        if n in want:
-            assert rel_error(p.grad, want[n]) < 1e-4, n
+    assert errors.pop("output") < 1e-5
+    assert max(errors.values()) < 1e-4, errors
 
 
 def test_the_op_keeps_q_k_v_and_d_by_d_weights_only():
@@ -177,17 +162,6 @@ def test_the_op_passes_torch_library_checks_and_compiles_as_one_graph():
     torch.testing.assert_close(grad, torch.autograd.grad(module(x).sum(), x)[0], atol=1e-5, rtol=1e-4)
 
 
-class Unbuildable:
-    """A kernel Triton cannot build on this GPU (as OutOfResources is raised for shared memory or registers)."""
-
-    def __getitem__(self, grid):
-        def run(*args, **kwargs):
-            from triton.runtime.errors import OutOfResources
-
-            raise OutOfResources(232448, 101376, "shared memory")
-        return run
-
-
 @pytest.mark.parametrize("stage", ["forward", "backward"])
 def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, monkeypatch):
     """Forward: the module runs its torch step. Backward (the forward ran on the kernels): this step's gradients
@@ -203,7 +177,7 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, 
     if stage == "backward":
         out = module(x)
     for kernel in (KERNELS if stage == "forward" else ()) + BACKWARD_KERNELS:  # (backward's recomputed forward
-        monkeypatch.setattr(ttt_kernels, kernel, Unbuildable())                 # runs the kernels it built)
+        monkeypatch.setattr(ttt_kernels, kernel, helpers.Unbuildable())                 # runs the kernels it built)
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources.*VITCONVERT_FUSED=0"):
         if stage == "forward":
             out = module(x)
@@ -250,7 +224,7 @@ def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, mon
         m.recompute_step = True
     monkeypatch.setattr(dispatch, "_unavailable", [])
     for kernel in BACKWARD_KERNELS:
-        monkeypatch.setattr(ttt_kernels, kernel, Unbuildable())
+        monkeypatch.setattr(ttt_kernels, kernel, helpers.Unbuildable())
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU"):
         results.append(step(True))
     (eager_logits, eager_grads) = results[1]

@@ -12,7 +12,8 @@ import importlib.util
 import math
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, Optional
 
@@ -44,9 +45,17 @@ class KernelUnavailable(RuntimeError):
 
 
 _unavailable: list[str] = []  # why the kernels were turned off in this process (disable)
+_launcher: Optional[Callable[..., Any]] = None  # every launch through this instead (launches_through)
 
 
 def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> Any:
+    """:func:`build_and_run`, or the launcher a benchmark put in its place (:func:`launches_through`)."""
+    if _launcher is not None:
+        return _launcher(kernel, grid, *args, **kwargs)
+    return build_and_run(kernel, grid, *args, **kwargs)
+
+
+def build_and_run(kernel, grid: tuple[int, ...], *args, **kwargs) -> Any:
     """``kernel[grid](*args, **kwargs)``, with Triton's build failures as :class:`KernelUnavailable` (the
     interpreter's errors are bugs, and stay what they are). Returns what Triton returns: the compiled kernel on a
     GPU (its registers and spills: benchmarks/kernel_resources.py)."""
@@ -60,6 +69,20 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> Any:
         reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
         raise KernelUnavailable(f"the fused linear-attention kernels cannot run on this GPU ({reason}); "
                                 f"{ENV}=0 selects the eager form") from e
+
+
+@contextmanager
+def launches_through(launcher: Callable[..., Any], device_type: str) -> Iterator[None]:
+    """Inside: the fused path also on ``device_type`` (the CPU's, in Triton's interpreter) and every kernel launch
+    through ``launcher(kernel, grid, *args, **kwargs)``, which may count, record or skip it and calls
+    :func:`build_and_run` to run it (benchmarks/host_overhead.py, benchmarks/kernel_resources.py)."""
+    global DEVICES, _launcher
+    saved = DEVICES, _launcher
+    try:
+        DEVICES, _launcher = tuple(dict.fromkeys((*DEVICES, device_type))), launcher
+        yield
+    finally:
+        DEVICES, _launcher = saved
 
 
 def disable(error: KernelUnavailable) -> None:

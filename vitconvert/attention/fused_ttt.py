@@ -17,7 +17,8 @@ from typing import Optional, Union
 
 import torch
 
-from .dispatch import KernelUnavailable, block_sizes, direct, launch, split_tokens, tile_args
+from . import fused
+from .dispatch import KernelUnavailable, block_sizes, launch, split_tokens, tile_args
 from .fused import _direct_function, _records
 from .fused_parts import _eager_gradients, _mask_arg, _output_like
 from .ttt_closed_form import inner_gradients, swiglu_readout
@@ -139,7 +140,7 @@ def _setup(ctx, inputs, output) -> None:
 def _backward(ctx, do, _):  # (W' is for backward only: nothing flows back through it)
     q, k, v, key_valid, weights, updated = ctx.saved_tensors
     try:
-        dq, dk, dv, dweights = (run_ttt_backward if direct(do) else ttt_step_backward)(q, k, v, do, key_valid,
+        dq, dk, dv, dweights = (run_ttt_backward if fused.direct(do) else ttt_step_backward)(q, k, v, do, key_valid,
                                                                                       weights, updated, *ctx.args)
     except KernelUnavailable as e:
         dq, dk, dv, _, dweights = _eager_gradients(e, ttt_eager, (q, k, v, key_valid, weights), (do,), *ctx.args)
@@ -163,6 +164,6 @@ def ttt_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Opti
 def fused_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                weights: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
     """The op, called direct where it may (no dispatcher, and no Function when autograd does not record)."""
-    if not direct(q):
+    if not fused.direct(q):  # (looked up there: one switch for every op, as tools and tests set it)
         return ttt_step(q, k, v, key_valid, weights, scale, lr)[0]
     return (_DirectStep.apply if _records(q, k, v, weights) else run_ttt)(q, k, v, key_valid, weights, scale, lr)[0]

@@ -23,18 +23,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_kernels import _dot
+from .triton_kernels import _dot, _load_square, _store_square
 
 
 @triton.jit
-def _square(P, which, d, d_ok, D):
-    """Matrix ``which`` of a stack of (D, D) float32 matrices, zero-padded to the head tile."""
-    return tl.load(P + which * D * D + d[:, None] * D + d[None, :], mask=d_ok[:, None] & d_ok[None, :], other=0.0)
+def _three(P, first, d, d_ok, D):
+    """Matrices first, first + 1, first + 2 of a stack of (D, D) float32 ones ([W1, W2, W3] or their gradients)."""
+    return (_load_square(P, first, d, d_ok, D), _load_square(P, first + 1, d, d_ok, D),
+            _load_square(P, first + 2, d, d_ok, D))
 
 
 @triton.jit
-def _put_square(P, which, x, d, d_ok, D):
-    tl.store(P + which * D * D + d[:, None] * D + d[None, :], x, mask=d_ok[:, None] & d_ok[None, :])
+def _put_three(P, first, x1, x2, x3, d, d_ok, D):
+    _store_square(P, first, x1, d, d_ok, D)
+    _store_square(P, first + 1, x2, d, d_ok, D)
+    _store_square(P, first + 2, x3, d, d_ok, D)
 
 
 @triton.jit
@@ -65,6 +68,18 @@ def _swiglu_parts(x, w1, w2, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULAT
 
 
 @triton.jit
+def _key_chunk(k_base, v_base, mask_row, start, end, d, d_ok, s_kn, s_vn, w1, w2, w3_t, BLOCK_N: tl.constexpr,
+               HAS_MASK: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """One chunk of keys and values (masked keys as zero rows) and what the inner gradients make of them:
+    (token index, tile, k, v in the tile dtype, a, b, σ(a), silu(a), silu'(a), u = vW3ᵀ)."""
+    tok, _, tile = _chunk(start, end, mask_row, d_ok, BLOCK_N, HAS_MASK)
+    k = _rows(k_base, tok, tile, d, s_kn)
+    v = _rows(v_base, tok, tile, d, s_vn).to(TILE)
+    a, b, sig, act, dsilu = _swiglu_parts(k, w1, w2, TILE, PRECISION, EMULATE)
+    return tok, tile, k.to(TILE), v, a, b, sig, act, dsilu, _dot(v, w3_t, PRECISION, EMULATE)
+
+
+@triton.jit
 def inner_sums_kernel(
     K, V, MASK, W, G,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb,
@@ -77,9 +92,8 @@ def inner_sums_kernel(
     b_, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
-    w1 = _square(W, h * 3, d, d_ok, D).to(TILE)
-    w2 = _square(W, h * 3 + 1, d, d_ok, D).to(TILE)
-    w3_t = tl.trans(_square(W, h * 3 + 2, d, d_ok, D)).to(TILE)
+    w1, w2, w3 = _three(W, h * 3, d, d_ok, D)
+    w1, w2, w3_t = w1.to(TILE), w2.to(TILE), tl.trans(w3).to(TILE)
     g1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     g2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     g3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
@@ -87,19 +101,15 @@ def inner_sums_kernel(
     begin = split * tokens_per_split
     end = tl.minimum(begin + tokens_per_split, N)
     for start in range(begin, end, BLOCK_N):
-        tok, _, tile = _chunk(start, end, MASK + b_ * s_mb, d_ok, BLOCK_N, HAS_MASK)
-        k = _rows(k_base, tok, tile, d, s_kn)
-        v = _rows(v_base, tok, tile, d, s_vn)
-        _, b, _, act, dsilu = _swiglu_parts(k, w1, w2, TILE, PRECISION, EMULATE)
-        u = _dot(v.to(TILE), w3_t, PRECISION, EMULATE)
-        kt = tl.trans(k.to(TILE))
+        _, _, k, v, _, b, _, act, dsilu, u = _key_chunk(k_base, v_base, MASK + b_ * s_mb, start, end, d, d_ok, s_kn,
+                                                        s_vn, w1, w2, w3_t, BLOCK_N, HAS_MASK, TILE, PRECISION,
+                                                        EMULATE)
+        kt = tl.trans(k)
         g1 += _dot(kt, (u * b * dsilu).to(TILE), PRECISION, EMULATE)
         g2 += _dot(kt, (u * act).to(TILE), PRECISION, EMULATE)
-        g3 += _dot(tl.trans((act * b).to(TILE)), v.to(TILE), PRECISION, EMULATE)
+        g3 += _dot(tl.trans((act * b).to(TILE)), v, PRECISION, EMULATE)
     out = (bh * SPLITS + split) * 3
-    _put_square(G, out, g1, d, d_ok, D)
-    _put_square(G, out + 1, g2, d, d_ok, D)
-    _put_square(G, out + 2, g3, d, d_ok, D)
+    _put_three(G, out, g1, g2, g3, d, d_ok, D)
 
 
 @triton.jit
@@ -115,9 +125,8 @@ def swiglu_readout_kernel(
     b_, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
-    w1 = _square(W, bh * 3, d, d_ok, D).to(TILE)
-    w2 = _square(W, bh * 3 + 1, d, d_ok, D).to(TILE)
-    w3 = _square(W, bh * 3 + 2, d, d_ok, D).to(TILE)
+    w1, w2, w3 = _three(W, bh * 3, d, d_ok, D)
+    w1, w2, w3 = w1.to(TILE), w2.to(TILE), w3.to(TILE)
     q_base, o_base = Q + b_ * s_qb + h * s_qh, O + b_ * s_ob + h * s_oh
     begin = split * tokens_per_split
     end = tl.minimum(begin + tokens_per_split, N)
@@ -143,11 +152,9 @@ def swiglu_readout_bwd_kernel(
     b_, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
-    w1 = _square(W, bh * 3, d, d_ok, D)
-    w2 = _square(W, bh * 3 + 1, d, d_ok, D)
-    w1_t, w2_t = tl.trans(w1).to(TILE), tl.trans(w2).to(TILE)
+    w1, w2, w3 = _three(W, bh * 3, d, d_ok, D)
+    w1_t, w2_t, w3_t = tl.trans(w1).to(TILE), tl.trans(w2).to(TILE), tl.trans(w3).to(TILE)
     w1, w2 = w1.to(TILE), w2.to(TILE)
-    w3_t = tl.trans(_square(W, bh * 3 + 2, d, d_ok, D)).to(TILE)
     dw1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     dw2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     dw3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
@@ -169,9 +176,7 @@ def swiglu_readout_bwd_kernel(
         dw2 += _dot(qt, db, PRECISION, EMULATE)
         dw3 += _dot(tl.trans((act * b).to(TILE)), g, PRECISION, EMULATE)
     out = (bh * SPLITS + split) * 3
-    _put_square(DW, out, dw1, d, d_ok, D)
-    _put_square(DW, out + 1, dw2, d, d_ok, D)
-    _put_square(DW, out + 2, dw3, d, d_ok, D)
+    _put_three(DW, out, dw1, dw2, dw3, d, d_ok, D)
 
 
 @triton.jit
@@ -189,14 +194,10 @@ def inner_sums_bwd_kernel(
     b_, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
-    w1 = _square(W, h * 3, d, d_ok, D)
-    w2 = _square(W, h * 3 + 1, d, d_ok, D)
-    w3 = _square(W, h * 3 + 2, d, d_ok, D)
+    w1, w2, w3 = _three(W, h * 3, d, d_ok, D)
     w1_t, w2_t, w3_t = tl.trans(w1).to(TILE), tl.trans(w2).to(TILE), tl.trans(w3).to(TILE)
     w1, w2, w3 = w1.to(TILE), w2.to(TILE), w3.to(TILE)
-    dg1 = _square(DG, bh * 3, d, d_ok, D)
-    dg2 = _square(DG, bh * 3 + 1, d, d_ok, D)
-    dg3 = _square(DG, bh * 3 + 2, d, d_ok, D)
+    dg1, dg2, dg3 = _three(DG, bh * 3, d, d_ok, D)
     dg1_t, dg2_t, dg3_t = tl.trans(dg1).to(TILE), tl.trans(dg2).to(TILE), tl.trans(dg3).to(TILE)
     dg1, dg2, dg3 = dg1.to(TILE), dg2.to(TILE), dg3.to(TILE)
     dw1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
@@ -207,12 +208,9 @@ def inner_sums_bwd_kernel(
     begin = split * tokens_per_split
     end = tl.minimum(begin + tokens_per_split, N)
     for start in range(begin, end, BLOCK_N):
-        tok, _, tile = _chunk(start, end, MASK + b_ * s_mb, d_ok, BLOCK_N, HAS_MASK)
-        k = _rows(k_base, tok, tile, d, s_kn)
-        v = _rows(v_base, tok, tile, d, s_vn)
-        kt, vt = k.to(TILE), v.to(TILE)
-        a, b, sig, act, dsilu = _swiglu_parts(k, w1, w2, TILE, PRECISION, EMULATE)
-        u = _dot(vt, w3_t, PRECISION, EMULATE)
+        tok, tile, kt, vt, a, b, sig, act, dsilu, u = _key_chunk(k_base, v_base, MASK + b_ * s_mb, start, end, d,
+                                                                 d_ok, s_kn, s_vn, w1, w2, w3_t, BLOCK_N, HAS_MASK,
+                                                                 TILE, PRECISION, EMULATE)
         da, db, hh = u * b * dsilu, u * act, act * b
         d_da = _dot(kt, dg1, PRECISION, EMULATE)  # through Ĝ1 = kᵀda, Ĝ2 = kᵀdb, Ĝ3 = hᵀv
         d_db = _dot(kt, dg2, PRECISION, EMULATE)
@@ -235,6 +233,4 @@ def inner_sums_bwd_kernel(
         tl.store(dv_base + tok[:, None] * s_dvn + d[None, :], tl.where(tile, dv, 0.0).to(DV.dtype.element_ty),
                  mask=store)
     out = (bh * SPLITS + split) * 3
-    _put_square(DW, out, dw1, d, d_ok, D)
-    _put_square(DW, out + 1, dw2, d, d_ok, D)
-    _put_square(DW, out + 2, dw3, d, d_ok, D)
+    _put_three(DW, out, dw1, dw2, dw3, d, d_ok, D)
