@@ -11,6 +11,7 @@ ops (:mod:`.fused`): torch.compile and torch.export see one op, and a plain eage
 (:func:`.dispatch.direct`). A backward kernel Triton cannot build turns the kernels off and takes that step's
 gradients from the op's eager form.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Union

@@ -14,8 +14,8 @@ Each program owns one (batch·head, token range) and walks it in chunks of BLOCK
 intermediates (a, b, silu, its derivative, u) live in float32 registers only, the dots run as the linear-attention
 kernels' (triton_kernels.py: TILE operands, float32 accumulators), and partial d×d sums are written per program
 and summed by the caller. Masked keys load as zero rows of k and v, which add nothing to any sum and get zero
-gradients. Backward recomputes a, b and u from k and v (and W' from the sums), so a training step keeps nothing
-N-sized beyond q, k and v.
+gradients. Backward recomputes a, b and u from k and v, and reads W' (which the op returns for it), so a training
+step keeps nothing N-sized beyond q, k and v.
 """
 
 from __future__ import annotations
