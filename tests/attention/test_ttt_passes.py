@@ -45,7 +45,7 @@ def test_the_fused_paths_key_norm_is_the_instance_norm_values_and_gradients(dtyp
     ref_in = k.detach().double().requires_grad_()
     expected = F.instance_norm(ref_in.permute(0, 1, 3, 2).reshape(2, 24, 50), eps=1.0).reshape(2, 3, 8, 50)
     expected = expected.permute(0, 1, 3, 2)
-    out = key_instance_norm(k, 1.0)
+    out = key_instance_norm(k, None, 1.0, dtype)
     assert out.dtype == dtype
     tol = 8e-3 if dtype == torch.bfloat16 else 1e-6
     assert rel_error(out, expected) < tol
@@ -54,7 +54,7 @@ def test_the_fused_paths_key_norm_is_the_instance_norm_values_and_gradients(dtyp
     (want,) = torch.autograd.grad((expected * probe).sum(), ref_in)
     assert rel_error(got, want) < 2 * tol
     with torch.no_grad():
-        assert torch.equal(key_instance_norm(k, 1.0), out.detach())
+        assert torch.equal(key_instance_norm(k, None, 1.0, dtype), out.detach())
 
 
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:

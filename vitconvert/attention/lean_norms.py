@@ -24,6 +24,7 @@ from torch.nn import functional as F
 
 from .dispatch import exporting
 from .tensors import accumulation_dtype
+from .ttt_closed_form import normalize_keys
 
 
 def _per_head(weight: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -177,14 +178,17 @@ class _KeyInstanceNorm(torch.autograd.Function):
         return dk.to(k.dtype), None
 
 
-def key_instance_norm(k: torch.Tensor, eps: float) -> torch.Tensor:
-    """F.instance_norm over the tokens of (B, H, N, d) ``k`` (no mask) in k's dtype, statistics in float32: three
-    reading passes and one write, where the float32 form copies k to float32, reduces, writes the float32 output
-    and copies it back. Under torch.export, or where k's dtype is float32 already, the plain form."""
-    if k.dtype == torch.float32 or exporting():
-        var, mean = torch.var_mean(k.to(torch.float32), dim=-2, correction=0, keepdim=True)
-        rstd = torch.rsqrt(var + eps)
-        return torch.addcmul(-mean * rstd, k.to(torch.float32), rstd).to(k.dtype)
+def key_instance_norm(k: torch.Tensor, key_valid: Optional[torch.Tensor], eps: float,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """TTT's key norm (ttt_closed_form.normalize_keys) with statistics in float32, output in ``dtype``. Without a
+    mask, on k in ``dtype``: three reading passes and one write, where the float32 form copies k to float32,
+    reduces, writes the float32 output and copies it back. With a mask, under torch.export, or for float32: that
+    float32 form."""
+    if key_valid is not None:
+        return normalize_keys(k.float(), key_valid, eps, by_var_mean=True).to(dtype)
+    k = k.to(dtype)
+    if dtype == torch.float32 or exporting():
+        return normalize_keys(k.float(), None, eps, by_var_mean=True).to(dtype)
     if torch.is_grad_enabled() and k.requires_grad:
         return _KeyInstanceNorm.apply(k, eps)
     return _normalised(k, *_key_stats(k, eps))

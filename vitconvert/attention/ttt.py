@@ -182,10 +182,7 @@ class TTTAttention(LinearAttention):
         in torch, in v's dtype; the inner sums, the update and the read-out in the op, whose token-sized work
         stays in float32 registers, and the fast weights float32 throughout."""
         dtype = v.dtype
-        if key_valid is None:
-            k = key_instance_norm(k.to(dtype), self.key_norm_eps)
-        else:
-            k = normalize_keys(k.float(), key_valid, self.key_norm_eps, by_var_mean=True).to(dtype)
+        k = key_instance_norm(k, key_valid, self.key_norm_eps, dtype)
         q = self.local_conv(q.to(dtype), self.q_conv.weight, self.q_conv.bias, grid, key_valid)
         k = self.local_conv(k, self.k_conv.weight, self.k_conv.bias, grid, key_valid)
         weights = torch.stack((self.fast_w1, self.fast_w2, self.fast_w3), dim=1).float()  # (H, 3, d, d)
