@@ -275,15 +275,18 @@ def _blocked_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid:
 
 
 # -- the variants' forms ------------------------------------------------------------------------------------
-def _records(*tensors: Optional[torch.Tensor]) -> bool:
-    """Whether autograd records this call (else a direct call runs the bare body: no Function, no ctx)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def call_op(op, function: type[torch.autograd.Function], body, args: tuple, differentiable: tuple):
+    """``op(*args)`` through the custom-op dispatcher where a tracer must see the op (:func:`direct` of q, the
+    first argument); else the op's direct ``function``, or its bare ``body`` when autograd does not record the
+    call (grad off, or none of the ``differentiable`` tensors requires grad: no Function, no ctx)."""
+    if not direct(args[0]):
+        return op(*args)
+    records = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
+    return (function.apply if records else body)(*args)
 
 
 def _linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args) -> torch.Tensor:
-    if not direct(q):
-        return linear_attention(q, k, v, *args)
-    return (_DirectAttention.apply if _records(q, k, v) else run_attention)(q, k, v, *args)
+    return call_op(linear_attention, _DirectAttention, run_attention, (q, k, v, *args), (q, k, v))
 
 
 def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
@@ -306,6 +309,4 @@ def segmented_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_v
     the RMSNorm over heads of q and k when their weights are given (computed in the op, recomputed in backward)."""
     args = (q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps,
             recompute_output)
-    if not direct(q):
-        return blocked_attention(*args)
-    return (_DirectBlocked.apply if _records(q, k, v, mixing, q_weight, k_weight) else run_blocked)(*args)
+    return call_op(blocked_attention, _DirectBlocked, run_blocked, args, (q, k, v, mixing, q_weight, k_weight))

@@ -20,8 +20,8 @@ import torch
 
 from . import fused
 from .dispatch import KernelUnavailable, block_sizes, launch, split_tokens, tile_args
-from .fused import _direct_function, _records
-from .fused_parts import _eager_gradients, _mask_arg, _output_like
+from .fused import _direct_function, call_op
+from .fused_parts import _eager_gradients, _mask_arg, _output_like, _total
 from .ttt_closed_form import inner_gradients, swiglu_readout
 
 
@@ -32,12 +32,6 @@ def _step_size(key_valid: Optional[torch.Tensor], tokens: int, scale: float,
     if key_valid is None:
         return lr * scale / tokens
     return (lr * scale) / key_valid.sum(dim=-1).clamp(min=1).to(torch.float32).view(-1, 1, 1, 1, 1)
-
-
-def _total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
-    """(B·H, splits, 3, d, d) partial sums -> (B, H, 3, d, d)."""
-    total = partials.view(partials.shape[0], *partials.shape[2:]) if partials.shape[1] == 1 else partials.sum(1)
-    return total.view(batch, heads, *partials.shape[2:])
 
 
 def _geometry(q: torch.Tensor) -> tuple[int, ...]:
@@ -54,7 +48,7 @@ def run_inner_sums(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
     from .ttt_kernels import inner_sums_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(k)
-    G = k.new_empty((B * H, splits, 3, D, D), dtype=torch.float32)
+    G = k.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)  # partial sums (fused_parts._total)
     mask, s_mb = _mask_arg(key_valid, k)
     launch(inner_sums_kernel, (B * H, splits),
         k, v, mask, weights, G,
@@ -102,7 +96,7 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     step = _step_size(key_valid, k.shape[2], scale, lr)
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(q)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    d_updated = q.new_empty((B * H, splits, 3, D, D), dtype=torch.float32)
+    d_updated = q.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
     launch(swiglu_readout_bwd_kernel, (B * H, splits),
         q, updated, do, dq, d_updated,
         q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2),
@@ -111,7 +105,7 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q), num_warps=warps)
     d_updated = _total(d_updated, B, H)
     dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v))
-    d_chain = q.new_empty((B * H, splits, 3, D, D), dtype=torch.float32)
+    d_chain = q.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
     mask, s_mb = _mask_arg(key_valid, k)
     launch(inner_sums_bwd_kernel, (B * H, splits),
         k, v, mask, weights, (d_updated * step).contiguous(), dk, dv, d_chain,
@@ -164,7 +158,5 @@ def ttt_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Opti
 
 def fused_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                weights: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
-    """The op, called direct where it may (no dispatcher, and no Function when autograd does not record)."""
-    if not fused.direct(q):  # (looked up there: one switch for every op, as tools and tests set it)
-        return ttt_step(q, k, v, key_valid, weights, scale, lr)[0]
-    return (_DirectStep.apply if _records(q, k, v, weights) else run_ttt)(q, k, v, key_valid, weights, scale, lr)[0]
+    """The op's output, called direct where it may (fused.call_op)."""
+    return call_op(ttt_step, _DirectStep, run_ttt, (q, k, v, key_valid, weights, scale, lr), (q, k, v, weights))[0]

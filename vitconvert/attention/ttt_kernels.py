@@ -34,10 +34,20 @@ def _three(P, first, d, d_ok, D):
 
 
 @triton.jit
-def _put_three(P, first, x1, x2, x3, d, d_ok, D):
+def _three_both_ways(P, first, d, d_ok, D, TILE: tl.constexpr):
+    """:func:`_three` as TILE operands, each also transposed (backward multiplies by both)."""
+    x1, x2, x3 = _three(P, first, d, d_ok, D)
+    return (x1.to(TILE), x2.to(TILE), x3.to(TILE),
+            tl.trans(x1).to(TILE), tl.trans(x2).to(TILE), tl.trans(x3).to(TILE))
+
+
+@triton.jit
+def _put_partials(P, bh, split, SPLITS, x1, x2, x3, d, d_ok, D):
+    """One program's three partial sums into a (BH, 3, SPLITS, D, D) float32 stack (fused_parts._total's layout)."""
+    first = bh * 3 * SPLITS + split
     _store_square(P, first, x1, d, d_ok, D)
-    _store_square(P, first + 1, x2, d, d_ok, D)
-    _store_square(P, first + 2, x3, d, d_ok, D)
+    _store_square(P, first + SPLITS, x2, d, d_ok, D)
+    _store_square(P, first + 2 * SPLITS, x3, d, d_ok, D)
 
 
 @triton.jit
@@ -87,7 +97,7 @@ def inner_sums_kernel(
     HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """Partial Ĝ1, Ĝ2, Ĝ3 of one (batch·head, token range). W: (H, 3, D, D) float32, G: (BH, SPLITS, 3, D, D)."""
+    """Partial Ĝ1, Ĝ2, Ĝ3 of one (batch·head, token range). W: (H, 3, D, D) float32, G: (BH, 3, SPLITS, D, D)."""
     bh, split = tl.program_id(0), tl.program_id(1)
     b_, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -108,8 +118,7 @@ def inner_sums_kernel(
         g1 += _dot(kt, (u * b * dsilu).to(TILE), PRECISION, EMULATE)
         g2 += _dot(kt, (u * act).to(TILE), PRECISION, EMULATE)
         g3 += _dot(tl.trans((act * b).to(TILE)), v, PRECISION, EMULATE)
-    out = (bh * SPLITS + split) * 3
-    _put_three(G, out, g1, g2, g3, d, d_ok, D)
+    _put_partials(G, bh, split, SPLITS, g1, g2, g3, d, d_ok, D)
 
 
 @triton.jit
@@ -145,16 +154,14 @@ def swiglu_readout_bwd_kernel(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
     EMULATE: tl.constexpr,
 ):
-    """dq of each query and partial dW1', dW2', dW3' of the range (DW: (BH, SPLITS, 3, D, D)):
+    """dq of each query and partial dW1', dW2', dW3' of the range (DW: (BH, 3, SPLITS, D, D)):
     dh = do W3'ᵀ, da = dh ⊙ b ⊙ silu'(a), db = dh ⊙ silu(a), dq = da W1'ᵀ + db W2'ᵀ, dW1' = Σ qᵀda,
     dW2' = Σ qᵀdb, dW3' = Σ hᵀdo."""
     bh, split = tl.program_id(0), tl.program_id(1)
     b_, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
-    w1, w2, w3 = _three(W, bh * 3, d, d_ok, D)
-    w1_t, w2_t, w3_t = tl.trans(w1).to(TILE), tl.trans(w2).to(TILE), tl.trans(w3).to(TILE)
-    w1, w2 = w1.to(TILE), w2.to(TILE)
+    w1, w2, _, w1_t, w2_t, w3_t = _three_both_ways(W, bh * 3, d, d_ok, D, TILE)
     dw1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     dw2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     dw3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
@@ -175,8 +182,7 @@ def swiglu_readout_bwd_kernel(
         dw1 += _dot(qt, da, PRECISION, EMULATE)
         dw2 += _dot(qt, db, PRECISION, EMULATE)
         dw3 += _dot(tl.trans((act * b).to(TILE)), g, PRECISION, EMULATE)
-    out = (bh * SPLITS + split) * 3
-    _put_three(DW, out, dw1, dw2, dw3, d, d_ok, D)
+    _put_partials(DW, bh, split, SPLITS, dw1, dw2, dw3, d, d_ok, D)
 
 
 @triton.jit
@@ -187,19 +193,15 @@ def inner_sums_bwd_kernel(
     HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """dk, dv of one (batch·head, token range) and its partial dW1, dW2, dW3 (DW: (BH, SPLITS, 3, D, D)) from
+    """dk, dv of one (batch·head, token range) and its partial dW1, dW2, dW3 (DW: (BH, 3, SPLITS, D, D)) from
     dĜ (DG: (BH, 3, D, D)), through da = u⊙b⊙silu'(a), db = u⊙act, h = act⊙b, u = vW3ᵀ, a = kW1, b = kW2
     (silu''(a) = σ(1 − σ)(2 + a(1 − 2σ)))."""
     bh, split = tl.program_id(0), tl.program_id(1)
     b_, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
-    w1, w2, w3 = _three(W, h * 3, d, d_ok, D)
-    w1_t, w2_t, w3_t = tl.trans(w1).to(TILE), tl.trans(w2).to(TILE), tl.trans(w3).to(TILE)
-    w1, w2, w3 = w1.to(TILE), w2.to(TILE), w3.to(TILE)
-    dg1, dg2, dg3 = _three(DG, bh * 3, d, d_ok, D)
-    dg1_t, dg2_t, dg3_t = tl.trans(dg1).to(TILE), tl.trans(dg2).to(TILE), tl.trans(dg3).to(TILE)
-    dg1, dg2, dg3 = dg1.to(TILE), dg2.to(TILE), dg3.to(TILE)
+    w1, w2, w3, w1_t, w2_t, w3_t = _three_both_ways(W, h * 3, d, d_ok, D, TILE)
+    dg1, dg2, dg3, dg1_t, dg2_t, dg3_t = _three_both_ways(DG, bh * 3, d, d_ok, D, TILE)
     dw1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     dw2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     dw3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
@@ -232,5 +234,4 @@ def inner_sums_bwd_kernel(
                  mask=store)
         tl.store(dv_base + tok[:, None] * s_dvn + d[None, :], tl.where(tile, dv, 0.0).to(DV.dtype.element_ty),
                  mask=store)
-    out = (bh * SPLITS + split) * 3
-    _put_three(DW, out, dw1, dw2, dw3, d, d_ok, D)
+    _put_partials(DW, bh, split, SPLITS, dw1, dw2, dw3, d, d_ok, D)
