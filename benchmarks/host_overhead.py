@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -40,6 +41,7 @@ import timm  # noqa: E402
 
 import vitconvert  # noqa: E402
 from vitconvert.attention import VARIANTS, dispatch, fused  # noqa: E402
+from vitconvert.writer import write_text_atomic  # noqa: E402
 
 
 class Launches:
@@ -254,8 +256,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json:
         meta = {"device": device.type, "torch": torch.__version__, "model": args.model, "width": layer_width,
                 "kernels": kernels}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows, "ops": op_rows}, f, indent=2)
+        write_text_atomic(Path(args.json), json.dumps({"meta": meta, "rows": rows, "ops": op_rows}, indent=2))
     return 0
 
 

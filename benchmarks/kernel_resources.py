@@ -30,6 +30,7 @@ if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernel
 
 from vitconvert.attention import dispatch, fused, fused_ttt  # noqa: E402
 from vitconvert.attention.blocks import extended_block_mix, segment_index  # noqa: E402
+from vitconvert.writer import write_text_atomic  # noqa: E402
 
 
 class Builds:
@@ -93,6 +94,7 @@ def measure(head_dims: list[int], device: torch.device, side: int = 16,
             wanted = dispatch._programs_wanted
             if op.endswith("split"):
                 dispatch._programs_wanted = lambda device: 1 << 20
+            print(f"building {op} at head dim {d}", file=sys.stderr, flush=True)  # (beside the table, not in it)
             builds = Builds(op)
             try:
                 with dispatch.launches_through(builds, device.type):
@@ -151,7 +153,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows = measure(dims, device)
     print_table(rows, device)
     if args.json is not None:
-        args.json.write_text(json.dumps({"device": str(device), "rows": rows}, indent=1))
+        write_text_atomic(args.json, json.dumps({"device": str(device), "rows": rows}, indent=1))
     return 0
 
 
