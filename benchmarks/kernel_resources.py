@@ -11,6 +11,15 @@ launch settings and, on a GPU, what the build used: registers per thread, regist
 and shared memory. A kernel that spills runs far below the bandwidth its traffic allows: the first thing to
 look at when a kernel is slower than its bytes say (TTT's backward holds a dozen d×d tiles). Without a GPU
 (Triton's interpreter builds nothing) the kernels are listed without numbers.
+
+    python benchmarks/kernel_resources.py --arch sm_90             # no GPU needed: built for an H100/H200
+
+``--arch`` builds every kernel with Triton's own compiler and ptxas for that GPU generation, on any machine
+(Triton's wheel ships ptxas and cuobjdump), and launches nothing: the same registers, spills and shared memory,
+and whether each kernel fits the generation's shared memory per block. A kernel that does not fit cannot run
+there (dispatch then turns the kernels off for the process); one that Triton's compiler rejects outright (the
+interpreter runs what the compiler refuses) fails here with the compiler's message. The tests build the head
+dim-64 kernels this way (tests/attention/test_kernel_resources.py).
 """
 
 from __future__ import annotations
@@ -18,15 +27,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernels: set before anything imports triton
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+if __name__ == "__main__" and not torch.cuda.is_available() and "--arch" not in " ".join(sys.argv):
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the CPU's kernels: set before anything imports triton
 
 from vitconvert.attention import dispatch, fused, fused_ttt  # noqa: E402
 from vitconvert.attention.blocks import extended_block_mix, segment_index  # noqa: E402
@@ -52,6 +64,72 @@ class Builds:
                               "spills": getattr(compiled, "n_spills", None),
                               "shared_bytes": getattr(metadata, "shared", None)}
         return compiled
+
+
+# (capability, shared bytes one block may use, shared bytes per SM, warps per SM): the CUDA C programming
+# guide's table of compute capabilities (the opt-in maximum per block; 64K registers per SM on each)
+ARCHES = {"sm_80": (80, 166912, 167936, 64), "sm_86": (86, 101376, 102400, 48), "sm_89": (89, 101376, 102400, 48),
+          "sm_90": (90, 232448, 233472, 64)}
+
+
+def blocks_per_sm(arch: str, registers: int, shared: int, warps: int) -> int:
+    """How many of a kernel's blocks one SM holds at once (occupancy): the least of what its registers (allocated
+    per warp in steps of 256), its shared memory (plus the 1 KB the driver reserves per block) and the warp
+    slots allow. Memory-bound kernels need several to hide memory latency."""
+    _, per_block, per_sm, max_warps = ARCHES[arch]
+    if shared > per_block:
+        return 0
+    registers_per_warp = -(-registers * 32 // 256) * 256
+    return min(65536 // (registers_per_warp * warps), per_sm // (shared + 1024), max_warps // warps)
+
+
+class CrossBuilds(Builds):
+    """:class:`Builds` that compiles each kernel for ``arch`` (Triton's compiler and ptxas, no GPU) and launches
+    nothing: the ops' outputs stay uninitialised, which only the kernels that are not run would read."""
+
+    def __init__(self, op: str, arch: str) -> None:
+        from triton.backends.compiler import GPUTarget  # lazy: start-up time (only this mode compiles)
+        from triton.compiler import make_backend  # lazy: start-up time
+
+        super().__init__(op)
+        self.arch = arch
+        capability, self.max_shared = ARCHES[arch][:2]
+        self.target = GPUTarget("cuda", capability, 32)
+        self.backend = make_backend(self.target)
+
+    def __call__(self, kernel, grid, *args, **kwargs) -> None:
+        name = kernel.fn.__name__
+        settings = {key: kwargs[key] for key in ("BLOCK_N", "BLOCK_D", "num_warps") if key in kwargs}
+        key = (self.op, name, *settings.values())
+        if key not in self.rows:
+            registers, spills, shared = self.build(kernel, *args, **kwargs)
+            self.rows[key] = {"op": self.op, "kernel": name, **settings, "grid": list(grid), "registers": registers,
+                              "spills": spills, "shared_bytes": shared, "fits": shared <= self.max_shared,
+                              "blocks_per_sm": blocks_per_sm(self.arch, registers, shared, kwargs["num_warps"])}
+
+    def build(self, kernel, *args, **kwargs) -> tuple[int, int, int]:
+        """(registers per thread, spilled registers, shared bytes): Triton's JIT specialises the arguments as it
+        would for a launch (alignment, constants), then compiles for the target; cuobjdump reads the cubin."""
+        import triton  # lazy: start-up time
+        from triton.compiler import ASTSource  # lazy: start-up time
+        from triton.runtime.jit import create_function_from_signature  # lazy: start-up time
+
+        bind = create_function_from_signature(kernel.signature, kernel.params, self.backend)
+        bound, specialization, options = bind(*args, **kwargs)
+        options, signature, constants, attrs = kernel._pack_args(self.backend, kwargs, bound, specialization, options)
+        compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=self.target,
+                                  options=options.__dict__)
+        with tempfile.TemporaryDirectory() as folder:
+            cubin = Path(folder) / "kernel.cubin"
+            cubin.write_bytes(compiled.asm["cubin"])
+            usage = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage", str(cubin)],
+                                   capture_output=True, text=True, check=True).stdout
+        found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+        if found is None:
+            raise RuntimeError(f"cuobjdump printed no resource usage for {kernel.fn.__name__}: {usage[:200]}")
+        # the stack frame is the spilled registers (Triton's kernels keep no local arrays): bytes / 4, as the
+        # driver's count that Triton reports on a GPU
+        return int(found.group(1)), int(found.group(2)) // 4, int(compiled.metadata.shared)
 
 
 def op_calls(d: int, device: torch.device, side: int = 16) -> dict[str, Callable[[], torch.Tensor]]:
@@ -80,22 +158,24 @@ def op_calls(d: int, device: torch.device, side: int = 16) -> dict[str, Callable
     }
 
 
-def measure(head_dims: list[int], device: torch.device, side: int = 16,
-            ops: Optional[tuple[str, ...]] = None) -> list[dict[str, Any]]:
-    """The builds of each op (all, or those named in ``ops``) at each head dim; "linear_attention elu split" is
-    ELU with heads split over token ranges (the state and read-out kernels the other ops launch too)."""
+def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Optional[tuple[str, ...]] = None,
+            arch: Optional[str] = None) -> list[dict[str, Any]]:
+    """The builds of each op (all, or those named in ``ops``) at each head dim, on ``device`` or, with ``arch``,
+    compiled for that GPU generation (:class:`CrossBuilds`); "linear_attention elu split" is ELU with heads split
+    over token ranges (the state and read-out kernels the other ops launch too). TTT above its head-dim bound
+    runs eager (dispatch.TTT_MAX_HEAD_DIM), so its kernels are not built there."""
     rows: list[dict[str, Any]] = []
     for d in head_dims:
         calls = op_calls(d, device, side)
         calls["linear_attention elu split"] = calls["linear_attention elu"]
         for op, call in calls.items():
-            if ops is not None and op not in ops:
+            if (ops is not None and op not in ops) or (op == "ttt_step" and d > dispatch.TTT_MAX_HEAD_DIM):
                 continue
             wanted = dispatch._programs_wanted
             if op.endswith("split"):
                 dispatch._programs_wanted = lambda device: 1 << 20
             print(f"building {op} at head dim {d}", file=sys.stderr, flush=True)  # (beside the table, not in it)
-            builds = Builds(op)
+            builds = Builds(op) if arch is None else CrossBuilds(op, arch)
             try:
                 with dispatch.launches_through(builds, device.type):
                     call().float().square().mean().backward()
@@ -109,20 +189,26 @@ def number(value: Optional[int]) -> str:
     return "—" if value is None else str(value)
 
 
-def print_table(rows: list[dict[str, Any]], device: torch.device) -> None:
-    built = device.type == "cuda"
-    where = torch.cuda.get_device_name(device) if built else "no GPU: Triton's interpreter builds nothing"
-    print(f"fused kernels as built on {where}; bf16 inputs; "
+def print_table(rows: list[dict[str, Any]], device: torch.device, arch: Optional[str] = None) -> None:
+    built = device.type == "cuda" or arch is not None
+    if arch is not None:
+        where = (f"{arch} by Triton's compiler and ptxas, nothing launched (shared memory per block: at most "
+                 f"{ARCHES[arch][1]} bytes; blocks/SM: occupancy from registers, shared memory and warps)")
+    else:
+        where = torch.cuda.get_device_name(device) if built else "no GPU: Triton's interpreter builds nothing"
+    print(f"fused kernels as built for {where}; bf16 inputs; "
           f"{dispatch.CONFIG_ENV}={os.environ.get(dispatch.CONFIG_ENV, '(default)')}")
-    print(f"{'d':>4}  {'op':26s} {'kernel':28s} {'BLOCK_N':>7} {'warps':>5} {'regs':>5} {'spills':>6} {'shared':>7}")
+    print(f"{'d':>4}  {'op':26s} {'kernel':28s} {'BLOCK_N':>7} {'warps':>5} {'regs':>5} {'spills':>6} {'shared':>7}"
+          + ("  blocks/SM" if arch else ""))
     for row in rows:
         print(f"{row['head_dim']:>4}  {row['op']:26s} {row['kernel']:28s} {row.get('BLOCK_N', 0):>7} "
               f"{row.get('num_warps', 0):>5} {number(row['registers']):>5} {number(row['spills']):>6} "
-              f"{number(row['shared_bytes']):>7}")
-    spilling = [r for r in rows if r["spills"]]
+              f"{number(row['shared_bytes']):>7}" + (f"  {row['blocks_per_sm']:>9}" if arch else ""))
     if built:
-        print(f"{len(spilling)} of {len(rows)} builds spill registers" + (
-            ": " + ", ".join(sorted({f'{r["kernel"]} (d {r["head_dim"]})' for r in spilling})) if spilling else ""))
+        for what, bad in (("spill registers", [r for r in rows if r["spills"]]),
+                          ("need more shared memory than a block may have", [r for r in rows if not r.get("fits", 1)])):
+            print(f"{len(bad)} of {len(rows)} builds {what}" + (
+                ": " + ", ".join(sorted({f'{r["kernel"]} (d {r["head_dim"]})' for r in bad})) if bad else ""))
 
 
 def parse_dims(text: str) -> list[int]:
@@ -133,27 +219,51 @@ def parse_dims(text: str) -> list[int]:
     return dims
 
 
+def cross_build_error(arch: Optional[str]) -> Optional[str]:
+    """Why ``--arch`` cannot build here, or None."""
+    if arch is None:
+        return None
+    if arch not in ARCHES:
+        return f"--arch: one of {', '.join(ARCHES)}, got {arch!r}"
+    if dispatch.interpreting():
+        return "--arch builds with Triton's compiler: unset TRITON_INTERPRET"
+    try:
+        import triton  # lazy: start-up time
+
+        tools = [triton.knobs.nvidia.ptxas.path, triton.knobs.nvidia.cuobjdump.path]
+    except (ImportError, AttributeError, RuntimeError) as e:
+        return f"--arch: this Triton has no NVIDIA build tools ({type(e).__name__}: {e})"
+    missing = [t for t in tools if not t or not os.path.exists(t)]
+    return f"--arch: missing {', '.join(map(str, missing))}" if missing else None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--head-dims", default=None, help="comma-separated (default 64,128 on a GPU, 32 without)")
+    parser.add_argument("--head-dims", default=None, help="comma-separated (default 64,128 on a GPU or with --arch, "
+                                                          "32 in the interpreter)")
+    parser.add_argument("--arch", default=None, help=f"build for this GPU generation, launching nothing: "
+                                                     f"{', '.join(ARCHES)} (sm_90: H100, H200)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if torch.cuda.is_available() and args.arch is None else "cpu")
     try:
-        dims = parse_dims(args.head_dims or ("64,128" if device.type == "cuda" else "32"))
+        dims = parse_dims(args.head_dims or ("32" if device.type == "cpu" and args.arch is None else "64,128"))
     except ValueError as e:
         print(f"error: --head-dims: {e}", file=sys.stderr)
         return 2
     if args.json is not None and not args.json.parent.is_dir():
         print(f"error: --json: no folder {args.json.parent}", file=sys.stderr)
         return 2
-    if device.type != "cuda" and not dispatch.interpreting():
-        print("error: no GPU, and TRITON_INTERPRET=1 was not set before triton was imported", file=sys.stderr)
+    problem = cross_build_error(args.arch)
+    if problem is None and args.arch is None and device.type != "cuda" and not dispatch.interpreting():
+        problem = "no GPU, and TRITON_INTERPRET=1 was not set before triton was imported (or pass --arch)"
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    rows = measure(dims, device)
-    print_table(rows, device)
+    rows = measure(dims, device, arch=args.arch)
+    print_table(rows, device, args.arch)
     if args.json is not None:
-        write_text_atomic(args.json, json.dumps({"device": str(device), "rows": rows}, indent=1))
+        write_text_atomic(args.json, json.dumps({"device": str(device), "arch": args.arch, "rows": rows}, indent=1))
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -15,10 +16,12 @@ from huggingface_hub import HfApi
 if not torch.cuda.is_available():  # the fused kernels' tests run in Triton's interpreter, which must be chosen
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before timm imports triton (attention/test_fused.py)
 
-from helpers import tiny_model  # noqa: E402
+from helpers import interpreter_rounds_to_nearest, tiny_model  # noqa: E402
 
 import vitconvert  # noqa: E402
 
+if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None:
+    interpreter_rounds_to_nearest()  # bf16 casts as the GPU rounds them (helpers.py says why)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 torch.set_num_threads(1)  # pytest -n 2 runs two workers on two cores: one thread each, no oversubscription
 

@@ -1,7 +1,14 @@
 """benchmarks/kernel_resources.py without a GPU: each op's kernels listed (Triton's interpreter builds nothing,
-so no registers), and its errors in one line. The whole listing: ``python benchmarks/kernel_resources.py``."""
+so no registers); every kernel built for an H200 by Triton's compiler (--arch sm_90), fitting and not spilling;
+its errors in one line. The whole listing: ``python benchmarks/kernel_resources.py [--arch sm_90]``."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +17,7 @@ from helpers import load_benchmark
 from vitconvert.attention import dispatch
 
 pytest.importorskip("triton")
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if not torch.cuda.is_available() and not dispatch.interpreting():
     pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
                 allow_module_level=True)
@@ -39,5 +47,51 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert script.main(["--head-dims", "8,64"]) == 2
     assert script.main(["--head-dims", "x"]) == 2
     assert script.main(["--json", str(tmp_path / "nowhere" / "r.json")]) == 2
+    assert script.main(["--arch", "sm_99"]) == 2
     err = capsys.readouterr().err
-    assert "error: --head-dims" in err and "error: --json" in err and "Traceback" not in err
+    assert "error: --head-dims" in err and "error: --json" in err and "error: --arch: one of sm_80" in err
+    assert "Traceback" not in err
+    if dispatch.interpreting():  # (this process's kernels are the interpreter's: --arch needs the compiler's)
+        assert script.main(["--arch", "sm_90"]) == 2
+        assert "unset TRITON_INTERPRET" in capsys.readouterr().err
+
+
+def nvidia_build_tools() -> bool:
+    try:
+        import triton  # lazy: start-up time
+
+        return all(Path(t.path).exists() for t in (triton.knobs.nvidia.ptxas, triton.knobs.nvidia.cuobjdump))
+    except (ImportError, AttributeError, RuntimeError, TypeError):
+        return False
+
+
+@pytest.mark.skipif(not nvidia_build_tools(), reason="this Triton ships no ptxas/cuobjdump")
+def test_every_kernel_builds_for_an_h200_fits_and_does_not_spill(tmp_path):
+    """Triton's compiler, not its interpreter, builds every kernel the ops launch at head dim 64 (DeiT's) for sm_90
+    (H100, H200), in a process without TRITON_INTERPRET: none is refused (the interpreter ran a TTT backward
+    kernel the compiler rejects: a loop variable whose shape changed), none needs more shared memory than a block
+    may have (TTT's sums' backward on TF32 tiles needed 248 KB of 227), none spills registers."""
+    out = tmp_path / "resources.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "kernel_resources.py"), "--arch", "sm_90",
+                           "--head-dims", "64", "--json", str(out)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    built = {(row["op"], row["kernel"]) for row in rows}
+    assert {op for op, _ in built} == {"linear_attention elu", "linear_attention inline", "blocked_attention mhla",
+                                       "ttt_step", "linear_attention elu split"}
+    assert {k for op, k in built if op == "ttt_step"} == {"inner_sums_kernel", "swiglu_readout_kernel",
+                                                          "swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel"}
+    assert all(row["registers"] > 0 for row in rows)
+    assert [row for row in rows if not row["fits"] or row["spills"] or row["blocks_per_sm"] < 1] == []
+    assert "0 of 20 builds need more shared memory" in done.stdout
+
+
+def test_occupancy_is_the_least_of_registers_shared_memory_and_warps():
+    script = load_benchmark("kernel_resources")
+    assert script.blocks_per_sm("sm_90", 136, 65536, 4) == 3  # 17 steps of 256 a warp: 3 blocks; shared: 3
+    assert script.blocks_per_sm("sm_90", 255, 0, 8) == 1  # registers
+    assert script.blocks_per_sm("sm_90", 32, 0, 4) == 16  # warp slots (64 / 4)
+    assert script.blocks_per_sm("sm_86", 32, 49152, 4) == 2  # shared memory (100 KB an SM)
+    assert script.blocks_per_sm("sm_89", 32, 101377, 4) == 0  # over a block's limit: does not run

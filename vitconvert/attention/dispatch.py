@@ -21,6 +21,9 @@ import torch
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
+# TTT's kernels hold up to a dozen d×d operands: above 64 (a 128 tile) they need 240–460 KB of shared memory
+# where sm_90 allows 227 KB, and spill registers (benchmarks/kernel_resources.py --arch sm_90)
+TTT_MAX_HEAD_DIM = 64
 DEVICES = ("cuda",)  # where the kernels run; the CPU tests add "cpu" under TRITON_INTERPRET=1
 SPLIT_ROUND = 128  # a program's token range is a multiple of this (and of every BLOCK_N)
 ENV = "VITCONVERT_FUSED"
@@ -104,11 +107,13 @@ def attempt(mix: Callable[..., torch.Tensor], *args: Any) -> Optional[torch.Tens
         return None
 
 
-def can_run(t: torch.Tensor) -> bool:
-    """Whether the kernels take this call's q/k/v (the per-call half of dispatch; anything else runs eager)."""
+def can_run(t: torch.Tensor, max_head_dim: int = MAX_HEAD_DIM) -> bool:
+    """Whether the kernels take this call's q/k/v (the per-call half of dispatch; anything else runs eager).
+    ``max_head_dim``: an op's own bound where its kernels need more shared memory than an sm_90 GPU has above it
+    (TTT's: :data:`TTT_MAX_HEAD_DIM`)."""
     if _unavailable or torch.onnx.is_in_onnx_export():
         return False
-    return (t.device.type in DEVICES and t.dtype in DTYPES and MIN_HEAD_DIM <= t.shape[-1] <= MAX_HEAD_DIM
+    return (t.device.type in DEVICES and t.dtype in DTYPES and MIN_HEAD_DIM <= t.shape[-1] <= max_head_dim
             and triton_available())
 
 
@@ -173,11 +178,15 @@ def split_tokens(heads: int, segments: int, length: int, device: torch.device) -
     return max(1, math.ceil(length / per)), per
 
 
-def tile_args(t: torch.Tensor) -> dict:
+def tile_args(t: torch.Tensor, half_tiles: bool = False) -> dict:
     """The dots' operand type and precision (triton_kernels.py): half inputs as TF32 tiles (``VITCONVERT_FUSED_TILE=
-    half`` keeps them 16-bit), float32 inputs as torch's TF32 switch for matmuls says (never turned on here)."""
+    half`` keeps them 16-bit), float32 inputs as torch's TF32 switch for matmuls says (never turned on here).
+    ``half_tiles``: half inputs as 16-bit tiles always, as autocast's own backward multiplies them, for kernels
+    that hold so many d×d operands that TF32 tiles overflow shared memory (TTT's backward: twelve at head dim 64
+    need 248 KB on sm_90, which allows 227; benchmarks/kernel_resources.py --arch)."""
     tf32_matmuls = t.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    return _tile_args(t.dtype, tf32_matmuls, os.environ.get(TILE_ENV, "tf32"), interpreting())
+    tile = "half" if half_tiles else os.environ.get(TILE_ENV, "tf32")
+    return _tile_args(t.dtype, tf32_matmuls, tile, interpreting())
 
 
 @lru_cache(maxsize=32)  # per launch, so cached (the caller only unpacks the dict)

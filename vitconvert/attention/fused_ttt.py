@@ -102,7 +102,7 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2),
         H, N, D, splits, per,
-        BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q), num_warps=warps)
+        BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q, half_tiles=True), num_warps=warps)
     d_updated = _total(d_updated, B, H)
     dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v))
     d_chain = q.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
@@ -112,7 +112,8 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         H, N, D, splits, per,
-        HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k), num_warps=warps)
+        HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k, half_tiles=True),
+        num_warps=warps)
     dweights = (d_updated + _total(d_chain, B, H)).sum(0)
     return dq, dk, dv, dweights.to(weights.dtype)
 

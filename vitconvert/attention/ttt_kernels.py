@@ -161,7 +161,9 @@ def swiglu_readout_bwd_kernel(
     b_, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
-    w1, w2, _, w1_t, w2_t, w3_t = _three_both_ways(W, bh * 3, d, d_ok, D, TILE)
+    # (w3 is unused but named: `_` is reassigned in the loop with another shape, and Triton's compiler, unlike its
+    # interpreter, refuses a loop-carried variable whose type changes)
+    w1, w2, w3, w1_t, w2_t, w3_t = _three_both_ways(W, bh * 3, d, d_ok, D, TILE)
     dw1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     dw2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     dw3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
