@@ -1,10 +1,11 @@
 """Registers, spills and shared memory of each fused kernel as Triton builds it for the GPU at hand.
 
     python benchmarks/kernel_resources.py                          # head dims 64 and 128, bf16, default settings
+    python benchmarks/kernel_resources.py --dtype float32          # float32 inputs (training without autocast)
     python benchmarks/kernel_resources.py --head-dims 32,64,96,128 --json resources.json
     VITCONVERT_FUSED_CONFIG=32,8 python benchmarks/kernel_resources.py   # another BLOCK_N, num_warps
 
-Every fused op runs once, forward and backward, on small bf16 inputs (as autocast hands them over):
+Every fused op runs once, forward and backward, on small bf16 inputs (as autocast hands them over; --dtype):
 linear_attention for ELU (one program per head, and heads split over token ranges) and InLine,
 blocked_attention for MHLA (RMSNorm in the op), and TTT's ttt_step. Each kernel it launches is listed with its
 launch settings and, on a GPU, what the build used: registers per thread, registers spilled to local memory,
@@ -132,14 +133,15 @@ class CrossBuilds(Builds):
         return int(found.group(1)), int(found.group(2)) // 4, int(compiled.metadata.shared)
 
 
-def op_calls(d: int, device: torch.device, side: int = 16) -> dict[str, Callable[[], torch.Tensor]]:
-    """Each op on bf16 (2, 2, N, d) q, k, v with a key mask, N = 1 + side² (257: three token ranges per head when
+def op_calls(d: int, device: torch.device, side: int = 16,
+             dtype: torch.dtype = torch.bfloat16) -> dict[str, Callable[[], torch.Tensor]]:
+    """Each op on ``dtype`` (2, 2, N, d) q, k, v with a key mask, N = 1 + side² (257: three token ranges per head when
     heads split): a forward whose output backward will take."""
     g = torch.Generator().manual_seed(0)
     tokens = 1 + side * side
 
     def qkv() -> list[torch.Tensor]:
-        return [torch.randn(2, 2, tokens, d, generator=g).to(device, torch.bfloat16).requires_grad_()
+        return [torch.randn(2, 2, tokens, d, generator=g).to(device, dtype).requires_grad_()
                 for _ in range(3)]
 
     mask = torch.ones(2, tokens, dtype=torch.bool, device=device)
@@ -159,17 +161,18 @@ def op_calls(d: int, device: torch.device, side: int = 16) -> dict[str, Callable
 
 
 def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Optional[tuple[str, ...]] = None,
-            arch: Optional[str] = None) -> list[dict[str, Any]]:
+            arch: Optional[str] = None, dtype: torch.dtype = torch.bfloat16) -> list[dict[str, Any]]:
     """The builds of each op (all, or those named in ``ops``) at each head dim, on ``device`` or, with ``arch``,
     compiled for that GPU generation (:class:`CrossBuilds`); "linear_attention elu split" is ELU with heads split
     over token ranges (the state and read-out kernels the other ops launch too). TTT above its head-dim bound
-    runs eager (dispatch.TTT_MAX_HEAD_DIM), so its kernels are not built there."""
+    and on float32 inputs runs its torch step (dispatch.TTT_MAX_HEAD_DIM, TTT_DTYPES): its kernels are not built."""
     rows: list[dict[str, Any]] = []
     for d in head_dims:
-        calls = op_calls(d, device, side)
+        calls = op_calls(d, device, side, dtype)
         calls["linear_attention elu split"] = calls["linear_attention elu"]
         for op, call in calls.items():
-            if (ops is not None and op not in ops) or (op == "ttt_step" and d > dispatch.TTT_MAX_HEAD_DIM):
+            if (ops is not None and op not in ops) or (op == "ttt_step" and (
+                    d > dispatch.TTT_MAX_HEAD_DIM or dtype not in dispatch.TTT_DTYPES)):
                 continue
             wanted = dispatch._programs_wanted
             if op.endswith("split"):
@@ -189,14 +192,15 @@ def number(value: Optional[int]) -> str:
     return "—" if value is None else str(value)
 
 
-def print_table(rows: list[dict[str, Any]], device: torch.device, arch: Optional[str] = None) -> None:
+def print_table(rows: list[dict[str, Any]], device: torch.device, arch: Optional[str] = None,
+                dtype: torch.dtype = torch.bfloat16) -> None:
     built = device.type == "cuda" or arch is not None
     if arch is not None:
         where = (f"{arch} by Triton's compiler and ptxas, nothing launched (shared memory per block: at most "
                  f"{ARCHES[arch][1]} bytes; blocks/SM: occupancy from registers, shared memory and warps)")
     else:
         where = torch.cuda.get_device_name(device) if built else "no GPU: Triton's interpreter builds nothing"
-    print(f"fused kernels as built for {where}; bf16 inputs; "
+    print(f"fused kernels as built for {where}; {str(dtype).removeprefix('torch.')} inputs; "
           f"{dispatch.CONFIG_ENV}={os.environ.get(dispatch.CONFIG_ENV, '(default)')}")
     print(f"{'d':>4}  {'op':26s} {'kernel':28s} {'BLOCK_N':>7} {'warps':>5} {'regs':>5} {'spills':>6} {'shared':>7}"
           + ("  blocks/SM" if arch else ""))
@@ -243,8 +247,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                           "32 in the interpreter)")
     parser.add_argument("--arch", default=None, help=f"build for this GPU generation, launching nothing: "
                                                      f"{', '.join(ARCHES)} (sm_90: H100, H200)")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                        help="the inputs' (default bfloat16, as autocast hands them over)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
     device = torch.device("cuda" if torch.cuda.is_available() and args.arch is None else "cpu")
     try:
         dims = parse_dims(args.head_dims or ("32" if device.type == "cpu" and args.arch is None else "64,128"))
@@ -260,10 +267,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    rows = measure(dims, device, arch=args.arch)
-    print_table(rows, device, args.arch)
+    rows = measure(dims, device, arch=args.arch, dtype=dtype)
+    print_table(rows, device, args.arch, dtype)
     if args.json is not None:
-        write_text_atomic(args.json, json.dumps({"device": str(device), "arch": args.arch, "rows": rows}, indent=1))
+        write_text_atomic(args.json, json.dumps({"device": str(device), "arch": args.arch, "dtype": args.dtype,
+                                                 "rows": rows}, indent=1))
     return 0
 
 

@@ -50,8 +50,9 @@ def padding_mask(B: int, N: int) -> torch.Tensor:
     return mask.to(DEVICE)
 
 
-# tolerance of the kernels against a float64 oracle: float32 sums, or bf16 inputs and output
-TOL = {torch.float32: 2e-5, torch.bfloat16: 1.2e-2}
+# tolerance of the kernels against a float64 oracle: float32 sums, or bf16 inputs and output (bf16: 1.7e-3 in
+# values and 2.3e-3–3.3e-3 in gradients, rounding as a GPU does; 1.2e-2 while the interpreter truncated)
+TOL = {torch.float32: 2e-5, torch.bfloat16: 6e-3}
 
 
 def assert_matches_oracle(out, inputs, oracle, tol: float, grad_tol: Optional[float] = None):

@@ -27,6 +27,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture(autouse=True)
 def kernels_here(monkeypatch):
     monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(dispatch, "TTT_DTYPES", dispatch.DTYPES)  # (float32 TTT on the kernels too: test_fused_ttt)
 
 
 def qkv(N: int = 40, d: int = 32) -> list[torch.Tensor]:

@@ -29,9 +29,11 @@ BACKWARD_KERNELS = ("swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel")
 @pytest.fixture(autouse=True)
 def kernels_here(monkeypatch):
     """The kernels on this machine's device, with token ranges short enough that heads split across programs;
-    the convs in full float32, as the oracles are."""
+    the convs in full float32, as the oracles are; float32 modules on the kernels too, for the oracles' precision
+    (a GPU runs TTT's float32 inputs in torch: dispatch.TTT_DTYPES)."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(dispatch, "TTT_DTYPES", dispatch.DTYPES)
     monkeypatch.setattr(dispatch, "SPLIT_ROUND", 64)
     monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: 64)
 
@@ -103,10 +105,14 @@ def test_the_op_at_vit_sizes():  # (4 s in the interpreter)
     assert max(errors) < 5e-6, errors
 
 
-@pytest.mark.parametrize("head_dim,launches", [(64, 2), (96, 0)])
-def test_heads_wider_than_64_take_the_torch_step(head_dim, launches):
-    """Above head dim 64 TTT's kernels need more shared memory than an sm_90 block may have (240–460 KB of 227:
-    benchmarks/kernel_resources.py --arch sm_90), so the module runs its torch step there; at 64 its kernels."""
+@pytest.mark.parametrize("head_dim,dtype,launches", [(64, torch.bfloat16, 2), (96, torch.bfloat16, 0),
+                                                     (64, torch.float32, 0)], ids=["d64-bf16", "d96-bf16", "d64-fp32"])
+def test_wide_heads_and_float32_inputs_take_the_torch_step(head_dim, dtype, launches, monkeypatch):
+    """Above head dim 64, or on float32 inputs, TTT's kernels do not fit an sm_90 GPU (224–456 KB of shared
+    memory where a block may have 227; float32: 264 KB with TF32 on, thousands of spilled registers with it off:
+    benchmarks/kernel_resources.py --arch sm_90), so the module runs its torch step there; bf16 at 64 its kernels."""
+    monkeypatch.undo()  # (the fixture's float32 allowance off, and the kernels' devices back)
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
     module = helpers.make_module("ttt", 1, (4, 4), dim=2 * head_dim, dtype=torch.float32).to(DEVICE)
     ran = []
 
@@ -114,7 +120,8 @@ def test_heads_wider_than_64_take_the_torch_step(head_dim, launches):
         ran.append(kernel)
         return dispatch.build_and_run(kernel, grid, *args, **kwargs)
 
-    with torch.no_grad(), dispatch.launches_through(count, DEVICE):
+    with torch.no_grad(), dispatch.launches_through(count, DEVICE), torch.autocast(
+            DEVICE, dtype=torch.bfloat16, enabled=dtype != torch.float32):
         module(torch.randn(1, 17, 2 * head_dim, device=DEVICE))
     assert len(ran) == launches
 

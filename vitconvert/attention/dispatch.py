@@ -21,9 +21,11 @@ import torch
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
-# TTT's kernels hold up to a dozen d×d operands: above 64 (a 128 tile) they need 240–460 KB of shared memory
-# where sm_90 allows 227 KB, and spill registers (benchmarks/kernel_resources.py --arch sm_90)
+# TTT's kernels hold up to a dozen d×d operands. Above head dim 64 (a 128 tile) they need 224–456 KB of shared
+# memory where sm_90 allows 227 KB a block; on float32 inputs the sums' backward needs 264 KB with TF32 on, and
+# spills thousands of registers with it off. Those run TTT's torch step (benchmarks/kernel_resources.py --arch).
 TTT_MAX_HEAD_DIM = 64
+TTT_DTYPES = (torch.float16, torch.bfloat16)
 DEVICES = ("cuda",)  # where the kernels run; the CPU tests add "cpu" under TRITON_INTERPRET=1
 SPLIT_ROUND = 128  # a program's token range is a multiple of this (and of every BLOCK_N)
 ENV = "VITCONVERT_FUSED"
@@ -107,13 +109,13 @@ def attempt(mix: Callable[..., torch.Tensor], *args: Any) -> Optional[torch.Tens
         return None
 
 
-def can_run(t: torch.Tensor, max_head_dim: int = MAX_HEAD_DIM) -> bool:
+def can_run(t: torch.Tensor, max_head_dim: int = MAX_HEAD_DIM, dtypes: tuple[torch.dtype, ...] = DTYPES) -> bool:
     """Whether the kernels take this call's q/k/v (the per-call half of dispatch; anything else runs eager).
-    ``max_head_dim``: an op's own bound where its kernels need more shared memory than an sm_90 GPU has above it
-    (TTT's: :data:`TTT_MAX_HEAD_DIM`)."""
+    ``max_head_dim``, ``dtypes``: an op's own bounds where its kernels do not fit an sm_90 GPU outside them
+    (TTT's: :data:`TTT_MAX_HEAD_DIM`, :data:`TTT_DTYPES`)."""
     if _unavailable or torch.onnx.is_in_onnx_export():
         return False
-    return (t.device.type in DEVICES and t.dtype in DTYPES and MIN_HEAD_DIM <= t.shape[-1] <= max_head_dim
+    return (t.device.type in DEVICES and t.dtype in dtypes and MIN_HEAD_DIM <= t.shape[-1] <= max_head_dim
             and triton_available())
 
 

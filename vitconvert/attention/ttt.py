@@ -133,7 +133,7 @@ class TTTAttention(LinearAttention):
         so no RNG state is stashed. Tracing for export or TorchScript records the plain step.
         """
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
-            on_kernels = self.fused_kernels and fused.can_run(v, dispatch.TTT_MAX_HEAD_DIM)
+            on_kernels = self.fused_kernels and fused.can_run(v, dispatch.TTT_MAX_HEAD_DIM, dispatch.TTT_DTYPES)
             recompute = self.recompute_step and records_for_backward()
             if on_kernels:  # a kernel Triton cannot build: turned off, and the step again from the start
                 out = fused.attempt(self.run_step, q, k, v, key_valid, grid, True, recompute)
