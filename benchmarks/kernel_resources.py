@@ -18,7 +18,7 @@ look at when a kernel is slower than its bytes say (TTT's backward holds a dozen
 ``--arch`` builds every kernel with Triton's own compiler and ptxas for that GPU generation, on any machine
 (Triton's wheel ships ptxas and cuobjdump), and launches nothing: the same registers, spills and shared memory,
 and whether each kernel fits the generation's shared memory per block. A kernel that does not fit cannot run
-there (dispatch then turns the kernels off for the process); one that Triton's compiler rejects outright (the
+there (dispatch then turns that op's kernels off for the process); one that Triton's compiler rejects outright (the
 interpreter runs what the compiler refuses) fails here with the compiler's message. The tests build the head
 dim-64 kernels this way (tests/attention/test_kernel_resources.py).
 """

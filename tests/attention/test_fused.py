@@ -158,11 +158,12 @@ def test_module_on_the_kernels_matches_its_reference(name, head_dim, grid, num_p
 def test_dispatch_is_eager_where_the_kernels_cannot_go(monkeypatch):
     """CPU tensors (outside these tests), head dims outside 16..128, int tensors, ONNX export: the eager form."""
     monkeypatch.setattr(dispatch, "DEVICES", ("cuda",))
-    assert not fused.can_run(torch.zeros(1, 1, 4, 64))
+    assert not fused.can_run(torch.zeros(1, 1, 4, 64), "linear_attention")
     monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
-    assert fused.can_run(torch.zeros(1, 1, 4, 64))
-    assert not fused.can_run(torch.zeros(1, 1, 4, 8)) and not fused.can_run(torch.zeros(1, 1, 4, 256))
-    assert not fused.can_run(torch.zeros(1, 1, 4, 64, dtype=torch.float64))
+    assert fused.can_run(torch.zeros(1, 1, 4, 64), "linear_attention")
+    assert not fused.can_run(torch.zeros(1, 1, 4, 8), "linear_attention")
+    assert not fused.can_run(torch.zeros(1, 1, 4, 256), "linear_attention")
+    assert not fused.can_run(torch.zeros(1, 1, 4, 64, dtype=torch.float64), "linear_attention")
 
 
 def test_the_switch_is_read_once_at_construction(monkeypatch):
@@ -355,6 +356,10 @@ def test_kernels_at_vit_sizes(tokens, head_dim):
         assert rel_error(module.float()(x), expected) < 1e-5
 
 
+OPS = {"elu": ("linear_attention", "blocked_attention"), "inline": ("linear_attention", "blocked_attention"),
+       "mhla": ("blocked_attention", "linear_attention")}  # (the variant's op, another)
+
+
 @pytest.mark.parametrize("name", ["elu", "inline", "mhla"])
 def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_form_once(name, monkeypatch):
     from vitconvert.attention import triton_kernels
@@ -362,13 +367,14 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_form_once(name, m
     module = make_module(name, 32, (4, 4), 1, **({"blocks_per_side": 2} if name == "mhla" else {}))
     x = torch.randn(2, 17, 64, device=DEVICE)
     expected = module(x)
-    monkeypatch.setattr(dispatch, "_unavailable", [])
+    monkeypatch.setattr(dispatch, "_unavailable", {})
     for kernel in ("attention_fwd_kernel", "state_fwd_kernel", "readout_fwd_kernel"):
         monkeypatch.setattr(triton_kernels, kernel, helpers.Unbuildable())
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources.*VITCONVERT_FUSED=0"):
         out = module(x)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    assert not fused.can_run(x)  # off for the process: no second warning, no second try
+    op, other = OPS[name]
+    assert not fused.can_run(x, op) and fused.can_run(x, other)  # that op's off: no second warning or try
     import warnings
 
     with warnings.catch_warnings():
@@ -381,7 +387,7 @@ BACKWARD_KERNELS = ("readout_bwd_kernel", "state_bwd_kernel")
 
 @pytest.mark.parametrize("name", ["elu", "inline", "mhla"])
 def test_a_backward_kernel_the_gpu_cannot_build_falls_back_to_the_eager_gradients(name, monkeypatch):
-    """The forward ran on the kernels, backward cannot build one: a warning, the kernels off for the process,
+    """The forward ran on the kernels, backward cannot build one: a warning, that op's kernels off for the process,
     and this step's gradients (inputs and parameters, MHLA's W included) from the ops' eager forms."""
     from vitconvert.attention import triton_kernels
 
@@ -389,7 +395,7 @@ def test_a_backward_kernel_the_gpu_cannot_build_falls_back_to_the_eager_gradient
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
     grad = torch.randn(2, 17, 64, device=DEVICE)
     want = torch.autograd.grad(module(x), [x, *module.parameters()], grad)
-    monkeypatch.setattr(dispatch, "_unavailable", [])
+    monkeypatch.setattr(dispatch, "_unavailable", {})
     out = module(x)  # forward on the kernels
     for kernel in BACKWARD_KERNELS:
         monkeypatch.setattr(triton_kernels, kernel, helpers.Unbuildable())
@@ -397,7 +403,8 @@ def test_a_backward_kernel_the_gpu_cannot_build_falls_back_to_the_eager_gradient
         got = torch.autograd.grad(out, [x, *module.parameters()], grad)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
-    assert not fused.can_run(x)  # the next step runs eager, without a second warning
+    op, other = OPS[name]
+    assert not fused.can_run(x, op) and fused.can_run(x, other)  # that op's next step runs eager, unwarned
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])

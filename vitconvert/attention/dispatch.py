@@ -49,7 +49,7 @@ class KernelUnavailable(RuntimeError):
     """Triton could not build a kernel for this GPU (registers, shared memory, an unsupported instruction)."""
 
 
-_unavailable: list[str] = []  # why the kernels were turned off in this process (disable)
+_unavailable: dict[str, str] = {}  # op -> why its kernels were turned off in this process (disable)
 _launcher: Optional[Callable[..., Any]] = None  # every launch through this instead (launches_through)
 
 
@@ -90,30 +90,35 @@ def launches_through(launcher: Callable[..., Any], device_type: str) -> Iterator
         DEVICES, _launcher = saved
 
 
-def disable(error: KernelUnavailable) -> None:
-    """Turn the kernels off for this process after a forward could not build them: once, with a warning; the
-    call that failed and every later one run the eager form."""
-    if not _unavailable:
-        warnings.warn(str(error), RuntimeWarning, stacklevel=3)
-    _unavailable.append(str(error))
+def disable(error: KernelUnavailable, op: str) -> None:
+    """Turn ``op``'s kernels off for this process after a call could not build one: once per op, with a warning;
+    the call that failed and every later one of that op run the eager form. The other ops keep theirs: what does
+    not fit one GPU is one op's kernel (TTT's sums' backward needs 132 KB of shared memory, an RTX 4090 or L40
+    allows 99; benchmarks/kernel_resources.py --arch sm_89), and a benchmark of every variant in one process
+    would otherwise time the rest eager."""
+    if op not in _unavailable:
+        warnings.warn(f"{error} (for {op}; the other ops keep their kernels)", RuntimeWarning, stacklevel=3)
+        _unavailable[op] = str(error)
 
 
-def attempt(mix: Callable[..., torch.Tensor], *args: Any) -> Optional[torch.Tensor]:
-    """``mix(*args)`` on the kernels, or None after :func:`disable` when Triton cannot build them here (the caller
-    then runs its eager form). A function of its own: TorchScript parses even the skipped branches of a scripted
-    ``forward`` and has no ``try``."""
+def attempt(op: str, mix: Callable[..., torch.Tensor], *args: Any) -> Optional[torch.Tensor]:
+    """``mix(*args)`` on ``op``'s kernels, or None after :func:`disable` when Triton cannot build them here (the
+    caller then runs its eager form). A function of its own: TorchScript parses even the skipped branches of a
+    scripted ``forward`` and has no ``try``."""
     try:
         return mix(*args)
     except KernelUnavailable as e:
-        disable(e)
+        disable(e, op)
         return None
 
 
-def can_run(t: torch.Tensor, max_head_dim: int = MAX_HEAD_DIM, dtypes: tuple[torch.dtype, ...] = DTYPES) -> bool:
-    """Whether the kernels take this call's q/k/v (the per-call half of dispatch; anything else runs eager).
-    ``max_head_dim``, ``dtypes``: an op's own bounds where its kernels do not fit an sm_90 GPU outside them
-    (TTT's: :data:`TTT_MAX_HEAD_DIM`, :data:`TTT_DTYPES`)."""
-    if _unavailable or torch.onnx.is_in_onnx_export():
+def can_run(t: torch.Tensor, op: str, max_head_dim: int = MAX_HEAD_DIM,
+            dtypes: tuple[torch.dtype, ...] = DTYPES) -> bool:
+    """Whether ``op``'s kernels (the custom op's name: "linear_attention", "blocked_attention", "ttt_step") take
+    this call's q/k/v (the per-call half of dispatch; anything else runs eager). ``max_head_dim``, ``dtypes``: an
+    op's own bounds where its kernels do not fit an sm_90 GPU outside them (TTT's: :data:`TTT_MAX_HEAD_DIM`,
+    :data:`TTT_DTYPES`)."""
+    if op in _unavailable or torch.onnx.is_in_onnx_export():
         return False
     return (t.device.type in DEVICES and t.dtype in dtypes and MIN_HEAD_DIM <= t.shape[-1] <= max_head_dim
             and triton_available())

@@ -16,7 +16,7 @@ recomputes its scores), so a training step holds no more than softmax's; the blo
 raw q and k.
 
 When they run and how they are launched is :mod:`.dispatch`'s (re-exported here for the variants). A backward
-kernel Triton cannot build turns the kernels off (as a forward one does) and that step's gradients come from
+kernel Triton cannot build turns that op's kernels off (as a forward one does) and that step's gradients come from
 the ops' eager forms (:mod:`.fused_eager`), so training goes on.
 """
 
@@ -159,7 +159,8 @@ def _attention_backward(ctx, do):
         dq, dk, dv = (run_attention_backward if direct(do) else linear_attention_backward)(q, k, v, o, do,
                                                                                           key_valid, *ctx.args)
     except KernelUnavailable as e:
-        dq, dk, dv, _ = _eager_gradients(e, _attention_eager, (q, k, v, key_valid), (do,), *ctx.args)
+        dq, dk, dv, _ = _eager_gradients(e, "linear_attention", _attention_eager, (q, k, v, key_valid), (do,),
+                                         *ctx.args)
     return dq, dk, dv, None, None, None, None, None, None
 
 
@@ -252,8 +253,8 @@ def _blocked_backward(ctx, do):
         grads = run_blocked_backward if direct(do) else blocked_attention_backward
         dq, dk, dv, dmixing = grads(q_in, k_in, v, o, do, key_valid, index, mixing, *ctx.args)
     except KernelUnavailable as e:
-        dq, dk, dv, _, _, dmixing = _eager_gradients(e, _blocked_eager, (q_in, k_in, v, key_valid, index, mixing),
-                                                     (do,), *ctx.args)
+        dq, dk, dv, _, _, dmixing = _eager_gradients(e, "blocked_attention", _blocked_eager,
+                                                     (q_in, k_in, v, key_valid, index, mixing), (do,), *ctx.args)
     dq_weight = dk_weight = None
     if q_weight is not None and k_weight is not None:
         dq, dq_weight = rms_over_heads_backward(q, q_weight, ctx.norm_eps, dq)

@@ -3,7 +3,7 @@
 ``vitconvert::linear_state``  (k, v) -> per-segment S, z, zv        (float32, d×d per head and segment)
 ``vitconvert::linear_readout`` (q, R, r) -> o                       (q's dtype, laid out as (B, N, H, d))
 
-Each has a backward op and autograd; a backward kernel Triton cannot build turns the kernels off and takes the
+Each has a backward op and autograd; a backward kernel Triton cannot build turns that op's kernels off and takes the
 gradients from the ops' eager forms (:mod:`.fused_eager`).
 """
 
@@ -119,8 +119,8 @@ def _state_backward(ctx, dS, dz, dzv):
     try:
         dk, dv = linear_state_backward(k, v, key_valid, index, dS, dz, dzv, ctx.feature, ctx.feature_eps)
     except KernelUnavailable as e:
-        dk, dv, _, _ = _eager_gradients(e, fused_eager.state, (k, v, key_valid, index), (dS, dz, dzv),
-                                        ctx.feature, ctx.feature_eps)
+        dk, dv, _, _ = _eager_gradients(e, "linear_state", fused_eager.state, (k, v, key_valid, index),
+                                        (dS, dz, dzv), ctx.feature, ctx.feature_eps)
     return dk, dv, None, None, None, None
 
 
@@ -204,15 +204,16 @@ def _readout_backward(ctx, do):
     try:
         dq, dR, dr = linear_readout_backward(q, R, r, o, do, index, *ctx.args)
     except KernelUnavailable as e:
-        dq, dR, dr, _ = _eager_gradients(e, fused_eager.readout, (q, R, r, index), (do,), *ctx.args)
+        dq, dR, dr, _ = _eager_gradients(e, "linear_readout", fused_eager.readout, (q, R, r, index), (do,),
+                                         *ctx.args)
     return dq, dR.to(R.dtype), dr.to(r.dtype), None, None, None, None, None
 
 
 linear_readout.register_autograd(_readout_backward, setup_context=_readout_setup)
 
 
-def _eager_gradients(error: KernelUnavailable, form, inputs, grads, *args):
-    """A backward kernel that cannot be built here: the kernels go off for the process (one warning) and this
-    step's gradients come from the op's eager form."""
-    disable(error)
+def _eager_gradients(error: KernelUnavailable, op: str, form, inputs, grads, *args):
+    """A backward kernel that cannot be built here: ``op``'s kernels go off for the process (one warning) and
+    this step's gradients come from the op's eager form."""
+    disable(error, op)
     return fused_eager.gradients(form, inputs, grads, *args)

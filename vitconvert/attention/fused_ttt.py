@@ -8,7 +8,7 @@ f_{W'}(q) in two kernels; backward in two (the read-out's backward, the sums' ba
 (B, H, 3, d, d): autograd keeps no token-sized intermediate, and TTT's checkpoint keeps not even W' (it is
 recomputed with the step, and the recomputation is what backward reads). Registered like the linear-attention
 ops (:mod:`.fused`): torch.compile and torch.export see one op, and a plain eager call skips the dispatcher
-(:func:`.dispatch.direct`). A backward kernel Triton cannot build turns the kernels off and takes that step's
+(:func:`.dispatch.direct`). A backward kernel Triton cannot build turns TTT's kernels off and takes that step's
 gradients from the op's eager form.
 """
 
@@ -139,7 +139,8 @@ def _backward(ctx, do, _):  # (W' is for backward only: nothing flows back throu
         dq, dk, dv, dweights = (run_ttt_backward if fused.direct(do) else ttt_step_backward)(q, k, v, do, key_valid,
                                                                                       weights, updated, *ctx.args)
     except KernelUnavailable as e:
-        dq, dk, dv, _, dweights = _eager_gradients(e, ttt_eager, (q, k, v, key_valid, weights), (do,), *ctx.args)
+        dq, dk, dv, _, dweights = _eager_gradients(e, "ttt_step", ttt_eager, (q, k, v, key_valid, weights), (do,),
+                                                   *ctx.args)
     return dq, dk, dv, None, dweights, None, None
 
 

@@ -163,9 +163,9 @@ class KernelAttention(LinearAttention):
             extra: Optional[torch.Tensor] = None) -> torch.Tensor:
         """φ on q and k together: fewer passes, and for batches the stacked copy is the layout bmm needs."""
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
-            if self.fused_kernels and fused.can_run(v):
-                out = fused.attempt(fused.kernel_attention, q.to(v.dtype), k.to(v.dtype), v, key_valid,
-                                    self.phi_code, self.eps)
+            if self.fused_kernels and fused.can_run(v, "linear_attention"):
+                out = fused.attempt("linear_attention", fused.kernel_attention, q.to(v.dtype), k.to(v.dtype), v,
+                                    key_valid, self.phi_code, self.eps)
                 if out is not None:
                     return out
         if q.shape[0] > 1 and q.shape == k.shape:  # (B, H) views cannot fold into one bmm batch: copy once, here

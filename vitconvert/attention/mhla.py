@@ -186,7 +186,7 @@ class MHLAttention(LinearAttention):
 
     def _fused_here(self, t: torch.Tensor) -> bool:
         """Whether this call runs on the kernels (``t`` with q's last dimension: can_run checks the head dim)."""
-        return self.fused_kernels and not self.official_denominator and fused.can_run(t)
+        return self.fused_kernels and not self.official_denominator and fused.can_run(t, "blocked_attention")
 
     # -- shared by mix and reference ----------------------------------------------------------------
     def features(self, q: torch.Tensor, k: torch.Tensor, key_valid: Optional[torch.Tensor]):
@@ -216,7 +216,7 @@ class MHLAttention(LinearAttention):
         """Blocked states, mixed by W, read by each query; reshapes/gathers, no loops; sums in float32 at least."""
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             if self._fused_here(v):
-                out = fused.attempt(self._fused_mix, q, k, v, key_valid, grid)
+                out = fused.attempt("blocked_attention", self._fused_mix, q, k, v, key_valid, grid)
                 if out is not None:
                     return out
         dtype = v.dtype

@@ -133,10 +133,11 @@ class TTTAttention(LinearAttention):
         so no RNG state is stashed. Tracing for export or TorchScript records the plain step.
         """
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
-            on_kernels = self.fused_kernels and fused.can_run(v, dispatch.TTT_MAX_HEAD_DIM, dispatch.TTT_DTYPES)
+            on_kernels = self.fused_kernels and fused.can_run(v, "ttt_step", dispatch.TTT_MAX_HEAD_DIM,
+                                                              dispatch.TTT_DTYPES)
             recompute = self.recompute_step and records_for_backward()
             if on_kernels:  # a kernel Triton cannot build: turned off, and the step again from the start
-                out = fused.attempt(self.run_step, q, k, v, key_valid, grid, True, recompute)
+                out = fused.attempt("ttt_step", self.run_step, q, k, v, key_valid, grid, True, recompute)
                 if out is not None:
                     return out
             return self.run_step(q, k, v, key_valid, grid, False, recompute)
@@ -145,7 +146,7 @@ class TTTAttention(LinearAttention):
     def run_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                  grid: Grid, on_kernels: bool, recompute: bool) -> torch.Tensor:
         """:meth:`step`, checkpointed when ``recompute``. The path is decided before the checkpoint and passed in,
-        so backward's recomputation takes the forward's (a later layer's backward may turn the kernels off first),
+        so backward's recomputation takes the forward's (a later layer's backward may turn TTT's kernels off first),
         and a forward the kernels fail part-way is run again whole (the checkpoint must see one path's tensors)."""
         if recompute:
             return checkpoint(self.step, q, k, v, key_valid, grid, on_kernels, use_reentrant=False,
