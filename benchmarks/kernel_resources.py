@@ -86,7 +86,7 @@ def blocks_per_sm(arch: str, registers: int, shared: int, warps: int) -> int:
 
 class CrossBuilds(Builds):
     """:class:`Builds` that compiles each kernel for ``arch`` (Triton's compiler and ptxas, no GPU) and launches
-    nothing: the ops' outputs stay uninitialised, which only the kernels that are not run would read."""
+    nothing: the ops go on with uninitialised outputs, which is harmless here (only shapes and dtypes matter)."""
 
     def __init__(self, op: str, arch: str) -> None:
         from triton.backends.compiler import GPUTarget  # lazy: start-up time (only this mode compiles)
@@ -128,8 +128,8 @@ class CrossBuilds(Builds):
         found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
         if found is None:
             raise RuntimeError(f"cuobjdump printed no resource usage for {kernel.fn.__name__}: {usage[:200]}")
-        # the stack frame is the spilled registers (Triton's kernels keep no local arrays): bytes / 4, as the
-        # driver's count that Triton reports on a GPU
+        # the stack frame taken as spilled registers, bytes / 4: what Triton reports on a GPU (the driver's local
+        # memory per thread / 4)
         return int(found.group(1)), int(found.group(2)) // 4, int(compiled.metadata.shared)
 
 
