@@ -70,7 +70,7 @@ class Builds:
 # (capability, shared bytes one block may use, shared bytes per SM, warps per SM): the CUDA C programming
 # guide's table of compute capabilities (the opt-in maximum per block; 64K registers per SM on each)
 ARCHES = {"sm_80": (80, 166912, 167936, 64), "sm_86": (86, 101376, 102400, 48), "sm_89": (89, 101376, 102400, 48),
-          "sm_90": (90, 232448, 233472, 64)}
+          "sm_90": (90, 232448, 233472, 64), "sm_100": (100, 232448, 233472, 64)}
 
 
 def blocks_per_sm(arch: str, registers: int, shared: int, warps: int) -> int:
@@ -246,7 +246,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--head-dims", default=None, help="comma-separated (default 64,128 on a GPU or with --arch, "
                                                           "32 in the interpreter)")
     parser.add_argument("--arch", default=None, help=f"build for this GPU generation, launching nothing: "
-                                                     f"{', '.join(ARCHES)} (sm_90: H100, H200)")
+                                                     f"{', '.join(ARCHES)} (sm_90: H100, H200; sm_100: B200)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
                         help="the inputs' (default bfloat16, as autocast hands them over)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")

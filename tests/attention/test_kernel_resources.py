@@ -65,11 +65,11 @@ def nvidia_build_tools() -> bool:
         return False
 
 
-def cross_build(tmp_path: Path, *args: str) -> tuple[list[dict], str]:
-    """kernel_resources.py --arch sm_90 ARGS in a process without TRITON_INTERPRET: (rows, stdout)."""
+def cross_build(tmp_path: Path, *args: str, arch: str = "sm_90") -> tuple[list[dict], str]:
+    """kernel_resources.py --arch ARCH ARGS in a process without TRITON_INTERPRET: (rows, stdout)."""
     out = tmp_path / "resources.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "kernel_resources.py"), "--arch", "sm_90", *args,
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "kernel_resources.py"), "--arch", arch, *args,
                            "--json", str(out)], env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())["rows"], done.stdout
@@ -110,3 +110,11 @@ def test_occupancy_is_the_least_of_registers_shared_memory_and_warps():
     assert script.blocks_per_sm("sm_90", 32, 0, 4) == 16  # warp slots (64 / 4)
     assert script.blocks_per_sm("sm_86", 32, 49152, 4) == 2  # shared memory (100 KB an SM)
     assert script.blocks_per_sm("sm_89", 32, 101377, 4) == 0  # over a block's limit: does not run
+
+
+@pytest.mark.slow  # (a minute of builds)
+@pytest.mark.skipif(not nvidia_build_tools(), reason="this Triton ships no ptxas/cuobjdump")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_100"])
+def test_every_kernel_fits_an_a100_and_a_b200_at_head_dim_64(tmp_path, arch):
+    rows, _ = cross_build(tmp_path, "--head-dims", "64", arch=arch)
+    assert len(rows) == 20 and [row for row in rows if not row["fits"]] == []
