@@ -149,9 +149,10 @@ def interpreting() -> bool:
 def block_sizes(head_dim: int, many_tiles: bool = False) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_D, num_warps): a power-of-two head tile, token chunks that keep the d×d state and one
     tile of tokens in registers. ``many_tiles``: kernels that hold several d×d matrices (TTT's: up to a dozen
-    and three accumulators) take half the chunk and twice the warps from head dim 64 up, for registers (a guess
-    until measured: benchmarks/kernel_resources.py). ``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps`` overrides
-    every kernel's (for tuning sweeps)."""
+    and three accumulators) take half the chunk and twice the warps from head dim 64 up, for registers: of
+    BLOCK_N 16/32/64 × 4/8 warps, the one where no TTT kernel spills at head dim 64 on sm_90 (benchmarks/
+    kernel_resources.py --arch sm_90; their speed is not measured). ``VITCONVERT_FUSED_CONFIG=BLOCK_N,
+    num_warps`` overrides every kernel's (for tuning sweeps)."""
     return _block_sizes(head_dim, os.environ.get(CONFIG_ENV), many_tiles)
 
 
