@@ -22,7 +22,7 @@ from . import fused
 from .dispatch import KernelUnavailable, block_sizes, launch, split_tokens, tile_args
 from .fused import _direct_function, call_op
 from .fused_parts import _eager_gradients, _mask_arg, _output_like, _total
-from .ttt_closed_form import inner_gradients, swiglu_readout
+from .ttt_closed_form import stepped_readout
 
 
 def _step_size(key_valid: Optional[torch.Tensor], tokens: int, scale: float,
@@ -153,9 +153,7 @@ def ttt_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Opti
     """:func:`ttt_step` in torch, float32 (its backward's fallback and the tests' oracle of the op)."""
     dtype, acc = q.dtype, torch.promote_types(weights.dtype, torch.float32)
     q, k, v, weights = q.to(acc), k.to(acc), v.to(acc), weights.to(acc)
-    w12, w3 = torch.cat((weights[:, 0], weights[:, 1]), dim=-1), weights[:, 2]
-    dw12, dw3 = inner_gradients(k, v, key_valid, w12, w3, scale)
-    return swiglu_readout(q, w12 - lr * dw12, w3 - lr * dw3).to(dtype)
+    return stepped_readout(q, k, v, key_valid, weights[:, 0], weights[:, 1], weights[:, 2], scale, lr).to(dtype)
 
 
 def fused_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],

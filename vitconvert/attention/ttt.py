@@ -38,7 +38,7 @@ from .lean_norms import key_instance_norm
 from .options import Option, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
-from .ttt_closed_form import inner_gradients, inner_model, normalize_keys, swiglu_readout
+from .ttt_closed_form import inner_gradients, inner_model, normalize_keys, stepped_readout, swiglu_readout
 
 FastWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -171,10 +171,7 @@ class TTTAttention(LinearAttention):
             q = self.local_conv(q, self.q_conv.weight, self.q_conv.bias, grid, key_valid)
             k = self.local_conv(k, self.k_conv.weight, self.k_conv.bias, grid, key_valid)
             w1, w2, w3 = self.fast_weights(acc)
-            w12 = torch.cat((w1, w2), dim=-1)
-            dw12, dw3 = inner_gradients(k, v, key_valid, w12, w3, self.scale)
-            lr = self.inner_lr
-            out = swiglu_readout(q, w12 - lr * dw12, w3 - lr * dw3)
+            out = stepped_readout(q, k, v, key_valid, w1, w2, w3, self.scale, self.inner_lr)
         return out.to(dtype)
 
     def fused_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],

@@ -76,6 +76,14 @@ def inner_gradients(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None
     return dw12, dw3
 
 
+def stepped_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None, w1: torch.Tensor,
+                    w2: torch.Tensor, w3: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
+    """f_{W'}(q) after one inner step W' = W − lr·∇L on (k, v): the closed-form step after the key norm and convs."""
+    w12 = torch.cat((w1, w2), dim=-1)
+    dw12, dw3 = inner_gradients(k, v, valid, w12, w3, scale)
+    return swiglu_readout(q, w12 - lr * dw12, w3 - lr * dw3)
+
+
 def _times(t: torch.Tensor, coef: float, per_item: Optional[torch.Tensor]) -> torch.Tensor:
     """t·coef, or t·per_item when given (one code path for TorchScript, which has no float-or-tensor type)."""
     return t * coef if per_item is None else t * per_item
