@@ -55,16 +55,20 @@ class Builds:
 
     def __call__(self, kernel, grid, *args, **kwargs) -> Any:
         compiled = dispatch.build_and_run(kernel, grid, *args, **kwargs)
+        metadata = getattr(compiled, "metadata", None)
+        self.add(kernel, grid, kwargs, lambda: {"registers": getattr(compiled, "n_regs", None),
+                                                "spills": getattr(compiled, "n_spills", None),
+                                                "shared_bytes": getattr(metadata, "shared", None)})
+        return compiled
+
+    def add(self, kernel, grid, kwargs: dict, resources: Callable[[], dict[str, Any]]) -> None:
+        """A row for this build (kernel and launch settings) unless it has one: its name, settings, grid and
+        ``resources()``."""
         name = getattr(kernel, "fn", kernel).__name__
         settings = {key: kwargs[key] for key in ("BLOCK_N", "BLOCK_D", "num_warps") if key in kwargs}
         key = (self.op, name, *settings.values())
         if key not in self.rows:
-            metadata = getattr(compiled, "metadata", None)
-            self.rows[key] = {"op": self.op, "kernel": name, **settings, "grid": list(grid),
-                              "registers": getattr(compiled, "n_regs", None),
-                              "spills": getattr(compiled, "n_spills", None),
-                              "shared_bytes": getattr(metadata, "shared", None)}
-        return compiled
+            self.rows[key] = {"op": self.op, "kernel": name, **settings, "grid": list(grid), **resources()}
 
 
 # (capability, shared bytes one block may use, shared bytes per SM, warps per SM): the CUDA C programming
@@ -99,27 +103,27 @@ class CrossBuilds(Builds):
         self.backend = make_backend(self.target)
 
     def __call__(self, kernel, grid, *args, **kwargs) -> None:
-        name = kernel.fn.__name__
-        settings = {key: kwargs[key] for key in ("BLOCK_N", "BLOCK_D", "num_warps") if key in kwargs}
-        key = (self.op, name, *settings.values())
-        if key not in self.rows:
-            registers, spills, shared = self.build(kernel, *args, **kwargs)
-            self.rows[key] = {"op": self.op, "kernel": name, **settings, "grid": list(grid), "registers": registers,
-                              "spills": spills, "shared_bytes": shared, "fits": shared <= self.max_shared,
-                              "blocks_per_sm": blocks_per_sm(self.arch, registers, shared, kwargs["num_warps"])}
+        self.add(kernel, grid, kwargs, lambda: self.build(kernel, *args, **kwargs))
 
-    def build(self, kernel, *args, **kwargs) -> tuple[int, int, int]:
-        """(registers per thread, spilled registers, shared bytes): Triton's JIT specialises the arguments as it
-        would for a launch (alignment, constants), then compiles for the target; cuobjdump reads the cubin."""
+    def build(self, kernel, *args, **kwargs) -> dict[str, Any]:
+        """Registers per thread, spilled registers, shared bytes, whether it fits and blocks per SM; or, where
+        Triton's compiler refuses the kernel, its first line as ``error``. Triton's JIT specialises the arguments
+        as it would for a launch (alignment, constants), then compiles for the target; cuobjdump reads the cubin."""
         import triton  # lazy: start-up time
         from triton.compiler import ASTSource  # lazy: start-up time
+        from triton.runtime.errors import TritonError  # lazy: start-up time
         from triton.runtime.jit import create_function_from_signature  # lazy: start-up time
 
         bind = create_function_from_signature(kernel.signature, kernel.params, self.backend)
         bound, specialization, options = bind(*args, **kwargs)
         options, signature, constants, attrs = kernel._pack_args(self.backend, kwargs, bound, specialization, options)
-        compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=self.target,
-                                  options=options.__dict__)
+        try:
+            compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=self.target,
+                                      options=options.__dict__)
+        except TritonError as e:
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            return {"registers": None, "spills": None, "shared_bytes": None, "fits": False, "blocks_per_sm": 0,
+                    "error": f"{type(e).__name__}: {lines[-1] if lines else ''}"[:200]}
         with tempfile.TemporaryDirectory() as folder:
             cubin = Path(folder) / "kernel.cubin"
             cubin.write_bytes(compiled.asm["cubin"])
@@ -130,7 +134,9 @@ class CrossBuilds(Builds):
             raise RuntimeError(f"cuobjdump printed no resource usage for {kernel.fn.__name__}: {usage[:200]}")
         # the stack frame taken as spilled registers, bytes / 4: what Triton reports on a GPU (the driver's local
         # memory per thread / 4)
-        return int(found.group(1)), int(found.group(2)) // 4, int(compiled.metadata.shared)
+        registers, spills, shared = int(found.group(1)), int(found.group(2)) // 4, int(compiled.metadata.shared)
+        return {"registers": registers, "spills": spills, "shared_bytes": shared, "fits": shared <= self.max_shared,
+                "blocks_per_sm": blocks_per_sm(self.arch, registers, shared, kwargs["num_warps"])}
 
 
 def op_calls(d: int, device: torch.device, side: int = 16,
@@ -210,9 +216,13 @@ def print_table(rows: list[dict[str, Any]], device: torch.device, arch: Optional
               f"{number(row['shared_bytes']):>7}" + (f"  {row['blocks_per_sm']:>9}" if arch else ""))
     if built:
         for what, bad in (("spill registers", [r for r in rows if r["spills"]]),
-                          ("need more shared memory than a block may have", [r for r in rows if not r.get("fits", 1)])):
+                          ("need more shared memory than a block may have",
+                           [r for r in rows if not r.get("fits", 1) and "error" not in r])):
             print(f"{len(bad)} of {len(rows)} builds {what}" + (
                 ": " + ", ".join(sorted({f'{r["kernel"]} (d {r["head_dim"]})' for r in bad})) if bad else ""))
+        for row in rows:
+            if "error" in row:
+                print(f"not built: {row['kernel']} (d {row['head_dim']}, {row['op']}): {row['error']}")
 
 
 def parse_dims(text: str) -> list[int]:
@@ -272,7 +282,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json is not None:
         write_text_atomic(args.json, json.dumps({"device": str(device), "arch": args.arch, "dtype": args.dtype,
                                                  "rows": rows}, indent=1))
-    return 0
+    return 1 if any("error" in row for row in rows) else 0
 
 
 if __name__ == "__main__":

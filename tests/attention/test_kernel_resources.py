@@ -71,7 +71,7 @@ def cross_build(tmp_path: Path, *args: str, arch: str = "sm_90") -> tuple[list[d
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, str(BENCHMARKS / "kernel_resources.py"), "--arch", arch, *args,
                            "--json", str(out)], env=env, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     return json.loads(out.read_text())["rows"], done.stdout
 
 
