@@ -47,10 +47,12 @@ def step_inputs(N: int = 70, d: int = 32, dtype: torch.dtype = torch.float32, ma
     return [q, k, v, weights.to(DEVICE).requires_grad_()], mask
 
 
-def against_float64(inputs: list[torch.Tensor], mask: Optional[torch.Tensor], lr: float = 1.0):
-    """(relative errors of the op's output, then of each input's gradient) against the eager step in float64."""
+def against_float64(inputs: list[torch.Tensor], mask: Optional[torch.Tensor], lr: float = 1.0,
+                    form=fused_ttt.fused_step):
+    """(relative errors of ``form``'s output, the op's by default, then of each input's gradient) against the
+    eager step in float64."""
     d = inputs[0].shape[-1]
-    out = fused_ttt.fused_step(*inputs[:3], mask, inputs[3], d ** -0.5, lr)
+    out = form(*inputs[:3], mask, inputs[3], d ** -0.5, lr)
     copies = [t.detach().double().requires_grad_() for t in inputs]
     expected = fused_ttt.ttt_eager(*copies[:3], mask, copies[3], d ** -0.5, lr)
     probe = torch.randn(expected.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
@@ -86,14 +88,12 @@ def test_half_inputs_are_as_close_to_float64_as_autocast(dtype, d):
     out = fused_ttt.fused_step(*inputs[:3], mask, inputs[3], d ** -0.5, 1.0)
     assert out.dtype == dtype
     errors = against_float64(inputs, mask)
-    copies = [t.detach().double().requires_grad_() for t in inputs]
-    expected = fused_ttt.ttt_eager(*copies[:3], mask, copies[3], d ** -0.5, 1.0)
-    with torch.autocast(DEVICE, dtype=dtype):
-        autocast = fused_ttt.ttt_eager(*inputs[:3], mask, inputs[3], d ** -0.5, 1.0)
-    probe = torch.randn(expected.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    got = torch.autograd.grad(autocast, inputs, probe.to(autocast))
-    want = torch.autograd.grad(expected, copies, probe)
-    autocast_errors = [rel_error(autocast, expected), *(rel_error(g, w) for g, w in zip(got, want, strict=True))]
+
+    def under_autocast(*args):
+        with torch.autocast(DEVICE, dtype=dtype):
+            return fused_ttt.ttt_eager(*args)
+
+    autocast_errors = against_float64(inputs, mask, form=under_autocast)
     assert all(e <= a for e, a in zip(errors, autocast_errors, strict=True)), (errors, autocast_errors)
     assert max(errors) < (1e-2 if dtype == torch.bfloat16 else 2e-3), errors
 
