@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import socket
@@ -19,8 +18,9 @@ if not torch.cuda.is_available():  # the fused kernels' tests run in Triton's in
 from helpers import interpreter_rounds_to_nearest, tiny_model  # noqa: E402
 
 import vitconvert  # noqa: E402
+from vitconvert.attention import dispatch  # noqa: E402
 
-if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None:
+if dispatch.interpreting() and dispatch.triton_available():
     interpreter_rounds_to_nearest()  # bf16 casts as the GPU rounds them (helpers.py says why)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 torch.set_num_threads(1)  # pytest -n 2 runs two workers on two cores: one thread each, no oversubscription
