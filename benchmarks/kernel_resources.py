@@ -17,10 +17,14 @@ look at when a kernel is slower than its bytes say (TTT's backward holds a dozen
 
 ``--arch`` builds every kernel with Triton's own compiler and ptxas for that GPU generation, on any machine
 (Triton's wheel ships ptxas and cuobjdump), and launches nothing: the same registers, spills and shared memory,
-and whether each kernel fits the generation's shared memory per block. A kernel that does not fit cannot run
-there (dispatch then turns that op's kernels off for the process); one that Triton's compiler rejects outright (the
-interpreter runs what the compiler refuses) fails here with the compiler's message. The tests build the head
-dim-64 kernels this way (tests/attention/test_kernel_resources.py).
+and whether each kernel fits the generation's shared memory per block. A build that does not fit is refused as
+Triton's launcher refuses it on such a GPU, and dispatch goes on as it would there (dispatch.launch): the same
+kernel on 16-bit tiles, then on smaller token chunks, and where nothing fits, the op's eager form. The summary
+says which kernels run lean and which fit nothing. One that Triton's compiler rejects outright (the interpreter
+runs what the compiler refuses) fails here with the compiler's message. The tests build the kernels this way
+(tests/attention/test_kernel_resources.py).
+
+    python benchmarks/kernel_resources.py --arch sm_89 --ops "linear_attention elu"   # an L40 / RTX 4090
 """
 
 from __future__ import annotations
@@ -47,28 +51,43 @@ from vitconvert.writer import write_text_atomic  # noqa: E402
 
 
 class Builds:
-    """Each distinct kernel build launched through it: name, settings, and the compiled kernel's resources."""
+    """Each distinct kernel build launched through it: name, settings, and the compiled kernel's resources. A
+    launch that does not fit the GPU is a row too (``fits`` false), and the error goes on to dispatch, which tries
+    leaner settings (dispatch.launch) as it does for any launch."""
 
     def __init__(self, op: str = "") -> None:
         self.op = op
         self.rows: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     def __call__(self, kernel, grid, *args, **kwargs) -> Any:
-        compiled = dispatch.build_and_run(kernel, grid, *args, **kwargs)
+        try:
+            compiled = dispatch.build_and_run(kernel, grid, *args, **kwargs)
+        except dispatch.KernelUnavailable as e:
+            refused = {"registers": None, "spills": None, "shared_bytes": None, "fits": False, "refused": str(e)[:300]}
+            self.add(kernel, grid, kwargs, lambda: refused)
+            raise
         metadata = getattr(compiled, "metadata", None)
         self.add(kernel, grid, kwargs, lambda: {"registers": getattr(compiled, "n_regs", None),
                                                 "spills": getattr(compiled, "n_spills", None),
-                                                "shared_bytes": getattr(metadata, "shared", None)})
+                                                "shared_bytes": getattr(metadata, "shared", None), "fits": True})
         return compiled
 
-    def add(self, kernel, grid, kwargs: dict, resources: Callable[[], dict[str, Any]]) -> None:
-        """A row for this build (kernel and launch settings) unless it has one: its name, settings, grid and
+    def add(self, kernel, grid, kwargs: dict, resources: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """The row of this build (kernel and launch settings), made unless it exists: its name, settings, grid and
         ``resources()``."""
-        name = getattr(kernel, "fn", kernel).__name__
+        name = dispatch.kernel_name(kernel)
         settings = {key: kwargs[key] for key in ("BLOCK_N", "BLOCK_D", "num_warps") if key in kwargs}
+        settings["tile"] = tile_name(kwargs)
         key = (self.op, name, *settings.values())
         if key not in self.rows:
             self.rows[key] = {"op": self.op, "kernel": name, **settings, "grid": list(grid), **resources()}
+        return self.rows[key]
+
+
+def tile_name(kwargs: dict) -> str:
+    """The dots' operands: tf32 (float32 tiles as TF32), fp32, bf16 or fp16."""
+    tile = str(kwargs.get("TILE", ""))
+    return "tf32" if tile == "fp32" and kwargs.get("PRECISION") == "tf32" else tile
 
 
 # (capability, shared bytes one block may use, shared bytes per SM, warps per SM): the CUDA C programming
@@ -103,7 +122,10 @@ class CrossBuilds(Builds):
         self.backend = make_backend(self.target)
 
     def __call__(self, kernel, grid, *args, **kwargs) -> None:
-        self.add(kernel, grid, kwargs, lambda: self.build(kernel, *args, **kwargs))
+        row = self.add(kernel, grid, kwargs, lambda: self.build(kernel, *args, **kwargs))
+        if not row["fits"] and "error" not in row:  # as Triton's launcher refuses it on such a GPU
+            raise dispatch.KernelUnavailable(f"{row['kernel']} needs {row['shared_bytes']} bytes of shared memory, "
+                                             f"{self.arch} gives a block {self.max_shared}", resources=True)
 
     def build(self, kernel, *args, **kwargs) -> dict[str, Any]:
         """Registers per thread, spilled registers, shared bytes, whether it fits and blocks per SM; or, where
@@ -166,6 +188,10 @@ def op_calls(d: int, device: torch.device, side: int = 16,
     }
 
 
+OPS = ("linear_attention elu", "linear_attention inline", "blocked_attention mhla", "ttt_step",
+       "linear_attention elu split")  # (measure's)
+
+
 def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Optional[tuple[str, ...]] = None,
             arch: Optional[str] = None, dtype: torch.dtype = torch.bfloat16) -> list[dict[str, Any]]:
     """The builds of each op (all, or those named in ``ops``) at each head dim, on ``device`` or, with ``arch``,
@@ -208,21 +234,38 @@ def print_table(rows: list[dict[str, Any]], device: torch.device, arch: Optional
         where = torch.cuda.get_device_name(device) if built else "no GPU: Triton's interpreter builds nothing"
     print(f"fused kernels as built for {where}; {str(dtype).removeprefix('torch.')} inputs; "
           f"{dispatch.CONFIG_ENV}={os.environ.get(dispatch.CONFIG_ENV, '(default)')}")
-    print(f"{'d':>4}  {'op':26s} {'kernel':28s} {'BLOCK_N':>7} {'warps':>5} {'regs':>5} {'spills':>6} {'shared':>7}"
-          + ("  blocks/SM" if arch else ""))
+    print(f"{'d':>4}  {'op':26s} {'kernel':28s} {'BLOCK_N':>7} {'warps':>5} {'tile':>4} {'regs':>5} {'spills':>6} "
+          f"{'shared':>7}" + ("  blocks/SM" if arch else ""))
     for row in rows:
         print(f"{row['head_dim']:>4}  {row['op']:26s} {row['kernel']:28s} {row.get('BLOCK_N', 0):>7} "
-              f"{row.get('num_warps', 0):>5} {number(row['registers']):>5} {number(row['spills']):>6} "
-              f"{number(row['shared_bytes']):>7}" + (f"  {row['blocks_per_sm']:>9}" if arch else ""))
+              f"{row.get('num_warps', 0):>5} {row.get('tile', ''):>4} {number(row['registers']):>5} "
+              f"{number(row['spills']):>6} {number(row['shared_bytes']):>7}"
+              + (f"  {row['blocks_per_sm']:>9}" if arch else "") + ("" if row.get("fits", True) else "  does not fit"))
     if built:
-        for what, bad in (("spill registers", [r for r in rows if r["spills"]]),
-                          ("need more shared memory than a block may have",
-                           [r for r in rows if not r.get("fits", 1) and "error" not in r])):
-            print(f"{len(bad)} of {len(rows)} builds {what}" + (
-                ": " + ", ".join(sorted({f'{r["kernel"]} (d {r["head_dim"]})' for r in bad})) if bad else ""))
-        for row in rows:
-            if "error" in row:
-                print(f"not built: {row['kernel']} (d {row['head_dim']}, {row['op']}): {row['error']}")
+        for line in summary(rows):
+            print(line)
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    """What the rows say about the GPU: builds that spill, builds that did not fit (dispatch then tried leaner
+    settings: dispatch.launch), the kernels that ran on leaner settings than their call site's, those that fit
+    none (their op runs its eager form there), and the builds Triton's compiler refused."""
+    ran = [r for r in rows if r.get("fits", True)]
+    misfits = [r for r in rows if not r.get("fits", True) and "error" not in r]
+    lines = []
+    for what, bad, of in (("spill registers", [r for r in ran if r["spills"]], ran),
+                          ("need more shared memory than a block may have", misfits, rows)):
+        lines.append(f"{len(bad)} of {len(of)} builds {what}" + (
+            ": " + ", ".join(sorted({f'{r["kernel"]} (d {r["head_dim"]})' for r in bad})) if bad else ""))
+    for place in dict.fromkeys((r["head_dim"], r["op"], r["kernel"]) for r in misfits):
+        fitting = [r for r in ran if (r["head_dim"], r["op"], r["kernel"]) == place]
+        where = f"{place[2]} (d {place[0]}, {place[1]})"
+        if fitting:
+            lines.append(f"runs lean: {where} on {fitting[-1]['tile']} tiles, BLOCK_N {fitting[-1]['BLOCK_N']}")
+        else:
+            lines.append(f"fits no settings: {where}; that op runs its eager form on this GPU")
+    lines += [f"not built: {r['kernel']} (d {r['head_dim']}, {r['op']}): {r['error']}" for r in rows if "error" in r]
+    return lines
 
 
 def parse_dims(text: str) -> list[int]:
@@ -259,6 +302,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                      f"{', '.join(ARCHES)} (sm_90: H100, H200; sm_100: B200)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
                         help="the inputs' (default bfloat16, as autocast hands them over)")
+    parser.add_argument("--ops", default=None, help=f"comma-separated, of: {', '.join(OPS)} (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype)
@@ -267,6 +311,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         dims = parse_dims(args.head_dims or ("32" if device.type == "cpu" and args.arch is None else "64,128"))
     except ValueError as e:
         print(f"error: --head-dims: {e}", file=sys.stderr)
+        return 2
+    ops = None if args.ops is None else tuple(op.strip() for op in args.ops.split(",") if op.strip())
+    if ops is not None and (not ops or set(ops) - set(OPS)):
+        print(f"error: --ops: comma-separated, of: {', '.join(OPS)}; got {args.ops!r}", file=sys.stderr)
         return 2
     if args.json is not None and not args.json.parent.is_dir():
         print(f"error: --json: no folder {args.json.parent}", file=sys.stderr)
@@ -277,7 +325,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    rows = measure(dims, device, arch=args.arch, dtype=dtype)
+    rows = measure(dims, device, ops=ops, arch=args.arch, dtype=dtype)
     print_table(rows, device, args.arch, dtype)
     if args.json is not None:
         write_text_atomic(args.json, json.dumps({"device": str(device), "arch": args.arch, "dtype": args.dtype,

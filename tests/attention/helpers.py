@@ -88,3 +88,23 @@ class Unbuildable:
 
             raise OutOfResources(232448, 101376, "shared memory")
         return run
+
+
+class Cramped:
+    """A real kernel on a GPU with less shared memory than the launch settings were made for: settings that
+    ``fits(settings)`` rejects raise OutOfResources at launch, as Triton's launcher does (``refused`` counts
+    them); the others run the kernel."""
+
+    def __init__(self, kernel, fits) -> None:
+        self.kernel, self.fits, self.refused = kernel, fits, 0
+        self.fn = kernel.fn  # (its name, for dispatch.lean_launches)
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            if not self.fits(kwargs):
+                from triton.runtime.errors import OutOfResources
+
+                self.refused += 1
+                raise OutOfResources(106496, 101376, "shared memory")
+            return self.kernel[grid](*args, **kwargs)
+        return run

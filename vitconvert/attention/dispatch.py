@@ -46,25 +46,76 @@ def use_fused_kernels() -> bool:
 
 
 class KernelUnavailable(RuntimeError):
-    """Triton could not build a kernel for this GPU (registers, shared memory, an unsupported instruction)."""
+    """Triton could not build a kernel for this GPU (registers, shared memory, an unsupported instruction).
+    ``resources``: it built, but needs more shared memory or threads than the GPU gives a block, so leaner launch
+    settings may fit (:func:`launch`)."""
+
+    def __init__(self, message: str, resources: bool = False) -> None:
+        super().__init__(message)
+        self.resources = resources
 
 
+MIN_BLOCK_N = 16  # the smallest token chunk a lean launch takes (a tensor-core dot's least M)
 _unavailable: dict[str, str] = {}  # op -> why its kernels were turned off in this process (disable)
+_settled: dict[tuple[Any, ...], dict[str, Any]] = {}  # a launch's settings -> the leaner ones that fit (launch)
 _launcher: Optional[Callable[..., Any]] = None  # every launch through this instead (launches_through)
 
 
 def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> Any:
-    """:func:`build_and_run`, or the launcher a benchmark put in its place (:func:`launches_through`)."""
-    if _launcher is not None:
-        return _launcher(kernel, grid, *args, **kwargs)
-    return build_and_run(kernel, grid, *args, **kwargs)
+    """:func:`build_and_run`, or the launcher a benchmark put in its place (:func:`launches_through`), on the
+    settings the call site chose or, where they do not fit this GPU, the first leaner ones that do
+    (:func:`leaner`): the launch settings are made for an H100/H200 (227 KB of shared memory a block), an A100
+    gives 163 KB and an L40, L4, A10 or RTX 3090/4090 99 KB (benchmarks/kernel_resources.py --arch). What fits is
+    remembered per kernel and settings, so only a kernel's first launch on a GPU tries and fails; when nothing
+    fits, :class:`KernelUnavailable` reaches the op (which then runs its eager form)."""
+    run = build_and_run if _launcher is None else _launcher
+    key = (kernel, args[0].device, kwargs["BLOCK_N"], kwargs["BLOCK_D"], kwargs["TILE"], kwargs["num_warps"])
+    settled = _settled.get(key)
+    settings = kwargs if settled is None else {**kwargs, **settled}
+    while True:
+        try:
+            return run(kernel, grid, *args, **settings)
+        except KernelUnavailable as e:
+            step = leaner(settings, args[0].dtype) if e.resources else None
+            if step is None:
+                raise
+            settings = {**settings, **step}
+            _settled[key] = {**_settled.get(key, {}), **step}
+
+
+def leaner(settings: dict[str, Any], dtype: torch.dtype) -> Optional[dict[str, Any]]:
+    """The next step down from a launch's ``settings`` that did not fit: half inputs' dots on 16-bit tiles (the
+    operands autocast's own matmuls take; TF32 tiles take twice the shared memory), then half the token chunk
+    (down to :data:`MIN_BLOCK_N`); None after the last. The kernels' results do not depend on the chunk, and on
+    16-bit tiles only by the operands' rounding (tests/attention/test_fused_lean.py)."""
+    import triton.language as tl  # lazy: start-up time (only when a kernel did not fit)
+
+    if settings["TILE"] == tl.float32 and dtype in (torch.float16, torch.bfloat16):
+        return {"TILE": tl.bfloat16 if dtype == torch.bfloat16 else tl.float16, "PRECISION": "ieee"}
+    if settings["BLOCK_N"] > MIN_BLOCK_N:
+        return {"BLOCK_N": settings["BLOCK_N"] // 2}
+    return None
+
+
+def lean_launches() -> dict[str, dict[str, Any]]:
+    """Each kernel this process launches on leaner settings than its call site's (:func:`launch`): name -> the
+    settings changed (kernel_resources.py reports them)."""
+    return {kernel_name(key[0]): dict(step) for key, step in _settled.items()}
+
+
+def kernel_name(kernel: Any) -> str:
+    return getattr(getattr(kernel, "fn", kernel), "__name__", type(kernel).__name__)
 
 
 def build_and_run(kernel, grid: tuple[int, ...], *args, **kwargs) -> Any:
     """``kernel[grid](*args, **kwargs)``, with Triton's build failures as :class:`KernelUnavailable` (the
     interpreter's errors are bugs, and stay what they are). Returns what Triton returns: the compiled kernel on a
     GPU (its registers and spills: benchmarks/kernel_resources.py)."""
-    from triton.runtime.errors import InterpreterError, TritonError  # lazy: start-up time (triton on first launch)
+    from triton.runtime.errors import (  # lazy: start-up time (triton on first launch)
+        InterpreterError,
+        OutOfResources,
+        TritonError,
+    )
 
     try:
         return kernel[grid](*args, **kwargs)
@@ -73,7 +124,7 @@ def build_and_run(kernel, grid: tuple[int, ...], *args, **kwargs) -> Any:
     except TritonError as e:
         reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
         raise KernelUnavailable(f"the fused linear-attention kernels cannot run on this GPU ({reason}); "
-                                f"{ENV}=0 selects the eager form") from e
+                                f"{ENV}=0 selects the eager form", resources=isinstance(e, OutOfResources)) from e
 
 
 @contextmanager
@@ -81,21 +132,22 @@ def launches_through(launcher: Callable[..., Any], device_type: str) -> Iterator
     """Inside: the fused path also on ``device_type`` (the CPU's, in Triton's interpreter) and every kernel launch
     through ``launcher(kernel, grid, *args, **kwargs)``, which may count, record or skip it and calls
     :func:`build_and_run` to run it (benchmarks/host_overhead.py, benchmarks/kernel_resources.py)."""
-    global DEVICES, _launcher
-    saved = DEVICES, _launcher
-    try:
+    global DEVICES, _launcher, _settled, _unavailable
+    saved = DEVICES, _launcher, _settled, _unavailable
+    try:  # (what the launches inside find out about the GPU stays inside: a cross-build's GPU is not this one)
         DEVICES, _launcher = tuple(dict.fromkeys((*DEVICES, device_type))), launcher
+        _settled, _unavailable = {}, {}
         yield
     finally:
-        DEVICES, _launcher = saved
+        DEVICES, _launcher, _settled, _unavailable = saved
 
 
 def disable(error: KernelUnavailable, op: str) -> None:
     """Turn ``op``'s kernels off for this process after a call could not build one: once per op, with a warning;
     the call that failed and every later one of that op run the eager form. The other ops keep theirs: what does
-    not fit one GPU is one op's kernel (TTT's sums' backward needs 132 KB of shared memory, an RTX 4090 or L40
-    allows 99; benchmarks/kernel_resources.py --arch sm_89), and a benchmark of every variant in one process
-    would otherwise time the rest eager."""
+    not fit one GPU at any settings (:func:`launch`) is one op's kernel (TTT's sums' backward needs 106 KB of
+    shared memory at its leanest, an RTX 4090 or L40 allows 99; benchmarks/kernel_resources.py --arch sm_89),
+    and a benchmark of every variant in one process would otherwise time the rest eager."""
     if op not in _unavailable:
         warnings.warn(f"{error} (for {op}; the other ops keep their kernels)", RuntimeWarning, stacklevel=3)
         _unavailable[op] = str(error)
