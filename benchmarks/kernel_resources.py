@@ -78,6 +78,8 @@ class Builds:
         name = dispatch.kernel_name(kernel)
         settings = {key: kwargs[key] for key in ("BLOCK_N", "BLOCK_D", "num_warps") if key in kwargs}
         settings["tile"] = tile_name(kwargs)
+        if "ptx_options" in kwargs:  # (dispatch.build_options)
+            settings["ptxas"] = kwargs["ptx_options"]
         key = (self.op, name, *settings.values())
         if key not in self.rows:
             self.rows[key] = {"op": self.op, "kernel": name, **settings, "grid": list(grid), **resources()}
@@ -211,8 +213,9 @@ def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Opt
                 dispatch._programs_wanted = lambda device: 1 << 20
             print(f"building {op} at head dim {d}", file=sys.stderr, flush=True)  # (beside the table, not in it)
             builds = Builds(op) if arch is None else CrossBuilds(op, arch)
+            capability = None if arch is None else divmod(ARCHES[arch][0], 10)
             try:
-                with dispatch.launches_through(builds, device.type):
+                with dispatch.launches_through(builds, device.type, capability):
                     call().float().square().mean().backward()
             finally:
                 dispatch._programs_wanted = wanted
@@ -264,6 +267,8 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"runs lean: {where} on {fitting[-1]['tile']} tiles, BLOCK_N {fitting[-1]['BLOCK_N']}")
         else:
             lines.append(f"fits no settings: {where}; that op runs its eager form on this GPU")
+    lines += [f"built with ptxas {r['ptxas']}: {r['kernel']} (d {r['head_dim']}, {r['op']})" for r in rows
+              if "ptxas" in r]
     lines += [f"not built: {r['kernel']} (d {r['head_dim']}, {r['op']}): {r['error']}" for r in rows if "error" in r]
     return lines
 

@@ -1,7 +1,8 @@
-"""Kernels that do not fit a GPU on their call site's launch settings run on leaner ones (dispatch.launch):
-16-bit tiles for half inputs, then smaller token chunks, chosen once per kernel; the answers stay the N×N
-forms' within the same bars. Which settings fit which GPU generation: benchmarks/kernel_resources.py --arch
-(tests/attention/test_kernel_resources.py builds them)."""
+"""Launch settings on GPUs other than the H200 they were made for. Kernels that do not fit a GPU on their call
+site's settings run on leaner ones (dispatch.launch): 16-bit tiles for half inputs, then smaller token chunks,
+chosen once per kernel; the answers stay the N×N forms' within the same bars. Where ptxas builds a kernel badly
+for one generation, that build takes other ptxas options (dispatch.build_options). Which settings fit which GPU
+generation: benchmarks/kernel_resources.py --arch (tests/attention/test_kernel_resources.py builds them)."""
 
 from __future__ import annotations
 
@@ -116,3 +117,19 @@ def test_a_kernel_that_fits_no_settings_still_falls_back_to_eager_once(monkeypat
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     assert not fused.can_run(q, "linear_attention")
     assert sum(c.refused for c in cramped.values()) == 4  # TF32 64, then 16-bit tiles at 64, 32, 16: one kernel
+
+
+def test_ttt_sums_backward_is_built_with_ptxas_o1_for_an_a100_only(monkeypatch):
+    """ptxas -O3 gives TTT's sums' backward 32 registers and 2,208 registers' worth of spills on sm_80 (388 with
+    -O1; tests/attention/test_kernel_resources.py builds both): the option for that kernel on that generation."""
+    monkeypatch.delenv("PTXAS_OPTIONS", raising=False)
+    cpu = torch.device("cpu")
+    assert dispatch.build_options("inner_sums_bwd_kernel", cpu) == {}  # (no GPU generation here)
+    with dispatch.launches_through(lambda *a, **k: None, "cpu", capability=(8, 0)):
+        assert dispatch.build_options("inner_sums_bwd_kernel", cpu) == {"ptx_options": "--opt-level 1"}
+        assert dispatch.build_options("swiglu_readout_bwd_kernel", cpu) == {}
+        monkeypatch.setenv("PTXAS_OPTIONS", "--verbose")  # the user's own options to Triton's ptxas win
+        assert dispatch.build_options("inner_sums_bwd_kernel", cpu) == {}
+    for generation in ((8, 6), (8, 9), (9, 0), (10, 0)):
+        with dispatch.launches_through(lambda *a, **k: None, "cpu", capability=generation):
+            assert dispatch.build_options("inner_sums_bwd_kernel", cpu) == {}

@@ -59,6 +59,11 @@ MIN_BLOCK_N = 16  # the smallest token chunk a lean launch takes (a tensor-core 
 _unavailable: dict[str, str] = {}  # op -> why its kernels were turned off in this process (disable)
 _settled: dict[tuple[Any, ...], dict[str, Any]] = {}  # a launch's settings -> the leaner ones that fit (launch)
 _launcher: Optional[Callable[..., Any]] = None  # every launch through this instead (launches_through)
+_capability: Optional[tuple[int, int]] = None  # the GPU generation a cross-build builds for (launches_through)
+# ptxas -O3 builds TTT's sums' backward for sm_80 with 32 registers and an 8.8 KB stack frame per thread (2,208
+# registers' worth of spills; for sm_86, the same PTX gets 255 and 1.5 KB); -O1 gives sm_80 255 and 1.5 KB too
+# (benchmarks/kernel_resources.py --arch sm_80; ptxas 12.9 of Triton 3.8; not timed)
+PTXAS_OPTIONS = {("inner_sums_bwd_kernel", (8, 0)): "--opt-level 1"}
 
 
 def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> Any:
@@ -103,6 +108,25 @@ def lean_launches() -> dict[str, dict[str, Any]]:
     return {kernel_name(key[0]): dict(step) for key, step in _settled.items()}
 
 
+def build_options(name: str, device: torch.device) -> dict[str, str]:
+    """Triton's ``ptx_options`` for kernel ``name`` on ``device``'s GPU generation where ptxas's default builds it
+    badly (:data:`PTXAS_OPTIONS`); none where the user set Triton's own ``PTXAS_OPTIONS``."""
+    options = PTXAS_OPTIONS.get((name, capability(device)))
+    return {} if options is None or os.environ.get("PTXAS_OPTIONS") else {"ptx_options": options}
+
+
+def capability(device: torch.device) -> Optional[tuple[int, int]]:
+    """The compute capability kernels are built for on ``device``: a CUDA device's, or a cross-build's."""
+    if _capability is not None:
+        return _capability
+    return _cuda_capability(device) if device.type == "cuda" else None
+
+
+@lru_cache(maxsize=8)
+def _cuda_capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
 def kernel_name(kernel: Any) -> str:
     return getattr(getattr(kernel, "fn", kernel), "__name__", type(kernel).__name__)
 
@@ -128,18 +152,20 @@ def build_and_run(kernel, grid: tuple[int, ...], *args, **kwargs) -> Any:
 
 
 @contextmanager
-def launches_through(launcher: Callable[..., Any], device_type: str) -> Iterator[None]:
+def launches_through(launcher: Callable[..., Any], device_type: str,
+                     capability: Optional[tuple[int, int]] = None) -> Iterator[None]:
     """Inside: the fused path also on ``device_type`` (the CPU's, in Triton's interpreter) and every kernel launch
     through ``launcher(kernel, grid, *args, **kwargs)``, which may count, record or skip it and calls
-    :func:`build_and_run` to run it (benchmarks/host_overhead.py, benchmarks/kernel_resources.py)."""
-    global DEVICES, _launcher, _settled, _unavailable
-    saved = DEVICES, _launcher, _settled, _unavailable
+    :func:`build_and_run` to run it (benchmarks/host_overhead.py, benchmarks/kernel_resources.py); with
+    ``capability``, the launches are set up for that GPU generation (a cross-build's)."""
+    global DEVICES, _launcher, _settled, _unavailable, _capability
+    saved = DEVICES, _launcher, _settled, _unavailable, _capability
     try:  # (what the launches inside find out about the GPU stays inside: a cross-build's GPU is not this one)
         DEVICES, _launcher = tuple(dict.fromkeys((*DEVICES, device_type))), launcher
-        _settled, _unavailable = {}, {}
+        _settled, _unavailable, _capability = {}, {}, capability
         yield
     finally:
-        DEVICES, _launcher, _settled, _unavailable = saved
+        DEVICES, _launcher, _settled, _unavailable, _capability = saved
 
 
 def disable(error: KernelUnavailable, op: str) -> None:

@@ -19,7 +19,7 @@ from typing import Optional, Union
 import torch
 
 from . import fused
-from .dispatch import KernelUnavailable, block_sizes, launch, split_tokens, tile_args
+from .dispatch import KernelUnavailable, block_sizes, build_options, launch, split_tokens, tile_args
 from .fused import _direct_function, call_op
 from .fused_parts import _eager_gradients, _mask_arg, _output_like, _total
 from .ttt_closed_form import stepped_readout
@@ -113,7 +113,7 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         H, N, D, splits, per,
         HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k, half_tiles=True),
-        num_warps=warps)
+        num_warps=warps, **build_options("inner_sums_bwd_kernel", k.device))
     dweights = (d_updated + _total(d_chain, B, H)).sum(0)
     return dq, dk, dv, dweights.to(weights.dtype)
 
