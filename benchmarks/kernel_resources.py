@@ -78,8 +78,6 @@ class Builds:
         name = dispatch.kernel_name(kernel)
         settings = {key: kwargs[key] for key in ("BLOCK_N", "BLOCK_D", "num_warps") if key in kwargs}
         settings["tile"] = tile_name(kwargs)
-        if "ptx_options" in kwargs:  # (dispatch.build_options)
-            settings["ptxas"] = kwargs["ptx_options"]
         key = (self.op, name, *settings.values())
         if key not in self.rows:
             self.rows[key] = {"op": self.op, "kernel": name, **settings, "grid": list(grid), **resources()}
@@ -213,13 +211,13 @@ def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Opt
                 dispatch._programs_wanted = lambda device: 1 << 20
             print(f"building {op} at head dim {d}", file=sys.stderr, flush=True)  # (beside the table, not in it)
             builds = Builds(op) if arch is None else CrossBuilds(op, arch)
-            capability = None if arch is None else divmod(ARCHES[arch][0], 10)
             try:
-                with dispatch.launches_through(builds, device.type, capability):
+                with dispatch.launches_through(builds, device.type):
                     call().float().square().mean().backward()
+                    eager = op.split()[0] in dispatch._unavailable  # (the custom op's name: turned off here)
             finally:
                 dispatch._programs_wanted = wanted
-            rows += [{"head_dim": d, **row} for row in builds.rows.values()]
+            rows += [{"head_dim": d, **row, "op_eager": eager} for row in builds.rows.values()]
     return rows
 
 
@@ -252,7 +250,7 @@ def print_table(rows: list[dict[str, Any]], device: torch.device, arch: Optional
 def summary(rows: list[dict[str, Any]]) -> list[str]:
     """What the rows say about the GPU: builds that spill, builds that did not fit (dispatch then tried leaner
     settings: dispatch.launch), the kernels that ran on leaner settings than their call site's, those that fit
-    none (their op runs its eager form there), and the builds Triton's compiler refused."""
+    none (their op then launches other kernels, or runs its eager form), and the builds Triton's compiler refused."""
     ran = [r for r in rows if r.get("fits", True)]
     misfits = [r for r in rows if not r.get("fits", True) and "error" not in r]
     lines = []
@@ -265,10 +263,10 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
         where = f"{place[2]} (d {place[0]}, {place[1]})"
         if fitting:
             lines.append(f"runs lean: {where} on {fitting[-1]['tile']} tiles, BLOCK_N {fitting[-1]['BLOCK_N']}")
-        else:
+        elif any(r["op_eager"] for r in rows if (r["head_dim"], r["op"]) == place[:2]):
             lines.append(f"fits no settings: {where}; that op runs its eager form on this GPU")
-    lines += [f"built with ptxas {r['ptxas']}: {r['kernel']} (d {r['head_dim']}, {r['op']})" for r in rows
-              if "ptxas" in r]
+        else:
+            lines.append(f"fits no settings: {where}; that op launches other kernels instead")
     lines += [f"not built: {r['kernel']} (d {r['head_dim']}, {r['op']}): {r['error']}" for r in rows if "error" in r]
     return lines
 

@@ -76,6 +76,48 @@ def test_the_op_is_the_closed_form_step_values_and_gradients(d, programs, masked
     assert max(errors) < 2e-6, errors
 
 
+@pytest.mark.parametrize("d,programs,masked", OP_CASES,
+                         ids=[f"d{d}-{'split-heads' if p > 1 else 'head-per-program'}-{'masked' if m else 'all'}"
+                              for d, p, m in OP_CASES])
+def test_where_the_sums_backward_fits_no_settings_two_kernels_take_its_place(d, programs, masked, monkeypatch):
+    """The one-kernel sums' backward holds twelve d×d operands: on an L40 or RTX 4090 (99 KB a block) it fits at
+    no settings (benchmarks/kernel_resources.py --arch sm_89). Then a kernel for dk, dW1, dW2 and one for dv, dW3
+    take its place: the same gradients against float64, no warning, TTT's kernels stay on, and the one kernel is
+    not tried again."""
+    from vitconvert.attention import ttt_kernels
+
+    monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: programs)
+    monkeypatch.setattr(dispatch, "_unavailable", {})
+    monkeypatch.setattr(dispatch, "_settled", {})
+    one_kernel = helpers.Cramped(ttt_kernels.inner_sums_bwd_kernel, lambda settings: False)
+    monkeypatch.setattr(ttt_kernels, "inner_sums_bwd_kernel", one_kernel)
+    inputs, mask = step_inputs(N=70, d=d, masked=masked)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        errors = against_float64(inputs, mask, lr=0.7)
+        assert max(errors) < 2e-6, errors
+        tries = one_kernel.refused  # (BLOCK_N 64 or 32, down to 16: float32 inputs keep their tiles)
+        assert tries == (3 if d == 32 else 2)
+        assert not dispatch.fits(fused_ttt.ONE_PASS) and fused.can_run(inputs[0], "ttt_step")
+        against_float64(inputs, mask, lr=0.7)
+    assert one_kernel.refused == tries
+
+
+def test_the_two_sums_backward_kernels_on_bf16_are_the_one_kernel(monkeypatch):
+    """bf16 at head dim 64 (DeiT's), 16-bit tiles: the two kernels' gradients are the one kernel's (the same
+    products, in the same order, on the same roundings)."""
+    from vitconvert.attention import ttt_kernels
+
+    inputs, mask = step_inputs(N=70, d=64, dtype=torch.bfloat16, masked=True)
+    inputs[3] = inputs[3].detach().float().requires_grad_()
+    one = against_float64(inputs, mask)
+    monkeypatch.setattr(dispatch, "_unavailable", {})
+    monkeypatch.setattr(ttt_kernels, "inner_sums_bwd_kernel", helpers.Unbuildable())
+    two = against_float64(inputs, mask)
+    assert not dispatch.fits(fused_ttt.ONE_PASS)
+    assert two == pytest.approx(one, rel=1e-3), (one, two)
+
+
 @pytest.mark.parametrize("d", [32, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_half_inputs_are_as_close_to_float64_as_autocast(dtype, d):

@@ -152,7 +152,7 @@ def test_on_an_l40_the_head_dim_128_backward_kernels_run_on_leaner_settings(tmp_
 def test_every_linear_kernel_runs_on_an_a100_an_l40_and_a_b200(tmp_path, arch):
     """Head dims 64 and 128: every kernel of the linear ops runs on each generation (some on leaner settings);
     TTT's sums' backward (twelve d×d operands, 106 KB at the least) fits no settings in the 99 KB of sm_86/sm_89,
-    where TTT trains on its eager form."""
+    where two kernels take its place (ten and six operands) and TTT keeps its kernels."""
     rows, stdout = cross_build(tmp_path, "--head-dims", "64,128", arch=arch)
     runs = ran(rows)
     for d in (64, 128):
@@ -160,10 +160,12 @@ def test_every_linear_kernel_runs_on_an_a100_an_l40_and_a_b200(tmp_path, arch):
             assert {k for dd, o, k in runs if (dd, o) == (d, op)} == kernels, (arch, d, op)
     ttt = {kernel for d, op, kernel in runs if op == "ttt_step"}
     if arch in ("sm_86", "sm_89"):
-        assert "inner_sums_bwd_kernel" not in ttt
-        assert "fits no settings: inner_sums_bwd_kernel (d 64, ttt_step)" in stdout
+        assert ttt == {"inner_sums_kernel", "swiglu_readout_kernel", "swiglu_readout_bwd_kernel",
+                       "inner_sums_bwd_keys_kernel", "inner_sums_bwd_values_kernel"}
+        assert "fits no settings: inner_sums_bwd_kernel (d 64, ttt_step); that op launches other kernels" in stdout
+        assert "runs its eager form" not in stdout
     else:
         assert len(ttt) == 4 and "fits no settings" not in stdout
-    if arch == "sm_80":  # ptxas -O3 gave it 32 registers and 2,208 spilled: -O1 (dispatch.build_options)
+    if arch == "sm_80":  # (ptxas -O3 once gave it 32 registers and 2,208 spilled: docs/performance.md)
         sums = runs[64, "ttt_step", "inner_sums_bwd_kernel"]
-        assert sums["ptxas"] == "--opt-level 1" and sums["registers"] == 255 and sums["spills"] < 500
+        assert sums["registers"] > 128 and sums["spills"] < 500

@@ -59,11 +59,6 @@ MIN_BLOCK_N = 16  # the smallest token chunk a lean launch takes (a tensor-core 
 _unavailable: dict[str, str] = {}  # op -> why its kernels were turned off in this process (disable)
 _settled: dict[tuple[Any, ...], dict[str, Any]] = {}  # a launch's settings -> the leaner ones that fit (launch)
 _launcher: Optional[Callable[..., Any]] = None  # every launch through this instead (launches_through)
-_capability: Optional[tuple[int, int]] = None  # the GPU generation a cross-build builds for (launches_through)
-# ptxas -O3 builds TTT's sums' backward for sm_80 with 32 registers and an 8.8 KB stack frame per thread (2,208
-# registers' worth of spills; for sm_86, the same PTX gets 255 and 1.5 KB); -O1 gives sm_80 255 and 1.5 KB too
-# (benchmarks/kernel_resources.py --arch sm_80; ptxas 12.9 of Triton 3.8; not timed)
-PTXAS_OPTIONS = {("inner_sums_bwd_kernel", (8, 0)): "--opt-level 1"}
 
 
 def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> Any:
@@ -92,7 +87,7 @@ def leaner(settings: dict[str, Any], dtype: torch.dtype) -> Optional[dict[str, A
     """The next step down from a launch's ``settings`` that did not fit: half inputs' dots on 16-bit tiles (the
     operands autocast's own matmuls take; TF32 tiles take twice the shared memory), then half the token chunk
     (down to :data:`MIN_BLOCK_N`); None after the last. The kernels' results do not depend on the chunk, and on
-    16-bit tiles only by the operands' rounding (tests/attention/test_fused_lean.py)."""
+    16-bit tiles only by the operands' rounding (tests/attention/test_fused.py)."""
     import triton.language as tl  # lazy: start-up time (only when a kernel did not fit)
 
     if settings["TILE"] == tl.float32 and dtype in (torch.float16, torch.bfloat16):
@@ -106,25 +101,6 @@ def lean_launches() -> dict[str, dict[str, Any]]:
     """Each kernel this process launches on leaner settings than its call site's (:func:`launch`): name -> the
     settings changed (kernel_resources.py reports them)."""
     return {kernel_name(key[0]): dict(step) for key, step in _settled.items()}
-
-
-def build_options(name: str, device: torch.device) -> dict[str, str]:
-    """Triton's ``ptx_options`` for kernel ``name`` on ``device``'s GPU generation where ptxas's default builds it
-    badly (:data:`PTXAS_OPTIONS`); none where the user set Triton's own ``PTXAS_OPTIONS``."""
-    options = PTXAS_OPTIONS.get((name, capability(device)))
-    return {} if options is None or os.environ.get("PTXAS_OPTIONS") else {"ptx_options": options}
-
-
-def capability(device: torch.device) -> Optional[tuple[int, int]]:
-    """The compute capability kernels are built for on ``device``: a CUDA device's, or a cross-build's."""
-    if _capability is not None:
-        return _capability
-    return _cuda_capability(device) if device.type == "cuda" else None
-
-
-@lru_cache(maxsize=8)
-def _cuda_capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
 
 
 def kernel_name(kernel: Any) -> str:
@@ -152,28 +128,36 @@ def build_and_run(kernel, grid: tuple[int, ...], *args, **kwargs) -> Any:
 
 
 @contextmanager
-def launches_through(launcher: Callable[..., Any], device_type: str,
-                     capability: Optional[tuple[int, int]] = None) -> Iterator[None]:
+def launches_through(launcher: Callable[..., Any], device_type: str) -> Iterator[None]:
     """Inside: the fused path also on ``device_type`` (the CPU's, in Triton's interpreter) and every kernel launch
     through ``launcher(kernel, grid, *args, **kwargs)``, which may count, record or skip it and calls
-    :func:`build_and_run` to run it (benchmarks/host_overhead.py, benchmarks/kernel_resources.py); with
-    ``capability``, the launches are set up for that GPU generation (a cross-build's)."""
-    global DEVICES, _launcher, _settled, _unavailable, _capability
-    saved = DEVICES, _launcher, _settled, _unavailable, _capability
+    :func:`build_and_run` to run it (benchmarks/host_overhead.py, benchmarks/kernel_resources.py)."""
+    global DEVICES, _launcher, _settled, _unavailable
+    saved = DEVICES, _launcher, _settled, _unavailable
     try:  # (what the launches inside find out about the GPU stays inside: a cross-build's GPU is not this one)
         DEVICES, _launcher = tuple(dict.fromkeys((*DEVICES, device_type))), launcher
-        _settled, _unavailable, _capability = {}, {}, capability
+        _settled, _unavailable = {}, {}
         yield
     finally:
-        DEVICES, _launcher, _settled, _unavailable, _capability = saved
+        DEVICES, _launcher, _settled, _unavailable = saved
+
+
+def fits(form: str) -> bool:
+    """Whether ``form`` (a kernel an op has another way around) has not been found too big for this GPU."""
+    return form not in _unavailable
+
+
+def too_big(form: str, error: KernelUnavailable) -> None:
+    """Remember that ``form`` fits this GPU at no settings (:func:`launch`), without a warning: its op takes its
+    other way from now on (TTT's sums' backward: two kernels instead of one; attention/fused_ttt.py)."""
+    _unavailable[form] = str(error)
 
 
 def disable(error: KernelUnavailable, op: str) -> None:
     """Turn ``op``'s kernels off for this process after a call could not build one: once per op, with a warning;
     the call that failed and every later one of that op run the eager form. The other ops keep theirs: what does
-    not fit one GPU at any settings (:func:`launch`) is one op's kernel (TTT's sums' backward needs 106 KB of
-    shared memory at its leanest, an RTX 4090 or L40 allows 99; benchmarks/kernel_resources.py --arch sm_89),
-    and a benchmark of every variant in one process would otherwise time the rest eager."""
+    not fit one GPU at any settings (:func:`launch`) is one op's kernel, and a benchmark of every variant in one
+    process would otherwise time the rest eager."""
     if op not in _unavailable:
         warnings.warn(f"{error} (for {op}; the other ops keep their kernels)", RuntimeWarning, stacklevel=3)
         _unavailable[op] = str(error)

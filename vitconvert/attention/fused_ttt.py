@@ -19,7 +19,7 @@ from typing import Optional, Union
 import torch
 
 from . import fused
-from .dispatch import KernelUnavailable, block_sizes, build_options, launch, split_tokens, tile_args
+from .dispatch import KernelUnavailable, block_sizes, fits, launch, split_tokens, tile_args, too_big
 from .fused import _direct_function, call_op
 from .fused_parts import _eager_gradients, _mask_arg, _output_like, _total
 from .ttt_closed_form import stepped_readout
@@ -91,7 +91,7 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
                      lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv, dW of :func:`ttt_step` given its W': the read-out's backward (dq, dW'), then the sums'
     (dĜ = step·dW', dk, dv and the chain's dW); dW = Σ_batch (dW' + the chain's)."""
-    from .ttt_kernels import inner_sums_bwd_kernel, swiglu_readout_bwd_kernel  # lazy: start-up time
+    from .ttt_kernels import swiglu_readout_bwd_kernel  # lazy: start-up time
 
     step = _step_size(key_valid, k.shape[2], scale, lr)
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(q)
@@ -104,18 +104,55 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         H, N, D, splits, per,
         BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q, half_tiles=True), num_warps=warps)
     d_updated = _total(d_updated, B, H)
-    dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v))
-    d_chain = q.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
-    mask, s_mb = _mask_arg(key_valid, k)
-    launch(inner_sums_bwd_kernel, (B * H, splits),
-        k, v, mask, weights, (d_updated * step).contiguous(), dk, dv, d_chain,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        H, N, D, splits, per,
-        HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k, half_tiles=True),
-        num_warps=warps, **build_options("inner_sums_bwd_kernel", k.device))
+    dk, dv, d_chain = _sums_backward(k, v, key_valid, weights, (d_updated * step).contiguous(), splits, per)
     dweights = (d_updated + _total(d_chain, B, H)).sum(0)
     return dq, dk, dv, dweights.to(weights.dtype)
+
+
+ONE_PASS = "ttt_step: the sums' backward in one kernel"  # (dispatch.fits: where it does not, two kernels)
+
+
+def _sums_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], weights: torch.Tensor,
+                   d_sums: torch.Tensor, splits: int, per: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dk, dv and the partial dW (B·H, 3, splits, d, d) of the inner sums from their gradient dĜ (B·H, 3, d, d):
+    one kernel, or where its twelve d×d operands do not fit the GPU's shared memory (an L40 or RTX 4090 gives a
+    block 99 KB, it needs 106 at its leanest; benchmarks/kernel_resources.py --arch sm_89), a kernel for dk and
+    dW1, dW2 and one for dv and dW3 (ten and six operands), each recomputing the forward's token-sized values."""
+    from .ttt_kernels import (  # lazy: start-up time
+        inner_sums_bwd_kernel,
+        inner_sums_bwd_keys_kernel,
+        inner_sums_bwd_values_kernel,
+    )
+
+    B, H, N, D = k.shape
+    block_n, block_d, warps = block_sizes(D, many_tiles=True)
+    dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v))
+    d_chain = k.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
+    mask, s_mb = _mask_arg(key_valid, k)
+    strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb)
+    settings = dict(HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d,
+                    **tile_args(k, half_tiles=True), num_warps=warps)
+    if fits(ONE_PASS):
+        try:
+            launch(inner_sums_bwd_kernel, (B * H, splits),
+                k, v, mask, weights, d_sums, dk, dv, d_chain,
+                *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+                H, N, D, splits, per,
+                **settings)
+            return dk, dv, d_chain
+        except KernelUnavailable as e:
+            if not e.resources:
+                raise
+            too_big(ONE_PASS, e)
+    launch(inner_sums_bwd_keys_kernel, (B * H, splits),
+        k, v, mask, weights, d_sums, dk, d_chain,
+        *strides, dk.stride(0), dk.stride(1), dk.stride(2),
+        H, N, D, splits, per, **settings)
+    launch(inner_sums_bwd_values_kernel, (B * H, splits),
+        k, v, mask, weights, d_sums, dv, d_chain,
+        *strides, dv.stride(0), dv.stride(1), dv.stride(2),
+        H, N, D, splits, per, **settings)
+    return dk, dv, d_chain
 
 
 ttt_step_backward = torch.library.custom_op("vitconvert::ttt_step_backward", mutates_args=())(run_ttt_backward)

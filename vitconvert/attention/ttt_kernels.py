@@ -51,6 +51,15 @@ def _put_partials(P, bh, split, SPLITS, x1, x2, x3, d, d_ok, D):
 
 
 @triton.jit
+def _program(H, N, D, tokens_per_split, BLOCK_D: tl.constexpr):
+    """This program's (batch·head, token range, batch, head, head-dim index, its validity, first token, end)."""
+    bh, split = tl.program_id(0), tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    begin = split * tokens_per_split
+    return bh, split, bh // H, bh % H, d, d < D, begin, tl.minimum(begin + tokens_per_split, N)
+
+
+@triton.jit
 def _rows(base, tok, tile, d, stride):
     """One chunk of token rows in float32, zero outside ``tile``."""
     return tl.load(base + tok[:, None] * stride + d[None, :], mask=tile, other=0.0).to(tl.float32)
@@ -98,18 +107,13 @@ def inner_sums_kernel(
     PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """Partial Ĝ1, Ĝ2, Ĝ3 of one (batch·head, token range). W: (H, 3, D, D) float32, G: (BH, 3, SPLITS, D, D)."""
-    bh, split = tl.program_id(0), tl.program_id(1)
-    b_, h = bh // H, bh % H
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
+    bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
     w1, w2, w3 = _three(W, h * 3, d, d_ok, D)
     w1, w2, w3_t = w1.to(TILE), w2.to(TILE), tl.trans(w3).to(TILE)
     g1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     g2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     g3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     k_base, v_base = K + b_ * s_kb + h * s_kh, V + b_ * s_vb + h * s_vh
-    begin = split * tokens_per_split
-    end = tl.minimum(begin + tokens_per_split, N)
     for start in range(begin, end, BLOCK_N):
         _, _, k, v, _, b, _, act, dsilu, u = _key_chunk(k_base, v_base, MASK + b_ * s_mb, start, end, d, d_ok, s_kn,
                                                         s_vn, w1, w2, w3_t, BLOCK_N, HAS_MASK, TILE, PRECISION,
@@ -130,15 +134,10 @@ def swiglu_readout_kernel(
     EMULATE: tl.constexpr,
 ):
     """o = (silu(qW1') ⊙ qW2') W3' for the queries of one (batch·head, token range); W: (BH, 3, D, D) float32."""
-    bh, split = tl.program_id(0), tl.program_id(1)
-    b_, h = bh // H, bh % H
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
+    bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
     w1, w2, w3 = _three(W, bh * 3, d, d_ok, D)
     w1, w2, w3 = w1.to(TILE), w2.to(TILE), w3.to(TILE)
     q_base, o_base = Q + b_ * s_qb + h * s_qh, O + b_ * s_ob + h * s_oh
-    begin = split * tokens_per_split
-    end = tl.minimum(begin + tokens_per_split, N)
     for start in range(begin, end, BLOCK_N):
         tok, _, tile = _chunk(start, end, Q, d_ok, BLOCK_N, False)
         _, b, _, act, _ = _swiglu_parts(_rows(q_base, tok, tile, d, s_qn), w1, w2, TILE, PRECISION, EMULATE)
@@ -157,10 +156,7 @@ def swiglu_readout_bwd_kernel(
     """dq of each query and partial dW1', dW2', dW3' of the range (DW: (BH, 3, SPLITS, D, D)):
     dh = do W3'ᵀ, da = dh ⊙ b ⊙ silu'(a), db = dh ⊙ silu(a), dq = da W1'ᵀ + db W2'ᵀ, dW1' = Σ qᵀda,
     dW2' = Σ qᵀdb, dW3' = Σ hᵀdo."""
-    bh, split = tl.program_id(0), tl.program_id(1)
-    b_, h = bh // H, bh % H
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
+    bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
     # (w3 is unused but named: `_` is reassigned in the loop with another shape, and Triton's compiler, unlike its
     # interpreter, refuses a loop-carried variable whose type changes)
     w1, w2, w3, w1_t, w2_t, w3_t = _three_both_ways(W, bh * 3, d, d_ok, D, TILE)
@@ -168,8 +164,6 @@ def swiglu_readout_bwd_kernel(
     dw2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     dw3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     q_base, g_base, dq_base = Q + b_ * s_qb + h * s_qh, DO + b_ * s_gb + h * s_gh, DQ + b_ * s_dqb + h * s_dqh
-    begin = split * tokens_per_split
-    end = tl.minimum(begin + tokens_per_split, N)
     for start in range(begin, end, BLOCK_N):
         tok, _, tile = _chunk(start, end, Q, d_ok, BLOCK_N, False)
         q = _rows(q_base, tok, tile, d, s_qn)
@@ -188,6 +182,38 @@ def swiglu_readout_bwd_kernel(
 
 
 @triton.jit
+def _through_sums(kt, vt, dg1, dg2, dg3_t, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """The inner gradients' gradient at each token: at da (through Ĝ1 = kᵀda), db (Ĝ2 = kᵀdb) and h (Ĝ3 = hᵀv)."""
+    return (_dot(kt, dg1, PRECISION, EMULATE), _dot(kt, dg2, PRECISION, EMULATE),
+            _dot(vt, dg3_t, PRECISION, EMULATE))
+
+
+@triton.jit
+def _at_a_and_b(d_da, d_db, d_h, a, b, sig, act, dsilu, u, TILE: tl.constexpr):
+    """The gradients at a = kW1 and b = kW2 (silu''(a) = σ(1 − σ)(2 + a(1 − 2σ))), as TILE operands."""
+    d_b = d_da * u * dsilu + d_h * act
+    d_act = d_db * u + d_h * b
+    d_a = d_act * dsilu + d_da * u * b * (sig * (1.0 - sig) * (2.0 + a * (1.0 - 2.0 * sig)))
+    return d_a.to(TILE), d_b.to(TILE)
+
+
+@triton.jit
+def _key_gradient(u, b, act, dsilu, d_a, d_b, dg1_t, dg2_t, w1_t, w2_t, TILE: tl.constexpr, PRECISION: tl.constexpr,
+                  EMULATE: tl.constexpr):
+    """dk: through da = u⊙b⊙silu'(a) and db = u⊙act into Ĝ1 = kᵀda, Ĝ2 = kᵀdb, and through a = kW1, b = kW2."""
+    return (_dot((u * b * dsilu).to(TILE), dg1_t, PRECISION, EMULATE) + _dot((u * act).to(TILE), dg2_t, PRECISION,
+                                                                             EMULATE)
+            + _dot(d_a, w1_t, PRECISION, EMULATE) + _dot(d_b, w2_t, PRECISION, EMULATE))
+
+
+@triton.jit
+def _store_key_rows(base, tok, tile, end, d, d_ok, stride, x):
+    """A chunk's gradient rows; masked keys get a zero gradient, written."""
+    store = (tok < end)[:, None] & d_ok[None, :]
+    tl.store(base + tok[:, None] * stride + d[None, :], tl.where(tile, x, 0.0).to(base.dtype.element_ty), mask=store)
+
+
+@triton.jit
 def inner_sums_bwd_kernel(
     K, V, MASK, W, DG, DK, DV, DW,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
@@ -196,12 +222,10 @@ def inner_sums_bwd_kernel(
     PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """dk, dv of one (batch·head, token range) and its partial dW1, dW2, dW3 (DW: (BH, 3, SPLITS, D, D)) from
-    dĜ (DG: (BH, 3, D, D)), through da = u⊙b⊙silu'(a), db = u⊙act, h = act⊙b, u = vW3ᵀ, a = kW1, b = kW2
-    (silu''(a) = σ(1 − σ)(2 + a(1 − 2σ)))."""
-    bh, split = tl.program_id(0), tl.program_id(1)
-    b_, h = bh // H, bh % H
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
+    dĜ (DG: (BH, 3, D, D)), through da = u⊙b⊙silu'(a), db = u⊙act, h = act⊙b, u = vW3ᵀ, a = kW1, b = kW2. It
+    holds twelve d×d operands (W1–W3, dĜ1–dĜ3, both ways round): where they do not fit a GPU's shared memory,
+    :func:`inner_sums_bwd_keys_kernel` and :func:`inner_sums_bwd_values_kernel` split it in two."""
+    bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
     w1, w2, w3, w1_t, w2_t, w3_t = _three_both_ways(W, h * 3, d, d_ok, D, TILE)
     dg1, dg2, dg3, dg1_t, dg2_t, dg3_t = _three_both_ways(DG, bh * 3, d, d_ok, D, TILE)
     dw1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
@@ -209,31 +233,75 @@ def inner_sums_bwd_kernel(
     dw3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     k_base, v_base = K + b_ * s_kb + h * s_kh, V + b_ * s_vb + h * s_vh
     dk_base, dv_base = DK + b_ * s_dkb + h * s_dkh, DV + b_ * s_dvb + h * s_dvh
-    begin = split * tokens_per_split
-    end = tl.minimum(begin + tokens_per_split, N)
     for start in range(begin, end, BLOCK_N):
         tok, tile, kt, vt, a, b, sig, act, dsilu, u = _key_chunk(k_base, v_base, MASK + b_ * s_mb, start, end, d,
                                                                  d_ok, s_kn, s_vn, w1, w2, w3_t, BLOCK_N, HAS_MASK,
                                                                  TILE, PRECISION, EMULATE)
-        da, db, hh = u * b * dsilu, u * act, act * b
-        d_da = _dot(kt, dg1, PRECISION, EMULATE)  # through Ĝ1 = kᵀda, Ĝ2 = kᵀdb, Ĝ3 = hᵀv
-        d_db = _dot(kt, dg2, PRECISION, EMULATE)
-        d_h = _dot(vt, dg3_t, PRECISION, EMULATE)
-        dk = _dot(da.to(TILE), dg1_t, PRECISION, EMULATE) + _dot(db.to(TILE), dg2_t, PRECISION, EMULATE)
-        dv = _dot(hh.to(TILE), dg3, PRECISION, EMULATE)
-        du = d_da * b * dsilu + d_db * act
-        d_b = d_da * u * dsilu + d_h * act
-        d_act = d_db * u + d_h * b
-        d_a = d_act * dsilu + d_da * u * b * (sig * (1.0 - sig) * (2.0 + a * (1.0 - 2.0 * sig)))
-        d_a, d_b, du = d_a.to(TILE), d_b.to(TILE), du.to(TILE)
-        dv += _dot(du, w3, PRECISION, EMULATE)
-        dk += _dot(d_a, w1_t, PRECISION, EMULATE) + _dot(d_b, w2_t, PRECISION, EMULATE)
+        d_da, d_db, d_h = _through_sums(kt, vt, dg1, dg2, dg3_t, PRECISION, EMULATE)
+        d_a, d_b = _at_a_and_b(d_da, d_db, d_h, a, b, sig, act, dsilu, u, TILE)
+        du = (d_da * b * dsilu + d_db * act).to(TILE)
+        dk = _key_gradient(u, b, act, dsilu, d_a, d_b, dg1_t, dg2_t, w1_t, w2_t, TILE, PRECISION, EMULATE)
+        dv = _dot((act * b).to(TILE), dg3, PRECISION, EMULATE) + _dot(du, w3, PRECISION, EMULATE)
         dw1 += _dot(tl.trans(kt), d_a, PRECISION, EMULATE)
         dw2 += _dot(tl.trans(kt), d_b, PRECISION, EMULATE)
         dw3 += _dot(tl.trans(du), vt, PRECISION, EMULATE)
-        store = (tok < end)[:, None] & d_ok[None, :]  # masked keys get a zero gradient, written
-        tl.store(dk_base + tok[:, None] * s_dkn + d[None, :], tl.where(tile, dk, 0.0).to(DK.dtype.element_ty),
-                 mask=store)
-        tl.store(dv_base + tok[:, None] * s_dvn + d[None, :], tl.where(tile, dv, 0.0).to(DV.dtype.element_ty),
-                 mask=store)
+        _store_key_rows(dk_base, tok, tile, end, d, d_ok, s_dkn, dk)
+        _store_key_rows(dv_base, tok, tile, end, d, d_ok, s_dvn, dv)
     _put_partials(DW, bh, split, SPLITS, dw1, dw2, dw3, d, d_ok, D)
+
+
+@triton.jit
+def inner_sums_bwd_keys_kernel(
+    K, V, MASK, W, DG, DK, DW,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb, s_dkh, s_dkn,
+    H, N, D, SPLITS, tokens_per_split,
+    HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """:func:`inner_sums_bwd_kernel`'s dk and partial dW1, dW2 (DW's first two of three), on ten d×d operands."""
+    bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
+    w1, w2, w3, w1_t, w2_t, w3_t = _three_both_ways(W, h * 3, d, d_ok, D, TILE)  # (w3 unused: not loaded)
+    dg1, dg2, dg3, dg1_t, dg2_t, dg3_t = _three_both_ways(DG, bh * 3, d, d_ok, D, TILE)  # (dg3 unused)
+    dw1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    dw2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    k_base, v_base, dk_base = K + b_ * s_kb + h * s_kh, V + b_ * s_vb + h * s_vh, DK + b_ * s_dkb + h * s_dkh
+    for start in range(begin, end, BLOCK_N):
+        tok, tile, kt, vt, a, b, sig, act, dsilu, u = _key_chunk(k_base, v_base, MASK + b_ * s_mb, start, end, d,
+                                                                 d_ok, s_kn, s_vn, w1, w2, w3_t, BLOCK_N, HAS_MASK,
+                                                                 TILE, PRECISION, EMULATE)
+        d_da, d_db, d_h = _through_sums(kt, vt, dg1, dg2, dg3_t, PRECISION, EMULATE)
+        d_a, d_b = _at_a_and_b(d_da, d_db, d_h, a, b, sig, act, dsilu, u, TILE)
+        dk = _key_gradient(u, b, act, dsilu, d_a, d_b, dg1_t, dg2_t, w1_t, w2_t, TILE, PRECISION, EMULATE)
+        dw1 += _dot(tl.trans(kt), d_a, PRECISION, EMULATE)
+        dw2 += _dot(tl.trans(kt), d_b, PRECISION, EMULATE)
+        _store_key_rows(dk_base, tok, tile, end, d, d_ok, s_dkn, dk)
+    first = bh * 3 * SPLITS + split
+    _store_square(DW, first, dw1, d, d_ok, D)
+    _store_square(DW, first + SPLITS, dw2, d, d_ok, D)
+
+
+@triton.jit
+def inner_sums_bwd_values_kernel(
+    K, V, MASK, W, DG, DV, DW,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dvb, s_dvh, s_dvn,
+    H, N, D, SPLITS, tokens_per_split,
+    HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """:func:`inner_sums_bwd_kernel`'s dv and partial dW3 (DW's third of three), on seven d×d operands."""
+    bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
+    w1, w2, w3 = _three(W, h * 3, d, d_ok, D)
+    w1, w2, w3, w3_t = w1.to(TILE), w2.to(TILE), w3.to(TILE), tl.trans(w3).to(TILE)
+    dg1, dg2, dg3 = _three(DG, bh * 3, d, d_ok, D)
+    dg1, dg2, dg3 = dg1.to(TILE), dg2.to(TILE), dg3.to(TILE)
+    dw3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    k_base, v_base, dv_base = K + b_ * s_kb + h * s_kh, V + b_ * s_vb + h * s_vh, DV + b_ * s_dvb + h * s_dvh
+    for start in range(begin, end, BLOCK_N):
+        tok, tile, kt, vt, a, b, sig, act, dsilu, u = _key_chunk(k_base, v_base, MASK + b_ * s_mb, start, end, d,
+                                                                 d_ok, s_kn, s_vn, w1, w2, w3_t, BLOCK_N, HAS_MASK,
+                                                                 TILE, PRECISION, EMULATE)
+        du = (_dot(kt, dg1, PRECISION, EMULATE) * b * dsilu + _dot(kt, dg2, PRECISION, EMULATE) * act).to(TILE)
+        dv = _dot((act * b).to(TILE), dg3, PRECISION, EMULATE) + _dot(du, w3, PRECISION, EMULATE)
+        dw3 += _dot(tl.trans(du), vt, PRECISION, EMULATE)
+        _store_key_rows(dv_base, tok, tile, end, d, d_ok, s_dvn, dv)
+    _store_square(DW, bh * 3 * SPLITS + split + 2 * SPLITS, dw3, d, d_ok, D)
