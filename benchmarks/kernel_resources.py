@@ -92,19 +92,21 @@ def tile_name(kwargs: dict) -> str:
 
 # (capability, shared bytes one block may use, shared bytes per SM, warps per SM): the CUDA C programming
 # guide's table of compute capabilities (the opt-in maximum per block; 64K registers per SM on each)
-ARCHES = {"sm_80": (80, 166912, 167936, 64), "sm_86": (86, 101376, 102400, 48), "sm_89": (89, 101376, 102400, 48),
+ARCHES = {"sm_70": (70, 98304, 98304, 64), "sm_75": (75, 65536, 65536, 32),
+          "sm_80": (80, 166912, 167936, 64), "sm_86": (86, 101376, 102400, 48), "sm_89": (89, 101376, 102400, 48),
           "sm_90": (90, 232448, 233472, 64), "sm_100": (100, 232448, 233472, 64)}
 
 
 def blocks_per_sm(arch: str, registers: int, shared: int, warps: int) -> int:
     """How many of a kernel's blocks one SM holds at once (occupancy): the least of what its registers (allocated
-    per warp in steps of 256), its shared memory (plus the 1 KB the driver reserves per block) and the warp
-    slots allow. Memory-bound kernels need several to hide memory latency."""
-    _, per_block, per_sm, max_warps = ARCHES[arch]
+    per warp in steps of 256), its shared memory (plus the 1 KB the driver reserves per block from sm_80 on) and
+    the warp slots allow. Memory-bound kernels need several to hide memory latency."""
+    capability, per_block, per_sm, max_warps = ARCHES[arch]
     if shared > per_block:
         return 0
     registers_per_warp = -(-registers * 32 // 256) * 256
-    return min(65536 // (registers_per_warp * warps), per_sm // (shared + 1024), max_warps // warps)
+    reserved = 1024 if capability >= 80 else 0
+    return min(65536 // (registers_per_warp * warps), per_sm // (shared + reserved), max_warps // warps)
 
 
 class CrossBuilds(Builds):
@@ -245,6 +247,8 @@ def print_table(rows: list[dict[str, Any]], device: torch.device, arch: Optional
     if built:
         for line in summary(rows):
             print(line)
+    if arch is not None and ARCHES[arch][0] < 10 * dispatch.MIN_CAPABILITY[0]:
+        print(f"dispatch runs the eager form on {arch} (before sm_80: dispatch.MIN_CAPABILITY); built here to show why")
 
 
 def summary(rows: list[dict[str, Any]]) -> list[str]:
@@ -302,7 +306,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--head-dims", default=None, help="comma-separated (default 64,128 on a GPU or with --arch, "
                                                           "32 in the interpreter)")
     parser.add_argument("--arch", default=None, help=f"build for this GPU generation, launching nothing: "
-                                                     f"{', '.join(ARCHES)} (sm_90: H100, H200; sm_100: B200)")
+                                                     f"{', '.join(ARCHES)} (sm_75: T4; sm_80: A100; sm_89: L4, "
+                                                     f"L40, RTX 4090; sm_90: H100, H200; sm_100: B200)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
                         help="the inputs' (default bfloat16, as autocast hands them over)")
     parser.add_argument("--ops", default=None, help=f"comma-separated, of: {', '.join(OPS)} (default: all)")

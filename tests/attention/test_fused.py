@@ -168,6 +168,23 @@ def test_dispatch_is_eager_where_the_kernels_cannot_go(monkeypatch):
     assert not fused.can_run(torch.zeros(1, 1, 4, 64, dtype=torch.float64), "linear_attention")
 
 
+@pytest.mark.parametrize("generation,fused_here", [((7, 0), False), ((7, 5), False), ((8, 0), True), ((8, 9), True),
+                                                   ((9, 0), True), ((10, 0), True)])
+def test_gpus_before_ampere_run_the_eager_form(generation, fused_here, monkeypatch):
+    """A V100 or T4: the kernels built for them spill 400–2,000 registers' worth (benchmarks/kernel_resources.py
+    --arch sm_75), so their tensors take the eager form; Ampere on, the kernels. (This machine's tensors stand in
+    for a GPU's: its device type is checked as CUDA's is.)"""
+    x = torch.zeros(1, 1, 4, 64, device=DEVICE)
+    monkeypatch.setattr(dispatch, "GPU_TYPES", (x.device.type,))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: generation)
+    dispatch.capability.cache_clear()
+    try:
+        assert fused.can_run(x, "linear_attention") is fused_here
+        assert fused.can_run(x, "ttt_step", dispatch.TTT_MAX_HEAD_DIM, (torch.float32,)) is fused_here
+    finally:
+        dispatch.capability.cache_clear()
+
+
 def test_the_switch_is_read_once_at_construction(monkeypatch):
     monkeypatch.setenv(fused.ENV, "0")
     off = make_module("elu", 32, (4, 4), 1)

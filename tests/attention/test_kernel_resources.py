@@ -51,7 +51,7 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert script.main(["--arch", "sm_99"]) == 2
     err = capsys.readouterr().err
     assert "error: --ops: comma-separated, of: linear_attention elu" in err
-    assert "error: --head-dims" in err and "error: --json" in err and "error: --arch: one of sm_80" in err
+    assert "error: --head-dims" in err and "error: --json" in err and "error: --arch: one of sm_70, sm_75, sm_80" in err
     assert "Traceback" not in err
     if dispatch.interpreting():  # (this process's kernels are the interpreter's: --arch needs the compiler's)
         assert script.main(["--arch", "sm_90"]) == 2
@@ -112,6 +112,7 @@ def test_occupancy_is_the_least_of_registers_shared_memory_and_warps():
     assert script.blocks_per_sm("sm_90", 32, 0, 4) == 16  # warp slots (64 / 4)
     assert script.blocks_per_sm("sm_86", 32, 49152, 4) == 2  # shared memory (100 KB an SM)
     assert script.blocks_per_sm("sm_89", 32, 101377, 4) == 0  # over a block's limit: does not run
+    assert script.blocks_per_sm("sm_75", 32, 32768, 4) == 2  # (no 1 KB reserved per block before sm_80)
 
 
 def ran(rows: list[dict]) -> dict[tuple, dict]:
@@ -169,3 +170,14 @@ def test_every_linear_kernel_runs_on_an_a100_an_l40_and_a_b200(tmp_path, arch):
     if arch == "sm_80":  # (ptxas -O3 once gave it 32 registers and 2,208 spilled: docs/performance.md)
         sums = runs[64, "ttt_step", "inner_sums_bwd_kernel"]
         assert sums["registers"] > 128 and sums["spills"] < 500
+
+
+@pytest.mark.slow  # (20 s of builds)
+@pytest.mark.skipif(not nvidia_build_tools(), reason="this Triton ships no ptxas/cuobjdump")
+def test_why_a_t4_runs_the_eager_form(tmp_path):
+    """Built for a T4 (sm_75: no bf16 or TF32 tensor cores), the kernels spill hundreds of registers even on fp16
+    inputs, which is why dispatch keeps GPUs before sm_80 on the eager form (dispatch.MIN_CAPABILITY)."""
+    rows, stdout = cross_build(tmp_path, "--head-dims", "64", "--ops", "linear_attention elu", "--dtype", "float16",
+                               arch="sm_75")
+    assert max(row["spills"] for row in rows) > 400
+    assert "dispatch runs the eager form on sm_75" in stdout

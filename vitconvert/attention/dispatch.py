@@ -3,7 +3,8 @@ precision, and what happens when Triton cannot build a kernel for the GPU at han
 
 Dispatch is chosen once per module, like timm's ``fused_attn``: :func:`use_fused_kernels` (Triton installed and
 ``VITCONVERT_FUSED`` not "0") at construction, then :func:`can_run` per call on what only the call knows (a CUDA
-tensor, a supported dtype and head dim, not tracing for ONNX). Anything else takes the eager form.
+tensor on an Ampere or later GPU, a supported dtype and head dim, not tracing for ONNX). Anything else takes the
+eager form.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 TTT_MAX_HEAD_DIM = 64
 TTT_DTYPES = (torch.float16, torch.bfloat16)
 DEVICES = ("cuda",)  # where the kernels run; the CPU tests add "cpu" under TRITON_INTERPRET=1
+# Ampere on: bf16 and TF32 tensor-core dots. Built for a V100 (sm_70) or T4 (sm_75), the kernels keep 32–64
+# registers and spill 400–2,000 registers' worth to local memory, on 16-bit tiles too (benchmarks/
+# kernel_resources.py --arch sm_75); there the eager form's cuBLAS matmuls run instead
+MIN_CAPABILITY = (8, 0)
+GPU_TYPES = ("cuda",)  # device types whose generation is checked against MIN_CAPABILITY
 SPLIT_ROUND = 128  # a program's token range is a multiple of this (and of every BLOCK_N)
 ENV = "VITCONVERT_FUSED"
 TILE_ENV = "VITCONVERT_FUSED_TILE"
@@ -183,7 +189,13 @@ def can_run(t: torch.Tensor, op: str, max_head_dim: int = MAX_HEAD_DIM,
     if op in _unavailable or torch.onnx.is_in_onnx_export():
         return False
     return (t.device.type in DEVICES and t.dtype in dtypes and MIN_HEAD_DIM <= t.shape[-1] <= max_head_dim
-            and triton_available())
+            and triton_available() and (t.device.type not in GPU_TYPES or capability(t.device) >= MIN_CAPABILITY))
+
+
+@lru_cache(maxsize=8)
+def capability(device: torch.device) -> tuple[int, int]:
+    """The GPU's compute capability (once per device: can_run asks on every call)."""
+    return torch.cuda.get_device_capability(device)
 
 
 def direct(t: torch.Tensor) -> bool:
