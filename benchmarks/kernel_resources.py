@@ -94,7 +94,7 @@ def tile_name(kwargs: dict) -> str:
 # guide's table of compute capabilities (the opt-in maximum per block; 64K registers per SM on each)
 ARCHES = {"sm_70": (70, 98304, 98304, 64), "sm_75": (75, 65536, 65536, 32),
           "sm_80": (80, 166912, 167936, 64), "sm_86": (86, 101376, 102400, 48), "sm_89": (89, 101376, 102400, 48),
-          "sm_90": (90, 232448, 233472, 64), "sm_100": (100, 232448, 233472, 64)}
+          "sm_90": (90, 232448, 233472, 64), "sm_100": (100, 232448, 233472, 64), "sm_120": (120, 101376, 102400, 48)}
 
 
 def blocks_per_sm(arch: str, registers: int, shared: int, warps: int) -> int:
@@ -307,7 +307,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                           "32 in the interpreter)")
     parser.add_argument("--arch", default=None, help=f"build for this GPU generation, launching nothing: "
                                                      f"{', '.join(ARCHES)} (sm_75: T4; sm_80: A100; sm_89: L4, "
-                                                     f"L40, RTX 4090; sm_90: H100, H200; sm_100: B200)")
+                                                     f"L40, RTX 4090; sm_90: H100, H200; sm_100: B200; "
+                                                     f"sm_120: RTX 5090)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
                         help="the inputs' (default bfloat16, as autocast hands them over)")
     parser.add_argument("--ops", default=None, help=f"comma-separated, of: {', '.join(OPS)} (default: all)")
