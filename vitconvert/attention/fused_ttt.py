@@ -4,12 +4,13 @@
 
 on the normalised and convolved q and k (those stay torch ops: a reduction over tokens and a 3×3 conv). The
 inner gradients' d×d sums, the update W' = W − lr·∇L (on d×d matrices, in torch) and the read-out
-f_{W'}(q) in two kernels; backward in two (the read-out's backward, the sums' backward) from q, k, v and W'
-(B, H, 3, d, d): autograd keeps no token-sized intermediate, and TTT's checkpoint keeps not even W' (it is
-recomputed with the step, and the recomputation is what backward reads). Registered like the linear-attention
+f_{W'}(q) in two kernels; backward in two (the read-out's backward, the sums' backward; the latter split in two
+on GPUs with 99 KB of shared memory a block: :func:`_sums_backward`) from q, k, v and W' (B, H, 3, d, d):
+autograd keeps no token-sized intermediate, and TTT's checkpoint keeps not even W' (it is recomputed with the
+step, and the recomputation is what backward reads). Registered like the linear-attention
 ops (:mod:`.fused`): torch.compile and torch.export see one op, and a plain eager call skips the dispatcher
-(:func:`.dispatch.direct`). A backward kernel Triton cannot build turns TTT's kernels off and takes that step's
-gradients from the op's eager form.
+(:func:`.dispatch.direct`). A backward kernel Triton cannot build in any form turns TTT's kernels off and takes
+that step's gradients from the op's eager form.
 """
 
 from __future__ import annotations
