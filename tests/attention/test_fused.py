@@ -177,12 +177,9 @@ def test_gpus_before_ampere_run_the_eager_form(generation, fused_here, monkeypat
     x = torch.zeros(1, 1, 4, 64, device=DEVICE)
     monkeypatch.setattr(dispatch, "GPU_TYPES", (x.device.type,))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: generation)
-    dispatch.capability.cache_clear()
-    try:
-        assert fused.can_run(x, "linear_attention") is fused_here
-        assert fused.can_run(x, "ttt_step", dispatch.TTT_MAX_HEAD_DIM, (torch.float32,)) is fused_here
-    finally:
-        dispatch.capability.cache_clear()
+    monkeypatch.setattr(dispatch, "_capabilities", {})
+    assert fused.can_run(x, "linear_attention") is fused_here
+    assert fused.can_run(x, "ttt_step", dispatch.TTT_MAX_HEAD_DIM, (torch.float32,)) is fused_here
 
 
 def test_the_switch_is_read_once_at_construction(monkeypatch):
@@ -240,6 +237,26 @@ def test_compiles_as_one_graph():
     torch.testing.assert_close(out, module(x), atol=1e-5, rtol=1e-5)
     out.sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_the_gpu_generation_check_compiles_as_one_graph(monkeypatch):
+    """On CUDA, can_run asks the device's compute capability inside the module's forward; torch.compile takes it
+    as a constant (dispatch.capability) rather than tracing into torch.cuda: a query it cannot trace still
+    compiles with fullgraph, to the kernels."""
+    def untraceable(device=None):
+        torch._dynamo.graph_break()
+        return (9, 0)
+
+    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
+    monkeypatch.setattr(dispatch, "GPU_TYPES", (x.device.type,))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", untraceable)
+    monkeypatch.setattr(dispatch, "_capabilities", {})
+    torch._dynamo.reset()
+    module = make_module("elu", 32, (4, 4), 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no warning from dynamo either)
+        out = torch.compile(module, fullgraph=True, backend="eager")(x)
+    torch.testing.assert_close(out, module(x), atol=1e-5, rtol=1e-5)
 
 
 def test_ttt_bf16_step_is_the_float32_step_within_bf16_rounding():

@@ -192,10 +192,18 @@ def can_run(t: torch.Tensor, op: str, max_head_dim: int = MAX_HEAD_DIM,
             and triton_available() and (t.device.type not in GPU_TYPES or capability(t.device) >= MIN_CAPABILITY))
 
 
-@lru_cache(maxsize=8)
+_capabilities: dict[torch.device, tuple[int, int]] = {}  # (capability's; a dict, not lru_cache, which dynamo
+                                                          # traces through, with a warning)
+
+
+@torch.compiler.assume_constant_result
 def capability(device: torch.device) -> tuple[int, int]:
-    """The GPU's compute capability (once per device: can_run asks on every call)."""
-    return torch.cuda.get_device_capability(device)
+    """The GPU's compute capability, once per device (can_run asks on every call). torch.compile calls it while
+    tracing a forward and takes the answer as a constant, instead of tracing into torch.cuda (fullgraph)."""
+    found = _capabilities.get(device)
+    if found is None:
+        found = _capabilities[device] = torch.cuda.get_device_capability(device)
+    return found
 
 
 def direct(t: torch.Tensor) -> bool:
