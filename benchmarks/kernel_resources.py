@@ -216,7 +216,7 @@ def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Opt
             try:
                 with dispatch.launches_through(builds, device.type):
                     call().float().square().mean().backward()
-                    eager = op.split()[0] in dispatch._unavailable  # (the custom op's name: turned off here)
+                    eager = not dispatch.fits(op.split()[0])  # (the custom op's name: turned off here)
             finally:
                 dispatch._programs_wanted = wanted
             rows += [{"head_dim": d, **row, "op_eager": eager} for row in builds.rows.values()]
@@ -247,7 +247,7 @@ def print_table(rows: list[dict[str, Any]], device: torch.device, arch: Optional
     if built:
         for line in summary(rows):
             print(line)
-    if arch is not None and ARCHES[arch][0] < 10 * dispatch.MIN_CAPABILITY[0]:
+    if arch is not None and divmod(ARCHES[arch][0], 10) < dispatch.MIN_CAPABILITY:
         print(f"dispatch runs the eager form on {arch} (before sm_80: dispatch.MIN_CAPABILITY); built here to show why")
 
 

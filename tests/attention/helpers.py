@@ -79,17 +79,6 @@ def float32_against_literal(module: LinearAttention, x: torch.Tensor,
     return errors | {n: rel_error(p.grad, want[n]) for n, p in module.named_parameters() if n in want}
 
 
-class Unbuildable:
-    """A kernel Triton cannot build on this GPU (as OutOfResources is raised for shared memory or registers)."""
-
-    def __getitem__(self, grid):
-        def run(*args, **kwargs):
-            from triton.runtime.errors import OutOfResources
-
-            raise OutOfResources(232448, 101376, "shared memory")
-        return run
-
-
 class Cramped:
     """A real kernel on a GPU with less shared memory than the launch settings were made for: settings that
     ``fits(settings)`` rejects raise OutOfResources at launch, as Triton's launcher does (``refused`` counts
@@ -97,7 +86,7 @@ class Cramped:
 
     def __init__(self, kernel, fits) -> None:
         self.kernel, self.fits, self.refused = kernel, fits, 0
-        self.fn = kernel.fn  # (its name, for dispatch.lean_launches)
+        self.fn = getattr(kernel, "fn", None)  # (its name, for dispatch.lean_launches)
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
@@ -105,6 +94,14 @@ class Cramped:
                 from triton.runtime.errors import OutOfResources
 
                 self.refused += 1
-                raise OutOfResources(106496, 101376, "shared memory")
+                raise OutOfResources(232448, 101376, "shared memory")
             return self.kernel[grid](*args, **kwargs)
         return run
+
+
+class Unbuildable(Cramped):
+    """A kernel Triton cannot build on this GPU at any settings (as OutOfResources is raised for shared memory or
+    registers)."""
+
+    def __init__(self) -> None:
+        super().__init__(None, lambda settings: False)

@@ -149,7 +149,8 @@ def launches_through(launcher: Callable[..., Any], device_type: str) -> Iterator
 
 
 def fits(form: str) -> bool:
-    """Whether ``form`` (a kernel an op has another way around) has not been found too big for this GPU."""
+    """Whether ``form`` (an op, or a kernel an op has another way around) has not been found too big for this GPU
+    (:func:`too_big`, :func:`disable`)."""
     return form not in _unavailable
 
 

@@ -95,7 +95,8 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     from .ttt_kernels import swiglu_readout_bwd_kernel  # lazy: start-up time
 
     step = _step_size(key_valid, k.shape[2], scale, lr)
-    B, H, N, D, splits, per, block_n, block_d, warps = _geometry(q)
+    geometry = _geometry(q)
+    B, H, N, D, splits, per, block_n, block_d, warps = geometry
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     d_updated = q.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
     launch(swiglu_readout_bwd_kernel, (B * H, splits),
@@ -105,7 +106,7 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         H, N, D, splits, per,
         BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q, half_tiles=True), num_warps=warps)
     d_updated = _total(d_updated, B, H)
-    dk, dv, d_chain = _sums_backward(k, v, key_valid, weights, (d_updated * step).contiguous(), splits, per)
+    dk, dv, d_chain = _sums_backward(k, v, key_valid, weights, (d_updated * step).contiguous(), geometry)
     dweights = (d_updated + _total(d_chain, B, H)).sum(0)
     return dq, dk, dv, dweights.to(weights.dtype)
 
@@ -114,19 +115,19 @@ ONE_PASS = "ttt_step: the sums' backward in one kernel"  # (dispatch.fits: where
 
 
 def _sums_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], weights: torch.Tensor,
-                   d_sums: torch.Tensor, splits: int, per: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   d_sums: torch.Tensor, geometry: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dk, dv and the partial dW (B·H, 3, splits, d, d) of the inner sums from their gradient dĜ (B·H, 3, d, d):
     one kernel, or where its twelve d×d operands do not fit the GPU's shared memory (an L40 or RTX 4090 gives a
     block 99 KB, it needs 106 at its leanest; benchmarks/kernel_resources.py --arch sm_89), a kernel for dk and
-    dW1, dW2 and one for dv and dW3 (ten and six operands), each recomputing the forward's token-sized values."""
+    dW1, dW2 and one for dv and dW3 (ten and six operands), each recomputing the forward's token-sized values.
+    ``geometry``: the launch's, as :func:`_geometry` gives it."""
     from .ttt_kernels import (  # lazy: start-up time
         inner_sums_bwd_kernel,
         inner_sums_bwd_keys_kernel,
         inner_sums_bwd_values_kernel,
     )
 
-    B, H, N, D = k.shape
-    block_n, block_d, warps = block_sizes(D, many_tiles=True)
+    B, H, N, D, splits, per, block_n, block_d, warps = geometry  # (the backward's: _geometry)
     dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v))
     d_chain = k.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
     mask, s_mb = _mask_arg(key_valid, k)
