@@ -105,3 +105,41 @@ class Unbuildable(Cramped):
 
     def __init__(self) -> None:
         super().__init__(None, lambda settings: False)
+
+
+def assert_mix_gradients_match_reference(module: LinearAttention, tokens: int, grid: Optional[tuple[int, int]],
+                                         params: list[torch.Tensor]) -> None:
+    """The fast mix and the literal ``reference`` give the same gradients of q, k, v and ``params`` (float64, a
+    random key mask), none of them all zero."""
+    q, k, v = (t.requires_grad_() for t in random_qkv(2, module.num_heads, tokens, module.head_dim))
+    key_valid = random_mask(2, tokens)
+    probe = torch.randn_like(q)
+    grads = []
+    for mixer in (module.mix, module.reference):
+        out = mixer(q, k, v, key_valid, grid)
+        grads.append(torch.autograd.grad((out * probe).sum(), [q, k, v, *params]))
+    for fast, slow in zip(*grads, strict=True):
+        assert fast.abs().max() > 0
+        torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+
+
+def assert_masked_keys_reach_no_valid_output(module: LinearAttention, grid: Optional[tuple[int, int]],
+                                             tokens: int) -> None:
+    """Whatever the masked tokens' q, k, v hold, the valid tokens' outputs of the mix do not move."""
+    q, k, v = random_qkv(2, module.num_heads, tokens, module.head_dim)
+    key_valid = random_mask(2, tokens)
+    before = module.mix(q, k, v, key_valid, grid)
+    noise = (~key_valid)[:, None, :, None] * 100.0
+    after = module.mix(q + noise, k - noise, v + noise, key_valid, grid)
+    keep = key_valid[:, None, :, None].expand_as(before)
+    torch.testing.assert_close(after[keep], before[keep], atol=1e-10, rtol=0)
+
+
+def assert_masked_tokens_reach_no_valid_output(module: LinearAttention, tokens: int = 17) -> None:
+    """The whole layer under an attention mask: padding may hold anything, valid tokens' outputs ignore it."""
+    x, noise = random_tensors((2, tokens, module.dim), (2, tokens, module.dim))
+    valid = random_mask(2, tokens)
+    attn_mask = valid[:, None, None, :]
+    out = module(x, attn_mask=attn_mask)
+    changed = module(torch.where(valid[..., None], x, x + 10 * noise), attn_mask=attn_mask)
+    torch.testing.assert_close(out[valid], changed[valid], atol=1e-10, rtol=0)

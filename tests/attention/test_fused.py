@@ -18,6 +18,7 @@ import torch
 from vitconvert.attention import dispatch, fused
 from vitconvert.attention.inline import inline_weights
 from vitconvert.attention.kernel import elu_feature_literal, kernel_attention_reference, relu_feature
+from vitconvert.errors import VitconvertError
 
 from . import helpers
 from .helpers import rel_error
@@ -54,7 +55,8 @@ def padding_mask(B: int, N: int) -> torch.Tensor:
 
 # tolerance of the kernels against a float64 oracle: float32 sums, or bf16 inputs and output (bf16: 1.7e-3 in
 # values and 2.3e-3–3.3e-3 in gradients, rounding as a GPU does; 1.2e-2 while the interpreter truncated)
-TOL = {torch.float32: 2e-5, torch.bfloat16: 6e-3}
+TOL = {torch.float32: 2e-5, torch.bfloat16: 6e-3, torch.float16: 1e-3}  # fp16: 2.0e-4 values, 2.8e-4–4.3e-4 grads
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]  # float16: `vitconvert bench --amp float16`, autocast fp16
 
 
 def assert_matches_oracle(out, inputs, oracle, tol: float, grad_tol: Optional[float] = None):
@@ -76,7 +78,7 @@ ORACLES = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
 @pytest.mark.parametrize("name", ["elu", "relu"])
 def test_kernel_attention_matches_the_n_by_n_form_values_and_gradients(name, masked, dtype):
@@ -91,7 +93,7 @@ def test_kernel_attention_matches_the_n_by_n_form_values_and_gradients(name, mas
         assert got[1][-1, :, 50:].abs().max() == 0 and got[2][-1, :, 50:].abs().max() == 0
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
 def test_inline_matches_its_explicit_weights(masked, dtype):
     q, k, v = qkv(N=99, d=64, dtype=dtype)
@@ -193,6 +195,35 @@ def test_the_switch_is_read_once_at_construction(monkeypatch):
     x = torch.randn(1, 17, 64, device=DEVICE)
     off(x)  # the eager form: never reaches the kernels
     assert calls == []
+
+
+@pytest.mark.parametrize("value, on", [("0", False), ("off", False), ("False", False), ("no", False), ("1", True),
+                                       ("on", True), ("TRUE", True), ("", True), (" 0 ", False)])
+def test_the_switch_takes_the_usual_spellings(monkeypatch, value, on):
+    monkeypatch.setenv(fused.ENV, value)
+    assert make_module("elu", 32, (4, 4), 1).fused_kernels is on
+
+
+@pytest.mark.parametrize("name, value", [("VITCONVERT_FUSED", "maybe"), ("VITCONVERT_FUSED", "2"),
+                                         ("VITCONVERT_FUSED_TILE", "bf16"), ("VITCONVERT_FUSED_CONFIG", "64"),
+                                         ("VITCONVERT_FUSED_CONFIG", "33,4"), ("VITCONVERT_FUSED_CONFIG", "64,3"),
+                                         ("VITCONVERT_FUSED_CONFIG", "a,b"), ("VITCONVERT_FUSED_CONFIG", "8,4")])
+def test_a_bad_setting_is_refused_at_construction_not_ignored(monkeypatch, name, value):
+    """``VITCONVERT_FUSED=false`` used to mean on (anything but "0"); a typo in the tuning variables failed deep in
+    a launch or fell back to the default silently. Now any of them is a one-line error before a model is made."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(VitconvertError, match=f"^{name}='{value}': expected"):
+        make_module("elu", 32, (4, 4), 1)
+
+
+def test_the_tuning_settings_reach_the_launches(monkeypatch):
+    monkeypatch.setenv(dispatch.CONFIG_ENV, "128,16")
+    monkeypatch.setenv(dispatch.TILE_ENV, " Half ")
+    make_module("elu", 32, (4, 4), 1)
+    assert dispatch.block_sizes(64) == (128, 64, 16)
+    assert dispatch.tile_args(torch.zeros(1, dtype=torch.bfloat16))["PRECISION"] == "ieee"  # 16-bit tiles
+    monkeypatch.setenv(dispatch.TILE_ENV, "tf32")
+    assert dispatch.tile_args(torch.zeros(1, dtype=torch.bfloat16))["PRECISION"] == "tf32"
 
 
 def test_mhla_official_denominator_stays_eager(monkeypatch):
@@ -333,8 +364,9 @@ def test_the_blocked_op_keeps_the_raw_q_k_and_v_and_normalises_them_itself(recom
     assert rel_error(one, fused.kernel_attention(q, k, v, None, fused.RELU_PLUS_EPS, 1e-6, 1e-6)) < 1e-6
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("tokens", [43, 40], ids=["grid", "no-grid"])
-def test_mhla_under_bf16_autocast_matches_its_float32_eager_form(tokens):
+def test_mhla_under_autocast_matches_its_float32_eager_form(tokens, dtype):
     """The training form users run on a GPU (bf16 autocast, the kernels, RMSNorm in the op, the LayerNorm-and-qkv
     Function, LePE) against the float32 eager module: outputs and every gradient (input_norm's, the RMSNorms',
     LePE's and W's included) within bf16 rounding; 43 tokens = a class token and a 6×7 grid (unequal blocks),
@@ -351,17 +383,17 @@ def test_mhla_under_bf16_autocast_matches_its_float32_eager_form(tokens):
     for fused_on in (True, False):
         module.fused_kernels = fused_on
         x_in = x.clone().requires_grad_()
-        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=fused_on):
+        with torch.autocast(DEVICE, dtype=dtype, enabled=fused_on):
             out = module(x_in, attn_mask=attn_mask)
         params = [p for _, p in module.named_parameters()]
         results.append((out, torch.autograd.grad(out, [x_in, *params], grad.to(out.dtype), allow_unused=True)))
     (out, got), (expected, want) = results
-    assert out.dtype == torch.bfloat16 and rel_error(out, expected) < TOL[torch.bfloat16]
+    assert out.dtype == dtype and rel_error(out, expected) < TOL[dtype]
     names = ["x", *(n for n, _ in module.named_parameters())]
     for name, g, w in zip(names, got, want, strict=True):
         assert (g is None) == (w is None), name
         if w is not None:
-            assert rel_error(g, w) < 2 * TOL[torch.bfloat16], name
+            assert rel_error(g, w) < 2 * TOL[dtype], name
 
 
 def test_training_keeps_only_q_k_v_and_the_output():

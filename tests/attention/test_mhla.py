@@ -19,7 +19,15 @@ from vitconvert.attention.mhla import (
 )
 from vitconvert.errors import BadValue
 
-from .helpers import literal, make_module, random_mask, random_qkv, softmax_source
+from .helpers import (
+    assert_masked_keys_reach_no_valid_output,
+    assert_mix_gradients_match_reference,
+    literal,
+    make_module,
+    random_mask,
+    random_qkv,
+    softmax_source,
+)
 
 EXTRA = ["block_mix", "input_norm.weight", "input_norm.bias", "q_rmsnorm.weight", "k_rmsnorm.weight",
          "lepe.weight", "lepe.bias"]
@@ -66,29 +74,12 @@ def test_mix_matches_reference_with_options(options):
 @pytest.mark.parametrize("grid,blocks,num_prefix", [((4, 4), 2, 1), ((5, 7), 2, 5), ((2, 2), 2, 0)])
 def test_gradients_match_reference(grid, blocks, num_prefix):
     mod = mhla_module(num_prefix, grid, blocks_per_side=blocks)
-    tokens = num_prefix + grid[0] * grid[1]
-    q, k, v = (t.requires_grad_() for t in random_qkv(2, mod.num_heads, tokens, mod.head_dim))
-    key_valid = random_mask(2, tokens)
     params = [mod.block_mix, mod.lepe.weight, mod.lepe.bias, mod.q_rmsnorm.weight, mod.k_rmsnorm.weight]
-    probe = torch.randn_like(q)
-    grads = []
-    for mixer in (mod.mix, mod.reference):
-        out = mixer(q, k, v, key_valid, grid)
-        grads.append(torch.autograd.grad((out * probe).sum(), [q, k, v, *params]))
-    for fast, slow in zip(*grads, strict=True):
-        assert fast.abs().max() > 0
-        torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+    assert_mix_gradients_match_reference(mod, num_prefix + grid[0] * grid[1], grid, params)
 
 
 def test_invalid_tokens_do_not_reach_valid_outputs():
-    mod = mhla_module(1, (4, 4), blocks_per_side=2)
-    q, k, v = random_qkv(2, mod.num_heads, 17, mod.head_dim)
-    key_valid = random_mask(2, 17)
-    before = mod.mix(q, k, v, key_valid, (4, 4))
-    noise = (~key_valid)[:, None, :, None] * 100.0
-    after = mod.mix(q + noise, k - noise, v + noise, key_valid, (4, 4))
-    keep = key_valid[:, None, :, None].expand_as(before)
-    torch.testing.assert_close(after[keep], before[keep], atol=1e-10, rtol=0)
+    assert_masked_keys_reach_no_valid_output(mhla_module(1, (4, 4), blocks_per_side=2), (4, 4), 17)
 
 
 def test_no_grid_is_relu_kernel_attention():

@@ -13,7 +13,15 @@ from torch.nn import functional as F
 from vitconvert.attention.ttt import TTTAttention, normalize_keys
 from vitconvert.errors import BadValue
 
-from .helpers import literal, make_module, random_mask, random_qkv, softmax_source
+from .helpers import (
+    assert_masked_keys_reach_no_valid_output,
+    assert_mix_gradients_match_reference,
+    literal,
+    make_module,
+    random_mask,
+    random_qkv,
+    softmax_source,
+)
 
 EXTRA = ["fast_w1", "fast_w2", "fast_w3", "q_conv.weight", "q_conv.bias", "k_conv.weight", "k_conv.bias"]
 
@@ -49,31 +57,14 @@ def test_mix_matches_reference(grid, num_prefix, masked):
 @pytest.mark.parametrize("grid,num_prefix", [((4, 4), 1), ((2, 2), 5), (None, 0)])
 def test_gradients_match_reference(grid, num_prefix):
     mod = ttt_module(num_prefix, grid, inner_lr=0.7)
-    tokens = num_prefix + (grid[0] * grid[1] if grid else 5)
-    q, k, v = (t.requires_grad_() for t in random_qkv(2, mod.num_heads, tokens, mod.head_dim))
-    key_valid = random_mask(2, tokens)
     params = [mod.fast_w1, mod.fast_w2, mod.fast_w3]
     if grid is not None:
         params += [mod.q_conv.weight, mod.k_conv.weight, mod.q_conv.bias, mod.k_conv.bias]
-    probe = torch.randn_like(q)
-    grads = []
-    for mixer in (mod.mix, mod.reference):
-        out = mixer(q, k, v, key_valid, grid)
-        grads.append(torch.autograd.grad((out * probe).sum(), [q, k, v, *params]))
-    for fast, slow in zip(*grads, strict=True):
-        assert fast.abs().max() > 0
-        torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+    assert_mix_gradients_match_reference(mod, num_prefix + (grid[0] * grid[1] if grid else 5), grid, params)
 
 
 def test_invalid_tokens_do_not_reach_valid_outputs():
-    mod = ttt_module(1, (4, 4))
-    q, k, v = random_qkv(2, mod.num_heads, 17, mod.head_dim)
-    key_valid = random_mask(2, 17)
-    before = mod.mix(q, k, v, key_valid, (4, 4))
-    noise = (~key_valid)[:, None, :, None] * 100.0
-    after = mod.mix(q + noise, k - noise, v + noise, key_valid, (4, 4))
-    keep = key_valid[:, None, :, None].expand_as(before)
-    torch.testing.assert_close(after[keep], before[keep], atol=1e-10, rtol=0)
+    assert_masked_keys_reach_no_valid_output(ttt_module(1, (4, 4)), (4, 4), 17)
 
 
 def test_key_norm_is_instance_norm_with_eps_one():

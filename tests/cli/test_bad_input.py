@@ -44,7 +44,7 @@ class Case:
     given: str  # what the user got wrong, for the docs table
     args: tuple[str, ...]  # {placeholders} name paths of the workspace (see `workspace`) or of the case's cwd
     message: str  # a fragment of the one error line
-    prepare: Optional[str] = None  # a function of PREPARE, run in the case's cwd before it (a damaged copy)
+    prepare: Optional[str] = None  # a function of PREPARE run in the case's cwd first, or env:NAME=VALUE
 
 
 def truncate(path: Path) -> None:
@@ -96,6 +96,8 @@ CASES: list[Case] = [
                                                          "--force"), "contains the input"),
     Case("convert", "--out an unrelated folder (--force)", ("convert", "{teacher}", "--to", "elu", "--out",
                                                             "{precious}", "--force"), "not written by vitconvert"),
+    Case("convert", "VITCONVERT_FUSED=maybe", ("convert", "{teacher}", "--to", "elu", "--out", "o"),
+         "VITCONVERT_FUSED='maybe': expected 0", "env:VITCONVERT_FUSED=maybe"),
     Case("convert", "--out an existing model, no --force", ("convert", "{teacher}", "--to", "elu", "--out",
                                                             "{student}"), "already exists; use --force"),
     Case("convert", "--out below a file", ("convert", "{teacher}", "--to", "elu", "--out", "{afile}/sub"),
@@ -277,6 +279,10 @@ CASES: list[Case] = [
     Case("compare", "missing data folder", ("compare", *S, "--data", "nope"), "not found"),
     Case("bench", "missing source", ("bench", "./nope/", "--no-pretrained"), "not found"),
     Case("bench", "unknown variant", ("bench", "{teacher}", "--to", "nosuch"), "unknown variant"),
+    Case("bench", "VITCONVERT_FUSED_CONFIG=33,4", ("bench", "{teacher}", "--to", "elu"),
+         "VITCONVERT_FUSED_CONFIG='33,4': expected BLOCK_N,num_warps", "env:VITCONVERT_FUSED_CONFIG=33,4"),
+    Case("bench", "VITCONVERT_FUSED_TILE=bf16", ("bench", "{teacher}", "--to", "elu"),
+         "VITCONVERT_FUSED_TILE='bf16': expected one of tf32, half", "env:VITCONVERT_FUSED_TILE=bf16"),
     Case("bench", "non-numeric --repeats", ("bench", "{teacher}", "--repeats", "x"), "Invalid value for '--repeats'"),
     Case("bench", "--keep-softmax every layer", ("bench", "{teacher}", "--to", "elu", "--keep-softmax", "0,1",
                                                  "--repeats", "1"), "keeps all 2 layers softmax"),
@@ -404,6 +410,8 @@ def run_case(case: Case, workspace: dict[str, Path], cwd: Path, monkeypatch):
         monkeypatch.setitem(sys.modules, "datasets", None)
     elif case.prepare in ("world_size_2", "world_size_abc"):
         monkeypatch.setenv("WORLD_SIZE", case.prepare.rsplit("_", 1)[1])
+    elif case.prepare and case.prepare.startswith("env:"):  # env:NAME=VALUE
+        monkeypatch.setenv(*case.prepare.removeprefix("env:").split("=", 1))
     elif case.prepare:
         PREPARE[case.prepare](cwd, workspace["ws"])
     args = [a.format(**{k: str(v) for k, v in workspace.items()}) for a in case.args]

@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 import torch
 
+from ..errors import VitconvertError
+
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 # TTT's kernels hold up to a dozen d×d operands. Above head dim 64 (a 128 tile) they need 224–456 KB of shared
@@ -37,6 +39,10 @@ SPLIT_ROUND = 128  # a program's token range is a multiple of this (and of every
 ENV = "VITCONVERT_FUSED"
 TILE_ENV = "VITCONVERT_FUSED_TILE"
 CONFIG_ENV = "VITCONVERT_FUSED_CONFIG"
+SWITCH = {"0": False, "off": False, "false": False, "no": False, "1": True, "on": True, "true": True, "yes": True}
+TILES = ("tf32", "half")
+CONFIG_BLOCK_NS = (16, 32, 64, 128)  # tl.dot's smallest tile up to SPLIT_ROUND, which each must divide
+CONFIG_WARPS = (1, 2, 4, 8, 16)
 
 
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # once, at import (cheap; no triton import)
@@ -47,8 +53,48 @@ def triton_available() -> bool:
 
 
 def use_fused_kernels() -> bool:
-    """The module-level choice (read at construction): on unless ``VITCONVERT_FUSED=0`` or Triton is missing."""
-    return os.environ.get(ENV, "1") != "0" and triton_available()
+    """The module-level choice (read at construction): on unless ``VITCONVERT_FUSED=0`` or Triton is missing.
+    The three variables are checked here, where a bad one can still be a one-line error (a launch is deep in a
+    forward pass) and not a silent default: ``VITCONVERT_FUSED=false`` meant off, and ran the kernels."""
+    on = fused_switch(os.environ.get(ENV))
+    tile_setting(os.environ.get(TILE_ENV))
+    config_setting(os.environ.get(CONFIG_ENV))
+    return on and triton_available()
+
+
+def fused_switch(value: Optional[str]) -> bool:
+    if value is None or not value.strip():
+        return True
+    if value.strip().lower() not in SWITCH:
+        raise VitconvertError(f"{ENV}={value!r}: expected 0 (the eager form everywhere) or 1 (the fused kernels "
+                              "where they can run)")
+    return SWITCH[value.strip().lower()]
+
+
+@lru_cache(maxsize=8)  # read per launch
+def tile_setting(value: Optional[str]) -> str:
+    """``VITCONVERT_FUSED_TILE``: the dots' operand type for half inputs (:func:`tile_args`)."""
+    if value is None or not value.strip():
+        return TILES[0]
+    if value.strip().lower() not in TILES:
+        raise VitconvertError(f"{TILE_ENV}={value!r}: expected one of {', '.join(TILES)}")
+    return value.strip().lower()
+
+
+def config_setting(value: Optional[str]) -> Optional[tuple[int, int]]:
+    """``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps`` (tuning sweeps), or None."""
+    if value is None or not value.strip():
+        return None
+    parts = value.split(",")
+    try:
+        block_n, warps = (int(p) for p in parts) if len(parts) == 2 else (0, 0)
+    except ValueError:
+        block_n = warps = 0
+    if block_n not in CONFIG_BLOCK_NS or warps not in CONFIG_WARPS:
+        raise VitconvertError(f"{CONFIG_ENV}={value!r}: expected BLOCK_N,num_warps with BLOCK_N one of "
+                              f"{', '.join(map(str, CONFIG_BLOCK_NS))} and num_warps one of "
+                              f"{', '.join(map(str, CONFIG_WARPS))}, e.g. 32,8")
+    return block_n, warps
 
 
 class KernelUnavailable(RuntimeError):
@@ -242,8 +288,9 @@ def block_sizes(head_dim: int, many_tiles: bool = False) -> tuple[int, int, int]
 @lru_cache(maxsize=64)  # per launch, so cached: host time (benchmarks/host_overhead.py)
 def _block_sizes(head_dim: int, override: Optional[str], many_tiles: bool) -> tuple[int, int, int]:
     block_d = max(16, triton_next_power_of_2(head_dim))
-    if override:
-        block_n, warps = (int(x) for x in override.split(","))
+    config = config_setting(override)
+    if config:
+        block_n, warps = config
         return block_n, block_d, warps
     if block_d >= 128 or (many_tiles and block_d >= 64):
         return 32, block_d, 8
@@ -276,7 +323,7 @@ def tile_args(t: torch.Tensor, half_tiles: bool = False) -> dict:
     that hold so many d×d operands that TF32 tiles overflow shared memory (TTT's backward: twelve at head dim 64
     need 248 KB on sm_90, which allows 227; benchmarks/kernel_resources.py --arch)."""
     tf32_matmuls = t.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    tile = "half" if half_tiles else os.environ.get(TILE_ENV, "tf32")
+    tile = "half" if half_tiles else tile_setting(os.environ.get(TILE_ENV))
     return _tile_args(t.dtype, tf32_matmuls, tile, interpreting())
 
 
