@@ -10,6 +10,9 @@ inputs: N×C tensors that the softmax layer does not hold. Here:
   (:func:`layer_norm_linear`) that keeps x̂ in the projection's input dtype: as many bytes as softmax's qkv
   projection keeps of its input, where autograd's LayerNorm would keep its float32 input on top.
 
+Their backwards are torch's fused norm kernels where torch has them (native_layer_norm_backward; on CUDA
+_fused_rms_norm_backward), not the formulas written out: those are a dozen elementwise passes over N×C float32.
+
 TTT's key norm on its fused path (:func:`key_instance_norm`) is written out for the passes rather than the
 memory (its step is recomputed in backward anyway): float32 statistics read from bf16 keys, no float32 copy.
 """
@@ -25,6 +28,11 @@ from torch.nn import functional as F
 from .dispatch import exporting
 from .tensors import accumulation_dtype
 from .ttt_closed_form import normalize_keys
+
+# torch's fused RMSNorm backward (what autograd runs for F.rms_norm on CUDA; torch 2.9 on, no CPU kernel)
+FUSED_RMS_BACKWARD = hasattr(torch.ops.aten, "_fused_rms_norm_backward")
+FUSED_RMS_BACKWARD_DEVICES = ("cuda",)
+HALF = (torch.bfloat16, torch.float16)
 
 
 def _per_head(weight: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -45,17 +53,32 @@ def rms_over_heads(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     decomposed elsewhere; the weight's rounding is one more of the output's own.
     """
     B, H, N, d = t.shape
-    if t.dtype in (torch.bfloat16, torch.float16):
-        flat = F.rms_norm(t.transpose(1, 2).reshape(B, N, H * d), (H * d,), weight.to(t.dtype), eps)
+    if t.dtype in HALF:
+        flat = F.rms_norm(_tokens_major(t), (H * d,), weight.to(t.dtype), eps)
         return flat.view(B, N, H, d).transpose(1, 2)
     x = t.to(accumulation_dtype(t.dtype))
     return (x * _rstd(x, eps) * _per_head(weight, t)).to(t.dtype)
 
 
+def _tokens_major(t: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, d) as (B, N, H·d): a view where t is one of the qkv projection's (tokens-major)."""
+    B, H, N, d = t.shape
+    return t.transpose(1, 2).reshape(B, N, H * d)
+
+
 def rms_over_heads_backward(t: torch.Tensor, weight: torch.Tensor, eps: float,
                             grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dt, dweight) of :func:`rms_over_heads` from the gradient of its output, in float32 at least (rstd
-    recomputed)."""
+    recomputed). Half inputs on CUDA: torch's fused backward (one kernel, float32 inside, as autograd runs it
+    for F.rms_norm there), where the formula below takes ~13 passes over N×C float32."""
+    if FUSED_RMS_BACKWARD and t.dtype in HALF and t.device.type in FUSED_RMS_BACKWARD_DEVICES:
+        B, H, N, d = t.shape
+        flat = _tokens_major(t).contiguous()  # (the kernel's rows: a copy of q's or k's strided view of qkv)
+        norm = torch.linalg.vector_norm(flat, dim=-1, keepdim=True, dtype=torch.float32)
+        rstd = torch.rsqrt(norm.square_().div_(H * d).add_(eps))  # (B, N, 1), as _fused_rms_norm returns it
+        dt, dweight = torch.ops.aten._fused_rms_norm_backward(
+            _tokens_major(grad.to(t.dtype)).contiguous(), flat, [H * d], rstd, weight.to(t.dtype), [True, True])
+        return dt.view(B, N, H, d).transpose(1, 2), dweight.to(weight.dtype)
     x = t.to(accumulation_dtype(t.dtype))
     rstd, grad = _rstd(x, eps), grad.to(x.dtype)
     scaled = grad * _per_head(weight, t)
@@ -104,15 +127,21 @@ class _LayerNormLinear(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[5]:
             dbias = grad.to(rstd.dtype).flatten(0, -2).sum(0).to(weight.dtype)
         dy = (g @ weight.to(g.dtype)).to(rstd.dtype)
-        x_hat = x_hat.to(rstd.dtype)
-        if norm_weight is not None and ctx.needs_input_grad[1]:
-            dnorm_weight = (dy * x_hat).flatten(0, -2).sum(0).to(norm_weight.dtype)
-        if norm_bias is not None and ctx.needs_input_grad[2]:
-            dnorm_bias = dy.flatten(0, -2).sum(0).to(norm_bias.dtype)
-        dx_hat = dy if norm_weight is None else dy * norm_weight.to(dy.dtype)
-        dx = rstd * (dx_hat - dx_hat.mean(dim=-1, keepdim=True)
-                     - x_hat * (dx_hat * x_hat).mean(dim=-1, keepdim=True))
-        return dx.to(ctx.x_dtype), dnorm_weight, dnorm_bias, None, dweight, dbias, None
+        # torch's own LayerNorm backward (one fused kernel for dx, one for the norm's weight and bias on a GPU,
+        # where the formula written out took ~15 passes over N×C float32), given x − μ = x̂ / rstd and μ = 0
+        centred = torch.div(x_hat, rstd)
+        wanted = [ctx.needs_input_grad[0], norm_weight is not None and ctx.needs_input_grad[1],
+                  norm_bias is not None and ctx.needs_input_grad[2]]
+        dx, dnorm_weight, dnorm_bias = torch.ops.aten.native_layer_norm_backward(
+            dy, centred, centred.shape[-1:], torch.zeros_like(rstd), rstd, _as(norm_weight, rstd.dtype),
+            _as(norm_bias, rstd.dtype), wanted)
+        dnorm_weight = None if dnorm_weight is None else dnorm_weight.to(norm_weight.dtype)
+        dnorm_bias = None if dnorm_bias is None else dnorm_bias.to(norm_bias.dtype)
+        return (None if dx is None else dx.to(ctx.x_dtype)), dnorm_weight, dnorm_bias, None, dweight, dbias, None
+
+
+def _as(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+    return None if t is None else t.to(dtype)
 
 
 def _affine(x_hat: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
