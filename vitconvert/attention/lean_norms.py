@@ -125,7 +125,7 @@ class _LayerNormLinear(torch.autograd.Function):
         if ctx.needs_input_grad[4]:
             dweight = (g.flatten(0, -2).transpose(0, 1) @ y.flatten(0, -2)).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[5]:
-            dbias = grad.to(rstd.dtype).flatten(0, -2).sum(0).to(weight.dtype)
+            dbias = grad.flatten(0, -2).sum(0, dtype=rstd.dtype).to(weight.dtype)  # one read, float32 sums
         dy = (g @ weight.to(g.dtype)).to(rstd.dtype)
         # torch's own LayerNorm backward (one fused kernel for dx, one for the norm's weight and bias on a GPU,
         # where the formula written out took ~15 passes over N×C float32), given x − μ = x̂ / rstd and μ = 0
