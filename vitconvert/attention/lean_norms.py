@@ -190,7 +190,7 @@ def _normalised(k: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> torc
 class _KeyInstanceNorm(torch.autograd.Function):
     """TTT's instance norm of the keys over the tokens (biased variance, no affine) on the fused path: statistics
     in float32 from k as it is (bf16 under autocast), output in k's dtype; keeps k and the (B, H, 1, d) statistics,
-    and backward recomputes x̂: dk = rstd·(g − mean(g) − x̂·mean(g·x̂))."""
+    and backward is LayerNorm's over the token axis: dk = rstd·(g − mean(g) − x̂·mean(g·x̂))."""
 
     @staticmethod
     def forward(ctx, k: torch.Tensor, eps: float) -> torch.Tensor:
@@ -201,10 +201,14 @@ class _KeyInstanceNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         k, mean, rstd = ctx.saved_tensors
-        x_hat = (k.to(torch.float32) - mean) * rstd
-        g = grad.to(torch.float32)
-        dk = rstd * (g - g.mean(dim=-2, keepdim=True) - x_hat * (g * x_hat).mean(dim=-2, keepdim=True))
-        return dk.to(k.dtype), None
+        # torch's LayerNorm backward over rows of tokens, one row per (b, h, channel): one fused kernel on a GPU
+        # where the formula written out takes ~12 passes over float32; the rows are float32 copies on both
+        # devices (the CPU's kernel wants its statistics in the input's dtype)
+        rows = [t.transpose(-2, -1).to(torch.float32, memory_format=torch.contiguous_format) for t in (grad, k)]
+        stats = [t.transpose(-2, -1).contiguous() for t in (mean, rstd)]  # (B, H, d, 1)
+        dk, _, _ = torch.ops.aten.native_layer_norm_backward(*rows, rows[1].shape[-1:], *stats, None, None,
+                                                             [True, False, False])
+        return dk.transpose(-2, -1).to(k.dtype), None
 
 
 def key_instance_norm(k: torch.Tensor, key_valid: Optional[torch.Tensor], eps: float,
