@@ -26,7 +26,6 @@ from .helpers import (
     make_module,
     random_mask,
     random_qkv,
-    rel_error,
     softmax_source,
 )
 
@@ -261,48 +260,6 @@ def test_the_blocked_ops_rmsnorm_and_its_backward_are_rmsnorm_over_heads():
     mine = rms_over_heads_backward(t.detach(), weight.detach(), eps, grad)
     torch.testing.assert_close(mine[0].double(), dt, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(mine[1].double(), dweight, atol=1e-6, rtol=1e-6)
-
-
-def fused_rms_backward_on_the_cpu(grad_out, input, normalized_shape, rstd, weight, output_mask):
-    """A CPU stand-in for torch's CUDA kernel aten::_fused_rms_norm_backward (the textbook RMSNorm backward in
-    float32), checking what that kernel takes: contiguous rows and rstd of shape (…, 1)."""
-    assert grad_out.is_contiguous() and input.is_contiguous() and list(normalized_shape) == [input.shape[-1]]
-    assert rstd.shape == (*input.shape[:-1], 1) and rstd.dtype == torch.float32 and weight.dtype == input.dtype
-    x_hat, g = input.float() * rstd, grad_out.float() * weight.float()
-    dx = rstd * (g - x_hat * (g * x_hat).mean(dim=-1, keepdim=True))
-    dweight = (grad_out.float() * x_hat).flatten(0, -2).sum(0)
-    return dx.to(input.dtype), dweight.to(weight.dtype)
-
-
-def test_on_cuda_the_rmsnorm_backward_is_torchs_fused_kernel(monkeypatch):
-    """Half q and k on CUDA take torch's fused RMSNorm backward (one kernel, where the formula written out is ~13
-    passes over N×C float32). Here the CPU stands in, with the kernel's math registered for it: the branch's
-    gradients (q a strided view of a qkv output, as in the layer) within bf16 rounding of float64 autograd."""
-    from vitconvert.attention import lean_norms
-    from vitconvert.attention.mhla import rms_over_heads
-
-    if not lean_norms.FUSED_RMS_BACKWARD:
-        pytest.skip("this torch has no aten::_fused_rms_norm_backward")
-    library = torch.library.Library("aten", "IMPL")
-    try:
-        calls = []
-        library.impl("_fused_rms_norm_backward", lambda *a: calls.append(a) or fused_rms_backward_on_the_cpu(*a),
-                     "CPU")
-        monkeypatch.setattr(lean_norms, "FUSED_RMS_BACKWARD_DEVICES", ("cpu",))
-        g = torch.Generator().manual_seed(0)
-        qkv = torch.randn(2, 10, 3, 4, 8, generator=g).bfloat16()
-        t = qkv[:, :, 0].transpose(1, 2)  # (B, H, N, d)
-        weight = 1 + torch.rand(32, generator=g)
-        grad = torch.randn(2, 4, 10, 8, generator=g).bfloat16()
-        t64, w64 = t.double().requires_grad_(), weight.double().requires_grad_()
-        want = torch.autograd.grad(rms_over_heads(t64, w64), (t64, w64), grad.double())
-        got = lean_norms.rms_over_heads_backward(t, weight, 1e-6, grad)
-        assert got[0].shape == t.shape and got[0].dtype == torch.bfloat16 and got[1].dtype == torch.float32
-        assert len(calls) == 1
-        for mine, exact in zip(got, want, strict=True):
-            assert rel_error(mine, exact) < 8e-3
-    finally:
-        library._destroy()
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])

@@ -1,0 +1,102 @@
+"""The norms MHLA and TTT write out for memory (vitconvert/attention/lean_norms.py): their backwards are torch's
+fused norm kernels, so a training step makes a few passes over N×C, not a dozen float32 ones. Counted with
+benchmarks/op_traffic.py's recorder; the values and gradients themselves are tested in test_mhla.py and
+test_ttt_passes.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import load_benchmark
+from torch import nn
+
+from vitconvert.attention import lean_norms
+from vitconvert.attention.mhla import rms_over_heads
+
+from .helpers import rel_error
+
+B, N, H, D = 2, 197, 3, 16  # N×C tokens (more than the qkv weight's 3C×C), C = H·D
+
+
+def fused_rms_backward_on_the_cpu(grad_out, input, normalized_shape, rstd, weight, output_mask):
+    """A CPU stand-in for torch's CUDA kernel aten::_fused_rms_norm_backward (the textbook RMSNorm backward in
+    float32), checking what that kernel takes: contiguous rows and rstd of shape (…, 1)."""
+    assert grad_out.is_contiguous() and input.is_contiguous() and list(normalized_shape) == [input.shape[-1]]
+    assert rstd.shape == (*input.shape[:-1], 1) and rstd.dtype == torch.float32 and weight.dtype == input.dtype
+    x_hat, g = input.float() * rstd, grad_out.float() * weight.float()
+    dx = rstd * (g - x_hat * (g * x_hat).mean(dim=-1, keepdim=True))
+    dweight = (grad_out.float() * x_hat).flatten(0, -2).sum(0)
+    return dx.to(input.dtype), dweight.to(weight.dtype)
+
+
+@pytest.fixture
+def cuda_rms_kernel(monkeypatch):
+    """The CUDA branch of rms_over_heads_backward taken on the CPU, the kernel's math registered for the CPU;
+    yields the list of its calls."""
+    if not lean_norms.FUSED_RMS_BACKWARD:
+        pytest.skip("this torch has no aten::_fused_rms_norm_backward")
+    calls = []
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("_fused_rms_norm_backward", lambda *a: calls.append(a) or fused_rms_backward_on_the_cpu(*a), "CPU")
+    monkeypatch.setattr(lean_norms, "FUSED_RMS_BACKWARD_DEVICES", ("cpu",))
+    try:
+        yield calls
+    finally:
+        library._destroy()
+
+
+def qk_of_a_qkv_output(seed: int = 0) -> torch.Tensor:
+    """bf16 (B, H, N, d) q as the layer has it: a strided view of the qkv projection's (B, N, 3, H, d) output."""
+    qkv = torch.randn(B, N, 3, H, D, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    return qkv[:, :, 0].transpose(1, 2)
+
+
+def test_on_cuda_the_rmsnorm_backward_is_torchs_fused_kernel(cuda_rms_kernel):
+    """Half q and k on CUDA take torch's fused RMSNorm backward (one kernel, where the formula written out is ~13
+    passes over N×C float32): the branch's gradients within bf16 rounding of float64 autograd."""
+    g = torch.Generator().manual_seed(1)
+    t, weight = qk_of_a_qkv_output(), 1 + torch.rand(H * D, generator=g)
+    grad = torch.randn(B, H, N, D, generator=g).bfloat16()
+    t64, w64 = t.double().requires_grad_(), weight.double().requires_grad_()
+    want = torch.autograd.grad(rms_over_heads(t64, w64), (t64, w64), grad.double())
+    got = lean_norms.rms_over_heads_backward(t, weight, 1e-6, grad)
+    assert len(cuda_rms_kernel) == 1
+    assert got[0].shape == t.shape and got[0].dtype == torch.bfloat16 and got[1].dtype == torch.float32
+    for mine, exact in zip(got, want, strict=True):
+        assert rel_error(mine, exact) < 8e-3
+
+
+def token_sized_ops(step) -> int:
+    """Ops of ``step`` that touch a tensor of N×C elements or more (op_traffic's recorder)."""
+    recorder = load_benchmark("op_traffic").OpTraffic(B * N * H * D)
+    with recorder:
+        step()
+    return recorder.model.token_sized
+
+
+def test_the_layernorm_and_qkv_backward_is_a_few_passes():
+    """Its y recomputed (one addcmul), the linear's two matmuls, the bias's sum, dy and x − μ in float32 (two
+    passes) and torch's LayerNorm backward: 7 token-sized ops (the formula written out took 18)."""
+    x = torch.randn(B, N, H * D, requires_grad=True)
+    norm, linear = nn.LayerNorm(H * D), nn.Linear(H * D, 3 * H * D)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = lean_norms.layer_norm_linear(x, norm, linear.weight, linear.bias)
+    grad = torch.randn_like(out)
+    assert token_sized_ops(lambda: out.backward(grad)) <= 7
+
+
+def test_the_rmsnorm_backward_on_cuda_is_a_few_passes(cuda_rms_kernel):
+    """q's rows copied (a view of qkv: the kernel wants them contiguous), its norm, the gradient in q's layout,
+    and the kernel: 4 token-sized ops (15 on the formula, which the CPU keeps)."""
+    t, grad = qk_of_a_qkv_output(), torch.randn(B, H, N, D).bfloat16()
+    assert token_sized_ops(lambda: lean_norms.rms_over_heads_backward(t, torch.ones(H * D), 1e-6, grad)) <= 4
+    assert len(cuda_rms_kernel) == 1
+
+
+def test_ttts_key_norm_backward_is_a_few_passes():
+    """The gradient's and the keys' rows in float32 (two copies), torch's LayerNorm backward over the tokens, dk
+    back in bf16: 4 token-sized ops (the formula written out took 12)."""
+    k = qk_of_a_qkv_output().requires_grad_()
+    out = lean_norms.key_instance_norm(k, None, 1.0, torch.bfloat16)
+    grad = torch.randn_like(out)
+    assert token_sized_ops(lambda: torch.autograd.grad(out, k, grad)) <= 4
