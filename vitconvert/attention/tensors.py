@@ -43,8 +43,11 @@ def flat_heads(t: torch.Tensor) -> torch.Tensor:
 
 
 def split_prefix(t: torch.Tensor, num_prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split (B, H, N, d) into prefix tokens (class/dist/registers) and spatial tokens."""
-    return t[:, :, :num_prefix], t[:, :, num_prefix:]
+    """Split (B, H, N, d) into prefix tokens (class/dist/registers) and spatial tokens: views, as slices are, but
+    one split, whose backward concatenates the two gradients in one pass where two slices' backwards each fill a
+    zero tensor of t's size, copy into it, and add the two."""
+    parts = torch.split(t, [num_prefix, t.shape[2] - num_prefix], dim=2)
+    return parts[0], parts[1]
 
 
 def to_grid(t: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
