@@ -170,9 +170,12 @@ def _setup(ctx, inputs, output) -> None:
     q, k, v, key_valid, weights, scale, lr = inputs
     ctx.save_for_backward(q, k, v, key_valid, weights, output[1])
     ctx.args = (scale, lr)
+    ctx.set_materialize_grads(False)  # W' gets no gradient: not a (B, H, 3, d, d) float32 zero tensor per step
 
 
 def _backward(ctx, do, _):  # (W' is for backward only: nothing flows back through it)
+    if do is None:
+        return None, None, None, None, None, None, None
     q, k, v, key_valid, weights, updated = ctx.saved_tensors
     try:
         dq, dk, dv, dweights = (run_ttt_backward if fused.direct(do) else ttt_step_backward)(q, k, v, do, key_valid,
