@@ -62,33 +62,40 @@ def use_fused_kernels() -> bool:
     return on and triton_available()
 
 
+def _given(value: Optional[str]) -> Optional[str]:
+    """An environment setting as given: stripped and lower-case; None when unset or blank."""
+    return value.strip().lower() if value and value.strip() else None
+
+
 def fused_switch(value: Optional[str]) -> bool:
-    if value is None or not value.strip():
+    given = _given(value)
+    if given is None:
         return True
-    if value.strip().lower() not in SWITCH:
+    if given not in SWITCH:
         raise VitconvertError(f"{ENV}={value!r}: expected 0 (the eager form everywhere) or 1 (the fused kernels "
                               "where they can run)")
-    return SWITCH[value.strip().lower()]
+    return SWITCH[given]
 
 
 @lru_cache(maxsize=8)  # read per launch
 def tile_setting(value: Optional[str]) -> str:
     """``VITCONVERT_FUSED_TILE``: the dots' operand type for half inputs (:func:`tile_args`)."""
-    if value is None or not value.strip():
+    given = _given(value)
+    if given is None:
         return TILES[0]
-    if value.strip().lower() not in TILES:
+    if given not in TILES:
         raise VitconvertError(f"{TILE_ENV}={value!r}: expected one of {', '.join(TILES)}")
-    return value.strip().lower()
+    return given
 
 
 def config_setting(value: Optional[str]) -> Optional[tuple[int, int]]:
     """``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps`` (tuning sweeps), or None."""
-    if value is None or not value.strip():
+    given = _given(value)
+    if given is None:
         return None
-    parts = value.split(",")
     try:
-        block_n, warps = (int(p) for p in parts) if len(parts) == 2 else (0, 0)
-    except ValueError:
+        block_n, warps = (int(p) for p in given.split(","))
+    except ValueError:  # not two integers
         block_n = warps = 0
     if block_n not in CONFIG_BLOCK_NS or warps not in CONFIG_WARPS:
         raise VitconvertError(f"{CONFIG_ENV}={value!r}: expected BLOCK_N,num_warps with BLOCK_N one of "
