@@ -14,6 +14,7 @@ from typing import Optional
 
 import pytest
 import torch
+from helpers import load_benchmark
 
 from vitconvert.attention import dispatch, fused
 from vitconvert.attention.inline import inline_weights
@@ -108,6 +109,25 @@ def test_output_is_laid_out_for_the_heads_merge():
     q, k, v = qkv()
     out = fused.kernel_attention(q, k, v, None, fused.RELU, 1e-6)
     assert out.transpose(1, 2).is_contiguous()
+
+
+@pytest.mark.parametrize("name", ["elu", "inline", "mhla", "ttt"])
+def test_a_layers_backward_makes_no_token_sized_copy(name):
+    """The backwards write dq, dk, dv stored as (B, N, H, d), and the layer unbinds q, k, v before the heads'
+    transpose: the qkv projection's (B, N, 3C) gradient is one stack of their rows (softmax's permute-then-unbind
+    stacks and then copies), and TTT's convs and MHLA's RMSNorm backward read views of them, no copy."""
+    recorder = load_benchmark("op_traffic").OpTraffic(2 * 64 * 64)  # q's elements on the 8×8 grid
+    module = helpers.make_module(name, 1, (8, 8), dim=64, heads=2, dtype=torch.float32).to(DEVICE)
+    x = torch.randn(2, 65, 64, device=DEVICE, requires_grad=True)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        out = module(x)
+    with recorder:
+        out.float().sum().backward()
+    sized = recorder.model.token_sized_by_op
+    assert sized["clone"] == 0 and sized["stack"] == 1, dict(sized)
+    q, k, v = qkv()
+    grads = torch.autograd.grad(fused.kernel_attention(q, k, v, None, fused.RELU, 1e-6).sum(), (q, k, v))
+    assert all(g.transpose(1, 2).is_contiguous() for g in grads)
 
 
 @pytest.mark.parametrize("num_prefix", [0, 2])

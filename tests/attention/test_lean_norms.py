@@ -93,6 +93,48 @@ def test_the_rmsnorm_backward_on_cuda_is_a_few_passes(cuda_rms_kernel):
     assert len(cuda_rms_kernel) == 1
 
 
+def test_the_recomputed_rmsnorm_hands_its_rows_and_rstd_to_the_backward(cuda_rms_kernel):
+    """MHLA's backward recomputes q's RMSNorm with torch's fused forward (as F.rms_norm runs on CUDA), which
+    gives the contiguous rows and rstd the fused backward reads: that backward is then the kernel alone (the
+    gradient arrives tokens-major from the blocked op's backward, a view), where recomputing them took three
+    token-sized passes; values and gradients as without them."""
+    g = torch.Generator().manual_seed(2)
+    t, weight = qk_of_a_qkv_output(), 1 + torch.rand(H * D, generator=g)
+    normed, saved = lean_norms.rms_recomputed(t, weight, 1e-6)
+    assert saved is not None and rel_error(normed, rms_over_heads(t.double(), weight.double())) < 8e-3
+    grad = torch.randn(B, N, H, D, generator=g).bfloat16().transpose(1, 2)  # (the fused backwards' layout)
+    assert token_sized_ops(lambda: lean_norms.rms_over_heads_backward(t, weight, 1e-6, grad, saved)) == 1
+    with_saved = lean_norms.rms_over_heads_backward(t, weight, 1e-6, grad, saved)
+    for mine, again in zip(with_saved, lean_norms.rms_over_heads_backward(t, weight, 1e-6, grad), strict=True):
+        assert rel_error(mine, again) < 8e-3
+    assert lean_norms.rms_recomputed(t.float(), weight, 1e-6)[1] is None  # float32: the formula, nothing kept
+
+
+def test_mhlas_blocked_op_trains_through_the_cuda_rmsnorm_branch(cuda_rms_kernel, monkeypatch):
+    """The blocked op's backward on the CUDA branch (the norms recomputed by the fused forward, their rows and rstd
+    handed on) gives the gradients of the formula the CPU keeps, within bf16 rounding."""
+    from vitconvert.attention import fused
+    from vitconvert.attention.blocks import extended_block_mix, segment_index
+
+    g = torch.Generator().manual_seed(4)
+    qkv_out = torch.randn(B, 37, 3, H, D, generator=g).bfloat16().requires_grad_()  # a prefix token, a 6×6 grid
+    q, k, v = (t.transpose(1, 2) for t in qkv_out.unbind(2))
+    weights = [(1 + torch.rand(H * D, generator=g)).requires_grad_() for _ in range(2)]
+    mixing = extended_block_mix(torch.rand(4, 4, generator=g)).requires_grad_()
+    probe = torch.randn(B, H, 37, D, generator=g)
+
+    def gradients() -> tuple[torch.Tensor, ...]:
+        out = fused.segmented_attention(q, k, v, None, segment_index((6, 6), (2, 2), 1, q.device), mixing,
+                                        fused.RELU_PLUS_EPS, 1e-6, 1e-6, *weights, 1e-6)
+        return torch.autograd.grad((out.float() * probe).sum(), [qkv_out, mixing, *weights])
+
+    on_cuda_branch = gradients()
+    assert len(cuda_rms_kernel) == 2  # q's and k's
+    monkeypatch.setattr(lean_norms, "FUSED_RMS_BACKWARD_DEVICES", ("cuda",))
+    for mine, formula in zip(on_cuda_branch, gradients(), strict=True):
+        assert rel_error(mine, formula) < 5e-3
+
+
 def test_ttts_key_norm_backward_is_a_few_passes():
     """The gradient's and the keys' rows in float32 (two copies), torch's LayerNorm backward over the tokens, dk
     back in bf16: 4 token-sized ops (the formula written out took 12)."""

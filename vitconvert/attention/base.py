@@ -280,7 +280,10 @@ class LinearAttention(nn.Module):
         B, N, _ = x.shape
         if self.qkv is not None:
             qkv = self.fused_qkv(x)
-            q, k, v = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+            # unbind over the q/k/v axis before the heads' transpose: the same views as timm's permute-then-unbind,
+            # but the unbind's backward stacks the three gradients straight into the (B, N, 3, H, d) layout of the
+            # projection's output (one pass), where stacking them head-major needed a second, the reshape's copy
+            q, k, v = [t.transpose(1, 2) for t in qkv.reshape(B, N, 3, self.num_heads, self.head_dim).unbind(2)]
         else:
             q = self.q_proj(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
             k = self.k_proj(x).reshape(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)

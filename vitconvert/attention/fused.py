@@ -57,7 +57,7 @@ from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the
     run_state,
     run_state_backward,
 )
-from .lean_norms import rms_over_heads_backward, rms_pair
+from .lean_norms import rms_over_heads_backward, rms_pair, rms_pair_recomputed
 
 
 def _reader(S: torch.Tensor, z: torch.Tensor, zv: torch.Tensor, key_valid: Optional[torch.Tensor], tokens: int,
@@ -130,7 +130,7 @@ linear_attention_backward = torch.library.custom_op("vitconvert::linear_attentio
 
 @linear_attention_backward.register_fake
 def _(q, k, v, o, do, key_valid, feature, feature_eps, eps, scale, inline):
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    return tuple(_output_like(t) for t in (q, k, v))
 
 
 def _direct_function(name: str, body, setup_context, backward) -> type[torch.autograd.Function]:
@@ -235,8 +235,7 @@ blocked_attention_backward = torch.library.custom_op("vitconvert::blocked_attent
 
 @blocked_attention_backward.register_fake
 def _(q, k, v, o, do, key_valid, index, mixing, feature, feature_eps, eps):
-    return (*(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)),
-            torch.empty_like(mixing))
+    return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(mixing))
 
 
 def _blocked_setup(ctx, inputs, output) -> None:
@@ -248,7 +247,7 @@ def _blocked_setup(ctx, inputs, output) -> None:
 
 def _blocked_backward(ctx, do):
     q, k, v, o, key_valid, index, mixing, q_weight, k_weight = ctx.saved_tensors
-    q_in, k_in = rms_pair(q, k, q_weight, k_weight, ctx.norm_eps)  # recomputed: the op kept the raw q, k
+    q_in, k_in, saved = rms_pair_recomputed(q, k, q_weight, k_weight, ctx.norm_eps)  # the op kept the raw q, k
     try:
         grads = run_blocked_backward if direct(do) else blocked_attention_backward
         dq, dk, dv, dmixing = grads(q_in, k_in, v, o, do, key_valid, index, mixing, *ctx.args)
@@ -257,8 +256,8 @@ def _blocked_backward(ctx, do):
                                                      (q_in, k_in, v, key_valid, index, mixing), (do,), *ctx.args)
     dq_weight = dk_weight = None
     if q_weight is not None and k_weight is not None:
-        dq, dq_weight = rms_over_heads_backward(q, q_weight, ctx.norm_eps, dq)
-        dk, dk_weight = rms_over_heads_backward(k, k_weight, ctx.norm_eps, dk)
+        dq, dq_weight = rms_over_heads_backward(q, q_weight, ctx.norm_eps, dq, saved[0])
+        dk, dk_weight = rms_over_heads_backward(k, k_weight, ctx.norm_eps, dk, saved[1])
     return dq, dk, dv, None, None, dmixing, None, None, None, dq_weight, dk_weight, None, None
 
 

@@ -73,15 +73,15 @@ def _(k, v, key_valid, index, feature, feature_eps):
 def run_state_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                           index: Optional[torch.Tensor], dS: torch.Tensor, dz: torch.Tensor, dzv: torch.Tensor,
                           feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """dk, dv (the dtypes and shapes of k and v, contiguous) from the gradients of S, z, zv."""
+    """dk, dv (the dtypes and shapes of k and v, laid out as the output: :func:`_output_like`) from the gradients
+    of S, z, zv."""
     from .triton_kernels import state_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     B, H, N, D = k.shape
     segments, length = _segments(index, N)
     splits, per = split_tokens(B * H, segments, length, k.device)
     block_n, block_d, warps = block_sizes(D)
-    dk, dv = torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(
-        v, memory_format=torch.contiguous_format)
+    dk, dv = _output_like(k), _output_like(v)
     mask, s_mb = _mask_arg(key_valid, k)
     launch(state_bwd_kernel, (B * H, segments, splits),
         k, v, mask, index if index is not None else k, dS.contiguous(), dz.contiguous(), dzv.contiguous(), dk, dv,
@@ -99,8 +99,7 @@ linear_state_backward = torch.library.custom_op("vitconvert::linear_state_backwa
 
 @linear_state_backward.register_fake
 def _(k, v, key_valid, index, dS, dz, dzv, feature, feature_eps):
-    return torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(
-        v, memory_format=torch.contiguous_format)
+    return _output_like(k), _output_like(v)
 
 
 def _state_setup(ctx, inputs, output) -> None:
@@ -128,7 +127,9 @@ linear_state.register_autograd(_state_backward, setup_context=_state_setup)
 
 
 def _output_like(q: torch.Tensor) -> torch.Tensor:
-    """(B, H, N, d) output stored as (B, N, H, d): the attention module's transpose-and-reshape is then a view."""
+    """(B, H, N, d) output stored as (B, N, H, d): the attention module's transpose-and-reshape is then a view.
+    The backwards write dq, dk, dv so too: the layer's q/k/v split stacks them into the qkv projection's
+    (B, N, 3, H, d) gradient from contiguous rows, and MHLA's RMSNorm backward reads them as its rows, no copy."""
     B, H, N, D = q.shape
     return q.new_empty((B, N, H, D)).transpose(1, 2)
 
@@ -163,14 +164,14 @@ def _(q, R, r, index, feature, feature_eps, eps, normalise):
 def run_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
                             index: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float,
                             normalise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq (q's dtype, contiguous), dR and dr (float32) of :func:`linear_readout`."""
+    """dq (q's dtype and :func:`_output_like`'s layout), dR and dr (float32) of :func:`linear_readout`."""
     from .triton_kernels import readout_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     B, H, N, D = q.shape
     segments, length = _segments(index, N)
     splits, per = split_tokens(B * H, segments, length, q.device)
     block_n, block_d, warps = block_sizes(D)
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dq = _output_like(q)
     dR = q.new_empty((B * H, segments, splits, D, D), dtype=torch.float32)
     dr = q.new_empty((B * H, segments, splits, D), dtype=torch.float32)
     launch(readout_bwd_kernel, (B * H, segments, splits),
@@ -189,7 +190,7 @@ linear_readout_backward = torch.library.custom_op("vitconvert::linear_readout_ba
 
 @linear_readout_backward.register_fake
 def _(q, R, r, o, do, index, feature, feature_eps, eps, normalise):
-    return (torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(R, dtype=torch.float32),
+    return (_output_like(q), torch.empty_like(R, dtype=torch.float32),
             torch.empty_like(r, dtype=torch.float32))
 
 

@@ -97,7 +97,7 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     step = _step_size(key_valid, k.shape[2], scale, lr)
     geometry = _geometry(q)
     B, H, N, D, splits, per, block_n, block_d, warps = geometry
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dq = _output_like(q)  # (tokens-major, as the forward's o: the convs' backward then reads a view of it, no copy)
     d_updated = q.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
     launch(swiglu_readout_bwd_kernel, (B * H, splits),
         q, updated, do, dq, d_updated,
@@ -128,7 +128,7 @@ def _sums_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
     )
 
     B, H, N, D, splits, per, block_n, block_d, warps = geometry  # (the backward's: _geometry)
-    dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v))
+    dk, dv = _output_like(k), _output_like(v)
     d_chain = k.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
     mask, s_mb = _mask_arg(key_valid, k)
     strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb)
@@ -162,8 +162,7 @@ ttt_step_backward = torch.library.custom_op("vitconvert::ttt_step_backward", mut
 
 @ttt_step_backward.register_fake
 def _(q, k, v, do, key_valid, weights, updated, scale, lr):
-    return (*(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)),
-            torch.empty_like(weights))
+    return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(weights))
 
 
 def _setup(ctx, inputs, output) -> None:

@@ -66,18 +66,44 @@ def _tokens_major(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2).reshape(B, N, H * d)
 
 
-def rms_over_heads_backward(t: torch.Tensor, weight: torch.Tensor, eps: float,
-                            grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _fused_rms_here(t: torch.Tensor) -> bool:
+    """Whether the RMSNorm of ``t`` takes torch's fused kernels (half inputs on CUDA)."""
+    return FUSED_RMS_BACKWARD and t.dtype in HALF and t.device.type in FUSED_RMS_BACKWARD_DEVICES
+
+
+RmsSaved = Optional[tuple[torch.Tensor, torch.Tensor]]  # (contiguous rows, rstd) on the fused kernels' branch
+
+
+def rms_recomputed(t: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, RmsSaved]:
+    """:func:`rms_over_heads` of ``t`` recomputed for backward, and what :func:`rms_over_heads_backward` reads
+    again: on CUDA with half inputs, q's or k's rows copied contiguous once and their rstd, both from one
+    ``_fused_rms_norm`` (what F.rms_norm runs there), so the backward neither copies the rows nor takes their
+    norms a second time; elsewhere None."""
+    if not _fused_rms_here(t):
+        return rms_over_heads(t, weight, eps), None
+    B, H, N, d = t.shape
+    rows = _tokens_major(t).contiguous()  # (the kernels' rows: q and k are strided views of the qkv output)
+    out, rstd = torch.ops.aten._fused_rms_norm(rows, [H * d], weight.to(t.dtype), eps)
+    return out.view(B, N, H, d).transpose(1, 2), (rows, rstd)
+
+
+def rms_over_heads_backward(t: torch.Tensor, weight: torch.Tensor, eps: float, grad: torch.Tensor,
+                            saved: RmsSaved = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dt, dweight) of :func:`rms_over_heads` from the gradient of its output, in float32 at least (rstd
-    recomputed). Half inputs on CUDA: torch's fused backward (one kernel, float32 inside, as autograd runs it
-    for F.rms_norm there), where the formula below takes ~13 passes over N×C float32."""
-    if FUSED_RMS_BACKWARD and t.dtype in HALF and t.device.type in FUSED_RMS_BACKWARD_DEVICES:
+    recomputed, or ``saved`` by :func:`rms_recomputed`). Half inputs on CUDA: torch's fused backward (one kernel,
+    float32 inside, as autograd runs it for F.rms_norm there), where the formula below takes ~13 passes over
+    N×C float32."""
+    if _fused_rms_here(t):
         B, H, N, d = t.shape
-        flat = _tokens_major(t).contiguous()  # (the kernel's rows: a copy of q's or k's strided view of qkv)
-        norm = torch.linalg.vector_norm(flat, dim=-1, keepdim=True, dtype=torch.float32)
-        rstd = torch.rsqrt(norm.square_().div_(H * d).add_(eps))  # (B, N, 1), as _fused_rms_norm returns it
+        if saved is None:
+            rows = _tokens_major(t).contiguous()  # (the kernel's rows: a copy of q's or k's strided view of qkv)
+            norm = torch.linalg.vector_norm(rows, dim=-1, keepdim=True, dtype=torch.float32)
+            rstd = torch.rsqrt(norm.square_().div_(H * d).add_(eps))  # (B, N, 1), as _fused_rms_norm returns it
+        else:
+            rows, rstd = saved
+        # (the fused backwards write dq and dk tokens-major: their rows are then a view, not a copy)
         dt, dweight = torch.ops.aten._fused_rms_norm_backward(
-            _tokens_major(grad.to(t.dtype)).contiguous(), flat, [H * d], rstd, weight.to(t.dtype), [True, True])
+            _tokens_major(grad.to(t.dtype)).contiguous(), rows, [H * d], rstd, weight.to(t.dtype), [True, True])
         return dt.view(B, N, H, d).transpose(1, 2), dweight.to(weight.dtype)
     x = t.to(accumulation_dtype(t.dtype))
     rstd, grad = _rstd(x, eps), grad.to(x.dtype)
@@ -93,6 +119,17 @@ def rms_pair(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor],
     if q_weight is None or k_weight is None:
         return q, k
     return rms_over_heads(q, q_weight, eps), rms_over_heads(k, k_weight, eps)
+
+
+def rms_pair_recomputed(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor],
+                        k_weight: Optional[torch.Tensor],
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor, tuple[RmsSaved, RmsSaved]]:
+    """:func:`rms_pair` recomputed in backward (:func:`rms_recomputed`): q, k and what their norms' backwards
+    read again."""
+    if q_weight is None or k_weight is None:
+        return q, k, (None, None)
+    (q, q_saved), (k, k_saved) = rms_recomputed(q, q_weight, eps), rms_recomputed(k, k_weight, eps)
+    return q, k, (q_saved, k_saved)
 
 
 class _LayerNormLinear(torch.autograd.Function):
