@@ -4,6 +4,7 @@ runner with the one-line-error check every command's bad input must pass."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -149,3 +150,62 @@ def interpreter_rounds_to_nearest() -> bool:
     convert.rounds_to_nearest = True
     interpreter._convert_float = convert
     return True
+
+
+# CUDA's autocast casting lists (torch's ATen/autocast_mode.h) that the CPU's autocast lacks, by policy: float32
+# (fp32), float32 unless a dtype is given (fp32_set_opt_dtype), the widest input type (promote), the autocast dtype
+# (lower_precision_fp). The loss functions and upsampling of the float32 list are left out (no layer runs them).
+CUDA_AUTOCAST = {
+    "fp32": ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
+             "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus",
+             "layer_norm", "native_layer_norm", "rms_norm", "group_norm", "frobenius_norm.dim", "cosine_similarity",
+             "dist", "cdist", "renorm", "logsumexp"),
+    "fp32_set_opt_dtype": ("prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
+                           "linalg_vector_norm", "sum", "sum.dim_IntList"),
+    "promote": ("addcdiv", "addcmul", "atan2", "cross", "dot", "vdot", "tensordot", "scatter_add", "index_put"),
+    "lower_precision_fp": ("einsum", "addmv", "addr", "mv", "chain_matmul", "linalg_multi_dot", "convolution"),
+}
+
+
+def _cuda_autocast_kernel(op, policy: str):
+    """A kernel for the CPU's autocast key that casts as CUDA's does for ``policy``, then runs ``op`` below it."""
+    from torch.utils._pytree import tree_leaves, tree_map  # lazy: start-up time
+
+    below = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+    def eligible(t) -> bool:
+        return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+
+    def kernel(*args, **kwargs):
+        low = torch.get_autocast_dtype("cpu")
+        if policy == "fp32_set_opt_dtype":
+            target = None
+            if eligible(args[0]) and kwargs.get("dtype") is None:
+                kwargs = {**kwargs, "dtype": torch.float32}
+        elif policy == "promote":
+            target = low
+            for t in tree_leaves((args, kwargs)):
+                if eligible(t):
+                    target = torch.promote_types(target, t.dtype)
+        else:
+            target = torch.float32 if policy == "fp32" else low
+        if target is not None:
+            args, kwargs = tree_map(lambda t: t.to(target) if eligible(t) else t, (args, kwargs))
+        with torch._C._ExcludeDispatchKeyGuard(below):
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+@contextlib.contextmanager
+def cuda_autocast_policy():
+    """Within it, ``torch.autocast("cpu")`` casts as CUDA's autocast does (CUDA_AUTOCAST): the CPU's casts fewer ops
+    (not F.rms_norm, sum, pow, rsqrt, addcmul…), so a forward the CPU's tests see in bf16 may run partly in float32
+    on a GPU. Kernels registered for the CPU's autocast key, removed on exit."""
+    with torch.library._scoped_library("aten", "IMPL") as lib:
+        for policy, names in CUDA_AUTOCAST.items():
+            for name in names:
+                base, _, overload = name.partition(".")
+                lib.impl(name, _cuda_autocast_kernel(getattr(getattr(torch.ops.aten, base), overload or "default"),
+                                                     policy), "AutocastCPU")
+        yield

@@ -50,11 +50,14 @@ def rms_over_heads(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 
     bf16/fp16: F.rms_norm over the (B, N, H·d) view of q or k (a view of the qkv projection's output), with the
     weight in t's dtype: torch's fused CUDA kernel (one pass, float32 inside) where it has one, the same math
-    decomposed elsewhere; the weight's rounding is one more of the output's own.
+    decomposed elsewhere; the weight's rounding is one more of the output's own. Autocast is off around it: CUDA's
+    autocast runs F.rms_norm in float32 (the CPU's does not), which returned float32 q and k, so the kernels read
+    them as float32 tiles and wrote a float32 output where the op's fake (torch.compile) says bf16.
     """
     B, H, N, d = t.shape
     if t.dtype in HALF:
-        flat = F.rms_norm(_tokens_major(t), (H * d,), weight.to(t.dtype), eps)
+        with torch.autocast(t.device.type, enabled=False):  # CUDA's autocast would run it in float32: q, k out
+            flat = F.rms_norm(_tokens_major(t), (H * d,), weight.to(t.dtype), eps)  # float32, the kernels' too
         return flat.view(B, N, H, d).transpose(1, 2)
     x = t.to(accumulation_dtype(t.dtype))
     return (x * _rstd(x, eps) * _per_head(weight, t)).to(t.dtype)

@@ -1,0 +1,75 @@
+"""The fused paths under CUDA's autocast policy, stood in on the CPU (tests/helpers.py: cuda_autocast_policy).
+
+CUDA's autocast casts more ops to float32 than the CPU's (F.rms_norm, sum, pow, rsqrt, layer_norm…) and promotes
+addcmul's inputs, so a forward every other test sees in bf16 can run partly in float32 on a GPU. MHLA's did: its
+RMSNorm of q and k inside the blocked op came out float32, so its kernels read q and k as float32 tiles and wrote a
+float32 output where the op's fake (torch.compile's view of it) says bf16. Here each variant's training step on the
+kernels (Triton's interpreter) must be the same under both policies: the same tensors' dtypes reach every launch,
+and the outputs and gradients are bitwise equal.
+"""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from helpers import cuda_autocast_policy
+from torch.nn import functional as F
+
+import vitconvert
+from vitconvert.attention import dispatch
+
+pytest.importorskip("triton")
+if torch.cuda.is_available() or not dispatch.interpreting():
+    pytest.skip("CPU only: the CPU's autocast key stands in for CUDA's", allow_module_level=True)
+
+
+def test_the_stand_in_casts_as_cudas_autocast_does():
+    x, w = torch.randn(2, 8).bfloat16(), torch.ones(8)
+    with cuda_autocast_policy(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert F.rms_norm(x, (8,)).dtype == torch.float32  # float32 list
+        assert x.sum().dtype == x.sum(dim=0).dtype == torch.float32  # float32 unless a dtype is given
+        assert x.sum(dtype=torch.bfloat16).dtype == torch.bfloat16
+        assert torch.addcmul(x, x, w).dtype == torch.float32  # promoted to the widest input
+        assert torch.addcmul(x, x, x, out=torch.empty_like(x)).dtype == torch.bfloat16  # out= ops are not cast
+        assert torch.einsum("ij,kj->ik", w[None], w[None]).dtype == torch.bfloat16  # lower precision
+        assert (x.float() @ w).dtype == torch.bfloat16  # the CPU's own casts stay
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert F.rms_norm(x, (8,)).dtype == x.sum().dtype == torch.bfloat16  # removed again: the CPU's policy
+
+
+def training_step(model: torch.nn.Module, images: torch.Tensor, cuda_policy: bool):
+    """(launches' kernel names and tensor dtypes, logits, every parameter's gradient) of one bf16 step."""
+    launches = []
+
+    def launch(kernel, grid, *args, **kwargs):
+        dtypes = tuple(str(a.dtype) for a in args if isinstance(a, torch.Tensor))
+        launches.append((getattr(kernel, "__name__", str(kernel)), dtypes))
+        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+
+    model.zero_grad(set_to_none=True)
+    with dispatch.launches_through(launch, "cpu"):
+        with (cuda_autocast_policy() if cuda_policy else torch.autocast("cpu", enabled=True)):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(images)
+        logits.float().square().mean().backward()
+    return launches, logits, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("variant,head_dim", [("elu", 32), ("relu", 32), ("inline", 32), ("mhla", 32),
+                                              ("ttt", 32), ("ttt", 96)])  # ttt at 96: its torch bf16 form
+def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, head_dim):
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
+    torch.manual_seed(0)
+    source = timm.create_model("vit_small_patch16_224", pretrained=False, img_size=64, depth=1,
+                               embed_dim=2 * head_dim, num_heads=2)
+    student, _ = vitconvert.convert(source, variant)
+    images = torch.randn(2, 3, 64, 64)
+    launches, logits, grads = training_step(student, images, cuda_policy=False)
+    on_cuda = training_step(student, images, cuda_policy=True)
+    assert (head_dim == 96 and variant == "ttt") or launches, "the step ran no kernels"
+    assert on_cuda[0] == launches  # the same kernels, given tensors of the same dtypes
+    assert on_cuda[1].dtype == logits.dtype and torch.equal(on_cuda[1], logits)
+    assert on_cuda[2].keys() == grads.keys()
+    for name, grad in grads.items():
+        assert torch.equal(on_cuda[2][name], grad), name
