@@ -3,13 +3,16 @@
     python benchmarks/op_traffic.py                        # TTT in vit_small at 224 px, 2 blocks, batch 2
     python benchmarks/op_traffic.py --variant mhla --img-size 512 --by-op
     python benchmarks/op_traffic.py --train                # a training step: forward and backward
+    python benchmarks/op_traffic.py --variant mhla --train --cuda-norms   # CUDA's fused RMSNorm as one op each
 
 A TorchDispatchMode records every aten op one forward runs (views left out: they move no data), with the bytes
 it reads (its tensor inputs) and writes (its outputs), and marks those inside the attention layers' token mixing
 (``mix``). Token-sized ops touch a tensor at least as large as q: the passes over N-sized memory that bound an
 O(N) layer on a GPU. Two forms: float32 (the eager form: the CPU's, and the reference), and bf16 autocast on the
 GPU path (the fused kernels in Triton's interpreter, each one op; TTT's bf16 form), as a GPU runs them. The ops
-are the same on any device; their times are not measured here.
+are the same on any device; their times are not measured here. ``--cuda-norms``: MHLA's RMSNorm of q and k as it
+runs on CUDA, torch's fused kernels (aten::_fused_rms_norm and its backward, one op each there), which the CPU
+lacks (its forward decomposes into seven ops; its backward has no CPU kernel): CPU stand-ins doing their math.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any, Optional
 
 import torch
@@ -32,7 +35,7 @@ if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernel
 import timm  # noqa: E402
 
 import vitconvert  # noqa: E402
-from vitconvert.attention import VARIANTS, LinearAttention, dispatch  # noqa: E402
+from vitconvert.attention import VARIANTS, LinearAttention, dispatch, lean_norms  # noqa: E402
 
 
 def moved_bytes(t: torch.Tensor) -> int:
@@ -123,6 +126,41 @@ def marked_mixing(model: torch.nn.Module, recorder: OpTraffic) -> Iterator[None]
             del layer.mix
 
 
+def _rms_norm_on_the_cpu(input: torch.Tensor, normalized_shape: list[int], weight: Optional[torch.Tensor],
+                         eps: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten::_fused_rms_norm's math (float32 inside, output in the input's dtype, float32 rstd), one op."""
+    x = input.float()
+    rstd = torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + (torch.finfo(input.dtype).eps if eps is None else eps))
+    out = x * rstd
+    return (out if weight is None else out * weight.float()).to(input.dtype), rstd
+
+
+def _rms_norm_backward_on_the_cpu(grad: torch.Tensor, input: torch.Tensor, normalized_shape: list[int],
+                                  rstd: torch.Tensor, weight: Optional[torch.Tensor],
+                                  output_mask: list[bool]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """aten::_fused_rms_norm_backward's math (dinput, dweight), one op."""
+    x_hat, g = input.float() * rstd, grad.float() * (1.0 if weight is None else weight.float())
+    dx = rstd * (g - x_hat * (g * x_hat).mean(dim=-1, keepdim=True))
+    dweight = None if weight is None else (grad.float() * x_hat).flatten(0, -2).sum(0).to(weight.dtype)
+    return dx.to(input.dtype), dweight
+
+
+@contextmanager
+def cuda_norm_kernels() -> Iterator[None]:
+    """MHLA's RMSNorm on its CUDA branch, torch's fused kernels registered for the CPU (removed on exit)."""
+    if not lean_norms.FUSED_RMS_BACKWARD:
+        raise SystemExit("error: --cuda-norms: this torch has no aten::_fused_rms_norm_backward")
+    devices = lean_norms.FUSED_RMS_BACKWARD_DEVICES
+    with torch.library._scoped_library("aten", "IMPL") as library:
+        library.impl("_fused_rms_norm", _rms_norm_on_the_cpu, "CPU")
+        library.impl("_fused_rms_norm_backward", _rms_norm_backward_on_the_cpu, "CPU")
+        lean_norms.FUSED_RMS_BACKWARD_DEVICES = (*devices, "cpu")
+        try:
+            yield
+        finally:
+            lean_norms.FUSED_RMS_BACKWARD_DEVICES = devices
+
+
 def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: int, train: bool = False) -> OpTraffic:
     """One forward of ``model`` in ``form`` ('float32' or 'bf16') without grad, or with ``train`` one training step
     (forward and backward of the logits' mean, from no gradients), every op recorded."""
@@ -163,6 +201,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--by-op", action="store_true", help="the token mixing's ops by name, per layer")
     parser.add_argument("--train", action="store_true", help="a training step (forward and backward), not a forward")
+    parser.add_argument("--cuda-norms", action="store_true",
+                        help="the bf16 GPU path's RMSNorm (MHLA) as torch's fused CUDA kernels, one op each")
     args = parser.parse_args(argv)
     if args.variant not in VARIANTS:
         print(f"error: unknown variant {args.variant!r}; valid: {', '.join(VARIANTS)}", file=sys.stderr)
@@ -179,11 +219,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     devices = dispatch.DEVICES
     try:
         for form, name in (("float32", "float32"), ("bf16", "bf16 GPU path")):
+            norms = nullcontext()
             if form == "bf16":
                 dispatch.DEVICES = ("cuda", "cpu")  # the GPU path, the kernels in Triton's interpreter
-            report(f"softmax, {name}", count(source, images, form, token_sized, args.train), args.depth, False)
-            report(f"{args.variant}, {name}", count(student, images, form, token_sized, args.train), args.depth,
-                   args.by_op)
+                if args.cuda_norms:
+                    name, norms = name + " (CUDA's fused RMSNorm)", cuda_norm_kernels()
+            with norms:
+                report(f"softmax, {name}", count(source, images, form, token_sized, args.train), args.depth, False)
+                report(f"{args.variant}, {name}", count(student, images, form, token_sized, args.train),
+                       args.depth, args.by_op)
     finally:
         dispatch.DEVICES = devices
     return 0

@@ -5,12 +5,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional, Union
 
 import torch
 from timm.layers import Attention
 
-from vitconvert.attention import VARIANTS, LinearAttention
+from vitconvert.attention import VARIANTS, LinearAttention, lean_norms
 
 
 def softmax_source(dim: int = 64, heads: int = 4) -> Attention:
@@ -143,3 +144,26 @@ def assert_masked_tokens_reach_no_valid_output(module: LinearAttention, tokens: 
     out = module(x, attn_mask=attn_mask)
     changed = module(torch.where(valid[..., None], x, x + 10 * noise), attn_mask=attn_mask)
     torch.testing.assert_close(out[valid], changed[valid], atol=1e-10, rtol=0)
+
+
+def fused_rms_backward_on_the_cpu(grad_out, input, normalized_shape, rstd, weight, output_mask):
+    """A CPU stand-in for torch's CUDA kernel aten::_fused_rms_norm_backward (the textbook RMSNorm backward in
+    float32), checking what that kernel takes: contiguous rows and rstd of shape (…, 1)."""
+    assert grad_out.is_contiguous() and input.is_contiguous() and list(normalized_shape) == [input.shape[-1]]
+    assert rstd.shape == (*input.shape[:-1], 1) and rstd.dtype == torch.float32 and weight.dtype == input.dtype
+    x_hat, g = input.float() * rstd, grad_out.float() * weight.float()
+    dx = rstd * (g - x_hat * (g * x_hat).mean(dim=-1, keepdim=True))
+    dweight = (grad_out.float() * x_hat).flatten(0, -2).sum(0)
+    return dx.to(input.dtype), dweight.to(weight.dtype)
+
+
+@contextlib.contextmanager
+def cuda_rms_kernel_on_the_cpu(monkeypatch):
+    """MHLA's RMSNorm takes its CUDA branch on the CPU (torch's _fused_rms_norm, whose backward has no CPU kernel:
+    :func:`fused_rms_backward_on_the_cpu` registered for it); yields the list of the backward's calls."""
+    calls = []
+    with torch.library._scoped_library("aten", "IMPL") as library:
+        library.impl("_fused_rms_norm_backward",
+                     lambda *a: calls.append(a) or fused_rms_backward_on_the_cpu(*a), "CPU")
+        monkeypatch.setattr(lean_norms, "FUSED_RMS_BACKWARD_DEVICES", ("cpu",))
+        yield calls

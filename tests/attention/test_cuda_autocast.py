@@ -10,6 +10,8 @@ and the outputs and gradients are bitwise equal.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import timm
 import torch
@@ -17,7 +19,9 @@ from helpers import cuda_autocast_policy
 from torch.nn import functional as F
 
 import vitconvert
-from vitconvert.attention import dispatch
+from vitconvert.attention import dispatch, lean_norms
+
+from .helpers import cuda_rms_kernel_on_the_cpu
 
 pytest.importorskip("triton")
 if torch.cuda.is_available() or not dispatch.interpreting():
@@ -57,17 +61,26 @@ def training_step(model: torch.nn.Module, images: torch.Tensor, cuda_policy: boo
 
 
 @pytest.mark.parametrize("variant,head_dim", [("elu", 32), ("relu", 32), ("inline", 32), ("mhla", 32),
-                                              ("ttt", 32), ("ttt", 96)])  # ttt at 96: its torch bf16 form
+                                              ("mhla-cuda-rmsnorm", 32), ("ttt", 32), ("ttt", 96)])
 def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, head_dim):
+    """mhla-cuda-rmsnorm: MHLA's RMSNorm on its CUDA branch (torch's fused kernel called direct); ttt at head dim 96:
+    TTT's torch bf16 form (its kernels take head dims up to 64)."""
     monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
-    torch.manual_seed(0)
-    source = timm.create_model("vit_small_patch16_224", pretrained=False, img_size=64, depth=1,
-                               embed_dim=2 * head_dim, num_heads=2)
-    student, _ = vitconvert.convert(source, variant)
-    images = torch.randn(2, 3, 64, 64)
-    launches, logits, grads = training_step(student, images, cuda_policy=False)
-    on_cuda = training_step(student, images, cuda_policy=True)
+    with contextlib.ExitStack() as stack:
+        rms_backward_calls = None
+        if variant == "mhla-cuda-rmsnorm":
+            if not lean_norms.FUSED_RMS_BACKWARD:
+                pytest.skip("this torch has no aten::_fused_rms_norm_backward")
+            variant, rms_backward_calls = "mhla", stack.enter_context(cuda_rms_kernel_on_the_cpu(monkeypatch))
+        torch.manual_seed(0)
+        source = timm.create_model("vit_small_patch16_224", pretrained=False, img_size=64, depth=1,
+                                   embed_dim=2 * head_dim, num_heads=2)
+        student, _ = vitconvert.convert(source, variant)
+        images = torch.randn(2, 3, 64, 64)
+        launches, logits, grads = training_step(student, images, cuda_policy=False)
+        on_cuda = training_step(student, images, cuda_policy=True)
     assert (head_dim == 96 and variant == "ttt") or launches, "the step ran no kernels"
+    assert rms_backward_calls is None or len(rms_backward_calls) == 4  # q and k, once a step
     assert on_cuda[0] == launches  # the same kernels, given tensors of the same dtypes
     assert on_cuda[1].dtype == logits.dtype and torch.equal(on_cuda[1], logits)
     assert on_cuda[2].keys() == grads.keys()

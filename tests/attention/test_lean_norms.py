@@ -5,6 +5,8 @@ test_ttt_passes.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from helpers import load_benchmark
@@ -13,20 +15,9 @@ from torch import nn
 from vitconvert.attention import lean_norms
 from vitconvert.attention.mhla import rms_over_heads
 
-from .helpers import rel_error
+from .helpers import cuda_rms_kernel_on_the_cpu, rel_error
 
 B, N, H, D = 2, 197, 3, 16  # N×C tokens (more than the qkv weight's 3C×C), C = H·D
-
-
-def fused_rms_backward_on_the_cpu(grad_out, input, normalized_shape, rstd, weight, output_mask):
-    """A CPU stand-in for torch's CUDA kernel aten::_fused_rms_norm_backward (the textbook RMSNorm backward in
-    float32), checking what that kernel takes: contiguous rows and rstd of shape (…, 1)."""
-    assert grad_out.is_contiguous() and input.is_contiguous() and list(normalized_shape) == [input.shape[-1]]
-    assert rstd.shape == (*input.shape[:-1], 1) and rstd.dtype == torch.float32 and weight.dtype == input.dtype
-    x_hat, g = input.float() * rstd, grad_out.float() * weight.float()
-    dx = rstd * (g - x_hat * (g * x_hat).mean(dim=-1, keepdim=True))
-    dweight = (grad_out.float() * x_hat).flatten(0, -2).sum(0)
-    return dx.to(input.dtype), dweight.to(weight.dtype)
 
 
 @pytest.fixture
@@ -35,14 +26,8 @@ def cuda_rms_kernel(monkeypatch):
     yields the list of its calls."""
     if not lean_norms.FUSED_RMS_BACKWARD:
         pytest.skip("this torch has no aten::_fused_rms_norm_backward")
-    calls = []
-    library = torch.library.Library("aten", "IMPL")
-    library.impl("_fused_rms_norm_backward", lambda *a: calls.append(a) or fused_rms_backward_on_the_cpu(*a), "CPU")
-    monkeypatch.setattr(lean_norms, "FUSED_RMS_BACKWARD_DEVICES", ("cpu",))
-    try:
+    with cuda_rms_kernel_on_the_cpu(monkeypatch) as calls:
         yield calls
-    finally:
-        library._destroy()
 
 
 def qk_of_a_qkv_output(seed: int = 0) -> torch.Tensor:
@@ -142,3 +127,26 @@ def test_ttts_key_norm_backward_is_a_few_passes():
     out = lean_norms.key_instance_norm(k, None, 1.0, torch.bfloat16)
     grad = torch.randn_like(out)
     assert token_sized_ops(lambda: torch.autograd.grad(out, k, grad)) <= 4
+
+
+def test_op_traffic_counts_cudas_fused_rmsnorm_as_one_op_each_way(capsys):
+    """``op_traffic.py --cuda-norms``: MHLA's RMSNorm as on CUDA (one fused op forward, one backward; the CPU
+    decomposes the forward and has no backward kernel), the CPU stand-ins gone afterwards."""
+    if not lean_norms.FUSED_RMS_BACKWARD:
+        pytest.skip("this torch has no aten::_fused_rms_norm_backward")
+    script = load_benchmark("op_traffic")
+    argv = ["--variant", "mhla", "--model", "vit_tiny_patch16_224", "--img-size", "32", "--depth", "1", "--batch",
+            "1", "--train"]
+    counted = {}
+    for flag in ([], ["--cuda-norms"]):
+        assert script.main(argv + flag) == 0
+        line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  mhla, bf16 GPU path"))
+        assert ("CUDA's fused RMSNorm" in line) == bool(flag), line
+        ops, mib = re.search(r"model (\d+) ops .*?, ([\d.]+) MiB", line).groups()
+        counted[bool(flag)] = int(ops), float(mib)
+    assert counted[True][0] < counted[False][0] and counted[True][1] < counted[False][1], counted
+    assert lean_norms.FUSED_RMS_BACKWARD_DEVICES == ("cuda",)
+    x = torch.randn(2, 8).bfloat16()
+    rstd = torch.ones(2, 1)
+    with pytest.raises(NotImplementedError):  # the CPU kernel registered for the count is removed again
+        torch.ops.aten._fused_rms_norm_backward(x, x, [8], rstd, torch.ones(8).bfloat16(), [True, True])

@@ -48,16 +48,18 @@ def _rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
 def rms_over_heads(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of each token of (B, H, N, d) ``t`` over its H·d channels, in float32 at least, back in t's dtype.
 
-    bf16/fp16: F.rms_norm over the (B, N, H·d) view of q or k (a view of the qkv projection's output), with the
-    weight in t's dtype: torch's fused CUDA kernel (one pass, float32 inside) where it has one, the same math
-    decomposed elsewhere; the weight's rounding is one more of the output's own. Autocast is off around it: CUDA's
-    autocast runs F.rms_norm in float32 (the CPU's does not), which returned float32 q and k, so the kernels read
-    them as float32 tiles and wrote a float32 output where the op's fake (torch.compile) says bf16.
+    bf16/fp16: on CUDA torch's fused kernel (one pass, float32 inside; :func:`rms_recomputed`), called direct:
+    CUDA's autocast runs F.rms_norm in float32 (the CPU's does not), which gave the blocked op float32 q and k, so
+    its kernels read float32 tiles and wrote a float32 output where the op's fake (torch.compile) says bf16.
+    Elsewhere F.rms_norm over the (B, N, H·d) view of q or k (a view of the qkv projection's output), autocast off.
+    The weight is taken in t's dtype: its rounding is one more of the output's own.
     """
     B, H, N, d = t.shape
+    if _fused_rms_here(t):
+        return _fused_rms(t, weight, eps)[0]
     if t.dtype in HALF:
-        with torch.autocast(t.device.type, enabled=False):  # CUDA's autocast would run it in float32: q, k out
-            flat = F.rms_norm(_tokens_major(t), (H * d,), weight.to(t.dtype), eps)  # float32, the kernels' too
+        with torch.autocast(t.device.type, enabled=False):
+            flat = F.rms_norm(_tokens_major(t), (H * d,), weight.to(t.dtype), eps)
         return flat.view(B, N, H, d).transpose(1, 2)
     x = t.to(accumulation_dtype(t.dtype))
     return (x * _rstd(x, eps) * _per_head(weight, t)).to(t.dtype)
@@ -77,17 +79,24 @@ def _fused_rms_here(t: torch.Tensor) -> bool:
 RmsSaved = Optional[tuple[torch.Tensor, torch.Tensor]]  # (contiguous rows, rstd) on the fused kernels' branch
 
 
-def rms_recomputed(t: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, RmsSaved]:
-    """:func:`rms_over_heads` of ``t`` recomputed for backward, and what :func:`rms_over_heads_backward` reads
-    again: on CUDA with half inputs, q's or k's rows copied contiguous once and their rstd, both from one
-    ``_fused_rms_norm`` (what F.rms_norm runs there), so the backward neither copies the rows nor takes their
-    norms a second time; elsewhere None."""
-    if not _fused_rms_here(t):
-        return rms_over_heads(t, weight, eps), None
+def _fused_rms(t: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(output as (B, H, N, d), contiguous rows, rstd) of ``_fused_rms_norm`` (what F.rms_norm runs on CUDA), which
+    no autocast casts."""
     B, H, N, d = t.shape
     rows = _tokens_major(t).contiguous()  # (the kernels' rows: q and k are strided views of the qkv output)
     out, rstd = torch.ops.aten._fused_rms_norm(rows, [H * d], weight.to(t.dtype), eps)
-    return out.view(B, N, H, d).transpose(1, 2), (rows, rstd)
+    return out.view(B, N, H, d).transpose(1, 2), rows, rstd
+
+
+def rms_recomputed(t: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, RmsSaved]:
+    """:func:`rms_over_heads` of ``t`` recomputed for backward, and what :func:`rms_over_heads_backward` reads
+    again: on CUDA with half inputs, q's or k's rows copied contiguous once and their rstd, both from one
+    ``_fused_rms_norm``, so the backward neither copies the rows nor takes their norms a second time; elsewhere
+    None."""
+    if not _fused_rms_here(t):
+        return rms_over_heads(t, weight, eps), None
+    out, rows, rstd = _fused_rms(t, weight, eps)
+    return out, (rows, rstd)
 
 
 def rms_over_heads_backward(t: torch.Tensor, weight: torch.Tensor, eps: float, grad: torch.Tensor,
