@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import math
+
+import pytest
+import torch
+from helpers import cuda_autocast_policy
+
 from vitconvert import evaluate
+from vitconvert.attention import dispatch
 from vitconvert.distill import DistillJob, run, task
 from vitconvert.recipes import load_recipe
 
-from .helpers import FAST
+from .helpers import FAST, make_student
 
 
 def test_validation_autocasts_in_the_recipes_dtype(student, images, tmp_path, monkeypatch):
@@ -22,3 +30,32 @@ def test_validation_autocasts_in_the_recipes_dtype(student, images, tmp_path, mo
     recipe, text = load_recipe(None, {**FAST, "data": str(images), "amp_dtype": "float16", "compare_batches": 0})
     run(DistillJob(str(student), recipe, tmp_path / "run", text, show=False))
     assert len(seen) > 3 and set(seen) == {"float16"}  # training steps (teacher, student) and validation
+
+
+@pytest.mark.parametrize("variant", ["elu", "mhla", "ttt"])
+def test_a_run_trains_on_the_kernels_under_cudas_bf16_autocast(images, tmp_path, monkeypatch, variant):
+    """What a GPU run does that a CPU run (float32) does not: every forward under bf16 autocast, with CUDA's
+    casting lists (tests/helpers.py: cuda_autocast_policy) and the fused kernels (Triton's interpreter here).
+    The run trains (finite losses, both terms), and writes its model."""
+    pytest.importorskip("triton")
+    launches = []
+
+    def launch(kernel, grid, *args, **kwargs):
+        launches.append(kernel)
+        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+
+    def bf16_autocast(device, enabled=True, dtype="bfloat16"):
+        return torch.autocast("cpu", dtype=getattr(torch, dtype), enabled=enabled)
+
+    student = make_student(tmp_path / "models", variant)
+    monkeypatch.setattr(evaluate, "autocast_for", bf16_autocast)
+    monkeypatch.setattr(task, "autocast_for", bf16_autocast)
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
+    recipe, text = load_recipe(None, {**FAST, "data": str(images), "compare_batches": 0})
+    with cuda_autocast_policy(), dispatch.launches_through(launch, "cpu"):
+        run(DistillJob(str(student), recipe, tmp_path / "run", text, show=False))
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if s["kind"] == "step"]
+    assert steps and all(math.isfinite(s["loss"]) and s["attn"] > 0 and s["task"] > 0 for s in steps), steps
+    assert launches, "the student's attention did not run on the kernels"
+    assert (tmp_path / "run" / "model.safetensors").is_file()
