@@ -5,7 +5,7 @@ addcmul's inputs, so a forward every other test sees in bf16 can run partly in f
 RMSNorm of q and k inside the blocked op came out float32, so its kernels read q and k as float32 tiles and wrote a
 float32 output where the op's fake (torch.compile's view of it) says bf16. Here each variant's training step on the
 kernels (Triton's interpreter) must be the same under both policies: the same tensors' dtypes reach every launch,
-and the outputs and gradients are bitwise equal.
+the outputs and gradients are bitwise equal, and each op returns the dtype, shape and strides its fake says.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ import pytest
 import timm
 import torch
 from helpers import cuda_autocast_policy
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn import functional as F
+from torch.utils._pytree import tree_leaves
 
 import vitconvert
-from vitconvert.attention import dispatch, lean_norms
+from vitconvert.attention import dispatch, fused, fused_ttt, lean_norms
 
 from .helpers import cuda_rms_kernel_on_the_cpu
 
@@ -40,6 +42,27 @@ def test_the_stand_in_casts_as_cudas_autocast_does():
         assert (x.float() @ w).dtype == torch.bfloat16  # the CPU's own casts stay
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert F.rms_norm(x, (8,)).dtype == x.sum().dtype == torch.bfloat16  # removed again: the CPU's policy
+
+
+def outputs_as_faked(monkeypatch) -> list:
+    """Each fused op's output (called direct, as eager runs it) against what its fake says (what torch.compile and
+    torch.export take it to return): the list of (op, real, fake) dtype, shape and strides that differ."""
+    differ = []
+    real_call = fused.call_op
+
+    def call_op(op, function, body, args, differentiable):
+        out = real_call(op, function, body, args, differentiable)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+        for real, faked in zip(tree_leaves(out), tree_leaves(fake), strict=True):
+            meta = [(t.dtype, tuple(t.shape), t.stride()) for t in (real, faked)]
+            if meta[0] != meta[1]:
+                differ.append((str(op), *meta))
+        return out
+
+    monkeypatch.setattr(fused, "call_op", call_op)
+    monkeypatch.setattr(fused_ttt, "call_op", call_op)
+    return differ
 
 
 def training_step(model: torch.nn.Module, images: torch.Tensor, cuda_policy: bool):
@@ -66,6 +89,7 @@ def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, 
     """mhla-cuda-rmsnorm: MHLA's RMSNorm on its CUDA branch (torch's fused kernel called direct); ttt at head dim 96:
     TTT's torch bf16 form (its kernels take head dims up to 64)."""
     monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
+    differ = outputs_as_faked(monkeypatch)
     with contextlib.ExitStack() as stack:
         rms_backward_calls = None
         if variant == "mhla-cuda-rmsnorm":
@@ -81,6 +105,7 @@ def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, 
         on_cuda = training_step(student, images, cuda_policy=True)
     assert (head_dim == 96 and variant == "ttt") or launches, "the step ran no kernels"
     assert rms_backward_calls is None or len(rms_backward_calls) == 4  # q and k, once a step
+    assert not differ, differ  # each op returns what its fake says, under both policies
     assert on_cuda[0] == launches  # the same kernels, given tensors of the same dtypes
     assert on_cuda[1].dtype == logits.dtype and torch.equal(on_cuda[1], logits)
     assert on_cuda[2].keys() == grads.keys()
