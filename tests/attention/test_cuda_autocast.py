@@ -65,8 +65,9 @@ def outputs_as_faked(monkeypatch) -> list:
     return differ
 
 
-def training_step(model: torch.nn.Module, images: torch.Tensor, cuda_policy: bool):
-    """(launches' kernel names and tensor dtypes, logits, every parameter's gradient) of one bf16 step."""
+def training_step(model: torch.nn.Module, images: torch.Tensor, cuda_policy: bool, dtype: torch.dtype):
+    """(launches' kernel names and tensor dtypes, logits, every parameter's gradient) of one step in ``dtype``
+    autocast."""
     launches = []
 
     def launch(kernel, grid, *args, **kwargs):
@@ -77,17 +78,18 @@ def training_step(model: torch.nn.Module, images: torch.Tensor, cuda_policy: boo
     model.zero_grad(set_to_none=True)
     with dispatch.launches_through(launch, "cpu"):
         with (cuda_autocast_policy() if cuda_policy else torch.autocast("cpu", enabled=True)):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=dtype):
                 logits = model(images)
         logits.float().square().mean().backward()
     return launches, logits, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("variant,head_dim", [("elu", 32), ("relu", 32), ("inline", 32), ("mhla", 32),
                                               ("mhla-cuda-rmsnorm", 32), ("ttt", 32), ("ttt", 96)])
-def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, head_dim):
+def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, head_dim, dtype):
     """mhla-cuda-rmsnorm: MHLA's RMSNorm on its CUDA branch (torch's fused kernel called direct); ttt at head dim 96:
-    TTT's torch bf16 form (its kernels take head dims up to 64)."""
+    TTT's torch bf16 form (its kernels take head dims up to 64; in fp16 its float32 form). fp16: `--amp float16`."""
     monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
     differ = outputs_as_faked(monkeypatch)
     with contextlib.ExitStack() as stack:
@@ -101,8 +103,8 @@ def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, 
                                    embed_dim=2 * head_dim, num_heads=2)
         student, _ = vitconvert.convert(source, variant)
         images = torch.randn(2, 3, 64, 64)
-        launches, logits, grads = training_step(student, images, cuda_policy=False)
-        on_cuda = training_step(student, images, cuda_policy=True)
+        launches, logits, grads = training_step(student, images, False, dtype)
+        on_cuda = training_step(student, images, True, dtype)
     assert (head_dim == 96 and variant == "ttt") or launches, "the step ran no kernels"
     assert rms_backward_calls is None or len(rms_backward_calls) == 4  # q and k, once a step
     assert not differ, differ  # each op returns what its fake says, under both policies
