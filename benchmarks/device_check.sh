@@ -4,7 +4,8 @@
 #      same run, then the token mixing alone at 4097 tokens;
 #   2. the host's time per layer at a tiny size (where the GPU waits for Python: launches, dispatch), and the
 #      registers, spills and shared memory of every fused kernel as Triton builds it (TTT's are the heaviest);
-#   3. benchmarks/gpu_check.py: the op-level section, speed and memory against SDPA softmax, precision, distill,
+#   3. benchmarks/gpu_check.py: the kernels against the eager forms (parity: a wrong kernel fails the run), the
+#      op-level section, speed and memory against SDPA softmax, precision, distill,
 #      compiled rows (as far as its budget goes), saved section by section.
 # Usage (from the repository root): OUT=/some/folder bash benchmarks/device_check.sh
 set -uo pipefail

@@ -6,6 +6,10 @@
 
 Sections, in order of importance (one not started before --budget-s is recorded as skipped; each is saved as
 soon as it ends):
+  parity     each variant's training step on the fused kernels against its eager form (the reference): float32
+             (TF32 off) within 1e-4, bf16 autocast no further from the float32 eager step than the eager bf16 one
+             (2×), and every fused op returning the dtype, shape and strides its fake gives torch.compile; the
+             speed rows below mean nothing where this fails (on a CPU: the kernels in Triton's interpreter);
   op         one attention layer (B=16, H=6, d=64) at N = 197…16385 tokens under bf16 autocast: each variant's
              token mixing (the fused Triton kernels where they apply) against PyTorch SDPA (FlashAttention),
              forward and forward+backward, with achieved TFLOP/s and GB/s;
@@ -43,19 +47,23 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
-import timm
 import torch
-import torch.nn.functional as F
-from PIL import Image
-from rich.console import Console
-from rich.table import Table
 
-import vitconvert
-from vitconvert.attention import VARIANTS, fused
-from vitconvert.attention.kernel import KernelAttention, fla_enabled
-from vitconvert.bench import SOFTMAX, benchmark, linear_copy
-from vitconvert.recipes import load_recipe
-from vitconvert.sources import load_source
+if __name__ == "__main__" and not torch.cuda.is_available():  # parity's kernels on a CPU: before timm imports triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import timm  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from PIL import Image  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+import vitconvert  # noqa: E402
+from vitconvert.attention import VARIANTS, dispatch, fused  # noqa: E402
+from vitconvert.attention.kernel import KernelAttention, fla_enabled  # noqa: E402
+from vitconvert.bench import SOFTMAX, benchmark, linear_copy  # noqa: E402
+from vitconvert.recipes import load_recipe  # noqa: E402
+from vitconvert.sources import load_source  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FLA_ENV = "VITCONVERT_FLA"
@@ -93,6 +101,7 @@ class Plan:
     op_shape: tuple[int, int, int] = (16, 6, 64)  # (batch, heads, head dim) of the op section: deit_small's layer
     op_targets: dict[int, dict[str, float]] = field(default_factory=lambda: {4097: {"infer": 8.0, "train": 6.0}})
     op_repeats: int = 10
+    parity_size: int = 224  # px of the parity section's model (models[0], 2 blocks, batch 2)
 
 
 TARGETS_1024 = {"elu": 2.5, "relu": 2.5, "inline": 2.5, "mhla": 2.0, "ttt": 2.0}
@@ -106,9 +115,9 @@ QUICK = Plan(("deit_tiny",), (32, 64), {32: 1.0, 64: {**TARGETS_1024}}, {32: 2, 
              compile_backend="eager", compile_models=("deit_tiny",), compile_sizes=(32,), fla_models=("deit_tiny",),
              precision_size=64, distill_size=32, distill_batch=2, distill_steps=2, distill_compile=False, workers=0,
              threads=1, depth=2, op_tokens=(17, 65), op_shape=(2, 2, 16), op_targets={65: {"infer": 8.0, "train": 6.0}},
-             op_repeats=1)
+             op_repeats=1, parity_size=32)
 MODEL_BATCH_SCALE = {"deit_tiny": 2.0, "deit_small": 1.0, "deit_base": 0.5}
-SECTIONS = ("op", "speed", "precision", "distill", "compiled", "fla", "models")
+SECTIONS = ("parity", "op", "speed", "precision", "distill", "compiled", "fla", "models")
 
 
 @dataclass
@@ -117,6 +126,7 @@ class Check:
 
     env: dict[str, Any]
     dry_run: bool
+    parity: list[dict[str, Any]] = field(default_factory=list)
     op: list[dict[str, Any]] = field(default_factory=list)
     speed: list[dict[str, Any]] = field(default_factory=list)
     precision: list[dict[str, Any]] = field(default_factory=list)
@@ -167,6 +177,101 @@ def softmax_source(plan: Plan, model: str, size: int, **kwargs: Any) -> torch.nn
 
 def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
+# -- parity: the kernels against the eager forms -------------------------------------------------------------
+PARITY_FP32 = 1e-4  # fused vs eager in float32, TF32 off: the same math summed in another order
+PARITY_BF16 = 2.0  # the fused bf16 step's error against the eager float32 one, at most this × the eager bf16 step's
+# (rounding noise: over seeds the ratio went up to 1.4× in Triton's interpreter; a wrong kernel is off by O(1))
+
+
+@contextmanager
+def float32_matmuls() -> Iterator[None]:
+    """TF32 off for matmuls and convolutions (float32 is then float32 on both paths), restored after."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def training_step(model: torch.nn.Module, x: torch.Tensor, on_kernels: bool,
+                  amp: Optional[torch.dtype]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(output, parameter gradients), float32, of one step of ``model`` (train mode) on the fused kernels or not."""
+    for m in model.modules():
+        if hasattr(m, "fused_kernels"):
+            m.fused_kernels = on_kernels
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(x.device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+        out = model(x)
+    out.float().square().mean().backward()
+    return out.detach().float(), {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def step_error(got: tuple[torch.Tensor, dict], want: tuple[torch.Tensor, dict]) -> tuple[float, float]:
+    """Relative error of the output, and of all parameter gradients as one vector (a parameter whose gradient is
+    all but zero, as TTT's convs' at init, has a relative error of rounding noise alone)."""
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a - b).norm() / b.norm().clamp(min=1e-30))
+    names = list(want[1])
+    return rel(got[0], want[0]), rel(*(torch.cat([grads[n].flatten() for n in names]) for grads in (got[1], want[1])))
+
+
+def parity(plan: Plan, device: torch.device) -> list[dict[str, Any]]:
+    """Per variant: the fused step against the eager one in float32 (where the kernels take float32: not TTT's) and
+    in bf16 autocast (against the eager float32 step, next to the eager bf16 step's own error), the kernels' launches
+    counted and each op's output checked against its fake. On a CPU the kernels run in Triton's interpreter where
+    it is on (TRITON_INTERPRET=1, set by this script without a GPU); without it there is nothing to compare."""
+    if device.type != "cuda" and not dispatch.interpreting():
+        raise RuntimeError("no kernels to check here: no GPU, and TRITON_INTERPRET=1 was not set before triton "
+                           "was imported")
+    torch.manual_seed(0)  # 2 blocks: the kernels' parity needs no depth, and each launch shape is built once
+    softmax = load_source(plan.models[0], pretrained=False, img_size=plan.parity_size, depth=2).model.to(device)
+    x = torch.randn(2, 3, plan.parity_size, plan.parity_size, generator=torch.Generator().manual_seed(0)).to(device)
+    launches: list[Any] = []
+
+    def counted(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
+        launches.append(kernel)
+        dispatch.build_and_run(kernel, grid, *args, **kwargs)
+
+    rows = []
+    with dispatch.launches_through(counted, device.type), float32_matmuls():
+        for name in VARIANTS:
+            model = linear_copy(softmax, name).to(device).train()
+            eager32 = training_step(model, x, False, None)
+            row: dict[str, Any] = {"model": name, "source": plan.models[0], "img_size": plan.parity_size}
+            launches.clear()
+            fused32 = training_step(model, x, True, None)
+            row["fp32_launches"] = len(launches)
+            row["fp32_output_error"], row["fp32_grad_error"] = (step_error(fused32, eager32) if launches
+                                                                else (None, None))
+            launches.clear()
+            with fused.fakes_checked() as differ:
+                fused16 = training_step(model, x, True, torch.bfloat16)
+            row["bf16_launches"], row["fakes_differ"] = len(launches), [repr(d) for d in differ]
+            row["bf16_output_error"], row["bf16_grad_error"] = step_error(fused16, eager32)
+            row["eager_bf16_output_error"], row["eager_bf16_grad_error"] = step_error(
+                training_step(model, x, False, torch.bfloat16), eager32)
+            row["verdict"] = parity_verdict(row)
+            rows.append(row)
+    return rows
+
+
+def parity_verdict(row: dict[str, Any]) -> str:
+    """'pass', or what failed: no kernels ran, float32 beyond PARITY_FP32, bf16 beyond PARITY_BF16 × eager's (with a
+    floor of 1e-3: both near exact), an op's output unlike its fake."""
+    failed = []
+    if not row["bf16_launches"]:
+        failed.append("no kernels ran")
+    if row["fp32_output_error"] is not None and max(row["fp32_output_error"], row["fp32_grad_error"]) > PARITY_FP32:
+        failed.append("float32")
+    for what in ("output", "grad"):
+        if row[f"bf16_{what}_error"] > max(PARITY_BF16 * row[f"eager_bf16_{what}_error"], 1e-3):
+            failed.append(f"bf16 {what}")
+    if row["fakes_differ"]:
+        failed.append("fake")
+    return "pass" if not failed else "FAIL: " + ", ".join(failed)
 
 
 # -- op: one attention layer ------------------------------------------------------------------------------
@@ -480,13 +585,19 @@ def run_check(plan: Plan, device: torch.device, budget_s: float, log: Callable[[
             row["target"], row["verdict"] = verdict(row, plan.targets, check.dry_run)
             check.speed.append(row)
 
+    def judged_parity() -> None:  # a kernel that computes something else fails the run, as an error does
+        check.parity = parity(plan, device)
+        check.errors.extend(f"parity {r['model']}: {r['verdict']}" for r in check.parity if r["verdict"] != "pass")
+
     def into(attribute: str, work: Callable[..., Any]) -> Callable[..., None]:
         return lambda *args: setattr(check, attribute, work(*args))
 
     for name in SECTIONS:
         if name not in sections:
             continue
-        if name == "op":
+        if name == "parity":
+            section("parity", judged_parity)
+        elif name == "op":
             section("op-level", into("op", op_level), plan, device)
         elif name == "precision":
             section("bf16 vs fp32", into("precision", precision), plan, device)
@@ -518,6 +629,8 @@ def run_section(label: str) -> str:
 
 
 def print_tables(check: Check, console: Console) -> None:
+    if check.parity:
+        console.print(parity_table(check.parity))
     if check.op:
         console.print(op_table(check.op))
     console.print(speed_table(check))
@@ -537,6 +650,22 @@ def print_tables(check: Check, console: Console) -> None:
 
 def target_text(target: Optional[float]) -> str:
     return f"≥{target}×" if target else NOT_MEASURED
+
+
+def parity_table(rows: list[dict[str, Any]]) -> Table:
+    def error(value: Optional[float]) -> str:
+        return f"{value:.1e}" if value is not None else "-"
+
+    table = Table(title="the fused kernels against the eager forms: a training step's output and gradients, "
+                        "relative error (bf16: against the eager float32 step)")
+    for column in ("model", "px", "fp32 out", "fp32 grad", "bf16 out", "bf16 grad", "eager bf16 out",
+                   "eager bf16 grad", "launches", "verdict"):
+        table.add_column(column, justify="left" if column in ("model", "verdict") else "right")
+    for r in rows:
+        table.add_row(r["model"], str(r["img_size"]), error(r["fp32_output_error"]), error(r["fp32_grad_error"]),
+                      error(r["bf16_output_error"]), error(r["bf16_grad_error"]), error(r["eager_bf16_output_error"]),
+                      error(r["eager_bf16_grad_error"]), f"{r['fp32_launches']}/{r['bf16_launches']}", r["verdict"])
+    return table
 
 
 def op_table(rows: list[dict[str, Any]]) -> Table:

@@ -101,7 +101,8 @@ def test_spent_budget_skips_every_section_by_name_and_still_saves():
     assert check.speed == [] and check.distill == {} and check.errors == []
     speed = [label for label in labels if label.startswith("eager")]
     rest = [label for label in labels if not label.startswith("eager")]
-    assert [s.split(":")[0] for s in check.skipped] == ["op-level", *speed, "bf16 vs fp32", "distill", *rest]
+    assert [s.split(":")[0] for s in check.skipped] == ["parity", "op-level", *speed, "bf16 vs fp32", "distill",
+                                                         *rest]
     assert saved and saved[-1] == len(check.skipped)  # written after every section, and at the end
 
 
@@ -149,3 +150,29 @@ def test_unknown_section_is_one_line_error(tmp_path):
                            str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and not (tmp_path / "x.json").exists()
     assert "nosuch" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_dry_run_checks_the_kernels_against_the_eager_forms(dry_run):
+    """parity, in Triton's interpreter on the CPU (TRITON_INTERPRET=1 reaches the script): every variant's step ran
+    on the kernels, float32 within 1e-4 where the kernels take it (not TTT's), every op as its fake says."""
+    rows = {r["model"]: r for r in dry_run[1]["parity"]}
+    assert rows.keys() == set(VARIANTS)
+    for name, r in rows.items():
+        assert r["verdict"] == "pass" and r["bf16_launches"] > 0 and r["fakes_differ"] == [], r
+        assert (r["fp32_launches"] > 0) == (name != "ttt"), r
+        if name != "ttt":
+            assert r["fp32_output_error"] < 1e-4 and r["fp32_grad_error"] < 1e-4, r
+
+
+def test_parity_fails_a_kernel_that_computes_something_else():
+    verdict = load_script().parity_verdict
+    good = {"bf16_launches": 8, "fp32_output_error": 1e-7, "fp32_grad_error": 1e-6, "bf16_output_error": 7e-3,
+            "bf16_grad_error": 1.2e-2, "eager_bf16_output_error": 7e-3, "eager_bf16_grad_error": 1.1e-2,
+            "fakes_differ": []}
+    assert verdict(good) == "pass"
+    assert verdict({**good, "fp32_output_error": None, "fp32_grad_error": None}) == "pass"  # TTT: no float32 kernels
+    assert verdict({**good, "bf16_launches": 0}) == "FAIL: no kernels ran"
+    assert verdict({**good, "fp32_grad_error": 3e-3}) == "FAIL: float32"
+    assert verdict({**good, "bf16_output_error": 0.3}) == "FAIL: bf16 output"
+    assert verdict({**good, "bf16_grad_error": 2.5e-2}) == "FAIL: bf16 grad"  # more than 2× the eager step's
+    assert verdict({**good, "fakes_differ": ["blocked_attention"]}) == "FAIL: fake"

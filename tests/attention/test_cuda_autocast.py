@@ -16,12 +16,10 @@ import pytest
 import timm
 import torch
 from helpers import cuda_autocast_policy
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn import functional as F
-from torch.utils._pytree import tree_leaves
 
 import vitconvert
-from vitconvert.attention import dispatch, fused, fused_ttt, lean_norms
+from vitconvert.attention import dispatch, fused, lean_norms
 
 from .helpers import cuda_rms_kernel_on_the_cpu
 
@@ -42,27 +40,6 @@ def test_the_stand_in_casts_as_cudas_autocast_does():
         assert (x.float() @ w).dtype == torch.bfloat16  # the CPU's own casts stay
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert F.rms_norm(x, (8,)).dtype == x.sum().dtype == torch.bfloat16  # removed again: the CPU's policy
-
-
-def outputs_as_faked(monkeypatch) -> list:
-    """Each fused op's output (called direct, as eager runs it) against what its fake says (what torch.compile and
-    torch.export take it to return): the list of (op, real, fake) dtype, shape and strides that differ."""
-    differ = []
-    real_call = fused.call_op
-
-    def call_op(op, function, body, args, differentiable):
-        out = real_call(op, function, body, args, differentiable)
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
-        for real, faked in zip(tree_leaves(out), tree_leaves(fake), strict=True):
-            meta = [(t.dtype, tuple(t.shape), t.stride()) for t in (real, faked)]
-            if meta[0] != meta[1]:
-                differ.append((str(op), *meta))
-        return out
-
-    monkeypatch.setattr(fused, "call_op", call_op)
-    monkeypatch.setattr(fused_ttt, "call_op", call_op)
-    return differ
 
 
 def training_step(model: torch.nn.Module, images: torch.Tensor, cuda_policy: bool, dtype: torch.dtype):
@@ -91,8 +68,8 @@ def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, 
     """mhla-cuda-rmsnorm: MHLA's RMSNorm on its CUDA branch (torch's fused kernel called direct); ttt at head dim 96:
     TTT's torch bf16 form (its kernels take head dims up to 64; in fp16 its float32 form). fp16: `--amp float16`."""
     monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
-    differ = outputs_as_faked(monkeypatch)
     with contextlib.ExitStack() as stack:
+        differ = stack.enter_context(fused.fakes_checked())
         rms_backward_calls = None
         if variant == "mhla-cuda-rmsnorm":
             if not lean_norms.FUSED_RMS_BACKWARD:

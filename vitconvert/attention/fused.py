@@ -22,6 +22,8 @@ the ops' eager forms (:mod:`.fused_eager`), so training goes on.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Optional
 
 import torch
@@ -283,6 +285,36 @@ def call_op(op, function: type[torch.autograd.Function], body, args: tuple, diff
         return op(*args)
     records = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
     return (function.apply if records else body)(*args)
+
+
+@contextmanager
+def fakes_checked() -> Iterator[list]:
+    """Inside, each fused op called through :func:`call_op` (every variant's) also runs its fake on the same inputs
+    (what torch.compile and torch.export take the op to return); yields the list of (op, real, fake) (dtype, shape,
+    strides) that differ. A diagnostic for the GPU's paths (benchmarks/gpu_check.py's parity section, the tests):
+    CUDA's autocast once made MHLA's op return float32 where its fake said bf16."""
+    from torch._subclasses.fake_tensor import FakeTensorMode  # lazy: start-up time (a diagnostic's)
+    from torch.utils._pytree import tree_leaves  # lazy: start-up time
+
+    global call_op
+    differ: list = []
+    checked = call_op
+
+    def call_and_check(op, function, body, args, differentiable):
+        out = checked(op, function, body, args, differentiable)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+        for real, faked in zip(tree_leaves(out), tree_leaves(fake), strict=True):
+            meta = [(t.dtype, tuple(t.shape), t.stride()) for t in (real, faked)]
+            if meta[0] != meta[1]:
+                differ.append((str(op), *meta))
+        return out
+
+    call_op = call_and_check
+    try:
+        yield differ
+    finally:
+        call_op = checked
 
 
 def _linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 
 from . import fused
 from .dispatch import KernelUnavailable, block_sizes, fits, launch, split_tokens, tile_args, too_big
-from .fused import _direct_function, call_op
+from .fused import _direct_function
 from .fused_parts import _eager_gradients, _mask_arg, _output_like, _total
 from .ttt_closed_form import stepped_readout
 
@@ -199,5 +199,6 @@ def ttt_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Opti
 
 def fused_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                weights: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
-    """The op's output, called direct where it may (fused.call_op)."""
-    return call_op(ttt_step, _DirectStep, run_ttt, (q, k, v, key_valid, weights, scale, lr), (q, k, v, weights))[0]
+    """The op's output, called direct where it may (fused.call_op, looked up per call: fused.fakes_checked)."""
+    args = (q, k, v, key_valid, weights, scale, lr)
+    return fused.call_op(ttt_step, _DirectStep, run_ttt, args, (q, k, v, weights))[0]
