@@ -101,7 +101,8 @@ class Plan:
     op_shape: tuple[int, int, int] = (16, 6, 64)  # (batch, heads, head dim) of the op section: deit_small's layer
     op_targets: dict[int, dict[str, float]] = field(default_factory=lambda: {4097: {"infer": 8.0, "train": 6.0}})
     op_repeats: int = 10
-    parity_size: int = 224  # px of the parity section's model (models[0], 2 blocks, batch 2)
+    parity_size: int = 224  # px of the parity section's model (models[0], 2 blocks)
+    parity_batch: int = 2
 
 
 TARGETS_1024 = {"elu": 2.5, "relu": 2.5, "inline": 2.5, "mhla": 2.0, "ttt": 2.0}
@@ -115,7 +116,7 @@ QUICK = Plan(("deit_tiny",), (32, 64), {32: 1.0, 64: {**TARGETS_1024}}, {32: 2, 
              compile_backend="eager", compile_models=("deit_tiny",), compile_sizes=(32,), fla_models=("deit_tiny",),
              precision_size=64, distill_size=32, distill_batch=2, distill_steps=2, distill_compile=False, workers=0,
              threads=1, depth=2, op_tokens=(17, 65), op_shape=(2, 2, 16), op_targets={65: {"infer": 8.0, "train": 6.0}},
-             op_repeats=1, parity_size=32)
+             op_repeats=1, parity_size=32, parity_batch=1)
 MODEL_BATCH_SCALE = {"deit_tiny": 2.0, "deit_small": 1.0, "deit_base": 0.5}
 SECTIONS = ("parity", "op", "speed", "precision", "distill", "compiled", "fla", "models")
 
@@ -228,7 +229,8 @@ def parity(plan: Plan, device: torch.device) -> list[dict[str, Any]]:
                            "was imported")
     torch.manual_seed(0)  # 2 blocks: the kernels' parity needs no depth, and each launch shape is built once
     softmax = load_source(plan.models[0], pretrained=False, img_size=plan.parity_size, depth=2).model.to(device)
-    x = torch.randn(2, 3, plan.parity_size, plan.parity_size, generator=torch.Generator().manual_seed(0)).to(device)
+    size = plan.parity_size
+    x = torch.randn(plan.parity_batch, 3, size, size, generator=torch.Generator().manual_seed(0)).to(device)
     launches: list[Any] = []
 
     def counted(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
