@@ -15,7 +15,7 @@ import contextlib
 import pytest
 import timm
 import torch
-from helpers import cuda_autocast_policy
+from helpers import FAMILIES, cuda_autocast_policy, image_batch, tiny_model
 from torch.nn import functional as F
 
 import vitconvert
@@ -90,3 +90,27 @@ def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, 
     assert on_cuda[2].keys() == grads.keys()
     for name, grad in grads.items():
         assert torch.equal(on_cuda[2][name], grad), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_family_forwards_the_same_under_cudas_autocast(monkeypatch, family):
+    """Every timm family the surgery takes, each variant on the kernels, a training forward and backward: the
+    output bitwise the same under both policies and every op as its fake says. (The gradients may differ where timm's
+    own parts norm bf16 tensors, q/k norms or an attention-pool head: CUDA's autocast runs those norms in float32.)"""
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
+    source = tiny_model(family)
+    images = image_batch(source)
+    for variant in ("elu", "inline", "mhla", "ttt"):
+        student, _ = vitconvert.convert(source, variant)
+        outputs = []
+        with fused.fakes_checked() as differ:
+            for cuda_policy in (False, True):
+                with (cuda_autocast_policy() if cuda_policy else torch.autocast("cpu", enabled=True)):
+                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                        out = student.train()(images)
+                out = out[0] if isinstance(out, (tuple, list)) else out
+                out.float().square().mean().backward()
+                outputs.append(out.detach())
+        assert not differ, (variant, differ)
+        assert torch.equal(*outputs), variant
