@@ -210,13 +210,17 @@ def training_step(model: torch.nn.Module, x: torch.Tensor, on_kernels: bool,
     return out.detach().float(), {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """‖got − want‖ / ‖want‖."""
+    return float((got - want).norm() / want.norm().clamp(min=1e-30))
+
+
 def step_error(got: tuple[torch.Tensor, dict], want: tuple[torch.Tensor, dict]) -> tuple[float, float]:
     """Relative error of the output, and of all parameter gradients as one vector (a parameter whose gradient is
     all but zero, as TTT's convs' at init, has a relative error of rounding noise alone)."""
-    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-        return float((a - b).norm() / b.norm().clamp(min=1e-30))
     names = list(want[1])
-    return rel(got[0], want[0]), rel(*(torch.cat([grads[n].flatten() for n in names]) for grads in (got[1], want[1])))
+    flat = [torch.cat([grads[n].flatten() for n in names]) for grads in (got[1], want[1])]
+    return relative_error(got[0], want[0]), relative_error(*flat)
 
 
 def parity(plan: Plan, device: torch.device) -> list[dict[str, Any]]:
@@ -447,7 +451,7 @@ def precision(plan: Plan, device: torch.device) -> list[dict[str, Any]]:
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 half = model.forward_features(x).float()
         finite = bool(torch.isfinite(half).all())
-        error = float((half - exact).norm() / exact.norm()) if finite else float("inf")
+        error = relative_error(half, exact) if finite else float("inf")
         rows.append({"model": name, "source": plan.models[0], "img_size": size, "rel_error": error,
                      "finite": finite})
     return rows

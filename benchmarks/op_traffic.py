@@ -126,7 +126,7 @@ def marked_mixing(model: torch.nn.Module, recorder: OpTraffic) -> Iterator[None]
             del layer.mix
 
 
-def _rms_norm_on_the_cpu(input: torch.Tensor, normalized_shape: list[int], weight: Optional[torch.Tensor],
+def rms_norm_on_the_cpu(input: torch.Tensor, normalized_shape: list[int], weight: Optional[torch.Tensor],
                          eps: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
     """aten::_fused_rms_norm's math (float32 inside, output in the input's dtype, float32 rstd), one op."""
     x = input.float()
@@ -135,7 +135,7 @@ def _rms_norm_on_the_cpu(input: torch.Tensor, normalized_shape: list[int], weigh
     return (out if weight is None else out * weight.float()).to(input.dtype), rstd
 
 
-def _rms_norm_backward_on_the_cpu(grad: torch.Tensor, input: torch.Tensor, normalized_shape: list[int],
+def rms_norm_backward_on_the_cpu(grad: torch.Tensor, input: torch.Tensor, normalized_shape: list[int],
                                   rstd: torch.Tensor, weight: Optional[torch.Tensor],
                                   output_mask: list[bool]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """aten::_fused_rms_norm_backward's math (dinput, dweight), one op."""
@@ -152,8 +152,8 @@ def cuda_norm_kernels() -> Iterator[None]:
         raise SystemExit("error: --cuda-norms: this torch has no aten::_fused_rms_norm_backward")
     devices = lean_norms.FUSED_RMS_BACKWARD_DEVICES
     with torch.library._scoped_library("aten", "IMPL") as library:
-        library.impl("_fused_rms_norm", _rms_norm_on_the_cpu, "CPU")
-        library.impl("_fused_rms_norm_backward", _rms_norm_backward_on_the_cpu, "CPU")
+        library.impl("_fused_rms_norm", rms_norm_on_the_cpu, "CPU")
+        library.impl("_fused_rms_norm_backward", rms_norm_backward_on_the_cpu, "CPU")
         lean_norms.FUSED_RMS_BACKWARD_DEVICES = (*devices, "cpu")
         try:
             yield

