@@ -10,9 +10,11 @@ soon as it ends):
              (TF32 off) within 1e-4, bf16 autocast no further from the float32 eager step than the eager bf16 one
              (2×), and every fused op returning the dtype, shape and strides its fake gives torch.compile; the
              speed rows below mean nothing where this fails (on a CPU: the kernels in Triton's interpreter);
+             MHLA in each form of its kernels (pairwise and blocked: VITCONVERT_MHLA_FORM);
   op         one attention layer (B=16, H=6, d=64) at N = 197…16385 tokens under bf16 autocast: each variant's
              token mixing (the fused Triton kernels where they apply) against PyTorch SDPA (FlashAttention),
-             forward and forward+backward, with achieved TFLOP/s and GB/s;
+             forward and forward+backward, with achieved TFLOP/s and GB/s; MHLA as dispatch picks its form and
+             in each form (the rows that tune fused_pairwise.pairwise_is_cheaper);
   speed      deit_small (pretrained=False: speed does not depend on weights) converted to every variant:
              forward and training-step img/s and peak memory next to the softmax source (timm's fused_attn,
              i.e. SDPA) at 224/512/1024/2048 px under bf16 autocast, eager;
@@ -59,7 +61,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import vitconvert  # noqa: E402
-from vitconvert.attention import VARIANTS, dispatch, fused  # noqa: E402
+from vitconvert.attention import VARIANTS, dispatch, fused, fused_pairwise  # noqa: E402
 from vitconvert.attention.kernel import KernelAttention, fla_enabled  # noqa: E402
 from vitconvert.bench import SOFTMAX, benchmark, linear_copy  # noqa: E402
 from vitconvert.recipes import load_recipe  # noqa: E402
@@ -223,6 +225,30 @@ def step_error(got: tuple[torch.Tensor, dict], want: tuple[torch.Tensor, dict]) 
     return relative_error(got[0], want[0]), relative_error(*flat)
 
 
+@contextmanager
+def mhla_form(form: Optional[str]) -> Iterator[None]:
+    """MHLA's kernels in one form inside (``VITCONVERT_MHLA_FORM``: pairwise or blocked); None: as dispatch picks
+    by cost (fused_pairwise.pairwise_is_cheaper)."""
+    saved = os.environ.get(dispatch.FORM_ENV)
+    if form is not None:
+        os.environ[dispatch.FORM_ENV] = form
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(dispatch.FORM_ENV, None)
+        else:
+            os.environ[dispatch.FORM_ENV] = saved
+
+
+# each variant as dispatch runs it, MHLA in each of its kernels' forms (which one dispatch takes depends on the size)
+PARITY_FORMS = (*((name, None) for name in VARIANTS if name != "mhla"), ("mhla", "pairwise"), ("mhla", "blocked"))
+
+
+def parity_name(name: str, form: Optional[str]) -> str:
+    return name if form is None else f"{name} ({form})"
+
+
 def parity(plan: Plan, device: torch.device) -> list[dict[str, Any]]:
     """Per variant: the fused step against the eager one in float32 (where the kernels take float32: not TTT's) and
     in bf16 autocast (against the eager float32 step, next to the eager bf16 step's own error), the kernels' launches
@@ -243,25 +269,34 @@ def parity(plan: Plan, device: torch.device) -> list[dict[str, Any]]:
 
     rows = []
     with dispatch.launches_through(counted, device.type), float32_matmuls():
-        for name in VARIANTS:
-            model = linear_copy(softmax, name).to(device).train()
-            eager32 = training_step(model, x, False, None)
-            row: dict[str, Any] = {"model": name, "source": plan.models[0], "img_size": plan.parity_size}
-            launches.clear()
-            fused32 = training_step(model, x, True, None)
-            row["fp32_launches"] = len(launches)
-            row["fp32_output_error"], row["fp32_grad_error"] = (step_error(fused32, eager32) if launches
-                                                                else (None, None))
-            launches.clear()
-            with fused.fakes_checked() as differ:
-                fused16 = training_step(model, x, True, torch.bfloat16)
-            row["bf16_launches"], row["fakes_differ"] = len(launches), [repr(d) for d in differ]
-            row["bf16_output_error"], row["bf16_grad_error"] = step_error(fused16, eager32)
-            row["eager_bf16_output_error"], row["eager_bf16_grad_error"] = step_error(
-                training_step(model, x, False, torch.bfloat16), eager32)
-            row["verdict"] = parity_verdict(row)
-            rows.append(row)
+        for name, form in PARITY_FORMS:
+            with mhla_form(form):
+                rows.append(parity_row(name, form, softmax, x, plan, launches))
     return rows
+
+
+def parity_row(name: str, form: Optional[str], softmax: torch.nn.Module, x: torch.Tensor, plan: Plan,
+               launches: list[Any]) -> dict[str, Any]:
+    """One variant's parity (``form``: MHLA's kernels forced into it): its fused steps (float32, bf16) against its
+    eager ones, the launches counted."""
+    model = linear_copy(softmax, name).to(x.device).train()
+    eager32 = training_step(model, x, False, None)
+    row: dict[str, Any] = {"model": parity_name(name, form), "source": plan.models[0],
+                           "img_size": plan.parity_size}
+    launches.clear()
+    fused32 = training_step(model, x, True, None)
+    row["fp32_launches"] = len(launches)
+    row["fp32_output_error"], row["fp32_grad_error"] = (step_error(fused32, eager32) if launches
+                                                        else (None, None))
+    launches.clear()
+    with fused.fakes_checked() as differ:
+        fused16 = training_step(model, x, True, torch.bfloat16)
+    row["bf16_launches"], row["fakes_differ"] = len(launches), [repr(d) for d in differ]
+    row["bf16_output_error"], row["bf16_grad_error"] = step_error(fused16, eager32)
+    row["eager_bf16_output_error"], row["eager_bf16_grad_error"] = step_error(
+        training_step(model, x, False, torch.bfloat16), eager32)
+    row["verdict"] = parity_verdict(row)
+    return row
 
 
 def parity_verdict(row: dict[str, Any]) -> str:
@@ -309,7 +344,18 @@ def token_mixers(tokens: int, heads: int, head_dim: int, device: torch.device) -
     for name, cls in VARIANTS.items():
         module = cls(heads * head_dim, heads, num_prefix_tokens=1, grid_size=grid).to(device)
         mixers[name] = lambda q, k, v, m=module: m.mix(q, k, v, None, grid)
+        if name == "mhla":  # each form of its kernels as well: the rows that tune pairwise_is_cheaper's rule
+            segments = module.block_counts[0] * module.block_counts[1] + 1  # (the blocks and the class token's)
+            for form in dispatch.FORMS[1:]:
+                if form != "pairwise" or segments <= fused_pairwise.MAX_SEGMENTS:  # (above, it runs blocked)
+                    mixers[parity_name(name, form)] = lambda q, k, v, m=module, f=form: forced(
+                        f, m.mix, q, k, v, None, grid)
     return mixers
+
+
+def forced(form: str, mix: Callable[..., Any], *args: Any) -> Any:
+    with mhla_form(form):
+        return mix(*args)
 
 
 def mixer_step(mix: Callable[..., Any], mode: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -351,7 +397,7 @@ def op_level(plan: Plan, device: torch.device) -> list[dict[str, Any]]:
                 except torch.OutOfMemoryError:
                     torch.cuda.empty_cache()
                     continue
-                quadratic = name == SOFTMAX
+                quadratic = name in (SOFTMAX, parity_name("mhla", "pairwise"))
                 flops = (4 * tokens * tokens * d if quadratic else 4 * tokens * d * d) * batch * heads
                 flops *= 1.0 if mode == "infer" else (3.5 if quadratic else 3.0)
                 moved = elements * 2 * (4 if mode == "infer" else 12)

@@ -40,7 +40,7 @@ if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernel
 import timm  # noqa: E402
 
 import vitconvert  # noqa: E402
-from vitconvert.attention import VARIANTS, dispatch, fused  # noqa: E402
+from vitconvert.attention import VARIANTS, dispatch, fused, fused_pairwise  # noqa: E402
 from vitconvert.writer import write_text_atomic  # noqa: E402
 
 
@@ -150,11 +150,14 @@ def op_steps(device: torch.device) -> dict[str, Callable[[], None]]:
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 17, 16, generator=g).to(device, torch.bfloat16) for _ in range(3))
     mixing = torch.ones(1, 1, device=device)
+    segments = torch.zeros(17, dtype=torch.int32, device=device)
     forms = {
         "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
         "linear_attention": lambda q, k, v: fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6),
         "blocked_attention": lambda q, k, v: fused.segmented_attention(q, k, v, None, None, mixing,
                                                                        fused.RELU_PLUS_EPS, 1e-6, 1e-6),
+        "pairwise_attention": lambda q, k, v: fused_pairwise.pairwise(q, k, v, None, segments, mixing,
+                                                                      fused.RELU_PLUS_EPS, 1e-6, 1e-6),
     }
 
     def step(form, train: bool, through_op: bool) -> Callable[[], None]:

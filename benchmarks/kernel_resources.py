@@ -7,11 +7,11 @@
 
 Every fused op runs once, forward and backward, on small bf16 inputs (as autocast hands them over; --dtype):
 linear_attention for ELU (one program per head, and heads split over token ranges) and InLine,
-blocked_attention for MHLA (RMSNorm in the op), and TTT's ttt_step. Each kernel it launches is listed with its
-launch settings and, on a GPU, what the build used: registers per thread, registers spilled to local memory,
-and shared memory. A kernel that spills runs far below the bandwidth its traffic allows: the first thing to
-look at when a kernel is slower than its bytes say (TTT's backward holds a dozen d×d tiles). Without a GPU
-(Triton's interpreter builds nothing) the kernels are listed without numbers.
+blocked_attention and pairwise_attention for MHLA (RMSNorm in the op), and TTT's ttt_step. Each kernel it
+launches is listed with its launch settings and, on a GPU, what the build used: registers per thread, registers
+spilled to local memory, and shared memory. A kernel that spills runs far below the bandwidth its traffic
+allows: the first thing to look at when a kernel is slower than its bytes say (TTT's backward holds a dozen d×d
+tiles). Without a GPU (Triton's interpreter builds nothing) the kernels are listed without numbers.
 
     python benchmarks/kernel_resources.py --arch sm_90             # no GPU needed: built for an H100/H200
 
@@ -45,8 +45,8 @@ import torch
 if __name__ == "__main__" and not torch.cuda.is_available() and "--arch" not in " ".join(sys.argv):
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the CPU's kernels: set before anything imports triton
 
-from vitconvert.attention import dispatch, fused, fused_ttt  # noqa: E402
-from vitconvert.attention.blocks import extended_block_mix, segment_index  # noqa: E402
+from vitconvert.attention import dispatch, fused, fused_pairwise, fused_ttt  # noqa: E402
+from vitconvert.attention.blocks import extended_block_mix, segment_index, token_segments  # noqa: E402
 from vitconvert.writer import write_text_atomic  # noqa: E402
 
 
@@ -178,6 +178,7 @@ def op_calls(d: int, device: torch.device, side: int = 16,
     mask[-1, tokens // 2:] = False
     blocks = 4 if side % 4 == 0 else 1
     index = segment_index((side, side), (blocks, blocks), 1, device)
+    segments = token_segments((side, side), (blocks, blocks), 1, device)
     mixing = extended_block_mix(torch.rand(blocks * blocks, blocks * blocks, generator=g)).to(device).requires_grad_()
     norms = [(1 + torch.rand(2 * d, generator=g)).to(device).requires_grad_() for _ in range(2)]
     weights = (0.1 * torch.randn(2, 3, d, d, generator=g)).to(device).requires_grad_()
@@ -186,12 +187,14 @@ def op_calls(d: int, device: torch.device, side: int = 16,
         "linear_attention inline": lambda: fused.inline_attention(*qkv(), mask, d ** -0.5),
         "blocked_attention mhla": lambda: fused.segmented_attention(*qkv(), mask, index, mixing, fused.RELU_PLUS_EPS,
                                                                     1e-6, 1e-6, *norms, 1e-6, True),
+        "pairwise_attention mhla": lambda: fused_pairwise.pairwise(*qkv(), mask, segments, mixing, fused.RELU_PLUS_EPS,
+                                                                   1e-6, 1e-6, *norms, 1e-6),
         "ttt_step": lambda: fused_ttt.fused_step(*qkv(), mask, weights, d ** -0.5, 1.0),
     }
 
 
-OPS = ("linear_attention elu", "linear_attention inline", "blocked_attention mhla", "ttt_step",
-       "linear_attention elu split")  # (measure's)
+OPS = ("linear_attention elu", "linear_attention inline", "blocked_attention mhla", "pairwise_attention mhla",
+       "ttt_step", "linear_attention elu split")  # (measure's)
 
 
 def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Optional[tuple[str, ...]] = None,

@@ -82,8 +82,20 @@ class OpTraffic(TorchDispatchMode):
     def __init__(self, token_sized: int) -> None:
         super().__init__()
         self.token_sized = token_sized  # elements of q: an op touching a tensor this large is a pass over tokens
-        self.model, self.mixing = Traffic(), Traffic()
+        self.model, self.mixing, self.kernels = Traffic(), Traffic(), Traffic()
         self.in_mix = False
+
+    def launch(self, kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
+        """A Triton launch inside a fused op (dispatch.launches_through): the bytes of its tensor arguments, each
+        tensor once (a placeholder for an absent mask or index is another argument's tensor), then the launch.
+        What the op's own inputs and outputs do not show: the float32 d×d states the blocked kernels write and
+        read (MHLA's: larger than its tokens at 224 px)."""
+        seen = {(t.untyped_storage().data_ptr(), t.storage_offset(), t.numel()): t for t in args
+                if isinstance(t, torch.Tensor)}
+        moved = sum(moved_bytes(t) for t in seen.values())
+        self.kernels.add(dispatch.kernel_name(kernel), moved, max((t.numel() for t in seen.values()), default=0)
+                         >= self.token_sized)
+        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -168,6 +180,7 @@ def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: 
     model.zero_grad(set_to_none=True)
     with ExitStack() as stack:
         stack.enter_context(torch.enable_grad() if train else torch.no_grad())
+        stack.enter_context(dispatch.launches_through(recorder.launch, images.device.type))
         stack.enter_context(marked_mixing(model, recorder))
         stack.enter_context(recorder)
         with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=form == "bf16"):
@@ -186,6 +199,10 @@ def report(name: str, recorder: OpTraffic, layers: int, by_op: bool) -> None:
         line += (f"; token mixing's forward per layer {mixing.ops / layers:.0f} ops "
                  f"({mixing.token_sized / layers:.0f} token-sized), {mixing.bytes / layers / mib:.2f} MiB")
     print(line)
+    kernels = recorder.kernels
+    if kernels.ops:  # (inside the fused ops, which the line above counts by their inputs and outputs)
+        print(f"    inside its fused ops: {kernels.ops} Triton launches, {kernels.bytes / mib:.1f} MiB of their tensor "
+              f"arguments")
     if by_op:
         for op, n in sorted(mixing.by_op.items(), key=lambda kv: -mixing.bytes_by_op[kv[0]]):
             print(f"      {op:30s} {n / layers:5.1f}× ({mixing.token_sized_by_op[op] / layers:4.1f} token-sized) "

@@ -278,8 +278,10 @@ def test_custom_ops_pass_torch_library_checks():
                               test_utils=tests)
 
 
-def test_compiles_as_one_graph():
+@pytest.mark.parametrize("form", ["pairwise", "blocked"])
+def test_compiles_as_one_graph(form, monkeypatch):
     """torch.compile sees the kernels as custom ops: no graph break (fullgraph), same values as eager."""
+    monkeypatch.setenv(dispatch.FORM_ENV, form)
     torch._dynamo.reset()
     module = make_module("mhla", 32, (4, 4), 1, blocks_per_side=2)
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
@@ -385,12 +387,14 @@ def test_the_blocked_op_keeps_the_raw_q_k_and_v_and_normalises_them_itself(recom
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("tokens", [43, 40], ids=["grid", "no-grid"])
-def test_mhla_under_autocast_matches_its_float32_eager_form(tokens, dtype):
+@pytest.mark.parametrize("tokens,form", [(43, "pairwise"), (43, "blocked"), (40, "blocked")],
+                         ids=["grid-pairwise", "grid-blocked", "no-grid"])
+def test_mhla_under_autocast_matches_its_float32_eager_form(tokens, form, dtype, monkeypatch):
     """The training form users run on a GPU (bf16 autocast, the kernels, RMSNorm in the op, the LayerNorm-and-qkv
     Function, LePE) against the float32 eager module: outputs and every gradient (input_norm's, the RMSNorms',
     LePE's and W's included) within bf16 rounding; 43 tokens = a class token and a 6×7 grid (unequal blocks),
     40 form no grid (one segment, no LePE). A padded last item."""
+    monkeypatch.setenv(dispatch.FORM_ENV, form)
     module = make_module("mhla", 32, (6, 7), 1, blocks_per_side=2)
     with torch.no_grad():  # norms away from their init (weights 1, biases 0), so a lost weight or bias would show
         for norm in (module.input_norm, module.q_rmsnorm, module.k_rmsnorm):
@@ -414,6 +418,45 @@ def test_mhla_under_autocast_matches_its_float32_eager_form(tokens, dtype):
         assert (g is None) == (w is None), name
         if w is not None:
             assert rel_error(g, w) < 2 * TOL[dtype], name
+
+
+def expanded_gradient_calls():
+    """Each op's call on (B, H, N, d) q, k, v (fused_pairwise and fused_ttt imported here: their modules)."""
+    from vitconvert.attention import fused_pairwise, fused_ttt
+
+    segments = torch.tensor([0, 1, 2] * 13 + [2], dtype=torch.int32, device=DEVICE)
+    mixing = torch.rand(3, 3, device=DEVICE) + 0.5
+    index = torch.arange(40, dtype=torch.int32, device=DEVICE).view(2, 20)
+    weights = torch.randn(2, 3, 32, 32, device=DEVICE) * 0.1
+    return {
+        "elu": lambda q, k, v: fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6),
+        "inline": lambda q, k, v: fused.inline_attention(q, k, v, None, 0.125),
+        "blocked": lambda q, k, v: fused.segmented_attention(q, k, v, None, index, mixing[:2, :2],
+                                                             fused.RELU_PLUS_EPS, 1e-6, 1e-6),
+        "pairwise": lambda q, k, v: fused_pairwise.pairwise(q, k, v, None, segments, mixing, fused.RELU_PLUS_EPS,
+                                                            1e-6, 1e-6),
+        "ttt": lambda q, k, v: fused_ttt.fused_step(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, weights, 0.125,
+                                                    0.5),
+    }
+
+
+@pytest.mark.parametrize("op", ["elu", "inline", "blocked", "pairwise", "ttt"])
+def test_an_expanded_output_gradient_and_strided_inputs_give_the_true_gradients(op):
+    """``out.sum().backward()`` hands the backward a gradient whose strides are all 0, and a caller's q may be a
+    view whose last dimension is not contiguous: the kernels step through d by 1, so both once read garbage
+    (gradients of 1e31). Now: the gradients of the same call on contiguous tensors."""
+    call = expanded_gradient_calls()[op]
+    q, k, v = qkv(N=40)
+    out = call(q, k, v)
+    want = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    got = torch.autograd.grad(call(q, k, v).sum(), (q, k, v))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=0, rtol=0)
+    strided = [t.detach().transpose(-2, -1).contiguous().transpose(-2, -1).requires_grad_() for t in (q, k, v)]
+    assert strided[0].stride(-1) != 1
+    torch.testing.assert_close(call(*strided), out, atol=0, rtol=0)
+    for g, w in zip(torch.autograd.grad(call(*strided).sum(), strided), want, strict=True):
+        torch.testing.assert_close(g, w, atol=0, rtol=0)
 
 
 def test_training_keeps_only_q_k_v_and_the_output():
@@ -448,10 +491,18 @@ OPS = {"elu": ("linear_attention", "blocked_attention"), "inline": ("linear_atte
        "mhla": ("blocked_attention", "linear_attention")}  # (the variant's op, another)
 
 
+def blocked_form(name: str, monkeypatch) -> None:
+    """MHLA's kernels in their blocked form (states mixed and read out): at these sizes the call would take the
+    pairwise one (tests/attention/test_fused_pairwise.py)."""
+    if name == "mhla":
+        monkeypatch.setenv(dispatch.FORM_ENV, "blocked")
+
+
 @pytest.mark.parametrize("name", ["elu", "inline", "mhla"])
 def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_form_once(name, monkeypatch):
     from vitconvert.attention import triton_kernels
 
+    blocked_form(name, monkeypatch)
     module = make_module(name, 32, (4, 4), 1, **({"blocks_per_side": 2} if name == "mhla" else {}))
     x = torch.randn(2, 17, 64, device=DEVICE)
     expected = module(x)
@@ -478,6 +529,7 @@ def test_a_backward_kernel_the_gpu_cannot_build_falls_back_to_the_eager_gradient
     and this step's gradients (inputs and parameters, MHLA's W included) from the ops' eager forms."""
     from vitconvert.attention import triton_kernels
 
+    blocked_form(name, monkeypatch)
     module = make_module(name, 32, (4, 4), 1, **({"blocks_per_side": 2} if name == "mhla" else {}))
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
     grad = torch.randn(2, 17, 64, device=DEVICE)
@@ -525,11 +577,14 @@ def test_whole_timm_models_on_the_kernels_match_their_eager_form(family, name, m
     from helpers import image_batch, tiny_model
 
     import vitconvert
+    from vitconvert.attention import fused_pairwise
 
     calls = []
-    for op in ("kernel_attention", "inline_attention", "segmented_attention"):  # the variants' entry points
-        original = getattr(fused, op)
-        monkeypatch.setattr(fused, op, lambda *a, _op=original: calls.append(1) or _op(*a))
+    entry_points = [(fused, "kernel_attention"), (fused, "inline_attention"), (fused, "segmented_attention"),
+                    (fused_pairwise, "pairwise")]  # the variants'
+    for where, op in entry_points:
+        original = getattr(where, op)
+        monkeypatch.setattr(where, op, lambda *a, _op=original: calls.append(1) or _op(*a))
     source = tiny_model(family)
     student, _ = vitconvert.convert(source, name)
     student = student.to(DEVICE).train()
@@ -603,12 +658,13 @@ def l40_at_head_dim_128(settings: dict) -> bool:
     return settings["TILE"] != tl.float32 and settings["BLOCK_N"] <= 16
 
 
-def cramp(monkeypatch, fits, kernels=BACKWARD_KERNELS) -> dict[str, helpers.Cramped]:
+def cramp(monkeypatch, fits, kernels=BACKWARD_KERNELS, module=None) -> dict[str, helpers.Cramped]:
     from vitconvert.attention import triton_kernels
 
-    cramped = {name: helpers.Cramped(getattr(triton_kernels, name), fits) for name in kernels}
+    module = module or triton_kernels
+    cramped = {name: helpers.Cramped(getattr(module, name), fits) for name in kernels}
     for name, kernel in cramped.items():
-        monkeypatch.setattr(triton_kernels, name, kernel)
+        monkeypatch.setattr(module, name, kernel)
     return cramped
 
 
@@ -655,13 +711,17 @@ def test_backward_kernels_too_big_for_the_gpu_run_lean_within_the_bf16_bar(name,
     assert {n: c.refused for n, c in cramped.items()} == {n: 3 for n in BACKWARD_KERNELS}  # remembered
 
 
-def test_an_mhla_module_on_float32_takes_smaller_chunks_and_matches_its_reference(monkeypatch, fresh_dispatch):
+@pytest.mark.parametrize("form", ["blocked", "pairwise"])
+def test_an_mhla_module_on_float32_takes_smaller_chunks_and_matches_its_reference(form, monkeypatch, fresh_dispatch):
     """Float32 inputs keep their tiles (the dots' precision is the user's TF32 switch); a GPU where every kernel
-    fits only with 16-token chunks runs them all at 16, the whole module within its float32 bars."""
-    from vitconvert.attention import triton_kernels
+    fits only with 16-token chunks runs them all at 16, the whole module within its float32 bars. (The pairwise
+    kernels' grid is made of their own BLOCK_M tokens: a smaller chunk of the other side leaves it whole.)"""
+    from vitconvert.attention import pairwise_kernels, triton_kernels
 
-    kernels = [n for n in dir(triton_kernels) if n.endswith("_kernel")]
-    cramped = cramp(monkeypatch, lambda settings: settings["BLOCK_N"] <= 16, kernels)
+    monkeypatch.setenv(dispatch.FORM_ENV, form)
+    where = triton_kernels if form == "blocked" else pairwise_kernels
+    kernels = [n for n in dir(where) if n.endswith("_kernel")]
+    cramped = cramp(monkeypatch, lambda settings: settings["BLOCK_N"] <= 16, kernels, where)
     module = make_module("mhla", 32, (6, 7), 1, blocks_per_side=2)
     x = torch.randn(2, 43, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     with warnings.catch_warnings():
@@ -670,7 +730,8 @@ def test_an_mhla_module_on_float32_takes_smaller_chunks_and_matches_its_referenc
     assert errors.pop("output") < 1e-5
     assert not {n: e for n, e in errors.items() if e >= {"block_mix": 1e-3}.get(n, 1e-4)}, errors
     launched = {n for n, c in cramped.items() if c.refused}
-    assert launched >= {"state_fwd_kernel", "readout_fwd_kernel", *BACKWARD_KERNELS}
+    assert launched >= ({"state_fwd_kernel", "readout_fwd_kernel", *BACKWARD_KERNELS} if form == "blocked" else
+                        {"pairwise_fwd_kernel", "pairwise_bwd_dq_kernel", "pairwise_bwd_dkv_kernel"})
     assert all(step == {"BLOCK_N": 16} for step in dispatch.lean_launches().values())
 
 

@@ -4,6 +4,7 @@ ops (dispatch.direct). Kernels in Triton's interpreter on the CPU, as in test_fu
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 
@@ -169,14 +170,15 @@ def test_host_overhead_reports_every_layer_against_softmax(tmp_path, capsys, mon
     rows = {row["layer"]: row for row in json.loads((tmp_path / "h.json").read_text())["rows"]}
     assert list(rows) == ["softmax", "elu", "mhla", "ttt"]
     assert (rows["elu"]["launches_infer"], rows["elu"]["launches_train"]) == (1, 4)  # one forward kernel; backward 3
-    assert rows["mhla"]["launches_infer"] == 2 and rows["mhla"]["launches_train"] >= 5  # states + read-out
+    # MHLA at 17 tokens: the pairwise form, one kernel forward, two backward (dq; dk and dv)
+    assert (rows["mhla"]["launches_infer"], rows["mhla"]["launches_train"]) == (1, 3)
     # TTT: the inner sums and the read-out; a training step recomputes both, then two backward kernels
     assert (rows["ttt"]["launches_infer"], rows["ttt"]["launches_train"]) == (2, 6)
     assert all(row["infer_us"] > 0 and row["train_us"] > 0 for row in rows.values())
     assert rows["elu"]["aten_ops_train"] > rows["elu"]["aten_ops_infer"] > 0  # the bodies' ops are counted
     ops = {row["op"]: row for row in json.loads((tmp_path / "h.json").read_text())["ops"]}
     assert list(ops) == ["sdpa", "linear_attention", "linear_attention (custom op)", "blocked_attention",
-                         "blocked_attention (custom op)"]
+                         "blocked_attention (custom op)", "pairwise_attention", "pairwise_attention (custom op)"]
     assert ops["sdpa"]["infer_vs_sdpa"] == 1.0 and all(row["train_us"] > 0 for row in ops.values())
     assert re.search(r"^linear_attention \(custom op\) +[\d.]+ +[\d.]+× +[\d.]+ +[\d.]+×$", out, re.M), out
     assert host_overhead().main(["--variants", "nope"]) == 2
@@ -186,18 +188,22 @@ def test_host_overhead_reports_every_layer_against_softmax(tmp_path, capsys, mon
     assert "error: --json" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("name", ["elu", "mhla", "ttt"])
-def test_torch_export_records_the_fused_op_and_its_graph_runs_with_grad(name):
+@pytest.mark.parametrize("name", ["elu", "mhla-pairwise", "mhla-blocked", "ttt"])
+def test_torch_export_records_the_fused_op_and_its_graph_runs_with_grad(name, monkeypatch):
     """torch.export (non-strict: make_fx) takes the custom op, not the direct Function; MHLA's fused LayerNorm-and-qkv
     Function, whose forward export inlines, takes its plain form there, so the graph also runs with grad on."""
     from .helpers import make_module
 
+    if name.startswith("mhla-"):  # each form of MHLA's kernels
+        name, form = name.split("-")
+        monkeypatch.setenv(dispatch.FORM_ENV, form)
     options = {"blocks_per_side": 2} if name == "mhla" else {}
     module = make_module(name, 1, (4, 4), dim=64, heads=2, dtype=torch.float32, **options).to(DEVICE)
     x = torch.randn(2, 17, 64, generator=torch.Generator().manual_seed(0)).to(DEVICE)
     exported = torch.export.export(module, (x,))
     ops = [str(node.target) for node in exported.graph.nodes if "vitconvert" in str(node.target)]
-    op = {"elu": "linear_attention", "mhla": "blocked_attention", "ttt": "ttt_step"}[name]
+    op = {"elu": "linear_attention", "mhla": os.environ.get(dispatch.FORM_ENV, "") + "_attention",
+          "ttt": "ttt_step"}[name]
     assert ops == [f"vitconvert.{op}.default"], ops  # (TTT: the plain step, no checkpoint, under export)
     out = exported.module()(x)  # grad on, parameters that require grad
     assert torch.equal(out.detach(), module(x).detach())

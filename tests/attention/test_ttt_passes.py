@@ -93,6 +93,9 @@ def test_op_traffic_reports_softmax_the_model_and_its_token_mixing(train, capsys
         assert re.search(rf"^  ttt, {form}: {model}; token mixing's forward per layer \d+ ops \(\d+ token-sized\)",
                          out, re.M), out
     assert re.search(r"^ +bmm +[\d.]+× \( *[\d.]+ token-sized\) +[\d.]+ MiB$", out, re.M), out
+    # the kernels' own traffic, which the fused op's inputs and outputs do not show (its d×d states)
+    assert re.search(r"^    inside its fused ops: \d+ Triton launches, [\d.]+ MiB of their tensor arguments$", out,
+                     re.M), out
     assert op_traffic().main(["--variant", "nope"]) == 2
 
 

@@ -283,6 +283,8 @@ CASES: list[Case] = [
          "VITCONVERT_FUSED_CONFIG='33,4': expected BLOCK_N,num_warps", "env:VITCONVERT_FUSED_CONFIG=33,4"),
     Case("bench", "VITCONVERT_FUSED_TILE=bf16", ("bench", "{teacher}", "--to", "elu"),
          "VITCONVERT_FUSED_TILE='bf16': expected one of tf32, half", "env:VITCONVERT_FUSED_TILE=bf16"),
+    Case("bench", "VITCONVERT_MHLA_FORM=flash", ("bench", "{teacher}", "--to", "mhla"),
+         "VITCONVERT_MHLA_FORM='flash': expected one of auto, pairwise, blocked", "env:VITCONVERT_MHLA_FORM=flash"),
     Case("bench", "non-numeric --repeats", ("bench", "{teacher}", "--repeats", "x"), "Invalid value for '--repeats'"),
     Case("bench", "--keep-softmax every layer", ("bench", "{teacher}", "--to", "elu", "--keep-softmax", "0,1",
                                                  "--repeats", "1"), "keeps all 2 layers softmax"),

@@ -193,6 +193,27 @@ def _cached_segment_index(grid: tuple[int, int], counts: tuple[int, int], num_pr
     return torch.tensor(flat, dtype=torch.int32, device=device).view(-1, width)
 
 
+def token_segments(grid: tuple[int, int], counts: tuple[int, int], num_prefix: int,
+                   device: torch.device) -> torch.Tensor:
+    """(N,) int32 segment of each token in token order: M (the prefix segment, last) for the prefix tokens, then
+    each spatial token's block (:func:`reference_block_of`). The pairwise kernels' table (attention/
+    fused_pairwise.py): the pair (i, j) weighs W̃[s(i), s(j)]. Built once per grid and device."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(_token_segment_list(grid, counts, num_prefix), dtype=torch.int32, device=device)
+    return _cached_token_segments(grid, counts, num_prefix, device)
+
+
+def _token_segment_list(grid: tuple[int, int], counts: tuple[int, int], num_prefix: int) -> list[int]:
+    return [counts[0] * counts[1]] * num_prefix + reference_block_of(grid, counts)
+
+
+@lru_cache(maxsize=32)
+def _cached_token_segments(grid: tuple[int, int], counts: tuple[int, int], num_prefix: int,
+                           device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):  # cached for later calls, which may record autograd (the op saves it)
+        return torch.tensor(_token_segment_list(grid, counts, num_prefix), dtype=torch.int32, device=device)
+
+
 def extended_block_mix(block_mix: torch.Tensor) -> torch.Tensor:
     """W̃: W with a last row and column of ones (the prefix block reads and is read by every block)."""
     return F.pad(block_mix, (0, 1, 0, 1), value=1.0)

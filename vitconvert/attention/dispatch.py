@@ -39,6 +39,8 @@ SPLIT_ROUND = 128  # a program's token range is a multiple of this (and of every
 ENV = "VITCONVERT_FUSED"
 TILE_ENV = "VITCONVERT_FUSED_TILE"
 CONFIG_ENV = "VITCONVERT_FUSED_CONFIG"
+FORM_ENV = "VITCONVERT_MHLA_FORM"
+FORMS = ("auto", "pairwise", "blocked")  # MHLA's kernels: chosen per call by cost, or forced (fused_pairwise.py)
 SWITCH = {"0": False, "off": False, "false": False, "no": False, "1": True, "on": True, "true": True, "yes": True}
 TILES = ("tf32", "half")
 CONFIG_BLOCK_NS = (16, 32, 64, 128)  # tl.dot's smallest tile up to SPLIT_ROUND, which each must divide
@@ -54,11 +56,12 @@ def triton_available() -> bool:
 
 def use_fused_kernels() -> bool:
     """The module-level choice (read at construction): on unless ``VITCONVERT_FUSED=0`` or Triton is missing.
-    The three variables are checked here, where a bad one can still be a one-line error (a launch is deep in a
+    The four variables are checked here, where a bad one can still be a one-line error (a launch is deep in a
     forward pass) and not a silent default: ``VITCONVERT_FUSED=false`` meant off, and ran the kernels."""
     on = fused_switch(os.environ.get(ENV))
     tile_setting(os.environ.get(TILE_ENV))
     config_setting(os.environ.get(CONFIG_ENV))
+    form_setting(os.environ.get(FORM_ENV))
     return on and triton_available()
 
 
@@ -80,11 +83,22 @@ def fused_switch(value: Optional[str]) -> bool:
 @lru_cache(maxsize=8)  # read per launch
 def tile_setting(value: Optional[str]) -> str:
     """``VITCONVERT_FUSED_TILE``: the dots' operand type for half inputs (:func:`tile_args`)."""
+    return _one_of(TILE_ENV, value, TILES)
+
+
+def form_setting(value: Optional[str]) -> str:
+    """``VITCONVERT_MHLA_FORM``: MHLA's kernels in the pairwise or the blocked form, or ``auto`` (by cost,
+    :func:`.fused_pairwise.pairwise_is_cheaper`)."""
+    return _one_of(FORM_ENV, value, FORMS)
+
+
+def _one_of(name: str, value: Optional[str], choices: tuple[str, ...]) -> str:
+    """The setting ``name`` as given (the first of ``choices`` when unset), or a one-line error."""
     given = _given(value)
     if given is None:
-        return TILES[0]
-    if given not in TILES:
-        raise VitconvertError(f"{TILE_ENV}={value!r}: expected one of {', '.join(TILES)}")
+        return choices[0]
+    if given not in choices:
+        raise VitconvertError(f"{name}={value!r}: expected one of {', '.join(choices)}")
     return given
 
 

@@ -58,8 +58,9 @@ from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the
     run_readout_backward,
     run_state,
     run_state_backward,
+    unit_rows,
 )
-from .lean_norms import rms_over_heads_backward, rms_pair, rms_pair_recomputed
+from .lean_norms import rms_pair, through_rms_pair
 
 
 def _reader(S: torch.Tensor, z: torch.Tensor, zv: torch.Tensor, key_valid: Optional[torch.Tensor], tokens: int,
@@ -82,6 +83,7 @@ def run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: 
     program, else the state and read-out kernels. Autograd keeps q, k, v and o only; backward recomputes."""
     from .triton_kernels import attention_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
+    q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
     B, H, N, D = q.shape
     if split_tokens(B * H, 1, N, q.device)[0] > 1:
         S, z, zv = run_state(k, v, key_valid, None, feature, feature_eps)
@@ -249,17 +251,17 @@ def _blocked_setup(ctx, inputs, output) -> None:
 
 def _blocked_backward(ctx, do):
     q, k, v, o, key_valid, index, mixing, q_weight, k_weight = ctx.saved_tensors
-    q_in, k_in, saved = rms_pair_recomputed(q, k, q_weight, k_weight, ctx.norm_eps)  # the op kept the raw q, k
-    try:
-        grads = run_blocked_backward if direct(do) else blocked_attention_backward
-        dq, dk, dv, dmixing = grads(q_in, k_in, v, o, do, key_valid, index, mixing, *ctx.args)
-    except KernelUnavailable as e:
-        dq, dk, dv, _, _, dmixing = _eager_gradients(e, "blocked_attention", _blocked_eager,
-                                                     (q_in, k_in, v, key_valid, index, mixing), (do,), *ctx.args)
-    dq_weight = dk_weight = None
-    if q_weight is not None and k_weight is not None:
-        dq, dq_weight = rms_over_heads_backward(q, q_weight, ctx.norm_eps, dq, saved[0])
-        dk, dk_weight = rms_over_heads_backward(k, k_weight, ctx.norm_eps, dk, saved[1])
+
+    def gradients(q_in: torch.Tensor, k_in: torch.Tensor) -> tuple:  # of the op on the normalised q and k
+        try:
+            grads = run_blocked_backward if direct(do) else blocked_attention_backward
+            return grads(q_in, k_in, v, o, do, key_valid, index, mixing, *ctx.args)
+        except KernelUnavailable as e:
+            dq, dk, dv, _, _, dmixing = _eager_gradients(e, "blocked_attention", _blocked_eager,
+                                                         (q_in, k_in, v, key_valid, index, mixing), (do,), *ctx.args)
+            return dq, dk, dv, dmixing
+
+    dq, dk, dv, dmixing, dq_weight, dk_weight = through_rms_pair(q, k, q_weight, k_weight, ctx.norm_eps, gradients)
     return dq, dk, dv, None, None, dmixing, None, None, None, dq_weight, dk_weight, None, None
 
 

@@ -41,6 +41,7 @@ def run_state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor
     """S (B, H, G, d, d), z and zv (B, H, G, d), float32, over the G segments of ``index`` (all tokens if None)."""
     from .triton_kernels import state_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
+    k, v = unit_rows(k), unit_rows(v)
     B, H, N, D = k.shape
     segments, length = _segments(index, N)
     splits, per = split_tokens(B * H, segments, length, k.device)
@@ -77,6 +78,7 @@ def run_state_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[tor
     of S, z, zv."""
     from .triton_kernels import state_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
+    k, v = unit_rows(k), unit_rows(v)
     B, H, N, D = k.shape
     segments, length = _segments(index, N)
     splits, per = split_tokens(B * H, segments, length, k.device)
@@ -126,6 +128,13 @@ def _state_backward(ctx, dS, dz, dzv):
 linear_state.register_autograd(_state_backward, setup_context=_state_setup)
 
 
+def unit_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dimension is contiguous (the kernels step through d by 1), else a copy: an
+    output gradient expanded from a sum (``out.sum().backward()``: every stride 0) or a caller's transposed view
+    read garbage before."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
 def _output_like(q: torch.Tensor) -> torch.Tensor:
     """(B, H, N, d) output stored as (B, N, H, d): the attention module's transpose-and-reshape is then a view.
     The backwards write dq, dk, dv so too: the layer's q/k/v split stacks them into the qkv projection's
@@ -139,6 +148,7 @@ def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Option
     """o of every query from the state R (B, H, G, d, d) and r (B, H, G, d) of its segment (module docstring)."""
     from .triton_kernels import readout_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
+    q = unit_rows(q)
     B, H, N, D = q.shape
     segments, length = _segments(index, N)
     splits, per = split_tokens(B * H, segments, length, q.device)
@@ -167,6 +177,7 @@ def run_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: t
     """dq (q's dtype and :func:`_output_like`'s layout), dR and dr (float32) of :func:`linear_readout`."""
     from .triton_kernels import readout_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
+    q, o, do = unit_rows(q), unit_rows(o), unit_rows(do)
     B, H, N, D = q.shape
     segments, length = _segments(index, N)
     splits, per = split_tokens(B * H, segments, length, q.device)

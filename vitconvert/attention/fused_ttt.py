@@ -22,7 +22,7 @@ import torch
 from . import fused
 from .dispatch import KernelUnavailable, block_sizes, fits, launch, split_tokens, tile_args, too_big
 from .fused import _direct_function
-from .fused_parts import _eager_gradients, _mask_arg, _output_like, _total
+from .fused_parts import _eager_gradients, _mask_arg, _output_like, _total, unit_rows
 from .ttt_closed_form import stepped_readout
 
 
@@ -48,6 +48,7 @@ def run_inner_sums(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
     """Ĝ = [Ĝ1, Ĝ2, Ĝ3] (B, H, 3, d, d) float32: the inner gradients before their −s/n factor."""
     from .ttt_kernels import inner_sums_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
+    k, v = unit_rows(k), unit_rows(v)
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(k)
     G = k.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)  # partial sums (fused_parts._total)
     mask, s_mb = _mask_arg(key_valid, k)
@@ -66,6 +67,7 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
     (under TTT's checkpoint it is not kept but recomputed with the step, as every saved tensor is)."""
     from .ttt_kernels import swiglu_readout_kernel  # lazy: start-up time
 
+    q = unit_rows(q)
     step = _step_size(key_valid, k.shape[2], scale, lr)
     updated = weights + step * run_inner_sums(k, v, key_valid, weights)
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(q)
@@ -94,6 +96,7 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     (dĜ = step·dW', dk, dv and the chain's dW); dW = Σ_batch (dW' + the chain's)."""
     from .ttt_kernels import swiglu_readout_bwd_kernel  # lazy: start-up time
 
+    q, k, v, do = unit_rows(q), unit_rows(k), unit_rows(v), unit_rows(do)
     step = _step_size(key_valid, k.shape[2], scale, lr)
     geometry = _geometry(q)
     B, H, N, D, splits, per, block_n, block_d, warps = geometry

@@ -19,6 +19,7 @@ memory (its step is recomputed in backward anyway): float32 statistics read from
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Optional
 
 import torch
@@ -142,6 +143,20 @@ def rms_pair_recomputed(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[tor
         return q, k, (None, None)
     (q, q_saved), (k, k_saved) = rms_recomputed(q, q_weight, eps), rms_recomputed(k, k_weight, eps)
     return q, k, (q_saved, k_saved)
+
+
+def through_rms_pair(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor],
+                     k_weight: Optional[torch.Tensor], eps: float, gradients: Callable[..., tuple]) -> tuple:
+    """The backward of an op that normalises its raw q and k itself (MHLA's blocked and pairwise ops): the norm
+    recomputed (:func:`rms_pair_recomputed`), ``gradients(q_n, k_n)`` -> (dq_n, dk_n, *rest) of the op on the
+    normalised q and k, then the norm's backward: (dq, dk, *rest, dq_weight, dk_weight)."""
+    q_in, k_in, saved = rms_pair_recomputed(q, k, q_weight, k_weight, eps)
+    dq, dk, *rest = gradients(q_in, k_in)
+    dq_weight = dk_weight = None
+    if q_weight is not None and k_weight is not None:
+        dq, dq_weight = rms_over_heads_backward(q, q_weight, eps, dq, saved[0])
+        dk, dk_weight = rms_over_heads_backward(k, k_weight, eps, dk, saved[1])
+    return (dq, dk, *rest, dq_weight, dk_weight)
 
 
 class _LayerNormLinear(torch.autograd.Function):

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import fused
+from . import dispatch, fused, fused_pairwise
 from .base import Grid, LinearAttention
 from .blocks import (  # noqa: F401  (block_layout, block_indices: importable from here too)
     TRANSFORMS,
@@ -47,6 +47,7 @@ from .blocks import (  # noqa: F401  (block_layout, block_indices: importable fr
     resolve_block_counts,
     segment_index,
     to_blocks,
+    token_segments,
 )
 from .kernel import kernel_attention, kernel_attention_reference, with_ones
 from .lean_norms import layer_norm_linear
@@ -240,17 +241,27 @@ class MHLAttention(LinearAttention):
 
     def _fused_mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                    grid: Grid) -> torch.Tensor:
-        """:meth:`mix` on the Triton kernels: the RMSNorm of q and k, φ, the block states and the read-out in one op
-        (which keeps only the raw q, k, v), W̃ and LePE in torch. No grid: one block of all tokens."""
+        """:meth:`mix` on the Triton kernels: the RMSNorm of q and k, φ and W̃'s weighting in one op (which keeps
+        only the raw q, k, v), in its pairwise form (N×N tiles, fused_pairwise.py) or its blocked form (block states
+        mixed and read), whichever moves less (:func:`.fused_pairwise.pairwise_is_cheaper`); LePE in torch. No
+        grid: one block of all tokens, the blocked form (one d×d state per head)."""
         q, k, norms = q.to(v.dtype), k.to(v.dtype), self._fused_norm_args(v)
         if grid is None:
             ones = torch.ones(1, 1, dtype=v.dtype, device=v.device)
             return fused.segmented_attention(q, k, v, key_valid, None, ones, fused.RELU_PLUS_EPS, self.eps, self.eps,
                                              *norms)
         self._check_grid(q.shape[2], grid)
-        index = segment_index(grid, self.block_counts, self.num_prefix_tokens, q.device)
-        out = fused.segmented_attention(q, k, v, key_valid, index, extended_block_mix(self.block_mix),
-                                        fused.RELU_PLUS_EPS, self.eps, self.eps, *norms, self.lepe is not None)
+        mixing = extended_block_mix(self.block_mix)
+        out: Optional[torch.Tensor] = None
+        if (fused_pairwise.pairwise_is_cheaper(q.shape[2], mixing.shape[0], q.shape[3], v.dtype)
+                and dispatch.fits("pairwise_attention")):  # (where its kernels cannot build: the blocked form)
+            segments = token_segments(grid, self.block_counts, self.num_prefix_tokens, q.device)
+            out = fused.attempt("pairwise_attention", fused_pairwise.pairwise, q, k, v, key_valid, segments, mixing,
+                                fused.RELU_PLUS_EPS, self.eps, self.eps, *norms)
+        if out is None:
+            index = segment_index(grid, self.block_counts, self.num_prefix_tokens, q.device)
+            out = fused.segmented_attention(q, k, v, key_valid, index, mixing, fused.RELU_PLUS_EPS, self.eps,
+                                            self.eps, *norms, self.lepe is not None)
         if self.lepe is None:
             return out
         bias = self.lepe.bias

@@ -1,0 +1,254 @@
+"""MHLA's pairwise kernels (attention/pairwise_kernels.py, attention/fused_pairwise.py) in Triton's interpreter:
+against the literal N×N formula, against the blocked kernels, as an op, and how a call picks its form."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from vitconvert.attention import dispatch, fused, fused_pairwise
+from vitconvert.attention.blocks import extended_block_mix, segment_index, token_segments
+from vitconvert.attention.lean_norms import rms_over_heads
+from vitconvert.errors import VitconvertError
+
+from . import helpers
+from .helpers import rel_error
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available() and not dispatch.interpreting():
+    pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
+                allow_module_level=True)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+EPS = 1e-6
+TOL = {torch.float32: 2e-5, torch.bfloat16: 6e-3, torch.float16: 1e-3}  # as tests/attention/test_fused.py's
+
+
+@pytest.fixture(autouse=True)
+def kernels_here(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(dispatch, "_unavailable", {})
+    monkeypatch.setattr(dispatch, "_settled", {})
+    monkeypatch.delenv(dispatch.FORM_ENV, raising=False)
+
+
+def literal(q, k, v, key_valid, segments, mixing):
+    """A_ij = φ(q_i)·φ(k_j)·W̃[s(i), s(j)] (φ = relu + ε, masked keys 0), o = A v / (Σ_j A_ij + ε): the N×N
+    weights written out."""
+    phi_q, phi_k = torch.relu(q) + EPS, torch.relu(k) + EPS
+    seg = segments.long()
+    scores = torch.einsum("bhid,bhjd->bhij", phi_q, phi_k) * mixing[seg][:, seg]
+    if key_valid is not None:
+        scores = scores * key_valid[:, None, None, :].to(scores.dtype)
+    return (scores @ v) / (scores.sum(-1, keepdim=True) + EPS)
+
+
+def inputs(N: int, d: int, G: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 2, N, d, generator=g).to(DEVICE, dtype).requires_grad_() for _ in range(3))
+    segments = torch.randint(0, G, (N,), generator=g, dtype=torch.int32).to(DEVICE)
+    mixing = (0.2 + torch.rand(G, G, generator=g)).to(DEVICE).requires_grad_()  # not symmetric: a transpose shows
+    return q, k, v, segments, mixing
+
+
+def padding_mask(N: int) -> torch.Tensor:
+    mask = torch.ones(2, N, dtype=torch.bool)
+    mask[-1, N // 3:] = False
+    return mask.to(DEVICE)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("N,d", [(150, 32), (70, 64), (40, 96)])  # 150: tiles of 64, the last partly filled
+def test_the_op_matches_the_literal_n_by_n_form(N, d, dtype, masked):
+    """Values and the gradients of q, k, v and W̃ against the formula in float64."""
+    q, k, v, segments, mixing = inputs(N, d, 7, dtype)
+    mask = padding_mask(N) if masked else None
+    out = fused_pairwise.pairwise(q, k, v, mask, segments, mixing, fused.RELU_PLUS_EPS, EPS, EPS)
+    assert out.dtype == dtype and out.shape == q.shape and out.transpose(1, 2).is_contiguous()
+    copies = [t.detach().double().requires_grad_() for t in (q, k, v, mixing)]
+    expected = literal(*copies[:3], mask, segments, copies[3])
+    grad = torch.randn_like(expected)
+    got = torch.autograd.grad(out, (q, k, v, mixing), grad.to(dtype))
+    want = torch.autograd.grad(expected, copies, grad)
+    assert rel_error(out, expected) < TOL[dtype]
+    for name, g, w in zip("q k v W̃".split(), got, want, strict=True):
+        assert rel_error(g, w) < 2 * TOL[dtype], name
+    if masked:  # a padded key gets no gradient and changes no output
+        assert got[1][-1, :, N // 3:].abs().max() == 0 and got[2][-1, :, N // 3:].abs().max() == 0
+
+
+def test_sixty_four_segments_the_most_it_takes():
+    q, k, v, segments, mixing = inputs(100, 32, fused_pairwise.MAX_SEGMENTS, torch.float32)
+    out = fused_pairwise.pairwise(q, k, v, None, segments, mixing, fused.RELU_PLUS_EPS, EPS, EPS)
+    copies = [t.detach().double().requires_grad_() for t in (q, k, v, mixing)]
+    expected = literal(*copies[:3], None, segments, copies[3])
+    assert rel_error(out, expected) < TOL[torch.float32]
+    grad = torch.randn_like(expected)
+    got = torch.autograd.grad(out, mixing, grad.float())[0]
+    assert rel_error(got, torch.autograd.grad(expected, copies[3], grad)[0]) < 1e-4
+
+
+def test_the_pairwise_and_blocked_ops_agree_and_the_pairwise_keeps_only_the_raw_q_k_v():
+    """On MHLA's segments (2 prefix tokens, a 6×7 grid in 2×3 blocks of unequal size) with its RMSNorm in the op:
+    the same values and gradients (q, k, v through the qkv projection's output, W̃, the norms' weights) as the
+    blocked op; autograd keeps q, k and v as given (views of qkv) and nothing else token-sized, not even o."""
+    g = torch.Generator().manual_seed(3)
+    grid, counts, prefix = (6, 7), (2, 3), 2
+    N = prefix + 42
+    qkv_out = torch.randn(2, N, 3, 2, 32, generator=g).to(DEVICE).requires_grad_()
+    q, k, v = qkv_out.permute(2, 0, 3, 1, 4).unbind(0)
+    weights = [(1 + torch.rand(64, generator=g)).to(DEVICE).requires_grad_() for _ in range(2)]
+    mixing = extended_block_mix(torch.rand(6, 6, generator=g).to(DEVICE)).requires_grad_()
+    mask = padding_mask(N)
+    args = (fused.RELU_PLUS_EPS, EPS, EPS, *weights, 1e-6)
+    out = fused_pairwise.pairwise(q, k, v, mask, token_segments(grid, counts, prefix, q.device), mixing, *args)
+    big = [t for t in out.grad_fn.saved_tensors if t is not None and t.numel() >= q.numel()]
+    assert len(big) == 3 and all(t.untyped_storage().data_ptr() == qkv_out.untyped_storage().data_ptr() for t in big)
+    blocked = fused.segmented_attention(q, k, v, mask, segment_index(grid, counts, prefix, q.device), mixing, *args)
+    assert rel_error(out, blocked) < 1e-6
+    grad = torch.randn_like(out)
+    params = [qkv_out, mixing, *weights]
+    for name, got, want in zip(["qkv", "W̃", "q norm", "k norm"], torch.autograd.grad(out, params, grad),
+                               torch.autograd.grad(blocked, params, grad), strict=True):
+        assert rel_error(got, want) < 1e-5, name
+    outside = fused_pairwise.pairwise(rms_over_heads(q, weights[0], 1e-6), rms_over_heads(k, weights[1], 1e-6), v,
+                                      mask, token_segments(grid, counts, prefix, q.device), mixing,
+                                      fused.RELU_PLUS_EPS, EPS, EPS)
+    assert rel_error(out, outside) < 1e-6
+
+
+MHLA_CASES = [  # (head dim, grid, prefix tokens, options): unequal blocks, one axis split, registers, no LePE
+    (32, (6, 7), 1, {"blocks_per_side": 2}),
+    (64, (4, 4), 0, {"blocks_per_side": [2, 1]}),
+    (32, (5, 5), 4, {"blocks_per_side": 2, "lepe_kernel": 0}),
+]
+
+
+@pytest.mark.parametrize("form", ["pairwise", "blocked"])
+@pytest.mark.parametrize("head_dim,grid,num_prefix,options", MHLA_CASES,
+                         ids=[f"d{c[0]}-{c[1][0]}x{c[1][1]}-p{c[2]}" for c in MHLA_CASES])
+def test_mhla_modules_match_their_literal_form_in_either_form(head_dim, grid, num_prefix, options, form, monkeypatch):
+    """The whole module (input LayerNorm, RMSNorms, W̃, LePE) on each form of its kernels against its literal N×N
+    ``reference`` in float64, a padded item: outputs, input and every parameter gradient."""
+    monkeypatch.setenv(dispatch.FORM_ENV, form)
+    calls = []
+    for where, name in ((fused_pairwise, "pairwise"), (fused, "segmented_attention")):  # MHLA's entry points
+        original = getattr(where, name)
+        monkeypatch.setattr(where, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a))
+    module = helpers.make_module("mhla", num_prefix, grid, dim=2 * head_dim, dtype=torch.float32, **options)
+    with torch.no_grad():
+        module.block_mix.add_(torch.rand(module.block_mix.shape, generator=torch.Generator().manual_seed(1)))
+    module = module.to(DEVICE)
+    tokens = num_prefix + grid[0] * grid[1]
+    x = torch.randn(2, tokens, 2 * head_dim, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    mask = padding_mask(tokens)[:, None, None, :]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        errors = helpers.float32_against_literal(module, x, mask)
+    assert set(calls) == {"pairwise" if form == "pairwise" else "segmented_attention"}
+    assert errors.pop("output") < 1e-5
+    assert not {n: e for n, e in errors.items() if e >= {"block_mix": 1e-3}.get(n, 1e-4)}, errors
+
+
+@pytest.mark.parametrize("tokens,segments,head_dim,pairwise", [
+    (197, 5, 64, True),     # 224 px: 2×2 blocks of 7×7 and the class token
+    (50, 2, 64, True),      # 112 px: one block
+    (577, 10, 64, False),   # 384 px: 3×3 blocks
+    (1025, 26, 64, False),  # 512 px
+    (4097, 82, 64, False),  # 1024 px: 9×9 blocks
+    (197, 5, 128, True),
+])
+def test_the_cheaper_form_is_taken(tokens, segments, head_dim, pairwise):
+    """On half inputs; float32 ones take the blocked form (no tensor cores for the N×N dots, and spills)."""
+    for dtype in (torch.bfloat16, torch.float16):
+        assert fused_pairwise.pairwise_is_cheaper(tokens, segments, head_dim, dtype) is pairwise
+    assert not fused_pairwise.pairwise_is_cheaper(tokens, segments, head_dim, torch.float32)
+
+
+def test_the_form_can_be_forced_and_a_bad_setting_is_refused_at_construction(monkeypatch):
+    monkeypatch.setenv(dispatch.FORM_ENV, "pairwise")
+    assert fused_pairwise.pairwise_is_cheaper(4097, 64, 64, torch.float32)
+    assert not fused_pairwise.pairwise_is_cheaper(4097, fused_pairwise.MAX_SEGMENTS + 1, 64, torch.bfloat16)
+    monkeypatch.setenv(dispatch.FORM_ENV, " Blocked ")
+    assert not fused_pairwise.pairwise_is_cheaper(197, 5, 64, torch.bfloat16)
+    monkeypatch.setenv(dispatch.FORM_ENV, "flash")
+    with pytest.raises(VitconvertError, match="VITCONVERT_MHLA_FORM='flash': expected one of auto, pairwise, blocked"):
+        helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32)
+
+
+def test_the_op_passes_torch_library_checks():
+    q, k, v, segments, mixing = inputs(40, 32, 5, torch.float32)
+    mask = padding_mask(40)
+    tests = ("test_schema", "test_faketensor", "test_autograd_registration")
+    weights = [(1 + torch.rand(64, device=DEVICE)).requires_grad_() for _ in range(2)]
+    for extra in ((), (*weights, 1e-6)):
+        torch.library.opcheck(fused_pairwise.pairwise_attention,
+                              (q, k, v, mask, segments, mixing, fused.RELU_PLUS_EPS, EPS, EPS, *extra),
+                              test_utils=tests)
+
+
+def test_a_forward_kernel_the_gpu_cannot_build_leaves_mhla_on_its_blocked_kernels(monkeypatch):
+    """The pairwise kernels turn off with one warning and the call (and every later one) takes the blocked form,
+    not the eager one: the same output."""
+    from vitconvert.attention import pairwise_kernels
+
+    monkeypatch.setenv(dispatch.FORM_ENV, "pairwise")  # (float32 inputs: auto would take the blocked form)
+    module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
+    x = torch.randn(2, 17, 64, device=DEVICE)
+    expected = module(x)
+    monkeypatch.setattr(pairwise_kernels, "pairwise_fwd_kernel", helpers.Unbuildable())
+    blocked = []
+    original = fused.segmented_attention
+    monkeypatch.setattr(fused, "segmented_attention", lambda *a: blocked.append(1) or original(*a))
+    with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources"):
+        out = module(x)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert blocked and not dispatch.fits("pairwise_attention") and fused.can_run(x[..., :32], "blocked_attention")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module(x)
+
+
+def test_a_backward_kernel_the_gpu_cannot_build_takes_the_eager_gradients(monkeypatch):
+    from vitconvert.attention import pairwise_kernels
+
+    monkeypatch.setenv(dispatch.FORM_ENV, "pairwise")
+    module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
+    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
+    grad = torch.randn(2, 17, 64, device=DEVICE)
+    want = torch.autograd.grad(module(x), [x, *module.parameters()], grad)
+    out = module(x)
+    monkeypatch.setattr(pairwise_kernels, "pairwise_bwd_dkv_kernel", helpers.Unbuildable())
+    with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources"):
+        got = torch.autograd.grad(out, [x, *module.parameters()], grad)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+    assert not dispatch.fits("pairwise_attention")
+
+
+def test_at_224_px_the_pairwise_kernels_move_less_than_half_the_blocked_ones(monkeypatch):
+    """benchmarks/op_traffic.py's count of the Triton launches' tensor arguments in one bf16 training step of an
+    MHLA layer at 224 px (197 tokens: 2×2 blocks and the class token; head dim 64, two heads here): the blocked
+    form writes and reads float32 d×(d+1) states per block (larger than the block's tokens at d = 64) where the
+    pairwise form reads q, k, v and writes o (vit_small, batch 1: pairwise 2.2 MiB in 3 launches, blocked 5.7
+    MiB in 6; the blocked form's mixing of the states in torch comes on top)."""
+    import timm
+    from helpers import load_benchmark
+
+    import vitconvert
+
+    script = load_benchmark("op_traffic")
+    torch.manual_seed(0)
+    source = timm.create_model("vit_small_patch16_224", pretrained=False, depth=1, embed_dim=128, num_heads=2)
+    student, _ = vitconvert.convert(source, "mhla")
+    images = torch.randn(1, 3, 224, 224)
+    moved = {}
+    for form in ("pairwise", "blocked"):
+        monkeypatch.setenv(dispatch.FORM_ENV, form)
+        recorder = script.count(student, images, "bf16", 128 * 196, train=True)
+        moved[form] = (recorder.kernels.ops, recorder.kernels.bytes)
+    assert moved["pairwise"][0] == 3 and moved["blocked"][0] == 6, moved  # launches: forward and backward
+    assert moved["pairwise"][1] < 0.5 * moved["blocked"][1], moved
