@@ -245,7 +245,7 @@ def mhla_form(form: Optional[str]) -> Iterator[None]:
 PARITY_FORMS = (*((name, None) for name in VARIANTS if name != "mhla"), ("mhla", "pairwise"), ("mhla", "blocked"))
 
 
-def parity_name(name: str, form: Optional[str]) -> str:
+def form_label(name: str, form: Optional[str]) -> str:
     return name if form is None else f"{name} ({form})"
 
 
@@ -281,7 +281,7 @@ def parity_row(name: str, form: Optional[str], softmax: torch.nn.Module, x: torc
     eager ones, the launches counted."""
     model = linear_copy(softmax, name).to(x.device).train()
     eager32 = training_step(model, x, False, None)
-    row: dict[str, Any] = {"model": parity_name(name, form), "source": plan.models[0],
+    row: dict[str, Any] = {"model": form_label(name, form), "source": plan.models[0],
                            "img_size": plan.parity_size}
     launches.clear()
     fused32 = training_step(model, x, True, None)
@@ -348,7 +348,7 @@ def token_mixers(tokens: int, heads: int, head_dim: int, device: torch.device) -
             segments = module.block_counts[0] * module.block_counts[1] + 1  # (the blocks and the class token's)
             for form in dispatch.FORMS[1:]:
                 if form != "pairwise" or segments <= fused_pairwise.MAX_SEGMENTS:  # (above, it runs blocked)
-                    mixers[parity_name(name, form)] = lambda q, k, v, m=module, f=form: forced(
+                    mixers[form_label(name, form)] = lambda q, k, v, m=module, f=form: forced(
                         f, m.mix, q, k, v, None, grid)
     return mixers
 
@@ -397,7 +397,7 @@ def op_level(plan: Plan, device: torch.device) -> list[dict[str, Any]]:
                 except torch.OutOfMemoryError:
                     torch.cuda.empty_cache()
                     continue
-                quadratic = name in (SOFTMAX, parity_name("mhla", "pairwise"))
+                quadratic = name in (SOFTMAX, form_label("mhla", "pairwise"))
                 flops = (4 * tokens * tokens * d if quadratic else 4 * tokens * d * d) * batch * heads
                 flops *= 1.0 if mode == "infer" else (3.5 if quadratic else 3.0)
                 moved = elements * 2 * (4 if mode == "infer" else 12)

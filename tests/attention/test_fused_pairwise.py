@@ -153,6 +153,26 @@ def test_mhla_modules_match_their_literal_form_in_either_form(head_dim, grid, nu
     assert not {n: e for n, e in errors.items() if e >= {"block_mix": 1e-3}.get(n, 1e-4)}, errors
 
 
+@pytest.mark.parametrize("form", ["pairwise", "blocked"])
+def test_a_forward_in_inference_mode_then_a_training_step(form, monkeypatch):
+    """The segment tables are built once per grid and kept; the first, made inside torch.inference_mode, must
+    not be an inference tensor, which the op's backward may not save (the blocked form's index table was)."""
+    from vitconvert.attention import blocks
+
+    monkeypatch.setenv(dispatch.FORM_ENV, form)
+    blocks._cached_segment_index.cache_clear()
+    blocks._cached_token_segments.cache_clear()
+    module = helpers.make_module("mhla", 1, (5, 5), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
+    x = torch.randn(2, 26, 64, device=DEVICE)
+    with torch.inference_mode():
+        expected = module(x)
+    x.requires_grad_()
+    out = module(x)
+    out.sum().backward()
+    torch.testing.assert_close(out.detach(), expected, atol=0, rtol=0)
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
 @pytest.mark.parametrize("tokens,segments,head_dim,pairwise", [
     (197, 5, 64, True),     # 224 px: 2×2 blocks of 7×7 and the class token
     (50, 2, 64, True),      # 112 px: one block

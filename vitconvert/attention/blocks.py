@@ -190,7 +190,15 @@ def segment_index(grid: tuple[int, int], counts: tuple[int, int], num_prefix: in
 def _cached_segment_index(grid: tuple[int, int], counts: tuple[int, int], num_prefix: int,
                           device: torch.device) -> torch.Tensor:
     flat, width = _segment_lists(grid, counts, num_prefix)
-    return torch.tensor(flat, dtype=torch.int32, device=device).view(-1, width)
+    return _kept_table(flat, device).view(-1, width)
+
+
+def _kept_table(values, device: torch.device) -> torch.Tensor:
+    """An int32 table kept for later calls, made outside inference mode: the fused ops save their tables for
+    backward, which refuses a tensor made in inference mode (a forward under torch.inference_mode, then a
+    training step, failed on the blocked op's index)."""
+    with torch.inference_mode(False):
+        return torch.tensor(values, dtype=torch.int32, device=device)
 
 
 def token_segments(grid: tuple[int, int], counts: tuple[int, int], num_prefix: int,
@@ -210,8 +218,7 @@ def _token_segment_list(grid: tuple[int, int], counts: tuple[int, int], num_pref
 @lru_cache(maxsize=32)
 def _cached_token_segments(grid: tuple[int, int], counts: tuple[int, int], num_prefix: int,
                            device: torch.device) -> torch.Tensor:
-    with torch.inference_mode(False):  # cached for later calls, which may record autograd (the op saves it)
-        return torch.tensor(_token_segment_list(grid, counts, num_prefix), dtype=torch.int32, device=device)
+    return _kept_table(_token_segment_list(grid, counts, num_prefix), device)
 
 
 def extended_block_mix(block_mix: torch.Tensor) -> torch.Tensor:

@@ -37,8 +37,8 @@ def pairwise_is_cheaper(tokens: int, segments: int, head_dim: int, dtype: torch.
     Per head, the pairwise forward does 4·N²·d FLOPs of dots; the blocked one writes G float32 states of
     d·(d+1), mixes them (a read and a write) and reads them in the read-out: 16·G·d·(d+1) bytes on top of the
     q, k, v and o both read and write. At 224 px (197 tokens, 2×2 blocks and the class token, d = 64) the states
-    are 3× q, k, v and o together and the pairwise form wins by ~4× on this count; from 384 px (577 tokens, 10
-    segments) on the blocked form does. Half inputs only: on float32 ones (TF32 off, as torch's default) the
+    move 3.3× the bytes of q, k, v and o and the pairwise form wins by ~2× on this count; from 384 px (577
+    tokens, 10 segments) on the blocked form does. Half inputs only: on float32 ones (TF32 off, as torch's default) the
     dots are not on tensor cores, and the pairwise kernels built for sm_90 spill 150–1,600 registers (the blocked
     form's forward none). ``VITCONVERT_MHLA_FORM=pairwise|blocked`` forces one (the pairwise form only up to
     :data:`MAX_SEGMENTS` segments)."""
