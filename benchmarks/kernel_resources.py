@@ -45,7 +45,7 @@ import torch
 if __name__ == "__main__" and not torch.cuda.is_available() and "--arch" not in " ".join(sys.argv):
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the CPU's kernels: set before anything imports triton
 
-from vitconvert.attention import dispatch, fused, fused_pairwise, fused_ttt  # noqa: E402
+from vitconvert.attention import dispatch, fused, fused_grid, fused_pairwise, fused_ttt  # noqa: E402
 from vitconvert.attention.blocks import extended_block_mix, segment_index, token_segments  # noqa: E402
 from vitconvert.writer import write_text_atomic  # noqa: E402
 
@@ -182,6 +182,9 @@ def op_calls(d: int, device: torch.device, side: int = 16,
     mixing = extended_block_mix(torch.rand(blocks * blocks, blocks * blocks, generator=g)).to(device).requires_grad_()
     norms = [(1 + torch.rand(2 * d, generator=g)).to(device).requires_grad_() for _ in range(2)]
     weights = (0.1 * torch.randn(2, 3, d, d, generator=g)).to(device).requires_grad_()
+    filters = {size: (torch.randn(2 * d, 1, size, size, generator=g) / size).to(device).requires_grad_()
+               for size in (3, 5)}
+    bias = (0.1 * torch.randn(2 * d, generator=g)).to(device).requires_grad_()
     return {
         "linear_attention elu": lambda: fused.kernel_attention(*qkv(), mask, fused.ELU_PLUS_ONE, 1e-6),
         "linear_attention inline": lambda: fused.inline_attention(*qkv(), mask, d ** -0.5),
@@ -190,11 +193,15 @@ def op_calls(d: int, device: torch.device, side: int = 16,
         "pairwise_attention mhla": lambda: fused_pairwise.pairwise(*qkv(), mask, segments, mixing, fused.RELU_PLUS_EPS,
                                                                    1e-6, 1e-6, *norms, 1e-6),
         "ttt_step": lambda: fused_ttt.fused_step(*qkv(), mask, weights, d ** -0.5, 1.0),
+        # TTT's key norm and 3×3 conv (the norm's backward: two launches), and MHLA's 5×5 LePE added to o
+        "grid_conv ttt": lambda: fused_grid.conv_on_grid(qkv()[0], None, filters[3], bias, mask, (side, side), 1,
+                                                         1.0),
+        "grid_conv lepe": lambda: fused_grid.conv_on_grid(*qkv()[:2], filters[5], bias, mask, (side, side), 1),
     }
 
 
 OPS = ("linear_attention elu", "linear_attention inline", "blocked_attention mhla", "pairwise_attention mhla",
-       "ttt_step", "linear_attention elu split")  # (measure's)
+       "ttt_step", "grid_conv ttt", "grid_conv lepe", "linear_attention elu split")  # (measure's)
 
 
 def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Optional[tuple[str, ...]] = None,

@@ -8,11 +8,23 @@ from __future__ import annotations
 import contextlib
 from typing import Optional, Union
 
+import pytest
 import torch
 from helpers import load_benchmark
 from timm.layers import Attention
 
-from vitconvert.attention import VARIANTS, LinearAttention, lean_norms
+from vitconvert.attention import VARIANTS, LinearAttention, dispatch, lean_norms
+
+
+def kernels_device() -> str:
+    """Where a fused kernels' test module runs them: the GPU, else the CPU in Triton's interpreter (which
+    tests/conftest.py chooses before timm imports triton). Called at module level: skips the module where neither
+    can run."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and not dispatch.interpreting():
+        pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
+                    allow_module_level=True)
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def softmax_source(dim: int = 64, heads: int = 4) -> Attention:

@@ -16,13 +16,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from vitconvert.attention import dispatch, fused, fused_ttt
 from vitconvert.attention.blocks import extended_block_mix, segment_index
 
+from . import helpers
 from .helpers import random_mask, random_qkv
 
-pytest.importorskip("triton")
-if not torch.cuda.is_available() and not dispatch.interpreting():
-    pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
-                allow_module_level=True)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = helpers.kernels_device()
 
 
 @pytest.fixture(autouse=True)
@@ -170,10 +167,11 @@ def test_host_overhead_reports_every_layer_against_softmax(tmp_path, capsys, mon
     rows = {row["layer"]: row for row in json.loads((tmp_path / "h.json").read_text())["rows"]}
     assert list(rows) == ["softmax", "elu", "mhla", "ttt"]
     assert (rows["elu"]["launches_infer"], rows["elu"]["launches_train"]) == (1, 4)  # one forward kernel; backward 3
-    # MHLA at 17 tokens: the pairwise form, one kernel forward, two backward (dq; dk and dv)
-    assert (rows["mhla"]["launches_infer"], rows["mhla"]["launches_train"]) == (1, 3)
-    # TTT: the inner sums and the read-out; a training step recomputes both, then two backward kernels
-    assert (rows["ttt"]["launches_infer"], rows["ttt"]["launches_train"]) == (2, 6)
+    # MHLA at 17 tokens: the pairwise form, one kernel forward, two backward (dq; dk and dv); LePE one each way
+    assert (rows["mhla"]["launches_infer"], rows["mhla"]["launches_train"]) == (2, 5)
+    # TTT: q's conv, k's norm and conv, the inner sums and the read-out; a training step recomputes the four, then
+    # two backward kernels for the step and three for the convs (k's two: its norm's sums first)
+    assert (rows["ttt"]["launches_infer"], rows["ttt"]["launches_train"]) == (4, 13)
     assert all(row["infer_us"] > 0 and row["train_us"] > 0 for row in rows.values())
     assert rows["elu"]["aten_ops_train"] > rows["elu"]["aten_ops_infer"] > 0  # the bodies' ops are counted
     ops = {row["op"]: row for row in json.loads((tmp_path / "h.json").read_text())["ops"]}
@@ -202,8 +200,8 @@ def test_torch_export_records_the_fused_op_and_its_graph_runs_with_grad(name, mo
     x = torch.randn(2, 17, 64, generator=torch.Generator().manual_seed(0)).to(DEVICE)
     exported = torch.export.export(module, (x,))
     ops = [str(node.target) for node in exported.graph.nodes if "vitconvert" in str(node.target)]
-    op = {"elu": "linear_attention", "mhla": os.environ.get(dispatch.FORM_ENV, "") + "_attention",
-          "ttt": "ttt_step"}[name]
-    assert ops == [f"vitconvert.{op}.default"], ops  # (TTT: the plain step, no checkpoint, under export)
+    op = {"elu": ["linear_attention"], "mhla": [os.environ.get(dispatch.FORM_ENV, "") + "_attention", "grid_conv"],
+          "ttt": ["grid_conv", "grid_conv", "ttt_step"]}[name]  # (MHLA: LePE; TTT: its convs)
+    assert ops == [f"vitconvert.{o}.default" for o in op], ops  # (TTT: the plain step, no checkpoint, under export)
     out = exported.module()(x)  # grad on, parameters that require grad
     assert torch.equal(out.detach(), module(x).detach())

@@ -17,11 +17,7 @@ from vitconvert.attention import dispatch, fused, fused_ttt
 from . import helpers
 from .helpers import rel_error
 
-pytest.importorskip("triton")
-if not torch.cuda.is_available() and not dispatch.interpreting():
-    pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
-                allow_module_level=True)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = helpers.kernels_device()
 KERNELS = ("inner_sums_kernel", "swiglu_readout_kernel")
 BACKWARD_KERNELS = ("swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel")
 
@@ -147,7 +143,7 @@ def test_the_op_at_vit_sizes():  # (4 s in the interpreter)
     assert max(errors) < 5e-6, errors
 
 
-@pytest.mark.parametrize("head_dim,dtype,launches", [(64, torch.bfloat16, 2), (96, torch.bfloat16, 0),
+@pytest.mark.parametrize("head_dim,dtype,launches", [(64, torch.bfloat16, 4), (96, torch.bfloat16, 0),
                                                      (64, torch.float32, 0)], ids=["d64-bf16", "d96-bf16", "d64-fp32"])
 def test_wide_heads_and_float32_inputs_take_the_torch_step(head_dim, dtype, launches, monkeypatch):
     """Above head dim 64, or on float32 inputs, TTT's kernels do not fit an sm_90 GPU (224–456 KB of shared

@@ -2,7 +2,7 @@
 
 ``vitconvert::ttt_step``  (q, k, v, W) -> (o, W')    W: the (H, 3, d, d) float32 fast weights [W1, W2, W3]
 
-on the normalised and convolved q and k (those stay torch ops: a reduction over tokens and a 3×3 conv). The
+on the normalised and convolved q and k (made by the grid op, :mod:`.fused_grid`, or torch ops). The
 inner gradients' d×d sums, the update W' = W − lr·∇L (on d×d matrices, in torch) and the read-out
 f_{W'}(q) in two kernels; backward in two (the read-out's backward, the sums' backward; the latter split in two
 on GPUs with 99 KB of shared memory a block: :func:`_sums_backward`) from q, k, v and W' (B, H, 3, d, d):

@@ -236,7 +236,7 @@ def layer_norm_linear(x: torch.Tensor, norm: nn.LayerNorm, weight: torch.Tensor,
     return _LayerNormLinear.apply(x, norm.weight, norm.bias, norm.eps, weight, bias, dtype)
 
 
-def _key_stats(k: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def key_stats(k: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, rstd) over the tokens of (B, H, N, d) ``k``, float32, (B, H, 1, d): two reading passes in float32
     registers (the mean, and the root of Σk² as a norm), no float32 copy of k."""
     n = k.shape[-2]
@@ -258,7 +258,7 @@ class _KeyInstanceNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, k: torch.Tensor, eps: float) -> torch.Tensor:
-        mean, rstd = _key_stats(k, eps)
+        mean, rstd = key_stats(k, eps)
         ctx.save_for_backward(k, mean, rstd)
         return _normalised(k, mean, rstd)
 
@@ -288,4 +288,4 @@ def key_instance_norm(k: torch.Tensor, key_valid: Optional[torch.Tensor], eps: f
         return normalize_keys(k.float(), None, eps, by_var_mean=True).to(dtype)
     if torch.is_grad_enabled() and k.requires_grad:
         return _KeyInstanceNorm.apply(k, eps)
-    return _normalised(k, *_key_stats(k, eps))
+    return _normalised(k, *key_stats(k, eps))

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import dispatch, fused, fused_pairwise
+from . import dispatch, fused, fused_grid, fused_pairwise
 from .base import Grid, LinearAttention
 from .blocks import (  # noqa: F401  (block_layout, block_indices: importable from here too)
     TRANSFORMS,
@@ -243,8 +243,9 @@ class MHLAttention(LinearAttention):
                    grid: Grid) -> torch.Tensor:
         """:meth:`mix` on the Triton kernels: the RMSNorm of q and k, φ and W̃'s weighting in one op (which keeps
         only the raw q, k, v), in its pairwise form (N×N tiles, fused_pairwise.py) or its blocked form (block states
-        mixed and read), whichever moves less (:func:`.fused_pairwise.pairwise_is_cheaper`); LePE in torch. No
-        grid: one block of all tokens, the blocked form (one d×d state per head)."""
+        mixed and read), whichever moves less (:func:`.fused_pairwise.pairwise_is_cheaper`); LePE added to its
+        output by the grid op (:mod:`.fused_grid`: one kernel; torch where it cannot build). No grid: one block of
+        all tokens, the blocked form (one d×d state per head)."""
         q, k, norms = q.to(v.dtype), k.to(v.dtype), self._fused_norm_args(v)
         if grid is None:
             ones = torch.ones(1, 1, dtype=v.dtype, device=v.device)
@@ -264,6 +265,11 @@ class MHLAttention(LinearAttention):
                                             self.eps, *norms, self.lepe is not None)
         if self.lepe is None:
             return out
+        if fused.can_run(v, "grid_conv"):  # out + LePE in one kernel (fused_grid.py), else in torch
+            summed = dispatch.attempt("grid_conv", fused_grid.conv_on_grid, v, out, self.lepe.weight, self.lepe.bias,
+                                      key_valid, grid, self.num_prefix_tokens)
+            if summed is not None:
+                return summed
         bias = self.lepe.bias
         lepe = F.conv2d(to_grid(self._masked_spatial_v(v, key_valid), grid), self.lepe.weight.to(v.dtype),
                         bias.to(v.dtype) if bias is not None else None, padding=self.lepe_padding,

@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from . import dispatch, fused, fused_ttt
+from . import dispatch, fused, fused_grid, fused_ttt
 from .base import Grid, LinearAttention
 from .lean_norms import key_instance_norm
 from .options import Option, number, positive
@@ -137,30 +137,33 @@ class TTTAttention(LinearAttention):
                                                               dispatch.TTT_DTYPES)
             recompute = self.recompute_step and records_for_backward()
             if on_kernels:  # a kernel Triton cannot build: turned off, and the step again from the start
-                out = fused.attempt("ttt_step", self.run_step, q, k, v, key_valid, grid, True, recompute)
+                kernel_convs = grid is not None and fused.can_run(v, "grid_conv")
+                out = fused.attempt("ttt_step", self.run_step, q, k, v, key_valid, grid, True, recompute,
+                                    kernel_convs)
                 if out is not None:
                     return out
             return self.run_step(q, k, v, key_valid, grid, False, recompute)
         return self.step(q, k, v, key_valid, grid)
 
     def run_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                 grid: Grid, on_kernels: bool, recompute: bool) -> torch.Tensor:
+                 grid: Grid, on_kernels: bool, recompute: bool, kernel_convs: bool = False) -> torch.Tensor:
         """:meth:`step`, checkpointed when ``recompute``. The path is decided before the checkpoint and passed in,
         so backward's recomputation takes the forward's (a later layer's backward may turn TTT's kernels off first),
         and a forward the kernels fail part-way is run again whole (the checkpoint must see one path's tensors)."""
         if recompute:
-            return checkpoint(self.step, q, k, v, key_valid, grid, on_kernels, use_reentrant=False,
+            return checkpoint(self.step, q, k, v, key_valid, grid, on_kernels, kernel_convs, use_reentrant=False,
                               preserve_rng_state=False)
-        return self.step(q, k, v, key_valid, grid, on_kernels)
+        return self.step(q, k, v, key_valid, grid, on_kernels, kernel_convs)
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-             grid: Grid, on_kernels: bool = False) -> torch.Tensor:
+             grid: Grid, on_kernels: bool = False, kernel_convs: bool = False) -> torch.Tensor:
         """Closed-form step in float32 at least (autocast off: the d×d sums over N tokens need the range); with
-        ``on_kernels``, :meth:`fused_step` (the Triton kernels; a failure to build one raises KernelUnavailable),
-        else on the GPU with bf16 inputs :meth:`bf16_mix`."""
+        ``on_kernels``, :meth:`fused_step` (the Triton kernels; a failure to build one raises KernelUnavailable;
+        ``kernel_convs``: the key norm and the convs on theirs too), else on the GPU with bf16 inputs
+        :meth:`bf16_mix`."""
         if not torch.jit.is_scripting():  # the GPU path's devices: the fused kernels' (dispatch.DEVICES)
             if on_kernels:
-                return self.fused_step(q, k, v, key_valid, grid)
+                return self.fused_step(q, k, v, key_valid, grid, kernel_convs)
             if self.fused_kernels and q.device.type in dispatch.DEVICES and v.dtype == torch.bfloat16:
                 return self.bf16_mix(q, k, v, key_valid, grid)
         dtype = v.dtype
@@ -175,16 +178,32 @@ class TTTAttention(LinearAttention):
         return out.to(dtype)
 
     def fused_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                   grid: Grid) -> torch.Tensor:
+                   grid: Grid, kernel_convs: bool = False) -> torch.Tensor:
         """The step on the Triton kernels (attention/fused_ttt.py): the key norm (float32 statistics) and the convs
-        in torch, in v's dtype; the inner sums, the update and the read-out in the op, whose token-sized work
-        stays in float32 registers, and the fast weights float32 throughout."""
+        each one kernel with ``kernel_convs`` (attention/fused_grid.py: the norm's statistics, then k's norm and
+        conv in one pass; q's conv in one), else torch ops, in v's dtype; the inner sums, the update and the
+        read-out in the op, whose token-sized work stays in float32 registers, and the fast weights float32
+        throughout. A grid kernel Triton cannot build turns that op off; the convs then run in torch."""
         dtype = v.dtype
-        k = key_instance_norm(k, key_valid, self.key_norm_eps, dtype)
-        q = self.local_conv(q.to(dtype), self.q_conv.weight, self.q_conv.bias, grid, key_valid)
-        k = self.local_conv(k, self.k_conv.weight, self.k_conv.bias, grid, key_valid)
+        convolved = (dispatch.attempt("grid_conv", self.kernel_convs, q.to(dtype), k.to(dtype), key_valid, grid)
+                     if kernel_convs and grid is not None else None)
+        if convolved is None:
+            k = key_instance_norm(k, key_valid, self.key_norm_eps, dtype)
+            q = self.local_conv(q.to(dtype), self.q_conv.weight, self.q_conv.bias, grid, key_valid)
+            k = self.local_conv(k, self.k_conv.weight, self.k_conv.bias, grid, key_valid)
+        else:
+            q, k = convolved
         weights = torch.stack((self.fast_w1, self.fast_w2, self.fast_w3), dim=1).float()  # (H, 3, d, d)
         return fused_ttt.fused_step(q, k, v, key_valid, weights, self.scale, self.inner_lr)
+
+    def kernel_convs(self, q: torch.Tensor, k: torch.Tensor, key_valid: Optional[torch.Tensor],
+                     grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q + conv(q), k̂ + conv(k̂)) on the grid op (k̂: the keys' instance norm), for :meth:`fused_step`."""
+        prefix = self.num_prefix_tokens
+        q = fused_grid.conv_on_grid(q, None, self.q_conv.weight, self.q_conv.bias, key_valid, grid, prefix)
+        k = fused_grid.conv_on_grid(k, None, self.k_conv.weight, self.k_conv.bias, key_valid, grid, prefix,
+                                    self.key_norm_eps)
+        return q, k
 
     def bf16_mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                  grid: Grid) -> torch.Tensor:

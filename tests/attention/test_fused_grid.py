@@ -1,0 +1,227 @@
+"""The grid op (attention/fused_grid.py, grid_kernels.py): TTT's convs of q and k (with the keys' instance norm) and
+MHLA's LePE as one kernel each, against the convolution written out tap by tap in float64. Kernels in Triton's
+interpreter on the CPU, as in test_fused.py: values and gradients of x, the base, the filters and the bias, 3×3
+and 5×5 filters, prefix tokens, masks, grids of more than one program's tokens, head dims 32/64/96, bf16, and the
+fallbacks where Triton cannot build a kernel."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import pytest
+import torch
+
+from vitconvert.attention import dispatch, fused, fused_grid
+
+from . import helpers
+from .helpers import rel_error
+
+DEVICE = helpers.kernels_device()
+
+
+@pytest.fixture(autouse=True)
+def kernels_here(monkeypatch):
+    """The kernels on this machine's device; the torch convs in full float32, as the oracles are; float32 TTT
+    modules on the kernels too (a GPU runs TTT's float32 inputs in torch: dispatch.TTT_DTYPES)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(dispatch, "TTT_DTYPES", dispatch.DTYPES)
+
+
+def literal(x: torch.Tensor, base: Optional[torch.Tensor], weight: torch.Tensor, bias: Optional[torch.Tensor],
+            key_valid: Optional[torch.Tensor], grid: tuple[int, int], prefix: int,
+            norm_eps: Optional[float]) -> torch.Tensor:
+    """The op's formula token by token and tap by tap: x̂ = x or (x − mean)/√(var + ε) over the valid tokens,
+    y_t = base_t (x̂_t without one), + bias + Σ_taps w·x̂ of the valid grid neighbours for grid tokens."""
+    B, H, N, d = x.shape
+    rows, cols = grid
+    size = weight.shape[-1]
+    valid = key_valid if key_valid is not None else torch.ones(B, N, dtype=torch.bool, device=x.device)
+    if norm_eps is not None:
+        normed = []
+        for b in range(B):
+            kept = x[b][:, valid[b]]
+            mean = kept.mean(dim=1, keepdim=True)
+            var = ((kept - mean) ** 2).mean(dim=1, keepdim=True)
+            normed.append((x[b] - mean) / torch.sqrt(var + norm_eps))
+        x = torch.stack(normed)
+    w = weight.reshape(H, d, size, size)
+    out = []
+    for t in range(N):
+        total = (x if base is None else base)[:, :, t]
+        if t >= prefix:
+            r, c = divmod(t - prefix, cols)
+            if bias is not None:
+                total = total + bias.reshape(H, d)
+            for i in range(size):
+                for j in range(size):
+                    rr, cc = r + i - size // 2, c + j - size // 2
+                    if 0 <= rr < rows and 0 <= cc < cols:
+                        s = prefix + rr * cols + cc
+                        total = total + w[:, :, i, j] * x[:, :, s] * valid[:, s, None, None].to(x.dtype)
+        out.append(total)
+    return torch.stack(out, dim=2)
+
+
+def op_inputs(d: int = 32, grid: tuple[int, int] = (5, 4), prefix: int = 1, size: int = 3, base: bool = False,
+              bias: bool = True, masked: bool = False, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """(x, base, weight, bias) of batch 2 and 2 heads laid out as a qkv projection's views (tokens-major), and a
+    mask (a valid first token per image)."""
+    g = torch.Generator().manual_seed(seed)
+    N = prefix + grid[0] * grid[1]
+
+    def tokens() -> torch.Tensor:
+        return (torch.randn(2, N, 2, d, generator=g) * 1.5 + 0.3).to(DEVICE, dtype).transpose(1, 2).requires_grad_()
+
+    x = tokens()
+    weight = (torch.randn(2 * d, 1, size, size, generator=g) / size).to(DEVICE).requires_grad_()
+    b = (torch.randn(2 * d, generator=g) * 0.1).to(DEVICE).requires_grad_() if bias else None
+    mask = None
+    if masked:
+        mask = helpers.random_mask(2, N).to(DEVICE)
+        mask[:, 0] = True
+    return [x, tokens() if base else None, weight, b], mask
+
+
+def against_float64(inputs, mask, grid, prefix, norm_eps, form=fused_grid.conv_on_grid):
+    """(relative errors of ``form``'s y, then of each given input's gradient) against :func:`literal` in float64."""
+    given = [t for t in inputs if t is not None]
+    out = form(*inputs, mask, grid, prefix, norm_eps)
+    copies = [None if t is None else t.detach().double().requires_grad_() for t in inputs]
+    expected = literal(*copies, mask, grid, prefix, norm_eps)
+    probe = torch.randn(expected.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    got = torch.autograd.grad(out, given, probe.to(out))
+    want = torch.autograd.grad(expected, [t for t in copies if t is not None], probe)
+    return [rel_error(out, expected), *(rel_error(a, b) for a, b in zip(got, want, strict=True))]
+
+
+CASES = {  # (head dim, grid, prefix tokens, filter side, base, bias, masked, norm ε)
+    "ttt-q": (32, (5, 4), 1, 3, False, True, False, None),
+    "ttt-k": (32, (5, 4), 1, 3, False, True, False, 1.0),
+    "ttt-k-masked": (32, (6, 7), 1, 3, False, True, True, 1.0),
+    "ttt-q-masked-no-prefix": (64, (4, 4), 0, 3, False, True, True, None),
+    "ttt-k-registers-d96": (96, (3, 5), 5, 3, False, False, False, 0.5),
+    "lepe": (32, (5, 4), 1, 5, True, True, False, None),
+    "lepe-masked": (64, (6, 7), 1, 5, True, False, True, None),
+    "lepe-two-tiles": (32, (9, 8), 1, 5, True, True, True, None),  # 73 tokens: programs of 64
+    "ttt-k-two-tiles": (32, (9, 8), 2, 3, False, True, True, 1.0),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_op_is_the_convolution_written_out_values_and_gradients(case):
+    d, grid, prefix, size, base, bias, masked, norm_eps = CASES[case]
+    inputs, mask = op_inputs(d, grid, prefix, size, base, bias, masked)
+    errors = against_float64(inputs, mask, grid, prefix, norm_eps)
+    assert max(errors) < 2e-6, errors
+
+
+def test_the_eager_form_is_the_convolution_written_out():
+    """The op's torch form (its backward's fallback) against the literal one, every case in float64."""
+    for d, grid, prefix, size, base, bias, masked, norm_eps in CASES.values():
+        inputs, mask = op_inputs(d, grid, prefix, size, base, bias, masked)
+        copies = [None if t is None else t.detach().double() for t in inputs]
+        torch.testing.assert_close(fused_grid.grid_conv_eager(*copies, mask, *grid, prefix, norm_eps),
+                                   literal(*copies, mask, grid, prefix, norm_eps), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["ttt-k-masked", "lepe-masked"])
+def test_bf16_is_as_close_to_float64_as_the_torch_convs(case):
+    """bf16 x and base: the kernel sums in float32 and rounds y once; the torch form under autocast rounds the
+    normalised keys, the conv's output and the sum each. Gradients: the kernel rounds dx once (the base's is the
+    output's gradient itself in both)."""
+    d, grid, prefix, size, base, bias, masked, norm_eps = CASES[case]
+    inputs, mask = op_inputs(d, grid, prefix, size, base, bias, masked, dtype=torch.bfloat16)
+    errors = against_float64(inputs, mask, grid, prefix, norm_eps)
+
+    def torch_form(x, base, weight, bias, mask, grid, prefix, norm_eps):  # as the modules ran it before the op
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            return fused_grid.grid_conv_eager(x, base, weight, bias, mask, *grid, prefix, norm_eps)
+
+    torch_errors = against_float64(inputs, mask, grid, prefix, norm_eps, form=torch_form)
+    assert all(e <= t for e, t in zip(errors, torch_errors, strict=True)) and max(errors) < 5e-3, (errors, torch_errors)
+
+
+def test_the_op_keeps_its_input_and_the_filters_only():
+    """No token-sized intermediate and not the base (LePE's: the attention's output, which the layer need not
+    keep): x, the filters, the mask and the norm's (2, B, H, d) statistics."""
+    d, grid, prefix, size, base, bias, masked, norm_eps = CASES["ttt-k-masked"]
+    inputs, mask = op_inputs(d, grid, prefix, size, base, bias, masked)
+    out = fused_grid.conv_on_grid(*inputs, mask, grid, prefix, norm_eps)
+    saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors if t is not None]
+    assert saved == [tuple(inputs[0].shape), (2 * d, 1, 3, 3), tuple(mask.shape), (2, 2, 2, d)]
+    inputs, mask = op_inputs(32, (5, 4), 1, 5, base=True)
+    out = fused_grid.conv_on_grid(*inputs, mask, (5, 4), 1, None)
+    saved = [t for t in out.grad_fn.saved_tensors if t is not None]
+    assert [tuple(t.shape) for t in saved] == [tuple(inputs[0].shape), (64, 1, 5, 5), (0,)]
+
+
+def test_an_expanded_output_gradient_gives_the_true_gradients():
+    """``y.sum().backward()`` hands backward a gradient with every stride 0 (the kernels step through d by one)."""
+    inputs, mask = op_inputs(32, (5, 4), 1, 3, masked=True)
+    out = fused_grid.conv_on_grid(*inputs, mask, (5, 4), 1, 1.0)
+    got = torch.autograd.grad(out.sum(), [inputs[0], inputs[2]])
+    want = torch.autograd.grad(fused_grid.grid_conv_eager(*inputs, mask, 5, 4, 1, 1.0).sum(), [inputs[0], inputs[2]])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_the_op_passes_torch_library_checks():
+    tests = ("test_schema", "test_faketensor", "test_autograd_registration")
+    for case in ("ttt-k-masked", "lepe"):
+        d, grid, prefix, size, base, bias, masked, norm_eps = CASES[case]
+        inputs, mask = op_inputs(d, grid, prefix, size, base, bias, masked)
+        torch.library.opcheck(fused_grid.grid_conv, (*inputs, mask, *grid, prefix, norm_eps), test_utils=tests)
+
+
+def grid_launches(variant: str, x: torch.Tensor, module: torch.nn.Module) -> list[str]:
+    """The kernels one bf16-autocast training step of ``module`` launches, by name."""
+    ran: list[str] = []
+
+    def count(kernel, grid, *args, **kwargs):
+        ran.append(dispatch.kernel_name(kernel))
+        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+
+    with dispatch.launches_through(count, DEVICE), torch.autocast(DEVICE, dtype=torch.bfloat16):
+        module(x).float().sum().backward()
+    return ran
+
+
+@pytest.mark.parametrize("variant", ["ttt", "mhla"])
+def test_the_variants_take_the_op(variant):
+    """TTT: q's conv, and k's norm with its conv, one kernel each forward (twice: its step is recomputed in
+    backward), and backward: one for q, two for k (the norm's sums first). MHLA: LePE, one each way."""
+    module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
+    ran = grid_launches(variant, torch.randn(2, 17, 64, device=DEVICE), module)
+    expected = {"ttt": (4, 3), "mhla": (1, 1)}[variant]
+    assert (ran.count("grid_conv_fwd_kernel"), ran.count("grid_conv_bwd_kernel")) == expected, ran
+
+
+@pytest.mark.parametrize("variant", ["ttt", "mhla"])
+@pytest.mark.parametrize("stage", ["forward", "backward"])
+def test_a_grid_kernel_the_gpu_cannot_build_leaves_the_convs_to_torch(variant, stage, monkeypatch):
+    """Forward: the module's torch convs take over (TTT's step and MHLA's attention stay on their kernels).
+    Backward (the forward ran on the grid kernel): that step's gradients from the op's eager form. One warning,
+    and the grid op off for the process; the gradients those of the kernels' own."""
+    from vitconvert.attention import grid_kernels
+
+    module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
+    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
+    grad = torch.randn(2, 17, 64, device=DEVICE)
+    want = torch.autograd.grad(module(x), [x, *module.parameters()], grad)
+    monkeypatch.setattr(dispatch, "_unavailable", {})
+    out = module(x) if stage == "backward" else None
+    kernels = ("grid_conv_bwd_kernel",) if stage == "backward" else ("grid_conv_fwd_kernel", "grid_conv_bwd_kernel")
+    for kernel in kernels:
+        monkeypatch.setattr(grid_kernels, kernel, helpers.Unbuildable())
+    with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*for grid_conv"):
+        out = module(x) if out is None else out
+        got = torch.autograd.grad(out, [x, *module.parameters()], grad)
+    assert not fused.can_run(x, "grid_conv") and fused.can_run(x, {"ttt": "ttt_step", "mhla": "pairwise_attention"}
+                                                                   [variant])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module(x)  # (no second warning)

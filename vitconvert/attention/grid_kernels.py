@@ -1,0 +1,169 @@
+"""Triton kernels of the depthwise convs on the patch grid that TTT (q and k) and MHLA (LePE over v) apply.
+
+A (B, H, N, d) tensor x holds P prefix tokens, then a ROWS×COLS grid of spatial tokens; channel (h, c) has its own
+KS×KS filter w. With x̂ = x, or the instance-normalised (x − μ)·r (TTT's keys: μ, r per batch and channel, float32),
+and m the key mask (1 without one),
+
+    y_t = base_t + bias + Σ_tap w[tap]·(x̂·m)_{t + off(tap)}     (spatial t; zero outside the grid)
+    y_t = base_t                                               (prefix t)
+
+with base = x̂ (TTT's residual conv) or a tensor of its own (MHLA: the attention's output). One pass: every tap is
+a shifted load of the same rows (L2 holds them), float32 sums, one store, where torch runs the norm's output,
+the conv, the prefix's concatenation (and, for LePE, a pad and an add) as passes of their own.
+
+Backward is the transposed gather: dx̂_t = [base is x̂]·dy_t + m_t·Σ_tap w[tap]·dy_{t − off(tap)}, with
+per-program partial sums of dw (Σ dy_t·(x̂·m)_{t + off}) and dbias; through the norm it is LayerNorm's over the
+tokens, dx = r·(dx̂ − m·(Σ dx̂ + x̂·Σ dx̂·x̂)/n), whose two sums over all tokens need a first launch (``SUMS``)
+before the second writes dx (``WRITE_DX``); without the norm one launch does both. A program owns BLOCK_M tokens
+(the launch grid is made of them). The kernels take no dots: the settings :func:`.dispatch.launch` passes every
+kernel and may make leaner (BLOCK_N, TILE, PRECISION, EMULATE) are accepted and unused, so the grid never depends
+on them.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _program(H, N, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(batch·head, tile, batch, head, head channels, which are real, the tile's tokens, which are real)."""
+    bh, tile = tl.program_id(0), tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    t = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    return bh, tile, bh // H, bh % H, d, d < D, t, t < N
+
+
+@triton.jit
+def _position(t, P, N, COLS):
+    """(spatial, row, column) of tokens ``t``: whether each is a grid token, and where on the grid."""
+    spatial = (t >= P) & (t < N)
+    s = tl.where(spatial, t - P, 0)
+    return spatial, s // COLS, s % COLS
+
+
+@triton.jit
+def _normed(X, b, s_xb, s_xn, t, ok, d, d_ok, mean, rstd, NORM: tl.constexpr):
+    """x̂ of rows ``t`` where ``ok`` (zero elsewhere), float32."""
+    tile = ok[:, None] & d_ok[None, :]
+    x = tl.load(X + b * s_xb + t[:, None] * s_xn + d[None, :], mask=tile, other=0.0).to(tl.float32)
+    if NORM:
+        x = tl.where(tile, (x - mean[None, :]) * rstd[None, :], 0.0)
+    return x
+
+
+@triton.jit
+def _source(MASK, b, s_mb, spatial, row, col, dr, dc, P, ROWS, COLS, HAS_MASK: tl.constexpr):
+    """(token, whether it is on the grid and valid) at offset (dr, dc) of grid tokens (row, col)."""
+    r, c = row + dr, col + dc
+    ok = spatial & (r >= 0) & (r < ROWS) & (c >= 0) & (c < COLS)
+    t = P + tl.where(ok, r * COLS + c, 0)
+    if HAS_MASK:
+        ok = ok & (tl.load(MASK + b * s_mb + t, mask=ok, other=0) != 0)
+    return t, ok
+
+
+@triton.jit
+def _statistics(STATS, B, H, D, b, h, d, d_ok, NORM: tl.constexpr):
+    """(μ, r) of batch b, head h over the head's channels: STATS is (2, B, H, D) float32."""
+    if NORM:
+        at = STATS + (b * H + h) * D + d
+        return tl.load(at, mask=d_ok, other=0.0), tl.load(at + B * H * D, mask=d_ok, other=0.0)
+    return tl.zeros_like(d).to(tl.float32), tl.zeros_like(d).to(tl.float32)
+
+
+@triton.jit
+def grid_conv_fwd_kernel(
+    X, BASE, WEIGHT, BIAS, MASK, STATS, Y,
+    s_xb, s_xh, s_xn, s_bb, s_bh, s_bn, s_mb, s_yb, s_yh, s_yn,
+    B, H, N, D, P, ROWS, COLS,
+    KS: tl.constexpr, NORM: tl.constexpr, HAS_BASE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """y of BLOCK_M tokens of one (batch, head): grid (B·H, ⌈N / BLOCK_M⌉). WEIGHT: (H·D, KS·KS) float32."""
+    bh, tile, b, h, d, d_ok, t, t_ok = _program(H, N, D, BLOCK_M, BLOCK_D)
+    x_at = X + h * s_xh
+    mean, rstd = _statistics(STATS, B, H, D, b, h, d, d_ok, NORM)
+    spatial, row, col = _position(t, P, N, COLS)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for i in tl.static_range(KS):
+        for j in tl.static_range(KS):
+            src, ok = _source(MASK, b, s_mb, spatial, row, col, i - KS // 2, j - KS // 2, P, ROWS, COLS, HAS_MASK)
+            w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + i * KS + j, mask=d_ok, other=0.0)
+            acc += _normed(x_at, b, s_xb, s_xn, src, ok, d, d_ok, mean, rstd, NORM) * w[None, :]
+    if HAS_BIAS:
+        bias = tl.load(BIAS + h * D + d, mask=d_ok, other=0.0)
+        acc += tl.where(spatial[:, None], bias[None, :], 0.0)
+    tile_ok = t_ok[:, None] & d_ok[None, :]
+    if HAS_BASE:
+        acc += tl.load(BASE + b * s_bb + h * s_bh + t[:, None] * s_bn + d[None, :], mask=tile_ok,
+                       other=0.0).to(tl.float32)
+    else:
+        acc += _normed(x_at, b, s_xb, s_xn, t, t_ok, d, d_ok, mean, rstd, NORM)
+    tl.store(Y + b * s_yb + h * s_yh + t[:, None] * s_yn + d[None, :], acc.to(Y.dtype.element_ty), mask=tile_ok)
+
+
+@triton.jit
+def grid_conv_bwd_kernel(
+    X, DY, WEIGHT, MASK, STATS, SUMS_IN, COUNT, DX, DW, DBIAS, SUMS_OUT,
+    s_xb, s_xh, s_xn, s_gb, s_gh, s_gn, s_mb, s_db, s_dh, s_dn,
+    B, H, N, D, P, ROWS, COLS, TILES,
+    KS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_MASK: tl.constexpr,
+    SUMS: tl.constexpr, WRITE_DX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """Backward of :func:`grid_conv_fwd_kernel` over BLOCK_M tokens (grid as the forward's). ``SUMS``: this
+    program's partial dw (B·H, TILES, KS·KS, D) and dbias (B·H, TILES, D), and with ``NORM`` the partial
+    Σ dx̂ and Σ dx̂·x̂ (2, B·H, TILES, D). ``WRITE_DX``: dx, with ``NORM`` from the summed SUMS_IN (2, B, H, D)
+    and the valid keys' count per batch COUNT (B,) float32."""
+    bh, tile, b, h, d, d_ok, t, t_ok = _program(H, N, D, BLOCK_M, BLOCK_D)
+    tile_ok = t_ok[:, None] & d_ok[None, :]
+    x_at, dy_at = X + h * s_xh, DY + h * s_gh
+    mean, rstd = _statistics(STATS, B, H, D, b, h, d, d_ok, NORM)
+    spatial, row, col = _position(t, P, N, COLS)
+    dy = tl.load(dy_at + b * s_gb + t[:, None] * s_gn + d[None, :], mask=tile_ok, other=0.0).to(tl.float32)
+    valid = spatial
+    if HAS_MASK:
+        valid = valid & (tl.load(MASK + b * s_mb + t, mask=t_ok, other=0) != 0)
+    # dx̂ of these tokens as conv inputs: the transposed gather of dy from the tokens whose taps read them
+    dx_hat = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for i in tl.static_range(KS):
+        for j in tl.static_range(KS):
+            w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + i * KS + j, mask=d_ok, other=0.0)
+            if WRITE_DX or NORM:
+                r, c = row - (i - KS // 2), col - (j - KS // 2)
+                ok = valid & (r >= 0) & (r < ROWS) & (c >= 0) & (c < COLS)
+                src = P + tl.where(ok, r * COLS + c, 0)
+                reads = ok[:, None] & d_ok[None, :]
+                dx_hat += tl.load(dy_at + b * s_gb + src[:, None] * s_gn + d[None, :], mask=reads,
+                                  other=0.0).to(tl.float32) * w[None, :]
+            if SUMS:  # dw[tap] over these tokens as conv outputs
+                src, ok = _source(MASK, b, s_mb, spatial, row, col, i - KS // 2, j - KS // 2, P, ROWS, COLS,
+                                  HAS_MASK)
+                x_src = _normed(x_at, b, s_xb, s_xn, src, ok, d, d_ok, mean, rstd, NORM)
+                tl.store(DW + ((bh * TILES + tile) * (KS * KS) + i * KS + j) * D + d,
+                         tl.sum(dy * x_src, axis=0), mask=d_ok)
+    if RESIDUAL:
+        dx_hat += dy
+    if SUMS:
+        tl.store(DBIAS + (bh * TILES + tile) * D + d, tl.sum(tl.where(spatial[:, None], dy, 0.0), axis=0), mask=d_ok)
+    if NORM:
+        x_hat = _normed(x_at, b, s_xb, s_xn, t, t_ok, d, d_ok, mean, rstd, NORM)
+        if SUMS:
+            at = SUMS_OUT + (bh * TILES + tile) * D + d
+            tl.store(at, tl.sum(dx_hat, axis=0), mask=d_ok)
+            tl.store(at + B * H * TILES * D, tl.sum(dx_hat * x_hat, axis=0), mask=d_ok)
+        if WRITE_DX:
+            sums_at = SUMS_IN + (b * H + h) * D + d
+            s1 = tl.load(sums_at, mask=d_ok, other=0.0)
+            s2 = tl.load(sums_at + B * H * D, mask=d_ok, other=0.0)
+            in_stats = t_ok
+            if HAS_MASK:
+                in_stats = in_stats & (tl.load(MASK + b * s_mb + t, mask=t_ok, other=0) != 0)
+            share = tl.where(in_stats, 1.0, 0.0) / tl.load(COUNT + b)
+            dx_hat = rstd[None, :] * (dx_hat - share[:, None] * (s1[None, :] + x_hat * s2[None, :]))
+    if WRITE_DX:
+        tl.store(DX + b * s_db + h * s_dh + t[:, None] * s_dn + d[None, :], dx_hat.to(DX.dtype.element_ty),
+                 mask=tile_ok)
