@@ -104,6 +104,37 @@ def test_inline_matches_its_explicit_weights(masked, dtype):
     assert_matches_oracle(out, (q, k, v), lambda q, k, v: inline_weights(q, k, mask, scale) @ v, TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+@pytest.mark.parametrize("name", ["elu", "relu", "inline"])
+def test_a_head_in_one_program_runs_forward_and_backward_in_one_launch_each(name, masked, dtype, monkeypatch):
+    """Every head's tokens in one program (150 tokens: three chunks, the last partly filled): the forward and the
+    backward are one kernel each (the state, dR and dS in registers), values and gradients against the N×N form
+    within the same bars as the split heads' kernels (the tests above)."""
+    monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: 1)
+    q, k, v = qkv(N=150, d=64 if name == "inline" else 32, dtype=dtype)
+    mask = padding_mask(2, 150) if masked else None
+    launched = []
+
+    def count(kernel, grid, *args, **kwargs):
+        launched.append(dispatch.kernel_name(kernel))
+        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+
+    with dispatch.launches_through(count, DEVICE):
+        if name == "inline":
+            out = fused.inline_attention(q, k, v, mask, 64 ** -0.5)
+            got = assert_matches_oracle(out, (q, k, v), lambda q, k, v: inline_weights(q, k, mask, 64 ** -0.5) @ v,
+                                        TOL[dtype])
+        else:
+            feature, phi = ORACLES[name]
+            out = fused.kernel_attention(q, k, v, mask, feature, 1e-6)
+            got = assert_matches_oracle(out, (q, k, v), lambda q, k, v: kernel_attention_reference(
+                phi(q), phi(k), v, mask, 1e-6), TOL[dtype])
+    assert launched == ["attention_fwd_kernel", "attention_bwd_kernel"]
+    if masked:  # a padded key gets no gradient
+        assert got[1][-1, :, 50:].abs().max() == 0 and got[2][-1, :, 50:].abs().max() == 0
+
+
 def test_output_is_laid_out_for_the_heads_merge():
     """(B, H, N, d) stored as (B, N, H, d): the module's transpose(1, 2).reshape is a view, not a copy."""
     q, k, v = qkv()
@@ -500,15 +531,13 @@ def blocked_form(name: str, monkeypatch) -> None:
 
 @pytest.mark.parametrize("name", ["elu", "inline", "mhla"])
 def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_form_once(name, monkeypatch):
-    from vitconvert.attention import triton_kernels
-
     blocked_form(name, monkeypatch)
     module = make_module(name, 32, (4, 4), 1, **({"blocks_per_side": 2} if name == "mhla" else {}))
     x = torch.randn(2, 17, 64, device=DEVICE)
     expected = module(x)
     monkeypatch.setattr(dispatch, "_unavailable", {})
     for kernel in ("attention_fwd_kernel", "state_fwd_kernel", "readout_fwd_kernel"):
-        monkeypatch.setattr(triton_kernels, kernel, helpers.Unbuildable())
+        monkeypatch.setattr(kernel_home(kernel), kernel, helpers.Unbuildable())
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources.*VITCONVERT_FUSED=0"):
         out = module(x)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
@@ -520,15 +549,21 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_form_once(name, m
         module(x)
 
 
-BACKWARD_KERNELS = ("readout_bwd_kernel", "state_bwd_kernel")
+def kernel_home(name: str):
+    """The module that defines kernel ``name``: where a test replaces it."""
+    from vitconvert.attention import head_kernels, triton_kernels
+
+    return head_kernels if hasattr(head_kernels, name) else triton_kernels
+
+
+SPLIT_BACKWARD_KERNELS = ("readout_bwd_kernel", "state_bwd_kernel")  # (heads split over programs; MHLA's blocked op)
+BACKWARD_KERNELS = (*SPLIT_BACKWARD_KERNELS, "attention_bwd_kernel")  # (a head in one program: ELU, ReLU, InLine)
 
 
 @pytest.mark.parametrize("name", ["elu", "inline", "mhla"])
 def test_a_backward_kernel_the_gpu_cannot_build_falls_back_to_the_eager_gradients(name, monkeypatch):
     """The forward ran on the kernels, backward cannot build one: a warning, that op's kernels off for the process,
     and this step's gradients (inputs and parameters, MHLA's W included) from the ops' eager forms."""
-    from vitconvert.attention import triton_kernels
-
     blocked_form(name, monkeypatch)
     module = make_module(name, 32, (4, 4), 1, **({"blocks_per_side": 2} if name == "mhla" else {}))
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
@@ -537,7 +572,7 @@ def test_a_backward_kernel_the_gpu_cannot_build_falls_back_to_the_eager_gradient
     monkeypatch.setattr(dispatch, "_unavailable", {})
     out = module(x)  # forward on the kernels
     for kernel in BACKWARD_KERNELS:
-        monkeypatch.setattr(triton_kernels, kernel, helpers.Unbuildable())
+        monkeypatch.setattr(kernel_home(kernel), kernel, helpers.Unbuildable())
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources.*VITCONVERT_FUSED=0"):
         got = torch.autograd.grad(out, [x, *module.parameters()], grad)
     for g, w in zip(got, want, strict=True):
@@ -659,12 +694,9 @@ def l40_at_head_dim_128(settings: dict) -> bool:
 
 
 def cramp(monkeypatch, fits, kernels=BACKWARD_KERNELS, module=None) -> dict[str, helpers.Cramped]:
-    from vitconvert.attention import triton_kernels
-
-    module = module or triton_kernels
-    cramped = {name: helpers.Cramped(getattr(module, name), fits) for name in kernels}
+    cramped = {name: helpers.Cramped(getattr(module or kernel_home(name), name), fits) for name in kernels}
     for name, kernel in cramped.items():
-        monkeypatch.setattr(module, name, kernel)
+        monkeypatch.setattr(module or kernel_home(name), name, kernel)
     return cramped
 
 
@@ -681,14 +713,20 @@ def test_the_ladder_takes_16_bit_tiles_then_halves_the_chunk():
     assert dispatch.leaner(fp32, torch.float32) == {"BLOCK_N": 16}
 
 
+@pytest.mark.parametrize("heads", ["split", "whole"])
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
 @pytest.mark.parametrize("name", ["elu", "inline"])
-def test_backward_kernels_too_big_for_the_gpu_run_lean_within_the_bf16_bar(name, masked, monkeypatch, fresh_dispatch):
+def test_backward_kernels_too_big_for_the_gpu_run_lean_within_the_bf16_bar(name, masked, heads, monkeypatch,
+                                                                          fresh_dispatch):
     """bf16 q, k, v; the backward kernels fit only on 16-bit tiles and 16-token chunks: no warning, the kernels
-    still run (no eager fallback), and values and gradients keep the N×N form's bf16 bar."""
-    cramped = cramp(monkeypatch, l40_at_head_dim_128)
-    mask = padding_mask(2, 150) if masked else None
-    q, k, v = qkv(N=150, d=64, dtype=torch.bfloat16)
+    still run (no eager fallback), and values and gradients keep the N×N form's bf16 bar. ``heads``: split over
+    programs (150 tokens: the read-out's and the state's backward), or each in one program (40 tokens: the
+    one-launch backward)."""
+    kernels = SPLIT_BACKWARD_KERNELS if heads == "split" else ("attention_bwd_kernel",)
+    cramped = cramp(monkeypatch, l40_at_head_dim_128, kernels)
+    N = 150 if heads == "split" else 40
+    mask = padding_mask(2, N) if masked else None
+    q, k, v = qkv(N=N, d=64, dtype=torch.bfloat16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         if name == "inline":
@@ -702,13 +740,12 @@ def test_backward_kernels_too_big_for_the_gpu_run_lean_within_the_bf16_bar(name,
                 phi(q), phi(k), v, mask, 1e-6), TOL[torch.bfloat16])
     assert fused.can_run(q, "linear_attention")  # nothing turned off
     # the first launch of each tried TF32 tiles, then 64- and 32-token chunks; the rest took what fitted
-    assert {n: c.refused for n, c in cramped.items()} == {n: 3 for n in BACKWARD_KERNELS}
-    assert dispatch.lean_launches() == {n: {"TILE": tl.bfloat16, "PRECISION": "ieee", "BLOCK_N": 16}
-                                        for n in BACKWARD_KERNELS}
+    assert {n: c.refused for n, c in cramped.items()} == {n: 3 for n in kernels}
+    assert dispatch.lean_launches() == {n: {"TILE": tl.bfloat16, "PRECISION": "ieee", "BLOCK_N": 16} for n in kernels}
     out = fused.kernel_attention(q, k, v, mask, fused.ELU_PLUS_ONE, 1e-6) if name != "inline" else (
         fused.inline_attention(q, k, v, mask, 64 ** -0.5))
     torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
-    assert {n: c.refused for n, c in cramped.items()} == {n: 3 for n in BACKWARD_KERNELS}  # remembered
+    assert {n: c.refused for n, c in cramped.items()} == {n: 3 for n in kernels}  # remembered
 
 
 @pytest.mark.parametrize("form", ["blocked", "pairwise"])
@@ -730,7 +767,7 @@ def test_an_mhla_module_on_float32_takes_smaller_chunks_and_matches_its_referenc
     assert errors.pop("output") < 1e-5
     assert not {n: e for n, e in errors.items() if e >= {"block_mix": 1e-3}.get(n, 1e-4)}, errors
     launched = {n for n, c in cramped.items() if c.refused}
-    assert launched >= ({"state_fwd_kernel", "readout_fwd_kernel", *BACKWARD_KERNELS} if form == "blocked" else
+    assert launched >= ({"state_fwd_kernel", "readout_fwd_kernel", *SPLIT_BACKWARD_KERNELS} if form == "blocked" else
                         {"pairwise_fwd_kernel", "pairwise_bwd_dq_kernel", "pairwise_bwd_dkv_kernel"})
     assert all(step == {"BLOCK_N": 16} for step in dispatch.lean_launches().values())
 

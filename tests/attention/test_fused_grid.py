@@ -117,6 +117,12 @@ def test_the_op_is_the_convolution_written_out_values_and_gradients(case):
     assert max(errors) < 2e-6, errors
 
 
+def test_tokens_that_do_not_form_the_grid_are_refused():
+    inputs, _ = op_inputs(32, (5, 4), 1)
+    with pytest.raises(ValueError, match="21 tokens do not form 1 prefix tokens and a 4x4 grid"):
+        fused_grid.conv_on_grid(*inputs, None, (4, 4), 1)
+
+
 def test_the_eager_form_is_the_convolution_written_out():
     """The op's torch form (its backward's fallback) against the literal one, every case in float64."""
     for d, grid, prefix, size, base, bias, masked, norm_eps in CASES.values():

@@ -50,6 +50,7 @@ from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the
     _eager_gradients,
     _mask_arg,
     _output_like,
+    _strides,
     linear_readout,
     linear_readout_backward,
     linear_state,
@@ -81,7 +82,7 @@ def run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: 
                      feature: int, feature_eps: float, eps: float, scale: float, inline: bool) -> torch.Tensor:
     """Kernel attention (or InLine, ``inline``) of (B, H, N, d) q, k, v: one launch when every head fits one
     program, else the state and read-out kernels. Autograd keeps q, k, v and o only; backward recomputes."""
-    from .triton_kernels import attention_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+    from .head_kernels import attention_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
     B, H, N, D = q.shape
@@ -110,11 +111,33 @@ def _(q, k, v, key_valid, feature, feature_eps, eps, scale, inline):
     return _output_like(q)
 
 
+# The one-launch backward holds Rᵀ, dR, dS and dSᵀ as head-dim tiles at once: built for sm_90 it takes 238–255
+# registers and spills none up to head dim 64, 14–48 at 96 and 128 (benchmarks/kernel_resources.py --arch sm_90
+# --ops "linear_attention elu,linear_attention inline"), where the three-launch form runs.
+ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM = 64
+
+
 def run_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
                               key_valid: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float,
                               scale: float, inline: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of :func:`linear_attention`: the state recomputed, the read-out's backward, then the state's
-    (InLine's d×d chain rule in between: dS = (s/n) dA, dz = −dS v̄, dzv = (dv̄ − dSᵀ z) / n)."""
+    (InLine's d×d chain rule in between: dS = (s/n) dA, dz = −dS v̄, dzv = (dv̄ − dSᵀ z) / n); one launch when every
+    head fits one program (as the forward's), the d×d matrices in its registers."""
+    from .head_kernels import attention_bwd_kernel  # lazy: start-up time
+
+    B, H, N, D = q.shape
+    if D <= ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM and split_tokens(B * H, 1, N, q.device)[0] == 1:
+        q, k, v, o, do = (unit_rows(t) for t in (q, k, v, o, do))
+        block_n, block_d, warps = block_sizes(D)
+        dq, dk, dv = _output_like(q), _output_like(k), _output_like(v)
+        mask, s_mb = _mask_arg(key_valid, k)
+        launch(attention_bwd_kernel, (B * H,),
+            q, k, v, mask, o, do, dq, dk, dv,
+            *_strides(q, k, v), s_mb, *_strides(o, do, dq, dk, dv),
+            H, N, D, feature_eps, eps, scale,
+            FEATURE=feature, INLINE=inline, HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d,
+            **tile_args(q), num_warps=warps)
+        return dq, dk, dv
     S, z, zv = run_state(k, v, key_valid, None, feature, feature_eps)
     R, r, n = _reader(S, z, zv, key_valid, q.shape[2], scale, inline)
     dq, dR, dr = run_readout_backward(q, R, r, o, do, None, feature, feature_eps, eps, not inline)

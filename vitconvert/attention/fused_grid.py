@@ -77,6 +77,8 @@ def run_grid_conv(x: torch.Tensor, base: Optional[torch.Tensor], weight: torch.T
     base's dtype (x's without one), laid out as (B, N, H, d); the statistics empty without ``norm_eps``."""
     from .grid_kernels import grid_conv_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
+    if x.shape[2] - prefix != rows * cols:  # (the kernels would read the rest as grid tokens off its edge)
+        raise ValueError(f"{x.shape[2]} tokens do not form {prefix} prefix tokens and a {rows}x{cols} grid")
     x = unit_rows(x)
     base = None if base is None else unit_rows(base)
     B, H, N, D, block, tiles, block_d, warps = _geometry(x)

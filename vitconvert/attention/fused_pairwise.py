@@ -20,7 +20,7 @@ import torch
 from . import fused, fused_eager
 from .dispatch import FORM_ENV, KernelUnavailable, block_sizes, form_setting, launch, tile_args, triton_next_power_of_2
 from .fused import _direct_function
-from .fused_parts import _eager_gradients, _mask_arg, _output_like, unit_rows
+from .fused_parts import _eager_gradients, _mask_arg, _output_like, _strides, unit_rows
 from .lean_norms import rms_pair, through_rms_pair
 
 MAX_SEGMENTS = 64  # W̃'s gradient is summed through one-hot dots of G padded to a power of two: 64 at most
@@ -58,11 +58,6 @@ def _geometry(q: torch.Tensor, segments: int) -> tuple[int, ...]:
     B, H, N, D = q.shape
     block, block_d, warps = block_sizes(D)
     return B, H, N, D, -(-N // block), block, block_d, warps, max(16, triton_next_power_of_2(segments))
-
-
-def _strides(*tensors: torch.Tensor) -> tuple[int, ...]:
-    """Batch, head and token strides of (B, H, N, d) tensors whose last dimension is contiguous."""
-    return tuple(s for t in tensors for s in t.stride()[:3])
 
 
 def run_pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],

@@ -135,6 +135,11 @@ def unit_rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
+def _strides(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """Batch, head and token strides of (B, H, N, d) tensors whose last dimension is contiguous."""
+    return tuple(s for t in tensors for s in t.stride()[:3])
+
+
 def _output_like(q: torch.Tensor) -> torch.Tensor:
     """(B, H, N, d) output stored as (B, N, H, d): the attention module's transpose-and-reshape is then a view.
     The backwards write dq, dk, dv so too: the layer's q/k/v split stacks them into the qkv projection's

@@ -116,6 +116,51 @@ def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, feature_eps,
 
 
 @triton.jit
+def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on, s_gn, s_dqn, r_t, rz, dr, drz,
+                       feature_eps, eps, FEATURE: tl.constexpr, NORMALISE: tl.constexpr, TILE: tl.constexpr,
+                       PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """One chunk of queries of the read-out's backward: dq stored, (dR, dr) summed on (``r_t``: Rᵀ as a tile).
+
+    normalised: dnum = do/den, dden = −(do·o)/den, dφq = dnum Rᵀ + dden r, dR = Σ φqᵀ dnum, dr = Σ φq dden.
+    affine: dq = do Rᵀ, dR = Σ qᵀ do, db = Σ do.
+    """
+    q = tl.load(q_base + tok[:, None] * s_qn + d[None, :], mask=tile, other=0.0).to(tl.float32)
+    g = tl.load(g_base + tok[:, None] * s_gn + d[None, :], mask=tile, other=0.0).to(tl.float32)
+    phi_q = tl.where(tile, _phi(q, FEATURE, feature_eps), 0.0)
+    if NORMALISE:
+        o = tl.load(o_base + tok[:, None] * s_on + d[None, :], mask=tile, other=0.0).to(tl.float32)
+        den = tl.sum(phi_q * rz[None, :], axis=1) + eps
+        dnum = g / den[:, None]
+        dden = -tl.sum(g * o, axis=1) / den
+        dphi = _dot(dnum.to(TILE), r_t, PRECISION, EMULATE) + dden[:, None] * rz[None, :]
+        dr += _dot(tl.trans(phi_q.to(TILE)), dnum.to(TILE), PRECISION, EMULATE)
+        drz += tl.sum(phi_q * dden[:, None], axis=0)
+    else:
+        dphi = _dot(g.to(TILE), r_t, PRECISION, EMULATE)
+        dr += _dot(tl.trans(phi_q.to(TILE)), g.to(TILE), PRECISION, EMULATE)
+        drz += tl.sum(g, axis=0)
+    dq = dphi * _phi_grad(q, FEATURE)
+    tl.store(dq_base + tok[:, None] * s_dqn + d[None, :], dq.to(dq_base.dtype.element_ty), mask=tile)
+    return dr, drz
+
+
+@triton.jit
+def _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn, s_dvn,
+                    ds_t, ds_tile, dz, dzv, feature_eps, FEATURE: tl.constexpr, HAS_MASK: tl.constexpr,
+                    TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """One chunk of keys of the state's backward, dk and dv stored: dφk_j = m_j (dS v_j + dz),
+    dv_j = m_j (dSᵀ φk_j + dzv), dk = dφk ⊙ φ'(k) (``ds_t``, ``ds_tile``: dSᵀ and dS as tiles)."""
+    _, tile, k, v, phi_k = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, feature_eps,
+                                     FEATURE, HAS_MASK)
+    dphi = _dot(v.to(TILE), ds_t, PRECISION, EMULATE) + dz[None, :]
+    dk = tl.where(tile, dphi * _phi_grad(k, FEATURE), 0.0)
+    dv = tl.where(tile, _dot(phi_k.to(TILE), ds_tile, PRECISION, EMULATE) + dzv[None, :], 0.0)
+    store = inside[:, None] & d_ok[None, :]  # masked keys get a zero gradient, written
+    tl.store(dk_base + tok[:, None] * s_dkn + d[None, :], dk.to(dk_base.dtype.element_ty), mask=store)
+    tl.store(dv_base + tok[:, None] * s_dvn + d[None, :], dv.to(dv_base.dtype.element_ty), mask=store)
+
+
+@triton.jit
 def _load_square(P, which, d, d_ok, D):
     """Entry ``which`` of a (…, D, D) float32 tensor, zero-padded to the head tile."""
     return tl.load(P + which * D * D + d[:, None] * D + d[None, :], mask=d_ok[:, None] & d_ok[None, :], other=0.0)
@@ -206,11 +251,8 @@ def readout_bwd_kernel(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
     EMULATE: tl.constexpr,
 ):
-    """dq of each query, and partial dR, dr of the range (the read-out recomputed from q; o is the saved output).
-
-    normalised: dnum = do/den, dden = −(do·o)/den, dφq = dnum Rᵀ + dden r, dR = Σ φqᵀ dnum, dr = Σ φq dden.
-    affine: dq = do Rᵀ, dR = Σ qᵀ do, db = Σ do.
-    """
+    """dq of each query, and partial dR, dr of the range (the read-out recomputed from q; o is the saved output;
+    :func:`_read_out_backward`)."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -226,24 +268,9 @@ def readout_bwd_kernel(
     end = tl.minimum(begin + tokens_per_split, L)
     for start in range(begin, end, BLOCK_N):
         tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-        tile = ok[:, None] & d_ok[None, :]
-        q = tl.load(q_base + tok[:, None] * s_qn + d[None, :], mask=tile, other=0.0).to(tl.float32)
-        g = tl.load(g_base + tok[:, None] * s_gn + d[None, :], mask=tile, other=0.0).to(tl.float32)
-        phi_q = tl.where(tile, _phi(q, FEATURE, feature_eps), 0.0)
-        if NORMALISE:
-            o = tl.load(o_base + tok[:, None] * s_on + d[None, :], mask=tile, other=0.0).to(tl.float32)
-            den = tl.sum(phi_q * rz[None, :], axis=1) + eps
-            dnum = g / den[:, None]
-            dden = -tl.sum(g * o, axis=1) / den
-            dphi = _dot(dnum.to(TILE), r_t, PRECISION, EMULATE) + dden[:, None] * rz[None, :]
-            dr += _dot(tl.trans(phi_q.to(TILE)), dnum.to(TILE), PRECISION, EMULATE)
-            drz += tl.sum(phi_q * dden[:, None], axis=0)
-        else:
-            dphi = _dot(g.to(TILE), r_t, PRECISION, EMULATE)
-            dr += _dot(tl.trans(phi_q.to(TILE)), g.to(TILE), PRECISION, EMULATE)
-            drz += tl.sum(g, axis=0)
-        dq = dphi * _phi_grad(q, FEATURE)
-        tl.store(dq_base + tok[:, None] * s_dqn + d[None, :], dq.to(DQ.dtype.element_ty), mask=tile)
+        dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None] & d_ok[None, :], d, s_qn,
+                                     s_on, s_gn, s_dqn, r_t, rz, dr, drz, feature_eps, eps, FEATURE, NORMALISE, TILE,
+                                     PRECISION, EMULATE)
     out = which * SPLITS + split
     _store_square(DR, out, dr, d, d_ok, D)
     _store_row(DRZ, out, drz, d, d_ok, D)
@@ -258,8 +285,8 @@ def state_bwd_kernel(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
     EMULATE: tl.constexpr,
 ):
-    """dk, dv of the keys of one (batch·head, segment, range) from dS, dz, dzv of their segment:
-    dφk_j = m_j (dS v_j + dz), dv_j = m_j (dSᵀ φk_j + dzv), dk = dφk ⊙ φ'(k)."""
+    """dk, dv of the keys of one (batch·head, segment, range) from dS, dz, dzv of their segment
+    (:func:`_state_backward`)."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -275,59 +302,5 @@ def state_bwd_kernel(
     end = tl.minimum(begin + tokens_per_split, L)
     for start in range(begin, end, BLOCK_N):
         tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-        _, tile, k, v, phi_k = _key_tile(k_base, v_base, MASK + b * s_mb, tok, inside, d, d_ok, s_kn, s_vn,
-                                         feature_eps, FEATURE, HAS_MASK)
-        dphi = _dot(v.to(TILE), ds_t, PRECISION, EMULATE) + dz[None, :]
-        dk = tl.where(tile, dphi * _phi_grad(k, FEATURE), 0.0)
-        dv = tl.where(tile, _dot(phi_k.to(TILE), ds_tile, PRECISION, EMULATE) + dzv[None, :], 0.0)
-        store = inside[:, None] & d_ok[None, :]  # masked keys get a zero gradient, written
-        tl.store(dk_base + tok[:, None] * s_dkn + d[None, :], dk.to(DK.dtype.element_ty), mask=store)
-        tl.store(dv_base + tok[:, None] * s_dvn + d[None, :], dv.to(DV.dtype.element_ty), mask=store)
-
-
-@triton.jit
-def attention_fwd_kernel(
-    Q, K, V, MASK, O,
-    s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_ob, s_oh, s_on,
-    H, N, D, feature_eps, eps, scale,
-    FEATURE: tl.constexpr, INLINE: tl.constexpr, HAS_MASK: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    EMULATE: tl.constexpr,
-):
-    """The whole forward of one (batch·head) in one program, for a head that needs no split: the state stays in
-    registers between the two passes over the tokens (no round trip, one launch).
-
-    Kernel attention: o = φ(q) S / (φ(q)·z + ε). InLine (φ = identity): o = q (s/n)(S − z v̄ᵀ) + v̄, v̄ = zv/n.
-    """
-    bh = tl.program_id(0)
-    b, h = bh // H, bh % H
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
-    k_base, v_base = K + b * s_kb + h * s_kh, V + b * s_vb + h * s_vh
-    acc = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
-    z = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    zv = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    count = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        tok, inside = _tokens(Q, 0, N, N, start, BLOCK_N, False)
-        ok, _, _, v, phi_k = _key_tile(k_base, v_base, MASK + b * s_mb, tok, inside, d, d_ok, s_kn, s_vn,
-                                       feature_eps, FEATURE, HAS_MASK)
-        acc, z, zv = _add_to_state(acc, z, zv, phi_k, v, TILE, PRECISION, EMULATE)
-        count += ok.to(tl.float32)
-    if INLINE:
-        n = tl.maximum(tl.sum(count, axis=0), 1.0)
-        bias = zv / n
-        acc = (acc - z[:, None] * bias[None, :]) * (scale / n)
-    else:
-        bias = z
-    r_tile = acc.to(TILE)
-    q_base, o_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh
-    for start in range(0, N, BLOCK_N):
-        tok, inside = _tokens(Q, 0, N, N, start, BLOCK_N, False)
-        tile = inside[:, None] & d_ok[None, :]
-        if INLINE:
-            _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, bias, feature_eps, eps, FEATURE, False, TILE,
-                      PRECISION, EMULATE)
-        else:
-            _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, bias, feature_eps, eps, FEATURE, True, TILE,
-                      PRECISION, EMULATE)
+        _state_backward(k_base, v_base, dk_base, dv_base, MASK + b * s_mb, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
+                        s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, TILE, PRECISION, EMULATE)
