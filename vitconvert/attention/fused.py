@@ -60,6 +60,7 @@ from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the
     run_state,
     run_state_backward,
     unit_rows,
+    valid_keys,
 )
 from .lean_norms import rms_pair, through_rms_pair
 
@@ -71,7 +72,7 @@ def _reader(S: torch.Tensor, z: torch.Tensor, zv: torch.Tensor, key_valid: Optio
     if key_valid is None:
         n = S.new_full((1, 1, 1, 1), float(tokens))
     else:
-        n = key_valid.sum(dim=-1).clamp(min=1).to(torch.float32).view(-1, 1, 1, 1)
+        n = valid_keys(key_valid).view(-1, 1, 1, 1)
     if not inline:
         return S, z, n
     v_mean = zv / n

@@ -23,10 +23,10 @@ from torch.nn import functional as F
 from . import fused
 from .dispatch import CONFIG_ENV, KernelUnavailable, config_setting, launch, tile_args, triton_next_power_of_2
 from .fused import _direct_function
-from .fused_parts import _eager_gradients, _mask_arg, _output_like, unit_rows
+from .fused_parts import _eager_gradients, _mask_arg, _output_like, unit_rows, valid_keys
 from .lean_norms import key_stats
 from .tensors import from_grid, split_prefix, to_grid
-from .ttt_closed_form import normalize_keys
+from .ttt_closed_form import normalize_keys, valid_key_moments
 
 # A program's tokens × head channels. Every tap is a shifted load of the tile, and Triton keeps several in flight:
 # 64 tokens × 64 channels on 4 warps (the attention kernels' tile) spill 98 registers in LePE's 5×5 forward built
@@ -38,14 +38,11 @@ TILE_ELEMENTS = 2048
 def statistics(x: torch.Tensor, key_valid: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     """(2, B, H, d) float32: the mean and 1/√(var + ε) over the (valid) tokens of (B, H, N, d) ``x``, per channel
     (TTT's key norm: biased variance). Without a mask in two reading passes of x as it is (no float32 copy)."""
-    if key_valid is None and x.dtype != torch.float64:
+    if key_valid is None:
         mean, rstd = key_stats(x, eps)
-    else:
-        m = (torch.ones_like(x[:, :1, :, :1]) if key_valid is None else key_valid[:, None, :, None]).to(torch.float32)
-        count = m.sum(dim=-2, keepdim=True).clamp(min=1.0)
-        xf = x.to(torch.float32)
-        mean = (xf * m).sum(dim=-2, keepdim=True) / count
-        rstd = torch.rsqrt(((xf - mean).square() * m).sum(dim=-2, keepdim=True) / count + eps)
+    else:  # (the masked form as the torch step's: float32 copies)
+        mean, _, var = valid_key_moments(x.to(torch.float32), key_valid)
+        rstd = torch.rsqrt(var + eps)
     return torch.cat((mean, rstd), dim=-2).movedim(-2, 0).contiguous()
 
 
@@ -53,7 +50,7 @@ def _count(key_valid: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """(B,) float32: the tokens the statistics are over."""
     if key_valid is None:
         return x.new_full((x.shape[0],), float(x.shape[2]), dtype=torch.float32)
-    return key_valid.sum(dim=-1).clamp(min=1).to(torch.float32)
+    return valid_keys(key_valid)
 
 
 def _filters(weight: torch.Tensor) -> torch.Tensor:
@@ -156,10 +153,9 @@ def _(x, weight, key_valid, stats, dy, rows, cols, prefix, residual, norm):
 def _setup(ctx, inputs, output) -> None:
     x, base, weight, bias, key_valid, rows, cols, prefix, norm_eps = inputs
     ctx.save_for_backward(x, weight, key_valid, output[1])
-    ctx.args = (rows, cols, prefix, base is None, norm_eps is not None)
+    ctx.args = (rows, cols, prefix, norm_eps)
     ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
     ctx.has_base = base is not None
-    ctx.eager = (rows, cols, prefix, norm_eps)
     ctx.set_materialize_grads(False)  # the statistics are for backward only: no zero-filled gradient for them
 
 
@@ -169,13 +165,14 @@ def _backward(ctx, dy, _):
     x, weight, key_valid, stats = ctx.saved_tensors
     weight_dtype, bias_dtype = ctx.dtypes
     try:
+        rows, cols, prefix, norm_eps = ctx.args
         dx, dweight, dbias = (run_grid_conv_backward if fused.direct(dy) else grid_conv_backward)(
-            x, weight, key_valid, stats, dy, *ctx.args)
+            x, weight, key_valid, stats, dy, rows, cols, prefix, not ctx.has_base, norm_eps is not None)
     except KernelUnavailable as e:
         base = dy if ctx.has_base else None  # (any tensor of y's kind: the eager form's base only adds)
         bias = None if bias_dtype is None else weight.new_zeros(weight.shape[0], dtype=bias_dtype)
         dx, _, dweight, dbias, _ = _eager_gradients(e, "grid_conv", grid_conv_eager,
-                                                    (x, base, weight, bias, key_valid), (dy,), *ctx.eager)
+                                                    (x, base, weight, bias, key_valid), (dy,), *ctx.args)
     return (dx, dy if ctx.has_base else None, dweight.to(weight_dtype), None if bias_dtype is None
             else dbias.to(bias_dtype), None, None, None, None, None)
 

@@ -29,6 +29,11 @@ def _total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
     return partials.sum(2).view(batch, heads, partials.shape[1], *partials.shape[3:])
 
 
+def valid_keys(key_valid: torch.Tensor) -> torch.Tensor:
+    """(B,) float32: the valid keys of each image, at least 1 (the n that normalises a sum over keys)."""
+    return key_valid.sum(dim=-1).clamp(min=1).to(torch.float32)
+
+
 def _mask_arg(key_valid: Optional[torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, int]:
     if key_valid is None:
         return like, 0  # never read (HAS_MASK is False)

@@ -22,7 +22,7 @@ import torch
 from . import fused
 from .dispatch import KernelUnavailable, block_sizes, fits, launch, split_tokens, tile_args, too_big
 from .fused import _direct_function
-from .fused_parts import _eager_gradients, _mask_arg, _output_like, _total, unit_rows
+from .fused_parts import _eager_gradients, _mask_arg, _output_like, _total, unit_rows, valid_keys
 from .ttt_closed_form import stepped_readout
 
 
@@ -32,7 +32,7 @@ def _step_size(key_valid: Optional[torch.Tensor], tokens: int, scale: float,
     (a float, or (B, 1, 1, 1, 1) with a mask)."""
     if key_valid is None:
         return lr * scale / tokens
-    return (lr * scale) / key_valid.sum(dim=-1).clamp(min=1).to(torch.float32).view(-1, 1, 1, 1, 1)
+    return (lr * scale) / valid_keys(key_valid).view(-1, 1, 1, 1, 1)
 
 
 def _geometry(q: torch.Tensor) -> tuple[int, ...]:

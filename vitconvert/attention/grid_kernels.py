@@ -132,10 +132,8 @@ def grid_conv_bwd_kernel(
     for i in tl.static_range(KS):
         for j in tl.static_range(KS):
             w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + i * KS + j, mask=d_ok, other=0.0)
-            if WRITE_DX or NORM:
-                r, c = row - (i - KS // 2), col - (j - KS // 2)
-                ok = valid & (r >= 0) & (r < ROWS) & (c >= 0) & (c < COLS)
-                src = P + tl.where(ok, r * COLS + c, 0)
+            if WRITE_DX or NORM:  # (the grid tokens whose tap (i, j) reads these: any, valid or not)
+                src, ok = _source(MASK, b, s_mb, valid, row, col, KS // 2 - i, KS // 2 - j, P, ROWS, COLS, False)
                 reads = ok[:, None] & d_ok[None, :]
                 dx_hat += tl.load(dy_at + b * s_gb + src[:, None] * s_gn + d[None, :], mask=reads,
                                   other=0.0).to(tl.float32) * w[None, :]

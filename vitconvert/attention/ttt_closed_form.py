@@ -31,12 +31,17 @@ def normalize_keys(k: torch.Tensor, valid: torch.Tensor | None, eps: float, by_v
         centred = k - mean
         var = centred.square().sum(dim=-2, keepdim=True) / k.shape[-2]
     else:
-        m = valid[:, None, :, None].to(k.dtype)
-        count = m.sum(dim=-2, keepdim=True).clamp(min=1.0)
-        mean = (k * m).sum(dim=-2, keepdim=True) / count
-        centred = k - mean
-        var = (centred.square() * m).sum(dim=-2, keepdim=True) / count
+        mean, centred, var = valid_key_moments(k, valid)
     return centred * torch.rsqrt(var + eps)
+
+
+def valid_key_moments(k: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean, k − mean, biased variance) of (B, H, N, d) keys over their valid tokens, (B, H, 1, d) statistics."""
+    m = valid[:, None, :, None].to(k.dtype)
+    count = m.sum(dim=-2, keepdim=True).clamp(min=1.0)
+    mean = (k * m).sum(dim=-2, keepdim=True) / count
+    centred = k - mean
+    return mean, centred, (centred.square() * m).sum(dim=-2, keepdim=True) / count
 
 
 def swiglu_readout(x: torch.Tensor, w12: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
