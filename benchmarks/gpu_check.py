@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check.py                          # one GPU: about 6 minutes (--budget-s 240 caps it)
     python benchmarks/gpu_check.py --sections op,speed      # a subset (names below)
+    python benchmarks/gpu_check.py --sizes 224,1024         # the speed rows at these image sizes only
     python benchmarks/gpu_check.py --device cpu --quick     # the dry run the test suite runs (seconds)
 
 Sections, in order of importance (one not started before --budget-s is recorded as skipped; each is saved as
@@ -43,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
@@ -756,6 +757,19 @@ def cost_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+def with_sizes(plan: Plan, text: str) -> Plan:
+    """``plan`` with the speed rows at the comma-separated image sizes of ``text`` (--sizes); a size the plan has no
+    batch for starts with 224 px's tokens per batch (FULL: 256 images)."""
+    try:
+        sizes = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or any(s <= 0 or s % 16 for s in sizes):
+        raise ValueError(f"--sizes {text!r}: give image sizes that are multiples of 16, e.g. 224,1024")
+    batch = {s: plan.batch.get(s) or max(1, int(FULL.batch[224] * (224 / s) ** 2)) for s in sizes}
+    return replace(plan, sizes=sizes, batch=batch)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (the check) or cpu (a dry run)")
@@ -767,6 +781,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                                 "--quick, the temporary folder)")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {','.join(SECTIONS)} (default: all, in that order)")
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated image sizes of the speed rows (default: the plan's, 224,512,1024,2048)")
     args = parser.parse_args(argv)
     sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
     unknown = [s for s in sections if s not in SECTIONS]
@@ -789,7 +805,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         partial.write_text(json.dumps(asdict(check), indent=1))
         partial.replace(out)
 
-    check = run_check(QUICK if args.quick else FULL, device, args.budget_s, log, save, sections)
+    plan = QUICK if args.quick else FULL
+    if args.sizes:
+        try:
+            plan = with_sizes(plan, args.sizes)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    check = run_check(plan, device, args.budget_s, log, save, sections)
     print_tables(check, console)
     console.print(f"wrote {out}")
     return 1 if check.errors else 0

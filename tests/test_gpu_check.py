@@ -153,6 +153,16 @@ def test_unknown_section_is_one_line_error(tmp_path):
     assert "nosuch" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+def test_sizes_choose_the_speed_rows_and_their_batches():
+    script = load_script()
+    plan = script.with_sizes(script.FULL, "1024, 224,640")
+    assert plan.sizes == (1024, 224, 640) and plan.batch == {1024: 16, 224: 256, 640: 31}  # 640: 224 px's tokens
+    assert plan.targets == script.FULL.targets and plan.op_tokens == script.FULL.op_tokens
+    for bad in ("", "224,abc", "225", "0"):
+        with pytest.raises(ValueError, match="multiples of 16"):
+            script.with_sizes(script.FULL, bad)
+
+
 def test_dry_run_checks_the_kernels_against_the_eager_forms(dry_run):
     """parity, in Triton's interpreter on the CPU (TRITON_INTERPRET=1 reaches the script): every variant's step ran
     on the kernels, float32 within 1e-4 where the kernels take it (not TTT's), every op as its fake says."""

@@ -325,7 +325,7 @@ def test_compiles_as_one_graph(form, monkeypatch):
 
 def test_the_gpu_generation_check_compiles_as_one_graph(monkeypatch):
     """On CUDA, can_run asks the device's compute capability inside the module's forward; torch.compile takes it
-    as a constant (dispatch.capability) rather than tracing into torch.cuda: a query it cannot trace still
+    as a constant (dispatch.supported_generation) rather than tracing into torch.cuda: a query it cannot trace still
     compiles with fullgraph, to the kernels."""
     def untraceable(device=None):
         torch._dynamo.graph_break()
@@ -341,6 +341,22 @@ def test_the_gpu_generation_check_compiles_as_one_graph(monkeypatch):
         warnings.simplefilter("error")  # (no warning from dynamo either)
         out = torch.compile(module, fullgraph=True, backend="eager")(x)
     torch.testing.assert_close(out, module(x), atol=1e-5, rtol=1e-5)
+
+
+class ExportProbe(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1 if dispatch.exporting() else x - 1
+
+
+def test_exporting_is_true_under_torch_export_alone():
+    """Not under torch.compile: dynamo before torch 2.14 folds torch.compiler.is_exporting() to True in every
+    compile (seen on 2.11), which turned TTT's recomputation and the lean norms off in compiled training;
+    dispatch.exporting reads the flag torch.export sets."""
+    probe, x = ExportProbe(), torch.zeros(2)
+    torch._dynamo.reset()
+    assert probe(x).tolist() == [-1, -1]
+    assert torch.compile(probe, backend="eager", fullgraph=True)(x).tolist() == [-1, -1]
+    assert torch.export.export(probe, (x,)).module()(x).tolist() == [1, 1]
 
 
 def test_ttt_bf16_step_is_the_float32_step_within_bf16_rounding():

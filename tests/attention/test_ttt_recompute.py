@@ -28,7 +28,8 @@ def saved_storages(fn, *args) -> set[int]:
     saved: set[int] = set()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        saved.add(t.untyped_storage().data_ptr())
+        if t.untyped_storage().nbytes():  # (torch 2.11's checkpoint saves an empty placeholder: no memory)
+            saved.add(t.untyped_storage().data_ptr())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

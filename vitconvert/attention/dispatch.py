@@ -257,20 +257,22 @@ def can_run(t: torch.Tensor, op: str, max_head_dim: int = MAX_HEAD_DIM,
     if op in _unavailable or torch.onnx.is_in_onnx_export():
         return False
     return (t.device.type in DEVICES and t.dtype in dtypes and MIN_HEAD_DIM <= t.shape[-1] <= max_head_dim
-            and triton_available() and (t.device.type not in GPU_TYPES or capability(t.device) >= MIN_CAPABILITY))
+            and triton_available() and (t.device.type not in GPU_TYPES or supported_generation(t.device)))
 
 
-_capabilities: dict[torch.device, tuple[int, int]] = {}  # (capability's; a dict, not lru_cache, which dynamo
-                                                          # traces through, with a warning)
+_capabilities: dict[torch.device, bool] = {}  # (supported_generation's; a dict, not lru_cache, which dynamo traces
+                                              # through, with a warning)
 
 
 @torch.compiler.assume_constant_result
-def capability(device: torch.device) -> tuple[int, int]:
-    """The GPU's compute capability, once per device (can_run asks on every call). torch.compile calls it while
-    tracing a forward and takes the answer as a constant, instead of tracing into torch.cuda (fullgraph)."""
+def supported_generation(device: torch.device) -> bool:
+    """Whether the GPU is sm_80 or later (:data:`MIN_CAPABILITY`), asked once per device (can_run asks on every
+    call). torch.compile calls it while tracing a forward and takes the answer as a constant, instead of tracing
+    into torch.cuda (fullgraph). A bool, not the (major, minor) tuple: torch 2.11's dynamo cannot compare a
+    constant tuple it did not trace (an internal error, not a graph break)."""
     found = _capabilities.get(device)
     if found is None:
-        found = _capabilities[device] = torch.cuda.get_device_capability(device)
+        found = _capabilities[device] = torch.cuda.get_device_capability(device) >= MIN_CAPABILITY
     return found
 
 
@@ -286,7 +288,12 @@ def direct(t: torch.Tensor) -> bool:
 
 
 def exporting() -> bool:
-    """Whether torch.export is tracing (torch >= 2.5; before, export traced with dynamo)."""
+    """Whether torch.export is tracing. The flag torch.export sets (torch >= 2.5), read directly where it exists:
+    dynamo before torch 2.14 folds ``torch.compiler.is_exporting()`` to True under every torch.compile (seen on
+    2.11), which turned TTT's recomputation and the lean norms off in compiled training."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    if flag is not None:
+        return bool(flag)
     is_exporting = getattr(torch.compiler, "is_exporting", None)
     return is_exporting is not None and is_exporting()
 
