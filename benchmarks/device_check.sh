@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
-# The one prepared run for a session lent a GPU (issue 21), about 8 minutes on one H200; results under $OUT:
-#   1. where the time goes: whole-model profiles at 224 px (inference) and 1024 px (training), softmax in the
-#      same run, then the token mixing alone at 4097 tokens;
-#   2. the host's time per layer at a tiny size (where the GPU waits for Python: launches, dispatch), and the
-#      registers, spills and shared memory of every fused kernel as Triton builds it (TTT's are the heaviest);
-#   3. benchmarks/gpu_check.py: the kernels against the eager forms (parity: a wrong kernel fails the run), the
-#      op-level section, speed and memory against SDPA softmax, precision, distill,
-#      compiled rows (as far as its budget goes), saved section by section.
-# Usage (from the repository root): OUT=/some/folder bash benchmarks/device_check.sh
+# The prepared runs for a session lent a GPU (issue 21), in two stages that each fit one call of a 15-minute lease
+# (a machine's start costs 1-2 minutes of it, and no machine starts with under 4 minutes left):
+#   first   (~4.5 min) the kernels against the eager forms (parity: a wrong kernel fails the run), the op-level
+#           rows (one layer at 197...16385 tokens), speed and memory at 224 and 1024 px against SDPA softmax, and the
+#           registers and spills of every kernel as this GPU's Triton builds them;
+#   second  (~4.5 min) where the time goes: whole-model profiles at 224 px (inference) and 1024 px (training),
+#           one layer at 4097 tokens, the host's time per layer; then speed at 2048 px, bf16 against fp32, the
+#           distill trainer stopped and resumed, and the compiled rows as far as their budget goes;
+#   all     both, one after the other (~9 min: a longer lease).
+# Each stage's results are under $OUT, written as they come (a stage stopped at its limit keeps what it found);
+# machine.txt says what ran, for how long and how it ended. The GPU image has torch, triton, timm, rich,
+# safetensors, typer and huggingface_hub (nothing to carry).
+# Usage (from the repository root): OUT=/some/folder bash benchmarks/device_check.sh first|second|all
 set -uo pipefail
+stage=${1:-first}
+case $stage in first|second|all) ;; *) echo "error: stage '$stage': give first, second or all" >&2; exit 2;; esac
 OUT=${OUT:-benchmarks/results/device}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 {
   date -u
+  echo "stage $stage"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python -c "import torch, triton, timm; print('torch', torch.__version__, 'triton', triton.__version__, 'timm', timm.__version__)"
   git rev-parse HEAD 2>/dev/null
-} > "$OUT/machine.txt" 2>&1
+} >> "$OUT/machine.txt" 2>&1
 python -c "import vitconvert, rich, safetensors" 2>> "$OUT/machine.txt" || { echo "missing packages: see $OUT/machine.txt"; exit 2; }
 run() {  # run NAME SECONDS COMMAND...: its output in $OUT/NAME.txt, and a line saying how it ended
   local name=$1 limit=$2; shift 2
@@ -25,9 +32,16 @@ run() {  # run NAME SECONDS COMMAND...: its output in $OUT/NAME.txt, and a line 
   timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
   echo "$name: exit $? in $((SECONDS - began)) s" | tee -a "$OUT/machine.txt"
 }
-run profile-224-infer 90 python benchmarks/profile_model.py --img-size 224 --batch 256 --variants softmax,elu,mhla,ttt
-run profile-1024-train 90 python benchmarks/profile_model.py --img-size 1024 --batch 16 --train --variants softmax,elu,mhla,ttt
-run mix-4097 60 python benchmarks/profile_mix.py --tokens 4097 --variants softmax,elu,mhla,ttt
-run host-overhead 40 python benchmarks/host_overhead.py --json "$OUT/host-overhead.json"
-run kernel-resources 25 python benchmarks/kernel_resources.py --json "$OUT/kernel-resources.json"
-run gpu-check 250 python benchmarks/gpu_check.py --budget-s 185 --out "$OUT/gpu-check-cuda.json"
+if [[ $stage == first || $stage == all ]]; then
+  run gpu-check-first 230 python benchmarks/gpu_check.py --sections parity,op,speed --sizes 224,1024 --budget-s 150 \
+    --out "$OUT/gpu-check-first.json"
+  run kernel-resources 25 python benchmarks/kernel_resources.py --json "$OUT/kernel-resources.json"
+fi
+if [[ $stage == second || $stage == all ]]; then
+  run profile-224-infer 50 python benchmarks/profile_model.py --img-size 224 --batch 256 --variants softmax,elu,mhla,ttt
+  run profile-1024-train 50 python benchmarks/profile_model.py --img-size 1024 --batch 16 --train --variants softmax,elu,mhla,ttt
+  run mix-4097 35 python benchmarks/profile_mix.py --tokens 4097 --variants softmax,elu,mhla,ttt
+  run host-overhead 25 python benchmarks/host_overhead.py --json "$OUT/host-overhead.json"
+  run gpu-check-second 110 python benchmarks/gpu_check.py --sections speed,precision,distill,compiled --sizes 2048 \
+    --budget-s 60 --out "$OUT/gpu-check-second.json"
+fi

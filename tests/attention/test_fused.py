@@ -349,8 +349,8 @@ class ExportProbe(torch.nn.Module):
 
 
 def test_exporting_is_true_under_torch_export_alone():
-    """Not under torch.compile: dynamo before torch 2.14 folds torch.compiler.is_exporting() to True in every
-    compile (seen on 2.11), which turned TTT's recomputation and the lean norms off in compiled training;
+    """Not under torch.compile: torch 2.11's dynamo (not 2.14's) folds torch.compiler.is_exporting() to True in
+    every compile, which turned TTT's recomputation and the lean norms off in compiled training;
     dispatch.exporting reads the flag torch.export sets."""
     probe, x = ExportProbe(), torch.zeros(2)
     torch._dynamo.reset()

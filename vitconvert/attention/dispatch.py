@@ -289,8 +289,8 @@ def direct(t: torch.Tensor) -> bool:
 
 def exporting() -> bool:
     """Whether torch.export is tracing. The flag torch.export sets (torch >= 2.5), read directly where it exists:
-    dynamo before torch 2.14 folds ``torch.compiler.is_exporting()`` to True under every torch.compile (seen on
-    2.11), which turned TTT's recomputation and the lean norms off in compiled training."""
+    torch 2.11's dynamo (not 2.14's) folds ``torch.compiler.is_exporting()`` to True under every
+    torch.compile, which turned TTT's recomputation and the lean norms off in compiled training."""
     flag = getattr(torch.compiler, "_is_exporting_flag", None)
     if flag is not None:
         return bool(flag)
