@@ -88,11 +88,11 @@ def grid_conv_fwd_kernel(
     mean, rstd = _statistics(STATS, B, H, D, b, h, d, d_ok, NORM)
     spatial, row, col = _position(t, P, N, COLS)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    for i in tl.static_range(KS):
-        for j in tl.static_range(KS):
-            src, ok = _source(MASK, b, s_mb, spatial, row, col, i - KS // 2, j - KS // 2, P, ROWS, COLS, HAS_MASK)
-            w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + i * KS + j, mask=d_ok, other=0.0)
-            acc += _normed(x_at, b, s_xb, s_xn, src, ok, d, d_ok, mean, rstd, NORM) * w[None, :]
+    for tap in range(KS * KS):  # a loop, as the backward's
+        src, ok = _source(MASK, b, s_mb, spatial, row, col, tap // KS - KS // 2, tap % KS - KS // 2, P, ROWS, COLS,
+                          HAS_MASK)
+        w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + tap, mask=d_ok, other=0.0)
+        acc += _normed(x_at, b, s_xb, s_xn, src, ok, d, d_ok, mean, rstd, NORM) * w[None, :]
     if HAS_BIAS:
         bias = tl.load(BIAS + h * D + d, mask=d_ok, other=0.0)
         acc += tl.where(spatial[:, None], bias[None, :], 0.0)
@@ -128,21 +128,21 @@ def grid_conv_bwd_kernel(
     if HAS_MASK:
         valid = valid & (tl.load(MASK + b * s_mb + t, mask=t_ok, other=0) != 0)
     # dx̂ of these tokens as conv inputs: the transposed gather of dy from the tokens whose taps read them
+    # A loop, not unrolled: Triton 3.6 schedules the unrolled taps' loads ahead and spills (255 registers and
+    # 6-18 spilled for sm_90, where this takes 64-80 and none)
     dx_hat = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    for i in tl.static_range(KS):
-        for j in tl.static_range(KS):
-            w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + i * KS + j, mask=d_ok, other=0.0)
-            if WRITE_DX or NORM:  # (the grid tokens whose tap (i, j) reads these: any, valid or not)
-                src, ok = _source(MASK, b, s_mb, valid, row, col, KS // 2 - i, KS // 2 - j, P, ROWS, COLS, False)
-                reads = ok[:, None] & d_ok[None, :]
-                dx_hat += tl.load(dy_at + b * s_gb + src[:, None] * s_gn + d[None, :], mask=reads,
-                                  other=0.0).to(tl.float32) * w[None, :]
-            if SUMS:  # dw[tap] over these tokens as conv outputs
-                src, ok = _source(MASK, b, s_mb, spatial, row, col, i - KS // 2, j - KS // 2, P, ROWS, COLS,
-                                  HAS_MASK)
-                x_src = _normed(x_at, b, s_xb, s_xn, src, ok, d, d_ok, mean, rstd, NORM)
-                tl.store(DW + ((bh * TILES + tile) * (KS * KS) + i * KS + j) * D + d,
-                         tl.sum(dy * x_src, axis=0), mask=d_ok)
+    for tap in range(KS * KS):
+        i, j = tap // KS, tap % KS
+        w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + tap, mask=d_ok, other=0.0)
+        if WRITE_DX or NORM:  # (the grid tokens whose tap (i, j) reads these: any, valid or not)
+            src, ok = _source(MASK, b, s_mb, valid, row, col, KS // 2 - i, KS // 2 - j, P, ROWS, COLS, False)
+            reads = ok[:, None] & d_ok[None, :]
+            dx_hat += tl.load(dy_at + b * s_gb + src[:, None] * s_gn + d[None, :], mask=reads,
+                              other=0.0).to(tl.float32) * w[None, :]
+        if SUMS:  # dw[tap] over these tokens as conv outputs
+            src, ok = _source(MASK, b, s_mb, spatial, row, col, i - KS // 2, j - KS // 2, P, ROWS, COLS, HAS_MASK)
+            x_src = _normed(x_at, b, s_xb, s_xn, src, ok, d, d_ok, mean, rstd, NORM)
+            tl.store(DW + ((bh * TILES + tile) * (KS * KS) + tap) * D + d, tl.sum(dy * x_src, axis=0), mask=d_ok)
     if RESIDUAL:
         dx_hat += dy
     if SUMS:
