@@ -146,7 +146,7 @@ def environment(device: torch.device) -> dict[str, Any]:
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
             "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None, "timm": timm.__version__,
-            "fla": fla_version(), "python": platform.python_version()}
+            "triton": dispatch.triton_version(), "fla": fla_version(), "python": platform.python_version()}
 
 
 def fla_version() -> Optional[str]:

@@ -245,7 +245,8 @@ def print_table(rows: list[dict[str, Any]], device: torch.device, arch: Optional
                  f"{ARCHES[arch][1]} bytes; blocks/SM: occupancy from registers, shared memory and warps)")
     else:
         where = torch.cuda.get_device_name(device) if built else "no GPU: Triton's interpreter builds nothing"
-    print(f"fused kernels as built for {where}; {str(dtype).removeprefix('torch.')} inputs; "
+    print(f"Triton {dispatch.triton_version()}: fused kernels as built for {where}; "
+          f"{str(dtype).removeprefix('torch.')} inputs; "
           f"{dispatch.CONFIG_ENV}={os.environ.get(dispatch.CONFIG_ENV, '(default)')}")
     print(f"{'d':>4}  {'op':26s} {'kernel':28s} {'BLOCK_N':>7} {'warps':>5} {'tile':>4} {'regs':>5} {'spills':>6} "
           f"{'shared':>7}" + ("  blocks/SM" if arch else ""))
@@ -348,6 +349,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print_table(rows, device, args.arch, dtype)
     if args.json is not None:
         write_text_atomic(args.json, json.dumps({"device": str(device), "arch": args.arch, "dtype": args.dtype,
+                                                 "triton": dispatch.triton_version(),
                                                  "rows": rows}, indent=1))
     return 1 if any("error" in row for row in rows) else 0
 

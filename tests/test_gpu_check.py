@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import load_benchmark
 
-from vitconvert.attention import VARIANTS
+from vitconvert.attention import VARIANTS, dispatch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
@@ -33,6 +33,8 @@ def test_dry_run_exits_cleanly_and_says_it_is_a_dry_run(dry_run):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert check["dry_run"] is True and check["errors"] == []
     assert "DRY RUN" in done.stdout and check["env"]["device"] == "cpu"
+    triton_version = dispatch.triton_version()  # (kernels build differently across Triton versions)
+    assert triton_version is not None and check["env"]["triton"] == triton_version
 
 
 def test_dry_run_measures_every_variant_eager_and_compiled_with_targets_never_judged(dry_run):

@@ -83,6 +83,7 @@ def test_every_kernel_builds_for_an_h200_fits_and_does_not_spill(tmp_path):
     variable whose shape changed), none needs more shared memory than a block may have (TTT's sums' backward on
     TF32 tiles needed 248 KB of 227), none spills registers."""
     rows, stdout = cross_build(tmp_path, "--head-dims", "64")
+    assert f"Triton {dispatch.triton_version()}: fused kernels as built for sm_90" in stdout  # (3.6 spills more)
     built = {(row["op"], row["kernel"]) for row in rows}
     assert {op for op, _ in built} == {"linear_attention elu", "linear_attention inline", "blocked_attention mhla",
                                        "pairwise_attention mhla", "ttt_step", "grid_conv ttt", "grid_conv lepe",

@@ -9,6 +9,7 @@ eager form.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import math
 import os
@@ -52,6 +53,15 @@ TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # once, at im
 
 def triton_available() -> bool:
     return TRITON_INSTALLED
+
+
+def triton_version() -> Optional[str]:
+    """Triton's version as installed (without importing it), or None: kernels build differently across versions
+    (Triton 3.6 spilled registers where 3.8 does not), so the benchmarks' reports name it."""
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def use_fused_kernels() -> bool:
