@@ -44,20 +44,27 @@ def _position(t, P, N, COLS):
 
 
 @triton.jit
-def _normed(X, b, s_xb, s_xn, t, ok, d, d_ok, mean, rstd, NORM: tl.constexpr):
-    """x̂ of rows ``t`` where ``ok`` (zero elsewhere), float32."""
+def _normed(x_at, s_xn, t, ok, d, d_ok, mean, rstd, NORM: tl.constexpr):
+    """x̂ of rows ``t`` where ``ok`` (zero elsewhere), float32; ``x_at``: X + b·s_xb + h·s_xh."""
     tile = ok[:, None] & d_ok[None, :]
-    x = tl.load(X + b * s_xb + t[:, None] * s_xn + d[None, :], mask=tile, other=0.0).to(tl.float32)
+    x = tl.load(x_at + t[:, None] * s_xn + d[None, :], mask=tile, other=0.0).to(tl.float32)
     if NORM:
         x = tl.where(tile, (x - mean[None, :]) * rstd[None, :], 0.0)
     return x
 
 
 @triton.jit
-def _source(MASK, b, s_mb, spatial, row, col, dr, dc, P, ROWS, COLS, HAS_MASK: tl.constexpr):
-    """(token, whether it is on the grid and valid) at offset (dr, dc) of grid tokens (row, col)."""
-    r, c = row + dr, col + dc
-    ok = spatial & (r >= 0) & (r < ROWS) & (c >= 0) & (c < COLS)
+def _row(spatial, row, dr, ROWS):
+    """(row, whether on the grid) at row offset ``dr`` of grid tokens (row, ·): what a row of taps shares."""
+    r = row + dr
+    return r, spatial & (r >= 0) & (r < ROWS)
+
+
+@triton.jit
+def _source(MASK, b, s_mb, r, row_ok, col, dc, P, COLS, HAS_MASK: tl.constexpr):
+    """(token, whether it is on the grid and valid) at column offset ``dc`` of row ``r`` (:func:`_row`)."""
+    c = col + dc
+    ok = row_ok & (c >= 0) & (c < COLS)
     t = P + tl.where(ok, r * COLS + c, 0)
     if HAS_MASK:
         ok = ok & (tl.load(MASK + b * s_mb + t, mask=ok, other=0) != 0)
@@ -84,15 +91,16 @@ def grid_conv_fwd_kernel(
 ):
     """y of BLOCK_M tokens of one (batch, head): grid (B·H, ⌈N / BLOCK_M⌉). WEIGHT: (H·D, KS·KS) float32."""
     bh, tile, b, h, d, d_ok, t, t_ok = _program(H, N, D, BLOCK_M, BLOCK_D)
-    x_at = X + h * s_xh
+    x_at = X + b * s_xb + h * s_xh
     mean, rstd = _statistics(STATS, B, H, D, b, h, d, d_ok, NORM)
     spatial, row, col = _position(t, P, N, COLS)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    for tap in range(KS * KS):  # a loop, as the backward's
-        src, ok = _source(MASK, b, s_mb, spatial, row, col, tap // KS - KS // 2, tap % KS - KS // 2, P, ROWS, COLS,
-                          HAS_MASK)
-        w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + tap, mask=d_ok, other=0.0)
-        acc += _normed(x_at, b, s_xb, s_xn, src, ok, d, d_ok, mean, rstd, NORM) * w[None, :]
+    for i in range(KS):  # loops, as the backward's; a row of taps shares its rows' test
+        r, row_ok = _row(spatial, row, i - KS // 2, ROWS)
+        for j in range(KS):
+            src, ok = _source(MASK, b, s_mb, r, row_ok, col, j - KS // 2, P, COLS, HAS_MASK)
+            w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + i * KS + j, mask=d_ok, other=0.0)
+            acc += _normed(x_at, s_xn, src, ok, d, d_ok, mean, rstd, NORM) * w[None, :]
     if HAS_BIAS:
         bias = tl.load(BIAS + h * D + d, mask=d_ok, other=0.0)
         acc += tl.where(spatial[:, None], bias[None, :], 0.0)
@@ -101,7 +109,7 @@ def grid_conv_fwd_kernel(
         acc += tl.load(BASE + b * s_bb + h * s_bh + t[:, None] * s_bn + d[None, :], mask=tile_ok,
                        other=0.0).to(tl.float32)
     else:
-        acc += _normed(x_at, b, s_xb, s_xn, t, t_ok, d, d_ok, mean, rstd, NORM)
+        acc += _normed(x_at, s_xn, t, t_ok, d, d_ok, mean, rstd, NORM)
     tl.store(Y + b * s_yb + h * s_yh + t[:, None] * s_yn + d[None, :], acc.to(Y.dtype.element_ty), mask=tile_ok)
 
 
@@ -135,20 +143,22 @@ def grid_conv_bwd_kernel(
         i, j = tap // KS, tap % KS
         w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + tap, mask=d_ok, other=0.0)
         if WRITE_DX or NORM:  # (the grid tokens whose tap (i, j) reads these: any, valid or not)
-            src, ok = _source(MASK, b, s_mb, valid, row, col, KS // 2 - i, KS // 2 - j, P, ROWS, COLS, False)
+            r_in, in_ok = _row(valid, row, KS // 2 - i, ROWS)
+            src, ok = _source(MASK, b, s_mb, r_in, in_ok, col, KS // 2 - j, P, COLS, False)
             reads = ok[:, None] & d_ok[None, :]
             dx_hat += tl.load(dy_at + b * s_gb + src[:, None] * s_gn + d[None, :], mask=reads,
                               other=0.0).to(tl.float32) * w[None, :]
         if SUMS:  # dw[tap] over these tokens as conv outputs
-            src, ok = _source(MASK, b, s_mb, spatial, row, col, i - KS // 2, j - KS // 2, P, ROWS, COLS, HAS_MASK)
-            x_src = _normed(x_at, b, s_xb, s_xn, src, ok, d, d_ok, mean, rstd, NORM)
+            r_out, out_ok = _row(spatial, row, i - KS // 2, ROWS)
+            src, ok = _source(MASK, b, s_mb, r_out, out_ok, col, j - KS // 2, P, COLS, HAS_MASK)
+            x_src = _normed(x_at + b * s_xb, s_xn, src, ok, d, d_ok, mean, rstd, NORM)
             tl.store(DW + ((bh * TILES + tile) * (KS * KS) + tap) * D + d, tl.sum(dy * x_src, axis=0), mask=d_ok)
     if RESIDUAL:
         dx_hat += dy
     if SUMS:
         tl.store(DBIAS + (bh * TILES + tile) * D + d, tl.sum(tl.where(spatial[:, None], dy, 0.0), axis=0), mask=d_ok)
     if NORM:
-        x_hat = _normed(x_at, b, s_xb, s_xn, t, t_ok, d, d_ok, mean, rstd, NORM)
+        x_hat = _normed(x_at + b * s_xb, s_xn, t, t_ok, d, d_ok, mean, rstd, NORM)
         if SUMS:
             at = SUMS_OUT + (bh * TILES + tile) * D + d
             tl.store(at, tl.sum(dx_hat, axis=0), mask=d_ok)
