@@ -128,16 +128,17 @@ def grid_conv_bwd_kernel(
     and the valid keys' count per batch COUNT (B,) float32."""
     bh, tile, b, h, d, d_ok, t, t_ok = _program(H, N, D, BLOCK_M, BLOCK_D)
     tile_ok = t_ok[:, None] & d_ok[None, :]
-    x_at, dy_at = X + h * s_xh, DY + h * s_gh
+    x_at, dy_at = X + b * s_xb + h * s_xh, DY + b * s_gb + h * s_gh
     mean, rstd = _statistics(STATS, B, H, D, b, h, d, d_ok, NORM)
     spatial, row, col = _position(t, P, N, COLS)
-    dy = tl.load(dy_at + b * s_gb + t[:, None] * s_gn + d[None, :], mask=tile_ok, other=0.0).to(tl.float32)
+    dy = tl.load(dy_at + t[:, None] * s_gn + d[None, :], mask=tile_ok, other=0.0).to(tl.float32)
     valid = spatial
     if HAS_MASK:
         valid = valid & (tl.load(MASK + b * s_mb + t, mask=t_ok, other=0) != 0)
     # dx̂ of these tokens as conv inputs: the transposed gather of dy from the tokens whose taps read them
-    # A loop, not unrolled: Triton 3.6 schedules the unrolled taps' loads ahead and spills (255 registers and
-    # 6-18 spilled for sm_90, where this takes 64-80 and none)
+    # Loops, not unrolled: Triton 3.6 schedules the unrolled taps' loads ahead and spills (255 registers and 6-18
+    # spilled for sm_90, where the loops take 78-105 and none). Each tap tests its rows itself: held across a row
+    # of taps, as the forward's, they cost TTT's kernel a block an SM at head dim 64
     dx_hat = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     for tap in range(KS * KS):
         i, j = tap // KS, tap % KS
@@ -146,19 +147,19 @@ def grid_conv_bwd_kernel(
             r_in, in_ok = _row(valid, row, KS // 2 - i, ROWS)
             src, ok = _source(MASK, b, s_mb, r_in, in_ok, col, KS // 2 - j, P, COLS, False)
             reads = ok[:, None] & d_ok[None, :]
-            dx_hat += tl.load(dy_at + b * s_gb + src[:, None] * s_gn + d[None, :], mask=reads,
-                              other=0.0).to(tl.float32) * w[None, :]
+            dy_src = tl.load(dy_at + src[:, None] * s_gn + d[None, :], mask=reads, other=0.0)
+            dx_hat += dy_src.to(tl.float32) * w[None, :]
         if SUMS:  # dw[tap] over these tokens as conv outputs
             r_out, out_ok = _row(spatial, row, i - KS // 2, ROWS)
             src, ok = _source(MASK, b, s_mb, r_out, out_ok, col, j - KS // 2, P, COLS, HAS_MASK)
-            x_src = _normed(x_at + b * s_xb, s_xn, src, ok, d, d_ok, mean, rstd, NORM)
+            x_src = _normed(x_at, s_xn, src, ok, d, d_ok, mean, rstd, NORM)
             tl.store(DW + ((bh * TILES + tile) * (KS * KS) + tap) * D + d, tl.sum(dy * x_src, axis=0), mask=d_ok)
     if RESIDUAL:
         dx_hat += dy
     if SUMS:
         tl.store(DBIAS + (bh * TILES + tile) * D + d, tl.sum(tl.where(spatial[:, None], dy, 0.0), axis=0), mask=d_ok)
     if NORM:
-        x_hat = _normed(x_at + b * s_xb, s_xn, t, t_ok, d, d_ok, mean, rstd, NORM)
+        x_hat = _normed(x_at, s_xn, t, t_ok, d, d_ok, mean, rstd, NORM)
         if SUMS:
             at = SUMS_OUT + (bh * TILES + tile) * D + d
             tl.store(at, tl.sum(dx_hat, axis=0), mask=d_ok)
