@@ -29,6 +29,7 @@ python -c "import vitconvert, rich, safetensors" 2>> "$OUT/machine.txt" || { ech
 run() {  # run NAME SECONDS COMMAND...: its output in $OUT/NAME.txt, and a line saying how it ended
   local name=$1 limit=$2; shift 2
   local began=$SECONDS
+  echo "$name: running (at most $limit s), output in $OUT/$name.txt"
   timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
   echo "$name: exit $? in $((SECONDS - began)) s" | tee -a "$OUT/machine.txt"
 }
