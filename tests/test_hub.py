@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import re
@@ -100,8 +101,28 @@ def test_missing_token_says_how_to_log_in(tmp_path, monkeypatch, online, make_fo
     assert "HF_TOKEN" in str(info.value) and hub.calls == []
 
 
+def http_library():
+    """The HTTP library this huggingface_hub talks through: requests before 1.0, httpx in 1.x, httpx2 in 2.x (the
+    floor is 0.25, CI runs the newest), so the errors below are the ones it raises."""
+    major = int(huggingface_hub.__version__.split(".", 1)[0])  # not get_session(): it caches an online session
+    return importlib.import_module({0: "requests", 1: "httpx"}.get(major, "httpx2"))
+
+
+def http_response(code: int, url: str = "https://huggingface.co/api/repos/create"):
+    http = http_library()
+    if http.__name__ != "requests":
+        return http.Response(code, request=http.Request("POST", url))
+    response = http.Response()
+    response.status_code, response.url, response.request = code, url, http.Request("POST", url).prepare()
+    return response
+
+
+def connect_error(message: str) -> Exception:
+    http = http_library()
+    return http.ConnectionError(message) if http.__name__ == "requests" else http.ConnectError(message)
+
+
 def test_token_is_never_written_or_logged(tmp_path, monkeypatch, online, caplog, make_folder):
-    import httpx2 as http  # the HTTP library of this huggingface_hub
     from huggingface_hub.errors import HfHubHTTPError
 
     folder = make_folder(tmp_path / "run", run=True)
@@ -109,7 +130,7 @@ def test_token_is_never_written_or_logged(tmp_path, monkeypatch, online, caplog,
     FakeHub(monkeypatch)
     push_folder(folder, "me/x", token=FAKE_TOKEN)
     echo = HfHubHTTPError(f"400 Bad Request: token {FAKE_TOKEN} is malformed",
-                          response=http.Response(400, request=http.Request("POST", "https://huggingface.co")))
+                          response=http_response(400, "https://huggingface.co"))
     FakeHub(monkeypatch, fail={"upload_folder": echo})
     with pytest.raises(VitconvertError) as info:
         push_folder(folder, "me/x", token=FAKE_TOKEN)
@@ -120,14 +141,11 @@ def test_token_is_never_written_or_logged(tmp_path, monkeypatch, online, caplog,
 
 
 def hub_errors():
-    import httpx2 as http
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
 
-    def response(code: int):
-        return http.Response(code, request=http.Request("POST", "https://huggingface.co/api/repos/create"))
-
+    response = http_response
     return [
-        (http.ConnectError("[Errno -3] Temporary failure in name resolution"), "cannot reach the Hugging Face Hub"),
+        (connect_error("[Errno -3] Temporary failure in name resolution"), "cannot reach the Hugging Face Hub"),
         (ConnectionError("connection reset"), "cannot reach the Hugging Face Hub"),
         (TimeoutError("timed out"), "cannot reach the Hugging Face Hub"),
         (OfflineModeIsEnabled("offline"), "cannot reach the Hugging Face Hub"),

@@ -20,7 +20,8 @@ LAZY_MARK = "# lazy: start-up time"
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundations", ["errors", "version"]),
     ("output rules", ["output_rules"]),
-    ("services", ["threads", "writer", "distributed", "aliases", "assets", "hub_io", "recipe_checks", "selection"]),
+    ("services", ["dependencies", "threads", "writer", "distributed", "aliases", "assets", "hub_io", "recipe_checks",
+                  "selection"]),
     ("variants", ["attention"]),
     ("recipes and families", ["recipes", "surgery"]),
     ("data and model plumbing", ["data", "init", "timm_registry", "capture", "recipe_report"]),

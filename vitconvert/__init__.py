@@ -45,6 +45,13 @@ __all__ = ["VARIANTS", "convert", "convert_source", "hybrid", "load", "save", "_
 
 
 def _public_api() -> dict[str, _Any]:
+    from .dependencies import check  # lazy: start-up time
+    from .errors import VitconvertError  # lazy: start-up time
+
+    try:  # before anything imports timm: an old timm fails inside the import, not with a message
+        check()
+    except VitconvertError as e:
+        raise ImportError(str(e)) from None
     from . import timm_registry  # noqa: F401  # lazy: start-up time (importing it registers the variants with timm)
     from .attention import VARIANTS  # lazy: start-up time
     from .convert import convert  # lazy: start-up time

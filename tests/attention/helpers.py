@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Optional, Union
 
 import pytest
@@ -14,6 +15,16 @@ from helpers import load_benchmark
 from timm.layers import Attention
 
 from vitconvert.attention import VARIANTS, LinearAttention, dispatch, lean_norms
+
+
+@contextlib.contextmanager
+def no_warnings():
+    """Any warning inside fails the test, except numpy's deprecation of int() on a one-element array, which the
+    Triton interpreters torch's floor pins (3.6 with torch 2.11) raise on every scalar index (Triton 3.8 does not)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", message="Conversion of an array with ndim > 0", category=DeprecationWarning)
+        yield
 
 
 def kernels_device() -> str:

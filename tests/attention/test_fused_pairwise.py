@@ -3,8 +3,6 @@ against the literal N×N formula, against the blocked kernels, as an op, and how
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -141,8 +139,7 @@ def test_mhla_modules_match_their_literal_form_in_either_form(head_dim, grid, nu
     tokens = num_prefix + grid[0] * grid[1]
     x = torch.randn(2, tokens, 2 * head_dim, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     mask = padding_mask(tokens)[:, None, None, :]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with helpers.no_warnings():
         errors = helpers.float32_against_literal(module, x, mask)
     assert set(calls) == {"pairwise" if form == "pairwise" else "segmented_attention"}
     assert errors.pop("output") < 1e-5
@@ -223,8 +220,7 @@ def test_a_forward_kernel_the_gpu_cannot_build_leaves_mhla_on_its_blocked_kernel
         out = module(x)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     assert blocked and not dispatch.fits("pairwise_attention") and fused.can_run(x[..., :32], "blocked_attention")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with helpers.no_warnings():
         module(x)
 
 

@@ -6,7 +6,6 @@ bfloat16, masks, token counts that are not a multiple of the chunk, heads split 
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 import pytest
@@ -88,8 +87,7 @@ def test_where_the_sums_backward_fits_no_settings_two_kernels_take_its_place(d, 
     one_kernel = helpers.Cramped(ttt_kernels.inner_sums_bwd_kernel, lambda settings: False)
     monkeypatch.setattr(ttt_kernels, "inner_sums_bwd_kernel", one_kernel)
     inputs, mask = step_inputs(N=70, d=d, masked=masked)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with helpers.no_warnings():
         errors = against_float64(inputs, mask, lr=0.7)
         assert max(errors) < 2e-6, errors
         tries = one_kernel.refused  # (BLOCK_N 64 or 32, down to 16: float32 inputs keep their tiles)
@@ -257,8 +255,7 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, 
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
     assert not fused.can_run(x, "ttt_step") and fused.can_run(x, "linear_attention")  # that op's kernels off
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with helpers.no_warnings():
         module(x)
 
 

@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.util
 import math
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -333,6 +334,23 @@ def _block_sizes(head_dim: int, override: Optional[str], many_tiles: bool) -> tu
     if block_d >= 128 or (many_tiles and block_d >= 64):
         return 32, block_d, 8
     return 64, block_d, 4
+
+
+def spill_free_chunk(block_n: int, block_d: int) -> int:
+    """The token chunk of the two backward kernels that Triton before 3.8 builds with spilled registers at head
+    dim 64 for sm_90 (ELU/ReLU/InLine's one-launch backward: 4, MHLA's pairwise dk/dv: 32; Triton 3.8: none):
+    half of it there, which builds without spills and with as many blocks per SM (benchmarks/kernel_resources.py
+    --arch sm_90 under Triton 3.6, torch 2.11's; not timed). ``VITCONVERT_FUSED_CONFIG`` keeps its chunk."""
+    if block_d != 64 or not older_triton() or os.environ.get(CONFIG_ENV):
+        return block_n
+    return max(16, block_n // 2)
+
+
+@lru_cache(maxsize=1)
+def older_triton() -> bool:
+    """Whether the installed Triton is older than 3.8 (read once: a launch asks)."""
+    found = re.match(r"(\d+)\.(\d+)", triton_version() or "")
+    return found is not None and (int(found[1]), int(found[2])) < (3, 8)
 
 
 def triton_next_power_of_2(n: int) -> int:

@@ -41,6 +41,7 @@ from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reac
     direct,
     disable,
     launch,
+    spill_free_chunk,
     split_tokens,
     tile_args,
     use_fused_kernels,
@@ -113,8 +114,9 @@ def _(q, k, v, key_valid, feature, feature_eps, eps, scale, inline):
 
 
 # The one-launch backward holds Rᵀ, dR, dS and dSᵀ as head-dim tiles at once: built for sm_90 it takes 238–255
-# registers and spills none up to head dim 64, 14–48 at 96 and 128 (benchmarks/kernel_resources.py --arch sm_90
-# --ops "linear_attention elu,linear_attention inline"), where the three-launch form runs.
+# registers and spills none up to head dim 64 (Triton 3.8; 3.6 on half the chunk: dispatch.spill_free_chunk), 14–48
+# at 96 and 128 (benchmarks/kernel_resources.py --arch sm_90 --ops "linear_attention elu,linear_attention inline"),
+# where the three-launch form runs.
 ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM = 64
 
 
@@ -130,6 +132,7 @@ def run_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
     if D <= ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM and split_tokens(B * H, 1, N, q.device)[0] == 1:
         q, k, v, o, do = (unit_rows(t) for t in (q, k, v, o, do))
         block_n, block_d, warps = block_sizes(D)
+        block_n = spill_free_chunk(block_n, block_d)
         dq, dk, dv = _output_like(q), _output_like(k), _output_like(v)
         mask, s_mb = _mask_arg(key_valid, k)
         launch(attention_bwd_kernel, (B * H,),

@@ -18,7 +18,16 @@ from typing import Optional
 import torch
 
 from . import fused, fused_eager
-from .dispatch import FORM_ENV, KernelUnavailable, block_sizes, form_setting, launch, tile_args, triton_next_power_of_2
+from .dispatch import (
+    FORM_ENV,
+    KernelUnavailable,
+    block_sizes,
+    form_setting,
+    launch,
+    spill_free_chunk,
+    tile_args,
+    triton_next_power_of_2,
+)
 from .fused import _direct_function
 from .fused_parts import _eager_gradients, _mask_arg, _output_like, _strides, unit_rows
 from .lean_norms import rms_pair, through_rms_pair
@@ -128,7 +137,7 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
         q, k, v, mask, segments, table, do, rden, dden, dk, dv,
         *_strides(q, k, v), s_mb, *_strides(do, dk, dv),
         H, N, D, G, feature_eps,
-        **settings)
+        **{**settings, "BLOCK_N": spill_free_chunk(settings["BLOCK_N"], block_d)})
     return dq, dk, dv, dmixing.sum((0, 1))[:G, :G].to(mixing.dtype)
 
 

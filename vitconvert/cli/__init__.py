@@ -17,9 +17,11 @@ import typer
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
+from ..dependencies import check as check_dependencies
+from ..errors import VitconvertError
 from ..version import __version__
 
-try:  # typer >= 0.24 vendors click as typer._click; its exceptions are the ones raised
+try:  # typer >= 0.26 vendors click as typer._click; its exceptions are the ones raised
     from typer._click import exceptions as click
 except ImportError:  # pragma: no cover - older typer on plain click
     from click import exceptions as click  # type: ignore[no-redef]
@@ -59,7 +61,13 @@ class LazyCommand(TyperCommand):
         self.module, self.function = module, function
 
     def load(self) -> TyperCommand:
-        """The real command: its module imported, its function turned into a command as Typer registers it."""
+        """The real command: its module imported, its function turned into a command as Typer registers it. The
+        installed dependencies are checked first: a too-old timm or typer is one line naming it, not a traceback
+        from inside the import (:mod:`..dependencies`)."""
+        try:
+            check_dependencies()
+        except VitconvertError as e:
+            raise click.ClickException(str(e)) from None
         single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
         module = importlib.import_module(f"{__name__}.{self.module}")
         single.command(self.name, cls=Command)(getattr(module, self.function))
