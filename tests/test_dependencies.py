@@ -35,7 +35,10 @@ def test_unmet_names_what_is_too_old_or_missing_and_skips_extras(tmp_path, monke
     with pytest.raises(VitconvertError) as info:
         dependencies.check("fakeapp")
     assert str(info.value) == ("fakeapp needs oldlib>=2.0, absentlib>=1 (this environment has oldlib 1.5, no "
-                               "absentlib): pip install -U 'oldlib>=2.0' 'absentlib>=1'")
+                               "absentlib): pip install -U 'oldlib>=2.0' 'absentlib>=1' (or set "
+                               "VITCONVERT_SKIP_DEPENDENCY_CHECK=1 to run on these at your own risk)")
+    monkeypatch.setenv(dependencies.SKIP_ENV, "1")
+    dependencies.check("fakeapp")  # the user's call: a container whose packages cannot change
 
 
 @pytest.mark.parametrize("installed, ok", [("2.8.0", True), ("2.8.0+cu128", True), ("2.8.0a0+ecf3bae", True),
@@ -64,7 +67,8 @@ def test_an_old_timm_is_one_line_from_the_command_and_an_import_error_from_the_l
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
     script = Path(sys.executable).with_name("vitconvert")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "vitconvert"]
-    expected = f"vitconvert needs {floor} (this environment has timm 0.9.16): pip install -U '{floor}'"
+    expected = (f"vitconvert needs {floor} (this environment has timm 0.9.16): pip install -U '{floor}' (or set "
+                f"{dependencies.SKIP_ENV}=1 to run on these at your own risk)")
 
     run = subprocess.run([*command, "convert", "digits", "--to", "elu", "--out", str(tmp_path / "out")], env=env,
                          capture_output=True, text=True, timeout=120)
@@ -73,6 +77,10 @@ def test_an_old_timm_is_one_line_from_the_command_and_an_import_error_from_the_l
 
     version = subprocess.run([*command, "--version"], env=env, capture_output=True, text=True, timeout=120)
     assert version.returncode == 0 and version.stdout.startswith("vitconvert ")  # says what is installed regardless
+
+    anyway = subprocess.run([*command, "list"], env={**env, dependencies.SKIP_ENV: "1"}, capture_output=True,
+                            text=True, timeout=120)
+    assert anyway.returncode == 0 and "mhla" in anyway.stdout, anyway.stderr
 
     library = subprocess.run([sys.executable, "-c", "import vitconvert"], env=env, capture_output=True, text=True,
                              timeout=120)

@@ -10,6 +10,7 @@ in one line, before anything else runs.
 
 from __future__ import annotations
 
+import os
 from importlib import metadata
 from typing import Optional
 
@@ -17,6 +18,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from .errors import VitconvertError
+
+SKIP_ENV = "VITCONVERT_SKIP_DEPENDENCY_CHECK"  # =1: run anyway (a container whose torch cannot be upgraded)
 
 
 def declared(distribution: str = "vitconvert") -> list[Requirement]:
@@ -62,11 +65,15 @@ def unmet(distribution: str = "vitconvert") -> list[tuple[Requirement, Optional[
 
 def check(distribution: str = "vitconvert") -> None:
     """Raise one line naming every dependency that is missing or too old, and the pip command that fixes them:
-    ``vitconvert needs timm>=1.0.31 (this environment has timm 1.0.25): pip install -U 'timm>=1.0.31'``."""
+    ``vitconvert needs timm>=1.0.31 (this environment has timm 1.0.25): pip install -U 'timm>=1.0.31' (or set
+    VITCONVERT_SKIP_DEPENDENCY_CHECK=1 ...)``; that variable skips the check."""
+    if os.environ.get(SKIP_ENV, "").strip() == "1":
+        return
     problems = unmet(distribution)
     if problems:
         needs = ", ".join(str(requirement) for requirement, _ in problems)
         has = ", ".join(f"{requirement.name} {installed}" if installed else f"no {requirement.name}"
                         for requirement, installed in problems)
         fix = " ".join(f"'{requirement}'" for requirement, _ in problems)
-        raise VitconvertError(f"{distribution} needs {needs} (this environment has {has}): pip install -U {fix}")
+        raise VitconvertError(f"{distribution} needs {needs} (this environment has {has}): pip install -U {fix} "
+                              f"(or set {SKIP_ENV}=1 to run on these at your own risk)")
