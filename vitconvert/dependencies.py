@@ -3,9 +3,9 @@ package's metadata, so the floors have one home).
 
 pip checks them when it installs vitconvert, but not in an environment put together otherwise (conda, ``pip install
 --no-deps``, a later downgrade). There an older timm or typer does not fail cleanly: timm 1.0.20 stops ``import
-vitconvert`` with an AttributeError, timm 1.0.30 silently rebuilds a teacher without its saved arguments, and typer
-0.20 with click 8.5 prints the version instead of running a command. So vitconvert says which package is too old,
-in one line, before anything else runs.
+vitconvert`` with an AttributeError, timm 1.0.23 saves a folder without the model's arguments (read back, its
+weights "do not fit"), and typer 0.12 with click 8.5 prints the version instead of running a command. So vitconvert
+says which package is too old, in one line, before anything else runs.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from vitconvert.attention import VARIANTS, LinearAttention, dispatch, lean_norms
 @contextlib.contextmanager
 def no_warnings():
     """Any warning inside fails the test, except numpy's deprecation of int() on a one-element array, which the
-    Triton interpreters torch's floor pins (3.6 with torch 2.11) raise on every scalar index (Triton 3.8 does not)."""
+    Triton interpreter torch's floor pins (3.6, with torch 2.10 and 2.11) raises on every scalar index (3.8: none)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warnings.filterwarnings("ignore", message="Conversion of an array with ndim > 0", category=DeprecationWarning)
