@@ -13,7 +13,6 @@ import importlib.metadata
 import importlib.util
 import math
 import os
-import re
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from functools import lru_cache
 from typing import Any, Optional
 
 import torch
+from packaging.version import InvalidVersion, Version
 
 from ..errors import VitconvertError
 
@@ -348,9 +348,12 @@ def spill_free_chunk(block_n: int, block_d: int) -> int:
 
 @lru_cache(maxsize=1)
 def older_triton() -> bool:
-    """Whether the installed Triton is older than 3.8 (read once: a launch asks)."""
-    found = re.match(r"(\d+)\.(\d+)", triton_version() or "")
-    return found is not None and (int(found[1]), int(found[2])) < (3, 8)
+    """Whether the installed Triton is older than 3.8 (read once: a launch asks); parsed as the dependency check
+    parses versions (packaging), so a local build such as ``3.6.0+git`` counts as its release."""
+    try:
+        return Version(triton_version() or "").release < (3, 8)
+    except InvalidVersion:  # not installed, or a version packaging cannot read
+        return False
 
 
 def triton_next_power_of_2(n: int) -> int:
