@@ -162,7 +162,8 @@ def test_a_forward_in_inference_mode_then_a_training_step(form, monkeypatch):
     x.requires_grad_()
     out = module(x)
     out.sum().backward()
-    torch.testing.assert_close(out.detach(), expected, atol=0, rtol=0)
+    # Not bitwise: with W̃ requiring grad ATen may take another matmul path (seen on an Intel Xeon: 1.2e-7 off).
+    torch.testing.assert_close(out.detach(), expected, atol=1e-6, rtol=1e-5)
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
 

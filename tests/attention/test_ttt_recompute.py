@@ -156,7 +156,8 @@ def test_only_a_forward_that_records_for_backward_recomputes(checkpoint_calls):
     mod.recompute_step = True
     out = mod(x)
     assert len(checkpoint_calls) == 1
-    torch.testing.assert_close(out, plain, atol=0, rtol=0)
+    # Not bitwise: with grad enabled ATen may pick another matmul path than under no_grad on some CPUs.
+    torch.testing.assert_close(out, plain, atol=1e-12, rtol=1e-10)
 
 
 def test_traces_for_export_and_torchscript_record_the_plain_step(checkpoint_calls):
