@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
@@ -11,6 +12,7 @@ from torch.utils.data import Dataset
 
 from ..errors import VitconvertError, first_line, param
 from .digits import digits_dataset
+from .image_folder import IMAGE_EXTENSIONS, ClassFolderReader, as_dataset, same_name
 
 TRAIN_SPLITS = ("train", "training")
 EVAL_FOLDERS = ("val", "valid", "validation", "eval", "evaluation", "test")
@@ -24,6 +26,10 @@ EXTRA_TORCH: dict[str, tuple[str, str, str]] = {
     "oxford_iiit_pet": ("OxfordIIITPet", "trainval", "test"),
 }
 
+
+
+class ClassOrderWarning(UserWarning):
+    """An image folder labelled by its sorted order because its names match none of the model's."""
 
 
 def is_train_split(split: str) -> bool:
@@ -91,17 +97,14 @@ def _open_named(prefix: str, name: str, spec: str, split: str, root: Optional[st
 
 def open_folder(root: Path, split: str, classes: Optional[Sequence[str]] = None, whose: str = "",
                 strict: bool = True) -> Dataset:
-    """An image folder root with ``train/`` and ``val/`` (class subfolders inside), read by timm; labelled by
-    ``classes`` when given (``align_classes``)."""
-    import timm.data
-
+    """An image folder root with ``train/`` and ``val/`` (class subfolders inside), read as timm's ImageDataset;
+    labelled by ``classes`` when given (``align_classes``)."""
     folder = split_folder(root, split)
-    check_images(folder)
-    # images as stored (input_img_mode=None): TransformedDataset makes them RGB, 16-bit grey scaled, not clipped
-    ds = timm.data.create_dataset("", root=str(folder), split=split, search_split=False, input_img_mode=None)
+    reader = ClassFolderReader(folder)
+    check_images(folder, reader)
     if classes:
-        ds = align_classes(ds, folder, split, list(classes), whose, strict)
-    return ds
+        align_classes(reader, folder, list(classes), whose, strict)
+    return as_dataset(reader, split)
 
 
 def split_folder(root: Path, split: str) -> Path:
@@ -112,6 +115,7 @@ def split_folder(root: Path, split: str) -> Path:
                               "dataset name like torch/cifar100, or digits)")
     names = TRAIN_SPLITS if is_train_split(split) else (split, *EVAL_FOLDERS) if split in EVAL_FOLDERS[:5] else (
         split,)
+    names = tuple(dict.fromkeys(names))  # once each: val, valid, validation (not val/val/valid)
     folder = next((root / n for n in names if (root / n).is_dir()), None)
     if folder is None:
         have = sorted(p.name for p in root.iterdir() if p.is_dir())
@@ -120,20 +124,12 @@ def split_folder(root: Path, split: str) -> Path:
     return folder
 
 
-def check_images(folder: Path) -> None:
+def check_images(folder: Path, reader: ClassFolderReader) -> None:
     """A split folder with images, and every class folder with some: an empty class would shift the labels of
     every class after it."""
-    from timm.data.readers.img_extensions import get_img_extensions
-
-    extensions = tuple(get_img_extensions())
-
-    def has_images(where: Path) -> bool:
-        return any(p.suffix.lower() in extensions for p in where.rglob("*") if p.is_file())
-
-    if not has_images(folder):
-        raise VitconvertError(f"{folder} holds no images (class subfolders of {', '.join(extensions[:4])}...)")
-    empty = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith(".")
-                   and not has_images(d))
+    if not reader.samples:
+        raise VitconvertError(f"{folder} holds no images (class subfolders of {', '.join(IMAGE_EXTENSIONS[:3])}...)")
+    empty = [name for name in reader.folders if name not in reader.class_to_idx]
     if empty:
         raise VitconvertError(f"{folder} has class folders without images ({', '.join(empty[:5])}): an empty class "
                               "is no class at all, and every class after it would take its label; add its images "
@@ -148,26 +144,29 @@ def class_names(ds: Dataset) -> Optional[list[str]]:
     return [str(name) for name, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
 
 
-def align_classes(ds: Dataset, folder: Path, split: str, classes: list[str], whose: str,
-                  strict: bool = True) -> Dataset:
+def align_classes(reader: ClassFolderReader, folder: Path, classes: list[str], whose: str,
+                  strict: bool = True) -> None:
     """Label ``folder``'s images by ``classes`` (names, in label order) instead of by their sorted position, so a
-    split missing a class, or a model's own label names, keep every label right. A class folder ``classes``
-    lacks is refused; with ``strict=False`` a folder sharing no name with ``classes`` keeps its own order (a
-    model's label names may be words where the user's folders are their own names)."""
-    import timm.data
-
-    found = class_names(ds)
-    if found is None or found == classes:
-        return ds
-    unknown = [name for name in found if name not in classes]
+    split missing a class, or a model's own label names, keep every label right. Names compare as Unicode NFC.
+    A class folder ``classes`` lacks is refused; with ``strict=False`` a folder sharing no name with
+    ``classes`` keeps its own order (a model's label names may be words where the user's folders are their own
+    names), and says so: that order is then the only link between folders and labels."""
+    found = list(reader.class_to_idx)
+    wanted = [same_name(c) for c in classes]
+    if [same_name(n) for n in found] == wanted:
+        return
+    unknown = [name for name in found if same_name(name) not in wanted]
+    shown = ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else "")
     if len(unknown) == len(found) and not strict:
-        return ds
+        pairs = ", ".join(f"{name} -> {classes[i]}" for i, name in enumerate(found[:4]) if i < len(classes))
+        warnings.warn(f"{folder}'s class folders share no name with {whose}, so they are labelled by sorted order "
+                      f"({pairs}{', ...' if len(found) > 4 else ''}); rename them to {whose} if that is not "
+                      "their order", ClassOrderWarning, stacklevel=3)
+        return
     if unknown:
-        shown = ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else "")
         raise VitconvertError(f"{folder} has class folders not among {whose} ({', '.join(unknown[:5])}): their "
                               f"labels would be wrong; {whose}: {shown}")
-    return timm.data.create_dataset("", root=str(folder), split=split, search_split=False, input_img_mode=None,
-                                    class_map={name: i for i, name in enumerate(classes)})
+    reader.relabel({name: i for i, name in enumerate(classes)})
 
 
 def dataset_classes(ds: Dataset) -> Optional[int]:

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from ..errors import VitconvertError, param
 from ..recipes import Recipe
 from .datasets import check_classes, class_names, dataset_classes, open_dataset
+from .image_folder import upright
 from .transforms import InputConfig, eval_transform, mixup_for, train_transform
 
 
@@ -74,6 +75,7 @@ class TransformedDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image, target = self.base[max(index, 0)]
         target = int(target) if index >= 0 else -1  # -1: padding of an evaluation share
+        image = upright(image)
         if getattr(image, "mode", "RGB") != "RGB" and hasattr(image, "convert"):
             image = to_rgb(image)
         if self.seed is None:
