@@ -13,7 +13,8 @@ would be exact but costs a model build each. The allocator total is exact for te
 process, and is what the CUDA number means too.
 
 FLOPs (``flops.py``) are counted on one forward of each model; softmax FLOPs / a variant's is its FLOP-bound
-speedup. What a run measures is a ``BenchConfig`` (``bench_config.py``); ONNX Runtime steps come from
+speedup. Whether the times can be trusted (other work on the CPUs, rounds that disagree) is ``contention.py``'s
+answer, kept in the report. What a run measures is a ``BenchConfig`` (``bench_config.py``); ONNX Runtime steps come from
 ``onnx_timing.py``.
 """
 
@@ -37,6 +38,7 @@ from torch.nn import functional as F
 
 from .attention import VARIANTS
 from .bench_config import CLOCKS, BenchConfig
+from .contention import Contention, speedup_spread, watched
 from .convert import fresh_like
 from .errors import BadValue, VitconvertError, first_line
 from .flops import flops_per_image
@@ -86,6 +88,7 @@ class BenchReport:
     compile: Optional[str] = None  # torch.compile backend, None when not compiled
     backend: str = "torch"  # or "onnxruntime": every model exported to ONNX and run in an ORT CPU session
     keep_softmax: Optional[list[int]] = None  # the layers every variant keeps softmax (hybrids), None: none
+    contention: Optional[dict[str, Any]] = None  # contention.Contention.to_dict(): may the times be trusted
 
     def to_dict(self) -> dict[str, Any]:
         return {**{k: v for k, v in asdict(self).items() if k != "rows"}, "results": [asdict(r) for r in self.rows]}
@@ -298,6 +301,7 @@ def _run(config: BenchConfig, log: Optional[Callable[[str], None]]) -> BenchRepo
     keep_softmax = ref.keep_softmax if config.keep_softmax is None else config.keep_softmax  # a hybrid folder's own
     rows: list[BenchRow] = []
     kept: list[int] = []  # the layers hybrids keep softmax (the same at every size)
+    seen = Contention()
     for size in config.img_sizes or [ref.default_size]:
         softmax = _build_at(ref, size)
         kept = _softmax_layers(softmax, keep_softmax)
@@ -305,12 +309,12 @@ def _run(config: BenchConfig, log: Optional[Callable[[str], None]]) -> BenchRepo
         for name in names:
             models[name] = linear_copy(softmax, name, {**ref.options.get(name, {}), **(config.options or {})},
                                        keep_softmax)
-        rows += _time_at_size(config, models, size, device, log)
+        rows += _time_at_size(config, models, size, device, log, seen)
         del models, softmax
     source = str(config.source) if not isinstance(config.source, nn.Module) else ref.arch
     return BenchReport(source, ref.arch, str(device), torch.get_num_threads(), config.batch_size, config.repeats, rows,
                        clock=config.clock, amp=config.autocast, compile=config.compile, backend=config.backend,
-                       keep_softmax=kept or None)
+                       keep_softmax=kept or None, contention=seen.to_dict())
 
 
 def _build_at(ref: Reference, size: int) -> nn.Module:
@@ -331,7 +335,7 @@ def _softmax_layers(softmax: nn.Module, keep_softmax: Spec) -> list[int]:
 
 
 def _time_at_size(config: BenchConfig, models: dict[str, nn.Module], size: int, device: torch.device,
-                  log: Optional[Callable[[str], None]]) -> list[BenchRow]:
+                  log: Optional[Callable[[str], None]], seen: Contention) -> list[BenchRow]:
     """Every model at one image size, in each mode: FLOPs first (also the first inference warm-up), then turns."""
     models = {k: m.to(device) for k, m in models.items()}
     x = torch.randn(config.batch_size, 3, size, size, generator=torch.Generator().manual_seed(0)).to(device)
@@ -346,7 +350,11 @@ def _time_at_size(config: BenchConfig, models: dict[str, nn.Module], size: int, 
             log(f"{size} px ({tokens} tokens), {mode}: {', '.join(models)}")
         steps = sessions or {k: make_step(m, x, mode, config.autocast) for k, m in models.items()}
         rounds = config.warmup if sessions else warmup_rounds(config.warmup, mode, config.autocast, config.compile)
-        times = take_turns(steps, device, config.repeats, rounds, config.clock)
+        with watched(seen):
+            times = take_turns(steps, device, config.repeats, rounds, config.clock)
+        for name in times:
+            if name != SOFTMAX:
+                seen.add_spread(name, speedup_spread(times[SOFTMAX], times[name]))
         peaks = peaks_mib(steps, device) if config.memory and not sessions else dict.fromkeys(steps)
         rows += rows_of(times, peaks, flops, mode=mode, img_size=size, tokens=tokens, batch=config.batch_size)
     return rows

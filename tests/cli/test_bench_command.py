@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import timm
 from helpers import assert_one_line_error, runner, tiny_model
 
+from vitconvert import contention
 from vitconvert.cli import app
 
 FAST = ["--threads", "1", "--repeats", "1", "--no-pretrained"]
+TWO_ROUNDS = ["--threads", "1", "--repeats", "2", "--no-pretrained", "--no-memory"]
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +99,19 @@ def test_title_says_the_precision_and_amp_is_an_option(timm_folder):
     assert json.loads(result.stdout)["amp"] == "bfloat16"
     result = invoke("bench", str(timm_folder), "--to", "relu", "--amp", "bf17", *FAST)
     assert_one_line_error(result, "unknown autocast dtype 'bf17'")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat")
+def test_bench_warns_on_stderr_and_records_it_in_its_json(timm_folder, monkeypatch):
+    """The command's path: a contended run keeps its numbers, says so in one stderr line and marks its JSON."""
+    monkeypatch.setattr(contention, "OTHERS_CPU_LIMIT", -1.0)  # any reading counts as contended
+    result = invoke("bench", str(timm_folder), "--to", "relu", *TWO_ROUNDS, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["contention"]["reliable"] is False and report["contention"]["others_cpu"] is not None
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "these timings are unreliable: other processes used" in warnings[0]
+    monkeypatch.setattr(contention, "OTHERS_CPU_LIMIT", 2.0)  # nothing can exceed it
+    monkeypatch.setattr(contention, "SPREAD_LIMIT", float("inf"))
+    result = invoke("bench", str(timm_folder), "--to", "relu", *TWO_ROUNDS)
+    assert result.exit_code == 0 and "warning:" not in result.stderr and "relu" in result.stdout

@@ -56,6 +56,15 @@ def parse_sizes(text: Optional[str]) -> Optional[list[int]]:
     return list(dict.fromkeys(sizes))
 
 
+def unreliable(contention: Optional[dict[str, Any]]) -> Optional[str]:
+    """The report's doubt about its own times, as one sentence (None when the run looked clean)."""
+    from ..contention import Contention  # lazy: start-up time
+
+    if not contention or contention.get("reliable", True):
+        return None
+    return Contention(contention.get("others_cpu"), dict(contention.get("speedup_spread") or {})).warning()
+
+
 def bench_table(report: dict[str, Any]) -> Table:
     """One row per (size, mode, model); speedups against the softmax row of the same size and mode."""
     backend = " in ONNX Runtime" if report.get("backend") == "onnxruntime" else ""
@@ -128,6 +137,9 @@ def bench(
         report = benchmark(config, log=None if as_json else lambda msg: progress.print(f"[dim]timing {msg}[/]"))
         if plot is not None:
             plot_speedups(report, plot, force=force, inputs=[source])
+    doubt = unreliable(report.contention)
+    if doubt:
+        typer.echo(f"warning: {doubt}", err=True)
     if as_json:
         import json
 
