@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The prepared runs for a session lent a GPU (issue 21), in two stages that each fit one call of a 15-minute lease
-# (a machine's start costs 1-2 minutes of it, and no machine starts with under 4 minutes left):
-#   first   (~4.5 min) the kernels against the eager forms (parity: a wrong kernel fails the run), the op-level
-#           rows (one layer at 197...16385 tokens), speed and memory at 224 and 1024 px against SDPA softmax, and the
-#           registers and spills of every kernel as this GPU's Triton builds them;
+# The prepared runs for a session lent a GPU (issues 21, 37), in two stages that each fit one call of a 15-minute
+# lease (a machine's start costs 1-2 minutes of it, and no machine starts with under 4 minutes left):
+#   first   (~8 min) the kernel probe first (benchmarks/probe_kernels.py, under 5 minutes with its builds: GPU-only
+#           time from CUDA graphs beside the host-inclusive time, bytes/s against a streaming ceiling, SDPA and
+#           every variant at 197...16385 tokens and batch 256 x 197, ELU's launch settings, each mixer's top
+#           kernels), then the kernels against the eager forms (parity: a wrong kernel fails the run), the
+#           op-level rows, and speed and memory at 224 and 1024 px against SDPA softmax. (Registers and spills
+#           are a CPU cross-build: benchmarks/kernel_resources.py --arch sm_90, not a GPU step.)
 #   second  (~4.5 min) where the time goes: whole-model profiles at 224 px (inference) and 1024 px (training),
 #           one layer at 4097 tokens, the host's time per layer; then speed at 2048 px, bf16 against fp32, the
 #           distill trainer stopped and resumed, and the compiled rows as far as their budget goes;
@@ -34,9 +37,9 @@ run() {  # run NAME SECONDS COMMAND...: its output in $OUT/NAME.txt, and a line 
   echo "$name: exit $? in $((SECONDS - began)) s" | tee -a "$OUT/machine.txt"
 }
 if [[ $stage == first || $stage == all ]]; then
-  run gpu-check-first 230 python benchmarks/gpu_check.py --sections parity,op,speed --sizes 224,1024 --budget-s 150 \
+  run probe-kernels 290 python benchmarks/probe_kernels.py --budget-s 200 --out "$OUT/probe-kernels.jsonl"
+  run gpu-check-first 200 python benchmarks/gpu_check.py --sections parity,op,speed --sizes 224,1024 --budget-s 130 \
     --out "$OUT/gpu-check-first.json"
-  run kernel-resources 25 python benchmarks/kernel_resources.py --json "$OUT/kernel-resources.json"
 fi
 if [[ $stage == second || $stage == all ]]; then
   run profile-224-infer 50 python benchmarks/profile_model.py --img-size 224 --batch 256 --variants softmax,elu,mhla,ttt

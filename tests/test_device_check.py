@@ -32,9 +32,9 @@ def stage_calls(stage: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess
 
 
 @pytest.mark.parametrize("stage,scripts", [
-    ("first", ["gpu_check", "kernel_resources"]),
+    ("first", ["probe_kernels", "gpu_check"]),
     ("second", ["profile_model", "profile_model", "profile_mix", "host_overhead", "gpu_check"]),
-    ("all", ["gpu_check", "kernel_resources", "profile_model", "profile_model", "profile_mix", "host_overhead",
+    ("all", ["probe_kernels", "gpu_check", "profile_model", "profile_model", "profile_mix", "host_overhead",
              "gpu_check"]),
 ])
 def test_each_stage_runs_its_benchmarks_with_options_they_take(stage, scripts, tmp_path):
@@ -50,7 +50,8 @@ def test_each_stage_runs_its_benchmarks_with_options_they_take(stage, scripts, t
 
 
 def test_the_first_stage_checks_parity_first():
-    """A kernel that computes something else on a GPU fails the run before its speed is reported."""
+    """gpu_check's first section is parity: a kernel that computes something else fails the run before its
+    speed rows (the probe before it times the kernels only; it judges nothing)."""
     text = SCRIPT.read_text()
     first = re.search(r"gpu_check\.py --sections (\S+)", text)
     assert first is not None and first.group(1).split(",")[0] == "parity"
