@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import timm
 import torch
@@ -163,3 +165,28 @@ def test_from_scratch_linear_vit_saves_as_a_folder_timm_and_vitconvert_load(tmp_
         assert torch.equal(vitconvert.load(tmp_path / "m")(x), expected)
         assert torch.equal(timm.create_model(f"local-dir:{tmp_path / 'm'}", pretrained=True).eval()(x), expected)
     assert isinstance(vitconvert.load(tmp_path / "m").blocks[1].attn, LinearAttention)
+
+
+@pytest.mark.parametrize("variant", ["elu", "relu", "inline", "mhla", "ttt"])
+def test_a_traced_folder_warns_no_more_than_its_softmax_source(variant, tmp_path):
+    """torch.jit.trace of a saved student: only the TracerWarnings timm's own softmax model gives (a trace is fixed
+    to its input's size), none from the attention's shape branches (issue 39: 12-76 per folder), and the trace
+    taken at batch 2 is right at batch 1."""
+    source = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
+                               num_heads=2, depth=2, num_classes=3).eval()
+    student, _ = vitconvert.convert(source, variant)
+    vitconvert.save(student, tmp_path / "m")
+    loaded = vitconvert.load(tmp_path / "m").eval()
+    x = torch.randn(2, 3, 32, 32)
+
+    def tracer_warnings(model):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            traced = torch.jit.trace(model, x, check_trace=False)
+        return traced, [w for w in seen if issubclass(w.category, torch.jit.TracerWarning)]
+
+    _, softmax_warnings = tracer_warnings(source)
+    traced, ours = tracer_warnings(loaded)
+    assert len(ours) <= len(softmax_warnings), [f"{w.filename}:{w.lineno} {w.message}" for w in ours]
+    assert not [w for w in ours if "vitconvert" in w.filename]
+    torch.testing.assert_close(traced(x[:1]), loaded(x[:1]), atol=1e-5, rtol=1e-4)

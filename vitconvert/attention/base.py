@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar, Optional
 
@@ -309,6 +310,12 @@ class LinearAttention(nn.Module):
         Returns None when the spatial tokens form no known grid (e.g. NaFlex's packed patches); variants
         then use their grid-free form.
         """
+        if not torch.jit.is_scripting():  # (TorchScript compiles no branch of is_scripting() alone)
+            if torch.jit.is_tracing():
+                return self._traced_grid(tokens)
+        return self._grid_for(tokens)
+
+    def _grid_for(self, tokens: int) -> Grid:
         spatial = tokens - self.num_prefix_tokens
         grid = self.grid_size
         if grid is not None:
@@ -318,6 +325,15 @@ class LinearAttention(nn.Module):
         if side > 0 and side * side == spatial:
             return (side, side)
         return None
+
+    @torch.jit.unused
+    def _traced_grid(self, tokens: Any) -> Grid:
+        """Under torch.jit.trace a size is a tensor: the grid is read from its value once, without a TracerWarning
+        per layer. A trace is fixed to its input's size anyway (timm's patch embedding says so once)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            count = int(tokens)
+        return self._grid_for(count)
 
     def prepare(self, x: torch.Tensor, key_valid: Optional[torch.Tensor],
                 grid: Grid) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -168,7 +168,8 @@ class KernelAttention(LinearAttention):
                                     key_valid, self.phi_code, self.eps)
                 if out is not None:
                     return out
-        if q.shape[0] > 1 and q.shape == k.shape:  # (B, H) views cannot fold into one bmm batch: copy once, here
+        # (B, H) views cannot fold into one bmm batch: copy once, here. A trace takes the form valid for any batch.
+        if not torch.jit.is_tracing() and q.shape[0] > 1 and q.shape == k.shape:
             phi_q, phi_k = self.phi(torch.stack((q, k))).unbind(0)
         else:  # one image: (1, H, N, d) views of the qkv output fold into (H, N, d) without a copy
             phi_q, phi_k = self.phi(q), self.phi(k)

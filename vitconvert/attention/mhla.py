@@ -201,6 +201,8 @@ class MHLAttention(LinearAttention):
         return phi_q, phi_k
 
     def _check_grid(self, tokens: int, grid: tuple[int, int]) -> None:
+        if torch.jit.is_tracing():  # (a trace is fixed to its input's size: resolve_grid already chose this grid)
+            return
         if tokens - self.num_prefix_tokens != grid[0] * grid[1]:
             raise ValueError(f"{tokens} tokens do not form {self.num_prefix_tokens} prefix tokens and a "
                              f"{grid[0]}x{grid[1]} grid")

@@ -61,7 +61,6 @@ def inner_gradients(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None
     (a concatenation of da and db would be one more pass); v, a strided view of the qkv projection, is made
     contiguous once (each matmul would copy it).
     """
-    d = k.shape[-1]
     coef = -scale / k.shape[-2]  # a Python float (one scalar) without a mask, per item with one:
     per_item: Optional[torch.Tensor] = None
     if valid is not None:
@@ -69,7 +68,7 @@ def inner_gradients(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None
         v = v * m[:, None, :, None]
         per_item = (-scale / m.sum(dim=-1).clamp(min=1.0))[:, None, None, None]
     v = v.contiguous()
-    a, b = (k @ w12).split(d, dim=-1)
+    a, b = (k @ w12).chunk(2, dim=-1)  # (W1 and W2 side by side; chunk keeps a trace free of shape arithmetic)
     sig = torch.sigmoid(a)
     act = a * sig
     dh = v @ _times(w3.transpose(-2, -1), coef, per_item)  # (B, H, N, d): gW3ᵀ with g = coef·v
