@@ -1,0 +1,75 @@
+"""model.safetensors as vitconvert writes it: a valid safetensors file (safetensors, timm read it), every tensor that
+can be starting on a 64-byte boundary of the file (read from the header with struct and json, not our code), the
+mark in the metadata, and all of it in one write."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from helpers import tiny_model
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+import vitconvert
+from vitconvert.attention import VARIANTS
+from vitconvert.weights_file import read_mark, write_weights
+
+
+def file_offsets(path: Path) -> dict[str, int]:
+    """Each tensor's first byte in the file, as the format defines it: 8 + header length + its data offset."""
+    raw = path.read_bytes()
+    length = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + length])
+    return {k: 8 + length + v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
+
+
+def test_every_dtype_and_size_reads_back_and_whole_sizes_are_aligned(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    state = {"odd.bias": torch.randn(3, generator=g), "w": torch.randn(16, 8, generator=g),
+             "odd.weight": torch.randn(3, 5, generator=g), "half": torch.randn(32, generator=g).half(),
+             "bf": torch.randn(4, 8, generator=g).bfloat16(), "ids": torch.arange(7), "flag": torch.tensor([True]),
+             "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 4), "view": torch.randn(8, 8, generator=g).t()}
+    path = tmp_path / "w.safetensors"
+    write_weights(path, state, {"note": "x"})
+    back = load_file(str(path))
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+    with safe_open(str(path), framework="pt") as fh:
+        assert fh.metadata() == {"format": "pt", "note": "x"}
+    offsets = file_offsets(path)
+    whole = [k for k, t in state.items() if t.numel() * t.element_size() % 64 == 0]
+    assert all(offsets[k] % 64 == 0 for k in whole)
+    assert offsets["odd.weight"] % 64 == 0  # the first tensor of an odd size: matrices go first
+
+
+@pytest.mark.parametrize("case", [*VARIANTS, "hybrid"])
+def test_a_saved_folder_has_every_tensor_aligned_and_marked_in_one_write(tmp_path, case, monkeypatch):
+    """A tiny ViT's one tensor of an odd size (the 3-class head bias) goes last: every tensor starts aligned
+    (MHLA's 1×1 block mixing at this size is a second odd one, so there every tensor of a whole size is checked);
+    timm's own save (safetensors' save_file) is never called: the weights are written once, mark and all."""
+    import safetensors.torch
+
+    variant, layers = ("elu", [1]) if case == "hybrid" else (case, None)
+    student, _ = vitconvert.convert(tiny_model("vit", num_classes=3), variant, attn_init="copy", layers=layers)
+
+    def second_write(*args, **kwargs):
+        raise AssertionError("the weights are written twice")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", second_write)
+    folder = vitconvert.save(student, tmp_path / "m")
+    path = folder / "model.safetensors"
+    state = load_file(str(path))
+    offsets = file_offsets(path)
+    odd = [k for k, t in state.items() if t.numel() * t.element_size() % 64]
+    checked = state.keys() if len(odd) <= 1 else [k for k in state if k not in odd]
+    assert [k for k in checked if offsets[k] % 64] == []
+    assert all(torch.equal(v, student.state_dict()[k]) for k, v in state.items())
+    mark = read_mark(path)
+    assert (mark.variant, mark.layers) == (variant, layers or [0, 1])
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(timm.create_model(f"local-dir:{folder}", pretrained=True).eval()(x), student(x))
