@@ -165,3 +165,41 @@ def test_pipeline_on_one_image_gives_vitconvert_loads_logits_bit_for_bit(tmp_pat
         in_a_batch = reference(torch.cat([x, image_batch(reference, 3)]))[0]
     assert torch.equal(got, alone.sort(descending=True).values)
     torch.testing.assert_close(got, in_a_batch.sort(descending=True).values, rtol=1e-5, atol=1e-5)
+
+
+def relabel(config: dict) -> None:
+    config["architecture"] = "vitconvert_relu"
+    config["vitconvert"]["variant"] = "relu"
+
+
+# a config.json edit (and whether the weights were re-saved without vitconvert's mark) -> the refusal
+EDITED = {
+    "elu to relu": (relabel, False, "hold elu attention in layers [0, 1]"),
+    "layers []": (lambda c: c["model_args"].update(layers=[]), False, "an empty layer list"),
+    "layers '1-3'": (lambda c: c["model_args"].update(layers="1-3"), False, "list of layer indices (got '1-3')"),
+    "a subset": (lambda c: c["model_args"].update(layers=[1]), False, "builds elu attention in layers [1]"),
+    "a subset, weights unmarked": (lambda c: c["model_args"].update(layers=[1]), True,
+                                   "vitconvert block says the weights hold elu attention in layers [0, 1]"),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITED))
+def test_transformers_after_import_refuses_a_config_that_disagrees_with_the_weights(tmp_path, edit):
+    """transformers builds through vitconvert's timm entrypoint before it reads the weights; the entrypoint reads
+    the mark of the weights file from_pretrained is about to load, and refuses in one line."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForImageClassification, pipeline
+
+    folder = folder_of(tmp_path, "elu")
+    change, unmarked, message = EDITED[edit]
+    config = json.loads((folder / "config.json").read_text())
+    change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    if unmarked:
+        save_file(load_file(str(folder / "model.safetensors")), str(folder / "model.safetensors"),
+                  metadata={"format": "pt"})
+    for load in (lambda: AutoModelForImageClassification.from_pretrained(str(folder)),
+                 lambda: pipeline("image-classification", model=str(folder))):
+        with pytest.raises(vitconvert.errors.VitconvertError) as e:
+            load()
+        assert message in str(e.value) and "\n" not in str(e.value)

@@ -5,6 +5,7 @@ mark in the metadata, and all of it in one write."""
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -73,3 +74,102 @@ def test_a_saved_folder_has_every_tensor_aligned_and_marked_in_one_write(tmp_pat
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(timm.create_model(f"local-dir:{folder}", pretrained=True).eval()(x), student(x))
+
+
+# -- the mark, checked by every load path ---------------------------------------------------------------------
+def relu(config: dict) -> None:
+    config["architecture"] = "vitconvert_relu"
+    config["vitconvert"]["variant"] = "relu"
+
+
+def layers(value) -> callable:
+    def edit(config: dict) -> None:
+        config["model_args"]["layers"] = value
+    return edit
+
+
+def unmark(folder: Path) -> None:
+    """Re-save the weights as another program would: the same tensors, no vitconvert metadata."""
+    from safetensors.torch import save_file
+
+    save_file(load_file(str(folder / "model.safetensors")), str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+
+
+# edit -> (config.json change, weights re-saved without the mark, what vitconvert.load says, what timm's route says)
+EDITS = {
+    "elu to relu": (relu, False, "holds elu attention weights", "hold elu attention in layers [0, 1]"),
+    "architecture only to relu": (lambda c: c.update(architecture="vitconvert_relu"), False,
+                                  "block names elu attention, its architecture builds relu", "hold elu attention"),
+    "layers []": (layers([]), False, "an empty layer list", "an empty layer list"),
+    "layers '1-3'": (layers("1-3"), False, "must be a list of layer indices (got '1-3')", "list of layer indices"),
+    "a subset": (layers([1]), False, "block makes layers [0, 1] linear, its model_args [1]",
+                 "hold elu attention in layers [0, 1]"),
+    "a subset, weights unmarked": (layers([1]), True, "its model_args [1]", "vitconvert block says the weights hold "
+                                                                           "elu attention in layers [0, 1]"),
+    "elu to relu, weights unmarked": (lambda c: c.update(architecture="vitconvert_relu"), True, "builds relu",
+                                      "vitconvert block says the weights hold elu"),
+}
+
+
+def edited_folder(tmp_path: Path, edit: str) -> Path:
+    student, _ = vitconvert.convert(tiny_model("vit", num_classes=3), "elu", attn_init="copy")
+    folder = vitconvert.save(student, tmp_path / "m")
+    change, unmarked, _, _ = EDITS[edit]
+    config = json.loads((folder / "config.json").read_text())
+    change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    if unmarked:
+        unmark(folder)
+    return folder
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_load_and_timm_refuse_a_config_that_disagrees_with_the_weights(tmp_path, edit):
+    folder = edited_folder(tmp_path, edit)
+    _, _, by_load, by_timm = EDITS[edit]
+    with pytest.raises(vitconvert.errors.VitconvertError, match=re.escape(by_load)) as e:
+        vitconvert.load(folder)
+    assert "\n" not in str(e.value)
+    with pytest.raises(vitconvert.errors.VitconvertError, match=re.escape(by_timm)) as e:
+        timm.create_model(f"local-dir:{folder}", pretrained=True)
+    assert "\n" not in str(e.value)
+
+
+def test_weights_resaved_without_the_mark_still_load_when_the_config_agrees(tmp_path):
+    student, _ = vitconvert.convert(tiny_model("vit", num_classes=3), "elu", attn_init="copy", layers=[1])
+    folder = vitconvert.save(student, tmp_path / "m")
+    unmark(folder)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(vitconvert.load(folder)(x), student(x))
+        assert torch.equal(timm.create_model(f"local-dir:{folder}", pretrained=True).eval()(x), student(x))
+
+
+def test_a_students_weights_are_refused_as_a_softmax_source_and_teacher(tmp_path):
+    """`convert WEIGHTS --arch` (a subprocess, as a user runs it), a softmax config.json beside a student's
+    weights, and compare's teacher: the attention weights fit softmax modules, the mark says what they are."""
+    import os
+    import subprocess
+    import sys
+
+    student, _ = vitconvert.convert(tiny_model("vit", num_classes=3), "elu", attn_init="copy")
+    folder = vitconvert.save(student, tmp_path / "m")
+    env = {**os.environ, "PYTHONPATH": str(Path(vitconvert.__file__).parents[1])}
+    run = subprocess.run([sys.executable, "-m", "vitconvert", "convert", str(folder / "model.safetensors"), "--arch",
+                          "vit_tiny_patch16_224", "--to", "relu", "--out", str(tmp_path / "o")],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 1 and not (tmp_path / "o").exists()
+    assert run.stderr.strip().splitlines() == [f"error: {folder / 'model.safetensors'} holds vitconvert's elu linear "
+                                               "attention in layers [0, 1] (a converted model), not a softmax "
+                                               "model's weights: give the softmax ViT it was converted from"]
+    disguised = tmp_path / "disguised"
+    timm.models.save_for_hf(tiny_model("vit", num_classes=3), str(disguised), safe_serialization=True)
+    (disguised / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    from vitconvert.loading import load_teacher
+    from vitconvert.sources import load_source
+
+    with pytest.raises(vitconvert.errors.VitconvertError, match="holds vitconvert's elu linear attention"):
+        load_source(str(disguised))
+    with pytest.raises(vitconvert.errors.VitconvertError, match="holds vitconvert's elu linear attention"):
+        load_teacher(str(disguised), vitconvert.load(folder), seed=0, recorded=False)

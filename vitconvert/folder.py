@@ -238,6 +238,11 @@ def check_folder(folder: Path, config: dict[str, Any]) -> None:
         raise VitconvertError(f"{folder} has no {WEIGHTS}")
     check_weights_readable(folder)
     check_layers(folder, block)
+    mark = weights_file.read_mark(folder / WEIGHTS)
+    if mark is not None and mark.variant is not None and mark.variant != variant:
+        raise VitconvertError(f"{folder}/config.json names {variant} attention but {WEIGHTS} holds {mark.variant} "
+                              f"attention weights: they would load into the wrong attention; restore config.json's "
+                              f"variant ({mark.variant})")
 
 
 def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
@@ -261,10 +266,12 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     if isinstance(recorded, list) and built != recorded:  # ELU and softmax weights fit either way: never load it
         raise VitconvertError(f"{folder}/config.json disagrees with itself: its vitconvert block makes layers "
                               f"{recorded} linear, its model_args {built}")
-    saved = marked_layers(folder / WEIGHTS)
-    if saved is not None and built != saved:  # the layer list removed from both: the weights still know
-        raise VitconvertError(f"{folder}/config.json builds layers {built} linear but {WEIGHTS} holds linear "
-                              f"attention in layers {saved}: restore config.json's layer list")
+    variant = linear_attention_spec(model)[0]
+    if variant != variant_class(block["variant"]).variant:
+        raise VitconvertError(f"{folder}/config.json disagrees with itself: its vitconvert block names "
+                              f"{block['variant']} attention, its architecture builds {variant}")
+    # the layer list removed from both: the weights still know
+    weights_file.check_weights(folder / WEIGHTS, variant, built, f"{folder}/config.json")
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:

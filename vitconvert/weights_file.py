@@ -92,3 +92,48 @@ def read_mark(path: Path) -> Optional[Mark]:
     except ValueError:
         layers = None
     return Mark(meta.get(VARIANT_KEY), layers if isinstance(layers, list) else None)
+
+
+def block_mark(config_file: Path) -> Optional[Mark]:
+    """The variant and linear layers a vitconvert config.json's block records: what weights re-saved without the
+    mark (by another program) were saved as; None where there is no such block."""
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return None
+    block = config.get("vitconvert") if isinstance(config, dict) else None
+    if not isinstance(block, dict):
+        return None
+    variant, layers = block.get("variant"), block.get("layers")
+    return Mark(variant if isinstance(variant, str) else None, layers if isinstance(layers, list) else None)
+
+
+def check_weights(path: Path, variant: str, layers: list[int], builder: str) -> None:
+    """Refuse to load ``path`` into what ``builder`` builds (``variant`` attention in ``layers``) when the weights'
+    mark says they are other weights; for weights without the mark, the vitconvert block of the config.json beside
+    them says what they were saved as. ELU, ReLU and softmax weights fit each other's modules: a strict load would
+    take them without a word."""
+    mark, teller = read_mark(path), str(path)
+    if mark is None:
+        mark, teller = block_mark(path.parent / "config.json"), f"{path.parent / 'config.json'}'s vitconvert block"
+    if mark is None:
+        return
+    wrong_variant = mark.variant is not None and mark.variant != variant
+    if wrong_variant or (mark.layers is not None and mark.layers != layers):
+        held = f"{mark.variant or variant} attention" + (f" in layers {mark.layers}" if mark.layers is not None else "")
+        raise VitconvertError(f"{builder} builds {variant} attention in layers {layers}, but {teller} says the weights "
+                              f"hold {held}: they would load into the wrong attention; restore config.json as "
+                              "vitconvert wrote it")
+
+
+def check_softmax_weights(path: Path) -> None:
+    """Refuse a weights file vitconvert marked as a linear student where a softmax model is wanted (a source, a
+    teacher): its attention weights fit the softmax modules, so timm would load it without a word."""
+    if path.suffix != ".safetensors" or not path.is_file():
+        return
+    mark = read_mark(path)  # the callers have read the file once: it opens
+    if mark is not None:
+        layers = f" in layers {mark.layers}" if mark.layers is not None else ""
+        raise VitconvertError(f"{path} holds vitconvert's {mark.variant} linear attention{layers} (a "
+                              "converted model), not a softmax model's weights: give the softmax ViT it was converted "
+                              "from")
