@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("foundations", ["errors", "version"]),
     ("output rules", ["output_rules"]),
     ("services", ["dependencies", "threads", "writer", "distributed", "aliases", "assets", "hub_io", "recipe_checks",
-                  "selection"]),
+                  "selection", "weights_file"]),
     ("variants", ["attention"]),
     ("recipes and families", ["recipes", "surgery"]),
     ("data and model plumbing", ["data", "init", "timm_registry", "capture", "recipe_report"]),

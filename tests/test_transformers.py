@@ -140,3 +140,67 @@ def test_nothing_in_the_package_imports_transformers():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.split(".")[0] == "transformers" for n in names), path
+
+
+@pytest.mark.parametrize("classes", [7, 1000])
+def test_pipeline_on_one_image_gives_vitconvert_loads_logits_bit_for_bit(tmp_path, classes):
+    """`pipeline` on one image runs the model at batch 1, on weights that are views of the file's memory map. At
+    384 wide, a head matrix at an unaligned file offset (timm's save puts it after the odd-sized head bias) took
+    another GEMV path (1e-7 to 3e-7 off on an AMD EPYC, as on the issue's Intel Xeon); vitconvert writes every
+    matrix 64-byte aligned, so batch 1 in transformers runs the kernels vitconvert.load's batch 1 runs, on the
+    same numbers: equal bit for bit. A batch of several images runs GEMM instead: the same image's logits there
+    agree within float32 rounding (1e-5)."""
+    from transformers import pipeline
+
+    torch.manual_seed(0)
+    source = timm.create_model("vit_small_patch16_224", pretrained=False, depth=1, img_size=32, num_classes=classes)
+    student, _ = vitconvert.convert(source.eval(), "elu", attn_init="copy")
+    folder = vitconvert.save(student, tmp_path / "m")
+    reference = vitconvert.load(folder)
+    image = an_image()
+    ranked = pipeline("image-classification", model=str(folder))(image, top_k=classes, function_to_apply="none")
+    got = torch.tensor([r["score"] for r in ranked])  # the logits, highest first (ImageNet repeats a few names)
+    x = timm.data.create_transform(**timm.data.resolve_data_config({}, model=reference))(image).unsqueeze(0)
+    with torch.no_grad():
+        alone = reference(x)[0]
+        in_a_batch = reference(torch.cat([x, image_batch(reference, 3)]))[0]
+    assert torch.equal(got, alone.sort(descending=True).values)
+    torch.testing.assert_close(got, in_a_batch.sort(descending=True).values, rtol=1e-5, atol=1e-5)
+
+
+def relabel(config: dict) -> None:
+    config["architecture"] = "vitconvert_relu"
+    config["vitconvert"]["variant"] = "relu"
+
+
+# a config.json edit (and whether the weights were re-saved without vitconvert's mark) -> the refusal
+EDITED = {
+    "elu to relu": (relabel, False, "hold elu attention in layers [0, 1]"),
+    "layers []": (lambda c: c["model_args"].update(layers=[]), False, "an empty layer list"),
+    "layers '1-3'": (lambda c: c["model_args"].update(layers="1-3"), False, "list of layer indices (got '1-3')"),
+    "a subset": (lambda c: c["model_args"].update(layers=[1]), False, "builds elu attention in layers [1]"),
+    "a subset, weights unmarked": (lambda c: c["model_args"].update(layers=[1]), True,
+                                   "vitconvert block says the weights hold elu attention in layers [0, 1]"),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITED))
+def test_transformers_after_import_refuses_a_config_that_disagrees_with_the_weights(tmp_path, edit):
+    """transformers builds through vitconvert's timm entrypoint before it reads the weights; the entrypoint reads
+    the mark of the weights file from_pretrained is about to load, and refuses in one line."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForImageClassification, pipeline
+
+    folder = folder_of(tmp_path, "elu")
+    change, unmarked, message = EDITED[edit]
+    config = json.loads((folder / "config.json").read_text())
+    change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    if unmarked:
+        save_file(load_file(str(folder / "model.safetensors")), str(folder / "model.safetensors"),
+                  metadata={"format": "pt"})
+    for load in (lambda: AutoModelForImageClassification.from_pretrained(str(folder)),
+                 lambda: pipeline("image-classification", model=str(folder))):
+        with pytest.raises(vitconvert.errors.VitconvertError) as e:
+            load()
+        assert message in str(e.value) and "\n" not in str(e.value)

@@ -59,13 +59,13 @@ def test_run_folder_gets_the_umask(tmp_path, umask):
 
 KILLED_WRITER = textwrap.dedent("""
     import sys, time
-    import safetensors.torch as st
-    real = st.save_file
-    def slow(tensors, path, *a, **k):  # write the weights, then hang before the folder is complete
-        real(tensors, path, *a, **k)
+    import vitconvert.weights_file as wf
+    real = wf.write_weights
+    def slow(path, tensors, *a, **k):  # write the weights, then hang before the folder is complete
+        real(path, tensors, *a, **k)
         print("writing", flush=True)
         time.sleep(60)
-    st.save_file = slow
+    wf.write_weights = slow
     from vitconvert.cli import main
     sys.argv = ["vitconvert", *sys.argv[1:]]
     main()

@@ -170,8 +170,9 @@ def facts(config: dict[str, Any]) -> str:
         "parameters": f"{sum((block.get('totals') or {}).values()):,}" if block.get("totals") else None,
         "classes": config.get("num_classes"),
         "input": "x".join(str(v) for v in pre["input_size"][1:]) + " px" if pre.get("input_size") else None,
-        "preprocessing": (f"{pre.get('interpolation')} resize, crop {pre.get('crop_pct')}, mean {pre.get('mean')}, "
-                          f"std {pre.get('std')}") if pre.get("mean") else None,
+        "preprocessing": (f"{pre.get('interpolation')} resize, crop {pre.get('crop_pct')} "
+                          f"({pre.get('crop_mode') or 'center'}), mean {pre.get('mean')}, std {pre.get('std')}")
+                         if pre.get("mean") else None,
         "source": f"`{block.get('source')}`" if block.get("source") else None,
     }
     lines = ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows.items() if v is not None]

@@ -29,6 +29,7 @@ from .data import (
     make_loader,
     model_input_size,
     open_dataset,
+    size_text,
     teacher_normalizer,
 )
 from .errors import BadValue, VitconvertError, param
@@ -150,9 +151,10 @@ def compare_models(teacher: nn.Module, student: nn.Module, batches: Iterable[Any
     try:
         for batch in batches:
             images = batch[0] if isinstance(batch, (tuple, list)) else batch
-            if not images_seen and not accepts_size(teacher, images.shape[-1]):
-                raise VitconvertError(f"the teacher takes {model_input_size(teacher)} px images, the data is "
-                                      f"{images.shape[-1]} px (the student's size); give a teacher built at it")
+            if not images_seen and not accepts_size(teacher, tuple(images.shape[-2:])):
+                raise VitconvertError(f"the teacher takes {size_text(model_input_size(teacher))} images, the data "
+                                      f"is {size_text(tuple(images.shape[-2:]))} (the student's size); give a "
+                                      "teacher built at it")
             images_t = images.to(_device(teacher))
             logits_t, outs_t, _ = tap(to_teacher(images_t) if to_teacher else images_t)
             logits_s, outs_s = wrapped(images.to(_device(student)))

@@ -21,6 +21,7 @@ import timm
 import torch
 from torch import nn
 
+from . import weights_file
 from .attention import LinearAttention, variant_class
 from .attention.options import read_options
 from .card import CARD_MARKER, render_card
@@ -60,16 +61,20 @@ def linear_attention_spec(model: nn.Module) -> tuple[str, dict[str, Any]]:
 
 def write_model_files(model: nn.Module, folder: Path, meta: dict[str, Any],
                       card: Optional[str] = None) -> None:
-    """Write config.json (+ "vitconvert" block), model.safetensors and README.md into an existing folder."""
-    from timm.models import save_for_hf
+    """Write config.json (+ "vitconvert" block), model.safetensors (aligned, marked, in one write) and README.md
+    into an existing folder."""
+    from timm.models._hub import save_config_for_hf  # save_for_hf's config half: the weights are ours to write
 
     variant, options = linear_attention_spec(model)
-    state_backup = model.training
-    save_for_hf(model.eval(), str(folder), model_args=export_model_args(model), safe_serialization=True)
-    model.train(state_backup)
-    pinned = next(m for m in model.modules() if isinstance(m, LinearAttention)).pinned_options()
     linear, depth = linear_layer_indices(model)
-    mark_weights(folder / WEIGHTS, variant, linear)
+    state_backup = model.training
+    model.eval()
+    try:
+        save_config_for_hf(model, str(folder / "config.json"), model_args=export_model_args(model))
+        weights_file.write_weights(folder / WEIGHTS, model.state_dict(), mark_metadata(variant, linear))
+    finally:
+        model.train(state_backup)
+    pinned = next(m for m in model.modules() if isinstance(m, LinearAttention)).pinned_options()
     hybrid = linear if len(linear) != depth else None
     config = timm_config(json.loads((folder / "config.json").read_text()), variant, pinned, hybrid)
     config["vitconvert"] = {"format_version": FORMAT_VERSION, **meta, "variant": variant, "options": options,
@@ -178,28 +183,16 @@ def in_hub_cache(folder: Path) -> bool:
     return folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--")
 
 
-LAYERS_KEY = "vitconvert_linear_layers"  # model.safetensors metadata: which layers hold linear attention
-
-
-def mark_weights(path: Path, variant: str, linear: list[int]) -> None:
-    """Record in the weights file itself which layers hold linear (``variant``) attention, so a config.json whose
-    layer list was edited cannot load softmax weights into linear layers (ELU and softmax weights fit both)."""
-    from safetensors.torch import load_file, save_file
-
-    save_file(load_file(str(path)), str(path), metadata={"format": "pt", LAYERS_KEY: json.dumps(linear),
-                                                         "vitconvert_variant": variant})
+def mark_metadata(variant: str, linear: list[int]) -> dict[str, str]:
+    """What model.safetensors records of itself: the variant and which layers hold linear attention, so a config.json
+    edited afterwards cannot load the weights into other attention (ELU, ReLU and softmax weights fit each other)."""
+    return {weights_file.VARIANT_KEY: variant, weights_file.LAYERS_KEY: json.dumps(linear)}
 
 
 def marked_layers(path: Path) -> Optional[list[int]]:
     """The linear layers model.safetensors records (None for files written before the mark)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as fh:
-        value = (fh.metadata() or {}).get(LAYERS_KEY)
-    try:
-        return json.loads(value) if value is not None else None
-    except ValueError:
-        return None
+    mark = weights_file.read_mark(path)
+    return mark.layers if mark is not None else None
 
 
 def check_layers(folder: Path, block: dict[str, Any]) -> None:
@@ -245,6 +238,11 @@ def check_folder(folder: Path, config: dict[str, Any]) -> None:
         raise VitconvertError(f"{folder} has no {WEIGHTS}")
     check_weights_readable(folder)
     check_layers(folder, block)
+    mark = weights_file.read_mark(folder / WEIGHTS)
+    if mark is not None and mark.variant is not None and mark.variant != variant:
+        raise VitconvertError(f"{folder}/config.json names {variant} attention but {WEIGHTS} holds {mark.variant} "
+                              f"attention weights: they would load into the wrong attention; restore config.json's "
+                              f"variant ({mark.variant})")
 
 
 def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
@@ -268,10 +266,12 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     if isinstance(recorded, list) and built != recorded:  # ELU and softmax weights fit either way: never load it
         raise VitconvertError(f"{folder}/config.json disagrees with itself: its vitconvert block makes layers "
                               f"{recorded} linear, its model_args {built}")
-    saved = marked_layers(folder / WEIGHTS)
-    if saved is not None and built != saved:  # the layer list removed from both: the weights still know
-        raise VitconvertError(f"{folder}/config.json builds layers {built} linear but {WEIGHTS} holds linear "
-                              f"attention in layers {saved}: restore config.json's layer list")
+    variant = linear_attention_spec(model)[0]
+    if variant != variant_class(block["variant"]).variant:
+        raise VitconvertError(f"{folder}/config.json disagrees with itself: its vitconvert block names "
+                              f"{block['variant']} attention, its architecture builds {variant}")
+    # the layer list removed from both: the weights still know
+    weights_file.check_weights(folder / WEIGHTS, variant, built, f"{folder}/config.json")
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:

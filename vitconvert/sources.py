@@ -25,6 +25,7 @@ from .errors import BadValue, VitconvertError, first_line, param
 from .folder import check_weights_readable, folder_block, read_config
 from .hub_io import hub_offline, hub_reachable, hub_snapshot, parse_repo_id, weights_cached
 from .timm_registry import source_architecture
+from .weights_file import check_softmax_weights
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 SOFTMAX_FORMS = "a timm name or alias, digits, hf-hub:org/name[@revision], or a model folder (PATH or local-dir:PATH)"
@@ -213,6 +214,8 @@ def load_folder(folder: Path, spec: str, **model_kwargs: Any) -> Source:
     if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
         raise VitconvertError(f"{folder} has config.json but no weights (model.safetensors)")
     check_weights_readable(folder)
+    for weights in sorted(folder.glob("*.safetensors")):  # a student's weights under a softmax config.json
+        check_softmax_weights(weights)
     model = _create(f"local-dir:{folder}", True, spec, **model_kwargs)
     return Source(model, cfg["architecture"], spec, True)
 
@@ -230,6 +233,7 @@ def load_weights_file(path: Path, spec: str, arch: Optional[str], **model_kwargs
     if not timm.is_model(name):
         raise BadValue("arch", f"unknown architecture {arch!r}{suggest(arch)}")
     state = load_state_file(path)  # validates the file in one line before timm reads it
+    check_softmax_weights(path)
     overlay: dict[str, Any] = {"file": str(path)}
     head = state.get("head.weight")
     if head is not None and head.dim() == 2:

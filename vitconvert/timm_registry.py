@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Optional
 
 import timm
@@ -26,6 +28,7 @@ from torch import nn
 from .attention import VARIANTS, LinearAttention, on_register
 from .errors import VitconvertError
 from .surgery import swap_attention
+from .weights_file import check_weights
 
 PREFIX = "vitconvert_"
 # model_args keys of ours in a folder's config.json (the rest are the softmax architecture's own)
@@ -114,22 +117,74 @@ def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: O
     for name, value in (("attn_drop_rate", kwargs.get("attn_drop_rate")), ("attn_layer", kwargs.get("attn_layer"))):
         if value:  # refused as the attn_layer= route refuses attn_drop, not dropped without a word
             raise VitconvertError(f"{architecture_name(variant)}: {name}={value!r}: {UNHONOURED[name]}")
+    check_layer_list(variant, layers)
     features = kwargs.pop("features_only", False)
     feature_cfg = {k: kwargs.pop(k) for k in FEATURE_ARGS if k in kwargs}
     if pretrained_model_args:
         kwargs["pretrained_model_args"] = {k: v for k, v in pretrained_model_args.items() if k not in OWN_ARGS}
     model = timm.create_model(architecture, pretrained=False, pretrained_cfg=pretrained_cfg, cache_dir=cache_dir,
                               **kwargs)
-    model, _ = swap_attention(model, variant, options, inplace=True, layers=layers)
+    model, swapped = swap_attention(model, variant, options, inplace=True, layers=layers)
     if pretrained:  # with the family's own filter, as timm loads it (e.g. position embeddings for a new img_size)
         family = sys.modules[model_entrypoint(architecture).__module__]
         load_pretrained(model, pretrained_cfg=model.pretrained_cfg, num_classes=model.num_classes,
                         in_chans=kwargs.get("in_chans", 3), filter_fn=getattr(family, "checkpoint_filter_fn", None),
                         strict=True, cache_dir=cache_dir)
+    weights = pretrained_weights(model.pretrained_cfg) if pretrained else transformers_weights()
+    for path in weights:
+        check_weights(path, variant, swapped.layers, str(path.parent / "config.json"))
     # timm's savers (save_for_hf, push_to_hf_hub) name pretrained_cfg's architecture, beside the arguments the
     # factory recorded (architecture, options, layers): the entrypoint that rebuilds this model, not the softmax one
     model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, "architecture": architecture_name(variant)}
     return features_only(model, **feature_cfg) if features else model
+
+
+def check_layer_list(variant: str, layers: Any) -> None:
+    """``layers`` as a folder's config.json must give it: absent, or a non-empty list of layer indices (a string
+    such as "1-3" or an empty list would build another model than the weights were saved from)."""
+    if layers is None:
+        return
+    if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                        for i in layers):
+        raise VitconvertError(f"{architecture_name(variant)}: its layers must be a list of layer indices (got "
+                              f"{layers!r}); restore config.json's model_args as vitconvert wrote them")
+    if not layers:
+        raise VitconvertError(f"{architecture_name(variant)}: an empty layer list makes no layer linear: that is the "
+                              "softmax model, not a vitconvert one; restore config.json's model_args")
+
+
+def pretrained_weights(cfg: dict[str, Any]) -> list[Path]:
+    """The safetensors file timm just loaded for ``pretrained=True``: a ``local-dir:`` folder's, or an ``hf-hub:``
+    repo's in the Hub cache."""
+    file, repo = cfg.get("file"), cfg.get("hf_hub_id")
+    if file:
+        path = Path(file)
+        path = path / "model.safetensors" if path.is_dir() else path
+    elif repo:
+        from huggingface_hub import try_to_load_from_cache
+
+        repo_id, _, revision = str(repo).partition("@")
+        found = try_to_load_from_cache(repo_id, "model.safetensors", revision=revision or None)
+        path = Path(found) if isinstance(found, str) else Path()
+    else:
+        return []
+    return [path] if path.suffix == ".safetensors" and path.is_file() else []
+
+
+def transformers_weights() -> list[Path]:
+    """The safetensors files transformers' ``from_pretrained`` will load into the model being built, or none.
+
+    transformers builds the timm model (through this entrypoint, ``pretrained=False``) before it reads the weights,
+    and passes only config.json's model_args: the files it resolved are in its ``from_pretrained`` call's
+    ``checkpoint_files``, the one place they can be read before the weights go into a model they may not fit."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_name == "from_pretrained" and str(frame.f_globals.get("__name__")).startswith(
+                "transformers."):
+            files = frame.f_locals.get("checkpoint_files") or []
+            return [Path(f) for f in files if str(f).endswith(".safetensors") and Path(f).is_file()]
+        frame = frame.f_back
+    return []
 
 
 # timm arguments about softmax attention that a linear variant cannot honour, and why.

@@ -155,6 +155,20 @@ CASES: list[Case] = [
          "a distill run that has not finished"),
     Case("info", "a layer list past the model's depth", ("info", "{badlayers}"), "must list layer indices"),
     Case("info", "an empty layer list (no linear layer)", ("info", "{nolinear}"), "makes no layer linear"),
+    Case("info", "config.json edited from elu to relu (the weights hold ELU)", ("info", "{relabelled}"),
+         "holds elu attention weights"),
+    Case("eval", "config.json edited from elu to relu (the weights hold ELU)", ("eval", "{relabelled}", *D),
+         "holds elu attention weights"),
+    Case("eval", "model_args' layer list edited to '1-3'", ("eval", "{stringlayers}", *D),
+         "its layers must be a list of layer indices (got '1-3')"),
+    Case("convert", "a student's model.safetensors as source (--arch)",
+         ("convert", "{student}/model.safetensors", "--arch", "vit_tiny_patch16_224", "--to", "relu", "--out", "o"),
+         "holds vitconvert's elu linear attention"),
+    Case("convert", "a student's weights under a softmax config.json", ("convert", "{disguised}", "--to", "relu",
+                                                                       "--out", "o"),
+         "holds vitconvert's elu linear attention"),
+    Case("compare", "a student's weights under a softmax config.json as --teacher",
+         ("compare", *S, *D, "--teacher", "{disguised}"), "holds vitconvert's elu linear attention"),
     # -- eval -------------------------------------------------------------------------------------------
     Case("eval", "missing model", ("eval", "nope/", *D), "not found"),
     Case("eval", "a text file as model", ("eval", "{afile}", *D), "is a file, not a model"),
@@ -361,7 +375,7 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
     (precious / "sub" / "notes.md").write_text("keep\n")
     paths["precious"] = precious
     for name, edit in (("trunc", None), ("badvar", "variant"), ("noarch", "architecture"), ("badopt", "options"),
-                       ("badlayers", [0, 5]), ("nolinear", [])):
+                       ("badlayers", [0, 5]), ("nolinear", []), ("relabelled", "relu"), ("stringlayers", "1-3")):
         folder = shutil.copytree(student, root / name)
         if edit is None:
             truncate(folder / "model.safetensors")
@@ -373,11 +387,18 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
             config["vitconvert"]["options"] = {"eps": "abc"}
         elif isinstance(edit, list):
             config["vitconvert"]["layers"] = config["model_args"]["layers"] = edit
+        elif edit == "relu":
+            config["architecture"], config["vitconvert"]["variant"] = "vitconvert_relu", "relu"
+        elif edit == "1-3":
+            config["model_args"]["layers"] = edit
         else:
             del config["architecture"]
         (folder / "config.json").write_text(json.dumps(config))
         paths[name] = folder
     paths["trunc"] = root / "trunc"
+    disguised = shutil.copytree(root / "teacher", root / "disguised")  # softmax config.json, a student's weights
+    shutil.copy(student / "model.safetensors", disguised / "model.safetensors")
+    paths["disguised"] = disguised
     result = runner.invoke(app, ["distill", str(student), "--data", str(images), *QUICK, "--set", "compare_batches=0",
                                  "--out", str(root / "run")])
     assert result.exit_code == 0, result.output

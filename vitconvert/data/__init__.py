@@ -39,6 +39,7 @@ from .transforms import (
                        input_config,
                        mixup_for,
                        model_input_size,
+                       size_text,
                        teacher_normalizer,
                        train_transform,
 )
@@ -50,5 +51,5 @@ __all__ = [
     "dataset_classes", "default_workers", "digits_arrays", "digits_dataset", "end_on_sigterm_from",
     "eval_transform", "export_imagefolder", "ignore_interrupts", "input_config", "is_train_split", "make_loader",
     "mixup_for", "model_input_size", "open_dataset", "open_folder", "open_named", "run_data", "sample_rng",
-    "set_epoch", "teacher_normalizer", "train_transform",
+    "set_epoch", "size_text", "teacher_normalizer", "train_transform",
 ]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
@@ -16,48 +16,83 @@ from .augment import fix_posterize
 # -- transforms ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class InputConfig:
-    """What the model eats: size, resize interpolation, normalisation, eval crop."""
+    """What the model eats, in the keys of timm's data config (``timm.data.resolve_model_data_config``), so that
+    ``create_transform(**inp.timm_config())`` is the transform timm's own validate.py builds for the model."""
 
-    img_size: int
+    input_size: tuple[int, int, int]  # (channels, height, width)
     interpolation: str
     mean: tuple[float, ...]
     std: tuple[float, ...]
     crop_pct: float
+    crop_mode: str = "center"  # timm's: center, squash (resize without keeping the aspect ratio) or border
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(height, width) of the images the model is fed."""
+        return self.input_size[1], self.input_size[2]
+
+    def timm_config(self) -> dict[str, Any]:
+        return {"input_size": self.input_size, "interpolation": self.interpolation, "mean": self.mean,
+                "std": self.std, "crop_pct": self.crop_pct, "crop_mode": self.crop_mode}
+
+
+def built_size(model: nn.Module) -> Optional[tuple[int, int]]:
+    """(height, width) the model's patch embedding is built for; None for a model of any size (NaFlexViT)."""
+    size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if not size:
+        return None
+    return (int(size[0]), int(size[-1])) if isinstance(size, (tuple, list)) else (int(size), int(size))
 
 
 def model_input_size(model: nn.Module) -> int:
-    """The image side a timm model is built for (its patch embedding's, else its pretrained_cfg's)."""
-    embed = getattr(model, "patch_embed", None)
-    size = getattr(embed, "img_size", None)
-    if size:
-        return int(size[0] if isinstance(size, (tuple, list)) else size)
-    return int(getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224))[-1])
+    """The image side a timm model is built for (its patch embedding's height, else its pretrained_cfg's)."""
+    size = built_size(model)
+    return size[0] if size else int(getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224))[-2])
 
 
-def accepts_size(model: nn.Module, size: int) -> bool:
+def size_text(size: Union[int, Sequence[int]]) -> str:
+    """"224 px", or "1024x768 px" for a non-square (height, width)."""
+    height, width = (size, size) if isinstance(size, int) else (size[0], size[-1])
+    return f"{height} px" if height == width else f"{height}x{width} px"
+
+
+def accepts_size(model: nn.Module, size: Union[int, Sequence[int]]) -> bool:
+    """Whether ``model`` takes images of ``size`` (a side, or (height, width))."""
     embed = getattr(model, "patch_embed", None)
     if embed is None or not getattr(embed, "strict_img_size", False) or getattr(embed, "dynamic_img_size", False):
         return True
-    return model_input_size(model) == size
+    wanted = (size, size) if isinstance(size, int) else (int(size[0]), int(size[-1]))
+    return built_size(model) in (None, wanted)
 
 
 def input_config(model: nn.Module, recipe: Optional[Recipe] = None) -> InputConfig:
-    """The recipe's input settings where it sets them, else the model's pretrained_cfg (eval of any model)."""
-    cfg = getattr(model, "pretrained_cfg", {}) or {}
-    return InputConfig(
-        img_size=(recipe.img_size if recipe else None) or model_input_size(model),
-        interpolation=recipe.interpolation if recipe else cfg.get("interpolation", "bicubic"),
-        mean=tuple((recipe.mean if recipe else None) or cfg.get("mean", (0.485, 0.456, 0.406))),
-        std=tuple((recipe.std if recipe else None) or cfg.get("std", (0.229, 0.224, 0.225))),
-        crop_pct=float((recipe.crop_pct if recipe else None) or cfg.get("crop_pct", 0.875)),
-    )
+    """timm's data config for ``model`` (``resolve_model_data_config``: its pretrained_cfg's size,
+    interpolation, mean, std, crop_pct and crop_mode), with the recipe's input settings where it sets them.
+
+    The size is the one the model is built for where it has one: a model built at another size than its
+    pretrained_cfg names (``img_size=``) takes only that one."""
+    from timm.data import resolve_model_data_config
+
+    args: dict[str, Any] = {}
+    size = built_size(model)
+    if size is not None:
+        args["input_size"] = (3, *size)
+    if recipe is not None:
+        if recipe.img_size:
+            args["input_size"] = (3, recipe.img_size, recipe.img_size)
+        args.update({k: v for k, v in (("interpolation", recipe.interpolation), ("crop_pct", recipe.crop_pct),
+                                       ("mean", recipe.mean), ("std", recipe.std)) if v is not None})
+    cfg = resolve_model_data_config(model, args=args)
+    return InputConfig(input_size=tuple(int(v) for v in cfg["input_size"]),  # type: ignore[arg-type]
+                       interpolation=cfg["interpolation"], mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
+                       crop_pct=float(cfg["crop_pct"]), crop_mode=cfg["crop_mode"])
 
 
 def train_transform(recipe: Recipe, inp: InputConfig) -> Callable[[Any], torch.Tensor]:
     """timm's training transform for the recipe (posterize made safe for every magnitude: see augment.py)."""
     from timm.data import create_transform
 
-    transform = create_transform(inp.img_size, is_training=True, no_aug=recipe.no_aug, scale=tuple(recipe.scale),
+    transform = create_transform(inp.size, is_training=True, no_aug=recipe.no_aug, scale=tuple(recipe.scale),
                                  hflip=recipe.hflip, color_jitter=recipe.color_jitter or 0.0,
                                  auto_augment=recipe.rand_augment, interpolation=inp.interpolation, mean=inp.mean,
                                  std=inp.std, re_prob=recipe.reprob, re_mode=recipe.remode, re_count=recipe.recount)
@@ -65,10 +100,10 @@ def train_transform(recipe: Recipe, inp: InputConfig) -> Callable[[Any], torch.T
 
 
 def eval_transform(inp: InputConfig) -> Callable[[Any], torch.Tensor]:
+    """timm's eval transform for the config, as timm's validate.py builds it (resize, crop by crop_mode)."""
     from timm.data import create_transform
 
-    return create_transform(inp.img_size, is_training=False, interpolation=inp.interpolation, mean=inp.mean,
-                            std=inp.std, crop_pct=inp.crop_pct)
+    return create_transform(**inp.timm_config(), is_training=False)
 
 
 def mixup_for(recipe: Recipe, num_classes: int) -> Optional[Callable]:

@@ -9,16 +9,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..data import InputConfig, accepts_size, model_input_size
+from ..data import InputConfig, accepts_size, model_input_size, size_text
 from ..errors import VitconvertError, param, setting
 
 
-def check_sizes(student: nn.Module, teacher: nn.Module, img_size: int) -> None:
+def check_sizes(student: nn.Module, teacher: nn.Module, size: tuple[int, int]) -> None:
+    """Both models take the run's (height, width)."""
     for who, model in (("student", student), ("teacher", teacher)):
-        if not accepts_size(model, img_size):
-            raise VitconvertError(f"the {who} is built for {model_input_size(model)} px images but the recipe "
-                                  f"trains at {img_size} px: use {setting('img_size', model_input_size(model))} "
-                                  f"or convert at {param('img_size', img_size)}")
+        if not accepts_size(model, size):
+            raise VitconvertError(f"the {who} is built for {size_text(model_input_size(model))} images but the "
+                                  f"recipe trains at {size_text(size)}: use "
+                                  f"{setting('img_size', model_input_size(model))} or convert at "
+                                  f"{param('img_size', size[0])}")
 
 
 def check_kd(student: nn.Module, teacher: nn.Module, kd_weight: float) -> None:
@@ -53,6 +55,4 @@ def attention_param_ids(attention: list[nn.Module]) -> set[int]:
 
 def export_config(model: nn.Module, inp: InputConfig) -> None:
     """Record the preprocessing the run used in the model's pretrained_cfg (so eval matches validation)."""
-    model.pretrained_cfg = {**getattr(model, "pretrained_cfg", {}), "input_size": (3, inp.img_size, inp.img_size),
-                            "interpolation": inp.interpolation, "mean": tuple(inp.mean), "std": tuple(inp.std),
-                            "crop_pct": inp.crop_pct}
+    model.pretrained_cfg = {**getattr(model, "pretrained_cfg", {}), **inp.timm_config()}

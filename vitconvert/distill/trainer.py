@@ -98,7 +98,7 @@ class Trainer:
         teacher = loading.load_teacher(spec, student, r.seed, recorded=job.teacher is None, pretrained=job.pretrained)
         models.check_kd(student, teacher, r.kd_weight)
         inp = data.input_config(student, r)
-        models.check_sizes(student, teacher, inp.img_size)
+        models.check_sizes(student, teacher, inp.size)
         if job.fsdp and (r.ema or "attn" in [s for s, _ in r.stage_plan()] or r.freeze_copied_epochs):
             raise VitconvertError(f"{param('fsdp', True)} trains every parameter without EMA: drop ema, the attn "
                                   f"stage and freeze_copied_epochs, or run without {param('fsdp')} (DDP)")
