@@ -17,7 +17,7 @@ import yaml
 
 from .card import CARD_MARKER, render_card
 from .errors import BadValue, VitconvertError, first_line, param
-from .folder import load_folder_model, read_config
+from .folder import folder_block, load_folder_model, read_config
 from .hub_io import describe_hub_error, hub_offline, parse_repo_id, resolve_token, token_source
 from .timm_registry import source_architecture
 from .version import __version__
@@ -54,6 +54,10 @@ def check_folder(folder: Path) -> dict[str, Any]:
     if not folder.is_dir():
         raise VitconvertError(f"folder not found: {folder}")
     config = read_config(folder)
+    if "vitconvert" not in config and folder_block(config) is not None:
+        raise VitconvertError(f"{folder} was saved by timm's own saver from a vitconvert model: `vitconvert upgrade "
+                              f"{folder}` makes it a full vitconvert folder (which transformers loads too), then push "
+                              "it")
     if "vitconvert" not in config:
         raise VitconvertError(f"{folder} is not a vitconvert folder (its config.json has no 'vitconvert' block); "
                               "convert it first with `vitconvert convert`")

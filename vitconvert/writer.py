@@ -105,6 +105,16 @@ def writable_error(out: Path, e: OSError) -> VitconvertError:
     return VitconvertError(f"cannot write {out}: {reason} (in {out.parent.resolve()})")
 
 
+def temporary_sibling(out: Path) -> Path:
+    """A new empty folder ``.NAME.tmp-HOST-PID-XXXX`` beside ``out`` (a killed run's ones removed first), or one
+    line saying why it cannot be made."""
+    try:
+        remove_stale_siblings(out)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{_tag()}-", dir=out.parent))
+    except OSError as e:
+        raise writable_error(out, e) from None
+
+
 @contextmanager
 def atomic_folder(out: PathLike, force: bool = False, inputs: Iterable[PathLike] = (),
                   name: str = "out") -> Iterator[Path]:
