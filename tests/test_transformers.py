@@ -179,3 +179,23 @@ def test_a_student_timm_saved_loads_in_transformers_after_vitconvert_upgrade(tmp
     with torch.no_grad():
         scores = reference(pixels.unsqueeze(0))[0].softmax(-1)
     assert [r["label"] for r in ranked] == [LABELS[i] for i in scores.argsort(descending=True)]
+
+
+def test_a_headless_folder_is_a_feature_extractor_in_transformers(tmp_path):
+    """num_classes 0: what its card offers works, AutoModel's pooler_output and the image-feature-extraction
+    pipeline give vitconvert.load's features."""
+    from transformers import AutoModel, pipeline
+
+    student, _ = vitconvert.convert(tiny_model("vit", num_classes=0), "elu", attn_init="copy", source="vit")
+    folder = vitconvert.save(student, tmp_path / "encoder")
+    reference = vitconvert.load(folder)
+    x = image_batch(reference)
+    model = AutoModel.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        assert torch.equal(model(pixel_values=x).pooler_output, reference(x))
+    image = an_image()
+    features = pipeline("image-feature-extraction", model=str(folder), pool=True)(image)
+    pixels = timm.data.create_transform(**timm.data.resolve_data_config({}, model=reference))(image)
+    with torch.no_grad():
+        expected = reference(pixels.unsqueeze(0))
+    assert torch.allclose(torch.tensor(features), expected, rtol=0, atol=1e-6)  # batch 1: another GEMM path
