@@ -207,7 +207,8 @@ def file_metadata(model: nn.Module, img_size: int) -> dict[str, str]:
         "class_names": json.dumps(list(model.pretrained_cfg.get("label_names") or [])),
         "preprocessing": json.dumps(preprocessing),
         "source": str(getattr(model, "vitconvert_report", {}).get("source") or ""),
-        "input": "pixel_values: float32 [batch, 3, H, W] after the preprocessing; output logits: [batch, num_classes]",
+        "io": "input pixel_values: float32 [batch, 3, H, W], preprocessed; output logits: " + (
+            "[batch, num_classes]" if getattr(model, "num_classes", 0) else "[batch, num_features], image features"),
     }
     return {META_PREFIX + k: v for k, v in values.items()}
 
