@@ -173,7 +173,8 @@ def facts(config: dict[str, Any]) -> str:
     options = block.get("options") or {}
     rows = {
         "architecture": f"`{source_architecture(config)[0]}` (timm)",
-        "attention": f"**{block.get('variant', '?')}** linear attention in {block.get('replaced', '?')} layers"
+        "attention": f"**{block.get('variant', '?')}** linear attention in "
+                     f"{block.get('replaced', len(block.get('layers') or []) or '?')} layers"
                      + (f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""),
         "layers": hybrid_layers(block),
         "parameters": f"{sum((block.get('totals') or {}).values()):,}" if block.get("totals") else None,
@@ -216,6 +217,8 @@ def source_step(config: dict[str, Any]) -> str:
 
 def convert_step(block: dict[str, Any]) -> str:
     init = block.get("init") or {}
+    if saved_by_timm(block) and not init:
+        return f"**convert**: attention -> `{block.get('variant', '?')}` (not recorded: saved by timm's own tools)"
     return (f"**convert** (vitconvert {(block.get('versions') or {}).get('vitconvert', '?')}): attention -> "
             f"`{block.get('variant', '?')}` initialised `{init.get('attn', '?')}`, MLPs `{init.get('mlp', '?')}`, "
             f"rest `{init.get('rest', '?')}`, seed {init.get('seed', '?')}")
@@ -256,9 +259,18 @@ def compare_section(compare: Any) -> str:
     return table + "".join(f"\n\n{k.replace('_', ' ')}: {fmt(v)}" for k, v in summary.items())
 
 
+def saved_by_timm(block: dict[str, Any]) -> bool:
+    """Upgraded from a folder timm's own savers wrote: how it was converted and trained was never recorded."""
+    return (block.get("upgraded_from") or {}).get("saved_by") == "timm"
+
+
 def status(block: dict[str, Any]) -> str:
     """Trained or not, said up front: a converted-only model is a starting point, not a classifier yet."""
     metrics = block.get("metrics") or {}
+    if not (metrics or block.get("recipe")) and saved_by_timm(block):
+        return ("> **Saved by timm's own tools** (`save_for_hf`, e.g. after training outside vitconvert), then "
+                "made a vitconvert folder by `vitconvert upgrade`: how it was converted and trained was not "
+                "recorded, and no scores were measured here.")
     if not (metrics or block.get("recipe")):
         return ("> **Converted, not yet trained.** The new attention is initialised, not learned: expect "
                 "accuracy far below the source until it is distilled (`vitconvert distill`). MLPs and the rest are "
@@ -351,8 +363,8 @@ def render_card(config: dict[str, Any], repo_id: Optional[str] = None) -> str:
         f"`{arch}` with its softmax attention replaced by **{variant}** linear attention, whose cost grows "
         f"linearly (O(N)) with the number of tokens instead of quadratically. Made with "
         f"{package_link()} following *{PAPER}*: what has the same role and "
-        f"shape as in the softmax source is copied, the attention is initialised by the "
-        f"`{(block.get('init') or {}).get('attn', '?')}` recipe.",
+        f"shape as in the softmax source is copied" + (f", the attention is initialised by the `{init}` recipe."
+                                                       if (init := (block.get("init") or {}).get("attn")) else "."),
         status(block),
         facts(config),
         how_to_use(config, hub_id),

@@ -98,6 +98,8 @@ def test_a_student_saved_by_timm_becomes_a_full_vitconvert_folder(tmp_path):
     config = json.loads((folder / "config.json").read_text())
     assert config["vitconvert"]["variant"] == "elu" and config["vitconvert"]["upgraded_from"] == {"saved_by": "timm"}
     assert "num_classes" not in config["model_args"]
+    card = (folder / "README.md").read_text()  # what it is: not a fresh conversion, and nothing it cannot know
+    assert "Saved by timm's own tools" in card and "not yet trained" not in card and "`?`" not in card
     assert json.loads(invoke("info", folder, "--json").stdout)["variant"] == "elu"
     assert json.loads(invoke("upgrade", folder, "--json").stdout)["upgraded"] is False
 
