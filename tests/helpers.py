@@ -8,6 +8,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -92,6 +93,22 @@ def place_in_hub_cache(cache: os.PathLike, repo_id: str, folder: os.PathLike, re
     (root / "refs").mkdir(exist_ok=True)
     (root / "refs" / revision).write_text(sha)
     return sha
+
+
+def hold_lock(out: Path, host: str = "") -> subprocess.Popen:
+    """Another live process holding ``out``'s output lock as a running vitconvert command does (an OS lock on
+    ``.NAME.lock``, its host and pid written in it), once it holds it; ``host``: the host name it writes (this
+    one's by default). Kill it to play a crash."""
+    from vitconvert.writer import _tag
+
+    code = ("import os, sys, time\nfrom filelock import FileLock\npath, host = sys.argv[1:]\n"
+            "lock = FileLock(path, timeout=0)\nlock.acquire()\n"
+            "open(path, 'w').write(f'{host} {os.getpid()}\\n')\nprint('held', flush=True)\ntime.sleep(120)\n")
+    lock = out.parent / f".{out.name}.lock"
+    holder = subprocess.Popen([sys.executable, "-c", code, str(lock), host or _tag().rsplit("-", 1)[0]],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
 
 
 def assert_one_line_error(result, text: str) -> None:

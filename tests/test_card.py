@@ -219,3 +219,29 @@ def test_card_invents_no_links(config, monkeypatch):
 
     monkeypatch.setattr(importlib.metadata, "metadata", lambda name: Metadata())
     assert card.package_link() == "[vitconvert](https://example.org/vitconvert)"  # only a declared URL is linked
+
+
+def test_a_headless_models_card_says_it_is_an_image_encoder(tmp_path, hub_cache, monkeypatch):
+    """num_classes 0 (EVA-02's MIM tags): feature extraction, not classification, in the metadata and the snippet,
+    which runs as shown and gives vitconvert.load's features; no scores are claimed for it."""
+    import json
+
+    import torch
+    from helpers import place_in_hub_cache
+
+    student, _ = vitconvert.convert(tiny_model("vit", num_classes=0), "elu", source="vit_tiny")
+    folder = vitconvert.save(student, tmp_path / "m")
+    place_in_hub_cache(hub_cache, "me/enc", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["vitconvert"].update(metrics={"top1": 50.0}, recipe={"data": "torch/cifar10"})
+    text = render_card(config, repo_id="me/enc")
+    data = ModelCard(text).data
+    assert data.pipeline_tag == "image-feature-extraction" and data.tags[-1] == "image-feature-extraction"
+    assert data.eval_results is None and "image-classification" not in text
+    assert "no classification head" in text and "| classes | none: an image encoder, 32 features out" in text
+    assert 'pipeline("image-feature-extraction", model="me/enc", pool=True)' in text
+    scope = run_card_snippet(text, tmp_path, monkeypatch)
+    reference = vitconvert.load("hf-hub:me/enc")
+    with torch.no_grad():
+        assert torch.equal(scope["features"], reference(scope["transform"](scope["image"]).unsqueeze(0)))
+    assert scope["features"].shape == (1, 32)

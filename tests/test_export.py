@@ -88,3 +88,36 @@ def test_missing_onnx_packages_name_the_extra(folders, tmp_path, monkeypatch):
     monkeypatch.setattr(module, "_importable", lambda name: name != "onnxruntime")
     with pytest.raises(VitconvertError, match=r"needs onnxruntime: pip install 'vitconvert\[export\]'"):
         export(folders["elu"], "onnx", tmp_path / "m.onnx")
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+def test_the_exported_file_says_what_it_is(tmp_path, fmt):
+    """Variant, linear layers, class names and preprocessing travel in the file (ONNX metadata_props, .pt2 extra
+    files), read back with onnx and torch.export.load and compared with the folder's config.json and timm."""
+    import json
+
+    torch.manual_seed(0)
+    softmax = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
+                                depth=3, num_heads=2, num_classes=3)
+    softmax.pretrained_cfg = {**softmax.pretrained_cfg, "num_classes": 3, "label_names": ["cat", "dog", "fox"]}
+    folder = vitconvert.save(vitconvert.convert(softmax, "elu", layers=[0, 2])[0], tmp_path / "hybrid")
+    export(folder, fmt, tmp_path / f"m.{fmt}")
+    keys = ["variant", "options", "linear_layers", "depth", "num_classes", "class_names", "preprocessing"]
+    if fmt == "onnx":
+        import onnx
+
+        props = {p.key: p.value for p in onnx.load(str(tmp_path / "m.onnx")).metadata_props}
+    else:
+        props = {f"vitconvert_{k}": "" for k in keys}
+        torch.export.load(str(tmp_path / "m.pt2"), extra_files=props)
+    config = json.loads((folder / "config.json").read_text())
+    block = config["vitconvert"]
+    assert props["vitconvert_variant"] == block["variant"] == "elu"
+    assert json.loads(props["vitconvert_options"]) == block["options"]
+    assert json.loads(props["vitconvert_linear_layers"]) == block["layers"] == [0, 2]
+    assert props["vitconvert_depth"] == "3" and props["vitconvert_num_classes"] == "3"
+    assert json.loads(props["vitconvert_class_names"]) == config["pretrained_cfg"]["label_names"]
+    want = timm.data.resolve_data_config({}, model=vitconvert.load(folder))
+    got = json.loads(props["vitconvert_preprocessing"])
+    assert got.keys() == want.keys() and all(got[k] == (list(v) if isinstance(v, tuple) else v)
+                                             for k, v in want.items())

@@ -13,7 +13,7 @@ import pytest
 import timm
 import torch
 from helpers import FAKE_TOKEN, FakeHub, image_batch, place_in_hub_cache, tiny_model
-from huggingface_hub import ModelCard
+from huggingface_hub import HfApi, ModelCard
 
 import vitconvert
 from vitconvert.card import CARD_MARKER
@@ -65,7 +65,7 @@ def test_push_arguments_reach_huggingface_hub(tmp_path, monkeypatch, online, mak
     assert upload["repo_id"] == "me/x" and Path(upload["folder_path"]) == folder
     assert upload["revision"] == "exp1" and upload["commit_message"] == "first" and upload["token"] == FAKE_TOKEN
     assert sorted(upload["allow_patterns"]) == sorted(name for name, _ in plan.files)
-    assert upload["ignore_patterns"] == NEVER and "checkpoint-*" in NEVER
+    assert upload["ignore_patterns"] == NEVER and "checkpoint-*" in NEVER and upload["delete_patterns"] == ["*"]
     assert plan.commit_url.endswith("/commit/abc")
 
 
@@ -254,3 +254,43 @@ def test_card_marker_is_in_every_saved_folder(tmp_path, make_folder):
     folder = make_folder(tmp_path / "m")
     assert CARD_MARKER in (folder / "README.md").read_text()
     assert json.loads((folder / "config.json").read_text())["vitconvert"]["variant"] == "elu"
+
+
+class LocalRepo:
+    """A Hub repo kept in a dict ({path: bytes}): huggingface_hub's own upload_folder runs against it (its
+    listing of remote files, its delete_patterns and its operations), only the HTTP calls are replaced."""
+
+    def __init__(self, monkeypatch, files: dict[str, bytes]):
+        import huggingface_hub.hf_api as hf_api
+
+        self.files = dict(files)
+        monkeypatch.setattr(hf_api, "is_xet_available", lambda: False)  # the single-commit path, no Xet transfer
+        monkeypatch.setattr(HfApi, "create_repo", lambda api, *a, **kw: None)
+        monkeypatch.setattr(HfApi, "create_branch", lambda api, *a, **kw: None)
+        monkeypatch.setattr(HfApi, "list_repo_files", lambda api, *a, **kw: sorted(self.files))
+        monkeypatch.setattr(HfApi, "create_commit", self.commit)
+        monkeypatch.setattr(HfApi, "_validate_yaml", lambda api, content, **kw: ModelCard(content))  # the Hub's check
+
+    def commit(self, *, operations, **kwargs):
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+        for op in operations:
+            if isinstance(op, CommitOperationDelete):
+                del self.files[op.path_in_repo]
+            else:
+                assert isinstance(op, CommitOperationAdd)
+                self.files[op.path_in_repo] = Path(op.path_or_fileobj).read_bytes()
+        return type("CommitInfo", (), {"commit_url": "https://huggingface.co/me/x/commit/def"})()
+
+
+def test_a_push_to_an_existing_repo_leaves_only_the_new_folders_files(tmp_path, monkeypatch, online, make_folder):
+    """A repo an earlier push filled (a run folder: recipe, metrics, curves; a file since renamed) holds after
+    pushing a plain model folder that folder's files only; .gitattributes, which the Hub needs, stays."""
+    repo = LocalRepo(monkeypatch, {".gitattributes": b"*.safetensors filter=lfs\n", "config.json": b"{}",
+                                   "model.safetensors": b"old", "README.md": b"old", "recipe.yaml": b"epochs: 2\n",
+                                   "metrics.jsonl": b"{}\n", "curves.png": b"png", "notes/old.txt": b"x"})
+    folder = make_folder(tmp_path / "m")
+    plan = push_folder(folder, "me/x", token=FAKE_TOKEN)
+    assert sorted(repo.files) == [".gitattributes", "README.md", "config.json", "model.safetensors"]
+    assert all(repo.files[name] == (folder / name).read_bytes() for name, _ in plan.files)
+    assert plan.commit_url.endswith("/commit/def")

@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("jobs", ["convert", "evaluate", "compare", "export", "hub"]),
     ("layer choice", ["hybrid"]),
     ("the convert job", ["convert_job"]),
-    ("measuring", ["bench_config", "flops", "onnx_timing"]),  # what bench.py puts together
+    ("measuring", ["bench_config", "contention", "flops", "onnx_timing"]),  # what bench.py puts together
     ("composite jobs", ["bench", "distill"]),
     ("the quickstart", ["quickstart"]),
     ("public API", [""]),  # vitconvert/__init__.py

@@ -145,7 +145,7 @@ def test_upgrade_of_a_format2_folder_keeps_weights_other_files_and_an_edited_car
     (folder / "notes.txt").write_text("mine\n")
     with pytest.warns(UserWarning, match="transformers cannot load it"):
         before = logits_of(folder)
-    assert upgrade_folder(folder) == 2
+    assert upgrade_folder(folder)["format_version"] == 2
     old, new = load_file(str(FORMAT2 / "elu" / "model.safetensors")), load_file(str(folder / "model.safetensors"))
     assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)
     assert (folder / "README.md").read_text() == "# my own card\n" and (folder / "notes.txt").read_text() == "mine\n"

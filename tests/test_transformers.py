@@ -204,3 +204,62 @@ def test_transformers_after_import_refuses_a_config_that_disagrees_with_the_weig
         with pytest.raises(vitconvert.errors.VitconvertError) as e:
             load()
         assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_student_timm_saved_loads_in_transformers_after_vitconvert_upgrade(tmp_path):
+    """A student fine-tuned and saved with timm's own save_for_hf: timm and vitconvert.load read it, transformers
+    stops (num_classes given twice); `vitconvert upgrade` (the command, in its own process) makes it a folder
+    AutoModelForImageClassification and pipeline load as vitconvert.load does, with the class names."""
+    import os
+    import subprocess
+    import sys
+
+    from timm.models import save_for_hf
+    from transformers import AutoModelForImageClassification, pipeline
+
+    model = vitconvert.load(folder_of(tmp_path, "elu"))
+    with torch.no_grad():
+        model.head.weight.mul_(1.5)  # "fine-tuned": weights that are not the converted ones
+    folder = tmp_path / "tuned"
+    save_for_hf(model, str(folder), safe_serialization=True)
+    with pytest.raises(TypeError, match="num_classes"):  # transformers' own limit with timm-written folders
+        AutoModelForImageClassification.from_pretrained(str(folder))
+
+    env = {**os.environ, "PYTHONPATH": str(Path(vitconvert.__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-m", "vitconvert", "upgrade", str(folder)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "upgraded" in done.stdout and "saved by timm" in done.stdout, done.stderr
+
+    reference = vitconvert.load(folder)
+    x = image_batch(reference)
+    loaded = AutoModelForImageClassification.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        assert torch.equal(reference(x), model(x))  # the tuned weights, not the converted ones
+        assert torch.equal(loaded(pixel_values=x).logits, reference(x))
+    assert loaded.config.id2label == dict(enumerate(LABELS))
+    image = an_image()
+    ranked = pipeline("image-classification", model=str(folder))(image, top_k=len(LABELS))
+    pixels = timm.data.create_transform(**timm.data.resolve_data_config({}, model=reference))(image)
+    with torch.no_grad():
+        scores = reference(pixels.unsqueeze(0))[0].softmax(-1)
+    assert [r["label"] for r in ranked] == [LABELS[i] for i in scores.argsort(descending=True)]
+
+
+def test_a_headless_folder_is_a_feature_extractor_in_transformers(tmp_path):
+    """num_classes 0: what its card offers works, AutoModel's pooler_output and the image-feature-extraction
+    pipeline give vitconvert.load's features."""
+    from transformers import AutoModel, pipeline
+
+    student, _ = vitconvert.convert(tiny_model("vit", num_classes=0), "elu", attn_init="copy", source="vit")
+    folder = vitconvert.save(student, tmp_path / "encoder")
+    reference = vitconvert.load(folder)
+    x = image_batch(reference)
+    model = AutoModel.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        assert torch.equal(model(pixel_values=x).pooler_output, reference(x))
+    image = an_image()
+    features = pipeline("image-feature-extraction", model=str(folder), pool=True)(image)
+    pixels = timm.data.create_transform(**timm.data.resolve_data_config({}, model=reference))(image)
+    with torch.no_grad():
+        expected = reference(pixels.unsqueeze(0))
+    assert torch.allclose(torch.tensor(features), expected, rtol=0, atol=1e-6)  # batch 1: another GEMM path

@@ -100,32 +100,41 @@ def model_name(config: dict[str, Any], repo_id: Optional[str]) -> str:
     return repo_id.split("/")[-1] if repo_id else f"{source_architecture(config)[0]}-{block.get('variant', '?')}"
 
 
+# pipeline task of a model with a classification head, and of a headless one (num_classes 0: features out)
+TASKS = {False: ("image-classification", "Image Classification"),
+         True: ("image-feature-extraction", "Image Feature Extraction")}
+
+
+def headless(config: dict[str, Any]) -> bool:
+    """No classification head (num_classes 0, e.g. EVA-02's MIM tags): the model outputs image features."""
+    return config.get("num_classes") == 0
+
+
 def card_metadata(config: dict[str, Any], repo_id: Optional[str] = None) -> dict[str, Any]:
-    """The YAML front matter the Hub reads (checked to parse with huggingface_hub's ModelCardData)."""
+    """The YAML front matter the Hub reads, made by huggingface_hub's ModelCardData (and an EvalResult for each
+    measured score), so the Hub's own rules shape it."""
+    from huggingface_hub import EvalResult, ModelCardData
+
     block = config.get("vitconvert", {})
-    pre = config.get("pretrained_cfg", {})
-    meta: dict[str, Any] = {"library_name": "timm"}
-    if pre.get("license"):
-        meta["license"] = pre["license"]
-    meta["tags"] = ["vitconvert", "linear-attention", block.get("variant", "unknown"), "image-classification"]
-    meta["pipeline_tag"] = "image-classification"
-    if base := base_model(config):
-        meta["base_model"] = base
+    task, task_name = TASKS[headless(config)]
     dataset = dataset_of(block)
-    if dataset:
-        meta["datasets"] = [dataset]
     metrics = block.get("metrics") or {}
     top1 = top1_of(metrics)
-    if top1 is not None and dataset:
-        scores = [{"type": "accuracy", "name": "Top-1 accuracy", "value": top1}]
+    results = []
+    if top1 is not None and dataset and not headless(config):
+        scores = [("accuracy", "Top-1 accuracy", top1)]
         if isinstance(metrics.get("top5"), (int, float)):
-            scores.append({"type": "top_5_accuracy", "name": "Top-5 accuracy", "value": float(metrics["top5"])})
-        meta["metrics"] = ["accuracy"]
-        meta["model-index"] = [{"name": model_name(config, repo_id), "results": [{
-            "task": {"type": "image-classification", "name": "Image Classification"},
-            "dataset": {"type": dataset, "name": dataset, "split": str(metrics.get("split", "validation"))},
-            "metrics": scores}]}]
-    return meta
+            scores.append(("top_5_accuracy", "Top-5 accuracy", float(metrics["top5"])))
+        results = [EvalResult(task_type=task, task_name=task_name, dataset_type=dataset, dataset_name=dataset,
+                              dataset_split=str(metrics.get("split", "validation")), metric_type=kind,
+                              metric_name=name, metric_value=value) for kind, name, value in scores]
+    data = ModelCardData(
+        library_name="timm", license=config.get("pretrained_cfg", {}).get("license") or None,
+        tags=["vitconvert", "linear-attention", block.get("variant", "unknown"), task], pipeline_tag=task,
+        base_model=base_model(config), datasets=[dataset] if dataset else None,
+        metrics=["accuracy"] if results else None, model_name=model_name(config, repo_id) if results else None,
+        eval_results=results or None)
+    return data.to_dict()
 
 
 # -- sections ----------------------------------------------------------------------------------------
@@ -164,11 +173,13 @@ def facts(config: dict[str, Any]) -> str:
     options = block.get("options") or {}
     rows = {
         "architecture": f"`{source_architecture(config)[0]}` (timm)",
-        "attention": f"**{block.get('variant', '?')}** linear attention in {block.get('replaced', '?')} layers"
+        "attention": f"**{block.get('variant', '?')}** linear attention in "
+                     f"{block.get('replaced', len(block.get('layers') or []) or '?')} layers"
                      + (f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""),
         "layers": hybrid_layers(block),
         "parameters": f"{sum((block.get('totals') or {}).values()):,}" if block.get("totals") else None,
-        "classes": config.get("num_classes"),
+        "classes": (f"none: an image encoder, {config.get('num_features', '?')} features out (no classification "
+                    "head)") if headless(config) else config.get("num_classes"),
         "input": "x".join(str(v) for v in pre["input_size"][1:]) + " px" if pre.get("input_size") else None,
         "preprocessing": (f"{pre.get('interpolation')} resize, crop {pre.get('crop_pct')} "
                           f"({pre.get('crop_mode') or 'center'}), mean {pre.get('mean')}, std {pre.get('std')}")
@@ -207,6 +218,8 @@ def source_step(config: dict[str, Any]) -> str:
 
 def convert_step(block: dict[str, Any]) -> str:
     init = block.get("init") or {}
+    if saved_by_timm(block) and not init:
+        return f"**convert**: attention -> `{block.get('variant', '?')}` (not recorded: saved by timm's own tools)"
     return (f"**convert** (vitconvert {(block.get('versions') or {}).get('vitconvert', '?')}): attention -> "
             f"`{block.get('variant', '?')}` initialised `{init.get('attn', '?')}`, MLPs `{init.get('mlp', '?')}`, "
             f"rest `{init.get('rest', '?')}`, seed {init.get('seed', '?')}")
@@ -247,9 +260,18 @@ def compare_section(compare: Any) -> str:
     return table + "".join(f"\n\n{k.replace('_', ' ')}: {fmt(v)}" for k, v in summary.items())
 
 
+def saved_by_timm(block: dict[str, Any]) -> bool:
+    """Upgraded from a folder timm's own savers wrote: how it was converted and trained was never recorded."""
+    return (block.get("upgraded_from") or {}).get("saved_by") == "timm"
+
+
 def status(block: dict[str, Any]) -> str:
     """Trained or not, said up front: a converted-only model is a starting point, not a classifier yet."""
     metrics = block.get("metrics") or {}
+    if not (metrics or block.get("recipe")) and saved_by_timm(block):
+        return ("> **Saved by timm's own tools** (`save_for_hf`, e.g. after training outside vitconvert), then "
+                "made a vitconvert folder by `vitconvert upgrade`: how it was converted and trained was not "
+                "recorded, and no scores were measured here.")
     if not (metrics or block.get("recipe")):
         return ("> **Converted, not yet trained.** The new attention is initialised, not learned: expect "
                 "accuracy far below the source until it is distilled (`vitconvert distill`). MLPs and the rest are "
@@ -300,22 +322,31 @@ def how_to_use(config: dict[str, Any], hub_id: str) -> str:
             "`vitconvert upgrade FOLDER` rewrites a downloaded copy in place in today's layout, which timm and "
             "transformers load too."
         )
+    encoder = headless(config)
+    run = ("    features = model(transform(image).unsqueeze(0))  # the pooled image embedding, [1, "
+           f"{config.get('num_features', 'num_features')}]\n" if encoder else
+           "    top5 = model(transform(image).unsqueeze(0)).softmax(dim=-1).topk(5)\n")
+    transformers_use = (f'`pipeline("image-feature-extraction", model="{hub_id}", pool=True)` or '
+                        "`AutoModel.from_pretrained(...)` (its `pooler_output`)" if encoder else
+                        f'`pipeline("image-classification", model="{hub_id}")` or '
+                        "`AutoModelForImageClassification.from_pretrained(...)`")
+    what = ("This is an image encoder with no classification head (num_classes 0): it outputs features, for "
+            "retrieval, a linear probe or a head you train; classification pipelines do not apply.\n\n"
+            if encoder else "")
     return (
-        "## How to use\n\n```python\nimport timm\nimport torch\nfrom PIL import Image\n\n"
+        f"## How to use\n\n{what}```python\nimport timm\nimport torch\nfrom PIL import Image\n\n"
         "import vitconvert  # registers vitconvert's linear-attention models with timm\n\n"
         f'model = timm.create_model("hf-hub:{hub_id}", pretrained=True).eval()\n'
         f'# the same model: vitconvert.load("hf-hub:{hub_id}")\n'
         "transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))\n"
         'image = Image.open("image.jpg").convert("RGB")\n'
-        "with torch.no_grad():\n"
-        "    top5 = model(transform(image).unsqueeze(0)).softmax(dim=-1).topk(5)\n```\n\n"
+        f"with torch.no_grad():\n{run}```\n\n"
         f"`import vitconvert` is needed: config.json names the architecture `vitconvert_{variant}`, which "
         "vitconvert registers with timm. Without it timm stops with `RuntimeError: Unknown model "
         f"(vitconvert_{variant})` instead of building softmax attention around these weights, and transformers "
         f"with `The model architecture 'vitconvert_{variant}' is not supported in your version of timm`: the fix is "
         "`pip install vitconvert` and `import vitconvert`, not a newer timm. With it, transformers loads the "
-        f'folder too: `pipeline("image-classification", model="{hub_id}")` or '
-        "`AutoModelForImageClassification.from_pretrained(...)`, the same model bit for bit. "
+        f"folder too: {transformers_use}, the same model bit for bit. "
         f"`vitconvert info hf-hub:{hub_id}` summarises the model."
     )
 
@@ -333,8 +364,8 @@ def render_card(config: dict[str, Any], repo_id: Optional[str] = None) -> str:
         f"`{arch}` with its softmax attention replaced by **{variant}** linear attention, whose cost grows "
         f"linearly (O(N)) with the number of tokens instead of quadratically. Made with "
         f"{package_link()} following *{PAPER}*: what has the same role and "
-        f"shape as in the softmax source is copied, the attention is initialised by the "
-        f"`{(block.get('init') or {}).get('attn', '?')}` recipe.",
+        f"shape as in the softmax source is copied" + (f", the attention is initialised by the `{init}` recipe."
+                                                       if (init := (block.get("init") or {}).get("attn")) else "."),
         status(block),
         facts(config),
         how_to_use(config, hub_id),

@@ -4,13 +4,16 @@ ONNX goes through torch's dynamo exporter (``torch.onnx.export(..., dynamo=True)
 recommends: it handles every variant's ops (the TorchScript-based one has no ONNX form of ``aten::exp2`` and
 ``aten::rms_norm``, which ELU and MHLA use). The check runs the exported file the way a deployment would
 (ONNX Runtime, or ``torch.export.load``) on a few of the bundled digits images through the model's own eval
-transform, and refuses a file whose logits are further than ``tolerance`` (relative) from PyTorch's.
+transform, and refuses a file whose logits are further than ``tolerance`` (relative) from PyTorch's. The file
+carries what a deployment needs to use it (``file_metadata``: variant, linear layers, class names, preprocessing)
+as ONNX ``metadata_props`` or .pt2 extra files.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import math
 import warnings
@@ -22,10 +25,12 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
+from .attention import LinearAttention
 from .data import digits_dataset
 from .errors import VitconvertError, first_line
 from .loading import load
 from .sources import Resolved, resolve
+from .surgery import linear_layer_indices
 from .version import __version__
 from .writer import MARK, atomic_file, check_file, output_lock
 
@@ -95,13 +100,19 @@ def model_img_size(model: nn.Module) -> int:
     return int(size[-1] if isinstance(size, (tuple, list)) else size)
 
 
+def data_config(model: nn.Module, img_size: int) -> dict[str, Any]:
+    """The model's eval preprocessing at ``img_size``, as timm resolves it (what the check runs and the file
+    records)."""
+    from timm.data import resolve_data_config
+
+    return resolve_data_config({"input_size": (3, img_size, img_size)}, model=model)
+
+
 def check_images(model: nn.Module, count: int, img_size: int) -> torch.Tensor:
     """``count`` real images (the bundled digits' validation set, cycled) through the model's eval transform."""
-    from timm.data import create_transform, resolve_data_config
+    from timm.data import create_transform
 
-
-    config = resolve_data_config({"input_size": (3, img_size, img_size)}, model=model)
-    transform = create_transform(**config, is_training=False)
+    transform = create_transform(**data_config(model, img_size), is_training=False)
     data = digits_dataset("val")
     return torch.stack([transform(data.image(i % len(data))) for i in range(count)])
 
@@ -161,11 +172,12 @@ def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str,
             expected = {b: model(images[:b]) for b in batches}
         with atomic_file(target, force=force, inputs=inputs, suffix=FORMATS[fmt]) as tmp:
             example = images[:max(batch_size, 2)] if dynamic_batch else images[:batch_size]
+            metadata = file_metadata(model, size)
             if fmt == "onnx":
-                export_onnx(model, example, tmp, dynamic_batch, opset or DEFAULT_OPSET)
+                export_onnx(model, example, tmp, dynamic_batch, opset or DEFAULT_OPSET, metadata)
                 run = _onnx_runner(tmp)
             else:
-                _export_pt2(model, example, tmp, dynamic_batch)
+                _export_pt2(model, example, tmp, dynamic_batch, metadata)
                 run = _pt2_runner(tmp)
             error = max(relative_error(run(images[:b]), expected[b]) for b in batches)
             if not math.isfinite(error) or error > tolerance:
@@ -175,18 +187,46 @@ def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str,
                         time.perf_counter() - started)
 
 
+META_PREFIX = "vitconvert_"  # the keys an exported file records, beside the writer's MARK (vitconvert's version)
+
+
+def file_metadata(model: nn.Module, img_size: int) -> dict[str, str]:
+    """What an exported file says of itself, so a deployment needs no other file: the attention variant and its
+    options ("softmax" for a softmax source), which layers are linear (of how many), the class names (an empty
+    list where the model records none; num_classes 0: a headless model, whose output is features) and the eval
+    preprocessing. Strings (ONNX ``metadata_props``, .pt2 extra files); lists and dicts as JSON."""
+    linear, depth = linear_layer_indices(model)
+    found = [m for m in model.modules() if isinstance(m, LinearAttention)]
+    preprocessing = {k: list(v) if isinstance(v, tuple) else v for k, v in data_config(model, img_size).items()}
+    values = {
+        "variant": found[0].variant if found else "softmax",
+        "options": json.dumps(found[0].options if found else {}),
+        "linear_layers": json.dumps(linear),
+        "depth": str(depth),
+        "num_classes": str(getattr(model, "num_classes", "")),
+        "class_names": json.dumps(list(model.pretrained_cfg.get("label_names") or [])),
+        "preprocessing": json.dumps(preprocessing),
+        "source": str(getattr(model, "vitconvert_report", {}).get("source") or ""),
+        "io": "input pixel_values: float32 [batch, 3, H, W], preprocessed; output logits: " + (
+            "[batch, num_classes]" if getattr(model, "num_classes", 0) else "[batch, num_features], image features"),
+    }
+    return {META_PREFIX + k: v for k, v in values.items()}
+
+
 def _batch_dims(dynamic_batch: bool) -> Optional[tuple[dict[int, Any]]]:
     return ({0: torch.export.Dim("batch", min=1, max=4096)},) if dynamic_batch else None
 
 
 def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, dynamic_batch: bool = False,
-                opset: int = DEFAULT_OPSET) -> None:
-    """``model`` as ONNX at ``path`` (input ``pixel_values``, output ``logits``), by the dynamo exporter."""
+                opset: int = DEFAULT_OPSET, metadata: Optional[dict[str, str]] = None) -> None:
+    """``model`` as ONNX at ``path`` (input ``pixel_values``, output ``logits``), by the dynamo exporter;
+    ``metadata`` goes into the model's ``metadata_props``."""
     try:
         with quiet():
             program = torch.onnx.export(model, (example,), dynamo=True, opset_version=opset,
                                         input_names=["pixel_values"], output_names=["logits"],
                                         dynamic_shapes=_batch_dims(dynamic_batch), external_data=False)
+            program.model.metadata_props.update(metadata or {})
             program.model.metadata_props[MARK] = __version__  # writer.written_file: --force may replace it
             program.save(str(path))
     except Exception as e:  # an exporter failure is about this model, not a vitconvert bug to trace
@@ -203,12 +243,13 @@ def _onnx_runner(path: Path) -> Any:
     return lambda x: session.run(None, {name: x.numpy()})[0]
 
 
-def _export_pt2(model: nn.Module, example: torch.Tensor, path: Path, dynamic_batch: bool) -> None:
+def _export_pt2(model: nn.Module, example: torch.Tensor, path: Path, dynamic_batch: bool,
+                metadata: dict[str, str]) -> None:
     try:
         with quiet():
             program = torch.export.export(model, (example,), dynamic_shapes=_batch_dims(dynamic_batch))
             buffer = io.BytesIO()  # torch.export.save wants a name ending in .pt2, not our temporary one
-            torch.export.save(program, buffer, extra_files={MARK: __version__})  # writer.written_file's mark
+            torch.export.save(program, buffer, extra_files={**metadata, MARK: __version__})  # MARK: written_file's
             path.write_bytes(buffer.getvalue())
     except Exception as e:
         raise VitconvertError(f"torch.export failed: {type(e).__name__}: {first_line(e)}") from None

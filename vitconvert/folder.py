@@ -11,9 +11,11 @@ and load strictly.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -25,15 +27,22 @@ from . import weights_file
 from .attention import LinearAttention, variant_class
 from .attention.options import read_options
 from .card import CARD_MARKER, render_card
-from .errors import BadValue, VitconvertError, first_line, load_reason, param
+from .errors import BadValue, VitconvertError, disk_full, first_line, load_reason, param
 from .surgery import linear_layer_indices, swap_attention
 from .timm_registry import PREFIX, export_model_args, is_vitconvert_architecture, mark_as_linear, timm_config
 from .version import __version__
-from .writer import atomic_folder, check_output  # noqa: F401  (the writer rule, re-exported)
+from .writer import (  # noqa: F401  (the writer rule, re-exported)
+    apply_umask,
+    atomic_folder,
+    check_output,
+    output_lock,
+    temporary_sibling,
+    writable_error,
+)
 
 FORMAT_VERSION = 2  # 1: config.json named the softmax architecture (vitconvert 0.1)
 WEIGHTS = "model.safetensors"
-FOLDER_FILES = ("config.json", WEIGHTS, "README.md")  # what write_model_files writes; upgrade keeps the rest
+FOLDER_FILES = (WEIGHTS, "config.json", "README.md")  # what write_model_files writes, in the order upgrade moves them
 
 
 class OldFolderWarning(UserWarning):
@@ -158,12 +167,17 @@ def folder_block(config: dict[str, Any]) -> Optional[dict[str, Any]]:
 
 
 def upgrade_reasons(config: dict[str, Any]) -> list[str]:
-    """What an older layout of config.json keeps other readers from doing (empty: today's layout)."""
-    block = config.get("vitconvert") or {}
+    """What an older layout of config.json (or one timm's own savers wrote from a vitconvert model) keeps other
+    readers from doing; empty for today's layout and for anything that is not a vitconvert model."""
+    block = folder_block(config)
+    if block is None:
+        return []
     reasons = []
-    if block.get("format_version", 1) < FORMAT_VERSION:
+    if "vitconvert" not in config:
+        reasons.append("timm's own saver wrote it without vitconvert's block, which push, info and the card read")
+    elif block.get("format_version", 1) < FORMAT_VERSION:
         reasons.append("timm and transformers read its format-1 config.json as a softmax model")
-    elif "num_classes" in (config.get("model_args") or {}):
+    if is_vitconvert_architecture(config.get("architecture")) and "num_classes" in (config.get("model_args") or {}):
         reasons.append("transformers cannot load it (num_classes in model_args)")
     return reasons
 
@@ -171,11 +185,12 @@ def upgrade_reasons(config: dict[str, Any]) -> list[str]:
 def upgrade_notice(folder: Path, config: dict[str, Any]) -> Optional[str]:
     """One line naming ``vitconvert upgrade`` for a folder in an older layout, else None."""
     reasons = upgrade_reasons(config)
-    if not reasons or "vitconvert" not in config:
+    if not reasons:
         return None
     fix = ("`vitconvert upgrade DIR` on a downloaded copy rewrites it (then push that)" if in_hub_cache(folder)
            else f"`vitconvert upgrade {folder}` rewrites it in place")
-    return f"{folder} is in an older vitconvert folder layout ({'; '.join(reasons)}): {fix}"
+    layout = "an older vitconvert folder layout" if "vitconvert" in config else "timm's layout"
+    return f"{folder} is in {layout} ({'; '.join(reasons)}): {fix}"
 
 
 def in_hub_cache(folder: Path) -> bool:
@@ -280,34 +295,54 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     return model.eval()
 
 
-def upgrade_folder(folder: Path) -> Optional[int]:
-    """Rewrite a vitconvert folder of an older layout in place, atomically, as ``save`` writes it today (same
-    weights; its other files kept; a card without vitconvert's marker kept as the user's). Returns the format
-    version it had, or None when it was already current (nothing is written)."""
-    if in_hub_cache(folder.resolve()):
+def upgrade_folder(folder: Path) -> Optional[dict[str, Any]]:
+    """Rewrite a folder that ``load`` reads, in an older layout or written by timm's own savers, in place as
+    ``save`` writes it today (same weights; its other files, links included, left as they are; a card without
+    vitconvert's marker kept as the user's). Returns what it was (``{"format_version": 1, ...}``, or
+    ``{"saved_by": "timm"}``), or None when it was already current (nothing is written).
+
+    A symlink to the folder upgrades the real folder. The three files are written beside it, then each moved
+    in: weights first, then config.json, then README.md, so an interrupted upgrade leaves a folder that loads
+    and that upgrade finishes."""
+    folder = Path(folder).expanduser().resolve()  # through a link: the real folder, never the link replaced
+    if in_hub_cache(folder):
         raise VitconvertError(f"{folder} is a snapshot in the Hub cache: upgrade a copy: download it to a "
                               f"folder of your own (`hf download REPO` with {param('local_dir', 'DIR')}), then "
                               "upgrade that folder")
     config = read_config(folder)
     check_folder(folder, config)
-    block = config.get("vitconvert")
-    if block is None:
-        raise VitconvertError(f"{folder} was saved by timm from a vitconvert model (no 'vitconvert' block): it "
-                              "loads as it is")
     if not upgrade_reasons(config):
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OldFolderWarning)
         model = load_folder_model(folder, config)
-    meta = {**model.vitconvert_report, "upgraded_from": {k: block[k] for k in ("format_version", "versions")
-                                                           if k in block}}
-    meta["upgraded_from"].setdefault("format_version", 1)
+    block = config.get("vitconvert")
+    meta = {k: v for k, v in model.vitconvert_report.items() if k != "saved_by"}
+    meta["upgraded_from"] = ({"format_version": block.get("format_version", 1),
+                              **({"versions": block["versions"]} if "versions" in block else {})}
+                             if block is not None else {"saved_by": "timm"})
     card_file = folder / "README.md"
-    own_card = card_file.is_file() and CARD_MARKER not in card_file.read_text()
-    with atomic_folder(folder, force=True) as tmp:
-        for entry in folder.iterdir():
-            if entry.name not in FOLDER_FILES:
-                copy = shutil.copytree if entry.is_dir() else shutil.copy2
-                copy(entry, tmp / entry.name)
+    own_card = card_file.is_file() and CARD_MARKER not in card_file.read_text(errors="replace")
+    with output_lock(folder), files_beside(folder) as tmp:
         write_model_files(model, tmp, meta, card=card_file.read_text() if own_card else None)
-    return int(block.get("format_version", 1))
+        for name in FOLDER_FILES:
+            os.replace(tmp / name, folder / name)
+    return meta["upgraded_from"]
+
+
+@contextmanager
+def files_beside(folder: Path) -> Iterator[Path]:
+    """A temporary sibling of ``folder`` (removed at the end, or by a later run if this one is killed) to write
+    files in before they are moved into it; OSErrors and a full disk as one line."""
+    tmp = temporary_sibling(folder)
+    try:
+        apply_umask(tmp)
+        yield tmp
+    except OSError as e:
+        raise writable_error(folder, e) from None
+    except Exception as e:  # a library's own error type for a full disk (safetensors' SafetensorError)
+        if disk_full(e):
+            raise VitconvertError(f"cannot write {folder}: No space left on device (in {folder.parent})") from None
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,8 +1,8 @@
 """Push a model or run folder to the Hugging Face Hub as a complete repo: weights, config, card, recipe.
 
 The folder is validated (it must load) and its card refreshed before anything is sent; the upload is one
-``upload_folder`` call, hence one commit: a failure leaves no half-uploaded revision. The token is passed to
-huggingface_hub and nowhere else: never printed, logged or written.
+``upload_folder`` call, which also deletes the remote files an earlier push left that this folder does not send.
+The token is passed to huggingface_hub and nowhere else: never printed, logged or written.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import yaml
 
 from .card import CARD_MARKER, render_card
 from .errors import BadValue, VitconvertError, first_line, param
-from .folder import load_folder_model, read_config
+from .folder import folder_block, load_folder_model, read_config
 from .hub_io import describe_hub_error, hub_offline, parse_repo_id, resolve_token, token_source
 from .timm_registry import source_architecture
 from .version import __version__
@@ -28,6 +28,9 @@ RUN_FILES = ("recipe.yaml", "metrics.jsonl")  # present in a distill run folder
 EXTRA_PATTERNS = ("*.png",)  # training curves, top level only
 # Never sent even if a pattern above should ever match them: resumable state is large and private.
 NEVER = ["checkpoint-*", "checkpoint-*/**", "best/**", "*.pt", "*.pth", "*.bin", "optimizer*", ".*"]
+# Every remote file the upload does not send is deleted in the same commit, so the repo (that revision) holds this
+# folder's files only, not a mix with an earlier push's (huggingface_hub always keeps .gitattributes).
+REPLACE_REMOTE = ["*"]
 
 
 @dataclass
@@ -54,6 +57,10 @@ def check_folder(folder: Path) -> dict[str, Any]:
     if not folder.is_dir():
         raise VitconvertError(f"folder not found: {folder}")
     config = read_config(folder)
+    if "vitconvert" not in config and folder_block(config) is not None:
+        raise VitconvertError(f"{folder} was saved by timm's own saver from a vitconvert model: `vitconvert upgrade "
+                              f"{folder}` makes it a full vitconvert folder (which transformers loads too), then push "
+                              "it")
     if "vitconvert" not in config:
         raise VitconvertError(f"{folder} is not a vitconvert folder (its config.json has no 'vitconvert' block); "
                               "convert it first with `vitconvert convert`")
@@ -172,7 +179,8 @@ def push_folder(folder: Union[str, Path], repo_id: str, *, private: bool = False
         stage = "upload to"
         info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
                                  token=secret, commit_message=commit_message or default_commit_message(config),
-                                 allow_patterns=[glob.escape(name) for name, _ in plan.files], ignore_patterns=NEVER)
+                                 allow_patterns=[glob.escape(name) for name, _ in plan.files], ignore_patterns=NEVER,
+                                 delete_patterns=REPLACE_REMOTE)
     except Exception as e:
         raise VitconvertError(describe_hub_error(e, repo_id, secret, stage)) from None
     plan.commit_url = getattr(info, "commit_url", None)

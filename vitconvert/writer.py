@@ -1,8 +1,9 @@
 """The one rule every vitconvert writer follows: what it may replace (output_rules.py, re-exported here), and
 how it writes.
 
-- One vitconvert process at a time writes an output: ``output_lock`` holds ``.NAME.lock`` beside it from
-  before the work until the output is in place, so two commands given the same new output never mix.
+- One vitconvert process at a time writes an output: ``output_lock`` holds an OS lock on ``.NAME.lock`` beside
+  it from before the work until the output is in place, so two commands given the same new output never mix;
+  the system releases it when its process dies, so a crash leaves no lock behind.
 - Writes go to a temporary sibling ``.NAME.tmp-HOST-PID-XXXX`` renamed over the target when complete, so
   the old output survives until the new one is whole. The host and PID in the name let a later run remove
   the siblings a killed run left behind, and never one that a live process is still writing.
@@ -11,6 +12,7 @@ how it writes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -105,6 +107,16 @@ def writable_error(out: Path, e: OSError) -> VitconvertError:
     return VitconvertError(f"cannot write {out}: {reason} (in {out.parent.resolve()})")
 
 
+def temporary_sibling(out: Path) -> Path:
+    """A new empty folder ``.NAME.tmp-HOST-PID-XXXX`` beside ``out`` (a killed run's ones removed first), or one
+    line saying why it cannot be made."""
+    try:
+        remove_stale_siblings(out)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{_tag()}-", dir=out.parent))
+    except OSError as e:
+        raise writable_error(out, e) from None
+
+
 @contextmanager
 def atomic_folder(out: PathLike, force: bool = False, inputs: Iterable[PathLike] = (),
                   name: str = "out") -> Iterator[Path]:
@@ -169,39 +181,44 @@ def _lock_holder(lock: Path) -> Optional[tuple[str, int]]:
         return None
 
 
+def _write_holder(lock: Path) -> None:
+    """Say in the lock file who holds it, for the message a second writer gets (best effort: the lock is the
+    flock, which closing this other descriptor does not release)."""
+    host, pid = _tag().rsplit("-", 1)
+    with contextlib.suppress(OSError), open(lock, "r+", encoding="utf-8") as fh:
+        fh.truncate()
+        fh.write(f"{host} {pid}\n")
+
+
 @contextmanager
 def output_lock(out: PathLike) -> Iterator[None]:
-    """One vitconvert process at a time per output: ``.NAME.lock`` beside it, created exclusively (O_EXCL) and
-    removed at the end; one left by a killed process on this host is taken over. Creating it is also the first
-    write, so a read-only or full place is refused before the work. Folders it had to create and that stay
-    empty are removed again."""
+    """One vitconvert process at a time per output: an OS lock (``filelock``: flock) on ``.NAME.lock`` beside
+    it, which the system releases when its process dies, on this host or another one sharing the folder, so a
+    crash never leaves a lock to remove by hand. The file is removed at the end. Creating it is also the first
+    write, so a read-only or full place is refused before the work. Folders it had to create and that stay empty
+    are removed again."""
+    from filelock import FileLock, Timeout
+
     out = Path(os.fspath(out)).expanduser()
     key = os.path.abspath(out)
     if key in _HELD:
         yield
         return
-    lock = out.parent / f".{out.name}.lock"
-    host, pid = _tag().rsplit("-", 1)
+    path = out.parent / f".{out.name}.lock"
     try:
         created = _make_parents(out.parent)
     except OSError as e:
         raise writable_error(out, e) from None
+    lock = FileLock(str(path), timeout=0)
     try:
-        for attempt in range(2):
-            try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666 & ~umask())
-            except FileExistsError:
-                holder = _lock_holder(lock)
-                if holder and holder[0] == host and not _alive(holder[1]) and attempt == 0:
-                    lock.unlink(missing_ok=True)  # its writer was killed
-                    continue
-                who = f"pid {holder[1]} on {holder[0]}" if holder else "another process"
-                raise VitconvertError(f"{out} is being written by another vitconvert command ({who}): wait for it "
-                                      f"to finish or write elsewhere (a lock left by a crash on another host: "
-                                      f"remove {lock})") from None
-            with os.fdopen(fd, "w") as fh:
-                fh.write(f"{host} {pid}\n")
-            break
+        lock.acquire()
+        _write_holder(path)
+    except Timeout:
+        _remove_empty(created)
+        holder = _lock_holder(path)
+        who = f"pid {holder[1]} on {holder[0]}" if holder else "another process"
+        raise VitconvertError(f"{out} is being written by another vitconvert command ({who}): wait for it to "
+                              "finish or write elsewhere") from None
     except OSError as e:
         _remove_empty(created)
         raise writable_error(out, e) from None
@@ -213,7 +230,10 @@ def output_lock(out: PathLike) -> Iterator[None]:
         yield
     finally:
         _HELD.discard(key)
-        lock.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)  # while still held: filelock refuses an inode unlinked under it
+        finally:
+            lock.release()
         _remove_empty(created)
 
 

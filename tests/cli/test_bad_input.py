@@ -335,6 +335,11 @@ CASES: list[Case] = [
     Case("push", "a repo id without org", ("push", *S, "--repo", "noslash", "--dry-run"), "repo"),
     Case("push", "a revision git refuses (--dry-run)", ("push", *S, "--repo", "me/x", "--revision", "a..b",
                                                         "--dry-run"), "--revision: 'a..b' is not a git branch name"),
+    Case("push", "a student timm's save_for_hf wrote", ("push", "{timmsaved}", "--repo", "me/x", "--dry-run"),
+         "makes it a full vitconvert folder"),
+    Case("upgrade", "missing folder (local-dir:)", ("upgrade", "local-dir:nope"), "folder not found: nope"),
+    Case("upgrade", "a Hub repo (hf-hub:)", ("upgrade", "hf-hub:me/x"), "hf-hub:me/x is a Hub repo: upgrade rewrites"),
+    Case("upgrade", "a softmax folder", ("upgrade", "{teacher}"), "is not a vitconvert folder"),
     Case("quickstart", "unknown variant", ("quickstart", "--variants", "nosuch", "--out", "q"), "nosuch"),
     Case("quickstart", "--out an unrelated folder (--force)", ("quickstart", "--variants", "elu", "--epochs", "1",
                                                                "--out", "{precious}", "--force"),
@@ -366,6 +371,12 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
                  headless=make_teacher(root / "headless", num_classes=0))
     (root / "afile.txt").write_text("not a model\n")
     paths["afile"] = root / "afile.txt"
+    from timm.models import save_for_hf
+
+    from vitconvert import load
+
+    save_for_hf(load(student), str(root / "timmsaved"), safe_serialization=True)  # no vitconvert block
+    paths["timmsaved"] = root / "timmsaved"
     (root / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n the user's own picture")
     (root / "user.onnx").write_bytes(b"the user's own model")
     paths["photo"], paths["useronnx"] = root / "photo.png", root / "user.onnx"

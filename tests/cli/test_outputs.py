@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 from distill.helpers import FAST, make_images, make_student
-from helpers import assert_one_line_error, invoke
-
-from vitconvert.writer import _tag
+from helpers import assert_one_line_error, hold_lock, invoke
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = ["--epochs", "1", "--batch-size", "4"] + [a for k, v in FAST.items() if k not in ("epochs", "batch_size")
@@ -38,13 +36,6 @@ def digest(root: Path) -> str:
     for p in sorted(root.rglob("*")):
         h.update(str(p.relative_to(root)).encode() + (p.read_bytes() if p.is_file() else b"/"))
     return h.hexdigest()
-
-
-def held_lock(out: Path) -> subprocess.Popen:
-    """Another live process holding ``out``'s lock, as a running vitconvert command would."""
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    (out.parent / f".{out.name}.lock").write_text(f"{_tag().rsplit('-', 1)[0]} {holder.pid}\n")
-    return holder
 
 
 PLOT_REFUSALS = [  # (--plot value, what the one line says); each refused before any work, nothing changed
@@ -110,7 +101,7 @@ def test_export_replaces_its_own_file_with_force_and_refuses_one_being_written(w
     args = ["export", ws / "student-elu", "--format", "pt2", "--out", "m.pt2"]
     assert invoke(*args).exit_code == 0
     assert invoke(*args, "--force").exit_code == 0  # its own mark: --force may replace it
-    holder = held_lock(tmp_path / "new.pt2")
+    holder = hold_lock(tmp_path / "new.pt2")
     try:
         busy = invoke("export", ws / "student-elu", "--format", "pt2", "--out", "new.pt2")
     finally:

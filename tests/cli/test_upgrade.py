@@ -4,6 +4,7 @@ format-2 rewrites themselves: tests/test_old_folders.py)."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ CASES = {
     "missing folder": (lambda tmp: tmp / "nope", "folder not found"),
     "a file": (lambda tmp: Path(__file__), "is a file, not a model folder"),
     "a softmax timm folder": (softmax_folder, "is not a vitconvert folder"),
-    "a student saved by timm's save_for_hf": (timm_saved_student, "loads as it is"),
+    "a Hub repo": (lambda tmp: "hf-hub:me/old", "is a Hub repo: upgrade rewrites a folder of your own in place"),
     "truncated weights": (truncated, "corrupt or truncated"),
     "a Hub cache snapshot": (in_hub_cache, "is a snapshot in the Hub cache: upgrade a copy"),
 }
@@ -61,9 +62,9 @@ CASES = {
 def test_upgrade_refuses_in_one_line_and_changes_nothing(tmp_path, case):
     make, message = CASES[case]
     folder = make(tmp_path)
-    before = digest(folder) if folder.is_dir() else None
+    before = digest(folder) if Path(folder).is_dir() else None
     assert_one_line_error(invoke("upgrade", folder), message)
-    assert (digest(folder) if folder.is_dir() else None) == before
+    assert (digest(folder) if Path(folder).is_dir() else None) == before
 
 
 def test_a_command_loading_an_old_folder_names_upgrade_in_one_note_line():
@@ -80,3 +81,69 @@ def test_a_command_loading_an_old_folder_names_upgrade_in_one_note_line():
                         f"its format-1 config.json as a softmax model): `vitconvert upgrade {FORMAT1}` rewrites it "
                         "in place")
     assert len(lines) == 2 and lines[1].startswith("error: ")
+
+
+def format_version(folder: Path) -> int:
+    return json.loads((folder / "config.json").read_text())["vitconvert"]["format_version"]
+
+
+def test_a_student_saved_by_timm_becomes_a_full_vitconvert_folder(tmp_path):
+    """timm's save_for_hf writes no vitconvert block (info: variant None, push: refused); upgrade adds it."""
+    folder = timm_saved_student(tmp_path)
+    assert "vitconvert upgrade" in assert_one_line_error_text(invoke("push", folder, "--repo", "me/x", "--dry-run"))
+    result = invoke("upgrade", folder, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"folder": str(folder.resolve()), "upgraded": True, "from_format": None,
+                                         "saved_by": "timm"}
+    config = json.loads((folder / "config.json").read_text())
+    assert config["vitconvert"]["variant"] == "elu" and config["vitconvert"]["upgraded_from"] == {"saved_by": "timm"}
+    assert "num_classes" not in config["model_args"]
+    card = (folder / "README.md").read_text()  # what it is: not a fresh conversion, and nothing it cannot know
+    assert "Saved by timm's own tools" in card and "not yet trained" not in card and "`?`" not in card
+    assert json.loads(invoke("info", folder, "--json").stdout)["variant"] == "elu"
+    assert json.loads(invoke("upgrade", folder, "--json").stdout)["upgraded"] is False
+
+
+def assert_one_line_error_text(result) -> str:
+    assert result.exit_code != 0 and len(result.stderr.strip().splitlines()) == 1, result.output
+    return result.stderr
+
+
+def format1_copy(tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(FORMAT1, tmp_path / "real" / "elu"))
+
+
+def test_upgrade_through_a_symlink_upgrades_the_real_folder_and_keeps_the_link(tmp_path):
+    real = format1_copy(tmp_path)
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    result = invoke("upgrade", link)
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and link.resolve() == real.resolve() and format_version(real) == 2
+
+
+def test_links_inside_the_folder_stay_links_and_dangling_ones_do_not_fail_it(tmp_path):
+    folder = format1_copy(tmp_path)
+    data = tmp_path / "dataset"
+    data.mkdir()
+    (data / "big.bin").write_bytes(b"x" * 1000)
+    (folder / "data").symlink_to("../../dataset", target_is_directory=True)  # a linked data set, relative
+    (folder / "gone").symlink_to(tmp_path / "nothing-here")  # dangling
+    (folder / "notes.txt").write_text("mine\n")
+    result = invoke("upgrade", folder)
+    assert result.exit_code == 0, result.output
+    assert format_version(folder) == 2 and (folder / "notes.txt").read_text() == "mine\n"
+    assert (folder / "data").is_symlink() and (folder / "data" / "big.bin").read_bytes() == b"x" * 1000
+    assert (folder / "gone").is_symlink() and not (folder / "gone").exists()
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["elu"]  # nothing left beside it
+
+
+@pytest.mark.parametrize("form", [".", "local-dir:."])
+def test_upgrade_of_the_current_folder_and_local_dir_spelling(tmp_path, monkeypatch, form):
+    folder = format1_copy(tmp_path)
+    monkeypatch.chdir(folder)
+    result = invoke("upgrade", form)
+    assert result.exit_code == 0 and "upgraded" in result.stdout, result.output
+    assert format_version(folder) == 2 and Path.cwd().samefile(folder)  # the shell's folder is still the folder

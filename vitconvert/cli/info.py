@@ -10,7 +10,7 @@ from rich.table import Table
 from ..aliases import ALIASES
 from ..attention import VARIANTS
 from ..card import hybrid_layers
-from ..folder import check_folder, read_config, upgrade_notice
+from ..folder import check_folder, folder_block, read_config, upgrade_notice
 from ..loading import LINEAR_FORMS, linear_folder
 from ..recipes import available_recipes
 from ..timm_registry import source_architecture
@@ -78,7 +78,7 @@ def info(folder: str = typer.Argument(..., help=LINEAR_FORMS), as_json: JsonOpt 
     path = linear_folder(folder)
     cfg = read_config(path)
     check_folder(path, cfg)  # what load checks, without building the model
-    block = cfg.get("vitconvert") or {}  # check_folder passed: ours, or saved by timm from one of ours
+    block = folder_block(cfg) or {}  # check_folder passed: ours, or saved by timm from one of ours (implied)
     upgrade = upgrade_notice(path, cfg)
     if as_json:
         typer.echo(json.dumps({"architecture": source_architecture(cfg)[0], "num_classes": cfg.get("num_classes"),
