@@ -50,6 +50,13 @@ def test_a_clean_run_says_nothing_and_a_contended_one_says_why():
     assert Contention(None, {"elu": 0.5}).warning().startswith("these timings are unreliable: elu's")
 
 
+def test_others_work_does_not_discredit_cpu_time():
+    """--clock cpu reads CPU time, which waiting for a core does not inflate: only its rounds' spread counts."""
+    assert Contention(0.8, {"elu": 0.1}, clock="cpu").reliable
+    moved = Contention(0.8, {"elu": 0.9}, clock="cpu")
+    assert not moved.reliable and "other processes" not in moved.warning() and "--clock cpu" not in moved.warning()
+
+
 def spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:

@@ -301,7 +301,7 @@ def _run(config: BenchConfig, log: Optional[Callable[[str], None]]) -> BenchRepo
     keep_softmax = ref.keep_softmax if config.keep_softmax is None else config.keep_softmax  # a hybrid folder's own
     rows: list[BenchRow] = []
     kept: list[int] = []  # the layers hybrids keep softmax (the same at every size)
-    seen = Contention()
+    seen = Contention(clock=config.clock)
     for size in config.img_sizes or [ref.default_size]:
         softmax = _build_at(ref, size)
         kept = _softmax_layers(softmax, keep_softmax)

@@ -81,6 +81,7 @@ class Contention:
 
     others_cpu: Optional[float] = None
     spread: dict[str, float] = field(default_factory=dict)  # variant -> largest per-round speedup spread
+    clock: str = "wall"  # bench's clock: CPU time ("cpu") is not inflated by others' work, only the wall clock is
 
     def add_block(self, share: Optional[float]) -> None:
         if share is not None:
@@ -89,26 +90,32 @@ class Contention:
     def add_spread(self, name: str, spread: float) -> None:
         self.spread[name] = max(self.spread.get(name, 0.0), spread)
 
+    def crowded(self) -> bool:
+        """Others' work slowed the clock that was read (the wall clock: a CPU-time reading waits for nobody)."""
+        return self.clock == "wall" and (self.others_cpu or 0.0) > OTHERS_CPU_LIMIT
+
     @property
     def reliable(self) -> bool:
-        return (self.others_cpu or 0.0) <= OTHERS_CPU_LIMIT and all(s <= SPREAD_LIMIT for s in self.spread.values())
+        return not self.crowded() and all(s <= SPREAD_LIMIT for s in self.spread.values())
 
     def warning(self) -> Optional[str]:
         """One sentence for the user, or None when nothing was seen."""
         if self.reliable:
             return None
         reasons = []
-        if (self.others_cpu or 0.0) > OTHERS_CPU_LIMIT:
+        if self.crowded():
             reasons.append(f"other processes used {self.others_cpu:.0%} of this process's CPUs while it timed")
         moved = {k: v for k, v in self.spread.items() if v > SPREAD_LIMIT}
         if moved:
             worst = max(moved, key=moved.__getitem__)
             reasons.append(f"{worst}'s speedup moved by {moved[worst]:.0%} of its median between rounds")
-        return ("these timings are unreliable: " + " and ".join(reasons) + "; rerun on an idle machine with more "
-                "--repeats, or use --clock cpu --threads 1 (other work does not inflate CPU time)")
+        advice = "rerun on an idle machine with more --repeats" + (
+            ", or use --clock cpu --threads 1 (other work does not inflate CPU time)" if self.clock == "wall" else "")
+        return "these timings are unreliable: " + " and ".join(reasons) + "; " + advice
 
     def to_dict(self) -> dict[str, object]:
-        return {"others_cpu": self.others_cpu, "speedup_spread": dict(self.spread), "reliable": self.reliable}
+        return {"others_cpu": self.others_cpu, "speedup_spread": dict(self.spread), "clock": self.clock,
+                "reliable": self.reliable}
 
 
 @contextmanager

@@ -62,7 +62,8 @@ def unreliable(contention: Optional[dict[str, Any]]) -> Optional[str]:
 
     if not contention or contention.get("reliable", True):
         return None
-    return Contention(contention.get("others_cpu"), dict(contention.get("speedup_spread") or {})).warning()
+    return Contention(contention.get("others_cpu"), dict(contention.get("speedup_spread") or {}),
+                      str(contention.get("clock", "wall"))).warning()
 
 
 def bench_table(report: dict[str, Any]) -> Table:
