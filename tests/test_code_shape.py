@@ -1,5 +1,6 @@
-"""The package stays readable for the next person (issue 22): no module over 400 lines, no function past radon's
-grade C (cyclomatic complexity above 20 is grade D: split it)."""
+"""The package stays readable for the next person (issues 22, 40): no module over 400 lines, no function past
+radon's grade C (cyclomatic complexity above 20 is grade D: split it), no line over 120 characters anywhere in
+the package, its tests or its benchmarks (ruff's line-length, held here so it holds without ruff)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import vitconvert
 PACKAGE = Path(vitconvert.__file__).parent
 MAX_LINES = 400
 MAX_COMPLEXITY = 20  # radon's grade C ends here
+MAX_LINE = 120  # pyproject.toml's [tool.ruff] line-length
+SOURCES = [PACKAGE, PACKAGE.parent / "tests", PACKAGE.parent / "benchmarks"]
 
 
 def modules() -> list[Path]:
@@ -33,3 +36,9 @@ def test_no_function_is_radon_grade_d_or_worse():
                 if item.complexity > MAX_COMPLEXITY:
                     worst[f"{path.relative_to(PACKAGE).as_posix()}:{item.lineno} {item.name}"] = item.complexity
     assert not worst, worst
+
+
+def test_no_line_is_over_120_characters():
+    long = [f"{p.relative_to(PACKAGE.parent).as_posix()}:{i}" for root in SOURCES for p in sorted(root.rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if len(line) > MAX_LINE]
+    assert not long, f"wrap these lines (not the limit): {long[:20]}"

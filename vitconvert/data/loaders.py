@@ -199,9 +199,10 @@ def run_data(r: Recipe, inp: InputConfig, num_classes: int, rank: int, world: in
     if mixup is not None and micro % 2:
         raise VitconvertError(f"mixup/cutmix need an even batch per process and step (got {micro}): change "
                               "batch_size, or set mixup and cutmix to 0")
-    updates = len(train) // world // micro // r.accum_steps  # type: ignore[arg-type]
+    images = len(train)  # type: ignore[arg-type]
+    updates = images // world // micro // r.accum_steps
     if updates < 1:
-        raise VitconvertError(f"the training split has {len(train)} images: fewer than one optimizer step of "  # type: ignore[arg-type]
+        raise VitconvertError(f"the training split has {images} images: fewer than one optimizer step of "
                               f"batch_size {r.batch_size}; lower {param('batch_size')}")
     train_set = TransformedDataset(train, train_transform(r, inp), seed=r.seed)
     val_set = TransformedDataset(val, eval_transform(inp))
