@@ -136,3 +136,22 @@ def test_loader_workers_end_with_the_loop_even_when_it_raises(images, where):
             if where == "loop":
                 raise RuntimeError("the teacher failed")
     assert child_processes() - before == set()
+
+
+def test_an_images_seed_touches_the_cpu_generator_alone(monkeypatch):
+    """The same CPU stream torch.manual_seed would give, without seeding every accelerator torch was built for:
+    on a CUDA build without a GPU that queued a lazy seed and formatted the call stack per image (a third of a
+    quickstart training's CPU time)."""
+    import torch
+
+    from vitconvert.data import sample_rng
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an accelerator was seeded for one image's augmentation")
+
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", refuse)
+    monkeypatch.setattr(torch, "manual_seed", refuse)
+    mixed = (((3 * 1_000_003) + 1) * 1_000_003 + 7) % (2 ** 32)
+    with sample_rng(3, 1, 7):
+        drawn = torch.rand(4)
+    assert torch.equal(drawn, torch.rand(4, generator=torch.Generator().manual_seed(mixed)))

@@ -31,12 +31,15 @@ from .transforms import InputConfig, eval_transform, mixup_for, train_transform
 # -- reproducible augmentation and order --------------------------------------------------------------
 @contextmanager
 def sample_rng(seed: int, epoch: int, index: int) -> Iterator[None]:
-    """Seed python, numpy and torch for one image, then restore them: augmentation = f(seed, epoch, index)."""
+    """Seed python, numpy and torch's CPU generator for one image, then restore them: augmentation = f(seed,
+    epoch, index). Only the CPU generator, which transforms draw from: ``torch.manual_seed`` also queues a seed
+    for every accelerator torch was built for, formatting the call stack each time on a machine without one,
+    which was half the CPU time of a quickstart training."""
     state = random.getstate(), np.random.get_state(), torch.get_rng_state()
     mixed = (((seed * 1_000_003) + epoch) * 1_000_003 + index) % (2 ** 32)
     random.seed(mixed)
     np.random.seed(mixed)
-    torch.manual_seed(mixed)
+    torch.default_generator.manual_seed(mixed)  # what torch.manual_seed does to the CPU stream
     try:
         yield
     finally:
