@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .common import JsonOpt, console, user_errors
+from .common import JsonOpt, console, loading_libraries, user_errors
 
 
 def human_size(n: int) -> str:
@@ -49,7 +49,8 @@ def push(
 
     Example: vitconvert push runs/deit_small_patch16_224-mhla-cifar100 --repo me/deit-small-mhla --dry-run
     """
-    from ..hub import push_folder  # lazy: start-up time
+    with loading_libraries():
+        from ..hub import push_folder  # lazy: start-up time (and --help's)
 
     plan = push_folder(folder, repo, private=private, revision=revision, commit_message=commit_message, token=token,
                        dry_run=dry_run)

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import VitconvertError
-from .common import JsonOpt, console, user_errors
+from .common import JsonOpt, console, loading_libraries, user_errors
 
 
 @user_errors
@@ -19,7 +19,8 @@ def upgrade(folder: Path = typer.Argument(..., help="a vitconvert model or run f
 
     Example: vitconvert upgrade ./deit_small_patch16_224-elu
     """
-    from ..folder import upgrade_folder  # lazy: start-up time
+    with loading_libraries():
+        from ..folder import upgrade_folder  # lazy: start-up time (and --help's)
 
     if folder.is_file():
         raise VitconvertError(f"{folder} is a file, not a model folder: give the folder that holds config.json")
