@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import safetensors
 from distill.helpers import CLI_FAST, make_workspace
-from helpers import invoke
+from helpers import assert_one_line_error, invoke
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -148,3 +148,13 @@ def test_a_run_folder_gives_top1_as_a_fraction_in_json_and_a_percent_in_words(ws
     shown = " ".join(invoke("info", "r", env={"COLUMNS": "400"}).stdout.split())
     assert f"val top1 {100 * top1:.2f}%" in ran.output and f"top-1 {100 * top1:.2f}%" in shown, shown
     assert "after 1 epoch" in shown, shown
+
+
+def test_offline_without_the_weights_names_the_switch(hub_cache, tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE set, weights not cached: our sentence naming the switch, not huggingface_hub's broken one
+    ("... check your connection and try again or make sure your Internet connection")."""
+    monkeypatch.chdir(tmp_path)
+    result = invoke("convert", "deit_tiny", "--to", "elu", "--out", "s")
+    assert_one_line_error(result, "cannot get pretrained weights for deit_tiny: HF_HUB_OFFLINE is set and "
+                                  "timm/deit_tiny_patch16_224.fb_in1k is not in the Hub cache; unset HF_HUB_OFFLINE")
+    assert "Internet connection" not in result.stderr and not (tmp_path / "s").exists()

@@ -59,7 +59,8 @@ def push(
         return
     where = f"{plan.repo_id}" + (f"@{plan.revision}" if plan.revision else "")
     console.print(files_table(plan.files, f"{'would upload' if dry_run else 'uploaded'} to {where}"))
-    console.print(f"README.md: {'refreshed from config.json' if plan.card == 'refreshed' else 'kept (your own card)'}")
+    refreshed = "refreshed from config.json" + (" when pushed (a dry run writes nothing)" if dry_run else "")
+    console.print(f"README.md: {refreshed if plan.card == 'refreshed' else 'kept (your own card)'}")
     if plan.skipped:
         console.print("not uploaded: " + ", ".join(plan.skipped))
     if dry_run:
