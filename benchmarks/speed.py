@@ -85,7 +85,7 @@ def conversion(rounds: int, log) -> dict:
     create_model + load_state_dict of the same architecture, alternating, on one thread; medians."""
     from safetensors.torch import load_file, save_file
 
-    from vitconvert.convert import convert
+    from vitconvert.conversion import convert
     from vitconvert.folder import save
     from vitconvert.sources import load_source
 

@@ -82,6 +82,6 @@ def test_an_old_timm_is_one_line_from_the_command_and_an_import_error_from_the_l
                             text=True, timeout=120)
     assert anyway.returncode == 0 and "mhla" in anyway.stdout, anyway.stderr
 
-    library = subprocess.run([sys.executable, "-c", "import vitconvert"], env=env, capture_output=True, text=True,
-                             timeout=120)
-    assert library.returncode == 1 and f"ImportError: {expected}" in library.stderr
+    for code in ("import vitconvert, timm", "import vitconvert; vitconvert.load"):  # registering, the API
+        library = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert library.returncode == 1 and f"ImportError: {expected}" in library.stderr, (code, library.stderr)

@@ -18,7 +18,8 @@ from huggingface_hub import HfApi, ModelCard
 import vitconvert
 from vitconvert.card import CARD_MARKER
 from vitconvert.errors import VitconvertError
-from vitconvert.hub import NEVER, push_folder
+from vitconvert.folder import read_config
+from vitconvert.hub import NEVER, push_folder, refresh_card
 
 
 def test_dry_run_lists_model_and_run_files_only(tmp_path, online, no_network, make_folder):
@@ -27,14 +28,30 @@ def test_dry_run_lists_model_and_run_files_only(tmp_path, online, no_network, ma
     sizes = dict(plan.files)
     assert sorted(sizes) == ["README.md", "config.json", "curves.png", "metrics.jsonl", "model.safetensors",
                              "recipe.yaml"]
-    assert all(sizes[name] == (folder / name).stat().st_size for name in sizes)
+    assert all(sizes[name] == (folder / name).stat().st_size for name in sizes if name != "README.md")  # the card:
+    # the refreshed one's size (test_dry_run_changes_nothing_in_the_folder)
     assert plan.skipped == ["best/", "checkpoint-last/", "events.out.tfevents.1", "optimizer.pt"]
     assert plan.dry_run and plan.commit_url is None and plan.card == "refreshed"
 
 
-def test_dry_run_refreshes_card_atomically_with_repo_and_recipe(tmp_path, online, no_network, make_folder):
+def test_dry_run_changes_nothing_in_the_folder(tmp_path, online, no_network, make_folder):
+    """It rewrote README.md; it only says what a push would send (the refreshed card's size included)."""
     folder = make_folder(tmp_path / "run", run=True)
-    push_folder(folder, "me/x", dry_run=True)
+    (folder / "README.md").write_text(f"{CARD_MARKER}\nan old card\n")
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file()}
+    plan = push_folder(folder, "me/x", dry_run=True)
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file()} == before
+    size = dict(plan.files)["README.md"]
+    assert plan.card == "refreshed" and size == len(refresh_card(folder, read_config(folder), "me/x")[1].encode())
+    (folder / "README.md").unlink()  # no card yet: the push would write one
+    assert dict(push_folder(folder, "me/x", dry_run=True).files)["README.md"] == size
+    assert not (folder / "README.md").exists()
+
+
+def test_push_refreshes_card_atomically_with_repo_and_recipe(tmp_path, monkeypatch, online, make_folder):
+    folder = make_folder(tmp_path / "run", run=True)
+    FakeHub(monkeypatch)
+    push_folder(folder, "me/x", token=FAKE_TOKEN)
     text = (folder / "README.md").read_text()
     assert 'vitconvert.load("hf-hub:me/x")' in text and "## Training recipe" in text
     assert ModelCard(text).data.datasets == ["uoft-cs/cifar10"]  # from the run's recipe.yaml
@@ -215,7 +232,7 @@ def test_pushed_folder_loads_back_by_id_bit_exact(tmp_path, hub_cache, no_networ
     from PIL import Image
 
     folder = make_folder(tmp_path / "m", variant="mhla")
-    push_folder(folder, "me/x", dry_run=True)
+    refresh_card(folder, read_config(folder), "me/x")  # the card a push writes before it uploads
     place_in_hub_cache(hub_cache, "me/x", folder)
     place_in_hub_cache(hub_cache, "me/x", folder, revision="v1")
     original = vitconvert.load(folder)

@@ -7,7 +7,7 @@ import torch
 from helpers import tiny_model
 
 from vitconvert.attention import LinearAttention
-from vitconvert.convert import convert
+from vitconvert.conversion import convert
 from vitconvert.errors import BadValue, VitconvertError
 from vitconvert.init import MIMETIC_QK, MIMETIC_VO, InitRecipe, low_rank_factors, mimetic_target
 

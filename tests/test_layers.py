@@ -29,12 +29,13 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("model folder", ["folder"]),
     ("softmax sources", ["sources"]),
     ("any model", ["loading"]),
-    ("jobs", ["convert", "evaluate", "compare", "export", "hub"]),
+    ("jobs", ["conversion", "evaluate", "compare", "export", "hub"]),
     ("layer choice", ["hybrid"]),
     ("the convert job", ["convert_job"]),
     ("measuring", ["bench_config", "contention", "flops", "onnx_timing"]),  # what bench.py puts together
     ("composite jobs", ["bench", "distill"]),
     ("the quickstart", ["quickstart"]),
+    ("registration with timm", ["registration"]),  # when `import vitconvert` registers: as timm is imported
     ("public API", [""]),  # vitconvert/__init__.py
     ("command line", ["cli"]),
     ("entry point", ["__main__"]),

@@ -8,7 +8,7 @@ import torch
 from helpers import FAMILIES, image_batch, tiny_model
 
 from vitconvert.attention import VARIANTS, LinearAttention
-from vitconvert.convert import convert
+from vitconvert.conversion import convert
 from vitconvert.errors import VitconvertError
 from vitconvert.surgery import find_softmax_attention, swap_attention
 

@@ -39,7 +39,7 @@ from torch.nn import functional as F
 from .attention import VARIANTS
 from .bench_config import CLOCKS, BenchConfig
 from .contention import Contention, speedup_spread, watched
-from .convert import fresh_like
+from .conversion import fresh_like
 from .errors import BadValue, VitconvertError, first_line
 from .flops import flops_per_image
 from .folder import folder_block

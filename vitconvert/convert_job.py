@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .convert import ConversionReport, check_request, convert
+from .conversion import ConversionReport, check_request, convert
 from .errors import BadValue, param
 from .folder import check_options, save
 from .hybrid import LayerChoice, choose_softmax_layers

@@ -38,6 +38,11 @@ class VitconvertError(Exception):
         return format(super().__str__(), spec)
 
 
+def plural(n: int, word: str) -> str:
+    """``1 epoch``, ``2 epochs``, ``0 threads``: counts in messages and tables."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def first_line(e: BaseException, limit: int = 200) -> str:
     """The first non-empty line of an exception's message (cut at ``limit``), or its type name when empty."""
     for line in str(e).splitlines():

@@ -82,28 +82,32 @@ def card_config(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     return {**config, "vitconvert": block}
 
 
-def refresh_card(folder: Path, config: dict[str, Any], repo_id: Optional[str]) -> str:
-    """Re-render README.md unless the user wrote their own (no marker); either way its metadata must parse."""
+def refresh_card(folder: Path, config: dict[str, Any], repo_id: Optional[str], write: bool = True) -> tuple[str, str]:
+    """("refreshed" or "kept", the card's text): README.md re-rendered unless the user wrote their own (no marker),
+    written only with ``write`` (a dry run changes nothing); either way its metadata must parse."""
     from huggingface_hub import ModelCard
 
     readme = folder / "README.md"
-    if readme.is_file() and CARD_MARKER not in readme.read_text(encoding="utf-8", errors="replace"):
+    text = readme.read_text(encoding="utf-8", errors="replace") if readme.is_file() else ""
+    if readme.is_file() and CARD_MARKER not in text:
         action = "kept"
     else:
-        write_text_atomic(readme, render_card(card_config(folder, config), repo_id=repo_id))
-        action = "refreshed"
+        text, action = render_card(card_config(folder, config), repo_id=repo_id), "refreshed"
+        if write:
+            write_text_atomic(readme, text)
     try:
-        ModelCard(readme.read_text(encoding="utf-8"))
+        ModelCard(text)
     except Exception as e:  # the Hub would refuse the commit for the same reason
         raise VitconvertError(f"{readme}: its metadata does not parse ({first_line(e)})") from None
-    return action
+    return action, text
 
 
-def upload_files(folder: Path) -> tuple[list[Path], list[str]]:
-    """(files to send, top-level entries left out): model files, run recipe/metrics, curves; nothing else."""
+def upload_files(folder: Path, to_write: tuple[str, ...] = ()) -> tuple[list[Path], list[str]]:
+    """(files to send, top-level entries left out): model files, run recipe/metrics, curves; nothing else.
+    ``to_write``: files the push would write first (a dry run's card), counted as there."""
     from fnmatch import fnmatch
 
-    missing = [n for n in MODEL_FILES if not (folder / n).is_file()]
+    missing = [n for n in MODEL_FILES if not (folder / n).is_file() and n not in to_write]
     if missing:
         raise VitconvertError(f"{folder} lacks {', '.join(missing)}")
     keep, skipped = [], []
@@ -113,6 +117,7 @@ def upload_files(folder: Path) -> tuple[list[Path], list[str]]:
             keep.append(entry)
         else:
             skipped.append(entry.name + ("/" if entry.is_dir() else ""))
+    keep += [folder / name for name in to_write if not (folder / name).exists()]
     return keep, skipped
 
 
@@ -155,17 +160,18 @@ def push_folder(folder: Union[str, Path], repo_id: str, *, private: bool = False
     if revision is not None and not revision.strip():
         raise BadValue("revision", "is empty: give a branch name or leave it out for main")
     check_revision(revision)
+    if hub_offline() and not dry_run:  # before loading the folder's model (seconds to minutes)
+        raise VitconvertError(f"HF_HUB_OFFLINE is set: unset it to push, or use {param('dry_run', True)} to see what "
+                              "would be sent")
     config = check_folder(folder)
-    card = refresh_card(folder, config, repo_id)
-    files, skipped = upload_files(folder)
-    plan = PushPlan(str(folder), repo_id, revision, [(f.name, f.stat().st_size) for f in files], skipped, card,
+    card, text = refresh_card(folder, config, repo_id, write=not dry_run)
+    files, skipped = upload_files(folder, to_write=("README.md",) if dry_run and card == "refreshed" else ())
+    sizes = [(f.name, len(text.encode()) if dry_run and f.name == "README.md" else f.stat().st_size) for f in files]
+    plan = PushPlan(str(folder), repo_id, revision, sizes, skipped, card,
                     dry_run, url=f"https://huggingface.co/{repo_id}" + (f"/tree/{revision}" if revision else ""),
                     token_source=token_source(token))
     if dry_run:
         return plan
-    if hub_offline():
-        raise VitconvertError(f"HF_HUB_OFFLINE is set: unset it to push, or use {param('dry_run', True)} to see what "
-                              "would be sent")
     secret = resolve_token(token)
     from huggingface_hub import HfApi
 

@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from .attention import LinearAttention
 from .capture import DistillStudent, TeacherTap, attention_pairs
 from .compare import image_batches
-from .convert import convert
+from .conversion import convert
 from .errors import BadValue
 from .surgery import find_softmax_attention
 

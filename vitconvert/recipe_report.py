@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .errors import plural
 from .recipes import OPERATIONAL, Recipe
 
 
@@ -13,10 +14,11 @@ def recipe_summary(r: Recipe) -> list[str]:
                                      ("mixup", r.mixup > 0), ("cutmix", r.cutmix > 0), ("erasing", r.reprob > 0),
                                      ("colour jitter", bool(r.color_jitter)), ("hflip", r.hflip > 0))
                if on]
-    lines = [f"recipe {r.name or '(default)'}: {r.epochs} epochs, warm-up {r.warmup_epochs} "
+    crops = [] if r.no_aug else [f"random crops (area {r.scale[0]:g}-{r.scale[-1]:g})"]
+    lines = [f"recipe {r.name or '(default)'}: {plural(r.epochs, 'epoch')}, warm-up {r.warmup_epochs} "
              f"(lr {r.warmup_lr:g} -> peak {r.lr:g}, cosine to {r.min_lr:g}), batch {r.batch_size}"
              + (f" ({r.accum_steps} accumulation steps)" if r.accum_steps > 1 else ""),
-             "augmentation: " + (", ".join(augment) if augment else "off")]
+             "augmentation: " + (", ".join(crops + augment) if crops + augment else "off")]
     if r.schedule_scaled:
         lines.append(f"scaled with --epochs: {r.schedule_scaled}")
     return lines

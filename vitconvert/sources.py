@@ -179,7 +179,13 @@ def check_weights_reachable(name: str, spec: str) -> None:
         repo_id = timm.models.get_pretrained_cfg(name).hf_hub_id
     except Exception:  # no pretrained config (weights by URL, a custom name): timm says what it can
         return
-    if not repo_id or hub_offline() or weights_cached(repo_id) or hub_reachable():
+    if not repo_id or weights_cached(repo_id):
+        return
+    if hub_offline():  # said in our words: huggingface_hub's own sentence is broken and does not name the switch
+        raise VitconvertError(f"cannot get pretrained weights for {spec}: HF_HUB_OFFLINE is set and {repo_id} is not "
+                              f"in the Hub cache; unset HF_HUB_OFFLINE to download them, or use "
+                              f"{param('pretrained', False)} for a randomly initialised model")
+    if hub_reachable():
         return
     raise VitconvertError(f"cannot get pretrained weights for {spec}: the Hub (huggingface.co) does not answer and "
                           f"{repo_id} is not in the Hub cache; use {param('pretrained', False)} for a randomly "

@@ -596,13 +596,16 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_push_refreshes_the_card_with_the_umask(workspace, tmp_path, monkeypatch):
-    """push (and its --dry-run, documented to refresh the card) rewrites README.md as a plain file (not 0600)."""
+def test_push_refreshes_the_card_with_the_umask(workspace, tmp_path, monkeypatch, online):
+    """push rewrites README.md as a plain file (not 0600); its --dry-run writes nothing (tests/test_hub.py)."""
+    from helpers import FAKE_TOKEN, FakeHub
+
     monkeypatch.chdir(tmp_path)
     shutil.copytree(workspace["run"], tmp_path / "run")
+    FakeHub(monkeypatch)
     old = os.umask(0o022)
     try:
-        result = runner.invoke(app, ["push", "run", "--repo", "me/x", "--dry-run"])
+        result = runner.invoke(app, ["push", "run", "--repo", "me/x", "--token", FAKE_TOKEN])
     finally:
         os.umask(old)
     assert result.exit_code == 0, result.output

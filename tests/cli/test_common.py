@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import typer
 
@@ -37,3 +39,45 @@ def test_a_parameter_whose_flag_is_spelled_otherwise_is_shown_with_that_flag(cap
     with pytest.raises(typer.Exit):
         command()
     assert capsys.readouterr().err == "error: --option: mhla cannot be built with eps=0\n"
+
+
+def run_with_stderr_on_a_terminal(args: list[str], cwd) -> tuple[int, str, str]:
+    """``python -m vitconvert ARGS`` with stderr on a pseudo-terminal (as in a shell) and stdout on a pipe: exit
+    code, stdout, and what the terminal showed."""
+    import pty
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-m", "vitconvert", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=follower)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the command closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    out = proc.stdout.read().decode()
+    return proc.wait(timeout=120), out, shown.decode(errors="replace")
+
+
+def test_a_command_says_it_is_loading_torch_on_a_terminal_and_nothing_in_a_pipe(tmp_path):
+    """The first seconds are torch's and timm's imports: a terminal is told so at once (a status line rich clears
+    when they are done); a pipe or log gets no spinner frames, only the output."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code, out, shown = run_with_stderr_on_a_terminal(["list"], tmp_path)
+    assert code == 0 and "mhla" in out
+    assert "loading torch and timm" in shown
+    piped = subprocess.run([sys.executable, "-m", "vitconvert", "list"], cwd=tmp_path, capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}, timeout=120)
+    assert piped.returncode == 0 and piped.stderr == "" and piped.stdout == out

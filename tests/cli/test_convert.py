@@ -129,3 +129,17 @@ def test_installed_console_script(tmp_path, timm_folder):
     bad = subprocess.run([exe, "convert", "deit_smal", "--to", "elu"], capture_output=True, text=True, timeout=300,
                          cwd=tmp_path)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_a_failed_convert_keeps_the_record_of_the_last_one_that_finished(tmp_path, timm_folder, monkeypatch):
+    """`distill` with no STUDENT takes the last convert that finished here; a convert that failed since is not one
+    (it used to wipe the record: `distill` then said no convert had finished, and the README's `--resume` line
+    said so too instead of naming the missing checkpoint)."""
+    monkeypatch.chdir(tmp_path)
+    assert invoke("convert", str(timm_folder), "--to", "elu", "--out", "m").exit_code == 0
+    assert_one_line_error(invoke("convert", str(timm_folder), "--to", "elu", "--out", "m2", "--layers", "99"),
+                          "--layers")
+    assert (tmp_path / ".vitconvert" / "last_convert").read_text().strip() == str((tmp_path / "m").resolve())
+    resumed = invoke("distill", "--resume", "--out", "runs/never-started", "--data", "digits")
+    assert resumed.exit_code != 0 and "no STUDENT given" not in resumed.output
+    assert "checkpoint" in resumed.output, resumed.output

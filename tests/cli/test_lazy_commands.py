@@ -4,6 +4,7 @@ command is still listed with its docstring's summary and still runs and shows it
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -64,3 +65,58 @@ def test_the_table_summary_is_the_docstring_and_the_command_still_loads(name):
 def test_every_command_module_is_in_the_table():
     modules = {p.stem for p in (ROOT / "vitconvert" / "cli").glob("*.py")} - {"__init__", "common"}
     assert modules == {module for module, _, _ in COMMANDS.values()}
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_command_help_imports_neither_torch_nor_timm(tmp_path, name):
+    """``vitconvert CMD --help`` is as quick as ``vitconvert --help``: it took 10-15 s when it imported torch."""
+    script = tmp_path / "vitconvert"
+    script.write_text("import sys\nfrom vitconvert.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+                      f"print('heavy:', sorted(m for m in sys.modules if m.split('.')[0] in {sorted(HEAVY)!r}))\n")
+    done, names = imported_modules([str(script), name, "--help"])
+    assert done.returncode == 0 and f"vitconvert {name} [OPTIONS]" in " ".join(done.stdout.split()), done.stderr[-2000:]
+    assert "heavy: []" in done.stdout and not names & HEAVY, f"{name} --help imported {sorted(names & HEAVY)}"
+
+
+def test_help_names_the_variants_the_registry_holds():
+    """--help lists the variants without importing them (SHIPPED_VARIANTS); the registry is the truth."""
+    from vitconvert.attention import VARIANTS
+    from vitconvert.cli.common import LINEAR_MODEL_HELP, SHIPPED_VARIANTS
+    from vitconvert.loading import LINEAR_FORMS
+
+    assert list(SHIPPED_VARIANTS) == list(VARIANTS)
+    assert LINEAR_MODEL_HELP == LINEAR_FORMS
+
+
+ARGV_PROBE = """
+import json, sys
+sys.argv = {argv!r}
+import vitconvert
+print(json.dumps({{"dir": dir(vitconvert), "torch": "torch" in sys.modules}}))
+"""
+
+
+def test_import_vitconvert_is_the_same_whatever_the_command_line():
+    """``import vitconvert`` binds the same names (lazily, PEP 562) as a library, as the console script and as
+    ``python -m vitconvert``: it used to read sys.argv to decide."""
+    seen = []
+    for argv in (["-c"], ["/usr/bin/vitconvert", "convert"], ["-m", "convert"], []):
+        done = subprocess.run([sys.executable, "-c", ARGV_PROBE.format(argv=argv)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        seen.append(json.loads(done.stdout))
+    assert all(s == seen[0] for s in seen), seen
+    assert not seen[0]["torch"]  # the public names load on first use
+    assert {"convert", "convert_source", "load", "save", "hybrid", "VARIANTS", "__version__"} <= set(seen[0]["dir"])
+    assert "importlib" not in seen[0]["dir"] and "sys" not in seen[0]["dir"]
+
+
+@pytest.mark.parametrize("first", ["import timm, vitconvert", "import vitconvert.surgery",
+                                   "import vitconvert.sources", "from vitconvert.attention import VARIANTS"])
+def test_timm_knows_the_variants_whichever_is_imported_first(first):
+    """``import vitconvert`` registers with timm when timm is imported, whoever imports it first (a vitconvert
+    module that imports timm itself included), and ``vitconvert.convert`` is the function, not a module."""
+    code = (f"{first}\nimport timm, vitconvert\nprint(timm.is_model('vitconvert_mhla'), callable(vitconvert.convert),"
+            " type(vitconvert.hybrid).__name__)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "True", "module"], done.stderr[-2000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import safetensors
 from distill.helpers import CLI_FAST, make_workspace
-from helpers import invoke
+from helpers import assert_one_line_error, invoke
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,3 +103,58 @@ def test_quickstart_in_a_log_says_each_stage(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()
     assert lines[:3] == ["elu: queued", "elu: converting", "elu: running, epoch 1/1"], lines
+
+
+def test_top_level_help_shows_version_as_a_flag():
+    result = invoke("--help")
+    assert result.exit_code == 0 and "--version" in result.output and "<bool>" not in result.output, result.output
+
+
+def test_quickstart_help_gives_its_epochs_as_a_number():
+    """It showed "[default: recipes/quickstart]", a path where a number belongs."""
+    from vitconvert.recipes import load_recipe
+
+    shown = " ".join(invoke("quickstart", "--help", env={"COLUMNS": "400"}).output.split())
+    assert f"[default: {load_recipe('quickstart')[0].epochs}, the quickstart recipe's]" in shown, shown
+    assert "recipes/quickstart" not in shown
+
+
+def test_convert_and_info_say_what_the_folder_is_in_words(tmp_path, monkeypatch):
+    """A random source is called random; options as KEY=VALUE, not a Python dict; a hybrid's layers counted out of
+    the model's depth (a 12-layer hybrid with one softmax layer was "11 attention layers")."""
+    monkeypatch.chdir(tmp_path)
+    made = invoke("convert", "vit_tiny_patch16_224", "--no-pretrained", "--to", "elu", "--attn-init", "copy",
+                  "--img-size", "32", "--keep-softmax", "0", "--out", "r", env={"COLUMNS": "400"})
+    assert made.exit_code == 0, made.output
+    assert "(11 of 12 attention layers linear)" in made.stdout, made.stdout
+    shown = " ".join(invoke("info", "r", env={"COLUMNS": "400"}).stdout.split())
+    assert "vit_tiny_patch16_224 (randomly initialised: converted with --no-pretrained)" in shown, shown
+    assert "elu (eps=1e-06)" in shown and "{'" not in shown and "attn=copy, mlp=copy" in shown, shown
+    assert re.search(r"attention layers\W+12\W", shown) and "linear 1-11, softmax 0" in shown, shown
+
+
+def test_a_run_folder_gives_top1_as_a_fraction_in_json_and_a_percent_in_words(ws, tmp_path, monkeypatch):
+    """Every --json of the CLI gives accuracies as fractions of 1 (eval, distill, compare, and info, whose folder
+    keeps percent for its card); tables say "%". The quickstart recipe's random crops are augmentation, and one
+    epoch is "1 epoch"."""
+    monkeypatch.chdir(tmp_path)
+    ran = invoke("distill", ws / "student-elu", "--recipe", "quickstart", "--data", ws / "images", "--epochs", "1",
+                 *CLI_FAST, "--out", "r")
+    assert ran.exit_code == 0, ran.output
+    assert "quickstart: 1 epoch," in ran.output and "augmentation: random crops (area 0.5-1)" in ran.output, ran.output
+    top1 = json.loads(invoke("info", "r", "--json").stdout)["metrics"]["top1"]
+    evaluated = json.loads(invoke("eval", "r", "--data", ws / "images", "--json").stdout)
+    assert 0 <= top1 <= 1 and evaluated["top1"] == pytest.approx(top1, abs=1e-4)
+    shown = " ".join(invoke("info", "r", env={"COLUMNS": "400"}).stdout.split())
+    assert f"val top1 {100 * top1:.2f}%" in ran.output and f"top-1 {100 * top1:.2f}%" in shown, shown
+    assert "after 1 epoch" in shown, shown
+
+
+def test_offline_without_the_weights_names_the_switch(hub_cache, tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE set, weights not cached: our sentence naming the switch, not huggingface_hub's broken one
+    ("... check your connection and try again or make sure your Internet connection")."""
+    monkeypatch.chdir(tmp_path)
+    result = invoke("convert", "deit_tiny", "--to", "elu", "--out", "s")
+    assert_one_line_error(result, "cannot get pretrained weights for deit_tiny: HF_HUB_OFFLINE is set and "
+                                  "timm/deit_tiny_patch16_224.fb_in1k is not in the Hub cache; unset HF_HUB_OFFLINE")
+    assert "Internet connection" not in result.stderr and not (tmp_path / "s").exists()

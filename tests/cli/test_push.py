@@ -27,7 +27,8 @@ def test_dry_run_shows_the_repo(tmp_path, online, no_network, make_folder):
     size_kb = (folder / "model.safetensors").stat().st_size / 1000
     assert f"{size_kb:.1f} kB" in out
     assert "not uploaded: best/, checkpoint-last/, events.out.tfevents.1, optimizer.pt" in out
-    assert "README.md: refreshed" in out and "nothing was sent" in out and "no token yet" in out
+    assert "README.md: refreshed from config.json when pushed (a dry run writes nothing)" in out
+    assert "nothing was sent" in out and "no token yet" in out
 
 
 def test_dry_run_json(tmp_path, online, no_network, make_folder):
@@ -69,6 +70,8 @@ def test_offline_env_blocks_push_but_not_dry_run(tmp_path, monkeypatch, make_fol
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     folder = make_folder(tmp_path / "m")
     assert invoke("push", str(folder), "--repo", "me/x", "--dry-run").exit_code == 0
+    assert_one_line_error(invoke("push", str(folder), "--repo", "me/x", "--token", FAKE_TOKEN), "HF_HUB_OFFLINE")
+    (folder / "model.safetensors").write_bytes(b"not weights")  # said before loading the folder (seconds or more)
     assert_one_line_error(invoke("push", str(folder), "--repo", "me/x", "--token", FAKE_TOKEN), "HF_HUB_OFFLINE")
 
 

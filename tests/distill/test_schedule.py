@@ -76,6 +76,6 @@ def test_distill_prints_what_will_run_and_what_was_scaled(tmp_path):
     assert result.exit_code == 0, result.output
     first, *head = result.stderr.splitlines()[:4]
     assert first.startswith(f"distilling {student} from the teacher "), first  # who, from whom, where to
-    assert head[0].startswith("recipe default: 1 epochs, warm-up 0") and "peak 0.002" in head[0], head
-    assert head[1].startswith("augmentation: RandAugment rand-m9-mstd0.5-inc1, mixup, cutmix"), head
+    assert head[0].startswith("recipe default: 1 epoch, warm-up 0") and "peak 0.002" in head[0], head
+    assert head[1].startswith("augmentation: random crops (area 0.08-1), RandAugment rand-m9-mstd0.5-inc1, mixup"), head
     assert head[2] == "scaled with --epochs: to 1 epochs: warmup_epochs 50 -> 0 (written for 300 epochs)", head

@@ -7,19 +7,31 @@ module is imported when that command runs or shows its own ``--help``.
 
 from __future__ import annotations
 
-import importlib
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any, Optional
 
-import typer
-from rich.markup import escape
-from typer.core import TyperCommand, TyperGroup
 
-from ..dependencies import check as check_dependencies
-from ..errors import VitconvertError
-from ..version import __version__
+def _interrupted(kind: type[BaseException], value: BaseException, tb: object) -> None:
+    """Ctrl-C while Python starts the command (before typer runs it) is one line, not a traceback."""
+    if issubclass(kind, KeyboardInterrupt):
+        print("error: interrupted", file=sys.stderr)
+    else:
+        sys.__excepthook__(kind, value, tb)  # type: ignore[arg-type]
+
+
+sys.excepthook = _interrupted
+
+import importlib  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from typing import Any, Optional  # noqa: E402
+
+import typer  # noqa: E402
+from rich.markup import escape  # noqa: E402
+from typer.core import TyperCommand, TyperGroup  # noqa: E402
+
+from ..dependencies import check as check_dependencies  # noqa: E402
+from ..errors import VitconvertError  # noqa: E402
+from ..version import __version__  # noqa: E402
 
 try:  # typer >= 0.26 vendors click as typer._click; its exceptions are the ones raised
     from typer._click import exceptions as click
@@ -47,9 +59,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                                                "compare them with scratch."),
     "list": ("info", "list_cmd", "Short model aliases, linear-attention variants and training recipes."),
     "info": ("info", "info", "What a converted model is and what was copied."),
-    "upgrade": ("upgrade", "upgrade", "Rewrite an older model folder in place (atomically, same weights) so that timm "
-                                      "and transformers load it as the linear model, or refuse it without vitconvert, "
-                                      "instead of building softmax attention."),
+    "upgrade": ("upgrade", "upgrade", "Rewrite an older model folder in place (same weights) so that timm and "
+                                      "transformers load it as the linear model, or refuse it without vitconvert, "
+                                      "instead of building softmax attention; a folder timm's save_for_hf wrote from a "
+                                      "vitconvert model becomes a full vitconvert folder (transformers, push, info)."),
 }
 
 
@@ -87,6 +100,14 @@ def said_interrupted() -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
+def shown_as_flags(params: list[Any]) -> list[Any]:
+    """Flags with no metavar, so --help shows ``--force``, not ``--force <bool>``."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
 class Commands(TyperGroup):
     """The commands of COMMANDS, each loaded when run. Parser errors (a non-numeric --epochs, an unknown flag) are one
     ``error:`` line, like every other error, instead of click's usage box; Ctrl-C while parsing (or while a command's
@@ -96,6 +117,9 @@ class Commands(TyperGroup):
         super().__init__(**kwargs)
         for name, (module, function, summary) in COMMANDS.items():
             self.add_command(LazyCommand(name, module, function, summary))
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return shown_as_flags(super().get_params(ctx))
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
         with said_interrupted():
@@ -138,11 +162,7 @@ class Command(TyperCommand):
                 param.help = escape(param.help)
 
     def get_params(self, ctx: Any) -> list[Any]:
-        params = super().get_params(ctx)
-        for param in params:
-            if getattr(param, "is_flag", False) and param.metavar is None:
-                param.metavar = ""
-        return params
+        return shown_as_flags(super().get_params(ctx))
 
 
 app = typer.Typer(

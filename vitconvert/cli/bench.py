@@ -7,13 +7,13 @@ what only a command line needs lives here: the comma-separated lists, the table 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 import typer
 from rich.table import Table
 
-from ..attention import variant_names
 from ..errors import BadValue
 from ..writer import PNG_METADATA, atomic_file
 from .common import (
@@ -26,10 +26,13 @@ from .common import (
     PretrainedOpt,
     VariantsOpt,
     console,
+    loading_libraries,
     make_console,
     parse_options,
     plot_output,
+    plural,
     user_errors,
+    working,
 )
 
 if TYPE_CHECKING:
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
 
 def parse_variants(text: Optional[str]) -> Optional[list[str]]:
     """``--to elu,relu`` -> ['elu', 'relu'] (each a known variant, once); None stays None (the default set)."""
+    from ..attention import variant_names  # lazy: start-up time (and --help's)
+
     return None if text is None else variant_names(text, "to")
 
 
@@ -70,7 +75,7 @@ def bench_table(report: dict[str, Any]) -> Table:
     """One row per (size, mode, model); speedups against the softmax row of the same size and mode."""
     backend = " in ONNX Runtime" if report.get("backend") == "onnxruntime" else ""
     precision = f"{report['amp']} autocast" if report.get("amp") else "float32"
-    title = (f"{report['arch']}{backend} on {report['device']} in {precision} ({report['threads']} threads, "
+    title = (f"{report['arch']}{backend} on {report['device']} in {precision} ({plural(report['threads'], 'thread')}, "
              f"batch {report['batch_size']}, median of {report['repeats']}, {report['clock']} clock)")
     if report.get("keep_softmax"):
         title += f"; hybrids: softmax kept in layers {','.join(map(str, report['keep_softmax']))}"
@@ -123,9 +128,10 @@ def bench(
 
     Example: vitconvert bench deit_small --no-pretrained --to elu,mhla --img-size 224,512
     """
-    from ..bench import benchmark  # lazy: start-up time
-    from ..bench_config import BenchConfig  # lazy: start-up time
-    from ..compare import require_matplotlib  # lazy: start-up time
+    with loading_libraries():
+        from ..bench import benchmark  # lazy: start-up time (and --help's)
+        from ..bench_config import BenchConfig  # lazy: start-up time
+        from ..compare import require_matplotlib  # lazy: start-up time
 
     config = BenchConfig(source, parse_variants(to), parse_sizes(img_size), batch_size=batch_size, train=train,
                          repeats=repeats, warmup=warmup, pretrained=pretrained, device=device, threads=threads,
@@ -135,7 +141,8 @@ def bench(
         if plot is not None:
             require_matplotlib()  # fail before the work, not after it
         progress = make_console(stderr=True)
-        report = benchmark(config, log=None if as_json else lambda msg: progress.print(f"[dim]timing {msg}[/]"))
+        with working(f"timing {source}") if as_json else nullcontext():  # else each step has a line
+            report = benchmark(config, log=None if as_json else lambda msg: progress.print(f"[dim]timing {msg}[/]"))
         if plot is not None:
             plot_speedups(report, plot, force=force, inputs=[source])
     doubt = unreliable(report.contention)
@@ -172,7 +179,8 @@ def plot_speedups(report: BenchReport, path: Union[str, Path], force: bool = Fal
     ax.minorticks_off()
     ax.set_xlabel("tokens")
     ax.set_ylabel("speedup over softmax (×)")
-    ax.set_title(f"{report.arch} on {report.device} ({report.threads} threads, {report.clock} clock)", fontsize=10)
+    ax.set_title(f"{report.arch} on {report.device} ({plural(report.threads, 'thread')}, {report.clock} clock)",
+                 fontsize=10)
     ax.legend(loc="best", fontsize=8)
     with atomic_file(path, force=force, inputs=inputs, name="plot", suffix=".png") as tmp:
         fig.savefig(tmp, format="png", dpi=120, metadata=PNG_METADATA)

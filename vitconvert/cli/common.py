@@ -12,7 +12,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional, TypeVar
 
@@ -21,8 +21,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from ..attention import VARIANTS
-from ..errors import PARAM, BadValue, Stopped, VitconvertError
+from ..errors import PARAM, BadValue, Stopped, VitconvertError, plural  # noqa: F401  (plural: for cli/)
 from ..writer import check_file, output_lock
 
 
@@ -36,7 +35,10 @@ def make_console(stderr: bool = False) -> Console:
 UNLIMITED = 100_000
 console = make_console()
 F = TypeVar("F", bound=Callable[..., Any])
-VARIANT_NAMES = ", ".join(VARIANTS)
+# The variants vitconvert ships, for --help (which must not import torch to list them from the registry: as
+# COMMANDS holds each command's summary; tests/cli/test_lazy_commands.py checks it against attention.VARIANTS)
+SHIPPED_VARIANTS = ("elu", "relu", "inline", "mhla", "ttt")
+VARIANT_NAMES = ", ".join(SHIPPED_VARIANTS)
 
 # -- options shared by several commands: one definition each (as huggingface_hub's CLI does with TokenOpt) -------
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:1 [default: a GPU if any]")]
@@ -45,6 +47,7 @@ DATA_HELP = ("image folder (train/, val/ with class subfolders), a timm dataset 
 DataOpt = Annotated[str, typer.Option("--data", help=DATA_HELP)]
 MODEL_HELP = ("a vitconvert model or run folder (PATH or local-dir:PATH), hf-hub:org/name[@revision], or a softmax "
               "model: a timm name or alias, digits, a timm folder")  # what vitconvert.load takes (eval, export)
+LINEAR_MODEL_HELP = "a vitconvert model or run folder: a path, local-dir:PATH or hf-hub:org/name[@revision]"
 RecipeDataOpt = Annotated[Optional[str], typer.Option("--data", help=DATA_HELP + " [default: the recipe's]")]
 SplitOpt = Annotated[str, typer.Option("--split", help="which split of DATA (a folder name for image folders)")]
 DataDirOpt = Annotated[Optional[str], typer.Option("--data-dir", help="root of timm dataset names")]
@@ -211,6 +214,25 @@ def still_working(what: str) -> Iterator[None]:
 
 
 @contextmanager
+def working(what: str, heartbeat: bool = True) -> Iterator[None]:
+    """Say at once what the command is doing (building a model, converting): on a terminal a status line on stderr
+    that rich clears when the work ends; in a pipe or a log no spinner, only still_working's heartbeat if it runs
+    long (``heartbeat``), so that the output holds results and an error stays one line."""
+    err = make_console(stderr=True)
+    if err.is_terminal:
+        with err.status(f"{what}…"):
+            yield
+    else:
+        with still_working(what) if heartbeat else nullcontext():
+            yield
+
+
+def loading_libraries() -> AbstractContextManager[None]:
+    """Around a command's imports of torch and timm (seconds; --help skips them): said on a terminal."""
+    return working("loading torch and timm", heartbeat=False)
+
+
+@contextmanager
 def plot_output(plot: Optional[Path], force: bool, inputs: Iterable[Any] = ()) -> Iterator[Optional[Path]]:
     """``--plot``, checked and locked before the work (a folder, another suffix, a file vitconvert did not write,
     an input, a read-only place: refused in a second, not after the benchmark); the path to write, ``~``
@@ -270,14 +292,6 @@ def remember_last_convert(out: Path) -> None:
     try:
         LAST_CONVERT.parent.mkdir(exist_ok=True)
         LAST_CONVERT.write_text(str(out.resolve()) + "\n")
-    except OSError:
-        pass
-
-
-def forget_last_convert() -> None:
-    """A convert starts: until it succeeds, `distill` with no folder must not take an older convert's folder."""
-    try:
-        LAST_CONVERT.unlink(missing_ok=True)
     except OSError:
         pass
 

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from .common import (
+    LINEAR_MODEL_HELP,
     DataDirOpt,
     DataOpt,
     DownloadOpt,
@@ -22,8 +23,10 @@ from .common import (
     WorkersOpt,
     console,
     cpu_threads,
+    loading_libraries,
     plot_output,
     user_errors,
+    working,
 )
 
 
@@ -40,8 +43,7 @@ def gap_table(report: dict[str, Any], title: str) -> Table:
 
 @user_errors
 def compare(
-    student: Annotated[str, typer.Argument(help="a vitconvert model or run folder: a path, local-dir:PATH or "
-                                                "hf-hub:org/name[@revision]")],
+    student: Annotated[str, typer.Argument(help=LINEAR_MODEL_HELP)],
     data: DataOpt,
     teacher: Optional[str] = typer.Option(None, help="softmax teacher: a timm name or alias, digits, "
                                                      "hf-hub:org/name[@revision], a timm folder [default: the "
@@ -62,15 +64,17 @@ def compare(
 
     Example: vitconvert compare runs/quickstart/mhla --data digits --plot gaps.png
     """
-    from ..compare import compare_student, plot_compare, require_matplotlib  # lazy: start-up time
-    from ..threads import torch_threads  # lazy: start-up time
+    with loading_libraries():
+        from ..compare import compare_student, plot_compare, require_matplotlib  # lazy: start-up time (and --help's)
+        from ..threads import torch_threads  # lazy: start-up time
 
     inputs = [student, teacher, data]
     with plot_output(plot, force, inputs) as plot, torch_threads(cpu_threads(threads, student)):
         if plot is not None:
             require_matplotlib()  # fail before the work, not after it
-        result = compare_student(student, data, teacher, split=split, batches=batches, batch_size=batch_size,
-                                 workers=workers, data_dir=data_dir, download=download, pretrained=pretrained)
+        with working(f"comparing {student} with its teacher on {data}"):
+            result = compare_student(student, data, teacher, split=split, batches=batches, batch_size=batch_size,
+                                     workers=workers, data_dir=data_dir, download=download, pretrained=pretrained)
         report, spec = result.report, result.teacher
         info = report.to_dict()
         if plot is not None:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from ..card import hybrid_layers
-from ..convert_job import ConvertResult, convert_source
 from .common import (
     DataDirOpt,
     DownloadOpt,
@@ -21,13 +19,17 @@ from .common import (
     VariantOpt,
     console,
     cpu_threads,
-    forget_last_convert,
+    loading_libraries,
     parse_options,
+    plural,
     remember_last_convert,
     report_table,
-    still_working,
     user_errors,
+    working,
 )
+
+if TYPE_CHECKING:
+    from ..convert_job import ConvertResult
 
 
 @user_errors
@@ -64,16 +66,17 @@ def convert(
     Example: vitconvert convert deit_small --to mhla
     Example: vitconvert convert digits --to elu --keep-softmax auto:1 --data digits
     """
-    from ..threads import torch_threads  # lazy: start-up time
+    with loading_libraries():
+        from ..convert_job import convert_source  # lazy: start-up time (and --help's)
+        from ..threads import torch_threads  # lazy: start-up time
 
-    forget_last_convert()  # until this one succeeds, `distill` must not take an older convert's folder
     with torch_threads(cpu_threads(threads, source)):
         result = convert_source(source, to, out, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
                                 seed=seed, num_classes=num_classes, pretrained=pretrained, arch=arch,
                                 img_size=img_size, options=parse_options(option), layers=layers,
                                 keep_softmax=keep_softmax, data=data, signal=signal, data_dir=data_dir,
-                                download=download, force=force, progress=still_working)
-    remember_last_convert(result.out)
+                                download=download, force=force, progress=working)
+    remember_last_convert(result.out)  # only now: a failed convert leaves the record of the last one that finished
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
         return
@@ -82,9 +85,14 @@ def convert(
 
 def print_result(result: ConvertResult, to: str, signal: str, data: Optional[str]) -> None:
     """The report table, the hybrid's layers (and how they were chosen), the notes, where the folder is."""
+    from ..card import hybrid_layers  # lazy: start-up time
+
     info = result.report.to_dict()
-    console.print(report_table(info, f"{result.arch} -> {to} ({len(result.report.surgery.replaced)} attention "
-                                     "layers)"))
+    surgery = result.report.surgery
+    linear = len(surgery.replaced)
+    layers = f"{linear} of {plural(surgery.depth, 'attention layer')} linear" if surgery.hybrid else \
+        f"{plural(linear, 'attention layer')} linear"
+    console.print(report_table(info, f"{result.arch} -> {to} ({layers})"))
     if result.report.surgery.hybrid:
         chosen = f" (chosen by {signal} on {data})" if result.selection else ""
         console.print(f"hybrid: {hybrid_layers(info)}{chosen}")

@@ -22,6 +22,7 @@ from .common import (
     console,
     cpu_threads,
     last_converted,
+    loading_libraries,
     parse_sets,
     user_errors,
 )
@@ -62,8 +63,9 @@ def distill(
 
     Example: vitconvert distill ./deit_small_patch16_224-mhla --recipe cifar100 --data torch/cifar100 --data-dir ~/data
     """
-    from ..distill import TrainingStopped, distill, resume_defaults  # lazy: start-up time
-    from ..threads import torch_threads  # lazy: start-up time
+    with loading_libraries():
+        from ..distill import TrainingStopped, distill, resume_defaults  # lazy: start-up time (and --help's)
+        from ..threads import torch_threads  # lazy: start-up time
 
     flags = {"data": data, "data_dir": data_dir, "epochs": epochs, "batch_size": batch_size, "lr": lr,
              "seed": seed, "attn_weight": attn_weight, "kd_weight": kd_weight, "attn_target": attn_target,

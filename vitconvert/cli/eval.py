@@ -21,7 +21,9 @@ from .common import (
     WorkersOpt,
     console,
     cpu_threads,
+    loading_libraries,
     user_errors,
+    working,
 )
 
 
@@ -43,10 +45,11 @@ def eval_cmd(
 
     Example: vitconvert eval runs/quickstart/mhla --data digits
     """
-    from ..evaluate import evaluate  # lazy: start-up time
-    from ..threads import torch_threads  # lazy: start-up time
+    with loading_libraries():
+        from ..evaluate import evaluate  # lazy: start-up time (and --help's)
+        from ..threads import torch_threads  # lazy: start-up time
 
-    with torch_threads(cpu_threads(threads, model)):
+    with torch_threads(cpu_threads(threads, model)), working(f"evaluating {model} on {data}"):
         metrics = evaluate(model, data, split=split, batch_size=batch_size, device=device, data_dir=data_dir,
                            download=download, workers=workers, pretrained=pretrained)
     if as_json:

@@ -8,7 +8,17 @@ from typing import Optional
 
 import typer
 
-from .common import MODEL_HELP, JsonOpt, PretrainedOpt, ThreadsOpt, console, cpu_threads, still_working, user_errors
+from .common import (
+    MODEL_HELP,
+    JsonOpt,
+    PretrainedOpt,
+    ThreadsOpt,
+    console,
+    cpu_threads,
+    loading_libraries,
+    user_errors,
+    working,
+)
 
 
 @user_errors
@@ -34,10 +44,11 @@ def export(
 
     Example: vitconvert export ./deit_small_patch16_224-mhla --format onnx --dynamic-batch
     """
-    from ..export import export as export_model  # lazy: start-up time
-    from ..threads import torch_threads  # lazy: start-up time
+    with loading_libraries():
+        from ..export import export as export_model  # lazy: start-up time (and --help's)
+        from ..threads import torch_threads  # lazy: start-up time
 
-    with still_working(f"exporting {model} to {format} and checking it"), torch_threads(cpu_threads(threads, model)):
+    with working(f"exporting {model} to {format} and checking it"), torch_threads(cpu_threads(threads, model)):
         result = export_model(model, format, out, img_size=img_size, batch_size=batch_size,
                               dynamic_batch=dynamic_batch, opset=opset, force=force, pretrained=pretrained)
     if as_json:

@@ -7,20 +7,15 @@ import json
 import typer
 from rich.table import Table
 
-from ..aliases import ALIASES
-from ..attention import VARIANTS
-from ..card import hybrid_layers
-from ..folder import check_folder, folder_block, read_config, upgrade_notice
-from ..loading import LINEAR_FORMS, linear_folder
-from ..recipes import available_recipes
-from ..timm_registry import source_architecture
-from .common import JsonOpt, console, report_table, user_errors
+from .common import LINEAR_MODEL_HELP, JsonOpt, console, loading_libraries, plural, report_table, user_errors
 
 BUNDLED = {"digits": "bundled softmax ViT teacher of the digits data (offline; also --data digits)"}
 
 
 def options_table() -> Table:
     """Every variant option as its declaration says it (attention/options.py): name, default, what it does."""
+    from ..attention import VARIANTS  # lazy: start-up time (and --help's)
+
     table = Table(title="variant options (--option KEY=VALUE, repeatable; also in a folder's config.json)")
     for column in ("variant", "option", "default", "what it does"):
         table.add_column(column)
@@ -36,6 +31,10 @@ def list_cmd(as_json: JsonOpt = False) -> None:
 
     Example: vitconvert list --json
     """
+    with loading_libraries():
+        from ..aliases import ALIASES  # lazy: start-up time (and --help's)
+        from ..attention import VARIANTS  # lazy: start-up time
+        from ..recipes import available_recipes  # lazy: start-up time
 
     recipes = available_recipes()
     if as_json:
@@ -68,21 +67,51 @@ def list_cmd(as_json: JsonOpt = False) -> None:
                   "convert, a weights file (--arch) is also a SOURCE.")
 
 
+RANDOM_SOURCE = " (randomly initialised: converted with --no-pretrained)"
+PERCENTS = ("top1", "top5", "best_top1")  # a folder's results hold accuracies in percent, as its model card shows
+
+
+def pairs(values: dict) -> str:
+    """``eps=1e-06, transform=cos``: options and init as a user types them, not as a Python dict."""
+    return ", ".join(f"{k}={json.dumps(v) if isinstance(v, (list, dict)) else v}" for k, v in values.items())
+
+
+def as_fractions(metrics: dict) -> dict:
+    """A folder's results with accuracies as fractions of 1, as every ``--json`` of the CLI gives them."""
+    return {k: round(v / 100, 6) if k in PERCENTS and isinstance(v, (int, float)) else v for k, v in metrics.items()}
+
+
+def results_text(metrics: dict) -> str:
+    """``top-1 92.50%, top-5 99.10% on digits (val) after 3 epochs``."""
+    acc = ", ".join(f"{name} {metrics[k]:.2f}%" for k, name in (("top1", "top-1"), ("top5", "top-5"))
+                    if isinstance(metrics.get(k), (int, float)))
+    where = f" on {metrics['dataset']} ({metrics.get('split', 'val')})" if metrics.get("dataset") else ""
+    epochs = metrics.get("epochs")
+    return acc + where + (f" after {plural(epochs, 'epoch')}" if isinstance(epochs, int) else "")
+
+
 @user_errors
-def info(folder: str = typer.Argument(..., help=LINEAR_FORMS), as_json: JsonOpt = False) -> None:
+def info(folder: str = typer.Argument(..., help=LINEAR_MODEL_HELP), as_json: JsonOpt = False) -> None:
     """What a converted model is and what was copied.
 
     Example: vitconvert info ./deit_small_patch16_224-mhla
     """
+    with loading_libraries():
+        from ..card import hybrid_layers  # lazy: start-up time (and --help's)
+        from ..folder import check_folder, folder_block, read_config, upgrade_notice  # lazy: start-up time
+        from ..loading import linear_folder  # lazy: start-up time
+        from ..timm_registry import source_architecture  # lazy: start-up time
 
     path = linear_folder(folder)
     cfg = read_config(path)
     check_folder(path, cfg)  # what load checks, without building the model
     block = folder_block(cfg) or {}  # check_folder passed: ours, or saved by timm from one of ours (implied)
     upgrade = upgrade_notice(path, cfg)
-    if as_json:
+    if as_json:  # accuracies as fractions, as eval, distill and compare --json print them
+        metrics = block.get("metrics")
+        shown = {**block, "metrics": as_fractions(metrics)} if isinstance(metrics, dict) else block
         typer.echo(json.dumps({"architecture": source_architecture(cfg)[0], "num_classes": cfg.get("num_classes"),
-                               **block, "upgrade": upgrade}))
+                               **shown, "upgrade": upgrade}))
         return
     summary = Table(show_header=False, title=str(folder))
     summary.add_column(style="bold")
@@ -90,12 +119,13 @@ def info(folder: str = typer.Argument(..., help=LINEAR_FORMS), as_json: JsonOpt 
     weights = path / "model.safetensors"
     rows = {
         "architecture": source_architecture(cfg)[0],
-        "variant": f"{block.get('variant')} {block.get('options') or ''}",
-        "source": block.get("source"),
+        "variant": f"{block.get('variant')}" + (f" ({pairs(block['options'])})" if block.get("options") else ""),
+        "source": f"{block.get('source')}{RANDOM_SOURCE if block.get('pretrained') is False else ''}",
         "classes": cfg.get("num_classes"),
-        "init": ", ".join(f"{k}={v}" for k, v in (block.get("init") or {}).items()),
-        "attention layers": block.get("replaced"),
+        "init": pairs(block.get("init") or {}),
+        "attention layers": block.get("depth") or block.get("replaced"),
         "linear layers": hybrid_layers(block) or "all",
+        **({"results": results_text(block["metrics"])} if isinstance(block.get("metrics"), dict) else {}),
         "weights": f"{weights.stat().st_size / 2**20:.1f} MiB" if weights.exists() else "missing",
         "written by": ", ".join(f"{k} {v}" for k, v in (block.get("versions") or {}).items()),
     }

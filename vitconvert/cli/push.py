@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .common import JsonOpt, console, user_errors
+from .common import JsonOpt, console, loading_libraries, user_errors
 
 
 def human_size(n: int) -> str:
@@ -49,7 +49,8 @@ def push(
 
     Example: vitconvert push runs/deit_small_patch16_224-mhla-cifar100 --repo me/deit-small-mhla --dry-run
     """
-    from ..hub import push_folder  # lazy: start-up time
+    with loading_libraries():
+        from ..hub import push_folder  # lazy: start-up time (and --help's)
 
     plan = push_folder(folder, repo, private=private, revision=revision, commit_message=commit_message, token=token,
                        dry_run=dry_run)
@@ -58,7 +59,8 @@ def push(
         return
     where = f"{plan.repo_id}" + (f"@{plan.revision}" if plan.revision else "")
     console.print(files_table(plan.files, f"{'would upload' if dry_run else 'uploaded'} to {where}"))
-    console.print(f"README.md: {'refreshed from config.json' if plan.card == 'refreshed' else 'kept (your own card)'}")
+    refreshed = "refreshed from config.json" + (" when pushed (a dry run writes nothing)" if dry_run else "")
+    console.print(f"README.md: {refreshed if plan.card == 'refreshed' else 'kept (your own card)'}")
     if plan.skipped:
         console.print("not uploaded: " + ", ".join(plan.skipped))
     if dry_run:

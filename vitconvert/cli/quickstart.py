@@ -7,21 +7,41 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
+import yaml
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ..attention import VARIANTS
+from .common import (
+    SHIPPED_VARIANTS,
+    DeviceOpt,
+    JsonOpt,
+    SeedOpt,
+    console,
+    loading_libraries,
+    make_console,
+    plural,
+    user_errors,
+)
 
 if TYPE_CHECKING:  # the quickstart package imports distill: only when the command runs
     from ..quickstart import Update
-from .common import DeviceOpt, JsonOpt, SeedOpt, console, make_console, user_errors
+
+
+def recipe_epochs() -> str:
+    """The quickstart recipe's epochs, for --help: read from its YAML, as --help imports no torch."""
+    recipe = Path(__file__).parents[1] / "recipe_files" / "quickstart.yaml"
+    try:
+        return str(yaml.safe_load(recipe.read_text())["epochs"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return "the recipe's"
 
 
 def results_table(result: dict) -> Table:
     """Teacher, then each variant's distilled student and its scratch twin: val top-1 and training time."""
     scratch = {r["variant"]: r for r in result["scratch"]}
-    table = Table(title=f"digits val ({result['teacher'].get('n', 297)} images), {result['epochs']} epochs each")
+    images, epochs = result["teacher"].get("n", 297), plural(result["epochs"], "epoch")
+    table = Table(title=f"digits val ({images} images), {epochs} each")
     for col, justify in (("model", "left"), ("how", "left"), ("val top-1", "right"), ("vs scratch", "right"),
                          ("time", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
@@ -85,8 +105,9 @@ class LiveTable:
 
 @user_errors
 def quickstart(
-    variants: str = typer.Option(",".join(VARIANTS), "--variants", help="comma-separated variants"),
-    epochs: Optional[int] = typer.Option(None, "--epochs", help="epochs per model [default: recipes/quickstart]"),
+    variants: str = typer.Option(",".join(SHIPPED_VARIANTS), "--variants", help="comma-separated variants"),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help=f"epochs per model [default: {recipe_epochs()}, the "
+                                                                        "quickstart recipe's]"),
     out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", help="folder for the converted and run folders"),
     seed: SeedOpt = 0,
     scratch: bool = typer.Option(True, "--scratch/--no-scratch", help="also train each variant from scratch"),
@@ -100,7 +121,8 @@ def quickstart(
 
     Example: vitconvert quickstart --variants elu,mhla --epochs 2
     """
-    from ..quickstart import parse_variants, run_quickstart  # lazy: start-up time
+    with loading_libraries():
+        from ..quickstart import parse_variants, run_quickstart  # lazy: start-up time (and --help's)
 
     chosen = parse_variants(variants)
     with LiveTable(make_console(stderr=True)) as live:

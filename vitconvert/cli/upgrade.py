@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from ..errors import VitconvertError
-from .common import JsonOpt, console, user_errors
+from .common import JsonOpt, console, loading_libraries, user_errors
 
 
 def folder_of(spec: str) -> Path:
@@ -38,7 +38,8 @@ def upgrade(folder: str = typer.Argument(..., help="a vitconvert model or run fo
 
     Example: vitconvert upgrade ./deit_small_patch16_224-elu
     """
-    from ..folder import upgrade_folder  # lazy: start-up time
+    with loading_libraries():
+        from ..folder import upgrade_folder  # lazy: start-up time (and --help's)
 
     path = folder_of(folder)
     old = upgrade_folder(path)

@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
+from urllib.error import URLError
 
 from torch.utils.data import Dataset
 
@@ -88,6 +89,9 @@ def _open_named(prefix: str, name: str, spec: str, split: str, root: Optional[st
         package = getattr(e, "name", None) or "an optional package"
         raise VitconvertError(f"{spec} needs the Python package {package!r}, which is not installed: pip install "
                               f"{package}") from None
+    except URLError as e:  # torchvision's download: one line in our words, not "<urlopen error [Errno -2] ...>"
+        why = first_line(e.reason) if isinstance(e.reason, BaseException) else e.reason
+        raise VitconvertError(f"cannot download {spec} into {root}: the network does not answer ({why})") from None
     except (RuntimeError, OSError, FileNotFoundError, ValueError, AssertionError) as e:
         reason = first_line(e)
         hint = "" if download else f"; pass {param('download', True)} to fetch it (needs a network)"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..attention import VARIANTS
-from ..convert import convert
+from ..conversion import convert
 from ..distill import DistillJob, run
 from ..evaluate import evaluate
 from ..folder import save
