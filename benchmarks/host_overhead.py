@@ -199,7 +199,7 @@ def report_ops(micros: dict[str, float]) -> list[dict]:
     return rows
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def arguments(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="vit_small_patch16_224", help="timm name (random init, one block)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
@@ -208,15 +208,57 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--width", help="EMBED_DIM,HEADS instead of the model's (default on the CPU: 32,2, so "
                         "that the CPU's matmuls, which a GPU runs asynchronously, stay out of the time)")
     parser.add_argument("--json", help="also write the rows here")
-    args = parser.parse_args(argv)
-    variants = [v for v in args.variants.split(",") if v]
+    return parser.parse_args(argv)
+
+
+def argument_error(args: argparse.Namespace, variants: list[str]) -> Optional[str]:
+    """What is wrong with the arguments that can be told before a model is built, or None."""
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants or args.iters < 1 or args.repeats < 1:
-        print(f"error: --variants takes {', '.join(VARIANTS)} (got {args.variants!r}); --iters and --repeats "
-              f"are at least 1", file=sys.stderr)
-        return 2
+        return (f"--variants takes {', '.join(VARIANTS)} (got {args.variants!r}); --iters and --repeats "
+                f"are at least 1")
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        print(f"error: --json {args.json}: its folder does not exist", file=sys.stderr)
+        return f"--json {args.json}: its folder does not exist"
+    return None
+
+
+def measure(found: dict[str, torch.nn.Module], x: torch.Tensor, launches: Launches, device: torch.device,
+            iters: int, repeats: int) -> tuple[dict[str, tuple[int, int]], dict[str, float], dict[str, float]]:
+    """(launches and aten ops per call, µs per call) of each layer's inference and training step, and µs per call
+    of the token mixing alone (op_steps), the Triton launches going through ``launches``."""
+    with dispatch.launches_through(launches, device.type):
+        steps = {f"{name} {mode}": make_step(layer, x, mode == "train") for name, layer in found.items()
+                 for mode in ("infer", "train")}
+        counted = {key: counts(step, launches) for key, step in steps.items()}
+        for layer in found.values():
+            layer.zero_grad(set_to_none=True)
+        micros = time_in_turns(steps, device, iters, repeats, "the layers")
+        op_micros = time_in_turns(op_steps(device), device, iters, repeats, "the token mixing alone")
+    return counted, micros, op_micros
+
+
+def report_layers(names: list[str], micros: dict[str, float], counted: dict[str, tuple[int, int]]) -> list[dict]:
+    """One row per layer (softmax first), printed under the header main prints, each against softmax's."""
+    rows = [{"layer": name, "infer_us": micros[f"{name} infer"], "train_us": micros[f"{name} train"],
+             "launches_infer": counted[f"{name} infer"][0], "launches_train": counted[f"{name} train"][0],
+             "aten_ops_infer": counted[f"{name} infer"][1], "aten_ops_train": counted[f"{name} train"][1]}
+            for name in names]
+    base = rows[0]
+    for row in rows:
+        row["infer_vs_softmax"] = row["infer_us"] / base["infer_us"]
+        row["train_vs_softmax"] = row["train_us"] / base["train_us"]
+        print(f"{row['layer']:8} {row['infer_us']:9.1f} {row['infer_vs_softmax']:8.2f}× {row['train_us']:9.1f} "
+              f"{row['train_vs_softmax']:8.2f}× {row['launches_infer']:4d}/{row['launches_train']:<4d} "
+              f"{row['aten_ops_infer']:4d}/{row['aten_ops_train']:<4d}")
+    return rows
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = arguments(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    error = argument_error(args, variants)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
@@ -236,32 +278,14 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"Triton launches {kernels}; median of {args.repeats} × {args.iters} calls, the layers in turns")
     print(f"{'layer':8} {'infer µs':>9} {'×softmax':>9} {'train µs':>9} {'×softmax':>9} {'launches':>9} "
           f"{'aten ops':>9}")
-    with dispatch.launches_through(launches, device.type):
-        steps = {f"{name} {mode}": make_step(layer, x, mode == "train") for name, layer in found.items()
-                 for mode in ("infer", "train")}
-        counted = {key: counts(step, launches) for key, step in steps.items()}
-        for layer in found.values():
-            layer.zero_grad(set_to_none=True)
-        micros = time_in_turns(steps, device, args.iters, args.repeats, "the layers")
-        op_micros = time_in_turns(op_steps(device), device, args.iters, args.repeats, "the token mixing alone")
-    rows = [{"layer": name, "infer_us": micros[f"{name} infer"], "train_us": micros[f"{name} train"],
-             "launches_infer": counted[f"{name} infer"][0], "launches_train": counted[f"{name} train"][0],
-             "aten_ops_infer": counted[f"{name} infer"][1], "aten_ops_train": counted[f"{name} train"][1]}
-            for name in found]
-    base = rows[0]
-    for row in rows:
-        row["infer_vs_softmax"] = row["infer_us"] / base["infer_us"]
-        row["train_vs_softmax"] = row["train_us"] / base["train_us"]
-        print(f"{row['layer']:8} {row['infer_us']:9.1f} {row['infer_vs_softmax']:8.2f}× {row['train_us']:9.1f} "
-              f"{row['train_vs_softmax']:8.2f}× {row['launches_infer']:4d}/{row['launches_train']:<4d} "
-              f"{row['aten_ops_infer']:4d}/{row['aten_ops_train']:<4d}")
+    counted, micros, op_micros = measure(found, x, launches, device, args.iters, args.repeats)
+    rows = report_layers(list(found), micros, counted)
     op_rows = report_ops(op_micros)
     if args.json:
         meta = {"device": device.type, "torch": torch.__version__, "model": args.model, "width": layer_width,
                 "kernels": kernels}
         write_text_atomic(Path(args.json), json.dumps({"meta": meta, "rows": rows, "ops": op_rows}, indent=2))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
