@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -63,13 +62,14 @@ def distill(
     Example: vitconvert distill ./deit_small_patch16_224-mhla --recipe cifar100 --data torch/cifar100 --data-dir ~/data
     """
     from ..distill import TrainingStopped, distill, resume_defaults  # lazy: start-up time
+    from ..distributed import is_main_process  # lazy: start-up time
     from ..threads import torch_threads  # lazy: start-up time
 
     flags = {"data": data, "data_dir": data_dir, "epochs": epochs, "batch_size": batch_size, "lr": lr,
              "seed": seed, "attn_weight": attn_weight, "kd_weight": kd_weight, "attn_target": attn_target,
              "attn_loss": attn_loss, "stages": stages, "download": download or None}
     overrides = {**parse_sets(set_), **{k: v for k, v in flags.items() if v is not None}}
-    main_process = os.environ.get("RANK", "0") == "0"  # torchrun: rank 0 prints and pushes
+    main_process = is_main_process()  # torchrun: rank 0 prints and pushes
     if push_to_hub and main_process:
         from ..hub import check_push_ready  # lazy: start-up time
 
