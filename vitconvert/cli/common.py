@@ -261,6 +261,17 @@ def parse_sets(pairs: Optional[list[str]]) -> dict[str, Any]:
     return parse_pairs(pairs, "--set")
 
 
+def recipe_overrides(pairs: Optional[list[str]], flags: dict[str, Any]) -> dict[str, Any]:
+    """The recipe overrides of ``--set`` pairs and the command's own flags (None: not given). One rule: a key is
+    given once; ``--set epochs=abc`` beside ``--epochs 3`` is refused, not dropped unread."""
+    sets = parse_sets(pairs)
+    given = {k: v for k, v in flags.items() if v is not None}
+    for key in given.keys() & sets.keys():
+        pair = next(p for p in pairs or [] if p.partition("=")[0].strip() == key)
+        raise VitconvertError(f"--set {pair} and {flag_of(key)} both set the recipe's {key}: give it once")
+    return {**sets, **given}
+
+
 # -- the CLI's one piece of state: the folder the last `convert` in this directory wrote --------------------------
 LAST_CONVERT = Path(".vitconvert") / "last_convert"
 

@@ -21,7 +21,7 @@ from .common import (
     console,
     cpu_threads,
     last_converted,
-    parse_sets,
+    recipe_overrides,
     user_errors,
 )
 
@@ -68,7 +68,7 @@ def distill(
     flags = {"data": data, "data_dir": data_dir, "epochs": epochs, "batch_size": batch_size, "lr": lr,
              "seed": seed, "attn_weight": attn_weight, "kd_weight": kd_weight, "attn_target": attn_target,
              "attn_loss": attn_loss, "stages": stages, "download": download or None}
-    overrides = {**parse_sets(set_), **{k: v for k, v in flags.items() if v is not None}}
+    overrides = recipe_overrides(set_, flags)
     main_process = is_main_process()  # torchrun: rank 0 prints and pushes
     if push_to_hub and main_process:
         from ..hub import check_push_ready  # lazy: start-up time
