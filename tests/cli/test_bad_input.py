@@ -245,7 +245,7 @@ CASES: list[Case] = [
          "cannot write /sys/vc-run"),
     Case("distill", "--resume without a checkpoint", ("distill", *S, *D, *QUICK, "--resume", "--out", "r"),
          "has no checkpoint-last/"),
-    Case("distill", "--resume with a different recipe", ("distill", *S, *D, *QUICK, "--lr", "0.5", "--resume",
+    Case("distill", "--resume with a different recipe", ("distill", *S, *D, *QUICK, "--set", "lr=0.5", "--resume",
                                                          "--out", "{run}"), "changed recipe (lr: 0.001 -> 0.5)"),
     Case("distill", "--resume on a finished run", ("distill", *S, *D, *QUICK, "--resume", "--out", "{run}"),
          "is complete (1 of 1 epochs)"),
