@@ -18,7 +18,7 @@ import yaml
 from .card import CARD_MARKER, render_card
 from .errors import BadValue, VitconvertError, first_line, param
 from .folder import load_folder_model, read_config
-from .hub_io import describe_hub_error, hub_offline, parse_repo_id, resolve_token, token_source
+from .hub_io import check_endpoint, describe_hub_error, hub_offline, parse_repo_id, resolve_token, token_source
 from .timm_registry import source_architecture
 from .version import __version__
 from .writer import write_text_atomic
@@ -136,6 +136,7 @@ def check_push_ready(repo_id: str, token: Optional[str] = None) -> None:
     parse_repo_id(repo_id, revision_allowed=False)
     if hub_offline():
         raise VitconvertError("HF_HUB_OFFLINE is set: unset it to push (or push later with `vitconvert push`)")
+    check_endpoint()
     resolve_token(token)
 
 
@@ -159,6 +160,7 @@ def push_folder(folder: Union[str, Path], repo_id: str, *, private: bool = False
     if hub_offline():
         raise VitconvertError(f"HF_HUB_OFFLINE is set: unset it to push, or use {param('dry_run', True)} to see what "
                               "would be sent")
+    check_endpoint()
     secret = resolve_token(token)
     from huggingface_hub import HfApi
 

@@ -23,7 +23,7 @@ from .aliases import ALIASES, resolve_alias, suggest
 from .assets import teacher_folder
 from .errors import BadValue, VitconvertError, first_line, param
 from .folder import check_weights_readable, folder_block, read_config
-from .hub_io import hub_offline, hub_reachable, hub_snapshot, parse_repo_id, weights_cached
+from .hub_io import check_endpoint, hub_offline, hub_reachable, hub_snapshot, parse_repo_id, weights_cached
 from .timm_registry import source_architecture
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
@@ -178,7 +178,10 @@ def check_weights_reachable(name: str, spec: str) -> None:
         repo_id = timm.models.get_pretrained_cfg(name).hf_hub_id
     except Exception:  # no pretrained config (weights by URL, a custom name): timm says what it can
         return
-    if not repo_id or hub_offline() or weights_cached(repo_id) or hub_reachable():
+    if not repo_id or hub_offline() or weights_cached(repo_id):
+        return
+    check_endpoint()
+    if hub_reachable():
         return
     raise VitconvertError(f"cannot get pretrained weights for {spec}: the Hub (huggingface.co) does not answer and "
                           f"{repo_id} is not in the Hub cache; use {param('pretrained', False)} for a randomly "

@@ -19,6 +19,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from ..dependencies import check as check_dependencies
 from ..errors import VitconvertError
+from ..hub_io import check_endpoint
 from ..version import __version__
 
 try:  # typer >= 0.26 vendors click as typer._click; its exceptions are the ones raised
@@ -66,6 +67,7 @@ class LazyCommand(TyperCommand):
         from inside the import (:mod:`..dependencies`)."""
         try:
             check_dependencies()
+            check_endpoint()  # huggingface_hub reads HF_ENDPOINT at import: a bad port breaks every command
         except VitconvertError as e:
             raise click.ClickException(str(e)) from None
         single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)

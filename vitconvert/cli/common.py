@@ -295,13 +295,20 @@ def forget_last_convert() -> None:
 
 def last_converted() -> Path:
     """The folder the last `vitconvert convert` in this directory wrote (distill's first line names it)."""
-    if LAST_CONVERT.is_file():
-        path = Path(LAST_CONVERT.read_text().strip())
-        if path.is_dir():
-            return path
-        raise VitconvertError(f"the last converted folder ({path}) is gone: name the STUDENT folder")
-    raise VitconvertError("no STUDENT given and no `vitconvert convert` finished in this directory: name the "
-                          "converted model folder")
+    if not LAST_CONVERT.is_file():
+        raise VitconvertError("no STUDENT given and no `vitconvert convert` finished in this directory: name the "
+                              "converted model folder")
+    try:
+        text = LAST_CONVERT.read_text(encoding="utf-8").strip()
+    except (UnicodeDecodeError, OSError):
+        text = ""
+    if not text or "\0" in text or "\n" in text:
+        raise VitconvertError(f"{LAST_CONVERT} holds no folder path (damaged; the next convert here rewrites it): "
+                              "name the STUDENT folder")
+    path = Path(text)
+    if path.is_dir():
+        return path
+    raise VitconvertError(f"the last converted folder ({path}) is gone: name the STUDENT folder")
 
 
 def report_table(report: dict[str, Any], title: str) -> Table:

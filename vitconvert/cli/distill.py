@@ -62,6 +62,7 @@ def distill(
     Example: vitconvert distill ./deit_small_patch16_224-mhla --recipe cifar100 --data torch/cifar100 --data-dir ~/data
     """
     from ..distill import TrainingStopped, distill, resume_defaults  # lazy: start-up time
+    from ..distill.checkpoint import read_checkpoint  # lazy: start-up time
     from ..distributed import is_main_process  # lazy: start-up time
     from ..threads import torch_threads  # lazy: start-up time
 
@@ -75,6 +76,8 @@ def distill(
 
         check_push_ready(push_to_hub)  # a missing token is said now, not after the training
     resumed = resume_defaults(out)[1] if resume and out is not None else None  # resuming: the run's own student
+    if resume and out is not None and not (student or resumed):
+        read_checkpoint(out).verify()  # a missing or damaged checkpoint says so, not "no STUDENT given"
     student = student or resumed or last_converted()
     with torch_threads(cpu_threads(threads, student)):
         try:
