@@ -108,9 +108,7 @@ def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: O
                       **kwargs: Any) -> nn.Module:
     """timm's ``architecture`` with ``variant`` attention (in ``layers`` only: a hybrid); with ``pretrained``, its
     weights loaded strictly."""
-    if not architecture or not timm.is_model(architecture):
-        raise VitconvertError(f"{architecture_name(variant)} needs architecture=<the softmax timm model>, "
-                              f"got {architecture!r}")
+    check_architecture(variant, architecture)
     for name, value in (("attn_drop_rate", kwargs.get("attn_drop_rate")), ("attn_layer", kwargs.get("attn_layer"))):
         if value:  # refused as the attn_layer= route refuses attn_drop, not dropped without a word
             raise VitconvertError(f"{architecture_name(variant)}: {name}={value!r}: {UNHONOURED[name]}")
@@ -130,6 +128,22 @@ def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: O
     # factory recorded (architecture, options, layers): the entrypoint that rebuilds this model, not the softmax one
     model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, "architecture": architecture_name(variant)}
     return features_only(model, **feature_cfg) if features else model
+
+
+def check_architecture(variant: str, architecture: Optional[str]) -> None:
+    """The softmax ViT the entrypoint builds on: named (a folder's config.json names it in model_args), and one
+    timm knows; the line says which mistake it is, not only which keyword the entrypoint takes."""
+    name = architecture_name(variant)
+    if not architecture:
+        raise VitconvertError(f"{name} is a timm ViT with {variant} attention, and no ViT was named: pass the softmax "
+                              f"model it is built on (timm.create_model('{name}', architecture='vit_small_patch16_224'"
+                              "), or load the vitconvert folder, whose config.json names it in model_args)")
+    if not isinstance(architecture, str) or not timm.is_model(architecture):
+        import difflib
+
+        close = difflib.get_close_matches(str(architecture), timm.list_models(), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise VitconvertError(f"{name}: the softmax ViT {architecture!r} is not a timm model{hint}")
 
 
 # timm arguments about softmax attention that a linear variant cannot honour, and why.
