@@ -82,6 +82,6 @@ def meet(rank: int, world: int) -> dist.Store:
             return store
         except (RuntimeError, ValueError) as e:  # DistStoreError "1/2 clients joined", DistNetworkError, a used port
             failure, why = f"the processes did not all meet at {host}:{port}", " ".join(str(e).split()) or repr(e)
-    raise VitconvertError(f"{where}: {failure} within {seconds:g}s ({why}): start all {world} processes (torchrun "
-                          f"--nproc_per_node {world} ...), set {TIMEOUT_ENV} to wait longer, or unset WORLD_SIZE and "
+    raise VitconvertError(f"{where}: {failure} within {seconds:g}s ({why}): start all {world} processes (one torchrun "
+                          f"starts them together), set {TIMEOUT_ENV} to wait longer, or unset WORLD_SIZE and "
                           "RANK to run one process")
