@@ -121,3 +121,30 @@ def test_the_exported_file_says_what_it_is(tmp_path, fmt):
     got = json.loads(props["vitconvert_preprocessing"])
     assert got.keys() == want.keys() and all(got[k] == (list(v) if isinstance(v, tuple) else v)
                                              for k, v in want.items())
+
+
+def test_a_batch_past_the_old_4096_bound_exports_and_checks(folders, tmp_path):
+    """`export --batch-size 5000` failed once dynamic batch became the default: the trace took 5000 images and the
+    batch dimension stopped at 4096. Traced at 2, checked at the asked batch and one more."""
+    out = tmp_path / "m.pt2"
+    result = runner.invoke(app, ["export", str(folders["relu"]), "--format", "pt2", "--batch-size", "4097",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "batch 4097 and 4098" in result.stdout and out.is_file()
+
+
+def test_an_inline_hybrid_with_local_residual_exports_to_onnx(tmp_path):
+    """Its per-image conv had groups = batch × channels, which ONNX cannot take with a dynamic batch."""
+    torch.manual_seed(0)
+    softmax = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
+                                depth=2, num_heads=2, num_classes=5)
+    folder = vitconvert.save(vitconvert.convert(softmax, "inline", options={"local_residual": True}, layers=[1])[0],
+                             tmp_path / "hybrid")
+    result = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "m.onnx")])
+    assert result.exit_code == 0, result.output
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.randn(5, 3, 32, 32)  # a batch size the export never saw
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        want = vitconvert.load(folder).eval()(x).numpy()
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()

@@ -155,7 +155,7 @@ def test_config_names_our_entrypoint_and_the_softmax_source(tmp_path):
 
 
 def test_entrypoint_without_architecture_says_what_it_needs():
-    with pytest.raises(VitconvertError, match="architecture=<the softmax timm model>"):
+    with pytest.raises(VitconvertError, match="and no ViT was named: pass the softmax model it is built on"):
         timm.create_model("vitconvert_elu")
 
 

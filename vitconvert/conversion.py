@@ -11,10 +11,11 @@ import torch
 from torch import nn
 
 from .attention import variant_class
+from .attention.options import read_options
 from .errors import BadValue, VitconvertError, first_line
 from .init import InitRecipe, InitReport, apply_recipe
 from .selection import Spec, linear_layers
-from .surgery import SurgeryReport, find_softmax_attention, swap_attention
+from .surgery import SurgeryReport, find_softmax_attention, model_geometry, swap_attention
 from .timm_registry import mark_as_linear
 
 
@@ -64,6 +65,15 @@ def check_request(to: str, num_classes: Optional[int]) -> None:
         raise BadValue("num_classes", f"must be at least 1 (got {num_classes})")
 
 
+def check_fits_grid(to: str, options: Optional[dict[str, Any]], model: nn.Module) -> None:
+    """Options that fit no layer on ``model``'s patch grid (MHLA's blocks, LePE's kernel), refused before any
+    layer is built: ``--option`` in one line, not a 1.5 GB folder."""
+    cls = variant_class(to)
+    problem = cls.grid_problem(read_options(cls.declared_options, options or {}, to), model_geometry(model)[1])
+    if problem:
+        raise BadValue("options", problem)
+
+
 def convert(
     model: nn.Module,
     to: str,
@@ -91,6 +101,7 @@ def convert(
         if not hasattr(student, "reset_classifier"):
             raise VitconvertError(f"{type(model).__name__} cannot be re-headed (no reset_classifier)")
         student.reset_classifier(num_classes)
+    check_fits_grid(to, options, model)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.seed)
         try:

@@ -11,6 +11,7 @@ import os
 import warnings
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -18,6 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .errors import BadValue, VitconvertError
+
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)  # torch's own default for a process group
 
 
 @dataclass
@@ -66,17 +69,39 @@ def launcher_int(name: str) -> int:
     return int(text)
 
 
-def setup(requested_device: Optional[str] = None) -> DistEnv:
-    """Read torchrun's environment; start the process group (NCCL on GPUs, gloo on CPUs) when world > 1."""
+def launcher() -> tuple[int, int, int]:
+    """torchrun's (WORLD_SIZE, RANK, LOCAL_RANK), read once and checked together: a rank at or past the world size
+    (a stray RANK=3 beside WORLD_SIZE=1) would make a process that is nobody's main one train silently."""
     world, rank, local_rank = (launcher_int(name) for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"))
+    for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank)):
+        if value >= world:
+            raise VitconvertError(f"the environment variable {name}={value} is not below WORLD_SIZE={world} (ranks "
+                                  f"run from 0 to {world - 1}): these are torchrun's to set; unset {name} and "
+                                  "WORLD_SIZE to run one process")
     if world > 1 and ("RANK" not in os.environ or "MASTER_ADDR" not in os.environ):
         raise VitconvertError(f"WORLD_SIZE={world} is set but RANK or MASTER_ADDR is not: start the command with "
                               "torchrun (which sets them all), or unset WORLD_SIZE for one process")
+    return world, rank, local_rank
+
+
+def is_main_process() -> bool:
+    """Rank 0 prints and pushes (one process: always)."""
+    return launcher()[1] == 0
+
+
+def setup(requested_device: Optional[str] = None) -> DistEnv:
+    """Read torchrun's environment; start the process group (NCCL on GPUs, gloo on CPUs) when world > 1."""
+    world, rank, local_rank = launcher()
     device = pick_device(requested_device, local_rank)
     if world > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        from .rendezvous import meet  # lazy: only several processes meet
+
+        store = meet(rank, world)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+                                world_size=world)
+        store.set_timeout(COLLECTIVE_TIMEOUT)  # met: now a slow rank 0 (saving, comparing) is no failure
     return DistEnv(rank, world, local_rank, device)
 
 

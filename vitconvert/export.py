@@ -171,13 +171,14 @@ def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str,
         with torch.no_grad():
             expected = {b: model(images[:b]) for b in batches}
         with atomic_file(target, force=force, inputs=inputs, suffix=FORMATS[fmt]) as tmp:
-            example = images[:max(batch_size, 2)] if dynamic_batch else images[:batch_size]
+            # dynamic: traced at batch 2 (any batch runs; a 5000-image trace only costs memory), checked at batch_size
+            example = images[:2] if dynamic_batch else images[:batch_size]
             metadata = file_metadata(model, size)
             if fmt == "onnx":
-                export_onnx(model, example, tmp, dynamic_batch, opset or DEFAULT_OPSET, metadata)
+                export_onnx(model, example, tmp, dynamic_batch, opset or DEFAULT_OPSET, metadata, largest=max(batches))
                 run = _onnx_runner(tmp)
             else:
-                _export_pt2(model, example, tmp, dynamic_batch, metadata)
+                _export_pt2(model, example, tmp, dynamic_batch, metadata, largest=max(batches))
                 run = _pt2_runner(tmp)
             error = max(relative_error(run(images[:b]), expected[b]) for b in batches)
             if not math.isfinite(error) or error > tolerance:
@@ -213,19 +214,20 @@ def file_metadata(model: nn.Module, img_size: int) -> dict[str, str]:
     return {META_PREFIX + k: v for k, v in values.items()}
 
 
-def _batch_dims(dynamic_batch: bool) -> Optional[tuple[dict[int, Any]]]:
-    return ({0: torch.export.Dim("batch", min=1, max=4096)},) if dynamic_batch else None
+def _batch_dims(dynamic_batch: bool, largest: int = 1) -> Optional[tuple[dict[int, Any]]]:
+    """The batch dimension, dynamic from 1 to at least 4096 and to the largest batch the export is checked at."""
+    return ({0: torch.export.Dim("batch", min=1, max=max(4096, largest))},) if dynamic_batch else None
 
 
 def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, dynamic_batch: bool = False,
-                opset: int = DEFAULT_OPSET, metadata: Optional[dict[str, str]] = None) -> None:
+                opset: int = DEFAULT_OPSET, metadata: Optional[dict[str, str]] = None, largest: int = 1) -> None:
     """``model`` as ONNX at ``path`` (input ``pixel_values``, output ``logits``), by the dynamo exporter;
     ``metadata`` goes into the model's ``metadata_props``."""
     try:
         with quiet():
             program = torch.onnx.export(model, (example,), dynamo=True, opset_version=opset,
                                         input_names=["pixel_values"], output_names=["logits"],
-                                        dynamic_shapes=_batch_dims(dynamic_batch), external_data=False)
+                                        dynamic_shapes=_batch_dims(dynamic_batch, largest), external_data=False)
             program.model.metadata_props.update(metadata or {})
             program.model.metadata_props[MARK] = __version__  # writer.written_file: --force may replace it
             program.save(str(path))
@@ -244,10 +246,10 @@ def _onnx_runner(path: Path) -> Any:
 
 
 def _export_pt2(model: nn.Module, example: torch.Tensor, path: Path, dynamic_batch: bool,
-                metadata: dict[str, str]) -> None:
+                metadata: dict[str, str], largest: int = 1) -> None:
     try:
         with quiet():
-            program = torch.export.export(model, (example,), dynamic_shapes=_batch_dims(dynamic_batch))
+            program = torch.export.export(model, (example,), dynamic_shapes=_batch_dims(dynamic_batch, largest))
             buffer = io.BytesIO()  # torch.export.save wants a name ending in .pt2, not our temporary one
             torch.export.save(program, buffer, extra_files={**metadata, MARK: __version__})  # MARK: written_file's
             path.write_bytes(buffer.getvalue())

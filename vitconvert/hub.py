@@ -18,7 +18,7 @@ import yaml
 from .card import CARD_MARKER, render_card
 from .errors import BadValue, VitconvertError, first_line, param
 from .folder import folder_block, load_folder_model, read_config
-from .hub_io import describe_hub_error, hub_offline, parse_repo_id, resolve_token, token_source
+from .hub_io import check_endpoint, describe_hub_error, hub_offline, parse_repo_id, resolve_token, token_source
 from .timm_registry import source_architecture
 from .version import __version__
 from .writer import write_text_atomic
@@ -148,6 +148,7 @@ def check_push_ready(repo_id: str, token: Optional[str] = None) -> None:
     parse_repo_id(repo_id, revision_allowed=False)
     if hub_offline():
         raise VitconvertError("HF_HUB_OFFLINE is set: unset it to push (or push later with `vitconvert push`)")
+    check_endpoint()
     resolve_token(token)
 
 
@@ -163,6 +164,8 @@ def push_folder(folder: Union[str, Path], repo_id: str, *, private: bool = False
     if hub_offline() and not dry_run:  # before loading the folder's model (seconds to minutes)
         raise VitconvertError(f"HF_HUB_OFFLINE is set: unset it to push, or use {param('dry_run', True)} to see what "
                               "would be sent")
+    if not dry_run:
+        check_endpoint()
     config = check_folder(folder)
     card, text = refresh_card(folder, config, repo_id, write=not dry_run)
     files, skipped = upload_files(folder, to_write=("README.md",) if dry_run and card == "refreshed" else ())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlparse
 
 from .errors import VitconvertError, first_line, param
 
@@ -33,12 +34,31 @@ def parse_repo_id(text: str, revision_allowed: bool = True) -> tuple[str, Option
     return repo, revision or None
 
 
+def check_endpoint() -> None:
+    """HF_ENDPOINT, when set, is where every Hub request goes: a malformed one ("hub.local", "https//x") is said
+    in one line before any request, not as the HTTP library's protocol error."""
+    text = os.environ.get("HF_ENDPOINT")
+    if text is None:
+        return
+    parsed = urlparse(text.strip())
+    try:
+        parsed.port  # noqa: B018 (a port that is no number raises)
+        fine = parsed.scheme in ("http", "https") and bool(parsed.hostname) and not any(c.isspace() for c in text)
+    except ValueError:
+        fine = False
+    if not fine:
+        raise VitconvertError(f"HF_ENDPOINT={text!r} is not a Hub address: expected http(s)://HOST[:PORT] (unset it "
+                              "for https://huggingface.co)")
+
+
 def hub_snapshot(repo: str, revision: Optional[str] = None) -> Path:
     """Download (or find in the cache, offline) a Hub repo's config + weights; returns the snapshot folder.
     ``repo`` is an id ``parse_repo_id`` returned (sources.resolve parses ``hf-hub:`` strings)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
+    if not hub_offline():
+        check_endpoint()
     try:
         return Path(snapshot_download(repo, revision=revision,
                                       allow_patterns=["config.json", "*.safetensors", "README.md", "*.yaml"]))

@@ -102,6 +102,9 @@ def check_container(out: PathLike, name: str = "out") -> None:
 
     if out.exists() and not out.is_dir():
         raise VitconvertError(f"{out} exists and is not a folder: choose another {param(name)}")
+    if written_by_vitconvert(out):
+        raise VitconvertError(f"{out} is a vitconvert model or run folder: this command writes a folder of several "
+                              f"models and runs, not one; choose another {param(name)}")
     if out.is_dir() and not all(ours(p, 1) for p in out.iterdir()):
         raise VitconvertError(f"{out} holds files vitconvert did not write: refusing to write into it, even with "
                               f"{param('force', True)}; choose another {param(name)}")

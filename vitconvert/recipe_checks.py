@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Optional
 
-from .errors import VitconvertError
+from .errors import VitconvertError, first_line
 
 STAGES = ("joint", "attn", "finetune")
 
@@ -96,7 +96,7 @@ def check_shapes(r: Any) -> None:
 
 def check_optimizer(r: Any) -> None:
     import torch
-    from timm.optim import create_optimizer_v2, list_optimizers
+    from timm.optim import create_optimizer_v2, get_optimizer_info, list_optimizers
 
     try:
         create_optimizer_v2(torch.nn.Linear(1, 1), opt=r.opt, lr=r.lr, weight_decay=r.weight_decay,
@@ -105,8 +105,13 @@ def check_optimizer(r: Any) -> None:
         if "registry" in str(e) or "not found" in str(e).lower():
             raise _one_of("opt", r.opt, list_optimizers()) from None
         raise _fail("opt", r.opt, f"is refused by timm ({str(e).strip() or type(e).__name__})") from None
-    except Exception:  # e.g. a CUDA-only optimizer checked on a CPU: the name is known; the run will say more
+    except (AssertionError, ImportError) as e:  # CUDA-only (bitsandbytes, APEX) on a CPU, or not installed
+        raise _fail("opt", r.opt, f"cannot run on this machine ({first_line(e)}); choose another, e.g. adamw") from None
+    except Exception:  # the name is known and its own checks passed: the toy model above is what failed
         pass
+    if get_optimizer_info(r.opt.lower().removeprefix("lookahead_")).second_order:
+        raise _fail("opt", r.opt, "is a second-order optimizer: it needs a backward that keeps its graph "
+                                  "(create_graph), which distill does not run; choose a first-order one, e.g. adamw")
 
 
 def check_scheduler(r: Any) -> None:
@@ -120,9 +125,13 @@ def check_scheduler(r: Any) -> None:
             create_scheduler_v2(optimizer, sched=r.sched, num_epochs=r.epochs, min_lr=r.min_lr,
                                 warmup_lr=r.warmup_lr, warmup_epochs=r.warmup_epochs)
     except ValueError:
-        valid = [s for s in ("cosine", "tanh", "step", "multistep", "plateau", "poly", "constant", "rsqrt", "wsd")
+        valid = [s for s in ("cosine", "tanh", "step", "multistep", "poly", "constant", "rsqrt", "wsd")
                  if _scheduler_known(s, optimizer)]
         raise _one_of("sched", r.sched, valid) from None
+    if r.sched == "plateau":
+        raise _fail("sched", r.sched, "steps on a validation metric once per epoch, which distill's schedule (set "
+                                      "from the step count, warm-up first) does not feed; choose cosine, step, "
+                                      "multistep, poly or constant")
 
 
 def _scheduler_known(name: str, optimizer: Any) -> bool:

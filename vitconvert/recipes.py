@@ -326,7 +326,11 @@ def load_recipe(spec: Optional[str] = None, overrides: Optional[dict[str, Any]] 
             Recipe().to_dict(), sort_keys=False)
     else:
         path = find_recipe(spec)
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise VitconvertError(f"{path} is not a recipe: a recipe is YAML text, and this file is binary (not "
+                                  f"UTF-8 at byte {e.start})") from None
         values = parse_recipe_text(text, str(path))
         values.setdefault("name", path.stem)
     overrides = nest_overrides(scale_schedule(values, overrides or {}), values)

@@ -21,9 +21,9 @@ from torch import nn
 
 from .aliases import ALIASES, resolve_alias, suggest
 from .assets import teacher_folder
-from .errors import BadValue, VitconvertError, first_line, param
+from .errors import BadValue, VitconvertError, first_line, load_reason, param
 from .folder import check_weights_readable, folder_block, read_config
-from .hub_io import hub_offline, hub_reachable, hub_snapshot, parse_repo_id, weights_cached
+from .hub_io import check_endpoint, hub_offline, hub_reachable, hub_snapshot, parse_repo_id, weights_cached
 from .timm_registry import source_architecture
 from .weights_file import check_softmax_weights
 
@@ -138,6 +138,10 @@ def load_state_file(path: Path) -> dict[str, torch.Tensor]:
             return load_file(str(path))
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors and torch raise many types for truncated/corrupt files
+        if "Weights only load failed" in str(e):  # torch's first line is cut before its reason
+            raise VitconvertError(f"{path} is a pickle of more than tensors (a whole model or training objects): "
+                                  "vitconvert never unpickles a file, as that runs its code; save the model's "
+                                  "state_dict() (or use safetensors) and give that") from None
         reason = first_line(e)
         raise VitconvertError(f"cannot read {path}: corrupt, truncated or not a weights file ({reason})") from None
     for key in ("state_dict", "model", "model_ema", "module"):
@@ -157,7 +161,10 @@ def _create(name: str, pretrained: bool, spec: str, **kwargs: Any) -> nn.Module:
     except RuntimeError as e:
         msg = first_line(e)
         if "size mismatch" in str(e) or "Missing key" in str(e) or "Unexpected key" in str(e):
-            raise VitconvertError(f"the weights of {spec} do not fit architecture {name}: {msg}") from None
+            raise VitconvertError(f"the weights of {spec} do not fit architecture {name}: {load_reason(e)}") from None
+        if kwargs.get("img_size") and "sizes should be greater than 0" in msg:  # torch's pooling words
+            raise BadValue("img_size", f"{kwargs['img_size']} px is smaller than one patch of {spec}: the image would "
+                                       "have no patch grid; give a size of at least one patch") from None
         if pretrained and "No pretrained weights exist" in msg:  # timm's words, which name its Python argument
             raise VitconvertError(f"timm has no pretrained weights for {spec}: use {param('pretrained', False)} "
                                   "for a randomly initialised model") from None
@@ -185,6 +192,7 @@ def check_weights_reachable(name: str, spec: str) -> None:
         raise VitconvertError(f"cannot get pretrained weights for {spec}: HF_HUB_OFFLINE is set and {repo_id} is not "
                               f"in the Hub cache; unset HF_HUB_OFFLINE to download them, or use "
                               f"{param('pretrained', False)} for a randomly initialised model")
+    check_endpoint()
     if hub_reachable():
         return
     raise VitconvertError(f"cannot get pretrained weights for {spec}: the Hub (huggingface.co) does not answer and "

@@ -111,9 +111,7 @@ def create_linear_vit(variant: str, pretrained: bool = False, *, architecture: O
                       **kwargs: Any) -> nn.Module:
     """timm's ``architecture`` with ``variant`` attention (in ``layers`` only: a hybrid); with ``pretrained``, its
     weights loaded strictly."""
-    if not architecture or not timm.is_model(architecture):
-        raise VitconvertError(f"{architecture_name(variant)} needs architecture=<the softmax timm model>, "
-                              f"got {architecture!r}")
+    check_architecture(variant, architecture)
     for name, value in (("attn_drop_rate", kwargs.get("attn_drop_rate")), ("attn_layer", kwargs.get("attn_layer"))):
         if value:  # refused as the attn_layer= route refuses attn_drop, not dropped without a word
             raise VitconvertError(f"{architecture_name(variant)}: {name}={value!r}: {UNHONOURED[name]}")
@@ -185,6 +183,22 @@ def transformers_weights() -> list[Path]:
             return [Path(f) for f in files if str(f).endswith(".safetensors") and Path(f).is_file()]
         frame = frame.f_back
     return []
+
+
+def check_architecture(variant: str, architecture: Optional[str]) -> None:
+    """The softmax ViT the entrypoint builds on: named (a folder's config.json names it in model_args), and one
+    timm knows; the line says which mistake it is, not only which keyword the entrypoint takes."""
+    name = architecture_name(variant)
+    if not architecture:
+        raise VitconvertError(f"{name} is a timm ViT with {variant} attention, and no ViT was named: pass the softmax "
+                              f"model it is built on (timm.create_model('{name}', architecture='vit_small_patch16_224'"
+                              "), or load the vitconvert folder, whose config.json names it in model_args)")
+    if not isinstance(architecture, str) or not timm.is_model(architecture):
+        import difflib
+
+        close = difflib.get_close_matches(str(architecture), timm.list_models(), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise VitconvertError(f"{name}: the softmax ViT {architecture!r} is not a timm model{hint}")
 
 
 # timm arguments about softmax attention that a linear variant cannot honour, and why.

@@ -34,8 +34,9 @@ from vitconvert.cli import app
 from vitconvert.recipes import FIELDS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "bad-input.md"
-QUICK = ["--epochs", "1", "--batch-size", "4"] + [a for k, v in FAST.items() if k not in ("epochs", "batch_size")
-                                                  for a in ("--set", f"{k}={json.dumps(v)}")]
+# lr as a flag: the cases below give --lr again (a later flag wins), and a key given by --set and its flag is refused
+QUICK = ["--epochs", "1", "--batch-size", "4", "--lr", str(FAST["lr"])] + [
+    a for k, v in FAST.items() if k not in ("epochs", "batch_size", "lr") for a in ("--set", f"{k}={json.dumps(v)}")]
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,12 @@ class LinearAttention(nn.Module):
         return self.proj.weight.device.type == "meta"
 
     @classmethod
+    def grid_problem(cls, options: dict[str, Any], grid_size: Grid) -> Optional[str]:
+        """Why ``options`` (read and checked) fit no layer on a ``grid_size`` patch grid, or None. Asked when a
+        model is converted, before any layer is built: a folder rebuilt at another size keeps its options."""
+        return None
+
+    @classmethod
     def from_softmax(cls, module: nn.Module, num_prefix_tokens: int = 1, grid_size: Grid = None,
                      **options: Any) -> LinearAttention:
         """A variant with ``module``'s projections (copied); extra parameters get the method's default init.

@@ -31,6 +31,7 @@ from typer.core import TyperCommand, TyperGroup  # noqa: E402
 
 from ..dependencies import check as check_dependencies  # noqa: E402
 from ..errors import VitconvertError  # noqa: E402
+from ..hub_io import check_endpoint  # noqa: E402
 from ..version import __version__  # noqa: E402
 
 try:  # typer >= 0.26 vendors click as typer._click; its exceptions are the ones raised
@@ -79,6 +80,7 @@ class LazyCommand(TyperCommand):
         from inside the import (:mod:`..dependencies`)."""
         try:
             check_dependencies()
+            check_endpoint()  # huggingface_hub reads HF_ENDPOINT at import: a bad port breaks every command
         except VitconvertError as e:
             raise click.ClickException(str(e)) from None
         single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)

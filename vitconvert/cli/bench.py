@@ -132,7 +132,12 @@ def bench(
         from ..bench import benchmark  # lazy: start-up time (and --help's)
         from ..bench_config import BenchConfig  # lazy: start-up time
         from ..compare import require_matplotlib  # lazy: start-up time
+        from ..selection import auto_count  # lazy: start-up time
 
+    if auto_count(keep_softmax) is not None:
+        raise BadValue("keep_softmax", "auto:K picks the layers from data, which bench does not read: give the layers "
+                                       "to keep (e.g. --keep-softmax 0,1); `vitconvert convert --keep-softmax auto:K "
+                                       "--data DATA` shows the ones it picks")
     config = BenchConfig(source, parse_variants(to), parse_sizes(img_size), batch_size=batch_size, train=train,
                          repeats=repeats, warmup=warmup, pretrained=pretrained, device=device, threads=threads,
                          options=parse_options(option), memory=memory, clock=clock, amp=amp, backend=backend,

@@ -283,6 +283,17 @@ def parse_sets(pairs: Optional[list[str]]) -> dict[str, Any]:
     return parse_pairs(pairs, "--set")
 
 
+def recipe_overrides(pairs: Optional[list[str]], flags: dict[str, Any]) -> dict[str, Any]:
+    """The recipe overrides of ``--set`` pairs and the command's own flags (None: not given). One rule: a key is
+    given once; ``--set epochs=abc`` beside ``--epochs 3`` is refused, not dropped unread."""
+    sets = parse_sets(pairs)
+    given = {k: v for k, v in flags.items() if v is not None}
+    for key in given.keys() & sets.keys():
+        pair = next(p for p in pairs or [] if p.partition("=")[0].strip() == key)
+        raise VitconvertError(f"--set {pair} and {flag_of(key)} both set the recipe's {key}: give it once")
+    return {**sets, **given}
+
+
 # -- the CLI's one piece of state: the folder the last `convert` in this directory wrote --------------------------
 LAST_CONVERT = Path(".vitconvert") / "last_convert"
 
@@ -298,13 +309,20 @@ def remember_last_convert(out: Path) -> None:
 
 def last_converted() -> Path:
     """The folder the last `vitconvert convert` in this directory wrote (distill's first line names it)."""
-    if LAST_CONVERT.is_file():
-        path = Path(LAST_CONVERT.read_text().strip())
-        if path.is_dir():
-            return path
-        raise VitconvertError(f"the last converted folder ({path}) is gone: name the STUDENT folder")
-    raise VitconvertError("no STUDENT given and no `vitconvert convert` finished in this directory: name the "
-                          "converted model folder")
+    if not LAST_CONVERT.is_file():
+        raise VitconvertError("no STUDENT given and no `vitconvert convert` finished in this directory: name the "
+                              "converted model folder")
+    try:
+        text = LAST_CONVERT.read_text(encoding="utf-8").strip()
+    except (UnicodeDecodeError, OSError):
+        text = ""
+    if not text or "\0" in text or "\n" in text:
+        raise VitconvertError(f"{LAST_CONVERT} holds no folder path (damaged; the next convert here rewrites it): "
+                              "name the STUDENT folder")
+    path = Path(text)
+    if path.is_dir():
+        return path
+    raise VitconvertError(f"the last converted folder ({path}) is gone: name the STUDENT folder")
 
 
 def report_table(report: dict[str, Any], title: str) -> Table:

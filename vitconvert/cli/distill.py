@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -23,7 +22,7 @@ from .common import (
     cpu_threads,
     last_converted,
     loading_libraries,
-    parse_sets,
+    recipe_overrides,
     user_errors,
 )
 
@@ -65,18 +64,22 @@ def distill(
     """
     with loading_libraries():
         from ..distill import TrainingStopped, distill, resume_defaults  # lazy: start-up time (and --help's)
+        from ..distill.checkpoint import read_checkpoint  # lazy: start-up time
+        from ..distributed import is_main_process  # lazy: start-up time
         from ..threads import torch_threads  # lazy: start-up time
 
     flags = {"data": data, "data_dir": data_dir, "epochs": epochs, "batch_size": batch_size, "lr": lr,
              "seed": seed, "attn_weight": attn_weight, "kd_weight": kd_weight, "attn_target": attn_target,
              "attn_loss": attn_loss, "stages": stages, "download": download or None}
-    overrides = {**parse_sets(set_), **{k: v for k, v in flags.items() if v is not None}}
-    main_process = os.environ.get("RANK", "0") == "0"  # torchrun: rank 0 prints and pushes
+    overrides = recipe_overrides(set_, flags)
+    main_process = is_main_process()  # torchrun: rank 0 prints and pushes
     if push_to_hub and main_process:
         from ..hub import check_push_ready  # lazy: start-up time
 
         check_push_ready(push_to_hub)  # a missing token is said now, not after the training
     resumed = resume_defaults(out)[1] if resume and out is not None else None  # resuming: the run's own student
+    if resume and out is not None and not (student or resumed):
+        read_checkpoint(out).verify()  # a missing or damaged checkpoint says so, not "no STUDENT given"
     student = student or resumed or last_converted()
     with torch_threads(cpu_threads(threads, student)):
         try:

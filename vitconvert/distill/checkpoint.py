@@ -18,6 +18,7 @@ import torch
 
 from ..errors import BadValue, VitconvertError, first_line, param
 from ..folder import atomic_folder
+from .sums import TERMS
 
 CHECKPOINT = "checkpoint-last"
 FORMAT = 1
@@ -189,6 +190,10 @@ class Checkpoint:
         counts = (position.epoch, position.batch, position.step, position.best_epoch)
         if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
             raise VitconvertError(damaged % "'position' (epoch, batch, step: counts, never negative)")
+        for name in ("epoch_sums", "window_sums"):
+            if not _sums_list(getattr(position, name)):
+                raise VitconvertError(damaged % f"'position.{name}' ({len(TERMS) + 1} numbers: {', '.join(TERMS)} "
+                                                 "and the image count)")
         if not isinstance(meta["optimizer"].get("param_groups"), list):
             raise VitconvertError(damaged % "'optimizer.param_groups'")
         names = ["model.safetensors", "optimizer.safetensors", "rng.safetensors"]
@@ -239,6 +244,30 @@ class Checkpoint:
         saved = self.meta["rng"][rank]
         return {"python": saved["python"], "numpy": saved["numpy"], "torch": tensors[f"rank{rank}.torch"],
                 "cuda": [tensors[f"rank{rank}.cuda{i}"] for i in range(saved.get("cuda", 0))]}
+
+
+def _sums_list(value: Any) -> bool:
+    """Running sums as a checkpoint stores them: none yet, or one number per term and the image count."""
+    return isinstance(value, list) and len(value) in (0, len(TERMS) + 1) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+
+
+def check_optimizer_fits(saved: dict[str, Any], optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    """The checkpoint's optimizer state is of this model's trainable parameters, group by group: state of another
+    model (an optimizer.safetensors copied from another run) would load by name where names meet and leave the
+    rest without state, silently."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    ours = [sorted(names.get(id(p), "?") for p in g["params"]) for g in optimizer.param_groups]
+    theirs = [sorted(str(n) for n in g.get("params", [])) for g in saved["param_groups"]]
+    if len(theirs) != len(ours):
+        raise VitconvertError(f"the checkpoint's optimizer has {len(theirs)} parameter groups, this recipe makes "
+                              f"{len(ours)}: new_params and layer_decay cannot change mid-run; {START_OVER}")
+    foreign = sorted({*(n for g in theirs for n in g), *saved["state"]} - set(names.values()))
+    missing = [n for g, h in zip(ours, theirs, strict=True) for n in g if n not in h]
+    if foreign or missing:
+        example = f"it has {foreign[0]!r}" if foreign else f"it lacks {missing[0]!r}"
+        raise VitconvertError(f"the checkpoint's optimizer state is not of this student's parameters ({example}): "
+                              f"optimizer.safetensors belongs to another model; {START_OVER}")
 
 
 def read_checkpoint(run: Path) -> Checkpoint:

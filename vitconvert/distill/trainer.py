@@ -28,9 +28,9 @@ from . import models
 from . import param_groups as groups
 from .checkpoint import (
     CHECKPOINT,
-    START_OVER,
     Checkpoint,
     Position,
+    check_optimizer_fits,
     read_checkpoint,
     restore_rng,
     rng_state,
@@ -139,10 +139,7 @@ class Trainer:
         env = self.env
         hyper = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         saved = ckpt.optimizer()
-        if len(saved["param_groups"]) != len(hyper):
-            raise VitconvertError(f"the checkpoint's optimizer has {len(saved['param_groups'])} parameter groups, "
-                                  f"this recipe makes {len(hyper)}: new_params and layer_decay cannot change "
-                                  f"mid-run; {START_OVER}")
+        check_optimizer_fits(saved, self.optimizer, self.task.student)
         set_optimizer_state_dict(self.task.student, self.optimizer, saved,
                                  options=StateDictOptions(full_state_dict=True))
         if recipe_changes(ckpt.recipe, self.recipe):  # resumed with force: the new recipe's settings and schedule
