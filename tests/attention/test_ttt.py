@@ -27,8 +27,9 @@ EXTRA = ["fast_w1", "fast_w2", "fast_w3", "q_conv.weight", "q_conv.bias", "k_con
 
 
 def ttt_module(num_prefix: int, grid, dim: int = 8, heads: int = 2, **options) -> TTTAttention:
-    """A float64 TTT module with fast weights large enough that the SwiGLU's nonlinearity matters."""
-    mod = make_module("ttt", num_prefix, grid, dim, heads, **options)
+    """A float64 TTT module with fast weights large enough that the SwiGLU's nonlinearity matters, and the
+    reference's step size (the default's, sized for std-0.02 weights, would blow these up)."""
+    mod = make_module("ttt", num_prefix, grid, dim, heads, **{"inner_lr": 1.0, **options})
     with torch.no_grad():
         for w in (mod.fast_w1, mod.fast_w2, mod.fast_w3):
             w.normal_(std=0.5)
@@ -112,9 +113,34 @@ def test_parameters_extra_and_matched():
 
 
 def test_default_options_are_json_and_validated():
-    assert json.loads(json.dumps(TTTAttention.default_options)) == {"inner_lr": 1.0, "key_norm_eps": 1.0}
+    assert json.loads(json.dumps(TTTAttention.default_options)) == {"inner_lr": None, "key_norm_eps": 1.0}
     with pytest.raises(BadValue, match="unknown option 'chunk_size' for ttt; valid: inner_lr, key_norm_eps"):
         TTTAttention.from_softmax(softmax_source(), chunk_size=4)
+
+
+def mixing(mod: TTTAttention, d: int) -> float:
+    """|f_W'(q) − f_W(q)| / |v|: how much of the values the inner step mixes into the queries' outputs."""
+    q, k, v = random_qkv(4, mod.num_heads, 65, d)
+    lr = mod.inner_lr
+    with torch.no_grad():
+        stepped = mod.mix(q, k, v, None, None)
+        mod.inner_lr = 0.0
+        unstepped = mod.mix(q, k, v, None, None)
+    mod.inner_lr = lr
+    return ((stepped - unstepped).norm() / v.norm()).item()
+
+
+def test_default_step_mixes_at_every_head_size():
+    """The mechanism of the transfer fix: at the reference init (fast weights std 0.02) the step's mixing grows
+    ~d² and with step size 1.0 is ~1e-6, so nothing reaches a class token; the default step size scales as
+    (32/d)², holding the mixing near its value at d = 32 for heads of 16 to 128, and far above the reference's."""
+    torch.manual_seed(0)
+    auto = {d: mixing(TTTAttention(2 * d, num_heads=2).double(), d) for d in (16, 32, 64, 128)}
+    reference = {d: mixing(TTTAttention(2 * d, num_heads=2, inner_lr=1.0).double(), d) for d in (16, 64)}
+    assert TTTAttention(64, num_heads=2).inner_lr == 100.0 and TTTAttention(384, num_heads=6).inner_lr == 25.0
+    assert all(0.3 < m / auto[32] < 3 for m in auto.values()), auto
+    assert all(m < 0.1 * auto[d] for d, m in reference.items()), (reference, auto)
+    assert all(m < 1e-4 for m in reference.values()), reference
 
 
 def test_reset_extra_parameters_reinitialises():
@@ -128,7 +154,7 @@ def test_reset_extra_parameters_reinitialises():
 
 
 def test_bf16_is_finite_and_close_to_fp32():
-    mod = TTTAttention.from_softmax(softmax_source(), num_prefix_tokens=1, grid_size=(4, 4))
+    mod = TTTAttention.from_softmax(softmax_source(), num_prefix_tokens=1, grid_size=(4, 4), inner_lr=1.0)
     with torch.no_grad():
         for w in (mod.fast_w1, mod.fast_w2, mod.fast_w3):
             nn.init.normal_(w, std=0.3)
@@ -160,7 +186,7 @@ def test_equals_the_official_module():
     source = Attention(dim, heads, qkv_bias=True).double()
     source.load_state_dict({k: official.state_dict()[k] for k in ("qkv.weight", "qkv.bias", "proj.weight",
                                                                    "proj.bias")})
-    ours = TTTAttention.from_softmax(source, num_prefix_tokens=0, grid_size=(5, 5)).double()
+    ours = TTTAttention.from_softmax(source, num_prefix_tokens=0, grid_size=(5, 5), inner_lr=1.0).double()
     with torch.no_grad():
         for name in ("w1", "w2", "w3"):
             getattr(ours, f"fast_{name}").copy_(getattr(official, name)[0])

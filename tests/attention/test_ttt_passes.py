@@ -63,7 +63,7 @@ def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
 def test_bf16_form_has_the_float32_gradients_within_bf16_rounding(masked):
-    mod = make_module("ttt", 1, (4, 4), dim=64, heads=2, dtype=torch.float32)
+    mod = make_module("ttt", 1, (4, 4), dim=64, heads=2, dtype=torch.float32, inner_lr=1.0)  # (weights > init)
     with torch.no_grad():
         for w in (mod.fast_w1, mod.fast_w2, mod.fast_w3):
             w.normal_(std=0.3)

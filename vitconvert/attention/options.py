@@ -58,6 +58,11 @@ def number(value: Any) -> float:
     return float(value)
 
 
+def number_or_auto(value: Any) -> Optional[float]:
+    """A finite float, or None: the variant derives the value from the layer's shape."""
+    return None if value is None else number(value)
+
+
 def integer(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise Refused("takes an integer")

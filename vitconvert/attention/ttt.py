@@ -35,12 +35,29 @@ from torch.utils.checkpoint import checkpoint
 from . import dispatch, fused, fused_grid, fused_ttt
 from .base import Grid, LinearAttention
 from .lean_norms import key_instance_norm
-from .options import Option, number, positive
+from .options import Option, number, number_or_auto, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
 from .ttt_closed_form import inner_gradients, inner_model, normalize_keys, stepped_readout, swiglu_readout
 
 FastWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+# The inner step size at head_dim 32 that trained best in the transfer experiment (docs/results.md, "Why TTT
+# failed in transfer"): 30-300 all learned, 1 stayed at chance, 1000 diverged at the first step.
+INNER_LR_AT_32 = 100.0
+
+
+def auto_inner_lr(head_dim: int) -> float:
+    """The default step size: INNER_LR_AT_32·(32/d)².
+
+    With the fast weights at their reference init (std 0.02) the step's token mixing, |f_W'(q) − f_W(q)| / |v|,
+    is ~1e-6 at lr 1 and grows ~d² with the head size (measured: ×3.5-3.9 per doubling of d). The inner model's
+    output is cubic in small fast weights, so at lr 1 the layer mixes almost nothing, a class token sees no
+    patch and the student stays at chance. Scaling the lr by (32/d)² holds the measured mixing at the value
+    that trained best at d = 32.
+    """
+    return INNER_LR_AT_32 * (32.0 / head_dim) ** 2
 
 
 def records_for_backward() -> bool:
@@ -64,13 +81,16 @@ class TTTAttention(LinearAttention):
 }"""
 
     declared_options = (
-        Option("inner_lr", 1.0, "step size of the inner gradient step", number),
+        Option("inner_lr", None, "step size of the inner gradient step; null: auto_inner_lr(head_dim), "
+               "100 at head_dim 32, 25 at 64 (the reference's 1.0 barely mixes tokens at the 0.02 init)",
+               number_or_auto),
         Option("key_norm_eps", 1.0, "eps of the keys' instance norm", number, positive),
     )
 
     def __init__(self, dim: int, num_heads: int = 8, **kwargs: Any):
         super().__init__(dim, num_heads, **kwargs)
-        self.inner_lr: float = self.options["inner_lr"]
+        given = self.options["inner_lr"]
+        self.inner_lr: float = auto_inner_lr(self.head_dim) if given is None else given
         self.key_norm_eps: float = self.options["key_norm_eps"]
         # Like timm's grad_checkpointing, for the step alone and on by default (a setting of the module, not saved):
         # a training forward keeps q, k, v for backward and recomputes the step there (see mix)
