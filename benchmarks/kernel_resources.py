@@ -129,21 +129,28 @@ class CrossBuilds(Builds):
             raise dispatch.KernelUnavailable(f"{row['kernel']} needs {row['shared_bytes']} bytes of shared memory, "
                                              f"{self.arch} gives a block {self.max_shared}", resources=True)
 
-    def build(self, kernel, *args, **kwargs) -> dict[str, Any]:
-        """Registers per thread, spilled registers, shared bytes, whether it fits and blocks per SM; or, where
-        Triton's compiler refuses the kernel, its first line as ``error``. Triton's JIT specialises the arguments
-        as it would for a launch (alignment, constants), then compiles for the target; cuobjdump reads the cubin."""
-        import triton  # lazy: start-up time
+    def compile(self, kernel, *args, **kwargs) -> Any:
+        """The kernel compiled for ``arch`` as Triton's JIT would for this launch: the arguments specialised as for a
+        launch (alignment, constants), then Triton's compiler and ptxas (its ``asm``: ptx, cubin)."""
+        import triton  # lazy: start-up time (only this mode compiles)
         from triton.compiler import ASTSource  # lazy: start-up time
-        from triton.runtime.errors import TritonError  # lazy: start-up time
         from triton.runtime.jit import create_function_from_signature  # lazy: start-up time
 
         bind = create_function_from_signature(kernel.signature, kernel.params, self.backend)
         bound, specialization, options = bind(*args, **kwargs)
         options, signature, constants, attrs = kernel._pack_args(self.backend, kwargs, bound, specialization, options)
+        return triton.compile(ASTSource(kernel, signature, constants, attrs), target=self.target,
+                              options=options.__dict__)
+
+    def build(self, kernel, *args, **kwargs) -> dict[str, Any]:
+        """Registers per thread, spilled registers, shared bytes, whether it fits and blocks per SM; or, where
+        Triton's compiler refuses the kernel, its first line as ``error`` (:meth:`compile`); cuobjdump reads the
+        cubin."""
+        import triton  # lazy: start-up time
+        from triton.runtime.errors import TritonError  # lazy: start-up time
+
         try:
-            compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=self.target,
-                                      options=options.__dict__)
+            compiled = self.compile(kernel, *args, **kwargs)
         except TritonError as e:
             lines = [line.strip() for line in str(e).splitlines() if line.strip()]
             return {"registers": None, "spills": None, "shared_bytes": None, "fits": False, "blocks_per_sm": 0,

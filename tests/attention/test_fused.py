@@ -271,9 +271,36 @@ def test_the_tuning_settings_reach_the_launches(monkeypatch):
     monkeypatch.setenv(dispatch.TILE_ENV, " Half ")
     make_module("elu", 32, (4, 4), 1)
     assert dispatch.block_sizes(64) == (128, 64, 16)
+    assert dispatch.pipeline_stages() == 3  # (none given: the default)
     assert dispatch.tile_args(torch.zeros(1, dtype=torch.bfloat16))["PRECISION"] == "ieee"  # 16-bit tiles
     monkeypatch.setenv(dispatch.TILE_ENV, "tf32")
     assert dispatch.tile_args(torch.zeros(1, dtype=torch.bfloat16))["PRECISION"] == "tf32"
+
+
+@pytest.mark.parametrize("variant", ["elu", "inline"])
+def test_num_stages_reaches_every_launch_of_the_linear_ops(monkeypatch, variant):
+    """``VITCONVERT_FUSED_CONFIG``'s third number is the pipeline depth (num_stages) of the ELU/ReLU/InLine kernels,
+    one launch and split, forward and backward; the output is the same as on the default depth."""
+    launches = []
+
+    def record(kernel, grid, *args, **kwargs):
+        launches.append((dispatch.kernel_name(kernel), kwargs["num_stages"]))
+        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+
+    q, k, v = qkv(N=70, d=16)
+    call = {"elu": lambda: fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6),
+            "inline": lambda: fused.inline_attention(q, k, v, None, 0.25)}[variant]
+    default = call()
+    monkeypatch.setenv(dispatch.CONFIG_ENV, "64,4,2")
+    for wanted in (lambda device: 64, lambda device: 1):  # heads split over token ranges, then a head per program
+        monkeypatch.setattr(dispatch, "_programs_wanted", wanted)
+        with dispatch.launches_through(record, DEVICE):
+            out = call()
+            out.sum().backward()
+        torch.testing.assert_close(out, default, rtol=1e-5, atol=1e-6)
+    assert {name for name, _ in launches} == {"state_fwd_kernel", "readout_fwd_kernel", "readout_bwd_kernel",
+                                              "state_bwd_kernel", "attention_fwd_kernel", "attention_bwd_kernel"}
+    assert {stages for _, stages in launches} == {2}
 
 
 @pytest.mark.parametrize("version, head_dim, config, chunk", [
@@ -609,9 +636,9 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_form_once(name, m
 
 def kernel_home(name: str):
     """The module that defines kernel ``name``: where a test replaces it."""
-    from vitconvert.attention import head_kernels, triton_kernels
+    from vitconvert.attention import head_kernels, split_kernels
 
-    return head_kernels if hasattr(head_kernels, name) else triton_kernels
+    return head_kernels if hasattr(head_kernels, name) else split_kernels
 
 
 SPLIT_BACKWARD_KERNELS = ("readout_bwd_kernel", "state_bwd_kernel")  # (heads split over programs; MHLA's blocked op)
@@ -812,10 +839,10 @@ def test_an_mhla_module_on_float32_takes_smaller_chunks_and_matches_its_referenc
     """Float32 inputs keep their tiles (the dots' precision is the user's TF32 switch); a GPU where every kernel
     fits only with 16-token chunks runs them all at 16, the whole module within its float32 bars. (The pairwise
     kernels' grid is made of their own BLOCK_M tokens: a smaller chunk of the other side leaves it whole.)"""
-    from vitconvert.attention import pairwise_kernels, triton_kernels
+    from vitconvert.attention import pairwise_kernels, split_kernels
 
     monkeypatch.setenv(dispatch.FORM_ENV, form)
-    where = triton_kernels if form == "blocked" else pairwise_kernels
+    where = split_kernels if form == "blocked" else pairwise_kernels
     kernels = [n for n in dir(where) if n.endswith("_kernel")]
     cramped = cramp(monkeypatch, lambda settings: settings["BLOCK_N"] <= 16, kernels, where)
     module = make_module("mhla", 32, (6, 7), 1, blocks_per_side=2)

@@ -22,7 +22,18 @@ from typing import Any, Optional
 import torch
 from packaging.version import InvalidVersion, Version
 
-from ..errors import VitconvertError
+from .settings import (  # noqa: F401  (re-exported: the ops, tools and tests read the settings here)
+    CONFIG_ENV,
+    ENV,
+    FORM_ENV,
+    FORMS,
+    TILE_ENV,
+    config_setting,
+    form_setting,
+    fused_switch,
+    pipeline_stages,
+    tile_setting,
+)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
@@ -38,15 +49,6 @@ DEVICES = ("cuda",)  # where the kernels run; the CPU tests add "cpu" under TRIT
 MIN_CAPABILITY = (8, 0)
 GPU_TYPES = ("cuda",)  # device types whose generation is checked against MIN_CAPABILITY
 SPLIT_ROUND = 128  # a program's token range is a multiple of this (and of every BLOCK_N)
-ENV = "VITCONVERT_FUSED"
-TILE_ENV = "VITCONVERT_FUSED_TILE"
-CONFIG_ENV = "VITCONVERT_FUSED_CONFIG"
-FORM_ENV = "VITCONVERT_MHLA_FORM"
-FORMS = ("auto", "pairwise", "blocked")  # MHLA's kernels: chosen per call by cost, or forced (fused_pairwise.py)
-SWITCH = {"0": False, "off": False, "false": False, "no": False, "1": True, "on": True, "true": True, "yes": True}
-TILES = ("tf32", "half")
-CONFIG_BLOCK_NS = (16, 32, 64, 128)  # tl.dot's smallest tile up to SPLIT_ROUND, which each must divide
-CONFIG_WARPS = (1, 2, 4, 8, 16)
 
 
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # once, at import (cheap; no triton import)
@@ -74,59 +76,6 @@ def use_fused_kernels() -> bool:
     config_setting(os.environ.get(CONFIG_ENV))
     form_setting(os.environ.get(FORM_ENV))
     return on and triton_available()
-
-
-def _given(value: Optional[str]) -> Optional[str]:
-    """An environment setting as given: stripped and lower-case; None when unset or blank."""
-    return value.strip().lower() if value and value.strip() else None
-
-
-def fused_switch(value: Optional[str]) -> bool:
-    given = _given(value)
-    if given is None:
-        return True
-    if given not in SWITCH:
-        raise VitconvertError(f"{ENV}={value!r}: expected 0 (the eager form everywhere) or 1 (the fused kernels "
-                              "where they can run)")
-    return SWITCH[given]
-
-
-@lru_cache(maxsize=8)  # read per launch
-def tile_setting(value: Optional[str]) -> str:
-    """``VITCONVERT_FUSED_TILE``: the dots' operand type for half inputs (:func:`tile_args`)."""
-    return _one_of(TILE_ENV, value, TILES)
-
-
-def form_setting(value: Optional[str]) -> str:
-    """``VITCONVERT_MHLA_FORM``: MHLA's kernels in the pairwise or the blocked form, or ``auto`` (by cost,
-    :func:`.fused_pairwise.pairwise_is_cheaper`)."""
-    return _one_of(FORM_ENV, value, FORMS)
-
-
-def _one_of(name: str, value: Optional[str], choices: tuple[str, ...]) -> str:
-    """The setting ``name`` as given (the first of ``choices`` when unset), or a one-line error."""
-    given = _given(value)
-    if given is None:
-        return choices[0]
-    if given not in choices:
-        raise VitconvertError(f"{name}={value!r}: expected one of {', '.join(choices)}")
-    return given
-
-
-def config_setting(value: Optional[str]) -> Optional[tuple[int, int]]:
-    """``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps`` (tuning sweeps), or None."""
-    given = _given(value)
-    if given is None:
-        return None
-    try:
-        block_n, warps = (int(p) for p in given.split(","))
-    except ValueError:  # not two integers
-        block_n = warps = 0
-    if block_n not in CONFIG_BLOCK_NS or warps not in CONFIG_WARPS:
-        raise VitconvertError(f"{CONFIG_ENV}={value!r}: expected BLOCK_N,num_warps with BLOCK_N one of "
-                              f"{', '.join(map(str, CONFIG_BLOCK_NS))} and num_warps one of "
-                              f"{', '.join(map(str, CONFIG_WARPS))}, e.g. 32,8")
-    return block_n, warps
 
 
 class KernelUnavailable(RuntimeError):
@@ -329,7 +278,7 @@ def _block_sizes(head_dim: int, override: Optional[str], many_tiles: bool) -> tu
     block_d = max(16, triton_next_power_of_2(head_dim))
     config = config_setting(override)
     if config:
-        block_n, warps = config
+        block_n, warps, _ = config
         return block_n, block_d, warps
     if block_d >= 128 or (many_tiles and block_d >= 64):
         return 32, block_d, 8

@@ -41,6 +41,7 @@ from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reac
     direct,
     disable,
     launch,
+    pipeline_stages,
     spill_free_chunk,
     split_tokens,
     tile_args,
@@ -60,16 +61,18 @@ from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the
     run_readout_backward,
     run_state,
     run_state_backward,
+    segment_states,
+    state_gradients,
     unit_rows,
     valid_keys,
 )
 from .lean_norms import rms_pair, through_rms_pair
 
 
-def _reader(S: torch.Tensor, z: torch.Tensor, zv: torch.Tensor, key_valid: Optional[torch.Tensor], tokens: int,
-            scale: float, inline: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _reader(S: torch.Tensor, z: torch.Tensor, zv: Optional[torch.Tensor], key_valid: Optional[torch.Tensor],
+            tokens: int, scale: float, inline: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(R, r, n): what every query reads. Kernel attention: S and z. InLine: A = (s/n)(S − z v̄ᵀ) and v̄ = zv/n,
-    n the number of valid keys (B, 1, 1, 1)."""
+    n the number of valid keys (B, 1, 1, 1). ``zv``: read by InLine only."""
     if key_valid is None:
         n = S.new_full((1, 1, 1, 1), float(tokens))
     else:
@@ -89,7 +92,7 @@ def run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: 
     q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
     B, H, N, D = q.shape
     if split_tokens(B * H, 1, N, q.device)[0] > 1:
-        S, z, zv = run_state(k, v, key_valid, None, feature, feature_eps)
+        S, z, zv = segment_states(k, v, key_valid, None, feature, feature_eps, inline)
         R, r, _ = _reader(S, z, zv, key_valid, N, scale, inline)
         return run_readout(q, R, r, None, feature, feature_eps, eps, not inline)
     block_n, block_d, warps = block_sizes(D)
@@ -100,8 +103,8 @@ def run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: 
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), s_mb, o.stride(0), o.stride(1), o.stride(2),
         H, N, D, feature_eps, eps, scale,
-        FEATURE=feature, INLINE=inline, HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d,
-        **tile_args(q), num_warps=warps)
+        FEATURE=feature, INLINE=inline, HAS_MASK=key_valid is not None, EVEN_D=D == block_d, BLOCK_N=block_n,
+        BLOCK_D=block_d, **tile_args(q), num_warps=warps, num_stages=pipeline_stages())
     return o
 
 
@@ -139,10 +142,11 @@ def run_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
             q, k, v, mask, o, do, dq, dk, dv,
             *_strides(q, k, v), s_mb, *_strides(o, do, dq, dk, dv),
             H, N, D, feature_eps, eps, scale,
-            FEATURE=feature, INLINE=inline, HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d,
-            **tile_args(q), num_warps=warps)
+            FEATURE=feature, INLINE=inline, HAS_MASK=key_valid is not None,
+            EVEN_D=D == block_d and key_valid is None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q),
+            num_warps=warps, num_stages=pipeline_stages())
         return dq, dk, dv
-    S, z, zv = run_state(k, v, key_valid, None, feature, feature_eps)
+    S, z, zv = segment_states(k, v, key_valid, None, feature, feature_eps, inline)
     R, r, n = _reader(S, z, zv, key_valid, q.shape[2], scale, inline)
     dq, dR, dr = run_readout_backward(q, R, r, o, do, None, feature, feature_eps, eps, not inline)
     if inline:
@@ -150,8 +154,8 @@ def run_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
         dz = -(dS @ r.unsqueeze(-1)).squeeze(-1)
         dzv = (dr - (dS.transpose(-2, -1) @ z.unsqueeze(-1)).squeeze(-1)) / n
     else:
-        dS, dz, dzv = dR, dr, torch.zeros_like(dr)
-    dk, dv = run_state_backward(k, v, key_valid, None, dS, dz, dzv, feature, feature_eps)
+        dS, dz, dzv = dR, dr, None
+    dk, dv = state_gradients(k, v, key_valid, None, dS, dz, dzv, feature, feature_eps)
     return dq, dk, dv
 
 
@@ -225,7 +229,7 @@ def run_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Op
     ``recompute_output``: autograd does not keep o either (backward reads it out again), for a caller whose next
     op makes a new tensor of it (MHLA adds LePE) that the layer keeps anyway."""
     q, k = rms_pair(q, k, q_weight, k_weight, norm_eps)
-    S, z, _ = run_state(k, v, key_valid, index, feature, feature_eps)
+    S, z, _ = segment_states(k, v, key_valid, index, feature, feature_eps, False)
     R, r = _mixed(S, z, mixing)
     return run_readout(q, R, r, index, feature, feature_eps, eps, True)
 
@@ -245,7 +249,7 @@ def run_blocked_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: O
                                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv, dW̃ of :func:`blocked_attention`: the states recomputed, the read-out's backward, the mixing's
     (dW̃ = Σ dR·S + dr·z, dS = W̃ᵀ dR, dz = W̃ᵀ dr), then the states' backward. ``o`` None: read out again."""
-    S, z, _ = run_state(k, v, key_valid, index, feature, feature_eps)
+    S, z, _ = segment_states(k, v, key_valid, index, feature, feature_eps, False)
     R, r = _mixed(S, z, mixing)
     if o is None:
         o = run_readout(q, R, r, index, feature, feature_eps, eps, True)
@@ -256,7 +260,7 @@ def run_blocked_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: O
         dmixing = (torch.tensordot(dR_flat, S_flat, dims=([0, 1, 3], [0, 1, 3]))
                    + torch.tensordot(dr, z, dims=([0, 1, 3], [0, 1, 3])))
         dS, dz = torch.matmul(m.t(), dR_flat).view(dR.shape), torch.matmul(m.t(), dr)
-    dk, dv = run_state_backward(k, v, key_valid, index, dS, dz, torch.zeros_like(dz), feature, feature_eps)
+    dk, dv = state_gradients(k, v, key_valid, index, dS, dz, None, feature, feature_eps)
     return dq, dk, dv, dmixing.to(mixing.dtype)
 
 

@@ -63,7 +63,7 @@ def _geometry(x: torch.Tensor) -> tuple[int, ...]:
     :data:`TILE_ELEMENTS` on 8 warps (``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps`` overrides, for sweeps)."""
     B, H, N, D = x.shape
     block_d = max(16, triton_next_power_of_2(D))
-    block, warps = config_setting(os.environ.get(CONFIG_ENV)) or (max(16, TILE_ELEMENTS // block_d), 8)
+    block, warps = (config_setting(os.environ.get(CONFIG_ENV)) or (max(16, TILE_ELEMENTS // block_d), 8))[:2]
     return B, H, N, D, block, -(-N // block), block_d, warps
 
 

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from . import fused_eager
-from .dispatch import KernelUnavailable, block_sizes, disable, launch, split_tokens, tile_args
+from .dispatch import KernelUnavailable, block_sizes, disable, launch, pipeline_stages, split_tokens, tile_args
 
 
 def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
@@ -34,6 +34,12 @@ def valid_keys(key_valid: torch.Tensor) -> torch.Tensor:
     return key_valid.sum(dim=-1).clamp(min=1).to(torch.float32)
 
 
+def _unmasked_chunks(head_dim: int, block_d: int) -> bool:
+    """EVEN_D of the backward kernels: whole chunks without masks where the head fills its tile, up to 64 (at 128
+    that code made them spill registers on sm_90: benchmarks/kernel_resources.py --arch sm_90)."""
+    return head_dim == block_d <= 64
+
+
 def _mask_arg(key_valid: Optional[torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, int]:
     if key_valid is None:
         return like, 0  # never read (HAS_MASK is False)
@@ -41,10 +47,12 @@ def _mask_arg(key_valid: Optional[torch.Tensor], like: torch.Tensor) -> tuple[to
 
 
 # -- the ops -------------------------------------------------------------------------------------------------
-def run_state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
-                 feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """S (B, H, G, d, d), z and zv (B, H, G, d), float32, over the G segments of ``index`` (all tokens if None)."""
-    from .triton_kernels import state_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+def segment_states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                   index: Optional[torch.Tensor], feature: int, feature_eps: float,
+                   sum_values: bool) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """S (B, H, G, d, d), z and zv (B, H, G, d), float32, over the G segments of ``index`` (all tokens if None);
+    zv None unless ``sum_values`` (InLine reads it, the others do not: the kernel leaves its sums out)."""
+    from .split_kernels import state_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     k, v = unit_rows(k), unit_rows(v)
     B, H, N, D = k.shape
@@ -53,15 +61,22 @@ def run_state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor
     block_n, block_d, warps = block_sizes(D)
     S = k.new_empty((B * H, segments, splits, D, D), dtype=torch.float32)
     Z = k.new_empty((B * H, segments, splits, D), dtype=torch.float32)
-    ZV = torch.empty_like(Z)
+    ZV = torch.empty_like(Z) if sum_values else Z  # (not written without SUM_V)
     mask, s_mb = _mask_arg(key_valid, k)
     launch(state_fwd_kernel, (B * H, segments, splits),
         k, v, mask, index if index is not None else k, S, Z, ZV,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
         H, length, D, segments, splits, per, feature_eps,
-        FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, BLOCK_N=block_n,
-        BLOCK_D=block_d, **tile_args(k), num_warps=warps)
-    return _total(S, B, H), _total(Z, B, H), _total(ZV, B, H)
+        FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, SUM_V=sum_values,
+        EVEN_D=D == block_d, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k), num_warps=warps,
+        num_stages=pipeline_stages())
+    return _total(S, B, H), _total(Z, B, H), (_total(ZV, B, H) if sum_values else None)
+
+
+def run_state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
+              feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`segment_states` with zv (the op's three outputs)."""
+    return segment_states(k, v, key_valid, index, feature, feature_eps, True)
 
 
 linear_state = torch.library.custom_op("vitconvert::linear_state", mutates_args=())(run_state)
@@ -76,12 +91,12 @@ def _(k, v, key_valid, index, feature, feature_eps):
                                                                                   dtype=torch.float32)
 
 
-def run_state_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                          index: Optional[torch.Tensor], dS: torch.Tensor, dz: torch.Tensor, dzv: torch.Tensor,
-                          feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                    index: Optional[torch.Tensor], dS: torch.Tensor, dz: torch.Tensor, dzv: Optional[torch.Tensor],
+                    feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """dk, dv (the dtypes and shapes of k and v, laid out as the output: :func:`_output_like`) from the gradients
-    of S, z, zv."""
-    from .triton_kernels import state_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+    of S, z, zv (None: zero, as for every variant but InLine: no torch op makes the zeros, the kernel adds none)."""
+    from .split_kernels import state_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     k, v = unit_rows(k), unit_rows(v)
     B, H, N, D = k.shape
@@ -90,14 +105,23 @@ def run_state_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[tor
     block_n, block_d, warps = block_sizes(D)
     dk, dv = _output_like(k), _output_like(v)
     mask, s_mb = _mask_arg(key_valid, k)
+    dz = dz.contiguous()
     launch(state_bwd_kernel, (B * H, segments, splits),
-        k, v, mask, index if index is not None else k, dS.contiguous(), dz.contiguous(), dzv.contiguous(), dk, dv,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
+        k, v, mask, index if index is not None else k, dS.contiguous(), dz, dz if dzv is None else dzv.contiguous(),
+        dk, dv, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         H, length, D, segments, per, feature_eps,
-        FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, BLOCK_N=block_n,
-        BLOCK_D=block_d, **tile_args(k), num_warps=warps)
+        FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, HAS_DZV=dzv is not None,
+        EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k), num_warps=warps,
+        num_stages=pipeline_stages())
     return dk, dv
+
+
+def run_state_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                       index: Optional[torch.Tensor], dS: torch.Tensor, dz: torch.Tensor, dzv: torch.Tensor,
+                       feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`state_gradients` (the op's body)."""
+    return state_gradients(k, v, key_valid, index, dS, dz, dzv, feature, feature_eps)
 
 
 linear_state_backward = torch.library.custom_op("vitconvert::linear_state_backward", mutates_args=())(
@@ -156,7 +180,7 @@ def _output_like(q: torch.Tensor) -> torch.Tensor:
 def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
                    feature_eps: float, eps: float, normalise: bool) -> torch.Tensor:
     """o of every query from the state R (B, H, G, d, d) and r (B, H, G, d) of its segment (module docstring)."""
-    from .triton_kernels import readout_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+    from .split_kernels import readout_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q = unit_rows(q)
     B, H, N, D = q.shape
@@ -168,8 +192,8 @@ def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Option
         q, R.contiguous(), r.contiguous(), o, index if index is not None else q,
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
         H, length, D, segments, per, feature_eps, eps,
-        FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, BLOCK_N=block_n, BLOCK_D=block_d,
-        **tile_args(q), num_warps=warps)
+        FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, EVEN_D=D == block_d, BLOCK_N=block_n,
+        BLOCK_D=block_d, **tile_args(q), num_warps=warps, num_stages=pipeline_stages())
     return o
 
 
@@ -185,7 +209,7 @@ def run_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: t
                             index: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float,
                             normalise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq (q's dtype and :func:`_output_like`'s layout), dR and dr (float32) of :func:`linear_readout`."""
-    from .triton_kernels import readout_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+    from .split_kernels import readout_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q, o, do = unit_rows(q), unit_rows(o), unit_rows(do)
     B, H, N, D = q.shape
@@ -200,8 +224,8 @@ def run_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: t
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
         H, length, D, segments, splits, per, feature_eps, eps,
-        FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, BLOCK_N=block_n, BLOCK_D=block_d,
-        **tile_args(q), num_warps=warps)
+        FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, EVEN_D=_unmasked_chunks(D, block_d),
+        BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q), num_warps=warps, num_stages=pipeline_stages())
     return dq, _total(dR, B, H), _total(dr, B, H)
 
 

@@ -1,4 +1,6 @@
-"""Triton kernels of non-causal linear attention: state pass, read-out pass, and their backward passes.
+"""The pieces of the Triton kernels of non-causal linear attention (state pass, read-out pass, their backward
+passes), which :mod:`.split_kernels` (a program per token range) and :mod:`.head_kernels` (a program per head)
+put together.
 
 One shape serves ELU, ReLU, InLine and MHLA. Tokens fall into *segments* (all tokens for the kernel variants and
 InLine; MHLA's spatial blocks plus one prefix segment), each segment s gets a state over its keys
@@ -10,13 +12,15 @@ and each query of segment a reads a state R_a (made from the S_s by the caller, 
     normalised:  o_i = φ(q_i)ᵀ R_a / (φ(q_i)·r_a + ε)       (kernel attention, MHLA)
     affine:      o_i = q_iᵀ R_a + b_a                         (InLine)
 
-Every program owns one (batch·head, segment, token range) and walks its range in chunks of BLOCK_N tokens:
-loads are bf16/fp16 tiles, the feature map, the normaliser and the division stay in float32 registers, and the
-dots run on tensor cores with float32 accumulators on TILE operands: float32 as TF32 for half inputs (the
-kernels are bound by memory, not by the dots, and φ(k), the state R and φ(q) keep 3 more bits than in bf16,
-which the cancellation in φ(q)ᵀR needs), or float32 inputs as torch's TF32 switch says. Backward recomputes φ
-from q and k, so nothing N-sized beyond q, k, v and the output is kept. Partial states of a token range are
-written per program and summed by the caller (deterministic; no atomics).
+A program walks its tokens in chunks of BLOCK_N: loads are bf16/fp16 tiles, the feature map and the reciprocal of
+the normaliser stay in float32 registers, and the dots run on tensor cores with float32 accumulators on TILE
+operands: float32 as TF32 for half inputs (the kernels are bound by memory, not by the dots, and φ(k), the state
+R and φ(q) keep 3 more bits than in bf16, which the cancellation in φ(q)ᵀR needs), or float32 inputs as torch's
+TF32 switch says. Sums over a chunk's tokens that would otherwise be reduced across warps every chunk (ELU's z,
+the normaliser φ(q)·r) are dots on the operand already made (each φ made once), the others wait in registers until
+after the loop; whole chunks run without bounds masks (FULL). Backward recomputes φ from q and k, so nothing
+N-sized beyond q, k, v and the output is kept. The instructions each main loop costs:
+benchmarks/kernel_instructions.py.
 
 Under ``TRITON_INTERPRET=1`` (the CPU tests) the interpreter's dot of 16-bit tiles is wrong, so ``EMULATE``
 rounds the operands to their dtype and multiplies them in float32: the same products a tensor core forms.
@@ -28,6 +32,8 @@ import triton
 import triton.language as tl
 
 IDENTITY, ELU_PLUS_ONE, RELU, RELU_PLUS_EPS = 0, 1, 2, 3  # FEATURE: φ of each variant
+COLS = tl.constexpr(16)  # a tensor-core dot's least N: sums over tokens as dots with COLS columns of ones
+DOT_SUMS_MAX = tl.constexpr(64)  # head tiles up to this take those dots (at 128 ELU's forward spilled 478 on sm_90)
 
 
 @triton.jit
@@ -82,56 +88,151 @@ def _tokens(IDX, seg, L, end, start, BLOCK_N: tl.constexpr, HAS_INDEX: tl.conste
 
 
 @triton.jit
+def _full_end(begin, end, BLOCK_N: tl.constexpr):
+    """Where the whole chunks of ``begin..end`` end: they run without bounds masks (FULL), the rest, less than a
+    chunk, with them."""
+    return begin + (end - begin) // BLOCK_N * BLOCK_N
+
+
+@triton.jit
+def _load(base, tok, d, s_n, tile, FULL: tl.constexpr):
+    """A (tokens, head) tile as stored; ``tile``: which entries exist (FULL: all, no mask)."""
+    if FULL:
+        x = tl.load(base + tok[:, None] * s_n + d[None, :])
+    else:
+        x = tl.load(base + tok[:, None] * s_n + d[None, :], mask=tile, other=0.0)
+    return x
+
+
+@triton.jit
+def _store(base, tok, d, s_n, x, tile, FULL: tl.constexpr):
+    if FULL:
+        tl.store(base + tok[:, None] * s_n + d[None, :], x.to(base.dtype.element_ty))
+    else:
+        tl.store(base + tok[:, None] * s_n + d[None, :], x.to(base.dtype.element_ty), mask=tile)
+
+
+@triton.jit
 def _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, feature_eps,
-              FEATURE: tl.constexpr, HAS_MASK: tl.constexpr):
-    """One chunk of keys: (valid rows, valid tile, k in float32, v as stored, φ(k) zero outside the tile)."""
+              FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, FULL: tl.constexpr):
+    """One chunk of keys: (valid rows, valid tile, k in float32, v as stored, φ(k) zero outside the tile). FULL: a
+    whole chunk and head (no bounds masks; the key mask still zeroes its keys)."""
     ok = inside
     if HAS_MASK:
-        ok = ok & (tl.load(mask_row + tok, mask=inside, other=0) != 0)
+        if FULL:
+            ok = tl.load(mask_row + tok) != 0
+        else:
+            ok = ok & (tl.load(mask_row + tok, mask=inside, other=0) != 0)
     tile = ok[:, None] & d_ok[None, :]
-    k = tl.load(k_base + tok[:, None] * s_kn + d[None, :], mask=tile, other=0.0).to(tl.float32)
-    v = tl.load(v_base + tok[:, None] * s_vn + d[None, :], mask=tile, other=0.0)
-    return ok, tile, k, v, tl.where(tile, _phi(k, FEATURE, feature_eps), 0.0)
+    k = _load(k_base, tok, d, s_kn, tile, FULL and not HAS_MASK).to(tl.float32)
+    v = _load(v_base, tok, d, s_vn, tile, FULL and not HAS_MASK)
+    phi_k = _phi(k, FEATURE, feature_eps)
+    if not FULL or HAS_MASK:
+        phi_k = tl.where(tile, phi_k, 0.0)
+    return ok, tile, k, v, phi_k
 
 
 @triton.jit
-def _add_to_state(acc, z, zv, phi_k, v, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """S += φ(k)ᵀ v, z += Σ φ(k), zv += Σ v over one chunk."""
-    acc += _dot(tl.trans(phi_k.to(TILE)), v.to(TILE), PRECISION, EMULATE)
-    return acc, z + tl.sum(phi_k, axis=0), zv + tl.sum(v.to(tl.float32), axis=0)
+def _add_to_state(acc, z_cols, z_rows, zv_rows, phi_k, v, FEATURE: tl.constexpr, SUM_V: tl.constexpr,
+                  TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """S += φ(k)ᵀ v over one chunk, and z += φ(k), zv += v (SUM_V) without a reduction across warps per chunk:
+    elu + 1's z as a dot on S's operand (``z_cols``: (d, :data:`COLS`), each column z), so its exp runs once, in the
+    dot's layout (summed in registers, Triton made φ(k) a second time in theirs); the others' in registers, token
+    rows summed after the loop (``z_rows``, ``zv_rows``; fewer instructions than the dot: kernel_instructions.py).
+    Row sums of one row are summed per chunk instead: 32 registers fewer each (the one-launch backward's)."""
+    phi_t = tl.trans(phi_k.to(TILE))
+    acc += _dot(phi_t, v.to(TILE), PRECISION, EMULATE)
+    if FEATURE == 1 and phi_k.shape[1] <= DOT_SUMS_MAX:
+        z_cols += _dot(phi_t, tl.full((phi_k.shape[0], COLS), 1.0, tl.float32).to(TILE), PRECISION, EMULATE)
+    elif z_rows.shape[0] == 1:
+        z_rows += tl.sum(phi_k, axis=0, keep_dims=True)
+    else:
+        z_rows += phi_k
+    if SUM_V and zv_rows.shape[0] == 1:
+        zv_rows += tl.sum(v.to(tl.float32), axis=0, keep_dims=True)
+    elif SUM_V:
+        zv_rows += v.to(tl.float32)
+    return acc, z_cols, z_rows, zv_rows
 
 
 @triton.jit
-def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, feature_eps, eps, FEATURE: tl.constexpr,
-              NORMALISE: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """One chunk of queries: o = φ(q) R / (φ(q)·r + ε), or q R + r (affine), stored in o's dtype."""
-    q = tl.load(q_base + tok[:, None] * s_qn + d[None, :], mask=tile, other=0.0)
-    phi_q = tl.where(tile, _phi(q.to(tl.float32), FEATURE, feature_eps), 0.0)
+def _key_sums(z_cols, z_rows, FEATURE: tl.constexpr):
+    """z from :func:`_add_to_state`'s sums, after the loop."""
+    if FEATURE == 1 and z_cols.shape[0] <= DOT_SUMS_MAX:
+        z = tl.max(z_cols, axis=1)  # (every column is z: max picks it exactly)
+    else:
+        z = tl.sum(z_rows, axis=0)
+    return z
+
+
+@triton.jit
+def _state_step(k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn, s_vn, feature_eps, acc, z_cols,
+                z_rows, zv_rows, FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr,
+                SUM_V: tl.constexpr, FULL: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
+                PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """One chunk of the state pass (:func:`_add_to_state` of :func:`_key_tile`); also its valid keys."""
+    tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
+    ok, _, _, v, phi_k = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, feature_eps, FEATURE,
+                                   HAS_MASK, FULL)
+    acc, z_cols, z_rows, zv_rows = _add_to_state(acc, z_cols, z_rows, zv_rows, phi_k, v, FEATURE, SUM_V, TILE,
+                                                 PRECISION, EMULATE)
+    return acc, z_cols, z_rows, zv_rows, ok
+
+
+@triton.jit
+def _row_dot(x, cols, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """x @ r per row of the tile ``x`` as a tensor-core dot on x, the operand of the read-out's dot (``cols``: r
+    in :data:`COLS` equal columns, the tile's dtype): no reduction across threads, and φ(q) made once."""
+    return tl.max(_dot(x, cols, PRECISION, EMULATE), axis=1)
+
+
+@triton.jit
+def _columns(r, TILE: tl.constexpr):
+    """r (d,) as :data:`COLS` equal columns in the tile dtype: :func:`_row_dot`'s operand."""
+    return (r[:, None] + tl.zeros((r.shape[0], COLS), dtype=tl.float32)).to(TILE)
+
+
+@triton.jit
+def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps, eps,
+              FEATURE: tl.constexpr, NORMALISE: tl.constexpr, FULL: tl.constexpr, TILE: tl.constexpr,
+              PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """One chunk of queries: o = φ(q) R / (φ(q)·r + ε), or q R + r (affine), stored in o's dtype (one reciprocal
+    of the denominator per query, not a division per entry; ``rz_cols``: r as :func:`_row_dot` takes it)."""
+    q = _load(q_base, tok, d, s_qn, tile, FULL)
+    phi_q = _phi(q.to(tl.float32), FEATURE, feature_eps)
+    if not FULL:
+        phi_q = tl.where(tile, phi_q, 0.0)
     num = _dot(phi_q.to(TILE), r_tile, PRECISION, EMULATE)
     if NORMALISE:
-        o = num / (tl.sum(phi_q * rz[None, :], axis=1) + eps)[:, None]
+        if phi_q.shape[1] <= DOT_SUMS_MAX:
+            den = _row_dot(phi_q.to(TILE), rz_cols, PRECISION, EMULATE)
+        else:
+            den = tl.sum(phi_q * rz[None, :], axis=1)
+        o = num * (1.0 / (den + eps))[:, None]
     else:
         o = num + rz[None, :]
-    tl.store(o_base + tok[:, None] * s_on + d[None, :], o.to(o_base.dtype.element_ty), mask=tile)
+    _store(o_base, tok, d, s_on, o, tile, FULL)
 
 
 @triton.jit
 def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on, s_gn, s_dqn, r_t, rz, dr, drz,
-                       feature_eps, eps, FEATURE: tl.constexpr, NORMALISE: tl.constexpr, TILE: tl.constexpr,
-                       PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+                       feature_eps, eps, FEATURE: tl.constexpr, NORMALISE: tl.constexpr, FULL: tl.constexpr,
+                       TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
     """One chunk of queries of the read-out's backward: dq stored, (dR, dr) summed on (``r_t``: Rᵀ as a tile).
 
     normalised: dnum = do/den, dden = −(do·o)/den, dφq = dnum Rᵀ + dden r, dR = Σ φqᵀ dnum, dr = Σ φq dden.
     affine: dq = do Rᵀ, dR = Σ qᵀ do, db = Σ do.
     """
-    q = tl.load(q_base + tok[:, None] * s_qn + d[None, :], mask=tile, other=0.0).to(tl.float32)
-    g = tl.load(g_base + tok[:, None] * s_gn + d[None, :], mask=tile, other=0.0).to(tl.float32)
-    phi_q = tl.where(tile, _phi(q, FEATURE, feature_eps), 0.0)
+    q = _load(q_base, tok, d, s_qn, tile, FULL).to(tl.float32)
+    g = _load(g_base, tok, d, s_gn, tile, FULL).to(tl.float32)
+    phi_q = _phi(q, FEATURE, feature_eps)
+    if not FULL:
+        phi_q = tl.where(tile, phi_q, 0.0)
     if NORMALISE:
-        o = tl.load(o_base + tok[:, None] * s_on + d[None, :], mask=tile, other=0.0).to(tl.float32)
-        den = tl.sum(phi_q * rz[None, :], axis=1) + eps
-        dnum = g / den[:, None]
-        dden = -tl.sum(g * o, axis=1) / den
+        o = _load(o_base, tok, d, s_on, tile, FULL).to(tl.float32)
+        inv_den = 1.0 / (tl.sum(phi_q * rz[None, :], axis=1) + eps)
+        dnum = g * inv_den[:, None]
+        dden = -tl.sum(g * o, axis=1) * inv_den
         dphi = _dot(dnum.to(TILE), r_t, PRECISION, EMULATE) + dden[:, None] * rz[None, :]
         dr += _dot(tl.trans(phi_q.to(TILE)), dnum.to(TILE), PRECISION, EMULATE)
         drz += tl.sum(phi_q * dden[:, None], axis=0)
@@ -139,25 +240,30 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
         dphi = _dot(g.to(TILE), r_t, PRECISION, EMULATE)
         dr += _dot(tl.trans(phi_q.to(TILE)), g.to(TILE), PRECISION, EMULATE)
         drz += tl.sum(g, axis=0)
-    dq = dphi * _phi_grad(q, FEATURE)
-    tl.store(dq_base + tok[:, None] * s_dqn + d[None, :], dq.to(dq_base.dtype.element_ty), mask=tile)
+    _store(dq_base, tok, d, s_dqn, dphi * _phi_grad(q, FEATURE), tile, FULL)
     return dr, drz
 
 
 @triton.jit
 def _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn, s_dvn,
                     ds_t, ds_tile, dz, dzv, feature_eps, FEATURE: tl.constexpr, HAS_MASK: tl.constexpr,
-                    TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+                    HAS_DZV: tl.constexpr, FULL: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+                    EMULATE: tl.constexpr):
     """One chunk of keys of the state's backward, dk and dv stored: dφk_j = m_j (dS v_j + dz),
-    dv_j = m_j (dSᵀ φk_j + dzv), dk = dφk ⊙ φ'(k) (``ds_t``, ``ds_tile``: dSᵀ and dS as tiles)."""
+    dv_j = m_j (dSᵀ φk_j + dzv), dk = dφk ⊙ φ'(k) (``ds_t``, ``ds_tile``: dSᵀ and dS as tiles; HAS_DZV: dzv is not
+    zero)."""
     _, tile, k, v, phi_k = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, feature_eps,
-                                     FEATURE, HAS_MASK)
-    dphi = _dot(v.to(TILE), ds_t, PRECISION, EMULATE) + dz[None, :]
-    dk = tl.where(tile, dphi * _phi_grad(k, FEATURE), 0.0)
-    dv = tl.where(tile, _dot(phi_k.to(TILE), ds_tile, PRECISION, EMULATE) + dzv[None, :], 0.0)
+                                     FEATURE, HAS_MASK, FULL)
+    dk = (_dot(v.to(TILE), ds_t, PRECISION, EMULATE) + dz[None, :]) * _phi_grad(k, FEATURE)
+    dv = _dot(phi_k.to(TILE), ds_tile, PRECISION, EMULATE)
+    if HAS_DZV:
+        dv += dzv[None, :]
+    if HAS_MASK or not FULL:
+        dk = tl.where(tile, dk, 0.0)
+        dv = tl.where(tile, dv, 0.0)
     store = inside[:, None] & d_ok[None, :]  # masked keys get a zero gradient, written
-    tl.store(dk_base + tok[:, None] * s_dkn + d[None, :], dk.to(dk_base.dtype.element_ty), mask=store)
-    tl.store(dv_base + tok[:, None] * s_dvn + d[None, :], dv.to(dv_base.dtype.element_ty), mask=store)
+    _store(dk_base, tok, d, s_dkn, dk, store, FULL)
+    _store(dv_base, tok, d, s_dvn, dv, store, FULL)
 
 
 @triton.jit
@@ -180,127 +286,3 @@ def _load_row(P, which, d, d_ok, D):
 @triton.jit
 def _store_row(P, which, x, d, d_ok, D):
     tl.store(P + which * D + d, x, mask=d_ok)
-
-
-@triton.jit
-def state_fwd_kernel(
-    K, V, MASK, IDX, S, Z, ZV,
-    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb,
-    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps,
-    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    EMULATE: tl.constexpr,
-):
-    """Partial S, z, zv of one (batch·head, segment, token range): S/Z/ZV are (BH, SEGMENTS, SPLITS, D[, D]) float32."""
-    bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b, h = bh // H, bh % H
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
-    k_base, v_base = K + b * s_kb + h * s_kh, V + b * s_vb + h * s_vh
-    acc = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
-    z = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    zv = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    begin = split * tokens_per_split
-    end = tl.minimum(begin + tokens_per_split, L)
-    for start in range(begin, end, BLOCK_N):
-        tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-        _, _, _, v, phi_k = _key_tile(k_base, v_base, MASK + b * s_mb, tok, inside, d, d_ok, s_kn, s_vn,
-                                      feature_eps, FEATURE, HAS_MASK)
-        acc, z, zv = _add_to_state(acc, z, zv, phi_k, v, TILE, PRECISION, EMULATE)
-    out = (bh * SEGMENTS + seg) * SPLITS + split
-    _store_square(S, out, acc, d, d_ok, D)
-    _store_row(Z, out, z, d, d_ok, D)
-    _store_row(ZV, out, zv, d, d_ok, D)
-
-
-@triton.jit
-def readout_fwd_kernel(
-    Q, R, RZ, O, IDX,
-    s_qb, s_qh, s_qn, s_ob, s_oh, s_on,
-    H, L, D, SEGMENTS, tokens_per_split, feature_eps, eps,
-    FEATURE: tl.constexpr, NORMALISE: tl.constexpr, HAS_INDEX: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    EMULATE: tl.constexpr,
-):
-    """o = φ(q) R / (φ(q)·r + ε), or q R + r (affine), for the queries of one (batch·head, segment, range).
-
-    R is (BH, SEGMENTS, D, D) float32, RZ (BH, SEGMENTS, D): the normaliser r or the bias.
-    """
-    bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b, h = bh // H, bh % H
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
-    which = bh * SEGMENTS + seg
-    r_tile = _load_square(R, which, d, d_ok, D).to(TILE)
-    rz = _load_row(RZ, which, d, d_ok, D)
-    q_base, o_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh
-    begin = split * tokens_per_split
-    end = tl.minimum(begin + tokens_per_split, L)
-    for start in range(begin, end, BLOCK_N):
-        tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-        _read_out(q_base, o_base, tok, ok[:, None] & d_ok[None, :], d, s_qn, s_on, r_tile, rz, feature_eps, eps,
-                  FEATURE, NORMALISE, TILE, PRECISION, EMULATE)
-
-
-@triton.jit
-def readout_bwd_kernel(
-    Q, R, RZ, O, DO, DQ, DR, DRZ, IDX,
-    s_qb, s_qh, s_qn, s_ob, s_oh, s_on, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
-    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, eps,
-    FEATURE: tl.constexpr, NORMALISE: tl.constexpr, HAS_INDEX: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    EMULATE: tl.constexpr,
-):
-    """dq of each query, and partial dR, dr of the range (the read-out recomputed from q; o is the saved output;
-    :func:`_read_out_backward`)."""
-    bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b, h = bh // H, bh % H
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
-    which = bh * SEGMENTS + seg
-    r_t = tl.trans(_load_square(R, which, d, d_ok, D)).to(TILE)
-    rz = _load_row(RZ, which, d, d_ok, D)
-    dr = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
-    drz = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    q_base, o_base, g_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh, DO + b * s_gb + h * s_gh
-    dq_base = DQ + b * s_dqb + h * s_dqh
-    begin = split * tokens_per_split
-    end = tl.minimum(begin + tokens_per_split, L)
-    for start in range(begin, end, BLOCK_N):
-        tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-        dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None] & d_ok[None, :], d, s_qn,
-                                     s_on, s_gn, s_dqn, r_t, rz, dr, drz, feature_eps, eps, FEATURE, NORMALISE, TILE,
-                                     PRECISION, EMULATE)
-    out = which * SPLITS + split
-    _store_square(DR, out, dr, d, d_ok, D)
-    _store_row(DRZ, out, drz, d, d_ok, D)
-
-
-@triton.jit
-def state_bwd_kernel(
-    K, V, MASK, IDX, DS, DZ, DZV, DK, DV,
-    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
-    H, L, D, SEGMENTS, tokens_per_split, feature_eps,
-    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    EMULATE: tl.constexpr,
-):
-    """dk, dv of the keys of one (batch·head, segment, range) from dS, dz, dzv of their segment
-    (:func:`_state_backward`)."""
-    bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b, h = bh // H, bh % H
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
-    which = bh * SEGMENTS + seg
-    ds = _load_square(DS, which, d, d_ok, D)
-    ds_t, ds_tile = tl.trans(ds).to(TILE), ds.to(TILE)
-    dz = _load_row(DZ, which, d, d_ok, D)
-    dzv = _load_row(DZV, which, d, d_ok, D)
-    k_base, v_base = K + b * s_kb + h * s_kh, V + b * s_vb + h * s_vh
-    dk_base, dv_base = DK + b * s_dkb + h * s_dkh, DV + b * s_dvb + h * s_dvh
-    begin = split * tokens_per_split
-    end = tl.minimum(begin + tokens_per_split, L)
-    for start in range(begin, end, BLOCK_N):
-        tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-        _state_backward(k_base, v_base, dk_base, dv_base, MASK + b * s_mb, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
-                        s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, TILE, PRECISION, EMULATE)
