@@ -13,8 +13,8 @@ limit keeps everything before that point. Sections, in order:
            time shows when it is the bottleneck), ``gpu_ms`` (the same call captured once in a CUDA graph and
            replayed: the GPU's own time), ``host_us`` (Python's time to issue one call), the least bytes the op
            must move and the share of the ceiling that is;
-  tiles    ELU at 4097 tokens under each BLOCK_N × num_warps (``VITCONVERT_FUSED_CONFIG``): the launch settings'
-           rows, which registers alone chose so far;
+  tiles    ELU at 4097 tokens under each BLOCK_N × num_warps, and two pipeline depths (``VITCONVERT_FUSED_CONFIG``
+           = BLOCK_N,num_warps[,num_stages]): the launch settings' rows, which registers alone chose so far;
   top      torch.profiler over one forward+backward of each mixer at 4097 tokens: its eight most expensive
            kernels (device time on a GPU, CPU time on a CPU).
 On a CPU the same code runs eager (no graphs, no kernels, wall clock): it checks the script, not the GPU.
@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import environment, first_line, mixer_step, token_mixers  # noqa: E402
 
-from vitconvert.attention import dispatch  # noqa: E402
+from vitconvert.attention import settings  # noqa: E402
 
 SECTIONS = ("ceiling", "layers", "tiles", "top")
 Step = Callable[[], None]
@@ -200,15 +200,15 @@ def qkv(batch: int, heads: int, tokens: int, d: int, device: torch.device) -> tu
 
 @contextmanager
 def launch_setting(value: str) -> Iterator[None]:
-    before = os.environ.get(dispatch.CONFIG_ENV)
-    os.environ[dispatch.CONFIG_ENV] = value
+    before = os.environ.get(settings.CONFIG_ENV)
+    os.environ[settings.CONFIG_ENV] = value
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(dispatch.CONFIG_ENV, None)
+            os.environ.pop(settings.CONFIG_ENV, None)
         else:
-            os.environ[dispatch.CONFIG_ENV] = before
+            os.environ[settings.CONFIG_ENV] = before
 
 
 def tiles(probe: Probe, plan: Plan, ceiling_gb_s: Optional[float]) -> None:
@@ -276,7 +276,8 @@ class Plan:
             repeats, top
 
 
-SETTINGS = tuple(f"{n},{w}" for n in dispatch.CONFIG_BLOCK_NS for w in (4, 8))
+# BLOCK_N × num_warps at Triton's default stages, then the pipeline depth at one of them
+SETTINGS = (*(f"{n},{w}" for n in settings.CONFIG_BLOCK_NS for w in (4, 8)), "64,4,2", "64,4,4")
 FULL = Plan(16, 6, 64, (197, 1025, 4097, 16385), (256, 197), 4097, SETTINGS, 128 * 2**20, 20, 8)
 QUICK = Plan(2, 2, 16, (17, 65), (4, 17), 65, ("16,4", "32,8"), 2**16, 2, 5)
 
