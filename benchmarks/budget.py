@@ -1,0 +1,253 @@
+"""Accuracy against the epoch budget, per distillation schedule: how many epochs does a conversion need?
+
+For each variant, schedule, epoch budget, seed and regime (same task / transfer, as benchmarks/reproduce.py
+defines them), convert the digits teacher with the default recipe (MLPs copied, attention Mimetic), distil it
+with the quickstart recipe plus the schedule's overrides, and record its final val top-1. Then write a table
+(variant × budget, per schedule and regime) into docs/results.md between the ``budget`` markers and a plot of
+accuracy against budget into docs/results-budget.png. (No softmax ceiling yet: ``distill`` refuses a student
+without linear attention, so the re-headed teacher cannot be fine-tuned through the same path.)
+
+    python benchmarks/budget.py                                   # paper + fast, 1-20 epochs, 3 seeds
+    python benchmarks/budget.py --schedules paper,tf-stage --epochs 1,2 --seeds 0 --variants elu,mhla
+    python benchmarks/budget.py --report-only
+
+Runs go one at a time (the machine is shared) and are appended to benchmarks/results/budget.jsonl as they
+finish; a rerun skips the runs already recorded, so an interrupted sweep continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reproduce import (  # noqa: E402  (a sibling script, not a package)
+    DOC,
+    OPTIONS,
+    REGIMES,
+    ROOT,
+    TARGET_CLASSES,
+    VARIANTS,
+    prepare_transfer,
+    teacher_top1,
+)
+
+RESULTS = ROOT / "benchmarks" / "results" / "budget.jsonl"
+PLOT = ROOT / "docs" / "results-budget.png"
+BEGIN, END = "<!-- budget:begin -->", "<!-- budget:end -->"
+Overrides = dict[str, Any]
+
+
+def _attn_stage(epochs: int) -> Overrides:
+    """Teacher-forced attention transfer for the first fifth of the budget (at least one epoch), then
+    end-to-end; a 1-epoch budget has no room for two stages, so it trains jointly on teacher-forced targets."""
+    if epochs < 2:
+        return {"attn_target": "teacher-forced"}
+    return {"attn_target": "teacher-forced", "stages": f"attn:{max(1, epochs // 5)},finetune"}
+
+
+def _kd(regime: str) -> Overrides:
+    """Logit KD needs the teacher's classes: same task only (a transfer student is re-headed)."""
+    return {"kd_weight": 1.0} if regime == "same" else {}
+
+
+# name -> (description, overrides for an epoch budget and a regime); "paper" is quickstart as shipped
+SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
+    "paper": ("quickstart as shipped: joint, attention MSE on own inputs", lambda e, r: {}),
+    "tf": ("joint, attention MSE on teacher-forced inputs", lambda e, r: {"attn_target": "teacher-forced"}),
+    "tf-stage": ("teacher-forced attention stage (epochs // 5, at least 1), then end-to-end",
+                 lambda e, r: _attn_stage(e)),
+    "lr10": ("joint, fresh parameters at 10× lr", lambda e, r: {"new_params": {"lr_scale": 10}}),
+    "kd": ("joint + logit KD (same task only)", lambda e, r: _kd(r)),
+    "lr10-kd": ("fresh parameters at 10× lr + logit KD (same task only)",
+                lambda e, r: {"new_params": {"lr_scale": 10}, **_kd(r)}),
+    "fast": ("teacher-forced attention stage, fresh parameters at 10× lr, logit KD (same task only)",
+             lambda e, r: {**_attn_stage(e), "new_params": {"lr_scale": 10}, **_kd(r)}),
+}
+
+
+def run_one(variant: str, schedule: str, epochs: int, seed: int, regime: str) -> dict[str, Any]:
+    """convert (default recipe) -> save -> distill with the schedule's overrides -> final val top-1."""
+    import torch
+
+    from vitconvert import convert, save
+    from vitconvert.distill import distill
+    from vitconvert.sources import load_source
+
+    spec, extra, heads = "digits", {}, None
+    if regime == "transfer":
+        source, target = prepare_transfer()
+        spec, extra, heads = str(source), {"data": str(target), "img_size": None}, len(TARGET_CLASSES)
+    teacher = load_source(spec).model
+    overrides = {"epochs": epochs, "seed": seed, **extra, **SCHEDULES[schedule][1](epochs, regime)}
+    student, _ = convert(teacher, to=variant, seed=seed, options=OPTIONS.get(variant), source=spec,
+                         num_classes=heads)
+    torch.manual_seed(seed)
+    work = Path(tempfile.mkdtemp(prefix=f"budget-{variant}-{schedule}-{epochs}-{seed}-"))
+    try:
+        start = save(student, work / "init", pretrained=True)
+        result = distill(start, work / "run", recipe="quickstart", overrides=overrides, show=False, device="cpu")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"variant": variant, "schedule": schedule, "epochs": epochs, "seed": seed, "regime": regime,
+            "overrides": overrides, "top1": result.metrics["top1"], "loss": result.metrics["loss"],
+            "seconds": round(result.seconds, 2)}
+
+
+def read_records(results: Path = RESULTS) -> list[dict[str, Any]]:
+    if not results.is_file():
+        return []
+    return [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+
+
+def _key(r: dict[str, Any]) -> tuple:
+    return r["variant"], r["schedule"], r["epochs"], r["seed"], r["regime"]
+
+
+def planned(variants: list[str], schedules: list[str], budgets: list[int], seeds: list[int],
+            regimes: list[str]) -> list[tuple]:
+    """Every run to make, in order: regime, budget, variant, schedule, seed."""
+    return [(v, s, e, seed, r) for r in regimes for e in budgets for v in variants for s in schedules for seed in seeds]
+
+
+def run_all(runs: list[tuple], results: Path = RESULTS) -> None:
+    done = {_key(r) for r in read_records(results)}
+    todo = [r for r in runs if r not in done]
+    print(f"{len(todo)} runs to do ({len(runs) - len(todo)} already recorded), one at a time", flush=True)
+    if any(r[4] == "transfer" for r in todo):
+        prepare_transfer()
+    results.parent.mkdir(parents=True, exist_ok=True)
+    for i, args in enumerate(todo, 1):
+        record = run_one(*args)
+        with results.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(f"[{i}/{len(todo)}] {args[4]:8s} {args[0]:7s} {args[1]:9s} {args[2]:2d} ep seed {args[3]}: "
+              f"top-1 {100 * record['top1']:.2f}% ({record['seconds']:.0f}s)", flush=True)
+
+
+# -- the report --------------------------------------------------------------------------------------
+def summarise(records: list[dict[str, Any]]) -> dict[tuple, tuple[float, float, int]]:
+    """(regime, schedule, variant, epochs) -> (mean, sample std, runs) of top-1 in percent."""
+    groups: dict[tuple, list[float]] = {}
+    for r in records:
+        groups.setdefault((r["regime"], r["schedule"], r["variant"], r["epochs"]), []).append(100 * r["top1"])
+    return {k: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)) for k, v in groups.items()}
+
+
+def _cell(stat: tuple[float, float, int] | None) -> str:
+    if not stat:
+        return "–"
+    mean, std, n = stat
+    return f"{mean:.1f} ± {std:.1f} ({n})" if n > 1 else f"{mean:.1f} (1)"
+
+
+def markdown_tables(stats: dict) -> str:
+    """One table per regime: a row per (schedule, variant), a column per epoch budget."""
+    out = []
+    for regime in REGIMES:
+        keys = [k for k in stats if k[0] == regime]
+        if not keys:
+            continue
+        budgets = sorted({k[3] for k in keys})
+        rows = sorted({(k[1], k[2]) for k in keys},
+                      key=lambda sv: (list(SCHEDULES).index(sv[0]), sv[1]))
+        out += [f"**{'same task (digits 0-9)' if regime == 'same' else 'transfer (source 0-4 → target 5-9)'}**",
+                "", "| schedule | variant | " + " | ".join(f"{e} ep" for e in budgets) + " |",
+                "|---|---|" + "---:|" * len(budgets)]
+        for schedule, variant in rows:
+            cells = [_cell(stats.get((regime, schedule, variant, e))) for e in budgets]
+            out.append(f"| {schedule} | {variant} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(stats: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regimes = [r for r in REGIMES if any(k[0] == r for k in stats)]
+    fig, axes = plt.subplots(1, len(regimes), figsize=(6 * len(regimes), 4.5), squeeze=False)
+    colors = dict(zip(VARIANTS, plt.get_cmap("tab10").colors, strict=False))
+    styles = dict(zip(SCHEDULES, ["-", "--", ":", "-.", (0, (1, 3)), (0, (5, 1)), (0, (3, 1, 1, 1))], strict=True))
+    for ax, regime in zip(axes[0], regimes, strict=True):
+        for schedule, variant in sorted({(k[1], k[2]) for k in stats if k[0] == regime}):
+            points = sorted((k[3], v[0], v[1]) for k, v in stats.items() if k[:3] == (regime, schedule, variant))
+            xs, ys, es = zip(*points, strict=True)
+            ax.errorbar(xs, ys, yerr=es, color=colors.get(variant, "black"), linestyle=styles[schedule],
+                        marker="o", markersize=3, capsize=2, label=f"{variant} · {schedule}")
+        if regime == "same":
+            ax.axhline(teacher_top1("same"), color="black", linewidth=1, linestyle="--", label="softmax teacher")
+        ax.set_xscale("log")
+        ax.set_title("same task" if regime == "same" else "transfer (target 5-9)")
+        ax.set_xlabel("epoch budget")
+        ax.set_ylabel("val top-1 (%)")
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(results: Path = RESULTS, doc: Path = DOC) -> None:
+    """The tables into ``doc`` between the budget markers, the plot beside it (results-budget.png)."""
+    records = read_records(results)
+    if not records:
+        raise SystemExit(f"no recorded runs in {results}")
+    figure = doc.with_name(PLOT.name)
+    stats = summarise(records)
+    plot(stats, figure)
+    legend = "\n".join(f"- `{name}`: {desc}" for name, (desc, _) in SCHEDULES.items()
+                       if any(k[1] == name for k in stats))
+    minutes = sum(r["seconds"] for r in records) / 60
+    block = "\n".join([
+        BEGIN,
+        f"Final val top-1 (%), mean ± std (runs) per epoch budget; default convert (MLPs copied, attention "
+        f"Mimetic), recipe `quickstart` plus the schedule's overrides; {len(records)} runs, {minutes:.0f} min "
+        "of training. Written by `python benchmarks/budget.py` (the runs: benchmarks/results/budget.jsonl).",
+        "", legend, "", markdown_tables(stats), f"![val top-1 against epoch budget]({figure.name})", END,
+    ])
+    text = doc.read_text() if doc.is_file() else "# Results\n"
+    if BEGIN not in text or END not in text:
+        text = text.rstrip() + f"\n\n{BEGIN}\n{END}\n"
+    before, rest = text.split(BEGIN, 1)
+    doc.write_text(before + block + rest.split(END, 1)[1])
+    print(f"wrote {doc} and {figure}")
+
+
+def _list(text: str, kind: Callable[[str], Any] = str) -> list:
+    return [kind(x) for x in text.split(",") if x]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--schedules", default="paper,fast", help=f"from {', '.join(SCHEDULES)}")
+    parser.add_argument("--epochs", default="1,2,5,10,20", help="the epoch budgets")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--regimes", default=",".join(REGIMES))
+    parser.add_argument("--report-only", action="store_true", help="only rebuild docs/results.md and the plot")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the JSONL of runs (read and appended)")
+    parser.add_argument("--doc", type=Path, default=DOC, help="the markdown file the tables go into")
+    args = parser.parse_args()
+    schedules, regimes = _list(args.schedules), _list(args.regimes)
+    for name, allowed in (("schedule", SCHEDULES), ("regime", REGIMES), ("variant", VARIANTS)):
+        bad = [x for x in {"schedule": schedules, "regime": regimes, "variant": _list(args.variants)}[name]
+               if x not in allowed]
+        if bad:
+            raise SystemExit(f"error: unknown {name} {', '.join(bad)} (choose from {', '.join(allowed)})")
+    if not args.report_only:
+        runs = planned(_list(args.variants), schedules, _list(args.epochs, int), _list(args.seeds, int), regimes)
+        run_all(runs, args.results)
+    write_report(args.results, args.doc)
+
+
+if __name__ == "__main__":
+    main()

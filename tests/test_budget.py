@@ -1,0 +1,44 @@
+"""benchmarks/budget.py end to end (a real process): one variant, one 1-epoch budget, one seed on the digits;
+the run is recorded, a rerun skips it, and the table lands between the budget markers without touching the rest."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "budget.py"
+
+
+def budget(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, str(SCRIPT), "--variants", "relu", "--schedules", "paper", "--epochs", "1", "--seeds", "0",
+            "--regimes", "same", "--results", str(tmp_path / "budget.jsonl"), "--doc", str(tmp_path / "results.md"),
+            *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=900)
+
+
+def test_one_run_is_recorded_reported_and_not_repeated(tmp_path):
+    (tmp_path / "results.md").write_text("# Results\n\nprose above\n")
+    done = budget(tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    [record] = [json.loads(line) for line in (tmp_path / "budget.jsonl").read_text().splitlines()]
+    assert (record["variant"], record["schedule"], record["epochs"], record["seed"], record["regime"]) == (
+        "relu", "paper", 1, 0, "same")
+    assert 0.0 <= record["top1"] <= 1.0 and record["seconds"] > 0
+    text = (tmp_path / "results.md").read_text()
+    assert text.startswith("# Results\n\nprose above\n")
+    block = text.split("<!-- budget:begin -->", 1)[1].split("<!-- budget:end -->", 1)[0]
+    assert f"| paper | relu | {100 * record['top1']:.1f} (1) |" in block
+    assert (tmp_path / "results-budget.png").stat().st_size > 0
+
+    again = budget(tmp_path)  # resumable: the recorded run is skipped, the report rewritten in place
+    assert again.returncode == 0 and "0 runs to do (1 already recorded)" in again.stdout
+    assert len((tmp_path / "budget.jsonl").read_text().splitlines()) == 1
+    assert (tmp_path / "results.md").read_text().count("<!-- budget:begin -->") == 1
+
+
+def test_an_unknown_schedule_is_one_line_and_exit_nonzero(tmp_path):
+    done = budget(tmp_path, "--schedules", "warp")
+    assert done.returncode != 0 and "unknown schedule warp" in done.stderr
+    assert not (tmp_path / "budget.jsonl").exists()
