@@ -280,17 +280,22 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
                           ("need more shared memory than a block may have", misfits, rows)):
         lines.append(f"{len(bad)} of {len(of)} builds {what}" + (
             ": " + ", ".join(sorted({f'{r["kernel"]} (d {r["head_dim"]})' for r in bad})) if bad else ""))
-    for place in dict.fromkeys((r["head_dim"], r["op"], r["kernel"]) for r in misfits):
-        fitting = [r for r in ran if (r["head_dim"], r["op"], r["kernel"]) == place]
-        where = f"{place[2]} (d {place[0]}, {place[1]})"
-        if fitting:
-            lines.append(f"runs lean: {where} on {fitting[-1]['tile']} tiles, BLOCK_N {fitting[-1]['BLOCK_N']}")
-        elif any(r["op_eager"] for r in rows if (r["head_dim"], r["op"]) == place[:2]):
-            lines.append(f"fits no settings: {where}; that op runs its eager form on this GPU")
-        else:
-            lines.append(f"fits no settings: {where}; that op launches other kernels instead")
+    lines += [misfit_line(place, ran, rows) for place in dict.fromkeys((r["head_dim"], r["op"], r["kernel"])
+                                                                       for r in misfits)]
     lines += [f"not built: {r['kernel']} (d {r['head_dim']}, {r['op']}): {r['error']}" for r in rows if "error" in r]
     return lines
+
+
+def misfit_line(place: tuple[int, str, str], ran: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+    """What happens to a kernel whose call site's settings did not fit: the leaner ones it ran on, or its op's
+    fallback."""
+    fitting = [r for r in ran if (r["head_dim"], r["op"], r["kernel"]) == place]
+    where = f"{place[2]} (d {place[0]}, {place[1]})"
+    if fitting:
+        return f"runs lean: {where} on {fitting[-1]['tile']} tiles, BLOCK_N {fitting[-1]['BLOCK_N']}"
+    if any(r["op_eager"] for r in rows if (r["head_dim"], r["op"]) == place[:2]):
+        return f"fits no settings: {where}; that op runs its eager form on this GPU"
+    return f"fits no settings: {where}; that op launches other kernels instead"
 
 
 def parse_dims(text: str) -> list[int]:
@@ -319,7 +324,7 @@ def cross_build_error(arch: Optional[str]) -> Optional[str]:
     return f"--arch: missing {', '.join(map(str, missing))}" if missing else None
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head-dims", default=None, help="comma-separated (default 64,128 on a GPU or with --arch, "
                                                           "32 in the interpreter)")
@@ -331,28 +336,40 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="the inputs' (default bfloat16, as autocast hands them over)")
     parser.add_argument("--ops", default=None, help=f"comma-separated, of: {', '.join(OPS)} (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    args = parser.parse_args(argv)
-    dtype = getattr(torch, args.dtype)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.arch is None else "cpu")
+    return parser
+
+
+def argument_error(args: argparse.Namespace, device: torch.device) -> Optional[str]:
+    """The one line that stops the run before any build (after ``error: ``), or None."""
     try:
-        dims = parse_dims(args.head_dims or ("32" if device.type == "cpu" and args.arch is None else "64,128"))
+        parse_dims(args.head_dims or "32")
     except ValueError as e:
-        print(f"error: --head-dims: {e}", file=sys.stderr)
-        return 2
-    ops = None if args.ops is None else tuple(op.strip() for op in args.ops.split(",") if op.strip())
+        return f"--head-dims: {e}"
+    ops = selected_ops(args.ops)
     if ops is not None and (not ops or set(ops) - set(OPS)):
-        print(f"error: --ops: comma-separated, of: {', '.join(OPS)}; got {args.ops!r}", file=sys.stderr)
-        return 2
+        return f"--ops: comma-separated, of: {', '.join(OPS)}; got {args.ops!r}"
     if args.json is not None and not args.json.parent.is_dir():
-        print(f"error: --json: no folder {args.json.parent}", file=sys.stderr)
-        return 2
+        return f"--json: no folder {args.json.parent}"
     problem = cross_build_error(args.arch)
     if problem is None and args.arch is None and device.type != "cuda" and not dispatch.interpreting():
         problem = "no GPU, and TRITON_INTERPRET=1 was not set before triton was imported (or pass --arch)"
+    return problem
+
+
+def selected_ops(text: Optional[str]) -> Optional[tuple[str, ...]]:
+    return None if text is None else tuple(op.strip() for op in text.split(",") if op.strip())
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = arguments().parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.arch is None else "cpu")
+    problem = argument_error(args, device)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    rows = measure(dims, device, ops=ops, arch=args.arch, dtype=dtype)
+    dims = parse_dims(args.head_dims or ("32" if device.type == "cpu" and args.arch is None else "64,128"))
+    rows = measure(dims, device, ops=selected_ops(args.ops), arch=args.arch, dtype=dtype)
     print_table(rows, device, args.arch, dtype)
     if args.json is not None:
         write_text_atomic(args.json, json.dumps({"device": str(device), "arch": args.arch, "dtype": args.dtype,

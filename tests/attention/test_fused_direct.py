@@ -164,7 +164,18 @@ def test_host_overhead_reports_every_layer_against_softmax(tmp_path, capsys, mon
     assert "timing the layers: round 1/1" in captured.err  # progress beside the table, not in it
     assert "Triton launches replaced by a counter (no GPU)" in out
     assert re.search(r"^softmax +[\d.]+ +1\.00× +[\d.]+ +1\.00× +0/0 +\d+/\d+ *$", out, re.M), out
-    rows = {row["layer"]: row for row in json.loads((tmp_path / "h.json").read_text())["rows"]}
+    report = json.loads((tmp_path / "h.json").read_text())
+    check_layer_rows({row["layer"]: row for row in report["rows"]})
+    check_op_rows({row["op"]: row for row in report["ops"]}, out)
+    assert host_overhead().main(["--variants", "nope"]) == 2
+    assert host_overhead().main(["--width", "x"]) == 2
+    assert host_overhead().main(["--json", str(tmp_path / "nowhere" / "h.json")]) == 2
+    err = capsys.readouterr().err
+    assert "error: --json" in err and "Traceback" not in err
+
+
+def check_layer_rows(rows: dict) -> None:
+    """host_overhead's layer rows: launches per call of each variant, host times, and the bodies' aten ops."""
     assert list(rows) == ["softmax", "elu", "mhla", "ttt"]
     assert (rows["elu"]["launches_infer"], rows["elu"]["launches_train"]) == (1, 2)  # one kernel each way
     # MHLA at 17 tokens: the pairwise form, one kernel forward, two backward (dq; dk and dv); LePE one each way
@@ -174,16 +185,14 @@ def test_host_overhead_reports_every_layer_against_softmax(tmp_path, capsys, mon
     assert (rows["ttt"]["launches_infer"], rows["ttt"]["launches_train"]) == (4, 13)
     assert all(row["infer_us"] > 0 and row["train_us"] > 0 for row in rows.values())
     assert rows["elu"]["aten_ops_train"] > rows["elu"]["aten_ops_infer"] > 0  # the bodies' ops are counted
-    ops = {row["op"]: row for row in json.loads((tmp_path / "h.json").read_text())["ops"]}
+
+
+def check_op_rows(ops: dict, out: str) -> None:
+    """host_overhead's op rows: SDPA and each op, eager and as a custom op, against SDPA."""
     assert list(ops) == ["sdpa", "linear_attention", "linear_attention (custom op)", "blocked_attention",
                          "blocked_attention (custom op)", "pairwise_attention", "pairwise_attention (custom op)"]
     assert ops["sdpa"]["infer_vs_sdpa"] == 1.0 and all(row["train_us"] > 0 for row in ops.values())
     assert re.search(r"^linear_attention \(custom op\) +[\d.]+ +[\d.]+× +[\d.]+ +[\d.]+×$", out, re.M), out
-    assert host_overhead().main(["--variants", "nope"]) == 2
-    assert host_overhead().main(["--width", "x"]) == 2
-    assert host_overhead().main(["--json", str(tmp_path / "nowhere" / "h.json")]) == 2
-    err = capsys.readouterr().err
-    assert "error: --json" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("name", ["elu", "mhla-pairwise", "mhla-blocked", "ttt"])

@@ -1,0 +1,83 @@
+"""What the fused-kernel test modules share (test_fused*.py): the device, the kernels-here fixture (autouse where
+a module imports it), q/k/v and masks, tolerances and the float64 oracle check."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+import torch
+
+from vitconvert.attention import dispatch, fused
+from vitconvert.attention.kernel import elu_feature_literal, relu_feature
+
+from . import helpers
+from .helpers import rel_error
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FUSED_VARIANTS = ("elu", "relu", "inline", "mhla")
+
+
+@pytest.fixture(autouse=True)
+def kernels_here(monkeypatch):
+    """The kernels on this machine's device, with token ranges small enough that heads split across programs;
+    float32 convolutions of the eager parts (LePE, InLine's residual) in full float32, as the oracles are."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(dispatch, "SPLIT_ROUND", 64)
+    monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: 64)
+
+
+def qkv(B=2, H=2, N=150, d=32, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, N, d, generator=g).to(DEVICE, dtype).requires_grad_() for _ in range(3)]
+
+
+def padding_mask(B: int, N: int) -> torch.Tensor:
+    mask = torch.ones(B, N, dtype=torch.bool)
+    mask[-1, N // 3:] = False  # the last item is padded
+    return mask.to(DEVICE)
+
+
+# tolerance of the kernels against a float64 oracle: float32 sums, or bf16 inputs and output (bf16: 1.7e-3 in
+# values and 2.3e-3–3.3e-3 in gradients, rounding as a GPU does; 1.2e-2 while the interpreter truncated)
+TOL = {torch.float32: 2e-5, torch.bfloat16: 6e-3, torch.float16: 1e-3}  # fp16: 2.0e-4 values, 2.8e-4–4.3e-4 grads
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]  # float16: `vitconvert bench --amp float16`, autocast fp16
+
+
+def assert_matches_oracle(out, inputs, oracle, tol: float, grad_tol: Optional[float] = None):
+    """``out`` (computed from ``inputs``) against ``oracle`` run on float64 copies of them: values within ``tol``,
+    the gradients of every input within ``grad_tol`` (2 × tol by default). Returns the kernels' gradients."""
+    copies = [t.detach().double().requires_grad_() for t in inputs]
+    expected = oracle(*copies)
+    grad = torch.randn_like(expected)
+    got = torch.autograd.grad(out, inputs, grad.to(out.dtype))
+    want = torch.autograd.grad(expected, copies, grad)
+    assert rel_error(out, expected) < tol
+    for g, w in zip(got, want, strict=True):
+        assert rel_error(g, w) < (2 * tol if grad_tol is None else grad_tol)
+    return got
+
+ORACLES = {
+    "elu": (fused.ELU_PLUS_ONE, elu_feature_literal),
+    "relu": (fused.RELU, relu_feature),
+}
+
+
+def make_module(name: str, head_dim: int, grid, num_prefix: int, **options):
+    module = helpers.make_module(name, num_prefix, grid, dim=2 * head_dim, dtype=torch.float32, **options)
+    if name == "mhla":  # W away from its symmetric init, so a transposed mixing would show
+        with torch.no_grad():
+            module.block_mix.add_(torch.rand(module.block_mix.shape, generator=torch.Generator().manual_seed(1)))
+    return module.to(DEVICE)
+
+
+def kernel_home(name: str):
+    """The module that defines kernel ``name``: where a test replaces it."""
+    from vitconvert.attention import head_kernels, split_kernels
+
+    return head_kernels if hasattr(head_kernels, name) else split_kernels
+
+
+SPLIT_BACKWARD_KERNELS = ("readout_bwd_kernel", "state_bwd_kernel")  # (heads split over programs; MHLA's blocked op)
+BACKWARD_KERNELS = (*SPLIT_BACKWARD_KERNELS, "attention_bwd_kernel")  # (a head in one program: ELU, ReLU, InLine)
