@@ -20,6 +20,7 @@ LAZY_MARK = "# lazy: start-up time"
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundations", ["errors", "version"]),
     ("output rules", ["output_rules"]),
+    ("process group", ["rendezvous"]),  # where torchrun's processes meet (distributed.py's launcher uses it)
     ("services", ["dependencies", "threads", "writer", "distributed", "aliases", "assets", "hub_io", "recipe_checks",
                   "selection", "weights_file"]),
     ("variants", ["attention"]),

@@ -69,7 +69,8 @@ def check_fits_grid(to: str, options: Optional[dict[str, Any]], model: nn.Module
     """Options that fit no layer on ``model``'s patch grid (MHLA's blocks, LePE's kernel), refused before any
     layer is built: ``--option`` in one line, not a 1.5 GB folder."""
     cls = variant_class(to)
-    problem = cls.grid_problem(read_options(cls.declared_options, options or {}, to), model_geometry(model)[1])
+    problem = cls.grid_problem(read_options(cls.declared_options, options or {}, to), model_geometry(model)[1],
+                               frozenset(options or {}))
     if problem:
         raise BadValue("options", problem)
 

@@ -96,7 +96,7 @@ def setup(requested_device: Optional[str] = None) -> DistEnv:
     if world > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        from .rendezvous import meet  # lazy: only several processes meet
+        from .rendezvous import meet  # lazy: start-up time (only several processes meet)
 
         store = meet(rank, world)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,

@@ -154,7 +154,7 @@ def load_state_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _create(name: str, pretrained: bool, spec: str, **kwargs: Any) -> nn.Module:
-    if pretrained and not name.startswith("local-dir:"):
+    if pretrained and needs_hub(name, kwargs):
         check_weights_reachable(name, spec)
     try:
         return timm.create_model(name, pretrained=pretrained, **kwargs)
@@ -177,6 +177,11 @@ def _create(name: str, pretrained: bool, spec: str, **kwargs: Any) -> nn.Module:
                 f"cannot get pretrained weights for {spec} (no network and not in the Hub cache?): {msg}; "
                 f"use {param('pretrained', False)} for a randomly initialised model") from None
         raise VitconvertError(f"cannot load {spec}: {msg}") from None
+
+
+def needs_hub(name: str, kwargs: dict[str, Any]) -> bool:
+    """Pretrained weights come from the Hub unless they are a local folder's or a weights file's (timm's overlay)."""
+    return not name.startswith("local-dir:") and not (kwargs.get("pretrained_cfg_overlay") or {}).get("file")
 
 
 def check_weights_reachable(name: str, spec: str) -> None:

@@ -52,14 +52,16 @@ def test_ctrl_c_is_a_stop_and_the_run_folder_alone_resumes_it(ws, tmp_path):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["vitconvert"]["metrics"]["epochs"] == 40
 
 
-def test_distill_never_takes_the_folder_of_an_older_convert_after_a_failed_one(ws, tmp_path, monkeypatch):
+def test_distill_after_a_failed_convert_names_the_folder_it_takes(ws, tmp_path, monkeypatch):
+    """A failed convert keeps the record of the last one that finished (issue 39: wiping it made distill say no
+    convert had finished, which was false); distill with no STUDENT then takes that folder and says so first."""
     monkeypatch.chdir(tmp_path)
     assert invoke("convert", ws / "teacher", "--to", "elu", "--out", "first").exit_code == 0
     failed = invoke("convert", ws / "teacher", "--to", "elu", "--option", "eps=-1", "--out", "second")
-    assert failed.exit_code != 0
-    assert_one_line_error(invoke("distill", "--data", ws / "images", "--epochs", "1", *CLI_FAST),
-                          "no STUDENT given and no `vitconvert convert` finished")
-    assert not (tmp_path / "runs").exists()
+    assert failed.exit_code != 0 and not (tmp_path / "second").exists()
+    ran = invoke("distill", "--data", ws / "images", "--epochs", "1", *CLI_FAST, "--out", "r")
+    assert ran.exit_code == 0, ran.output
+    assert "first" in ran.output.splitlines()[0], ran.output
 
 
 def test_a_full_disk_during_distill_is_one_line(ws, tmp_path, monkeypatch):

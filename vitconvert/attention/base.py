@@ -153,9 +153,10 @@ class LinearAttention(nn.Module):
         return self.proj.weight.device.type == "meta"
 
     @classmethod
-    def grid_problem(cls, options: dict[str, Any], grid_size: Grid) -> Optional[str]:
-        """Why ``options`` (read and checked) fit no layer on a ``grid_size`` patch grid, or None. Asked when a
-        model is converted, before any layer is built: a folder rebuilt at another size keeps its options."""
+    def grid_problem(cls, options: dict[str, Any], grid_size: Grid,
+                     given: frozenset[str] = frozenset()) -> Optional[str]:
+        """Why the options the user set (``given``; ``options``: all, read and checked) fit no layer on a
+        ``grid_size`` grid, or None. Asked at convert time: a folder rebuilt at another size keeps its options."""
         return None
 
     @classmethod
@@ -311,11 +312,8 @@ class LinearAttention(nn.Module):
         self.grid_size = (int(window_size[0]), int(window_size[1]))
 
     def resolve_grid(self, tokens: int) -> Grid:
-        """The (H, W) patch grid of this call: the model's grid, or a square one for other image sizes.
-
-        Returns None when the spatial tokens form no known grid (e.g. NaFlex's packed patches); variants
-        then use their grid-free form.
-        """
+        """The (H, W) patch grid of this call: the model's grid, or a square one for other image sizes; None when
+        the spatial tokens form no known grid (e.g. NaFlex's packed patches: variants use their grid-free form)."""
         if not torch.jit.is_scripting():  # (TorchScript compiles no branch of is_scripting() alone)
             if torch.jit.is_tracing():
                 return self._traced_grid(tokens)
@@ -334,8 +332,8 @@ class LinearAttention(nn.Module):
 
     @torch.jit.unused
     def _traced_grid(self, tokens: Any) -> Grid:
-        """Under torch.jit.trace a size is a tensor: the grid is read from its value once, without a TracerWarning
-        per layer. A trace is fixed to its input's size anyway (timm's patch embedding says so once)."""
+        """Under torch.jit.trace a size is a tensor: its value read once, not a TracerWarning per layer (a trace is
+        fixed to its input's size anyway, as timm's patch embedding says)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             count = int(tokens)

@@ -151,18 +151,19 @@ class MHLAttention(LinearAttention):
             self.reset_extra_parameters()
 
     @classmethod
-    def grid_problem(cls, options: dict[str, Any], grid_size: Grid) -> Optional[str]:
+    def grid_problem(cls, options: dict[str, Any], grid_size: Grid,
+                     given: frozenset[str] = frozenset()) -> Optional[str]:
         """More blocks than tokens along a side (a 4×4 grid in 100×100 blocks: W of 10⁸ entries per layer, blocks
         holding no token), or a LePE kernel reaching further than the grid (taps that never touch a token)."""
         if grid_size is None:
             return None
         h, w = grid_size
         counts = resolve_block_counts(grid_size, options["blocks_per_side"], options["block_side"])
-        if counts[0] > h or counts[1] > w:
+        if given & {"blocks_per_side", "block_side"} and (counts[0] > h or counts[1] > w):
             return (f"mhla's blocks_per_side {options['blocks_per_side']!r} gives more blocks than the {h}×{w} patch "
                     f"grid has tokens per side: a block holds at least one token; at most {[h, w]} here")
         size, widest = options["lepe_kernel"], 2 * min(h, w) - 1
-        if size > widest:
+        if "lepe_kernel" in given and size > widest:
             return (f"mhla's lepe_kernel {size} is wider than the {h}×{w} patch grid: its outer taps never touch a "
                     f"token; at most {widest} here (odd, or 0 for no LePE)")
         return None
