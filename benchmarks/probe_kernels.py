@@ -29,10 +29,10 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
+from unittest import mock
 
 import torch
 
@@ -198,17 +198,9 @@ def qkv(batch: int, heads: int, tokens: int, d: int, device: torch.device) -> tu
     return tuple(torch.randn(batch, heads, tokens, d, generator=g).to(device, torch.bfloat16) for _ in range(4))
 
 
-@contextmanager
-def launch_setting(value: str) -> Iterator[None]:
-    before = os.environ.get(settings.CONFIG_ENV)
-    os.environ[settings.CONFIG_ENV] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(settings.CONFIG_ENV, None)
-        else:
-            os.environ[settings.CONFIG_ENV] = before
+def launch_setting(value: str) -> Any:
+    """``VITCONVERT_FUSED_CONFIG`` set inside, restored after (read per launch by attention.settings)."""
+    return mock.patch.dict(os.environ, {settings.CONFIG_ENV: value})
 
 
 def tiles(probe: Probe, plan: Plan, ceiling_gb_s: Optional[float]) -> None:

@@ -18,17 +18,13 @@ from vitconvert.attention.inline import inline_weights
 from vitconvert.attention.kernel import elu_feature_literal, kernel_attention_reference
 
 from . import helpers
-from .fused_cases import (  # noqa: F401  (kernels_here: an autouse fixture)
-    BACKWARD_KERNELS,
+from .fused_cases import (
     DEVICE,
     DTYPES,
-    FUSED_VARIANTS,
     ORACLES,
-    SPLIT_BACKWARD_KERNELS,
     TOL,
     assert_matches_oracle,
-    kernel_home,
-    kernels_here,
+    kernels_here,  # noqa: F401  (an autouse fixture: the kernels on this device)
     make_module,
     padding_mask,
     qkv,

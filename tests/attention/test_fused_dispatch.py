@@ -13,17 +13,15 @@ from vitconvert.attention.kernel import kernel_attention_reference
 from vitconvert.errors import VitconvertError
 
 from . import helpers
-from .fused_cases import (  # noqa: F401  (kernels_here: an autouse fixture)
+from .fused_cases import (
     BACKWARD_KERNELS,
     DEVICE,
-    DTYPES,
-    FUSED_VARIANTS,
     ORACLES,
     SPLIT_BACKWARD_KERNELS,
     TOL,
     assert_matches_oracle,
     kernel_home,
-    kernels_here,
+    kernels_here,  # noqa: F401  (an autouse fixture: the kernels on this device)
     make_module,
     padding_mask,
     qkv,
