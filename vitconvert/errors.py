@@ -60,6 +60,12 @@ def load_reason(e: BaseException, limit: int = 240) -> str:
     return reason if len(reason) <= limit else reason[:limit - 1] + "…"
 
 
+def unreadable_file(path: Any, e: BaseException, kind: str = "safetensors", limit: int = 160) -> VitconvertError:
+    """The one line for a weights file that does not parse (a download cut short, a disk that filled up): which
+    file, that it is corrupt or truncated, and the reader's own first line of why."""
+    return VitconvertError(f"cannot read {path}: corrupt or truncated {kind} ({first_line(e, limit)})")
+
+
 DISK_FULL = ("No space left on device", "StorageFull", "Disk quota exceeded")
 
 

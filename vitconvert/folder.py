@@ -27,7 +27,7 @@ from . import weights_file
 from .attention import LinearAttention, variant_class
 from .attention.options import read_options
 from .card import CARD_MARKER, render_card
-from .errors import BadValue, VitconvertError, disk_full, first_line, load_reason, param
+from .errors import BadValue, VitconvertError, disk_full, load_reason, param, unreadable_file
 from .surgery import linear_layer_indices, swap_attention
 from .timm_registry import PREFIX, export_model_args, is_vitconvert_architecture, mark_as_linear, timm_config
 from .version import __version__
@@ -130,7 +130,7 @@ def check_weights_readable(folder: Path) -> None:
                 for key in fh.keys():
                     fh.get_slice(key)
         except Exception as e:
-            raise VitconvertError(f"cannot read {f}: corrupt or truncated safetensors ({first_line(e)})") from None
+            raise unreadable_file(f, e) from None
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -141,8 +141,7 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except Exception as e:
-        reason = first_line(e, limit=160)
-        raise VitconvertError(f"cannot read {path}: corrupt or truncated safetensors ({reason})") from None
+        raise unreadable_file(path, e) from None
 
 
 def check_options(variant: str, options: Any, param: str = "option") -> dict[str, Any]:

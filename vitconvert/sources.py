@@ -21,7 +21,7 @@ from torch import nn
 
 from .aliases import ALIASES, resolve_alias, suggest
 from .assets import teacher_folder
-from .errors import BadValue, VitconvertError, first_line, load_reason, param
+from .errors import BadValue, VitconvertError, first_line, load_reason, param, unreadable_file
 from .folder import check_weights_readable, folder_block, read_config
 from .hub_io import check_endpoint, hub_offline, hub_reachable, hub_snapshot, parse_repo_id, weights_cached
 from .timm_registry import source_architecture
@@ -138,12 +138,13 @@ def load_state_file(path: Path) -> dict[str, torch.Tensor]:
             return load_file(str(path))
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors and torch raise many types for truncated/corrupt files
-        if "Weights only load failed" in str(e):  # torch's first line is cut before its reason
+        garbage = "Unsupported operand" in str(e)  # bytes that are no pickle at all: a damaged or foreign file
+        if "Weights only load failed" in str(e) and not garbage:  # torch's first line is cut before its reason
             raise VitconvertError(f"{path} is a pickle of more than tensors (a whole model or training objects): "
                                   "vitconvert never unpickles a file, as that runs its code; save the model's "
                                   "state_dict() (or use safetensors) and give that") from None
-        reason = first_line(e)
-        raise VitconvertError(f"cannot read {path}: corrupt, truncated or not a weights file ({reason})") from None
+        kind = "safetensors" if path.suffix == ".safetensors" else "torch weights file"
+        raise unreadable_file(path, ValueError("not a torch file") if garbage else e, kind) from None
     for key in ("state_dict", "model", "model_ema", "module"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]

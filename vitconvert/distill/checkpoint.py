@@ -16,7 +16,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ..errors import BadValue, VitconvertError, first_line, param
+from ..errors import BadValue, VitconvertError, param, unreadable_file
 from ..folder import atomic_folder
 from .sums import TERMS
 
@@ -167,8 +167,7 @@ class Checkpoint:
         try:
             return load_file(str(path))
         except Exception as e:
-            reason = first_line(e, limit=120)
-            raise VitconvertError(f"cannot read {path}: corrupt or truncated ({reason})") from None
+            raise unreadable_file(path, e) from None
 
     def verify(self) -> None:
         """Read every field and file header the resume needs, so a damaged checkpoint is refused before the
@@ -207,8 +206,7 @@ class Checkpoint:
                     for key in f.keys():
                         f.get_slice(key)
             except Exception as e:
-                reason = (str(e).splitlines() or [type(e).__name__])[0][:120]
-                raise VitconvertError(f"cannot read {path}: corrupt or truncated ({reason})") from None
+                raise unreadable_file(path, e) from None
 
     def check_same_job(self, job: dict[str, Any], force: bool) -> None:
         """The resumed run's student must be made as the checkpoint's was (else its weights load into other
