@@ -193,3 +193,12 @@ def test_a_traced_folder_warns_no_more_than_its_softmax_source(variant, tmp_path
     assert len(ours) <= len(softmax_warnings), [f"{w.filename}:{w.lineno} {w.message}" for w in ours]
     assert not [w for w in ours if "vitconvert" in w.filename]
     torch.testing.assert_close(traced(x[:1]), loaded(x[:1]), atol=1e-5, rtol=1e-4)
+
+
+def test_a_configured_class_is_the_variant_with_defaults_a_keyword_still_overrides():
+    """configure() returns an ordinary subclass named as the variant, whose defaults a keyword at build time
+    beats (timm's Block passes its own keywords; a caller may pass an option too)."""
+    layer = MHLAttention.configure(grid_size=(4, 4), blocks_per_side=2)
+    assert issubclass(layer, MHLAttention) and layer.__name__ == "MHLAttention"
+    assert layer(64, num_heads=2).options["blocks_per_side"] == 2
+    assert layer(64, num_heads=2, blocks_per_side=1).options["blocks_per_side"] == 1

@@ -214,14 +214,16 @@ class LinearAttention(nn.Module):
         unknown = set(defaults) - (valid - {"self", "options", "dim"})
         if unknown:
             raise ValueError(f"{cls.__name__}.configure: unknown argument(s) {', '.join(sorted(unknown))}")
-        base = cls
 
-        def __init__(self: LinearAttention, *args: Any, **kwargs: Any) -> None:
-            base.__init__(self, *args, **{**defaults, **kwargs})
+        class Configured(cls):  # type: ignore[valid-type, misc]  (a subclass of whichever variant is asked)
+            declared_options = with_defaults(cls.declared_options, defaults, cls.variant)
 
-        declared = with_defaults(cls.declared_options, defaults, cls.variant)
-        return type(cls.__name__, (cls,), {"__init__": __init__, "declared_options": declared,
-                                           "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **{**defaults, **kwargs})
+
+        Configured.__name__, Configured.__qualname__ = cls.__name__, cls.__qualname__  # named as the variant
+        Configured.__module__ = cls.__module__
+        return Configured
 
     def init_weights(self) -> None:
         """Called by timm's ViT weight init after its own init of the Linear layers: the extras' init."""
