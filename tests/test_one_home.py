@@ -17,3 +17,23 @@ def files_saying(text: str) -> list[str]:
 
 def test_the_corrupt_file_line_is_built_in_one_place():
     assert files_saying("corrupt or truncated") == ["errors.py"]
+
+
+def test_the_models_record_is_named_in_one_module():
+    assert files_saying('"vitconvert_report"') == ["provenance.py"]
+    assert files_saying(".vitconvert_report") == []
+
+
+def test_a_copy_of_a_loaded_model_saves_with_its_source(tmp_path):
+    """The record travels with the model: load, copy (as a fine-tune script or distill's export copy does), save;
+    the new folder still names the source, so distill and compare can rebuild the teacher from it."""
+    import copy
+    import json
+
+    from distill.helpers import make_student
+
+    folder = make_student(tmp_path)
+    copied = copy.deepcopy(vitconvert.load(folder))
+    vitconvert.save(copied, tmp_path / "copy")
+    written, original = (json.loads((f / "config.json").read_text())["vitconvert"] for f in (tmp_path / "copy", folder))
+    assert written["source"] == original["source"] and written["init"] == original["init"]

@@ -14,6 +14,7 @@ from .attention import variant_class
 from .attention.options import read_options
 from .errors import BadValue, VitconvertError, first_line
 from .init import InitRecipe, InitReport, apply_recipe
+from .provenance import attach
 from .selection import Spec, linear_layers
 from .surgery import SurgeryReport, find_softmax_attention, model_geometry, swap_attention
 from .timm_registry import mark_as_linear
@@ -125,5 +126,5 @@ def convert(
     student.eval() if not model.training else student.train()
     report = ConversionReport(surgery, init_report, recipe, source=source,
                               num_classes=getattr(student, "num_classes", num_classes))
-    student.vitconvert_report = report.to_dict()
+    attach(student, report.to_dict())
     return student, report

@@ -29,6 +29,7 @@ from .attention import LinearAttention
 from .data import digits_dataset
 from .errors import VitconvertError, first_line
 from .loading import load
+from .provenance import report_of
 from .sources import Resolved, resolve
 from .surgery import linear_layer_indices
 from .version import __version__
@@ -207,7 +208,7 @@ def file_metadata(model: nn.Module, img_size: int) -> dict[str, str]:
         "num_classes": str(getattr(model, "num_classes", "")),
         "class_names": json.dumps(list(model.pretrained_cfg.get("label_names") or [])),
         "preprocessing": json.dumps(preprocessing),
-        "source": str(getattr(model, "vitconvert_report", {}).get("source") or ""),
+        "source": str(report_of(model).get("source") or ""),
         "io": "input pixel_values: float32 [batch, 3, H, W], preprocessed; output logits: " + (
             "[batch, num_classes]" if getattr(model, "num_classes", 0) else "[batch, num_features], image features"),
     }

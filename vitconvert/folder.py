@@ -28,6 +28,7 @@ from .attention import LinearAttention, variant_class
 from .attention.options import read_options
 from .card import CARD_MARKER, render_card
 from .errors import BadValue, VitconvertError, disk_full, load_reason, param, unreadable_file
+from .provenance import attach, report_of
 from .surgery import linear_layer_indices, swap_attention
 from .timm_registry import PREFIX, export_model_args, is_vitconvert_architecture, mark_as_linear, timm_config
 from .version import __version__
@@ -99,7 +100,7 @@ def save(model: nn.Module, folder: Union[str, Path], force: bool = False, inputs
     """Save a converted model as a folder, atomically; never overwrites without ``force``, and never a folder
     vitconvert did not write or one of ``inputs`` (writer.check_output)."""
     folder = Path(folder)
-    info = {**getattr(model, "vitconvert_report", {}), **meta}
+    info = {**report_of(model), **meta}
     with atomic_folder(folder, force=force, inputs=inputs) as tmp:
         write_model_files(model, tmp, info)
     return folder
@@ -290,7 +291,7 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise VitconvertError(f"{folder}/{WEIGHTS} does not fit its config.json: {load_reason(e)}") from None
-    model.vitconvert_report = {k: v for k, v in block.items() if k not in ("format_version", "versions")}
+    attach(model, {k: v for k, v in block.items() if k not in ("format_version", "versions")})
     return model.eval()
 
 
@@ -316,7 +317,7 @@ def upgrade_folder(folder: Path) -> Optional[dict[str, Any]]:
         warnings.simplefilter("ignore", OldFolderWarning)
         model = load_folder_model(folder, config)
     block = config.get("vitconvert")
-    meta = {k: v for k, v in model.vitconvert_report.items() if k != "saved_by"}
+    meta = {k: v for k, v in report_of(model).items() if k != "saved_by"}
     meta["upgraded_from"] = ({"format_version": block.get("format_version", 1),
                               **({"versions": block["versions"]} if "versions" in block else {})}
                              if block is not None else {"saved_by": "timm"})

@@ -14,6 +14,7 @@ from torch import nn
 
 from .errors import VitconvertError, param
 from .folder import load_folder_model, read_config
+from .provenance import report_of
 from .sources import (
     SOFTMAX_FORMS,
     WEIGHT_SUFFIXES,
@@ -77,7 +78,7 @@ def teacher_spec(student: nn.Module, override: Optional[str]) -> str:
     """``override`` (the teacher the user named), else the source the student records."""
     if override:
         return override
-    source = getattr(student, "vitconvert_report", {}).get("source")
+    source = report_of(student).get("source")
     if not source:
         raise VitconvertError(f"the student records no source model: name the softmax teacher with "
                               f"{param('teacher')}")
@@ -94,7 +95,7 @@ def load_teacher(spec: str, student: nn.Module, seed: int, recorded: bool,
     teacher is built under ``seed`` and its position embeddings resampled to the student's size; ``pretrained``
     chooses its weights (default: as the student's source was built), so a named teacher can be a random one
     on a machine without its weights."""
-    report = getattr(student, "vitconvert_report", {})
+    report = report_of(student)
     own = spec == str(report.get("source"))
     recorded_pretrained = bool(report.get("pretrained", True))
     pretrained = recorded_pretrained if own or pretrained is None else pretrained

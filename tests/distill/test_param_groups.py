@@ -13,6 +13,7 @@ import vitconvert
 from vitconvert.distill import DistillJob, TrainingStopped, run
 from vitconvert.distill.param_groups import create_optimization, fresh_parameter_names, parameter_origins
 from vitconvert.errors import VitconvertError
+from vitconvert.provenance import attach, report_of
 from vitconvert.recipes import Recipe, load_recipe
 from vitconvert.sources import load_source
 
@@ -42,7 +43,7 @@ def test_fresh_weights_are_exactly_what_the_report_names(teacher, tmp_path, kwar
     assert fresh == {n for n, (group, _) in origins.items() if group in fresh_groups}
     assert {origins[n][1] for n in fresh} <= {"mimetic", "default-init", "random"}
     assert all(action == "copied" for n, (_, action) in origins.items() if n not in fresh)
-    recorded = {(r["group"], r["action"]): r["params"] for r in model.vitconvert_report["groups"]}
+    recorded = {(r["group"], r["action"]): r["params"] for r in report_of(model)["groups"]}
     assert sum(n for (g, _), n in recorded.items() if g in fresh_groups) == sum(
         p.numel() for n, p in model.named_parameters() if n in fresh)
 
@@ -56,10 +57,12 @@ def test_fresh_weights_are_exactly_what_the_report_names(teacher, tmp_path, kwar
 
 def test_a_report_that_does_not_add_up_is_refused(teacher, tmp_path):
     model = vitconvert.load(converted(teacher, tmp_path / "s"))
-    model.vitconvert_report["groups"][0]["params"] += 1
+    report = report_of(model)
+    report["groups"][0]["params"] += 1
+    attach(model, report)
     with pytest.raises(VitconvertError, match="do not match its conversion report"):
         fresh_parameter_names(model)
-    model.vitconvert_report = {}
+    attach(model, {})
     with pytest.raises(VitconvertError, match="need the conversion report"):
         fresh_parameter_names(model)
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..errors import VitconvertError
 from ..init import InitRecipe, parameter_actions
+from ..provenance import report_of
 from ..recipes import NewParams, Recipe
 from .checkpoint import json_only
 
@@ -25,7 +26,7 @@ FRESH_ACTIONS = ("mimetic", "default-init", "random")  # everything but "copied"
 
 
 def _report(model: nn.Module) -> dict[str, Any]:
-    report = getattr(model, "vitconvert_report", None) or {}
+    report = report_of(model)
     if not isinstance(report.get("init"), dict) or not isinstance(report.get("groups"), list):
         raise VitconvertError("new_params and freeze_copied_epochs need the conversion report (the \"init\" and "
                               "\"groups\" of config.json's vitconvert block), which this student lacks: convert "

@@ -22,6 +22,7 @@ from .. import data, loading
 from .. import distributed as D
 from ..errors import VitconvertError, load_reason, param, setting
 from ..evaluate import eval_sums, metrics_from_sums
+from ..provenance import report_of
 from ..recipe_report import recipe_changes, recipe_summary
 from ..writer import output_lock
 from . import models
@@ -63,7 +64,7 @@ class Trainer:
         r = job.recipe
         self.job, self.recipe, self.env, self.run_dir = job, r, env, Path(job.out)
         student, teacher, self.teacher_spec, self.inp = self._setup_models()
-        self.report = dict(getattr(student, "vitconvert_report", {}))
+        self.report = report_of(student)
         self.num_classes = int(student.num_classes)
         self.channels_last = env.device.type == "cuda"
         self.task = self._setup_task(student, teacher)
