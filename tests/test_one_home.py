@@ -37,3 +37,15 @@ def test_a_copy_of_a_loaded_model_saves_with_its_source(tmp_path):
     vitconvert.save(copied, tmp_path / "copy")
     written, original = (json.loads((f / "config.json").read_text())["vitconvert"] for f in (tmp_path / "copy", folder))
     assert written["source"] == original["source"] and written["init"] == original["init"]
+
+
+def test_torchruns_variables_are_read_only_by_the_launcher():
+    """WORLD_SIZE, RANK and LOCAL_RANK are read and checked together in distributed.launcher (a stray RANK=3
+    beside WORLD_SIZE=1 is refused there); a module reading one by hand would skip that check."""
+    import ast
+
+    names = {"WORLD_SIZE", "RANK", "LOCAL_RANK"}
+    readers = sorted({p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+                      for node in ast.walk(ast.parse(p.read_text()))
+                      if isinstance(node, ast.Constant) and node.value in names})
+    assert readers == ["distributed.py"]
