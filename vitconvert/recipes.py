@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from .errors import VitconvertError, first_line
+from .errors import VitconvertError, first_line, plural
 from .recipe_checks import check_recipe, parse_stages
 
 ATTN_LOSSES = ("mse", "cosine", "smooth_l1")
@@ -366,9 +366,9 @@ def scale_schedule(values: dict[str, Any], overrides: dict[str, Any]) -> dict[st
         if key in given or not _count(value) or not _count(base) or base == epochs:
             continue
         out[key] = round(value * epochs / base)
-        notes.append(f"{key} {value} -> {out[key]} (written for {base} epochs)")
+        notes.append(f"{key} {value} -> {out[key]} (written for {plural(base, 'epoch')})")
     if notes:
-        out["schedule_scaled"] = f"to {epochs} epochs: " + ", ".join(notes)
+        out["schedule_scaled"] = f"to {plural(epochs, 'epoch')}: " + ", ".join(notes)
     return out
 
 

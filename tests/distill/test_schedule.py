@@ -78,4 +78,4 @@ def test_distill_prints_what_will_run_and_what_was_scaled(tmp_path):
     assert first.startswith(f"distilling {student} from the teacher "), first  # who, from whom, where to
     assert head[0].startswith("recipe default: 1 epoch, warm-up 0") and "peak 0.002" in head[0], head
     assert head[1].startswith("augmentation: random crops (area 0.08-1), RandAugment rand-m9-mstd0.5-inc1, mixup"), head
-    assert head[2] == "scaled with --epochs: to 1 epochs: warmup_epochs 50 -> 0 (written for 300 epochs)", head
+    assert head[2] == "scaled with --epochs: to 1 epoch: warmup_epochs 50 -> 0 (written for 300 epochs)", head
