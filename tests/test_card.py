@@ -245,3 +245,17 @@ def test_a_headless_models_card_says_it_is_an_image_encoder(tmp_path, hub_cache,
     with torch.no_grad():
         assert torch.equal(scope["features"], reference(scope["transform"](scope["image"]).unsqueeze(0)))
     assert scope["features"].shape == (1, 32)
+
+
+def test_a_one_layer_hybrid_counts_one_layer():
+    """The card of a model converted with one linear layer says "1 layer", as a sentence does."""
+    student, _ = vitconvert.convert(tiny_model("vit"), "elu", source="vit_tiny", layers=[0])
+    import json
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = vitconvert.save(student, Path(tmp) / "m")
+        text = (folder / "README.md").read_text()
+        assert json.loads((folder / "config.json").read_text())["vitconvert"]["layers"] == [0]
+    assert "linear attention in 1 layer" in text and "1 layers" not in text

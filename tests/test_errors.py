@@ -106,3 +106,10 @@ def test_a_stop_message_names_flags_on_the_cli(capsys):
     with pytest.raises(typer.Exit) as stopped:
         command()
     assert stopped.value.exit_code == 143 and capsys.readouterr().err == "stopped by SIGTERM; continue with --resume\n"
+
+
+def test_plural_counts_as_a_sentence_does():
+    from vitconvert.errors import plural
+
+    assert [plural(n, "epoch") for n in (0, 1, 2)] == ["0 epochs", "1 epoch", "2 epochs"]
+    assert [plural(n, "class", "classes") for n in (1, 3)] == ["1 class", "3 classes"]

@@ -21,7 +21,7 @@ import yaml
 
 from .aliases import resolve_alias
 from .attention import VARIANTS
-from .errors import VitconvertError
+from .errors import VitconvertError, plural
 from .hub_io import parse_repo_id
 from .selection import describe
 from .timm_registry import is_vitconvert_architecture, source_architecture
@@ -167,6 +167,11 @@ def dict_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def layer_count(n: Any) -> str:
+    """``1 layer``, ``12 layers``; ``? layers`` where an old folder records no count."""
+    return plural(n, "layer") if isinstance(n, int) and n > 0 else "? layers"
+
+
 def facts(config: dict[str, Any]) -> str:
     block = config.get("vitconvert", {})
     pre = config.get("pretrained_cfg", {})
@@ -174,7 +179,7 @@ def facts(config: dict[str, Any]) -> str:
     rows = {
         "architecture": f"`{source_architecture(config)[0]}` (timm)",
         "attention": f"**{block.get('variant', '?')}** linear attention in "
-                     f"{block.get('replaced', len(block.get('layers') or []) or '?')} layers"
+                     f"{layer_count(block.get('replaced', len(block.get('layers') or [])))}"
                      + (f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""),
         "layers": hybrid_layers(block),
         "parameters": f"{sum((block.get('totals') or {}).values()):,}" if block.get("totals") else None,

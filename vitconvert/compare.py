@@ -32,7 +32,7 @@ from .data import (
     size_text,
     teacher_normalizer,
 )
-from .errors import BadValue, VitconvertError, param
+from .errors import BadValue, VitconvertError, param, plural
 from .loading import load_student, load_teacher, teacher_spec
 from .surgery import attention_modules, find_softmax_attention
 from .writer import PNG_METADATA, atomic_file
@@ -265,7 +265,7 @@ def compare_figure(report: CompareReport, title: str = "student vs teacher") -> 
     bottom.set_xlabel("layer")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.legend(loc="best")
-    summary = f"{report.images} images"
+    summary = plural(report.images, "image")
     if report.top1_agreement is not None:
         summary += f", top-1 agreement {report.top1_agreement:.1%}, logit KL {report.logit_kl:.4g}"
     fig.suptitle(f"{title} ({summary})", fontsize=10)

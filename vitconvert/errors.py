@@ -38,9 +38,10 @@ class VitconvertError(Exception):
         return format(super().__str__(), spec)
 
 
-def plural(n: int, word: str) -> str:
-    """``1 epoch``, ``2 epochs``, ``0 threads``: counts in messages and tables."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+def plural(n: int, word: str, many: str = "") -> str:
+    """``1 epoch``, ``2 epochs``, ``0 threads``, ``3 classes`` (``many``: a plural that is not word + s): counts in
+    messages and tables."""
+    return f"{n} {word}" if n == 1 else f"{n} {many or word + 's'}"
 
 
 def first_line(e: BaseException, limit: int = 200) -> str:

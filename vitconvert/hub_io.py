@@ -70,6 +70,11 @@ def hub_snapshot(repo: str, revision: Optional[str] = None) -> Path:
             have = f"cached revisions: {', '.join(cached)}" if cached else "nothing of this repo is cached"
             raise VitconvertError(f"{where} is not in the Hub cache and HF_HUB_OFFLINE is set ({have}); "
                                   "unset HF_HUB_OFFLINE to download it") from None
+        cause = e.__cause__  # huggingface_hub's own line starts "Got: ConnectError: ..." mid-sentence
+        if isinstance(e, LocalEntryNotFoundError) and isinstance(cause, _connection_errors()) and not offline:
+            raise VitconvertError(f"cannot reach the Hugging Face Hub to get {where} ({type(cause).__name__}: "
+                                  f"{first_line(cause)}) and it is not in the Hub cache: check the network (or "
+                                  "HF_ENDPOINT), or download it on a machine that has one") from None
         hint = " (HF_HUB_OFFLINE is set and it is not in the Hub cache)" if offline else ""
         raise VitconvertError(f"cannot get {where} from the Hugging Face Hub{hint}: {first_line(e)}") from None
 

@@ -56,6 +56,8 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
                  headless=make_teacher(root / "headless", num_classes=0))
     (root / "afile.txt").write_text("not a model\n")
     paths["afile"] = root / "afile.txt"
+    (root / "garbage.pth").write_text("not a torch file\n")  # a download that saved an error page, say
+    paths["garbagepth"] = root / "garbage.pth"
     from timm.models import save_for_hf
 
     from vitconvert import load
@@ -117,10 +119,49 @@ def tree_hash(root: Path) -> str:
     return h.hexdigest()
 
 
+def empty_hub_cache(monkeypatch, cwd: Path) -> None:
+    """HF_HUB_OFFLINE set and a Hub cache that holds nothing (as on a fresh machine), whatever this one caches."""
+    import huggingface_hub.constants as c
+
+    cache = cwd.parent / "hub-cache"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
+
+
+def hub_unreachable(monkeypatch, cwd: Path) -> None:
+    """Online (HF_HUB_OFFLINE unset) with a Hub that refuses the connection: a closed local port, so no request
+    leaves the machine even where there is a network."""
+    import huggingface_hub.constants as c
+
+    empty_hub_cache(monkeypatch, cwd)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(c, "ENDPOINT", "http://127.0.0.1:9")
+
+
+def no_network(monkeypatch, cwd: Path) -> None:
+    """Every plain-urllib download (torchvision's datasets) fails as a machine without DNS answers."""
+    import socket
+    import urllib.request
+    from urllib.error import URLError
+
+    def fail(*args, **kwargs):
+        raise URLError(socket.gaierror(-2, "Name or service not known"))
+
+    monkeypatch.setattr(urllib.request, "urlopen", fail)
+
+
+NETWORK = {"empty_hub_cache": empty_hub_cache, "hub_unreachable": hub_unreachable, "no_network": no_network}
+
+
 def run_case(case: Case, workspace: dict[str, Path], cwd: Path, monkeypatch):
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    if case.prepare == "disk_full":
+    if case.prepare in NETWORK:
+        NETWORK[case.prepare](monkeypatch, cwd)
+    elif case.prepare == "disk_full":
         def full(*args, **kwargs):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 

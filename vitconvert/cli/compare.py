@@ -25,6 +25,7 @@ from .common import (
     cpu_threads,
     loading_libraries,
     plot_output,
+    plural,
     user_errors,
     working,
 )
@@ -84,7 +85,7 @@ def compare(
         typer.echo(json.dumps({**info, "teacher": spec, **({"plot": str(plot)} if plot else {})}))
         return
     console.print(gap_table(info, f"{student} vs {spec}"))
-    console.print(f"{report.images} images of {data} ({split})")
+    console.print(f"{plural(report.images, 'image')} of {data} ({split})")
     if report.top1_agreement is None:
         console.print("[yellow]note:[/] teacher and student heads differ: no top-1 agreement or logit KL")
     else:

@@ -11,7 +11,7 @@ from urllib.error import URLError
 
 from torch.utils.data import Dataset
 
-from ..errors import VitconvertError, first_line, param
+from ..errors import VitconvertError, first_line, param, plural
 from .digits import digits_dataset
 from .image_folder import IMAGE_EXTENSIONS, ClassFolderReader, as_dataset, same_name
 
@@ -192,5 +192,5 @@ def dataset_classes(ds: Dataset) -> Optional[int]:
 def check_classes(ds: Dataset, head: int, what: str = "student") -> None:
     found = dataset_classes(ds)
     if found is not None and found != head:
-        raise VitconvertError(f"the data has {found} classes but the {what}'s head has {head}: convert the source "
-                              f"model with {param('num_classes', found)} (a new, random head)")
+        raise VitconvertError(f"the data has {plural(found, 'class', 'classes')} but the {what}'s head has {head}: "
+                              f"convert the source model with {param('num_classes', found)} (a new, random head)")

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..errors import VitconvertError, param
+from ..errors import VitconvertError, param, plural
 from ..recipes import Recipe
 from .datasets import check_classes, class_names, dataset_classes, open_dataset
 from .image_folder import upright
@@ -205,7 +205,7 @@ def run_data(r: Recipe, inp: InputConfig, num_classes: int, rank: int, world: in
     images = len(train)  # type: ignore[arg-type]
     updates = images // world // micro // r.accum_steps
     if updates < 1:
-        raise VitconvertError(f"the training split has {images} images: fewer than one optimizer step of "
+        raise VitconvertError(f"the training split has {plural(images, 'image')}: fewer than one optimizer step of "
                               f"batch_size {r.batch_size}; lower {param('batch_size')}")
     train_set = TransformedDataset(train, train_transform(r, inp), seed=r.seed)
     val_set = TransformedDataset(val, eval_transform(inp))
