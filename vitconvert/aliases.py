@@ -38,9 +38,11 @@ def _known_names() -> tuple[str, ...]:
 
 
 def resolve_alias(name: str) -> str:
+    """The timm name behind a short alias (``deit_small``); any other name passes through unchanged."""
     return ALIASES.get(name, name)
 
 
 def suggest(name: str) -> str:
+    """The tail of an unknown-name error: the closest known names, so a typo costs one retry, not a search."""
     close = difflib.get_close_matches(name, _known_names(), n=3, cutoff=0.6)
     return f"; did you mean {', '.join(close)}?" if close else "; see `vitconvert list` for aliases"

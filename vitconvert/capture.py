@@ -21,6 +21,7 @@ Captured = tuple[tuple[Any, ...], dict[str, Any]]  # (args, kwargs) of one atten
 
 
 def attention_width(module: nn.Module) -> int:
+    """The width of an attention module's output (its projection's), which the attention-output loss compares."""
     proj = getattr(module, "proj", None)
     if isinstance(proj, nn.Linear):
         return proj.out_features
@@ -74,6 +75,7 @@ class TeacherTap:
         return logits, outputs, inputs
 
     def close(self) -> None:
+        """Remove the hooks, so a teacher used after distillation runs as a plain model again."""
         for handle in self.handles:
             handle.remove()
 
@@ -107,5 +109,6 @@ class DistillStudent(nn.Module):
         return logits, outputs
 
     def close(self) -> None:
+        """Remove the hooks, so the student saved or evaluated after the run carries none."""
         for handle in self.handles:
             handle.remove()

@@ -89,6 +89,7 @@ def dataset_of(block: dict[str, Any]) -> Optional[str]:
 
 
 def top1_of(metrics: dict[str, Any]) -> Optional[float]:
+    """Top-1 from a metrics dict under any of the names training scripts use; None when it has none."""
     for key in ("top1", "acc1", "accuracy", "val_top1", "eval_top1"):
         if isinstance(metrics.get(key), (int, float)):
             return float(metrics[key])
@@ -96,6 +97,7 @@ def top1_of(metrics: dict[str, Any]) -> Optional[float]:
 
 
 def model_name(config: dict[str, Any], repo_id: Optional[str]) -> str:
+    """The card's title: the repo's name once pushed, else the source architecture and the variant."""
     block = config.get("vitconvert", {})
     return repo_id.split("/")[-1] if repo_id else f"{source_architecture(config)[0]}-{block.get('variant', '?')}"
 
@@ -139,6 +141,7 @@ def card_metadata(config: dict[str, Any], repo_id: Optional[str] = None) -> dict
 
 # -- sections ----------------------------------------------------------------------------------------
 def report_table(block: dict[str, Any]) -> str:
+    """The conversion report (which parameters were copied, which initialised) as a Markdown table."""
     rows = ["| group | init | tensors | parameters |", "|---|---|---:|---:|"]
     for row in block.get("groups", []):
         rows.append(f"| {row['group']} | {row['action']} | {row['tensors']} | {row['params']:,} |")
@@ -150,6 +153,7 @@ def report_table(block: dict[str, Any]) -> str:
 
 
 def fmt(value: Any) -> str:
+    """One table cell: floats to 4 significant digits, lists and dicts as inline YAML, as a reader types them."""
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, (dict, list)):
@@ -173,6 +177,7 @@ def layer_count(n: Any) -> str:
 
 
 def facts(config: dict[str, Any]) -> str:
+    """The card's table of what the model is: architecture, attention, layers, parameters, preprocessing."""
     block = config.get("vitconvert", {})
     pre = config.get("pretrained_cfg", {})
     options = block.get("options") or {}
@@ -222,6 +227,7 @@ def source_step(config: dict[str, Any]) -> str:
 
 
 def convert_step(block: dict[str, Any]) -> str:
+    """The lineage line of the convert step: variant and init, from config.json alone."""
     init = block.get("init") or {}
     if saved_by_timm(block) and not init:
         return f"**convert**: attention -> `{block.get('variant', '?')}` (not recorded: saved by timm's own tools)"
@@ -294,6 +300,7 @@ def status(block: dict[str, Any]) -> str:
 
 
 def citations(block: dict[str, Any]) -> str:
+    """The BibTeX the model rests on: the paper, its variant's own, and Mimetic init when it was used."""
     entries = [PAPER_BIBTEX]
     if block.get("variant") in VARIANTS and VARIANTS[block["variant"]].bibtex:
         entries.append(VARIANTS[block["variant"]].bibtex)

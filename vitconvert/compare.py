@@ -59,6 +59,7 @@ class CompareReport:
     images: int
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as ``compare --json`` prints it and compare.json stores it."""
         return {"layers": [asdict(gap) for gap in self.layers], "top1_agreement": self.top1_agreement,
                 "logit_kl": self.logit_kl, "images": self.images}
 
@@ -74,10 +75,12 @@ class BlockOutputs:
         self.outputs.append(output[0] if isinstance(output, (tuple, list)) else output)
 
     def take(self) -> list[torch.Tensor]:
+        """The outputs captured since the last call, handed over and forgotten so memory stays flat."""
         outputs, self.outputs = self.outputs, []
         return outputs
 
     def close(self) -> None:
+        """Remove the hooks, so the model runs without them after the comparison."""
         for handle in self.handles:
             handle.remove()
 

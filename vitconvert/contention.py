@@ -52,6 +52,7 @@ def busy_seconds(cpus: Optional[set[int]] = None, stat: str = "/proc/stat") -> O
 
 
 def sample() -> CpuSample:
+    """Wall time, the whole machine's busy CPU time and this process's CPU time, read together."""
     times = os.times()
     return CpuSample(time.perf_counter(), busy_seconds(), times.user + times.system)
 
@@ -84,10 +85,12 @@ class Contention:
     clock: str = "wall"  # bench's clock: CPU time ("cpu") is not inflated by others' work, only the wall clock is
 
     def add_block(self, share: Optional[float]) -> None:
+        """Record another process's CPU share during a timed block; the worst one counts."""
         if share is not None:
             self.others_cpu = max(self.others_cpu or 0.0, share)
 
     def add_spread(self, name: str, spread: float) -> None:
+        """Record how far a model's repeats spread; the widest one counts."""
         self.spread[name] = max(self.spread.get(name, 0.0), spread)
 
     def crowded(self) -> bool:
@@ -96,6 +99,7 @@ class Contention:
 
     @property
     def reliable(self) -> bool:
+        """Whether the timings can be trusted: nobody else on the CPUs and repeats that agree."""
         return not self.crowded() and all(s <= SPREAD_LIMIT for s in self.spread.values())
 
     def warning(self) -> Optional[str]:
@@ -114,6 +118,7 @@ class Contention:
         return "these timings are unreliable: " + " and ".join(reasons) + "; " + advice
 
     def to_dict(self) -> dict[str, object]:
+        """What ``bench --json`` reports of the machine's load beside its numbers."""
         return {"others_cpu": self.others_cpu, "speedup_spread": dict(self.spread), "clock": self.clock,
                 "reliable": self.reliable}
 

@@ -32,6 +32,7 @@ class ConversionReport:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as config.json's vitconvert block records it (and ``convert --json`` prints it)."""
         return {
             "variant": self.surgery.variant,
             "options": self.surgery.options,

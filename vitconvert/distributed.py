@@ -32,14 +32,17 @@ class DistEnv:
 
     @property
     def distributed(self) -> bool:
+        """Whether several processes train (torchrun with WORLD_SIZE > 1)."""
         return self.world > 1
 
     @property
     def is_main(self) -> bool:
+        """Whether this is rank 0, the one process that prints and writes."""
         return self.rank == 0
 
 
 def pick_device(requested: Optional[str], local_rank: int) -> torch.device:
+    """The device asked for (refused in one line when this machine has none), else this rank's GPU or the CPU."""
     if requested:
         try:
             device = torch.device(requested)
@@ -106,6 +109,7 @@ def setup(requested_device: Optional[str] = None) -> DistEnv:
 
 
 def teardown(env: DistEnv) -> None:
+    """Leave the process group, so torchrun's processes exit together."""
     if env.distributed and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -135,6 +139,7 @@ def gather(env: DistEnv, obj: Any) -> list[Any]:
 
 
 def barrier(env: DistEnv) -> None:
+    """Wait for every process (one process: nothing to wait for)."""
     if env.distributed:
         dist.barrier()
 
@@ -170,6 +175,7 @@ def shard(module: nn.Module, env: DistEnv, attention_types: tuple[type, ...]) ->
 
 
 def is_fsdp(module: Optional[nn.Module]) -> bool:
+    """Whether the module is sharded by FSDP2, whose state dicts need torch's distributed helpers."""
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(module, FSDPModule)

@@ -66,6 +66,7 @@ def eval_sums(forward: Callable[[torch.Tensor], torch.Tensor], loader: DataLoade
 
 
 def metrics_from_sums(sums: torch.Tensor) -> dict[str, Any]:
+    """top1, top5, loss and images/s from the summed counts; refused when there is nothing to measure."""
     loss, top1, top5, n, seconds = sums.tolist()
     if n == 0:
         raise VitconvertError("the evaluation split holds no images")

@@ -53,6 +53,7 @@ class ExportResult:
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as ``export --json`` prints it."""
         return asdict(self)
 
 
@@ -95,6 +96,7 @@ def load_for_export(source: Union[str, Path, Resolved], img_size: Optional[int] 
 
 
 def model_img_size(model: nn.Module) -> int:
+    """The image size the model was built for: the export's default input size."""
     size = getattr(getattr(model, "patch_embed", None), "img_size", None)
     if size is None:
         return int(model.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
@@ -119,6 +121,7 @@ def check_images(model: nn.Module, count: int, img_size: int) -> torch.Tensor:
 
 
 def relative_error(got: Any, want: torch.Tensor) -> float:
+    """The largest difference from the eager model, relative to its largest logit: the export's check."""
     got = torch.as_tensor(got, dtype=torch.float32)
     scale = want.abs().max().item() or 1.0
     return (got - want).abs().max().item() / scale

@@ -51,6 +51,7 @@ class OldFolderWarning(UserWarning):
 
 
 def versions() -> dict[str, str]:
+    """The library versions that wrote a folder, recorded so a later load can say what changed."""
     import safetensors
 
     return {"vitconvert": __version__, "timm": timm.__version__, "torch": torch.__version__.split("+")[0],

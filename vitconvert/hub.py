@@ -49,6 +49,7 @@ class PushPlan:
     token_source: Optional[str] = None  # where a token would come from; never the token itself
 
     def to_dict(self) -> dict[str, Any]:
+        """The plan as ``push --json`` prints it."""
         return asdict(self)
 
 
@@ -123,6 +124,7 @@ def upload_files(folder: Path, to_write: tuple[str, ...] = ()) -> tuple[list[Pat
 
 # -- the push --------------------------------------------------------------------------------------------
 def default_commit_message(config: dict[str, Any]) -> str:
+    """A commit message that says what was pushed: architecture, variant and vitconvert version."""
     block = config.get("vitconvert", {})
     return f"Upload {source_architecture(config)[0]} with {block.get('variant', '?')} attention (vitconvert " \
            f"{__version__})"

@@ -47,6 +47,7 @@ class LayerChoice:
     images: int
 
     def to_dict(self) -> dict[str, Any]:
+        """The choice as ``convert --json`` prints it."""
         return asdict(self)
 
 

@@ -45,9 +45,11 @@ class InitRecipe:
 
     @property
     def needs_fresh_model(self) -> bool:
+        """Whether any part is random: then a freshly initialised copy of the source is built to draw from."""
         return "random" in (self.attn, self.mlp, self.rest)
 
     def to_dict(self) -> dict[str, Any]:
+        """The recipe as config.json records it."""
         return asdict(self)
 
 
@@ -152,14 +154,17 @@ class InitReport:
     rows: dict[tuple[str, str], list[int]]
 
     def add(self, group: str, action: str, numel: int) -> None:
+        """Count one tensor of ``numel`` values under its group and action."""
         count = self.rows.setdefault((group, action), [0, 0])
         count[0] += 1
         count[1] += numel
 
     def to_list(self) -> list[dict[str, Any]]:
+        """The rows as config.json records them (group, action, tensors, params), sorted."""
         return [{"group": g, "action": a, "tensors": t, "params": n} for (g, a), (t, n) in sorted(self.rows.items())]
 
     def totals(self) -> dict[str, int]:
+        """Parameters per action (copied, mimetic, ...): the report's bottom line."""
         out: dict[str, int] = {}
         for (_, action), (_, n) in self.rows.items():
             out[action] = out.get(action, 0) + n
@@ -167,6 +172,7 @@ class InitReport:
 
 
 def choose_action(group: str, recipe: InitRecipe, reheaded: bool) -> str:
+    """What happens to a parameter group under a recipe: copied, mimetic, default-init or random."""
     if group == "attention-extra":
         return "default-init"
     if group == "attention":

@@ -41,6 +41,7 @@ class SurgeryReport:
 
     @property
     def hybrid(self) -> bool:
+        """Whether some attention layers stayed softmax."""
         return len(self.layers) != self.depth
 
 

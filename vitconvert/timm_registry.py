@@ -43,6 +43,7 @@ def architecture_name(variant: str) -> str:
 
 
 def is_vitconvert_architecture(name: Optional[str]) -> bool:
+    """Whether a config's architecture names one of our timm entrypoints (vitconvert_<variant>)."""
     return isinstance(name, str) and name.startswith(PREFIX) and name[len(PREFIX):] in VARIANTS
 
 

@@ -36,6 +36,7 @@ DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torc
 
 
 def nbytes(tensor: torch.Tensor) -> int:
+    """The bytes a tensor takes in the file."""
     return tensor.numel() * tensor.element_size()
 
 

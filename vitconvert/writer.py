@@ -103,6 +103,7 @@ def remove_stale_siblings(out: Path) -> list[Path]:
 
 
 def writable_error(out: Path, e: OSError) -> VitconvertError:
+    """The one line for an output that cannot be written, naming the folder where it failed."""
     reason = e.strerror or str(e) or type(e).__name__
     return VitconvertError(f"cannot write {out}: {reason} (in {out.parent.resolve()})")
 

@@ -89,6 +89,7 @@ class LazyCommand(TyperCommand):
         return typer.main.get_command(single)
 
     def make_context(self, info_name: Optional[str], args: list[str], parent: Any = None, **extra: Any) -> Any:
+        """Click's entry for running a command: the real command is built (and imported) only here."""
         return self.load().make_context(info_name, args, parent=parent, **extra)
 
 
@@ -121,17 +122,21 @@ class Commands(TyperGroup):
             self.add_command(LazyCommand(name, module, function, summary))
 
     def get_params(self, ctx: Any) -> list[Any]:
+        """The group's options with boolean flags shown as flags in ``--help``."""
         return shown_as_flags(super().get_params(ctx))
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        """Parse the command line; Ctrl-C during it is one line, not a traceback."""
         with said_interrupted():
             return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx: Any) -> Any:
+        """Run the chosen command; Ctrl-C during it is one line, not a traceback."""
         with said_interrupted():
             return super().invoke(ctx)
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """Click's main without its standalone mode, so errors and help go through vitconvert's one-line funnel."""
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
@@ -164,6 +169,7 @@ class Command(TyperCommand):
                 param.help = escape(param.help)
 
     def get_params(self, ctx: Any) -> list[Any]:
+        """The command's options with boolean flags shown as flags in ``--help``."""
         return shown_as_flags(super().get_params(ctx))
 
 
@@ -190,4 +196,5 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
 
 
 def main() -> None:
+    """The ``vitconvert`` console script."""
     app()

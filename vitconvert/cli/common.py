@@ -326,6 +326,7 @@ def last_converted() -> Path:
 
 
 def report_table(report: dict[str, Any], title: str) -> Table:
+    """The conversion report as a terminal table (convert and info print it)."""
     table = Table(title=title)
     for col, justify in (("group", "left"), ("init", "left"), ("tensors", "right"), ("parameters", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]

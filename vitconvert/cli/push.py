@@ -13,6 +13,7 @@ from .common import JsonOpt, console, loading_libraries, user_errors
 
 
 def human_size(n: int) -> str:
+    """A byte count as people read file sizes (decimal units: kB, MB, GB)."""
     for unit in ("B", "kB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -21,6 +22,7 @@ def human_size(n: int) -> str:
 
 
 def files_table(files: list[tuple[str, int]], title: str) -> Table:
+    """What a push would upload (or did), file by file, with the total: a dry run's whole answer."""
     table = Table(title=title)
     table.add_column("file")
     table.add_column("size", justify="right")

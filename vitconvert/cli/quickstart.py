@@ -92,6 +92,7 @@ class LiveTable:
             self.console.print(f"{update.name}: {update.state}{epoch}", highlight=False)
 
     def render(self) -> Table:
+        """The table as it stands now; rich redraws it on each update, so the user sees every job move."""
         table = Table(title="training (each on one CPU thread)")
         for col in ("model", "state", "epoch", "steps", "val top-1"):
             table.add_column(col, justify="left" if col in ("model", "state") else "right")

@@ -34,6 +34,8 @@ class ClassOrderWarning(UserWarning):
 
 
 def is_train_split(split: str) -> bool:
+    """Whether a split name means training data (train, training): it picks torchvision's train set and the
+    folders an image folder's split is looked for in."""
     return split in TRAIN_SPLITS
 
 
@@ -61,6 +63,7 @@ def open_dataset(spec: str, split: str, data_dir: Optional[str] = None, download
 
 
 def open_named(prefix: str, name: str, spec: str, split: str, data_dir: Optional[str], download: bool) -> Dataset:
+    """A dataset timm or torchvision names (``torch/cifar100``), whose failed download leaves no folder behind."""
     root = str(Path(data_dir).expanduser()) if data_dir else None
     if prefix == "torch" and root is None:
         raise VitconvertError(f"{spec} needs {param('data_dir')}: the folder that holds (or will hold, with "
@@ -190,6 +193,8 @@ def dataset_classes(ds: Dataset) -> Optional[int]:
 
 
 def check_classes(ds: Dataset, head: int, what: str = "student") -> None:
+    """Refuse data whose class count is not the head's: labels past the head would index out of range, fewer would
+    train a head with dead classes."""
     found = dataset_classes(ds)
     if found is not None and found != head:
         raise VitconvertError(f"the data has {plural(found, 'class', 'classes')} but the {what}'s head has {head}: "

@@ -54,6 +54,7 @@ class DigitsDataset(Dataset):
         return len(self.targets)
 
     def image(self, i: int) -> Image.Image:
+        """Image ``i`` as RGB PIL, the form timm's transforms take."""
         return Image.fromarray(self.images[i]).convert("RGB")
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:

@@ -28,6 +28,7 @@ def same_name(name: str) -> str:
 
 
 def is_image(name: str) -> bool:
+    """Whether a file name is an image the reader opens (hidden files, such as macOS's ._ files, are not)."""
     return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
@@ -112,10 +113,12 @@ class ClassFolderReader:
         return len(self.samples)
 
     def filename(self, index: int, basename: bool = False, absolute: bool = False) -> str:
+        """Sample ``index``'s path, in the forms timm's readers offer."""
         name = self.samples[index][0]
         if basename:
             return os.path.basename(name)
         return name if absolute else os.path.relpath(name, self.root)
 
     def filenames(self, basename: bool = False, absolute: bool = False) -> list[str]:
+        """Every sample's path, in the forms timm's readers offer."""
         return [self.filename(i, basename, absolute) for i in range(len(self))]

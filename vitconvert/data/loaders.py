@@ -100,6 +100,7 @@ class EpochBatchSampler(Sampler[list[int]]):
         self.epoch, self.start = 0, 0
 
     def batches(self) -> list[list[int]]:
+        """This rank's batches of the epoch: a seeded order (training) or every image once (eval)."""
         if self.train:
             order = torch.randperm(self.size, generator=torch.Generator().manual_seed(
                 self.seed * 7919 + self.epoch)).tolist()
@@ -118,6 +119,7 @@ class EpochBatchSampler(Sampler[list[int]]):
 
 
 def default_workers(world: int) -> int:
+    """Loader processes per rank: the cores left after the trainer's own, at most 8."""
     return max(0, min(8, (os.cpu_count() or 1) // max(world, 1) - 1))
 
 

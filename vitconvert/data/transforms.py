@@ -32,6 +32,7 @@ class InputConfig:
         return self.input_size[1], self.input_size[2]
 
     def timm_config(self) -> dict[str, Any]:
+        """The config as timm's ``create_transform`` takes it."""
         return {"input_size": self.input_size, "interpolation": self.interpolation, "mean": self.mean,
                 "std": self.std, "crop_pct": self.crop_pct, "crop_mode": self.crop_mode}
 

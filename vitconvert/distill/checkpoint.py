@@ -52,6 +52,8 @@ def rng_state() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
+    """Put back every generator a checkpoint saved (Python, NumPy, torch, CUDA): a resume then draws the same
+    augmentations and dropout as the uninterrupted run."""
     version, mt, gauss = state["python"]
     random.setstate((version, tuple(mt), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
@@ -62,6 +64,7 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch from the recipe's seed, so a run is repeatable."""
     random.seed(seed)
     np.random.seed(seed % 2 ** 32)
     torch.manual_seed(seed)
@@ -92,6 +95,7 @@ def split_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dic
 
 
 def join_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer state rebuilt from its flat safetensors form and trainer.json's non-tensor part."""
     state: dict[str, dict[str, Any]] = {}
     for flat, value in tensors.items():
         name, _, key = flat.rpartition("/")
@@ -154,10 +158,12 @@ class Checkpoint:
 
     @property
     def position(self) -> Position:
+        """Where the run stopped: epoch, batch, step, the best top-1 and the running sums."""
         return Position(**self.meta["position"])
 
     @property
     def recipe(self) -> dict[str, Any]:
+        """The recipe the run was trained with, as trainer.json recorded it."""
         return self.meta["recipe"]
 
     def _tensors(self, name: str) -> dict[str, torch.Tensor]:
@@ -226,12 +232,15 @@ class Checkpoint:
                                      f"add {param('force', True)} to continue under the new teacher)")
 
     def model(self) -> dict[str, torch.Tensor]:
+        """The student's weights at the checkpoint."""
         return self._tensors("model.safetensors")
 
     def optimizer(self) -> dict[str, Any]:
+        """The optimizer's state dict, rebuilt for ``load_state_dict``."""
         return join_optimizer(self._tensors("optimizer.safetensors"), self.meta["optimizer"])
 
     def ema(self) -> Optional[dict[str, torch.Tensor]]:
+        """The EMA weights, when the run kept an EMA."""
         return self._tensors("ema.safetensors") if (self.folder / "ema.safetensors").is_file() else None
 
     def rng(self, rank: int) -> Optional[dict[str, Any]]:
@@ -269,6 +278,7 @@ def check_optimizer_fits(saved: dict[str, Any], optimizer: torch.optim.Optimizer
 
 
 def read_checkpoint(run: Path) -> Checkpoint:
+    """A run's checkpoint-last/, refused in one line when it is missing or damaged."""
     folder = run / CHECKPOINT
     meta_file = folder / "trainer.json"
     if folder.is_dir() and not meta_file.is_file():

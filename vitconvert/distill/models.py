@@ -24,6 +24,7 @@ def check_sizes(student: nn.Module, teacher: nn.Module, size: tuple[int, int]) -
 
 
 def check_kd(student: nn.Module, teacher: nn.Module, kd_weight: float) -> None:
+    """Refuse logit distillation between heads of different classes: the KL of unrelated logits teaches nothing."""
     mine, theirs = getattr(student, "num_classes", None), getattr(teacher, "num_classes", None)
     if kd_weight > 0 and mine != theirs:
         raise VitconvertError(f"logit KD needs the teacher's classes: the teacher has {theirs}, the student "
@@ -31,6 +32,7 @@ def check_kd(student: nn.Module, teacher: nn.Module, kd_weight: float) -> None:
 
 
 def embed_width(model: nn.Module) -> int:
+    """The model's token width, which sizes the attention-output loss."""
     return int(getattr(model, "embed_dim", None) or getattr(model, "num_features", 0))
 
 
@@ -50,6 +52,7 @@ def set_drop_path(model: nn.Module, rate: float) -> None:
 
 
 def attention_param_ids(attention: list[nn.Module]) -> set[int]:
+    """The ids of the attention layers' parameters: the set the attention-only stage trains."""
     return {id(p) for m in attention for p in m.parameters()}
 
 

@@ -22,6 +22,7 @@ CURVES = "curves.png"
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl's records; a line cut short by a crash is skipped, not an error on resume."""
     if not path.is_file():
         return []
     records = []
@@ -56,6 +57,7 @@ class Monitor:
             self.tb = None
 
     def log(self, record: dict[str, Any]) -> None:
+        """Append one record to metrics.jsonl (and TensorBoard, when on); only the main process writes."""
         if not self.enabled:
             return
         with self.path.open("a") as f:
@@ -69,9 +71,11 @@ class Monitor:
             self.tb.flush()
 
     def epochs(self) -> list[dict[str, Any]]:
+        """The epoch records so far, resumed runs included: the curves and the card read these."""
         return [r for r in read_records(self.path) if r.get("kind") == "epoch"]
 
     def close(self) -> None:
+        """Flush and close TensorBoard's writer, so its last events reach the disk."""
         if self.tb is not None:
             self.tb.close()
 
@@ -129,6 +133,7 @@ class Bar:
         self.last_line = time.monotonic()
 
     def start(self, description: str, total: int, done: int) -> None:
+        """Begin an epoch's progress: a live bar at a terminal, a line every few seconds otherwise."""
         self.description, self.total, self.done = description, total, done
         self.last_line = time.monotonic()
         if not self.animate:
@@ -140,6 +145,7 @@ class Bar:
         self.task = self.progress.add_task(description, total=total, completed=done, terms="")
 
     def advance(self, terms: Optional[str] = None) -> None:
+        """One optimizer step done, with the loss terms to show."""
         self.done += 1
         self.terms = terms if terms is not None else self.terms
         if self.progress is not None:
@@ -149,10 +155,12 @@ class Bar:
             self.last_line = time.monotonic()
 
     def stop(self) -> None:
+        """End the live bar, so the lines after it print below it."""
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
 
     def print(self, line: str) -> None:
+        """Print a line above the bar; silent where output is off (other ranks than the main one, a quiet run)."""
         if self.show:
             self.console.print(line, highlight=False, soft_wrap=True)

@@ -107,6 +107,7 @@ class GroupView(torch.optim.Optimizer):
 
     @property  # type: ignore[override]
     def param_groups(self) -> list[dict[str, Any]]:
+        """Only the groups of this view's kind, so timm's scheduler steps those alone."""
         return [g for g in self.optimizer.param_groups if g.get("kind") == self.kind]
 
 
@@ -117,18 +118,22 @@ class SplitScheduler:
         self.schedulers = schedulers
 
     def step(self, epoch: int, metric: Optional[float] = None) -> None:
+        """Step every group's schedule at an epoch's end."""
         for s in self.schedulers.values():
             s.step(epoch, metric)
 
     def step_update(self, num_updates: int, metric: Optional[float] = None) -> None:
+        """Step every group's schedule after an optimizer update."""
         for s in self.schedulers.values():
             s.step_update(num_updates, metric)
 
     def state_dict(self) -> dict[str, Any]:
 
+        """Each schedule's state, JSON-only, for trainer.json."""
         return {k: json_only(s.state_dict()) for k, s in self.schedulers.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put each schedule back where a checkpoint left it."""
         for k, s in self.schedulers.items():
             s.load_state_dict(state[k])
 

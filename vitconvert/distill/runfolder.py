@@ -125,6 +125,7 @@ class RunGuard:
         self.was_empty = run.is_dir() and not any(run.iterdir())
 
     def done(self, ok: bool) -> None:
+        """End the guard: drop the old run after success (or once a checkpoint exists), else put it back."""
         if not self.active:
             return
         old = aside(self.run)

@@ -34,6 +34,7 @@ class RunningSums:
         return sums
 
     def add(self, other: RunningSums) -> None:
+        """Add another set of sums (a micro-batch's) in place."""
         self.values += other.values
 
     def all_reduce(self, env: D.DistEnv) -> RunningSums:
@@ -44,9 +45,11 @@ class RunningSums:
 
     @property
     def images(self) -> float:
+        """How many images the sums cover: the divisor of every mean."""
         return float(self.values[-1])
 
     def total(self, term: str) -> float:
+        """The sum of one loss term (a name of TERMS)."""
         return float(self.values[TERMS.index(term)])
 
     def mean(self) -> dict[str, float]:
@@ -55,10 +58,13 @@ class RunningSums:
         return {k: float(self.values[i]) / n for i, k in enumerate(TERMS)}
 
     def finite(self) -> bool:
+        """Whether every sum is finite: a NaN loss stops the run before it is saved."""
         return bool(torch.isfinite(self.values).all())
 
     def reset(self) -> None:
+        """Zero the sums for the next window or epoch."""
         self.values.zero_()
 
     def to_list(self) -> list[float]:
+        """The sums as plain floats, as trainer.json stores them for a resume."""
         return self.values.tolist()

@@ -88,6 +88,7 @@ class DistillationTask:
             self.ema.module.load_state_dict(saved)
 
     def update_ema(self, step: int) -> None:
+        """Move the EMA (when kept) toward the student after an optimizer step."""
         if self.ema is not None:
             self.ema.update(self.model, step=step)
 
@@ -135,6 +136,7 @@ class DistillationTask:
         return self.trained_state()
 
     def ema_state(self) -> Optional[dict[str, torch.Tensor]]:
+        """The EMA's weights for the checkpoint (None without an EMA)."""
         return self.ema.module.state_dict() if self.ema is not None else None
 
     def close(self) -> None:

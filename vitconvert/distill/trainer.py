@@ -162,6 +162,7 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------------------
     def fit(self, on_step: Optional[Callable[[Trainer], None]] = None) -> RunResult:
+        """Train every epoch left (all of them, or the rest after a resume), then write the final folder."""
         r, start = self.recipe, time.perf_counter()
         self.task.enter(self.stages[min(self.pos.epoch, r.epochs - 1)], self.env, sharded=self.job.fsdp)
         self.bar.print(f"{'resuming' if self.ckpt is not None else 'distilling'} {self.job.student} from the teacher "
@@ -182,6 +183,7 @@ class Trainer:
         return self.finish(time.perf_counter() - start)
 
     def train_epoch(self, epoch: int, stop: StopRequest, on_step: Optional[Callable[[Trainer], None]]) -> None:
+        """One epoch of micro-steps; stops cleanly between steps when asked (Ctrl-C, SIGTERM)."""
         r = self.recipe
         data.set_epoch(self.feed.train, epoch, self.pos.batch)
         self.task.student.train()
@@ -236,6 +238,7 @@ class Trainer:
         return RunningSums.of_batch(out, images.shape[0], env.device)
 
     def optimizer_step(self) -> None:
+        """Clip (when the recipe says), step the optimizer and its schedule, update the EMA."""
         from timm.utils import dispatch_clip_grad
 
         r = self.recipe
@@ -256,6 +259,7 @@ class Trainer:
 
     # -- reporting ------------------------------------------------------------------------------------
     def check_finite(self, epoch: int, *sums: RunningSums) -> None:
+        """Stop a run whose loss went NaN or infinite, saying which checkpoint is still good."""
         if all(s.finite() for s in sums):
             return
         saved = read_checkpoint(self.run_dir).position.epoch if (self.run_dir / CHECKPOINT).is_dir() else None
@@ -266,6 +270,7 @@ class Trainer:
                               f"training stopped and {where}")
 
     def log_step(self, epoch: int) -> str:
+        """The window's mean loss terms and learning rates, logged and returned for the bar."""
         totals = self.window.all_reduce(self.env)
         self.check_finite(epoch, totals)
         record: dict[str, Any] = {"kind": "step", "epoch": epoch + 1, "step": self.pos.step,
@@ -280,6 +285,7 @@ class Trainer:
         return " ".join(f"{k} {record[k]:.4f}" for k in TERMS if k in record) + f"  {record['img_s']:.0f} img/s"
 
     def validate(self) -> dict[str, Any]:
+        """Top-1, top-5 and loss of the evaluated model (EMA when on) on the validation split."""
         r, env = self.recipe, self.env
         self.task.student.eval()
         sums = D.all_sum(env, eval_sums(self.task.evaluated(), self.feed.val, env.device, r.amp, self.channels_last,
@@ -289,6 +295,7 @@ class Trainer:
         return metrics_from_sums(sums)
 
     def end_epoch(self, epoch: int) -> None:
+        """Validate, step the schedule, log the epoch, keep the best and write the checkpoint."""
         started = time.perf_counter()
         train = self.epoch_sums.all_reduce(self.env)
         self.check_finite(epoch, train)
@@ -313,6 +320,7 @@ class Trainer:
                        f"  loss {val['loss']:.4f}")
 
     def card_metrics(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The metrics the model card shows for this epoch's record."""
         return card_metrics(self.recipe, record, self.pos.best_top1, self.pos.best_epoch)
 
     # -- writing --------------------------------------------------------------------------------------
@@ -332,6 +340,7 @@ class Trainer:
         write_model_folder(export, state, folder, meta, in_place=folder == self.run_dir)
 
     def save_checkpoint(self) -> None:
+        """Write checkpoint-last/ atomically (weights, optimizer, RNG, position): the resume point."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         D.reshard(self.task.student)
@@ -351,6 +360,8 @@ class Trainer:
         D.barrier(self.env)
 
     def finish(self, seconds: float) -> RunResult:
+        """Write the final model folder (with the teacher comparison) and the curves; return the last and best
+        metrics, so the caller and the quickstart table need not read the folder back."""
         epochs = self.monitor.epochs() if self.env.is_main else []
         last = epochs[-1] if epochs else None
         metrics: dict[str, Any] = {"best_top1": self.pos.best_top1, "best_epoch": self.pos.best_epoch,

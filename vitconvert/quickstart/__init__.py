@@ -43,6 +43,7 @@ class Quickstart:
         return {s.variant: s.top1 > base[s.variant] for s in self.students if s.variant in base}  # type: ignore[misc]
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as ``quickstart --json`` prints it."""
         return {"teacher": asdict(self.teacher), "students": [asdict(r) for r in self.students],
                 "scratch": [asdict(r) for r in self.scratch], "epochs": self.epochs,
                 "seconds": round(self.seconds, 1), "beats_scratch": self.beats_scratch()}

@@ -88,6 +88,7 @@ def train_one(job: Job, out: Path, device: Optional[str], force: bool, progress:
 
 
 def plan_jobs(variants: Sequence[str], seed: int, epochs: Optional[int], scratch: bool) -> list[Job]:
+    """One job per variant (and its scratch twin when asked), each with its own recipe overrides."""
     overrides: dict[str, Any] = {"seed": seed, **({"epochs": epochs} if epochs is not None else {})}
     jobs = []
     for variant in variants:
