@@ -19,7 +19,8 @@ def test_a_run_folder_of_the_flat_format_resumes_without_force(tmp_path, monkeyp
     saved = json.loads(Path("run/checkpoint-last/trainer.json").read_text())
     recipe = load_recipe("run/recipe.yaml")[0]
     assert recipe_changes(saved["recipe"], recipe) == []  # the flat dict is the same recipe: no --force needed
-    assert (recipe.epochs, recipe.warmup_epochs, recipe.seed, recipe.new_params.lr_scale) == (2, 1, 3, 2.0)
+    s, new = recipe.schedule, recipe.optimization.new_params
+    assert (s.epochs, s.warmup_epochs, recipe.seed, new.lr_scale) == (2, 1, 3, 2.0)
 
     result = distill("student", "run", resume=True, show=False)  # recipe and teacher: the run's own
 
