@@ -1,6 +1,6 @@
 """The sections of a recipe: each a frozen dataclass that coerces and checks its own fields once, when built.
 
-A field's name is the same as in the flat recipe of vitconvert <= 0.x (``epochs``, ``lr``, ``reprob``...), and
+A field's name is the same as in the flat recipe that came before the sections (``epochs``, ``lr``, ``reprob``), and
 unique across sections, so a flat key still says which section it belongs to (``recipes.FLAT_KEYS``) and an error
 names the field as the user wrote it. Names follow timm's train.py arguments where one exists. A field marked
 ``OPERATIONAL`` says where or how fast, not what is trained: changing it does not change a resumed run's result.

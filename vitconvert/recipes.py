@@ -2,7 +2,7 @@
 
 The recipe is data so that any run can be repeated: the run folder keeps the YAML text as given plus the
 overrides (``recipe.yaml``), and the model card shows the resolved values. A recipe file is written in sections
-(``schedule: {epochs: 300}``); the flat files of vitconvert <= 0.x (``epochs: 300``), flat overrides
+(``schedule: {epochs: 300}``); the flat files written before the sections (``epochs: 300``), flat overrides
 (``--set epochs=3``) and the flat recipe dicts that older run folders stored still read, each flat key mapped
 to its section by ``FLAT_KEYS``.
 """
@@ -92,6 +92,7 @@ SECTIONS: dict[str, type[Section]] = {f.name: sections._hints(Recipe)[f.name] fo
 # whose field names are the flat names: a field added to a section also reads flat).
 FLAT_KEYS: dict[str, str] = {f.name: f"{section}.{f.name}" for section, kind in SECTIONS.items()
                              for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
+FIELDS = (*TOP_LEVEL, *FLAT_KEYS)  # every field by the name a user writes (flat, or last in its dotted path)
 SCALED_WITH_EPOCHS = ("schedule.warmup_epochs", "optimization.new_params.warmup_epochs",
                       "schedule.freeze_copied_epochs")
 
@@ -138,7 +139,7 @@ def override_paths(overrides: dict[str, Any]) -> dict[str, Any]:
     named: dict[str, str] = {}
     for key, value in overrides.items():
         path = field_path(str(key))
-        for sub, leaf in (leaves(value, f"{path}.") if isinstance(value, dict) and value else {path: value}).items():
+        for sub, leaf in (leaves(value, f"{path}.") if isinstance(value, dict) else {path: value}).items():
             if sub in named and named[sub] != key:
                 raise VitconvertError(f"recipe overrides {named[sub]} and {key} both set {sub}: give it once")
             out[sub], named[sub] = leaf, str(key)

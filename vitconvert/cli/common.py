@@ -288,7 +288,7 @@ def recipe_overrides(pairs: Optional[list[str]], flags: dict[str, Any]) -> dict[
     """One dict of recipe overrides, from ``--set`` pairs (``schedule.epochs=3`` or the flat ``epochs=3``) and the
     command's own flags (None: not given), for the recipe's one path (``recipes.build_recipe``). One rule: a field
     is given once; ``--set epochs=abc`` beside ``--epochs 3`` is refused, not dropped unread."""
-    from ..recipes import field_path  # lazy: the recipe module reads timm's registries when a recipe is built
+    from ..recipes import field_path  # lazy: start-up time
 
     sets = parse_sets(pairs)
     given = {k: v for k, v in flags.items() if v is not None}
