@@ -127,6 +127,8 @@ def test_hub_dataset_ids_pass_through_and_unknown_names_stay(config):
     assert ModelCard(render_card(cfg)).data.datasets == ["timm/oxford-iiit-pet"]
     cfg["vitconvert"]["recipe"] = {"dataset": "my_private_set"}
     assert ModelCard(render_card(cfg)).data.datasets == ["my_private_set"]
+    cfg["vitconvert"]["recipe"] = {"dataset": {"data": "hfds/timm/oxford-iiit-pet"}}  # a recipe in sections
+    assert ModelCard(render_card(cfg)).data.datasets == ["timm/oxford-iiit-pet"]
 
 
 def test_card_of_a_distill_run_as_the_trainer_writes_it(config):

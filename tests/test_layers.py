@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("services", ["dependencies", "threads", "writer", "distributed", "aliases", "assets", "hub_io", "recipe_checks",
                   "selection", "weights_file", "provenance"]),
     ("variants", ["attention"]),
+    ("recipe sections", ["recipe_sections"]),
     ("recipes and families", ["recipes", "surgery"]),
     ("data and model plumbing", ["data", "init", "timm_registry", "capture", "recipe_report"]),
     ("model card", ["card"]),

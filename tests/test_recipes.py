@@ -1,4 +1,4 @@
-"""Recipes: YAML -> one validated frozen dataclass; overrides; the stored text reloads to the same recipe."""
+"""Recipes: YAML -> one frozen Recipe of sections, each checked once; overrides; the stored text reloads the same."""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ PAPER_DATASETS = ("cifar10", "cifar100", "stl10", "food101", "flowers102", "pets
 @pytest.mark.parametrize("name", PAPER_DATASETS)
 def test_paper_recipes_follow_xu_et_al(name):
     recipe, text = load_recipe(name)
+    o, s, i, a = recipe.optimization, recipe.schedule, recipe.input, recipe.augmentation
     assert recipe.name == name and text.startswith("#")
-    assert (recipe.opt, recipe.weight_decay, recipe.min_lr, recipe.epochs) == ("adamw", 0.05, 1e-6, 300)
-    assert (recipe.img_size, recipe.interpolation, recipe.rand_augment) == (224, "bicubic", "rand-m9-mstd0.5-inc1")
-    assert (recipe.color_jitter, recipe.smoothing, recipe.reprob) == (0.4, 0.1, 0.25)
-    assert (recipe.mixup, recipe.cutmix, recipe.mixup_switch_prob) == (0.8, 1.0, 0.5)
-    assert recipe.resolved_drop_path(192) == 0.0 and recipe.resolved_drop_path(384) == 0.1
+    assert (o.opt, o.weight_decay, s.min_lr, s.epochs) == ("adamw", 0.05, 1e-6, 300)
+    assert (i.img_size, i.interpolation, a.rand_augment) == (224, "bicubic", "rand-m9-mstd0.5-inc1")
+    assert (a.color_jitter, a.smoothing, a.reprob) == (0.4, 0.1, 0.25)
+    assert (a.mixup, a.cutmix, a.mixup_switch_prob) == (0.8, 1.0, 0.5)
+    assert o.resolved_drop_path(192) == 0.0 and o.resolved_drop_path(384) == 0.1
     expected = (4096, 4e-3, 50) if name == "imagenet1k" else (512, 2e-3, 50)
-    assert (recipe.batch_size, recipe.lr, recipe.warmup_epochs) == expected
+    assert (o.batch_size, s.lr, s.warmup_epochs) == expected
 
 
 def test_every_shipped_recipe_loads():
@@ -35,7 +36,9 @@ def test_every_shipped_recipe_loads():
 
 def test_recipe_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
-        Recipe().lr = 1.0  # type: ignore[misc]
+        Recipe().schedule.lr = 1.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Recipe().name = "x"  # type: ignore[misc]
 
 
 def test_unknown_key_is_named_with_a_suggestion(tmp_path):
@@ -64,7 +67,8 @@ def test_bad_values_are_refused(values, text):
 
 def test_types_are_coerced():
     recipe = build_recipe({"lr": 1, "scale": [0.5, 1], "mean": [0.5, 0.5, 0.5], "img_size": 8})
-    assert recipe.lr == 1.0 and isinstance(recipe.lr, float) and recipe.scale == (0.5, 1.0) and recipe.img_size == 8
+    s, a, i = recipe.schedule, recipe.augmentation, recipe.input
+    assert s.lr == 1.0 and isinstance(s.lr, float) and a.scale == (0.5, 1.0) and i.img_size == 8
 
 
 @pytest.mark.parametrize("stages,epochs,plan", [
@@ -73,14 +77,14 @@ def test_types_are_coerced():
     ("attn:1,finetune", 5, [("attn", 1), ("finetune", 4)]),
 ])
 def test_stage_plans(stages, epochs, plan):
-    recipe = Recipe(stages=stages, epochs=epochs, warmup_epochs=0)
-    assert recipe.stage_plan() == plan
-    assert [recipe.stage_at(e) for e in range(epochs)] == [s for s, n in plan for _ in range(n)]
+    schedule = build_recipe({"stages": stages, "epochs": epochs, "warmup_epochs": 0}).schedule
+    assert schedule.stage_plan() == plan
+    assert [schedule.stage_at(e) for e in range(epochs)] == [s for s, n in plan for _ in range(n)]
 
 
 def test_overrides_are_stored_after_the_text_and_reload_to_the_same_recipe(tmp_path):
     recipe, text = load_recipe("cifar100", {"epochs": 600, "data": "/data/c100"})
-    assert recipe.epochs == 600 and recipe.data == "/data/c100"
+    assert recipe.schedule.epochs == 600 and recipe.dataset.data == "/data/c100"
     assert text.startswith(load_recipe("cifar100")[1]) and "overrides from the command line" in text
     (tmp_path / "recipe.yaml").write_text(text)
     assert load_recipe(str(tmp_path / "recipe.yaml"))[0] == recipe
@@ -94,8 +98,8 @@ def test_the_default_recipe_text_reloads_too(tmp_path):
 
 def test_recipe_changes_ignore_where_and_how_fast():
     old = Recipe().to_dict()
-    assert recipe_changes(old, Recipe(workers=8, data_dir="/elsewhere", log_interval=1)) == []
-    assert recipe_changes(old, Recipe(lr=0.1)) == ["lr: 0.002 -> 0.1"]
+    assert recipe_changes(old, build_recipe({"workers": 8, "data_dir": "/elsewhere", "log_interval": 1})) == []
+    assert recipe_changes(old, build_recipe({"lr": 0.1})) == ["lr: 0.002 -> 0.1"]
 
 
 def test_missing_recipe_lists_the_shipped_ones():
@@ -122,14 +126,17 @@ def test_bad_parameter_group_values_are_refused(values, text):
 def test_new_params_overrides_merge_into_the_file_and_reload(tmp_path):
     (tmp_path / "r.yaml").write_text("epochs: 4\nnew_params:\n  lr_scale: 10\n  warmup_epochs: 1\n")
     recipe, text = load_recipe(str(tmp_path / "r.yaml"), {"new_params.weight_decay": 0.1})
-    assert recipe.new_params.lr_scale == 10.0 and recipe.new_params.warmup_epochs == 1
-    assert recipe.new_params.weight_decay == 0.1
+    new = recipe.optimization.new_params
+    assert new.lr_scale == 10.0 and new.warmup_epochs == 1 and new.weight_decay == 0.1
     (tmp_path / "again.yaml").write_text(text)
     assert dataclasses.replace(load_recipe(str(tmp_path / "again.yaml"))[0], name="r") == recipe
-    assert recipe.to_dict()["new_params"] == {"lr_scale": 10.0, "weight_decay": 0.1, "warmup_epochs": 1}
-    assert Recipe(new_params={"lr_scale": 10}).new_params == recipe.new_params.__class__(lr_scale=10.0)
-    assert recipe_changes({k: v for k, v in Recipe().to_dict().items() if k != "new_params"}, Recipe()) == []
-    assert recipe_changes(Recipe().to_dict(), Recipe(compare_batches=0)) == []  # operational: no --force
+    assert recipe.to_dict()["optimization"]["new_params"] == {"lr_scale": 10.0, "weight_decay": 0.1,
+                                                              "warmup_epochs": 1}
+    assert build_recipe({"new_params": {"lr_scale": 10}}).optimization.new_params == new.__class__(lr_scale=10.0)
+    stored = Recipe().to_dict()
+    del stored["optimization"]["new_params"]
+    assert recipe_changes(stored, Recipe()) == []
+    assert recipe_changes(Recipe().to_dict(), build_recipe({"compare_batches": 0})) == []  # operational: no --force
 
 
 @pytest.mark.parametrize(("field", "value", "rule"), [
@@ -148,11 +155,12 @@ def test_each_number_rule_has_one_home(field, value, rule):
 def test_the_stage_plan_is_parsed_once_and_travels_with_the_recipe(monkeypatch):
     import pickle
 
-    from vitconvert import recipes
+    from vitconvert import recipe_checks
 
-    recipe = Recipe(epochs=4, stages="attn:1,finetune", warmup_epochs=0)
-    monkeypatch.setattr(recipes, "parse_stages", lambda *args: pytest.fail("parsed again"))
-    assert [recipe.stage_at(e) for e in range(5)] == ["attn", "finetune", "finetune", "finetune", "finetune"]
-    assert recipe.stage_plan() == [("attn", 1), ("finetune", 3)]
+    recipe = build_recipe({"epochs": 4, "stages": "attn:1,finetune", "warmup_epochs": 0})
+    monkeypatch.setattr(recipe_checks, "parse_stages", lambda *args: pytest.fail("parsed again"))
+    s = recipe.schedule
+    assert [s.stage_at(e) for e in range(5)] == ["attn", "finetune", "finetune", "finetune", "finetune"]
+    assert s.stage_plan() == [("attn", 1), ("finetune", 3)]
     copy = pickle.loads(pickle.dumps(recipe))  # a worker process gets the plan with the recipe
-    assert copy == recipe and copy.stage_plan() == recipe.stage_plan() and "_plan" not in recipe.to_dict()
+    assert copy == recipe and copy.schedule.stage_plan() == s.stage_plan() and "_plan" not in str(recipe.to_dict())

@@ -93,10 +93,10 @@ def test_a_converted_squash_model_keeps_its_preprocessing_in_the_folder_and_the_
 
 
 def test_the_recipe_overrides_what_it_sets_and_keeps_the_crop_mode():
-    from vitconvert.recipes import Recipe
+    from vitconvert.recipes import build_recipe
 
     model = model_for("eva02_base_patch14_448.mim_in22k_ft_in22k_in1k")
-    inp = input_config(model, Recipe(img_size=224, crop_pct=0.875))
+    inp = input_config(model, build_recipe(dict(img_size=224, crop_pct=0.875)))
     assert (inp.input_size, inp.crop_pct, inp.crop_mode, inp.interpolation) == ((3, 224, 224), 0.875, "squash",
                                                                                  "bicubic")
     assert inp.mean == tuple(model.pretrained_cfg["mean"])

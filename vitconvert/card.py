@@ -73,7 +73,8 @@ def base_model(config: dict[str, Any]) -> Optional[str]:
 def dataset_of(block: dict[str, Any]) -> Optional[str]:
     """The training dataset named by the recipe (or metrics), as a Hub id where we know it."""
     recipe = block.get("recipe") or {}
-    data = recipe.get("data")
+    section = recipe.get("dataset")  # the recipe's dataset section, or (older blocks) a dataset's name
+    data = recipe.get("data") or (section.get("data") if isinstance(section, dict) else None)
     if isinstance(data, dict):
         data = data.get("dataset") or data.get("name")
     name = data or recipe.get("dataset") or (block.get("metrics") or {}).get("dataset")

@@ -1,172 +1,109 @@
-"""The checks a recipe passes before anything runs or is written: ranges, and names against timm's registries.
-
-``Recipe.__post_init__`` checks types and the fields vitconvert itself reads; this file checks what timm will
-read later (an optimizer name, a scheduler, a clip mode, an augmentation string, probabilities), so a typo
-fails in a second with the field's name and its valid values, not minutes later inside timm, and not after a
-run folder was created. Names are checked by asking timm itself (its registries, its parsers), so what timm
-accepts is what passes.
+"""The rules a recipe's values obey, as small functions of values that the sections (recipe_sections.py) call
+once, when each is built: ranges, choices, and the names timm reads later (an optimizer, a scheduler, an
+interpolation, an augmentation string), checked against timm's registries and known lists so that a typo fails
+in a second with the field's name and its valid values, not minutes later inside timm, and not after a run
+folder was created. Nothing is built to validate a name: no optimizer over a toy model, no scheduler.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
-import re
-import warnings
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any, Optional
 
 from .errors import VitconvertError, first_line
 
 STAGES = ("joint", "attn", "finetune")
-
-PROBABILITIES = ("hflip", "reprob", "mixup_prob", "mixup_switch_prob", "momentum", "ema_decay")
-NON_NEGATIVE = ("min_lr", "warmup_lr", "color_jitter", "mixup", "cutmix", "weight_decay", "attn_weight", "kd_weight",
-                "warmup_epochs", "workers", "seed")
 CLIP_MODES = ("norm", "value", "agc")  # timm.utils.dispatch_clip_grad
 REMODES = ("pixel", "rand", "const")  # timm.data.RandomErasing
+# timm.scheduler.create_scheduler_v2's names that distill's warm-up-first schedule runs (plateau: see below)
+SCHEDULERS = ("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd")
 
 
-def _fail(field: str, value: Any, rule: str) -> VitconvertError:
+def fail(field: str, value: Any, rule: str) -> VitconvertError:
     return VitconvertError(f"recipe {field}: {value!r} {rule}")
 
 
-def _one_of(field: str, value: str, valid: list[str]) -> VitconvertError:
+def one_of(field: str, value: str, valid: Sequence[str]) -> VitconvertError:
     close = difflib.get_close_matches(value, valid, n=1)
     hint = f"did you mean {close[0]}? " if close else ""
     return VitconvertError(f"recipe {field}: unknown {value!r}; {hint}valid: {', '.join(valid)}")
 
 
-def check_numbers(r: Any) -> None:
-    """Every number finite, probabilities in [0, 1], the learning rate positive, ranges ordered."""
-    check_finite(r)
-    check_learning_rate(r)
-    check_ranges(r)
-    check_shapes(r)
+def check_choice(field: str, value: str, valid: Sequence[str]) -> None:
+    """A string vitconvert reads itself, against its few valid values."""
+    if value not in valid:
+        raise VitconvertError(f"recipe {field}: {value!r} is not one of {', '.join(valid)}")
 
 
-def check_finite(r: Any) -> None:
-    for name, value in vars(r).items():
-        values = value if isinstance(value, tuple) else (value,)
-        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-            raise _fail(name, value, "is not a finite number")
+def check_finite(field: str, value: Any) -> None:
+    values = value if isinstance(value, tuple) else (value,)
+    if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+        raise fail(field, value, "is not a finite number")
 
 
-def check_learning_rate(r: Any) -> None:
-    """lr positive, min_lr below it; the seed and name, which name and seed the run."""
-    if r.lr <= 0:
-        raise _fail("lr", r.lr, "must be a positive number")
-    if isinstance(r.seed, int) and r.seed >= 2 ** 63:
-        raise _fail("seed", r.seed, "must be below 2**63 (torch's generators take a 64-bit seed)")
-    if r.name is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*", str(r.name)):
-        raise _fail("name", r.name, "must be a plain name (letters, digits, _ . + -; no '/' or '..'): it names "
-                                    "the run folder under runs/")
-    if r.min_lr > r.lr:
-        raise _fail("min_lr", r.min_lr, f"is above the peak lr ({r.lr})")
+def check_at_least_one(field: str, value: int) -> None:
+    if value < 1:
+        raise VitconvertError(f"recipe {field} must be at least 1 (got {value})")
 
 
-def check_ranges(r: Any) -> None:
-    """Probabilities in [0, 1], the non-negative fields not negative, clipping and cropping positive."""
-    for name in PROBABILITIES:
-        if not 0 <= getattr(r, name) <= 1:
-            raise _fail(name, getattr(r, name), "is a probability: it must be between 0 and 1")
-    if not 0 <= r.smoothing < 1:
-        raise _fail("smoothing", r.smoothing, "must be in [0, 1) (label smoothing)")
-    for name in NON_NEGATIVE:
-        value = getattr(r, name)
-        if value is not None and value < 0:
-            raise _fail(name, value, "must not be negative")
-    if r.clip_grad is not None and r.clip_grad <= 0:
-        raise _fail("clip_grad", r.clip_grad, "must be positive, or null for no clipping")
-    if r.crop_pct is not None and not 0 < r.crop_pct <= 1:
-        raise _fail("crop_pct", r.crop_pct, "must be in (0, 1]")
+def check_probability(field: str, value: float) -> None:
+    if not 0 <= value <= 1:
+        raise fail(field, value, "is a probability: it must be between 0 and 1")
 
 
-def check_shapes(r: Any) -> None:
-    """scale an ordered [min, max]; mean and std one value or one per channel, std positive."""
-    if len(r.scale) != 2 or not 0 < r.scale[0] <= r.scale[1]:
-        raise _fail("scale", list(r.scale), "must be [min, max] with 0 < min <= max (RandomResizedCrop area range)")
-    for name in ("mean", "std"):
-        value = getattr(r, name)
-        if value is not None and len(value) not in (1, 3):
-            raise _fail(name, list(value), "must have 1 or 3 values (one per channel)")
-    if r.std is not None and min(r.std) <= 0:
-        raise _fail("std", list(r.std), "must be positive")
+def check_not_negative(field: str, value: Optional[float]) -> None:
+    if value is not None and value < 0:
+        raise fail(field, value, "must not be negative")
 
 
-def check_optimizer(r: Any) -> None:
-    import torch
-    from timm.optim import create_optimizer_v2, get_optimizer_info, list_optimizers
+def check_optimizer(name: str) -> None:
+    """``name`` in timm's optimizer registry, importable on this machine, and first-order."""
+    from timm.optim import get_optimizer_class, get_optimizer_info, list_optimizers
 
+    base = name.lower().removeprefix("lookahead_")
     try:
-        create_optimizer_v2(torch.nn.Linear(1, 1), opt=r.opt, lr=r.lr, weight_decay=r.weight_decay,
-                            momentum=r.momentum)
-    except ValueError as e:
-        if "registry" in str(e) or "not found" in str(e).lower():
-            raise _one_of("opt", r.opt, list_optimizers()) from None
-        raise _fail("opt", r.opt, f"is refused by timm ({str(e).strip() or type(e).__name__})") from None
-    except (AssertionError, ImportError) as e:  # CUDA-only (bitsandbytes, APEX) on a CPU, or not installed
-        raise _fail("opt", r.opt, f"cannot run on this machine ({first_line(e)}); choose another, e.g. adamw") from None
-    except Exception:  # the name is known and its own checks passed: the toy model above is what failed
-        pass
-    if get_optimizer_info(r.opt.lower().removeprefix("lookahead_")).second_order:
-        raise _fail("opt", r.opt, "is a second-order optimizer: it needs a backward that keeps its graph "
-                                  "(create_graph), which distill does not run; choose a first-order one, e.g. adamw")
-
-
-def check_scheduler(r: Any) -> None:
-    import torch
-    from timm.scheduler import create_scheduler_v2
-
-    optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=r.lr)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            create_scheduler_v2(optimizer, sched=r.sched, num_epochs=r.epochs, min_lr=r.min_lr,
-                                warmup_lr=r.warmup_lr, warmup_epochs=r.warmup_epochs)
+        get_optimizer_class(base, bind_defaults=False)
     except ValueError:
-        valid = [s for s in ("cosine", "tanh", "step", "multistep", "poly", "constant", "rsqrt", "wsd")
-                 if _scheduler_known(s, optimizer)]
-        raise _one_of("sched", r.sched, valid) from None
-    if r.sched == "plateau":
-        raise _fail("sched", r.sched, "steps on a validation metric once per epoch, which distill's schedule (set "
-                                      "from the step count, warm-up first) does not feed; choose cosine, step, "
-                                      "multistep, poly or constant")
+        raise one_of("opt", name, list_optimizers()) from None
+    except (AssertionError, ImportError) as e:  # CUDA-only (bitsandbytes, APEX) on a CPU, or not installed
+        raise fail("opt", name, f"cannot run on this machine ({first_line(e)}); choose another, e.g. adamw") from None
+    if get_optimizer_info(base).second_order:
+        raise fail("opt", name, "is a second-order optimizer: it needs a backward that keeps its graph "
+                                "(create_graph), which distill does not run; choose a first-order one, e.g. adamw")
 
 
-def _scheduler_known(name: str, optimizer: Any) -> bool:
-    from timm.scheduler import create_scheduler_v2
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            create_scheduler_v2(optimizer, sched=name, num_epochs=10)
-    except Exception:
-        return False
-    return True
+def check_scheduler(name: str) -> None:
+    if name == "plateau":
+        raise fail("sched", name, "steps on a validation metric once per epoch, which distill's schedule (set "
+                                  "from the step count, warm-up first) does not feed; choose cosine, step, "
+                                  "multistep, poly or constant")
+    if name not in SCHEDULERS:
+        raise one_of("sched", name, SCHEDULERS)
 
 
-def check_names(r: Any) -> None:
-    """clip_mode, remode, interpolation and the augmentation string, as timm reads them."""
+def check_interpolation(name: str) -> None:
     from timm.data.transforms import _str_to_pil_interpolation
 
-    if r.clip_mode not in CLIP_MODES:
-        raise _one_of("clip_mode", r.clip_mode, list(CLIP_MODES))
-    if r.remode not in REMODES:
-        raise _one_of("remode", r.remode, list(REMODES))
-    interpolations = [*_str_to_pil_interpolation, "random"]
-    if r.interpolation not in interpolations:
-        raise _one_of("interpolation", r.interpolation, interpolations)
-    if r.rand_augment:
-        check_augment(r.rand_augment)
+    valid = [*_str_to_pil_interpolation, "random"]
+    if name not in valid:
+        raise one_of("interpolation", name, valid)
 
 
 def check_augment(spec: str) -> None:
-    """Build timm's own augmentation from the string (what create_transform does with it)."""
+    """Build timm's own augmentation from the string (what create_transform does with it): timm parses these
+    strings in the constructors, and keeps no list of them. No random generator moves (a recipe is built mid-run
+    on --resume)."""
+    import random
+    import warnings
+
+    import torch
     from timm.data import create_transform
 
+    state = random.getstate()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
             warnings.simplefilter("ignore")
             create_transform(32, is_training=True, auto_augment=spec)
     except Exception as e:
@@ -174,22 +111,6 @@ def check_augment(spec: str) -> None:
         raise VitconvertError(f"recipe rand_augment: timm cannot read {spec!r} ({reason}); valid: rand-m9-mstd0.5-"
                               "inc1 style strings (rand-mN[-nN][-mstdX][-incN]), augmix-mN, original, v0, 3a, or "
                               "null for none") from None
-
-
-CHECKS: tuple[Callable[[Any], None], ...] = (check_numbers, check_names, check_optimizer, check_scheduler)
-
-
-def check_recipe(r: Any) -> None:
-    """Run every check without moving any random generator (a recipe is built mid-run on --resume)."""
-    import random
-
-    import torch
-
-    state = random.getstate()
-    try:
-        with torch.random.fork_rng(devices=[]):
-            for check in CHECKS:
-                check(r)
     finally:
         random.setstate(state)
 

@@ -45,7 +45,7 @@ def test_distill_defaults_to_the_last_convert_and_writes_a_run_folder(setup, tmp
     card = (run / "README.md").read_text()
     assert "## Training recipe" in card and "## Results" in card and "relu" in card
     config = json.loads((run / "config.json").read_text())["vitconvert"]
-    assert config["recipe"]["epochs"] == 1 and config["teacher"] == str(root / "teacher")
+    assert config["recipe"]["schedule"]["epochs"] == 1 and config["teacher"] == str(root / "teacher")
     assert config["metrics"]["top1"] == round(100 * printed["top1"], 2)
 
     evaluated = invoke("eval", run, "--data", images, "--json")

@@ -37,7 +37,7 @@ def test_recipes_are_shipped():
 def test_every_op_of_the_recipe_runs_at_every_magnitude(spec):
     recipe, transform = recipe_transform(spec)
     ops = augment_ops(transform)
-    if not recipe.rand_augment:
+    if not recipe.augmentation.rand_augment:
         assert ops == []
         return
     names = {op.name for op in ops}
@@ -52,7 +52,7 @@ def test_every_op_of_the_recipe_runs_at_every_magnitude(spec):
     for index in range(8):  # and the whole pipeline, seeded as the trainer seeds it
         with data.sample_rng(recipe.seed, 0, index):
             tensor = transform(picture(40))
-        assert tuple(tensor.shape[1:]) == (recipe.img_size or 32,) * 2
+        assert tuple(tensor.shape[1:]) == (recipe.input.img_size or 32,) * 2
 
 
 def test_the_top_magnitude_posterizes_to_zero_bits_which_is_black():

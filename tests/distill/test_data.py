@@ -16,7 +16,7 @@ from vitconvert.data import (
     train_transform,
 )
 from vitconvert.errors import VitconvertError
-from vitconvert.recipes import Recipe
+from vitconvert.recipes import build_recipe
 
 from .helpers import make_images
 
@@ -41,7 +41,7 @@ def test_eval_shares_cover_every_image_once_with_padding():
 
 def test_augmentation_is_a_function_of_seed_epoch_and_index(images):
     base = open_dataset(str(images), "train")
-    recipe = Recipe(img_size=32, rand_augment="rand-m9-mstd0.5-inc1", reprob=0.25)
+    recipe = build_recipe(dict(img_size=32, rand_augment="rand-m9-mstd0.5-inc1", reprob=0.25))
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
                               num_heads=2, depth=1)
     ds = TransformedDataset(base, train_transform(recipe, input_config(model, recipe)), seed=7)
@@ -92,12 +92,12 @@ def test_teacher_gets_its_own_normalisation():
     teacher = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
                                 num_heads=2, depth=1)
     teacher.pretrained_cfg = {**teacher.pretrained_cfg, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
-    inp = input_config(teacher, Recipe(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)))
+    inp = input_config(teacher, build_recipe(dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))))
     renorm = teacher_normalizer(inp, teacher, torch.device("cpu"))
     pixels = torch.rand(2, 3, 4, 4)
     student_view = (pixels - torch.tensor(inp.mean).view(1, 3, 1, 1)) / torch.tensor(inp.std).view(1, 3, 1, 1)
     assert torch.allclose(renorm(student_view), (pixels - 0.5) / 0.5, atol=1e-6)
-    same = input_config(teacher, Recipe(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)))
+    same = input_config(teacher, build_recipe(dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))))
     assert teacher_normalizer(same, teacher, torch.device("cpu")) is None
 
 

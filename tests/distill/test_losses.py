@@ -8,7 +8,7 @@ from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
 from vitconvert.distill.losses import DistillLoss, LossWeights, attention_loss, logit_kd, task_criterion
 from vitconvert.errors import VitconvertError
-from vitconvert.recipes import Recipe
+from vitconvert.recipes import Recipe, build_recipe
 
 g = torch.Generator().manual_seed(0)
 A = [torch.randn(2, 5, 8, generator=g) for _ in range(3)]
@@ -42,18 +42,20 @@ def test_logit_kd_is_zero_for_equal_logits_and_scales_with_temperature():
 def test_task_criterion_follows_timm_train():
     assert isinstance(task_criterion(Recipe(), mixup_active=True), SoftTargetCrossEntropy)
     assert isinstance(task_criterion(Recipe(), mixup_active=False), LabelSmoothingCrossEntropy)
-    assert type(task_criterion(Recipe(smoothing=0.0), mixup_active=False)) is torch.nn.CrossEntropyLoss
+    plain = task_criterion(build_recipe({"smoothing": 0.0}), mixup_active=False)
+    assert type(plain) is torch.nn.CrossEntropyLoss
 
 
 def test_stage_weights():
-    recipe = Recipe(attn_weight=0.5, kd_weight=0.2)
-    assert LossWeights.for_stage(recipe, "attn") == LossWeights(0.0, 0.5, 0.0)
-    assert LossWeights.for_stage(recipe, "finetune") == LossWeights(1.0, 0.5, 0.2)
-    assert LossWeights.for_stage(Recipe(attn_weight=0.0), "attn").attn == 1.0  # never a stage that trains nothing
+    weights = build_recipe({"attn_weight": 0.5, "kd_weight": 0.2}).distillation
+    assert LossWeights.for_stage(weights, "attn") == LossWeights(0.0, 0.5, 0.0)
+    assert LossWeights.for_stage(weights, "finetune") == LossWeights(1.0, 0.5, 0.2)
+    unweighted = build_recipe({"attn_weight": 0.0}).distillation
+    assert LossWeights.for_stage(unweighted, "attn").attn == 1.0  # never a stage that trains nothing
 
 
 def test_distill_loss_reports_the_terms_it_used():
-    loss = DistillLoss(Recipe(smoothing=0.0), mixup_active=False)
+    loss = DistillLoss(build_recipe(dict(smoothing=0.0)), mixup_active=False)
     logits, teacher_logits, targets = torch.randn(2, 10), torch.randn(2, 10), torch.tensor([1, 3])
     total, terms = loss(LossWeights(1.0, 2.0, 0.5), logits, targets, A[:1], B[:1], teacher_logits)
     assert set(terms) == {"task", "attn", "kd"}

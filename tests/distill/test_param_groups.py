@@ -14,7 +14,7 @@ from vitconvert.distill import DistillJob, TrainingStopped, run
 from vitconvert.distill.param_groups import create_optimization, fresh_parameter_names, parameter_origins
 from vitconvert.errors import VitconvertError
 from vitconvert.provenance import attach, report_of
-from vitconvert.recipes import Recipe, load_recipe
+from vitconvert.recipes import build_recipe, load_recipe
 from vitconvert.sources import load_source
 
 from .helpers import FAST, assert_same_tensors, make_teacher
@@ -47,7 +47,7 @@ def test_fresh_weights_are_exactly_what_the_report_names(teacher, tmp_path, kwar
     assert sum(n for (g, _), n in recorded.items() if g in fresh_groups) == sum(
         p.numel() for n, p in model.named_parameters() if n in fresh)
 
-    optimizer, _ = create_optimization(model, Recipe(new_params={"lr_scale": 10}, warmup_epochs=0), 2)
+    optimizer, _ = create_optimization(model, build_recipe({"new_params": {"lr_scale": 10}, "warmup_epochs": 0}), 2)
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
         members = {names[id(p)] for p in group["params"]}
@@ -69,7 +69,8 @@ def test_a_report_that_does_not_add_up_is_refused(teacher, tmp_path):
 
 def test_lr_scale_weight_decay_and_layer_decay_reach_the_optimizer(teacher, tmp_path):
     model = vitconvert.load(converted(teacher, tmp_path / "s"))
-    recipe = Recipe(lr=1e-3, weight_decay=0.05, warmup_epochs=0, new_params={"lr_scale": 10, "weight_decay": 0.2})
+    recipe = build_recipe(dict(lr=1e-3, weight_decay=0.05, warmup_epochs=0,
+                               new_params={"lr_scale": 10, "weight_decay": 0.2}))
     optimizer, _ = create_optimization(model, recipe, 2)
     by_kind = {k: [g for g in optimizer.param_groups if g["kind"] == k] for k in ("copied", "new")}
     assert all(g["lr"] == pytest.approx(1e-2) and g["lr_scale"] == 10 for g in by_kind["new"])
@@ -77,8 +78,8 @@ def test_lr_scale_weight_decay_and_layer_decay_reach_the_optimizer(teacher, tmp_
     assert {g["weight_decay"] for g in by_kind["new"]} == {0.0, 0.2}  # biases and norms are never decayed
     assert {g["weight_decay"] for g in by_kind["copied"]} == {0.0, 0.05}
 
-    layered, _ = create_optimization(model, Recipe(lr=1e-3, warmup_epochs=0, layer_decay=0.5,
-                                                   new_params={"lr_scale": 10}), 2)
+    layered, _ = create_optimization(model, build_recipe(dict(lr=1e-3, warmup_epochs=0, layer_decay=0.5,
+                                                   new_params={"lr_scale": 10})), 2)
     scales = {(g["kind"], g["lr_scale"]) for g in layered.param_groups}
     assert ("copied", 1.0) in scales and ("copied", 0.125) in scales  # head; embeddings 3 layers below it
     assert ("new", 2.5) in scales and ("new", 5.0) in scales  # 10 × the layer scale of blocks 0 and 1
@@ -87,8 +88,8 @@ def test_lr_scale_weight_decay_and_layer_decay_reach_the_optimizer(teacher, tmp_
 
 def test_fresh_weights_warm_up_on_their_own(teacher, tmp_path):
     model = vitconvert.load(converted(teacher, tmp_path / "s"))
-    recipe = Recipe(lr=1e-3, warmup_lr=0.0, warmup_epochs=0, epochs=10, sched="cosine",
-                    new_params={"lr_scale": 2, "warmup_epochs": 2})
+    recipe = build_recipe(dict(lr=1e-3, warmup_lr=0.0, warmup_epochs=0, epochs=10, sched="cosine",
+                    new_params={"lr_scale": 2, "warmup_epochs": 2}))
     optimizer, scheduler = create_optimization(model, recipe, updates_per_epoch=4)
     lr = {k: [] for k in ("copied", "new")}
     for step in range(1, 41):

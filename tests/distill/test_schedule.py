@@ -31,41 +31,42 @@ def model():
 def test_fifteen_epochs_reach_the_peak_lr_and_end_at_min_lr(model, spec):
     shipped, _ = load_recipe(spec)
     recipe, text = load_recipe(spec, {"epochs": 15})
-    assert recipe.warmup_epochs == round(shipped.warmup_epochs * 15 / shipped.epochs)  # proportion kept
-    assert 0 < recipe.warmup_epochs < 15 or shipped.warmup_epochs == 0
+    kept = round(shipped.schedule.warmup_epochs * 15 / shipped.schedule.epochs)
+    assert recipe.schedule.warmup_epochs == kept  # proportion kept
+    assert 0 < recipe.schedule.warmup_epochs < 15 or shipped.schedule.warmup_epochs == 0
     optimizer, scheduler = create_optimization(model, recipe, UPDATES_PER_EPOCH)
     lrs = []
     for step in range(1, 15 * UPDATES_PER_EPOCH + 1):
         scheduler.step_update(step)
         lrs.append(logged_lrs(optimizer)["lr"])
-    peak_at = recipe.warmup_epochs * UPDATES_PER_EPOCH
-    assert max(lrs) == pytest.approx(recipe.lr) and lrs[peak_at - 1] == pytest.approx(recipe.lr)
+    peak_at = recipe.schedule.warmup_epochs * UPDATES_PER_EPOCH
+    assert max(lrs) == pytest.approx(recipe.schedule.lr) and lrs[peak_at - 1] == pytest.approx(recipe.schedule.lr)
     assert lrs[:peak_at] == sorted(lrs[:peak_at])  # warming up
     assert lrs[peak_at - 1:] == sorted(lrs[peak_at - 1:], reverse=True)  # then the cosine, all of it
-    assert lrs[-1] == pytest.approx(recipe.min_lr)
+    assert lrs[-1] == pytest.approx(recipe.schedule.min_lr)
     assert "warmup_epochs: " in text and "schedule_scaled:" in text  # recipe.yaml says what was scaled
 
 
 def test_the_user_s_own_warmup_and_a_pinned_recipe_are_not_scaled(tmp_path):
     recipe, _ = load_recipe("cifar100", {"epochs": 15, "warmup_epochs": 5})
-    assert recipe.warmup_epochs == 5 and recipe.schedule_scaled is None
+    assert recipe.schedule.warmup_epochs == 5 and recipe.schedule.schedule_scaled is None
     pinned = tmp_path / "pinned.yaml"
     pinned.write_text("epochs: 100\nwarmup_epochs: 10\nscale_schedule: false\n")
-    assert load_recipe(str(pinned), {"epochs": 50})[0].warmup_epochs == 10
+    assert load_recipe(str(pinned), {"epochs": 50})[0].schedule.warmup_epochs == 10
     with pytest.raises(VitconvertError, match=r"warmup_epochs \(10\) must be below epochs \(8\)"):
         load_recipe(str(pinned), {"epochs": 8})
     unscaled, _ = load_recipe("quickstart")
-    assert unscaled.schedule_scaled is None  # the recipe's own length: nothing to scale
+    assert unscaled.schedule.schedule_scaled is None  # the recipe's own length: nothing to scale
 
 
 def test_a_file_that_sets_epochs_scales_the_default_warmup(tmp_path):
     short = tmp_path / "short.yaml"
     short.write_text("epochs: 12\n")  # no warmup_epochs: the default 50 was written for 300 epochs
     recipe, text = load_recipe(str(short))
-    assert recipe.warmup_epochs == 2 and "written for 300 epochs" in recipe.schedule_scaled
+    assert recipe.schedule.warmup_epochs == 2 and "written for 300 epochs" in recipe.schedule.schedule_scaled
     again = tmp_path / "again.yaml"
     again.write_text(text)
-    assert load_recipe(str(again))[0].warmup_epochs == 2  # recipe.yaml re-reads the same
+    assert load_recipe(str(again))[0].schedule.warmup_epochs == 2  # recipe.yaml re-reads the same
 
 
 def test_distill_prints_what_will_run_and_what_was_scaled(tmp_path):

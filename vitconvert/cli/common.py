@@ -62,7 +62,8 @@ VariantsOpt = Annotated[Optional[str], typer.Option("--to", help=f"variants, com
                                                                   "[default: all, or the folder's]")]
 OptionOpt = Annotated[Optional[list[str]], typer.Option("--option", help="variant option KEY=VALUE (repeatable; "
                                                                          "`vitconvert list` shows them)")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="any recipe key, KEY=VALUE (repeatable)")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="any recipe key, SECTION.KEY=VALUE or KEY=VALUE "
+                                                                    "(repeatable)")]
 TeacherPretrainedOpt = Annotated[Optional[bool], typer.Option(
     "--pretrained/--no-pretrained", show_default=False,
     help="a --teacher other than the student's source: with its pretrained weights, or randomly initialised "
@@ -284,13 +285,18 @@ def parse_sets(pairs: Optional[list[str]]) -> dict[str, Any]:
 
 
 def recipe_overrides(pairs: Optional[list[str]], flags: dict[str, Any]) -> dict[str, Any]:
-    """The recipe overrides of ``--set`` pairs and the command's own flags (None: not given). One rule: a key is
-    given once; ``--set epochs=abc`` beside ``--epochs 3`` is refused, not dropped unread."""
+    """One dict of recipe overrides, from ``--set`` pairs (``schedule.epochs=3`` or the flat ``epochs=3``) and the
+    command's own flags (None: not given), for the recipe's one path (``recipes.build_recipe``). One rule: a field
+    is given once; ``--set epochs=abc`` beside ``--epochs 3`` is refused, not dropped unread."""
+    from ..recipes import field_path  # lazy: start-up time
+
     sets = parse_sets(pairs)
     given = {k: v for k, v in flags.items() if v is not None}
-    for key in given.keys() & sets.keys():
-        pair = next(p for p in pairs or [] if p.partition("=")[0].strip() == key)
-        raise VitconvertError(f"--set {pair} and {flag_of(key)} both set the recipe's {key}: give it once")
+    paths = {field_path(k): k for k in sets}
+    for key in given:
+        if field_path(key) in paths:
+            pair = next(p for p in pairs or [] if p.partition("=")[0].strip() == paths[field_path(key)])
+            raise VitconvertError(f"--set {pair} and {flag_of(key)} both set the recipe's {key}: give it once")
     return {**sets, **given}
 
 

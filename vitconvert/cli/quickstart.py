@@ -32,7 +32,7 @@ def recipe_epochs() -> str:
     """The quickstart recipe's epochs, for --help: read from its YAML, as --help imports no torch."""
     recipe = Path(__file__).parents[1] / "recipe_files" / "quickstart.yaml"
     try:
-        return str(yaml.safe_load(recipe.read_text())["epochs"])
+        return str(yaml.safe_load(recipe.read_text())["schedule"]["epochs"])
     except (OSError, KeyError, TypeError, yaml.YAMLError):
         return "the recipe's"
 

@@ -192,26 +192,27 @@ class RunData:
 
 def run_data(r: Recipe, inp: InputConfig, num_classes: int, rank: int, world: int, pin_memory: bool) -> RunData:
     """Open both splits and check them against the head and the batch arithmetic before any model runs."""
-    train = open_dataset(r.data, r.train_split, r.data_dir, r.download)  # type: ignore[arg-type]
+    d, o = r.dataset, r.optimization
+    train = open_dataset(d.data, d.train_split, d.data_dir, d.download)  # type: ignore[arg-type]
     check_classes(train, num_classes)
-    val = open_dataset(r.data, r.val_split, r.data_dir, r.download,  # type: ignore[arg-type]
-                       classes=class_names(train), whose=f"the {r.train_split} split's classes")  # labels by name
-    if r.batch_size % (world * r.accum_steps):
-        raise VitconvertError(f"batch_size {r.batch_size} is not divisible by {world} process(es) × "
-                              f"{r.accum_steps} accumulation step(s)")
-    micro = r.batch_size // (world * r.accum_steps)
+    val = open_dataset(d.data, d.val_split, d.data_dir, d.download,  # type: ignore[arg-type]
+                       classes=class_names(train), whose=f"the {d.train_split} split's classes")  # labels by name
+    if o.batch_size % (world * o.accum_steps):
+        raise VitconvertError(f"batch_size {o.batch_size} is not divisible by {world} process(es) × "
+                              f"{o.accum_steps} accumulation step(s)")
+    micro = o.batch_size // (world * o.accum_steps)
     mixup = mixup_for(r, num_classes)
     if mixup is not None and micro % 2:
         raise VitconvertError(f"mixup/cutmix need an even batch per process and step (got {micro}): change "
                               "batch_size, or set mixup and cutmix to 0")
     images = len(train)  # type: ignore[arg-type]
-    updates = images // world // micro // r.accum_steps
+    updates = images // world // micro // o.accum_steps
     if updates < 1:
         raise VitconvertError(f"the training split has {plural(images, 'image')}: fewer than one optimizer step of "
-                              f"batch_size {r.batch_size}; lower {param('batch_size')}")
+                              f"batch_size {o.batch_size}; lower {param('batch_size')}")
     train_set = TransformedDataset(train, train_transform(r, inp), seed=r.seed)
     val_set = TransformedDataset(val, eval_transform(inp))
-    where = dict(workers=r.workers, rank=rank, world=world, pin_memory=pin_memory)
+    where = dict(workers=d.workers, rank=rank, world=world, pin_memory=pin_memory)
     return RunData(make_loader(train_set, micro, r.seed, train=True, **where),  # type: ignore[arg-type]
                    make_loader(val_set, micro, r.seed, train=False, **where), val_set, mixup,  # type: ignore[arg-type]
-                   dataset_classes(train) is not None, micro, updates, updates * r.accum_steps)
+                   dataset_classes(train) is not None, micro, updates, updates * o.accum_steps)

@@ -79,10 +79,11 @@ def input_config(model: nn.Module, recipe: Optional[Recipe] = None) -> InputConf
     if size is not None:
         args["input_size"] = (3, *size)
     if recipe is not None:
-        if recipe.img_size:
-            args["input_size"] = (3, recipe.img_size, recipe.img_size)
-        args.update({k: v for k, v in (("interpolation", recipe.interpolation), ("crop_pct", recipe.crop_pct),
-                                       ("mean", recipe.mean), ("std", recipe.std)) if v is not None})
+        given = recipe.input
+        if given.img_size:
+            args["input_size"] = (3, given.img_size, given.img_size)
+        args.update({k: v for k, v in (("interpolation", given.interpolation), ("crop_pct", given.crop_pct),
+                                       ("mean", given.mean), ("std", given.std)) if v is not None})
     cfg = resolve_model_data_config(model, args=args)
     return InputConfig(input_size=tuple(int(v) for v in cfg["input_size"]),  # type: ignore[arg-type]
                        interpolation=cfg["interpolation"], mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
@@ -93,10 +94,11 @@ def train_transform(recipe: Recipe, inp: InputConfig) -> Callable[[Any], torch.T
     """timm's training transform for the recipe (posterize made safe for every magnitude: see augment.py)."""
     from timm.data import create_transform
 
-    transform = create_transform(inp.size, is_training=True, no_aug=recipe.no_aug, scale=tuple(recipe.scale),
-                                 hflip=recipe.hflip, color_jitter=recipe.color_jitter or 0.0,
-                                 auto_augment=recipe.rand_augment, interpolation=inp.interpolation, mean=inp.mean,
-                                 std=inp.std, re_prob=recipe.reprob, re_mode=recipe.remode, re_count=recipe.recount)
+    a = recipe.augmentation
+    transform = create_transform(inp.size, is_training=True, no_aug=a.no_aug, scale=tuple(a.scale), hflip=a.hflip,
+                                 color_jitter=a.color_jitter or 0.0, auto_augment=a.rand_augment,
+                                 interpolation=inp.interpolation, mean=inp.mean, std=inp.std, re_prob=a.reprob,
+                                 re_mode=a.remode, re_count=a.recount)
     return fix_posterize(transform)
 
 
@@ -109,12 +111,13 @@ def eval_transform(inp: InputConfig) -> Callable[[Any], torch.Tensor]:
 
 def mixup_for(recipe: Recipe, num_classes: int) -> Optional[Callable]:
     """timm's Mixup/CutMix (soft targets with label smoothing), or None when both are off."""
-    if recipe.mixup <= 0 and recipe.cutmix <= 0:
+    a = recipe.augmentation
+    if a.mixup <= 0 and a.cutmix <= 0:
         return None
     from timm.data import Mixup
 
-    return Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, prob=recipe.mixup_prob,
-                 switch_prob=recipe.mixup_switch_prob, mode=recipe.mixup_mode, label_smoothing=recipe.smoothing,
+    return Mixup(mixup_alpha=a.mixup, cutmix_alpha=a.cutmix, prob=a.mixup_prob, switch_prob=a.mixup_switch_prob,
+                 mode=a.mixup_mode, label_smoothing=a.smoothing,
                  num_classes=num_classes)
 
 

@@ -18,6 +18,7 @@ import torch
 
 from ..errors import BadValue, VitconvertError, param, unreadable_file
 from ..folder import atomic_folder
+from ..recipes import stored_leaves
 from .sums import TERMS
 
 CHECKPOINT = "checkpoint-last"
@@ -202,7 +203,7 @@ class Checkpoint:
         if not isinstance(meta["optimizer"].get("param_groups"), list):
             raise VitconvertError(damaged % "'optimizer.param_groups'")
         names = ["model.safetensors", "optimizer.safetensors", "rng.safetensors"]
-        names += ["ema.safetensors"] if meta["recipe"].get("ema") else []
+        names += ["ema.safetensors"] if stored_leaves(meta["recipe"]).get("optimization.ema") else []
         for name in names:
             path = self.folder / name
             if not path.is_file():

@@ -36,17 +36,18 @@ def compare_at_end(student: nn.Module, *, teacher: nn.Module, teacher_spec: str,
                    inp: data.InputConfig, recipe: Recipe, device: torch.device, folder: Path,
                    note: Callable[[str], None]) -> Optional[dict[str, Any]]:
     """Compare a device copy of ``student`` (the CPU eval model) with ``teacher`` (named ``teacher_spec``) on
-    ``recipe.compare_batches`` batches of ``feed``'s validation set; write compare.json and, with matplotlib,
+    ``recipe.reporting.compare_batches`` batches of ``feed``'s validation set; write compare.json and, with matplotlib,
     compare.png into ``folder``; return ``CompareReport.to_dict()`` for the card. A failure is a ``note``, not
     an error: a diagnostic must not cost the trained model its folder."""
 
     try:
         on_device = copy.deepcopy(student).to(device).eval()
-        batches = sample_batches(feed.val_set, recipe.compare_batches, feed.micro, recipe.seed, recipe.workers)
+        batches = sample_batches(feed.val_set, recipe.reporting.compare_batches, feed.micro, recipe.seed,
+                                 recipe.dataset.workers)
         report = compare_models(teacher, on_device, batches, inp)
         del on_device
         info = report.to_dict()
-        about = {"teacher": teacher_spec, "data": recipe.data, "split": recipe.val_split}
+        about = {"teacher": teacher_spec, "data": recipe.dataset.data, "split": recipe.dataset.val_split}
         (folder / COMPARE_JSON).write_text(json.dumps({**info, **about}, indent=1) + "\n")
         if has_matplotlib():
             figure = compare_figure(report, title=f"{folder.name} vs {teacher_spec}")  # in the run folder, ours

@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import VitconvertError
+from ..recipe_sections import Distillation
 from ..recipes import Recipe
 
 
@@ -24,8 +25,8 @@ def task_criterion(recipe: Recipe, mixup_active: bool) -> nn.Module:
 
     if mixup_active:
         return SoftTargetCrossEntropy()  # Mixup already smoothed the targets
-    if recipe.smoothing > 0:
-        return LabelSmoothingCrossEntropy(smoothing=recipe.smoothing)
+    if recipe.augmentation.smoothing > 0:
+        return LabelSmoothingCrossEntropy(smoothing=recipe.augmentation.smoothing)
     return nn.CrossEntropyLoss()
 
 
@@ -62,11 +63,11 @@ class LossWeights:
     kd: float
 
     @classmethod
-    def for_stage(cls, recipe: Recipe, stage: str) -> LossWeights:
+    def for_stage(cls, d: Distillation, stage: str) -> LossWeights:
         """Stage ``attn`` trains attention alone on the attention loss; joint/finetune use the recipe's weights."""
         if stage == "attn":
-            return cls(0.0, recipe.attn_weight or 1.0, 0.0)  # a zero weight would train nothing here
-        return cls(1.0, recipe.attn_weight, recipe.kd_weight)
+            return cls(0.0, d.attn_weight or 1.0, 0.0)  # a zero weight would train nothing here
+        return cls(1.0, d.attn_weight, d.kd_weight)
 
 
 class DistillLoss:
@@ -74,8 +75,8 @@ class DistillLoss:
 
     def __init__(self, recipe: Recipe, mixup_active: bool):
         self.task = task_criterion(recipe, mixup_active)
-        self.kind = recipe.attn_loss
-        self.temperature = recipe.kd_temperature
+        self.kind = recipe.distillation.attn_loss
+        self.temperature = recipe.distillation.kd_temperature
 
     def __call__(self, weights: LossWeights, logits: Optional[torch.Tensor], targets: torch.Tensor,
                  student_attn: list[torch.Tensor], teacher_attn: list[torch.Tensor],

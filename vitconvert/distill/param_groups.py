@@ -73,12 +73,13 @@ def split_groups(model: nn.Module, recipe: Recipe, fresh: set[str]) -> list[dict
 
     skip = getattr(model, "no_weight_decay", lambda: set())()
     # weight_decay 1.0 only marks the decayed groups: timm merges everything into one group at 0
-    if recipe.layer_decay is not None:
+    o = recipe.optimization
+    if o.layer_decay is not None:
         base = param_groups_layer_decay(model, weight_decay=1.0, no_weight_decay_list=skip,
-                                        layer_decay=recipe.layer_decay)
+                                        layer_decay=o.layer_decay)
     else:
         base = param_groups_weight_decay(model, weight_decay=1.0, no_weight_decay_list=skip)
-    new = recipe.new_params
+    new = o.new_params
     ids = {id(p) for name, p in model.named_parameters() if name in fresh}
     groups = []
     for group in base:
@@ -87,10 +88,10 @@ def split_groups(model: nn.Module, recipe: Recipe, fresh: set[str]) -> list[dict
             params = [p for p in group["params"] if (id(p) in ids) == (kind == "new")]
             if not params:
                 continue
-            scale, decay = group.get("lr_scale", 1.0), recipe.weight_decay
+            scale, decay = group.get("lr_scale", 1.0), o.weight_decay
             if kind == "new":
                 scale *= new.lr_scale
-                decay = recipe.weight_decay if new.weight_decay is None else new.weight_decay
+                decay = o.weight_decay if new.weight_decay is None else new.weight_decay
             groups.append({**group, "params": params, "kind": kind, "lr_scale": scale,
                            "weight_decay": decay if decayed else 0.0})
     return groups
@@ -143,34 +144,34 @@ def create_optimization(model: nn.Module, recipe: Recipe, updates_per_epoch: int
     from timm.optim import create_optimizer_v2
     from timm.scheduler import create_scheduler_v2
 
-    r = recipe
-    args = dict(opt=r.opt, lr=r.lr, weight_decay=r.weight_decay, momentum=r.momentum)
-    if r.new_params == NewParams():  # one kind of weight: timm's own groups, as before new_params existed
-        optimizer = create_optimizer_v2(model, layer_decay=r.layer_decay, **args)
+    o, s = recipe.optimization, recipe.schedule
+    args = dict(opt=o.opt, lr=s.lr, weight_decay=o.weight_decay, momentum=o.momentum)
+    if o.new_params == NewParams():  # one kind of weight: timm's own groups, as before new_params existed
+        optimizer = create_optimizer_v2(model, layer_decay=o.layer_decay, **args)
     else:
         fresh = fresh_parameter_names(model)
-        optimizer = create_optimizer_v2(model, param_group_fn=lambda m: split_groups(m, r, fresh), **args)
+        optimizer = create_optimizer_v2(model, param_group_fn=lambda m: split_groups(m, recipe, fresh), **args)
 
     def schedule(target: torch.optim.Optimizer, warmup_epochs: int) -> Any:
         # Warm-up first, then the whole cosine from the peak lr down to min_lr by the last epoch, as the
         # reference code's cosine_scheduler does (timm's default would start the cosine under the warm-up,
         # so the peak lr is never reached).
-        return create_scheduler_v2(target, sched=r.sched, num_epochs=r.epochs - warmup_epochs, min_lr=r.min_lr,
-                                   warmup_lr=r.warmup_lr, warmup_epochs=warmup_epochs, warmup_prefix=True,
-                                   step_on_epochs=not r.sched_on_updates, updates_per_epoch=updates_per_epoch)[0]
+        return create_scheduler_v2(target, sched=s.sched, num_epochs=s.epochs - warmup_epochs, min_lr=s.min_lr,
+                                   warmup_lr=s.warmup_lr, warmup_epochs=warmup_epochs, warmup_prefix=True,
+                                   step_on_epochs=not s.sched_on_updates, updates_per_epoch=updates_per_epoch)[0]
 
-    warmup = r.new_params.warmup_epochs
-    if warmup is None or warmup == r.warmup_epochs:
-        return optimizer, schedule(optimizer, r.warmup_epochs)
+    warmup = o.new_params.warmup_epochs
+    if warmup is None or warmup == s.warmup_epochs:
+        return optimizer, schedule(optimizer, s.warmup_epochs)
     kinds = {g["kind"] for g in optimizer.param_groups}
-    schedulers = {kind: schedule(GroupView(optimizer, kind), r.warmup_epochs if kind == "copied" else warmup)
+    schedulers = {kind: schedule(GroupView(optimizer, kind), s.warmup_epochs if kind == "copied" else warmup)
                   for kind in ("copied", "new") if kind in kinds}
     return optimizer, SplitScheduler(schedulers)
 
 
 def frozen_ids(model: nn.Module, recipe: Recipe) -> set[int]:
     """The copied parameters ``freeze_copied_epochs`` holds still (none when it is 0)."""
-    if recipe.freeze_copied_epochs == 0:
+    if recipe.schedule.freeze_copied_epochs == 0:
         return set()
     fresh = fresh_parameter_names(model)
     return {id(p) for name, p in model.named_parameters() if name not in fresh}

@@ -28,7 +28,7 @@ RECIPE = "recipe.yaml"
 
 def job_inputs(student: str, teacher: Optional[str], recipe: Recipe) -> list[str]:
     """The local paths a distill run reads: a run folder must never be, hold or sit inside one of them."""
-    return [str(p) for p in (student, teacher, recipe.data) if p]
+    return [str(p) for p in (student, teacher, recipe.dataset.data) if p]
 
 
 def resume_defaults(run: Path) -> tuple[Optional[str], Optional[Path]]:
@@ -79,8 +79,9 @@ def prepare_run_folder(run: Path, recipe: Recipe, recipe_text: str, resume: bool
         ckpt = read_checkpoint(run)
         ckpt.verify()
         changes = recipe_changes(ckpt.recipe, recipe)
-        if not changes and ckpt.position.epoch >= recipe.epochs:
-            raise VitconvertError(f"{run} is complete ({ckpt.position.epoch} of {recipe.epochs} epochs): nothing "
+        epochs = recipe.schedule.epochs
+        if not changes and ckpt.position.epoch >= epochs:
+            raise VitconvertError(f"{run} is complete ({ckpt.position.epoch} of {epochs} epochs): nothing "
                                   f"to resume; to train longer, add {param('epochs', 'N')} {param('force', True)}")
         if changes and not force:
             raise VitconvertError(f"{param('resume', True)} with a changed recipe ({'; '.join(changes[:4])}): {run} "
@@ -162,8 +163,8 @@ def write_model_folder(export: nn.Module, state: dict[str, torch.Tensor], folder
 
 def card_metrics(recipe: Recipe, record: dict[str, Any], best_top1: float, best_epoch: int) -> dict[str, Any]:
     """The model card's results (percentages, as the Hub shows them) from an epoch record of metrics.jsonl."""
-    data = str(recipe.data)
+    data = str(recipe.dataset.data)
     dataset = Path(data).name if Path(data).expanduser().exists() else data
-    return {"dataset": dataset, "split": recipe.val_split, "top1": round(100 * record["val_top1"], 2),
+    return {"dataset": dataset, "split": recipe.dataset.val_split, "top1": round(100 * record["val_top1"], 2),
             "top5": round(100 * record["val_top5"], 2), "loss": round(record["val_loss"], 4),
             "epochs": record["epoch"], "best_top1": round(100 * best_top1, 2), "best_epoch": best_epoch}

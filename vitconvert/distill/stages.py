@@ -29,8 +29,9 @@ def plan_epochs(recipe: Recipe, model: nn.Module, attention_ids: set[int], froze
     """The Stage of every epoch of ``recipe`` (index = 0-based epoch)."""
     everything = frozenset(id(p) for p in model.parameters())
     plan: list[Stage] = []
-    for epoch in range(recipe.epochs):
-        name, frozen = recipe.stage_at(epoch), epoch < recipe.freeze_copied_epochs
+    schedule = recipe.schedule
+    for epoch in range(schedule.epochs):
+        name, frozen = schedule.stage_at(epoch), epoch < schedule.freeze_copied_epochs
         ids = frozenset(attention_ids) if name == "attn" else everything
         ids = ids - frozen_ids if frozen else ids
         if not ids:

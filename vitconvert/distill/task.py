@@ -41,7 +41,7 @@ class DistillationTask:
         self.export = copy.deepcopy(student).eval()  # a CPU copy that folders are written from, never trained
         student.to(device, memory_format=memory_format)
         teacher.to(device, memory_format=memory_format)
-        self.forced = recipe.attn_target == "teacher-forced"
+        self.forced = recipe.distillation.attn_target == "teacher-forced"
         self.student = DistillStudent(student, mine)  # the trained module: the timm student + taps on its attention
         self.teacher = TeacherTap(teacher, theirs, keep_inputs=self.forced)
         self.runner: nn.Module = self.student  # what runs the student: itself, or its DDP/FSDP wrapper
@@ -96,17 +96,17 @@ class DistillationTask:
     def set_stage(self, stage: str) -> None:
         """``attn`` trains attention outputs only; teacher-forced ``attn`` runs only the attention calls; with
         nothing to distil (attn_weight 0, no KD) the teacher does not run at all (a scratch baseline)."""
-        self.stage, self.weights = stage, LossWeights.for_stage(self.recipe, stage)
+        self.stage, self.weights = stage, LossWeights.for_stage(self.recipe.distillation, stage)
         self.run_student = not (stage == "attn" and self.forced)
         self.run_teacher = bool(self.weights.attn or self.weights.kd)
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
-        r = self.recipe
+        o = self.recipe.optimization
         t_logits, t_outs, t_inputs = None, [], None
         if self.run_teacher:
-            with autocast_for(self.device, r.amp, r.amp_dtype):
+            with autocast_for(self.device, o.amp, o.amp_dtype):
                 t_logits, t_outs, t_inputs = self.teacher(self.to_teacher(images) if self.to_teacher else images)
-        with autocast_for(self.device, r.amp, r.amp_dtype):
+        with autocast_for(self.device, o.amp, o.amp_dtype):
             logits, s_outs = self.runner(images, forced=t_inputs if self.forced else None,
                                          need_logits=self.run_student)
         loss, terms = self.loss(self.weights, logits, targets, s_outs, t_outs, t_logits)

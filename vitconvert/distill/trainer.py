@@ -78,8 +78,8 @@ class Trainer:
             self.task.shard(env)
         self.optimizer, self.scheduler = groups.create_optimization(self.task.model, r, self.feed.updates_per_epoch)
         self.scaler = self._setup_scaler()
-        if r.ema:
-            self.task.keep_ema(r.ema_decay, self.ckpt.ema() if self.ckpt is not None else None)
+        if r.optimization.ema:
+            self.task.keep_ema(r.optimization.ema_decay, self.ckpt.ema() if self.ckpt is not None else None)
         keep = (self.pos.epoch, self.pos.step) if self.ckpt is not None else None
         self.monitor = Monitor(self.run_dir, env.is_main, keep_until=keep)
         self.bar = Bar(job.show and env.is_main)
@@ -97,19 +97,20 @@ class Trainer:
         student = loading.load_student(job.student)
         spec = loading.teacher_spec(student, job.teacher or resumed_teacher(job))
         teacher = loading.load_teacher(spec, student, r.seed, recorded=job.teacher is None, pretrained=job.pretrained)
-        models.check_kd(student, teacher, r.kd_weight)
+        models.check_kd(student, teacher, r.distillation.kd_weight)
         inp = data.input_config(student, r)
         models.check_sizes(student, teacher, inp.size)
-        if job.fsdp and (r.ema or "attn" in [s for s, _ in r.stage_plan()] or r.freeze_copied_epochs):
+        if job.fsdp and (r.optimization.ema or "attn" in [s for s, _ in r.schedule.stage_plan()]
+                         or r.schedule.freeze_copied_epochs):
             raise VitconvertError(f"{param('fsdp', True)} trains every parameter without EMA: drop ema, the attn "
                                   f"stage and freeze_copied_epochs, or run without {param('fsdp')} (DDP)")
-        models.set_drop_path(student, r.resolved_drop_path(models.embed_width(student)))
+        models.set_drop_path(student, r.optimization.resolved_drop_path(models.embed_width(student)))
         return student, teacher, spec, inp
 
     def _setup_task(self, student: nn.Module, teacher: nn.Module) -> DistillationTask:
         r, device = self.recipe, self.env.device
         task = DistillationTask(student, teacher, r, device, data.teacher_normalizer(self.inp, teacher, device),
-                                mixup_active=r.mixup > 0 or r.cutmix > 0,
+                                mixup_active=r.augmentation.mixup > 0 or r.augmentation.cutmix > 0,
                                 memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
         models.export_config(task.export, self.inp)
         return task
@@ -129,8 +130,8 @@ class Trainer:
         return ckpt
 
     def _setup_scaler(self) -> Optional[torch.amp.GradScaler]:
-        r = self.recipe
-        fp16 = self.env.device.type == "cuda" and r.amp and r.amp_dtype == "float16"
+        o = self.recipe.optimization
+        fp16 = self.env.device.type == "cuda" and o.amp and o.amp_dtype == "float16"
         return torch.amp.GradScaler("cuda") if fp16 else None
 
     def restore(self, ckpt: Checkpoint) -> None:
@@ -164,7 +165,8 @@ class Trainer:
     def fit(self, on_step: Optional[Callable[[Trainer], None]] = None) -> RunResult:
         """Train every epoch left (all of them, or the rest after a resume), then write the final folder."""
         r, start = self.recipe, time.perf_counter()
-        self.task.enter(self.stages[min(self.pos.epoch, r.epochs - 1)], self.env, sharded=self.job.fsdp)
+        epochs = r.schedule.epochs
+        self.task.enter(self.stages[min(self.pos.epoch, epochs - 1)], self.env, sharded=self.job.fsdp)
         self.bar.print(f"{'resuming' if self.ckpt is not None else 'distilling'} {self.job.student} from the teacher "
                        f"{self.teacher_spec} into {self.run_dir}")  # the student may not have been named
         for line in recipe_summary(r):
@@ -175,7 +177,7 @@ class Trainer:
         else:
             seed_everything(r.seed + self.env.rank)
         with StopRequest() as stop:
-            for epoch in range(self.pos.epoch, r.epochs):
+            for epoch in range(self.pos.epoch, epochs):
                 if self.stages[epoch] != self.task.current:
                     self.task.enter(self.stages[epoch], self.env, sharded=self.job.fsdp)
                 self.train_epoch(epoch, stop, on_step)
@@ -184,17 +186,17 @@ class Trainer:
 
     def train_epoch(self, epoch: int, stop: StopRequest, on_step: Optional[Callable[[Trainer], None]]) -> None:
         """One epoch of micro-steps; stops cleanly between steps when asked (Ctrl-C, SIGTERM)."""
-        r = self.recipe
+        r, accum = self.recipe, self.recipe.optimization.accum_steps
         data.set_epoch(self.feed.train, epoch, self.pos.batch)
         self.task.student.train()
         self.window_start = time.perf_counter()
-        self.bar.start(f"epoch {epoch + 1}/{r.epochs} {self.task.stage}", self.feed.updates_per_epoch,
-                       self.pos.batch // r.accum_steps)
+        self.bar.start(f"epoch {epoch + 1}/{r.schedule.epochs} {self.task.stage}", self.feed.updates_per_epoch,
+                       self.pos.batch // accum)
         try:
             for images, targets in self.feed.train:
                 if self.pos.batch >= self.feed.micro_per_epoch:
                     break
-                sync = (self.pos.batch + 1) % r.accum_steps == 0
+                sync = (self.pos.batch + 1) % accum == 0
                 sums = self.micro_step(images, targets, sync)
                 self.epoch_sums.add(sums)
                 self.window.add(sums)
@@ -202,7 +204,7 @@ class Trainer:
                 if not sync:
                     continue
                 self.optimizer_step()
-                terms = self.log_step(epoch) if self.pos.step % r.log_interval == 0 else None
+                terms = self.log_step(epoch) if self.pos.step % r.reporting.log_interval == 0 else None
                 self.bar.advance(terms)
                 if on_step is not None:
                     on_step(self)
@@ -219,7 +221,7 @@ class Trainer:
 
     def micro_step(self, images: torch.Tensor, targets: torch.Tensor, sync: bool) -> RunningSums:
         """Forward both models and backward one micro-batch; returns its loss sums."""
-        env, r = self.env, self.recipe
+        env = self.env
         images = images.to(env.device, non_blocking=True)
         targets = targets.to(env.device, non_blocking=True)
         if not self.labels_checked:
@@ -233,7 +235,7 @@ class Trainer:
             images, targets = self.feed.mixup(images, targets)
         with self.task.gradient_sync(sync and env.distributed):
             out = self.task(images, targets)
-            scaled = out["loss"] / r.accum_steps
+            scaled = out["loss"] / self.recipe.optimization.accum_steps
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         return RunningSums.of_batch(out, images.shape[0], env.device)
 
@@ -241,12 +243,12 @@ class Trainer:
         """Clip (when the recipe says), step the optimizer and its schedule, update the EMA."""
         from timm.utils import dispatch_clip_grad
 
-        r = self.recipe
-        if r.clip_grad:
+        o = self.recipe.optimization
+        if o.clip_grad:
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
             params = [p for p in self.task.model.parameters() if p.grad is not None]
-            dispatch_clip_grad(params, r.clip_grad, mode=r.clip_mode)
+            dispatch_clip_grad(params, o.clip_grad, mode=o.clip_mode)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -286,10 +288,10 @@ class Trainer:
 
     def validate(self) -> dict[str, Any]:
         """Top-1, top-5 and loss of the evaluated model (EMA when on) on the validation split."""
-        r, env = self.recipe, self.env
+        o, env = self.recipe.optimization, self.env
         self.task.student.eval()
-        sums = D.all_sum(env, eval_sums(self.task.evaluated(), self.feed.val, env.device, r.amp, self.channels_last,
-                                        r.amp_dtype))
+        sums = D.all_sum(env, eval_sums(self.task.evaluated(), self.feed.val, env.device, o.amp, self.channels_last,
+                                        o.amp_dtype))
         self.task.student.train()
         sums[-1] /= env.world
         return metrics_from_sums(sums)
@@ -315,7 +317,7 @@ class Trainer:
         if improved:
             self.write_model(self.run_dir / "best", self.card_metrics(record))
         self.save_checkpoint()
-        self.bar.print(f"epoch {epoch + 1}/{self.recipe.epochs} [{self.task.stage}] train loss "
+        self.bar.print(f"epoch {epoch + 1}/{self.recipe.schedule.epochs} [{self.task.stage}] train loss "
                        f"{record['train_loss']:.4f}  val top1 {100 * val['top1']:.2f}%  top5 {100 * val['top5']:.2f}%"
                        f"  loss {val['loss']:.4f}")
 
@@ -332,7 +334,7 @@ class Trainer:
             return
         export = self.task.export
         meta = {**self.report, "recipe": self.recipe.to_dict(), "metrics": metrics, "teacher": self.teacher_spec}
-        if final and self.recipe.compare_batches:
+        if final and self.recipe.reporting.compare_batches:
             export.load_state_dict(state)
             meta["compare"] = compare_at_end(export, teacher=self.task.softmax_teacher, teacher_spec=self.teacher_spec,
                                              feed=self.feed, inp=self.inp, recipe=self.recipe, device=self.env.device,
@@ -365,7 +367,7 @@ class Trainer:
         epochs = self.monitor.epochs() if self.env.is_main else []
         last = epochs[-1] if epochs else None
         metrics: dict[str, Any] = {"best_top1": self.pos.best_top1, "best_epoch": self.pos.best_epoch,
-                                   "epochs": self.recipe.epochs, "seconds": seconds}
+                                   "epochs": self.recipe.schedule.epochs, "seconds": seconds}
         if last is not None:
             metrics.update({"top1": last["val_top1"], "top5": last["val_top5"], "loss": last["val_loss"],
                             "n": last.get("val_n")})

@@ -79,10 +79,10 @@ def run_quickstart(variants: Sequence[str] = DEFAULT_VARIANTS, out: Path = Path(
     with torch_threads(1):
         metrics = evaluate(load_source(DATA).model, DATA, device=device)
     result = Quickstart(Result("teacher (softmax)", "teacher", None, metrics["top1"], metrics["top5"],
-                               metrics["loss"], 0.0, "digits"), epochs=recipe.epochs)
+                               metrics["loss"], 0.0, "digits"), epochs=recipe.schedule.epochs)
     if progress:
         for job in planned:
-            progress(Update(job.name, "queued", epochs=recipe.epochs))
+            progress(Update(job.name, "queued", epochs=recipe.schedule.epochs))
     workers = max(1, min(jobs or os.cpu_count() or 1, len(planned)))
     rows = run_jobs(planned, out, device, force, workers, progress)
     for job in planned:

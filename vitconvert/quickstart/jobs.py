@@ -76,8 +76,8 @@ def train_one(job: Job, out: Path, device: Optional[str], force: bool, progress:
 
     def on_step(trainer: Any) -> None:
         if progress is not None:
-            steps = trainer.feed.updates_per_epoch * recipe.epochs
-            progress(Update(job.name, "running", trainer.pos.step, steps, trainer.pos.epoch, recipe.epochs))
+            steps = trainer.feed.updates_per_epoch * recipe.schedule.epochs
+            progress(Update(job.name, "running", trainer.pos.step, steps, trainer.pos.epoch, recipe.schedule.epochs))
 
     result = run(DistillJob(student=str(start), recipe=recipe, out=out / job.name, recipe_text=text, device=device,
                             force=force, show=False), on_step=on_step)
