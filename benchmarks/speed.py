@@ -30,7 +30,7 @@ import torch
 from doc_blocks import write_block
 
 from vitconvert.attention import VARIANTS
-from vitconvert.bench import SOFTMAX, BenchReport, benchmark, linear_copy, peak_memory_bytes, tokens_of
+from vitconvert.bench import SOFTMAX, BenchReport, BenchRow, benchmark, linear_copy, peak_memory_bytes, tokens_of
 from vitconvert.cli.bench import plot_speedups
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -222,6 +222,12 @@ def measured_stamp() -> dict[str, Any]:
             "timm": timm.__version__}
 
 
+def plot(name: str, parts: list[BenchReport], device: str) -> None:
+    merged = BenchReport(parts[0].source, parts[0].arch, parts[0].device, parts[0].threads, 0, 0,
+                         [r for p in parts for r in p.rows], parts[0].clock)
+    plot_speedups(merged, ROOT / "docs" / "img" / f"speed-{name}-{device}.png")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -231,8 +237,12 @@ def main() -> None:
     parser.add_argument("--conversion-rounds", type=int, default=3)
     parser.add_argument("--report-only", action="store_true", help="only rewrite docs/performance.md's table")
     args = parser.parse_args()
-    if args.report_only:
-        write_block(DOC, "speed-cpu", render(json.loads(RESULTS.read_text())))
+    if args.report_only:  # the doc's table and its plot, from the results file
+        result = json.loads(RESULTS.read_text())
+        write_block(DOC, "speed-cpu", render(result))
+        parts_ = [BenchReport(**{k: v for k, v in r.items() if k != "results"},
+                              rows=[BenchRow(**row) for row in r["results"]]) for r in result["speed"][DOC_TABLE]]
+        plot(DOC_TABLE, parts_, "cpu")
         return
     torch.set_num_threads(2)  # memory and conversion; each PLAN row sets its own
     started = time.perf_counter()
@@ -262,13 +272,11 @@ def main() -> None:
     conv = conversion(args.conversion_rounds, log) if "conversion" in parts and args.device == "cpu" else {}
     if conv:
         save(conversion=conv)
-    for name, parts_ in reports.items():
-        merged = BenchReport(parts_[0].source, parts_[0].arch, parts_[0].device, parts_[0].threads, 0, 0,
-                             [r for p in parts_ for r in p.rows], parts_[0].clock)
-        plot_speedups(merged, ROOT / "docs" / "img" / f"speed-{name}-{args.device}.png")
-    print(markdown(reports, mem, conv))
     if args.device == "cpu" and DOC_TABLE in result.get("speed", {}):
         write_block(DOC, "speed-cpu", render(result))
+    for name, parts_ in reports.items():
+        plot(name, parts_, args.device)
+    print(markdown(reports, mem, conv))
     log(f"done; wrote {out.relative_to(ROOT)}")
 
 
