@@ -225,7 +225,16 @@ def measured_stamp() -> dict[str, Any]:
 def plot(name: str, parts: list[BenchReport], device: str) -> None:
     merged = BenchReport(parts[0].source, parts[0].arch, parts[0].device, parts[0].threads, 0, 0,
                          [r for p in parts for r in p.rows], parts[0].clock)
-    plot_speedups(merged, ROOT / "docs" / "img" / f"speed-{name}-{device}.png")
+    plot_speedups(merged, ROOT / "docs" / "img" / f"speed-{name}-{device}.png", force=True)  # a figure it marked
+
+
+def report_only() -> None:
+    """The doc's table and its plot, from the results file: nothing measured."""
+    result = json.loads(RESULTS.read_text())
+    write_block(DOC, "speed-cpu", render(result))
+    parts = [BenchReport(**{k: v for k, v in r.items() if k != "results"},
+                         rows=[BenchRow(**row) for row in r["results"]]) for r in result["speed"][DOC_TABLE]]
+    plot(DOC_TABLE, parts, "cpu")
 
 
 def main() -> None:
@@ -237,12 +246,8 @@ def main() -> None:
     parser.add_argument("--conversion-rounds", type=int, default=3)
     parser.add_argument("--report-only", action="store_true", help="only rewrite docs/performance.md's table")
     args = parser.parse_args()
-    if args.report_only:  # the doc's table and its plot, from the results file
-        result = json.loads(RESULTS.read_text())
-        write_block(DOC, "speed-cpu", render(result))
-        parts_ = [BenchReport(**{k: v for k, v in r.items() if k != "results"},
-                              rows=[BenchRow(**row) for row in r["results"]]) for r in result["speed"][DOC_TABLE]]
-        plot(DOC_TABLE, parts_, "cpu")
+    if args.report_only:
+        report_only()
         return
     torch.set_num_threads(2)  # memory and conversion; each PLAN row sets its own
     started = time.perf_counter()
