@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark scripts, beside this one
 from doc_blocks import read_block, write_block  # noqa: E402
@@ -72,9 +73,10 @@ def kernel_instructions_block() -> str:
 
 
 def budget_block() -> str:
-    """budget.py writes its block with its plot; rendered here into a copy of the doc (benchmarks/budget.py)."""
+    """budget.py writes its block with its plot: here into a copy of the doc, without the plot (the block only
+    names the figure), through budget.py's own write_report."""
     budget = _module("budget")
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, patch.object(budget, "plot", lambda *args: None):
         doc = Path(tmp) / RESULTS_DOC.name
         shutil.copy(RESULTS_DOC, doc)
         budget.write_report(budget.RESULTS, doc)
