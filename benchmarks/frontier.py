@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from doc_blocks import write_block
 
 from vitconvert import convert, save
 from vitconvert.bench import benchmark
@@ -35,7 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "frontier.jsonl"
 DOC = ROOT / "docs" / "results.md"
 PLOT = ROOT / "docs" / "results-frontier.png"
-BEGIN, END = "<!-- frontier:begin -->", "<!-- frontier:end -->"
 OPTIONS: dict[str, dict[str, Any]] = {"mhla": {"blocks_per_side": 2}}  # 2×2 token-level heads on the 4×4 grid
 DEPTH, SPEED_ARCH, SPEED_DEPTH, SIZES = 4, "deit_tiny", 12, (224, 1024)
 EPOCHS, SEED = 5, 0
@@ -143,13 +143,12 @@ def plot(points: dict[str, list[tuple[int, float, float]]]) -> None:
     fig.savefig(PLOT, dpi=110)
 
 
-def write_report(variants: list[str]) -> None:
+def render(variants: list[str]) -> str:
+    """The block of docs/results.md, from the recorded runs only."""
     text, points = table(variants)
     if not points:
         raise SystemExit(f"no recorded frontier runs in {RESULTS}")
-    plot(points)
-    block = "\n".join([
-        BEGIN,
+    return "\n".join([
         f"Digits val top-1 (%) after {EPOCHS} epochs of the quickstart recipe (seed {SEED}; one image = 0.34 "
         "points), the K softmax layers chosen by each signal; speed-ups of DeiT-Tiny with the same share of "
         "layers kept softmax, against its softmax source in the same process (1 thread, CPU clock). K = 4 is "
@@ -158,16 +157,13 @@ def write_report(variants: list[str]) -> None:
         text,
         "",
         f"![accuracy against speed-up, one point per K]({PLOT.name})",
-        END,
     ])
-    doc = DOC.read_text()
-    if BEGIN in doc and END in doc:
-        before, rest = doc.split(BEGIN, 1)
-        doc = before + block + rest.split(END, 1)[1]
-    else:
-        doc = doc.rstrip() + "\n\n" + block + "\n"
-    DOC.write_text(doc)
-    print(f"wrote {DOC} and {PLOT}")
+
+
+def write_report(variants: list[str]) -> None:
+    block = render(variants)
+    plot(table(variants)[1])
+    write_block(DOC, "frontier", block)
 
 
 def main() -> None:

@@ -83,3 +83,71 @@ def cost_table(rows: list[dict[str, Any]]) -> Table:
         table.add_row(c["recipe"], f"{c['epochs']} × {c['images']:,}", str(c["img_size"]), c["source"], c["model"],
                       f"{c['img_per_s']:.1f}", f"{c['gpu_hours']:.1f}", c.get("verdict", NOT_MEASURED))
     return table
+
+
+# -- the same run as markdown, for docs/performance.md (rendered from the saved JSON, never typed) ---------------
+DEPTH = {"deit_tiny": 12, "deit_small": 12, "deit_base": 12}  # attention layers: SDPA calls per image
+BOUND_FROM_TOKENS = 4097  # below, a batch-16 SDPA call is launch-bound and its time says little of its share
+
+
+def markdown_report(check: dict[str, Any], commit: str) -> str:
+    """docs/performance.md's GPU block from a saved gpu_check JSON: the model-level and one-layer tables, precision
+    and cost, captioned with the GPU, the software and the commit whose kernels ran."""
+    env = check["env"]
+    return "\n\n".join([
+        f"One run of `python benchmarks/gpu_check.py --sections {','.join(check['sections'])}` on one {env['gpu']}, "
+        f"{env['date'][:10]}, torch {env['torch']}, CUDA {env['cuda']}, timm {env['timm']}, with the kernels of "
+        f"commit {commit} (benchmarks/results/gpu-check-cuda.json). bf16 autocast, eager, random weights; speed-up "
+        "= softmax's time (timm's fused attention: SDPA) / the student's, in the same run.",
+        markdown_speed(check["speed"], check["op"]), markdown_op(check["op"]), markdown_precision(check["precision"]),
+        markdown_cost(check["cost"])])
+
+
+def markdown_speed(speed: list[dict[str, Any]], op: list[dict[str, Any]]) -> str:
+    variants = list(dict.fromkeys(r["model"] for r in speed if r["model"] != "softmax"))
+    lines = [f"| model, px (tokens), batch | mode | {' | '.join(variants)} | attention-free bound | FLOP bound |",
+             "|---|---|" + "---:|" * (len(variants) + 2)]
+    for key in dict.fromkeys((r["source"], r["img_size"], r["mode"]) for r in speed):
+        rows = {r["model"]: r for r in speed if (r["source"], r["img_size"], r["mode"]) == key}
+        base = rows["softmax"]
+        sdpa = [o for o in op if o["model"] == "softmax" and o["tokens"] == base["tokens"] and o["mode"] == key[2]]
+        bound = "—"
+        if sdpa and base["tokens"] >= BOUND_FROM_TOKENS:
+            rest = base["ms_per_img"] - DEPTH[key[0]] * sdpa[0]["ms"] / sdpa[0]["batch"]
+            bound = f"{base['ms_per_img'] / rest:.2f}×"
+        flops = max(r["flop_bound"] for m, r in rows.items() if m != "softmax")
+        lines.append(f"| {key[0]}, {key[1]} ({base['tokens']}), {base['batch_size']} | {key[2]} | "
+                     + " | ".join(f"{rows[v]['speedup']:.2f}×" for v in variants) + f" | {bound} | {flops:.2f}× |")
+    return "\n".join(lines)
+
+
+def markdown_op(op: list[dict[str, Any]]) -> str:
+    variants = list(dict.fromkeys(r["model"] for r in op if r["model"] != "softmax"))
+    first = op[0]
+    lines = [f"One attention layer, token mixing only (B={first['batch']}, H={first['heads']}, d={first['head_dim']}, "
+             "bf16; infer: forward, train: forward and backward):", "",
+             f"| N | mode | SDPA ms | {' | '.join(variants)} |", "|---:|---|---:|" + "---:|" * len(variants)]
+    for key in dict.fromkeys((r["tokens"], r["mode"]) for r in op):
+        rows = {r["model"]: r for r in op if (r["tokens"], r["mode"]) == key}
+        lines.append(f"| {key[0]} | {key[1]} | {rows['softmax']['ms']:.3f} | "
+                     + " | ".join(f"{rows[v]['speedup']:.2f}×" for v in variants) + " |")
+    return "\n".join(lines)
+
+
+def markdown_precision(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "bf16 against float32: not measured in this run."
+    first = rows[0]
+    parts = [f"{r['model']} {r['rel_error']:.2e}{'' if r['finite'] else ' (not finite)'}" for r in rows]
+    return (f"bf16 against float32 (`forward_features` of {first['source']} at {first['img_size']} px, relative "
+            f"error): {', '.join(parts)}.")
+
+
+def markdown_cost(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "GPU-hours: not measured in this run."
+    by_recipe: dict[tuple[str, int], list[str]] = {}
+    for c in rows:
+        by_recipe.setdefault((c["recipe"], c["epochs"]), []).append(f"{c['model']} {c['gpu_hours']:.1f}")
+    return " ".join(f"GPU-hours of {recipe}, {epochs} epochs at the measured img/s (a lower bound: data loading "
+                    f"left out): {', '.join(parts)}." for (recipe, epochs), parts in by_recipe.items())

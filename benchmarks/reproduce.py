@@ -36,13 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from doc_blocks import write_block
+
 from vitconvert.attention import VARIANTS as ALL_VARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "reproduce.jsonl"
 DOC = ROOT / "docs" / "results.md"
 PLOT = ROOT / "docs" / "results.png"
-BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
 REGIMES = ("same", "transfer")
 SOURCE_CLASSES, TARGET_CLASSES = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9)
 TRANSFER_DIR = ROOT / "benchmarks" / "results" / "transfer"  # the source teacher and the target image folder
@@ -224,48 +225,59 @@ def plot(stats: dict, variants: list[str], teacher: float, path: Path) -> None:
     plt.close(fig)
 
 
+def summary_path(regime: str) -> Path:
+    return RESULTS.parent / ("reproduce-transfer-summary.json" if regime == "transfer" else "reproduce-summary.json")
+
+
+def block_name(regime: str) -> str:
+    return "reproduce-transfer" if regime == "transfer" else "reproduce"
+
+
+def render(regime: str = "same", epochs: int = 5) -> str:
+    """The block of docs/results.md for ``regime``, from the recorded runs and the summary file (the teacher's
+    top-1, the environment): nothing is measured here."""
+    records = read_records(epochs, regime)
+    if not records:
+        raise SystemExit(f"no recorded {regime}-task runs with {epochs} epochs in {RESULTS}")
+    summary = json.loads(summary_path(regime).read_text())
+    stats = summarise(records)
+    shown = [v for v in VARIANTS if any(k[0] == v for k in stats)]
+    transfer = regime == "transfer"
+    figure = PLOT.with_name("results-transfer.png") if transfer else PLOT
+    label = "softmax source teacher, on its source task 0-4" if transfer else "softmax teacher (one model)"
+    seeds = sorted({r["seed"] for r in records})
+    minutes = sum(r["seconds"] for r in records) / 60
+    what = ("Target-task (digits 5-9) val top-1 (%)" if transfer else "Digits val top-1 (%)")
+    return "\n".join([
+        f"{what}, mean ± std over seeds {', '.join(map(str, seeds))}; {epochs} epochs per run, "
+        f"recipe `recipes/quickstart.yaml`; {len(records)} runs, {minutes:.0f} min of training in all "
+        f"({summary['environment']}). "
+        f"Written by `python benchmarks/reproduce.py{' --regime transfer' if transfer else ''}`.",
+        "",
+        markdown_table(stats, shown, summary["teacher_top1"], label),
+        "",
+        f"![{what} per variant and init configuration]({figure.name})",
+    ])
+
+
 def write_report(variants: list[str], epochs: int, regime: str = "same") -> None:
+    """The summary file (the teacher measured again), then the plot and the doc's block rendered from the files."""
     records = read_records(epochs, regime)
     if not records:
         raise SystemExit(f"no recorded {regime}-task runs with {epochs} epochs in {RESULTS}")
     stats = summarise(records)
     shown = [v for v in variants if any(k[0] == v for k in stats)]
     teacher = teacher_top1(regime)
-    transfer = regime == "transfer"
-    begin, end = (BEGIN.replace("reproduce", "reproduce-transfer"), END.replace("reproduce", "reproduce-transfer")) \
-        if transfer else (BEGIN, END)
-    figure = PLOT.with_name("results-transfer.png") if transfer else PLOT
-    label = "softmax source teacher, on its source task 0-4" if transfer else "softmax teacher (one model)"
-    plot(stats, shown, teacher, figure)
-    seeds = sorted({r["seed"] for r in records})
-    minutes = sum(r["seconds"] for r in records) / 60
     import timm
     import torch
 
-    what = ("Target-task (digits 5-9) val top-1 (%)" if transfer else "Digits val top-1 (%)")
-    block = "\n".join([
-        begin,
-        f"{what}, mean ± std over seeds {', '.join(map(str, seeds))}; {epochs} epochs per run, "
-        f"recipe `recipes/quickstart.yaml`; {len(records)} runs, {minutes:.0f} min of training in all "
-        f"({platform.machine()}, torch {torch.__version__.split('+')[0]}, timm {timm.__version__}). "
-        f"Written by `python benchmarks/reproduce.py{' --regime transfer' if transfer else ''}`.",
-        "",
-        markdown_table(stats, shown, teacher, label),
-        "",
-        f"![{what} per variant and init configuration]({figure.name})",
-        end,
-    ])
-    text = DOC.read_text() if DOC.is_file() else f"# Results\n\n{begin}\n{end}\n"
-    if begin not in text or end not in text:
-        text = text.rstrip() + f"\n\n{begin}\n{end}\n"
-    before, rest = text.split(begin, 1)
-    after = rest.split(end, 1)[1]
-    DOC.write_text(before + block + after)
-    print(f"wrote {DOC} and {figure}")
-    summary = "reproduce-transfer-summary.json" if transfer else "reproduce-summary.json"
-    (RESULTS.parent / summary).write_text(json.dumps(
-        {"epochs": epochs, "seeds": seeds, "teacher_top1": teacher,
+    summary_path(regime).write_text(json.dumps(
+        {"epochs": epochs, "seeds": sorted({r["seed"] for r in records}), "teacher_top1": teacher,
+         "environment": f"{platform.machine()}, torch {torch.__version__.split('+')[0]}, timm {timm.__version__}",
          "mean_std_runs": {f"{v}/{c}": list(s) for (v, c), s in sorted(stats.items())}}, indent=1) + "\n")
+    figure = PLOT.with_name("results-transfer.png") if regime == "transfer" else PLOT
+    plot(stats, shown, teacher, figure)
+    write_block(DOC, block_name(regime), render(regime, epochs))
 
 
 def main() -> None:

@@ -5,7 +5,9 @@
     python benchmarks/speed.py --device cuda --clocks wall
 
 Writes benchmarks/results/speed-<device>.json and the plots docs/img/speed-<model>-<device>.png, and prints the
-markdown tables of docs/performance.md. Models are built pretrained=False: weights do not change speed.
+markdown tables. The table of docs/performance.md (deit_small, 1 thread, CPU clock) is rendered from the results
+file between the ``speed-cpu`` markers (``--report-only`` renders it alone). Models are built pretrained=False:
+weights do not change speed.
 """
 
 from __future__ import annotations
@@ -13,18 +15,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import timm
 import torch
+from doc_blocks import write_block
 
 from vitconvert.attention import VARIANTS
-from vitconvert.bench import SOFTMAX, BenchReport, benchmark, linear_copy, peak_memory_bytes, tokens_of
+from vitconvert.bench import SOFTMAX, BenchReport, BenchRow, benchmark, linear_copy, peak_memory_bytes, tokens_of
 from vitconvert.cli.bench import plot_speedups
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +46,9 @@ PLAN = [
     ("deit_small", [224, 512, 1024], {224: 8}, ALL, 3, [224, 512], 1, "cpu"),
 ]
 MEMORY_SIZES = [256, 512, 1024]  # 257 to 4097 tokens at patch 16
+RESULTS = ROOT / "benchmarks" / "results" / "speed-cpu.json"
+DOC = ROOT / "docs" / "performance.md"
+DOC_TABLE = "deit_small-cpu"  # the PLAN row docs/performance.md shows: the one a shared machine can measure
 
 
 def speed(models: list[str], device: str, clocks: list[str], log, save) -> dict[str, list[BenchReport]]:
@@ -167,11 +176,65 @@ def markdown(reports: dict[str, list[BenchReport]], mem: list[dict], conv: dict)
     return "\n".join(lines)
 
 
+def render(result: dict[str, Any], key: str = DOC_TABLE) -> str:
+    """docs/performance.md's speed table: one line per size and mode, each variant's speed-up over softmax in the
+    same run, the FLOP bound's range, and when and under what load it was measured."""
+    reports = result["speed"][key]
+    variants = list(dict.fromkeys(r["model"] for r in reports[0]["results"] if r["model"] != SOFTMAX))
+    first = reports[0]
+    lines = [f"| px | tokens | batch | mode | softmax ms/img | {' | '.join(variants)} | FLOP bound |",
+             "|---:|---:|---:|---|---:|" + "---:|" * len(variants) + "---|"]
+    spreads = []
+    for report in reports:
+        for (size, mode) in dict.fromkeys((r["img_size"], r["mode"]) for r in report["results"]):
+            rows = {r["model"]: r for r in report["results"] if (r["img_size"], r["mode"]) == (size, mode)}
+            bounds = [rows[v]["flop_bound"] for v in variants]
+            base = rows[SOFTMAX]
+            lines.append(f"| {size} | {base['tokens']} | {base['batch_size']} | {mode} | {base['ms_per_img']:.0f} | "
+                         + " | ".join(f"{rows[v]['speedup']:.2f}×" for v in variants)
+                         + f" | {min(bounds):.2f}–{max(bounds):.2f}× |")
+        if report.get("contention"):
+            spreads.append(report["contention"])
+    stamp = result.get("measured", {}).get(key)
+    when = (f"Measured {stamp['date']} at commit {stamp['commit']}, torch {stamp['torch'].split('+')[0]}, timm "
+            f"{stamp['timm']}, on {stamp['cpus']} CPU cores shared with other jobs (load average "
+            f"{stamp['loadavg_1min']} when it started)") if stamp else "Measured before runs were stamped"
+    others = [c["others_cpu"] for c in spreads if c.get("others_cpu") is not None]
+    load = f"; other processes took {min(others):.0%}–{max(others):.0%} of its CPUs while it timed" if others else ""
+    lines += ["", f"{first['arch']}, {first['threads']} thread, {first['clock']} clock, float32, random weights. "
+              f"{when}{load}. Written by `python benchmarks/speed.py --only speed --clocks cpu --models deit_small` "
+              f"({RESULTS.relative_to(ROOT)}, key `{key}`)."]
+    return "\n".join(lines)
+
+
 def _slope(rows: list[dict]) -> float:
     xs = [math.log(r["tokens"]) for r in rows]
     ys = [math.log(r["peak_mem_mb"]) for r in rows]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def measured_stamp() -> dict[str, Any]:
+    """When, on which commit and under what load a table was measured: what the doc's caption says."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return {"date": time.strftime("%Y-%m-%d"), "commit": commit.stdout.strip() or None,
+            "loadavg_1min": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "timm": timm.__version__}
+
+
+def plot(name: str, parts: list[BenchReport], device: str) -> None:
+    merged = BenchReport(parts[0].source, parts[0].arch, parts[0].device, parts[0].threads, 0, 0,
+                         [r for p in parts for r in p.rows], parts[0].clock)
+    plot_speedups(merged, ROOT / "docs" / "img" / f"speed-{name}-{device}.png", force=True)  # a figure it marked
+
+
+def report_only() -> None:
+    """The doc's table and its plot, from the results file: nothing measured."""
+    result = json.loads(RESULTS.read_text())
+    write_block(DOC, "speed-cpu", render(result))
+    parts = [BenchReport(**{k: v for k, v in r.items() if k != "results"},
+                         rows=[BenchRow(**row) for row in r["results"]]) for r in result["speed"][DOC_TABLE]]
+    plot(DOC_TABLE, parts, "cpu")
 
 
 def main() -> None:
@@ -181,7 +244,11 @@ def main() -> None:
     parser.add_argument("--models", default="deit_tiny,deit_small,deit_base")
     parser.add_argument("--only", choices=["speed", "memory", "conversion"], action="append")
     parser.add_argument("--conversion-rounds", type=int, default=3)
+    parser.add_argument("--report-only", action="store_true", help="only rewrite docs/performance.md's table")
     args = parser.parse_args()
+    if args.report_only:
+        report_only()
+        return
     torch.set_num_threads(2)  # memory and conversion; each PLAN row sets its own
     started = time.perf_counter()
 
@@ -193,9 +260,12 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     result = json.loads(out.read_text()) if out.exists() else {}
 
+    stamp = measured_stamp()
+
     def save(reports: dict[str, list[BenchReport]] | None = None, **sections) -> None:
         if reports:
             result["speed"] = {**result.get("speed", {}), **{k: [r.to_dict() for r in v] for k, v in reports.items()}}
+            result["measured"] = {**result.get("measured", {}), **{k: stamp for k in reports}}
         result.update(sections, seconds=time.perf_counter() - started)
         out.write_text(json.dumps(result, indent=1) + "\n")
 
@@ -207,10 +277,10 @@ def main() -> None:
     conv = conversion(args.conversion_rounds, log) if "conversion" in parts and args.device == "cpu" else {}
     if conv:
         save(conversion=conv)
+    if args.device == "cpu" and DOC_TABLE in result.get("speed", {}):
+        write_block(DOC, "speed-cpu", render(result))
     for name, parts_ in reports.items():
-        merged = BenchReport(parts_[0].source, parts_[0].arch, parts_[0].device, parts_[0].threads, 0, 0,
-                             [r for p in parts_ for r in p.rows], parts_[0].clock)
-        plot_speedups(merged, ROOT / "docs" / "img" / f"speed-{name}-{args.device}.png")
+        plot(name, parts_, args.device)
     print(markdown(reports, mem, conv))
     log(f"done; wrote {out.relative_to(ROOT)}")
 

@@ -30,6 +30,10 @@ SKIP = {  # a pattern of the command -> why it cannot run offline on a CPU
     r"hf-hub:me/": "reads a repository of the reader's own on the Hub",
     r"--nnodes 2": "two machines",
     r"--resume": "continues a run stopped by Ctrl-C (tests/cli/test_dead_ends.py stops and resumes one)",
+    r"device_check\.sh|gpu_check\.py(?!.*--device cpu)": "needs an NVIDIA GPU",
+    r"^python benchmarks/(speed|distill_overhead|default_recipe|quickstart_results|reproduce|frontier|budget)\.py":
+        "measures for minutes to hours and rewrites a results file and a doc's table (tests/test_doc_tables.py "
+        "holds the tables to their results files)",
 }
 OFFLINE = [  # (pattern, replacement), applied in order
     (r"hf-hub:timm/deit_tiny_patch16_224\.fb_in1k", "deit_tiny --no-pretrained --img-size 32"),
@@ -43,6 +47,7 @@ OFFLINE = [  # (pattern, replacement), applied in order
     (r"^vitconvert quickstart$", "vitconvert quickstart --variants elu --epochs 1 --no-scratch"),
     (r"--img-size 224,512,1024|--img-size 224,1024", "--img-size 32,64"),
     (r"--img-size 512\b", "--img-size 64"),
+    (r"--backend onnxruntime --threads 1 --repeats 5", "--backend onnxruntime --threads 1 --repeats 1 --img-size 32"),
 ]
 SYNOPSIS = re.compile(r"\[|\.\.\.|\b(SOURCE|STUDENT|FOLDER|MODEL|DATA|VARIANT|DIR|ORG/NAME)\b")
 
@@ -88,6 +93,48 @@ def all_commands() -> list[tuple[str, str]]:
 def test_the_pages_have_commands():
     listed = all_commands()
     assert len(listed) > 30 and any("vitconvert distill" in c for _, c in listed)
+
+
+def flags(command: str) -> list[str]:
+    return re.findall(r"(?<![\w-])--[a-z][\w-]*", command)
+
+
+def cli_options() -> dict[str, set[str]]:
+    """vitconvert's subcommands -> every option name each takes (typer's own commands, as the CLI builds them)."""
+    import typer
+
+    from vitconvert.cli import app
+
+    group = typer.main.get_command(app)
+    return {name: {o for p in command.load().params for o in (*p.opts, *p.secondary_opts)}
+            for name, command in group.commands.items()}
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/performance.md"])
+def test_every_command_on_the_page_names_a_real_subcommand_flag_and_script(page):
+    """Fast (no command runs): each vitconvert command's subcommand and flags are the CLI's, each benchmark script
+    exists and defines each flag given to it. The slow test below runs them."""
+    options, wrong = cli_options(), []
+    for command in commands(REPO / page):
+        words = command.split()
+        if "vitconvert" in words and words.index("vitconvert") + 1 < len(words):
+            sub, *rest = words[words.index("vitconvert") + 1:]
+            if sub.startswith("--"):
+                wrong += [f"{command}: {f}" for f in flags(" ".join(words)) if f not in ("--version", "--help")]
+            elif sub not in options:
+                wrong.append(f"{command}: no command {sub}")
+            else:
+                wrong += [f"{command}: {sub} has no {f}" for f in flags(" ".join(rest))
+                          if f not in options[sub] | {"--help"}]
+        script = next((w for w in words if w.startswith("benchmarks/")), None)
+        if script is not None:
+            source = REPO / script
+            if not source.is_file():
+                wrong.append(f"{command}: no file {script}")
+            elif source.suffix == ".py":
+                text = source.read_text()
+                wrong += [f"{command}: {script} has no {f}" for f in flags(command) if f'"{f}"' not in text]
+    assert not wrong, "\n".join(wrong)
 
 
 @pytest.mark.slow

@@ -132,7 +132,9 @@ def leaner(settings: dict[str, Any], dtype: torch.dtype) -> Optional[dict[str, A
 
 def lean_launches() -> dict[str, dict[str, Any]]:
     """Each kernel this process launches on leaner settings than its call site's (:func:`launch`): name -> the
-    settings changed (kernel_resources.py reports them)."""
+    settings changed (one entry per name: the last call site's). Inside :func:`launches_through` it is that
+    context's own record, which is dropped on leaving it; kernel_resources.py derives its "runs lean" lines from
+    its own builds, not from this."""
     return {kernel_name(key[0]): dict(step) for key, step in _settled.items()}
 
 

@@ -1,0 +1,125 @@
+"""Every generated block of the docs, each rendered from its results file by its script's own render function.
+
+    python benchmarks/doc_tables.py            # rewrite every block from benchmarks/results/ (measures nothing)
+    python benchmarks/doc_tables.py --check    # exit 1 and name each block whose text is not its results file's
+
+A block is the text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` (doc_blocks.py); tests/
+test_doc_tables.py holds each to what its render gives now, so a number in a generated table always comes from a
+results file. Rerun the script that measures a table to change its numbers; rerun this after a change of a render.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from unittest.mock import patch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark scripts, beside this one
+from doc_blocks import read_block, write_block  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PERFORMANCE, RESULTS_DOC = ROOT / "docs" / "performance.md", ROOT / "docs" / "results.md"
+# The commit whose kernels a saved GPU run measured, by the run's date (gpu_check records no commit).
+GPU_RUN_COMMITS = {"2026-12-04T13:36:43+00:00": "56d3820"}
+
+
+@dataclass(frozen=True)
+class Block:
+    doc: Path
+    name: str
+    render: Callable[[], str]  # the block's text from its results file(s): reads, never measures
+    source: str  # the files it renders from, for the message of a stale block
+
+
+def _module(name: str) -> Any:
+    return importlib.import_module(name)
+
+
+def _json(name: str) -> Any:
+    return json.loads((RESULTS / name).read_text())
+
+
+def gpu_block() -> str:
+    check = _json("gpu-check-cuda.json")
+    return _module("gpu_check_tables").markdown_report(check, GPU_RUN_COMMITS.get(check["env"]["date"], "unrecorded"))
+
+
+def kernel_instructions_block() -> str:
+    """Instructions per element moved, summed over each direction's loops: the earlier count → the current one."""
+    now, before = _json("kernel-instructions.json"), _json("kernel-instructions-before.json")
+    paths = ("one launch forward", "one launch backward", "split forward", "split backward")
+    lines = [f"| variant | {' | '.join(paths)} |", "|---|" + "---|" * len(paths)]
+    for variant in dict.fromkeys(key.split()[0] for key in now["totals"]):
+        cells = []
+        for path in paths:
+            new, old = now["totals"][f"{variant} {path}"]["per_element"], \
+                before["totals"][f"{variant} {path}"]["per_element"]
+            cells.append(f"{old:.2f} → {new:.2f} ({new / old:.2f}×)")
+        lines.append(f"| {variant} | {' | '.join(cells)} |")
+    lines += ["", f"Built for {now['arch']} by Triton {now['triton']} (no GPU: PTX counted), head dim "
+              f"{now['head_dim']}, {now['tokens']} tokens, {now['dtype']}. Written by `python "
+              "benchmarks/kernel_instructions.py --json benchmarks/results/kernel-instructions.json` (the earlier "
+              "count: benchmarks/results/kernel-instructions-before.json)."]
+    return "\n".join(lines)
+
+
+def budget_block() -> str:
+    """budget.py writes its block with its plot: here into a copy of the doc, without the plot (the block only
+    names the figure), through budget.py's own write_report."""
+    budget = _module("budget")
+    with tempfile.TemporaryDirectory() as tmp, patch.object(budget, "plot", lambda *args: None):
+        doc = Path(tmp) / RESULTS_DOC.name
+        shutil.copy(RESULTS_DOC, doc)
+        budget.write_report(budget.RESULTS, doc)
+        return read_block(doc.read_text(), "budget") or ""
+
+
+BLOCKS = [
+    Block(PERFORMANCE, "speed-cpu", lambda: _module("speed").render(_json("speed-cpu.json")), "speed-cpu.json"),
+    Block(PERFORMANCE, "distill-overhead", lambda: _module("distill_overhead").render(
+        _json("distill-overhead.json")["rows"]), "distill-overhead.json"),
+    Block(PERFORMANCE, "kernel-instructions", kernel_instructions_block, "kernel-instructions*.json"),
+    Block(PERFORMANCE, "gpu-h200", gpu_block, "gpu-check-cuda.json"),
+    Block(RESULTS_DOC, "quickstart", lambda: _module("quickstart_results").render(_json("quickstart.json")),
+          "quickstart.json"),
+    Block(RESULTS_DOC, "default-recipe", lambda: _module("default_recipe").render(_json("default-recipe.json")),
+          "default-recipe.json"),
+    Block(RESULTS_DOC, "reproduce", lambda: _module("reproduce").render("same"),
+          "reproduce.jsonl, reproduce-summary.json"),
+    Block(RESULTS_DOC, "reproduce-transfer", lambda: _module("reproduce").render("transfer"),
+          "reproduce.jsonl, reproduce-transfer-summary.json"),
+    Block(RESULTS_DOC, "frontier", lambda: _module("frontier").render(["elu", "mhla"]), "frontier.jsonl"),
+    Block(RESULTS_DOC, "budget", budget_block, "budget.jsonl"),
+]
+
+
+def stale() -> list[str]:
+    """One line per block whose text is not what its results file renders."""
+    return [f"{b.doc.relative_to(ROOT)}: the {b.name} block is not what benchmarks/results/{b.source} renders"
+            for b in BLOCKS if read_block(b.doc.read_text(), b.name) != b.render()]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 if a block is stale")
+    args = parser.parse_args()
+    if args.check:
+        found = stale()
+        print("\n".join(found) or f"all {len(BLOCKS)} generated blocks match their results files")
+        return 1 if found else 0
+    for block in BLOCKS:
+        write_block(block.doc, block.name, block.render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

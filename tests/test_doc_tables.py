@@ -1,0 +1,52 @@
+"""Every number in a generated table of the docs comes from a results file in benchmarks/results/ (issue 40).
+
+Each block between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` of docs/performance.md and docs/results.md is
+rendered again from its results file by its benchmark script's own render function (benchmarks/doc_tables.py
+lists them) and compared with the text in the doc. A stale block: ``python benchmarks/doc_tables.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from helpers import load_benchmark
+
+REPO = Path(__file__).resolve().parents[1]
+doc_tables = load_benchmark("doc_tables")
+doc_blocks = load_benchmark("doc_blocks")
+MARKER = re.compile(r"<!-- ([a-z0-9-]+):begin -->")
+
+
+@pytest.mark.parametrize("block", doc_tables.BLOCKS, ids=lambda b: f"{b.doc.name}:{b.name}")
+def test_a_generated_block_is_its_results_files_rendering(block):
+    text = doc_blocks.read_block(block.doc.read_text(), block.name)
+    assert text is not None, f"{block.doc.name} has no {block.name} markers"
+    assert text == block.render(), (f"{block.doc.name}'s {block.name} block is not what benchmarks/results/"
+                                    f"{block.source} renders: run python benchmarks/doc_tables.py")
+
+
+def test_every_marked_block_in_the_docs_has_a_renderer():
+    registered = {(b.doc.name, b.name) for b in doc_tables.BLOCKS}
+    for page in (REPO / "docs").glob("*.md"):
+        for name in MARKER.findall(page.read_text()):
+            assert (page.name, name) in registered, f"{page.name}: the {name} block has no renderer in doc_tables.py"
+
+
+def test_performance_md_has_no_table_of_numbers_outside_a_generated_block():
+    """A table row with a measured number (a ratio, a time) must be inside a block a script writes."""
+    text = (REPO / "docs" / "performance.md").read_text()
+    outside = re.sub(r"<!-- ([a-z0-9-]+):begin -->.*?<!-- \1:end -->", "", text, flags=re.S)
+    typed = [line for line in outside.splitlines()
+             if line.startswith("|") and re.search(r"\d(\.\d+)?\s*(×|ms|µs|s\b|%|MiB)", line)]
+    assert not typed, typed
+
+
+def test_a_block_is_replaced_between_its_markers_and_the_prose_around_it_kept():
+    text = "intro\n\n<!-- t:begin -->\nold\n<!-- t:end -->\n\nafter\n"
+    new = doc_blocks.replace_block(text, "t", "new\n| 1 |")
+    assert new == "intro\n\n<!-- t:begin -->\nnew\n| 1 |\n<!-- t:end -->\n\nafter\n"
+    assert doc_blocks.read_block(new, "t") == "new\n| 1 |"
+    assert doc_blocks.read_block(doc_blocks.replace_block("x", "u", "b"), "u") == "b"  # appended where absent
+    assert doc_blocks.read_block(text, "missing") is None
