@@ -7,19 +7,21 @@ InLine; MHLA's spatial blocks plus one prefix segment), each segment s gets a st
 
     S_s = Σ_j m_j φ(k_j) v_jᵀ (d×d),   z_s = Σ_j m_j φ(k_j),   zv_s = Σ_j m_j v_j    (m_j: the key mask)
 
-and each query of segment a reads a state R_a (made from the S_s by the caller, in torch: a d×d affair):
+and each query of segment a reads a state R_a (made from the S_s by the state kernel's last program, or for MHLA's
+mixing by the caller, in torch: a d×d affair):
 
     normalised:  o_i = φ(q_i)ᵀ R_a / (φ(q_i)·r_a + ε)       (kernel attention, MHLA)
     affine:      o_i = q_iᵀ R_a + b_a                         (InLine)
 
 A program walks its tokens in chunks of BLOCK_N: loads are bf16/fp16 tiles, the feature map and the reciprocal of
 the normaliser stay in float32 registers, and the dots run on tensor cores with float32 accumulators on TILE
-operands: float32 as TF32 for half inputs (the kernels are bound by memory, not by the dots, and φ(k), the state
-R and φ(q) keep 3 more bits than in bf16, which the cancellation in φ(q)ᵀR needs), or float32 inputs as torch's
-TF32 switch says. Sums over a chunk's tokens that would otherwise be reduced across warps every chunk (ELU's z,
-the normaliser φ(q)·r) are dots on the operand already made (each φ made once), the others wait in registers until
-after the loop; whole chunks run without bounds masks (FULL). Backward recomputes φ from q and k, so nothing
-N-sized beyond q, k, v and the output is kept. The instructions each main loop costs:
+operands: bf16 for bf16 inputs of ELU, ReLU and InLine (fused_parts.kernel_tiles: a third fewer instructions, the
+tests' bf16 bars held), float32 as TF32 for the other half inputs (φ(k), R and φ(q) keep 3 more bits than in
+bf16; float16's range is too short for a long sequence's sums), or float32 inputs as torch's TF32 switch says.
+Sums over a chunk's tokens that would otherwise be reduced across warps every chunk (ELU's z, the normaliser
+φ(q)·r) are dots on the operand already made (each φ made once), the others wait in registers until after the loop;
+whole chunks run without bounds masks (FULL). Backward recomputes φ from q and k, so nothing N-sized beyond q, k, v
+and the output is kept. The instructions each main loop costs:
 benchmarks/kernel_instructions.py.
 
 Under ``TRITON_INTERPRET=1`` (the CPU tests) the interpreter's dot of 16-bit tiles is wrong, so ``EMULATE``
