@@ -74,11 +74,11 @@ def test_the_main_loops_take_fewer_instructions_per_element_than_before(tmp_path
         pytest.skip(f"the baseline was built by Triton {before['triton']}, this is {now['triton']}")
     was = {(r["variant"], r["path"], r["kernel"], r["loop"]): r for r in before["rows"]}
     for key, row in rows.items():
-        assert row["per_element"] <= 1.1 * was[key]["per_element"], key  # (ELU's read-out backward: 1.06×)
+        assert row["per_element"] <= 1.1 * was[key]["per_element"], key  # (ELU's one-launch read-out backward: 1.05×)
         if key[3] == "state":
             assert row["bar_sync"] < was[key]["bar_sync"], key
     ratio = {key: total["per_element"] / before["totals"][key]["per_element"] for key, total in now["totals"].items()}
-    bound = {"elu": 0.8, "relu": 0.73, "inline": 0.5}
+    bound = {"elu": 0.8, "relu": 0.71, "inline": 0.5}
     assert {key: r for key, r in ratio.items() if r > bound[key.split()[0]]} == {}
     assert dispatch.MIN_HEAD_DIM <= now["head_dim"] == 64
 

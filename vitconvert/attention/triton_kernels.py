@@ -220,7 +220,9 @@ def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, fea
 def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on, s_gn, s_dqn, r_t, rz, dr, drz,
                        feature_eps, eps, FEATURE: tl.constexpr, NORMALISE: tl.constexpr, FULL: tl.constexpr,
                        TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """One chunk of queries of the read-out's backward: dq stored, (dR, dr) summed on (``r_t``: Rᵀ as a tile).
+    """One chunk of queries of the read-out's backward: dq stored, (dR, dr) summed on (``r_t``: Rᵀ as a tile; ``drz``:
+    dr as (1, d), summed across warps per chunk, or (BLOCK_N, d) rows summed after the loop, as
+    :func:`_add_to_state`'s z: no barrier a chunk, 32 registers more; the split kernel's).
 
     normalised: dnum = do/den, dden = −(do·o)/den, dφq = dnum Rᵀ + dden r, dR = Σ φqᵀ dnum, dr = Σ φq dden.
     affine: dq = do Rᵀ, dR = Σ qᵀ do, db = Σ do.
@@ -237,11 +239,17 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
         dden = -tl.sum(g * o, axis=1) * inv_den
         dphi = _dot(dnum.to(TILE), r_t, PRECISION, EMULATE) + dden[:, None] * rz[None, :]
         dr += _dot(tl.trans(phi_q.to(TILE)), dnum.to(TILE), PRECISION, EMULATE)
-        drz += tl.sum(phi_q * dden[:, None], axis=0)
+        if drz.shape[0] == 1:
+            drz += tl.sum(phi_q * dden[:, None], axis=0, keep_dims=True)
+        else:
+            drz += phi_q * dden[:, None]
     else:
         dphi = _dot(g.to(TILE), r_t, PRECISION, EMULATE)
         dr += _dot(tl.trans(phi_q.to(TILE)), g.to(TILE), PRECISION, EMULATE)
-        drz += tl.sum(g, axis=0)
+        if drz.shape[0] == 1:
+            drz += tl.sum(g, axis=0, keep_dims=True)
+        else:
+            drz += g
     _store(dq_base, tok, d, s_dqn, dphi * _phi_grad(q, FEATURE), tile, FULL)
     return dr, drz
 
