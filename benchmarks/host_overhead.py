@@ -2,6 +2,7 @@
 
     python benchmarks/host_overhead.py                       # every variant, vit_small's layer, 16 + 1 tokens
     python benchmarks/host_overhead.py --variants elu,mhla --iters 500 --json host.json
+    python benchmarks/host_overhead.py --variants elu,relu,inline --split   # the split kernels' launches
 
 A GPU runs kernels while the host queues the next ones; when the host is slower (small batches, short
 sequences, or a dozen small kernels per layer), the GPU waits and the layer's time is the host's. This measures
@@ -207,8 +208,24 @@ def arguments(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs (the median is reported)")
     parser.add_argument("--width", help="EMBED_DIM,HEADS instead of the model's (default on the CPU: 32,2, so "
                         "that the CPU's matmuls, which a GPU runs asynchronously, stay out of the time)")
+    parser.add_argument("--split", action="store_true", help="heads split over token ranges, as when B·H is under "
+                        "4 × the GPU's SMs (batch 16 at 197+ tokens on an H100): the split kernels' launches")
     parser.add_argument("--json", help="also write the rows here")
     return parser.parse_args(argv)
+
+
+@contextmanager
+def heads_split(split: bool) -> Iterator[None]:
+    """Inside (``split``): every head's 17 tokens over 2 programs (16-token ranges), so the ELU/ReLU/InLine layers
+    take the split kernels (state, read-out; and the read-out's and state's backward) instead of one launch each
+    way."""
+    saved = dispatch.SPLIT_ROUND, dispatch._programs_wanted
+    if split:
+        dispatch.SPLIT_ROUND, dispatch._programs_wanted = 16, lambda device: 1 << 20
+    try:
+        yield
+    finally:
+        dispatch.SPLIT_ROUND, dispatch._programs_wanted = saved
 
 
 def argument_error(args: argparse.Namespace, variants: list[str]) -> Optional[str]:
@@ -274,16 +291,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     kernels = "run" if launches.run else "replaced by a counter (no GPU)"
     layer_width = f"width {x.shape[-1]}, {found['softmax'].num_heads} heads"
     print(f"host time of one {args.model} attention layer ({layer_width}), batch 1, 17 tokens, bf16 autocast, "
-          f"on {device.type}; "
+          f"on {device.type}; " + ("heads split over 2 programs; " if args.split else "") +
           f"Triton launches {kernels}; median of {args.repeats} × {args.iters} calls, the layers in turns")
     print(f"{'layer':8} {'infer µs':>9} {'×softmax':>9} {'train µs':>9} {'×softmax':>9} {'launches':>9} "
           f"{'aten ops':>9}")
-    counted, micros, op_micros = measure(found, x, launches, device, args.iters, args.repeats)
+    with heads_split(args.split):
+        counted, micros, op_micros = measure(found, x, launches, device, args.iters, args.repeats)
     rows = report_layers(list(found), micros, counted)
     op_rows = report_ops(op_micros)
     if args.json:
         meta = {"device": device.type, "torch": torch.__version__, "model": args.model, "width": layer_width,
-                "kernels": kernels}
+                "kernels": kernels, "heads": "split" if args.split else "as the GPU's size chooses"}
         write_text_atomic(Path(args.json), json.dumps({"meta": meta, "rows": rows, "ops": op_rows}, indent=2))
     return 0
 

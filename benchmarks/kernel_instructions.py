@@ -17,8 +17,9 @@ PTX, each top-level loop (a backward branch to a label) is one loop over token t
     per element    instructions / elements
     bar.sync       barriers (cross-warp reductions and shared-memory hand-offs)
 
-"forward"/"backward" sum instructions and elements over the loops of each direction's kernels. PTX is what Triton
-emits, before ptxas: a proxy of the SASS that runs, not a timing.
+"forward"/"backward" sum instructions and elements over the main loops of each direction's kernels. A split kernel's
+last program also loops over the token ranges' partial sums, once a head: listed as "partial sums", not summed.
+PTX is what Triton emits, before ptxas: a proxy of the SASS that runs, not a timing.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ LOOPS = {"attention_fwd_kernel": ("state", "read-out"),
          "state_fwd_kernel": ("state",), "readout_fwd_kernel": ("read-out",),
          "readout_bwd_kernel": ("read-out backward",), "state_bwd_kernel": ("state backward",)}
 BACKWARD = {"attention_bwd_kernel", "readout_bwd_kernel", "state_bwd_kernel"}
+SUMS = "partial sums"  # a split kernel's last program summing the token ranges' partials: once a head, not a tile
 
 _LABEL = re.compile(r"^(\$\w+):$")
 _BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$\w+);")
@@ -138,9 +140,9 @@ def measure(arch: str = "sm_90", d: int = 64, tokens: int = 4097) -> list[dict[s
             for kernel, ptx in builds.ptx.items():
                 found = loops(ptx)
                 names = LOOPS.get(kernel, ())
-                for i, loop in enumerate(found):
+                for i, loop in enumerate(found):  # (after the token loops: the last program's sums over partials)
                     rows.append({"variant": variant, "path": path, "kernel": kernel,
-                                 "loop": names[i] if len(names) == len(found) else f"loop {i}",
+                                 "loop": names[i] if i < len(names) else SUMS, "main": i < len(names),
                                  "direction": "backward" if kernel in BACKWARD else "forward",
                                  "BLOCK_N": settings[kernel]["BLOCK_N"], "num_warps": settings[kernel]["num_warps"],
                                  "registers": settings[kernel]["registers"], "spills": settings[kernel]["spills"],
@@ -150,9 +152,10 @@ def measure(arch: str = "sm_90", d: int = 64, tokens: int = 4097) -> list[dict[s
 
 
 def totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """"variant path direction" -> instructions per element over its loops, and bar.sync per tile (summed)."""
+    """"variant path direction" -> instructions per element over its main loops (over token tiles), and bar.sync
+    per tile (summed)."""
     out: dict[str, dict[str, float]] = {}
-    for row in rows:
+    for row in (r for r in rows if r["main"]):
         key = f"{row['variant']} {row['path']} {row['direction']}"
         total = out.setdefault(key, {"instructions": 0, "elements": 0.0, "bar_sync": 0})
         for field in ("instructions", "elements", "bar_sync"):
@@ -176,7 +179,11 @@ def print_table(rows: list[dict[str, Any]], sums: dict[str, dict[str, float]], a
         print(f"{r['variant']:7s} {r['path']:10s} {r['kernel']:22s} {r['loop']:17s} {r['BLOCK_N']:>7} "
               f"{r['num_warps']:>5} {r['instructions']:>6} {r['elements']:>6g} {r['per_element']:>10.2f} "
               f"{r['bar_sync']:>8} {r['registers']:>5} {r['spills']:>6}{ratio}")
-    print("summed over each direction's loops:")
+    ratios = [r["per_element"] / before[key]["per_element"] for r in rows
+              if (key := (r["variant"], r["path"], r["kernel"], r["loop"])) in before and r["main"]]
+    if ratios:
+        print(f"main loops against the baseline: {min(ratios):.2f}–{max(ratios):.2f}× instructions per element")
+    print("summed over each direction's main loops:")
     for key, total in sums.items():
         was = (baseline or {}).get("totals", {}).get(key)
         ratio = f"  ({total['per_element'] / was['per_element']:.2f}× the baseline's {was['per_element']:.2f})" \

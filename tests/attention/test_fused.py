@@ -338,3 +338,53 @@ def test_kernels_at_vit_sizes(tokens, head_dim):
         x = torch.randn(1, tokens, 2 * head_dim, generator=torch.Generator().manual_seed(3)).to(DEVICE)
         expected = helpers.literal(module.double(), x.double())
         assert rel_error(module.float()(x), expected) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["elu", "inline"])
+def test_split_heads_take_two_launches_forward_and_three_backward_with_no_torch_op_between(name, monkeypatch):
+    """Heads split over token ranges (150 tokens, 3 ranges): the state kernel sums its partial states itself (its
+    last program, InLine's R made there too), so the forward is 2 launches and the backward 3, and between the first
+    launch and the last no aten op runs but allocations and views (no sum, no d×d matmul). The ops' bodies are
+    called direct, as without the recording mode (host_overhead.py counts so), and the interpreter's own copies
+    inside a launch are not the op's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    events: list[str] = []
+    launching = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not launching:
+                events.append(str(func.overloadpacket.__name__))
+            return func(*args, **(kwargs or {}))
+
+    def count(kernel, grid, *args, **kwargs):
+        events.append(dispatch.kernel_name(kernel))
+        launching.append(True)
+        try:
+            return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+        finally:
+            launching.pop()
+
+    monkeypatch.setattr(fused, "direct", lambda t: type(t) is torch.Tensor)
+    q, k, v = qkv(N=150, d=32)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    runs = {}
+    with dispatch.launches_through(count, DEVICE):
+        for direction in ("forward", "backward"):
+            events.clear()
+            with Ops():
+                if direction == "forward":
+                    out = (fused.inline_attention(q, k, v, None, 32 ** -0.5) if name == "inline"
+                           else fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6))
+                else:
+                    torch.autograd.grad(out, (q, k, v), grad)
+            runs[direction] = list(events)
+    kernels = {d: [e for e in run if e.endswith("_kernel")] for d, run in runs.items()}
+    assert kernels == {"forward": ["state_fwd_kernel", "readout_fwd_kernel"],
+                       "backward": ["state_fwd_kernel", "readout_bwd_kernel", "state_bwd_kernel"]}
+    allocations = {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "transpose", "view"}
+    for run in runs.values():
+        launched = [i for i, e in enumerate(run) if e.endswith("_kernel")]
+        between = {e for e in run[launched[0]:launched[-1]] if not e.endswith("_kernel")}
+        assert between and between <= allocations, between

@@ -174,6 +174,24 @@ def test_host_overhead_reports_every_layer_against_softmax(tmp_path, capsys, mon
     assert "error: --json" in err and "Traceback" not in err
 
 
+def test_host_overhead_counts_the_split_kernels_launches(tmp_path, capsys, monkeypatch):
+    """--split: heads over token ranges, as at batch 16 on an H100. ELU and InLine take 2 launches forward and 3
+    backward (the state kernel's last program sums the partial states: no torch op between), counted by the
+    launch counter, with the host time of each layer call."""
+    import json
+
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda",))
+    argv = ["--variants", "elu,inline", "--split", "--iters", "1", "--repeats", "1", "--json", str(tmp_path / "h.json")]
+    assert host_overhead().main(argv) == 0
+    assert "heads split over 2 programs" in capsys.readouterr().out
+    report = json.loads((tmp_path / "h.json").read_text())
+    rows = {row["layer"]: row for row in report["rows"]}
+    assert report["meta"]["heads"] == "split"
+    assert {name: (row["launches_infer"], row["launches_train"]) for name, row in rows.items()} == {
+        "softmax": (0, 0), "elu": (2, 5), "inline": (2, 5)}
+    assert all(row["infer_us"] > 0 and row["train_us"] > 0 for row in rows.values())
+
+
 def check_layer_rows(rows: dict) -> None:
     """host_overhead's layer rows: launches per call of each variant, host times, and the bodies' aten ops."""
     assert list(rows) == ["softmax", "elu", "mhla", "ttt"]

@@ -60,28 +60,39 @@ def test_the_main_loops_take_fewer_instructions_per_element_than_before(tmp_path
     and o, over 128 threads; the backward's loads and stores), and — against the kernels before issue 37 (zv summed
     for every variant, z and zv reduced across warps per tile, masks on every tile, a division per entry) — the
     forward's and the backward's instructions per element are fewer by the factors measured (docs/performance.md),
-    the state loops take fewer barriers, and no loop takes more instructions than before."""
+    the state loops take fewer barriers, and no loop takes more instructions than before. The split kernels' last
+    program's loops over the partial sums are listed apart (once a head, not a tile)."""
     out = tmp_path / "instructions.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, str(BENCHMARKS / "kernel_instructions.py"), "--json", str(out),
                            "--baseline", str(BEFORE)], env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    assert "summed over each direction's loops" in done.stdout
+    assert "summed over each direction's main loops" in done.stdout
     now, before = json.loads(out.read_text()), json.loads(BEFORE.read_text())
-    rows = {(r["variant"], r["path"], r["kernel"], r["loop"]): r for r in now["rows"]}
-    assert len(rows) == len(before["rows"]) == 3 * (5 + 4)  # (each loop named: none "loop i")
-    for (variant, _, kernel, loop), row in rows.items():
-        moved = {"state": 64, "read-out": 64, "state backward": 128,
-                 "read-out backward": 96 if variant == "inline" else 128}[loop]  # (InLine's backward reads no o)
-        assert row["elements"] == moved, (variant, kernel, loop)
+    rows = main_loops(now, before)
     if now["triton"] != before["triton"]:
         pytest.skip(f"the baseline was built by Triton {before['triton']}, this is {now['triton']}")
     was = {(r["variant"], r["path"], r["kernel"], r["loop"]): r for r in before["rows"]}
     for key, row in rows.items():
-        assert row["per_element"] <= 1.1 * was[key]["per_element"], key  # (ELU's read-out backward: 1.08×)
+        assert row["per_element"] <= 1.1 * was[key]["per_element"], key  # (ELU's one-launch read-out backward: 1.05×)
         if key[3] == "state":
             assert row["bar_sync"] < was[key]["bar_sync"], key
     ratio = {key: total["per_element"] / before["totals"][key]["per_element"] for key, total in now["totals"].items()}
-    bound = {"elu": 0.96, "relu": 0.9, "inline": 0.85}
+    bound = {"elu": 0.8, "relu": 0.71, "inline": 0.5}
     assert {key: r for key, r in ratio.items() if r > bound[key.split()[0]]} == {}
     assert dispatch.MIN_HEAD_DIM <= now["head_dim"] == 64
+
+
+def main_loops(now: dict, before: dict) -> dict:
+    """The main loops of a run, by (variant, path, kernel, loop), each moving what it should; the split kernels'
+    last program's loops over the partial sums listed apart."""
+    sums = [r for r in now["rows"] if not r["main"]]
+    assert {(r["kernel"], r["loop"]) for r in sums} == {("state_fwd_kernel", "partial sums"),
+                                                        ("readout_bwd_kernel", "partial sums")}
+    rows = {(r["variant"], r["path"], r["kernel"], r["loop"]): r for r in now["rows"] if r["main"]}
+    assert len(rows) == len(before["rows"]) == 3 * (5 + 4)  # (each loop named)
+    for (variant, _, kernel, loop), row in rows.items():
+        moved = {"state": 64, "read-out": 64, "state backward": 128,
+                 "read-out backward": 96 if variant == "inline" else 128}[loop]  # (InLine's backward reads no o)
+        assert row["elements"] == moved, (variant, kernel, loop)
+    return rows

@@ -53,10 +53,14 @@ from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the
     _mask_arg,
     _output_like,
     _strides,
+    kernel_tiles,
     linear_readout,
     linear_readout_backward,
     linear_state,
     linear_state_backward,
+    read_out,
+    readers,
+    readout_gradients,
     run_readout,
     run_readout_backward,
     run_state,
@@ -86,15 +90,15 @@ def _reader(S: torch.Tensor, z: torch.Tensor, zv: Optional[torch.Tensor], key_va
 def run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                      feature: int, feature_eps: float, eps: float, scale: float, inline: bool) -> torch.Tensor:
     """Kernel attention (or InLine, ``inline``) of (B, H, N, d) q, k, v: one launch when every head fits one
-    program, else the state and read-out kernels. Autograd keeps q, k, v and o only; backward recomputes."""
+    program, else the state kernel (its last program per head sums the token ranges and makes R) and the read-out,
+    with no torch op between. Autograd keeps q, k, v and o only; backward recomputes."""
     from .head_kernels import attention_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
     B, H, N, D = q.shape
-    if split_tokens(B * H, 1, N, q.device)[0] > 1:
-        S, z, zv = segment_states(k, v, key_valid, None, feature, feature_eps, inline)
-        R, r, _ = _reader(S, z, zv, key_valid, N, scale, inline)
-        return run_readout(q, R, r, None, feature, feature_eps, eps, not inline)
+    if split_tokens(B * H, 1, N, q.device)[0] > 1:  # two launches: what the queries read, then the read-out
+        R, r, _, _ = readers(k, v, key_valid, feature, feature_eps, scale, inline)
+        return read_out(q, R, r, None, feature, feature_eps, eps, not inline, True)
     block_n, block_d, warps = block_sizes(D)
     o = _output_like(q)
     mask, s_mb = _mask_arg(key_valid, k)
@@ -104,7 +108,7 @@ def run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: 
         v.stride(2), s_mb, o.stride(0), o.stride(1), o.stride(2),
         H, N, D, feature_eps, eps, scale,
         FEATURE=feature, INLINE=inline, HAS_MASK=key_valid is not None, EVEN_D=D == block_d, BLOCK_N=block_n,
-        BLOCK_D=block_d, **tile_args(q), num_warps=warps, num_stages=pipeline_stages())
+        BLOCK_D=block_d, **kernel_tiles(q, True), num_warps=warps, num_stages=pipeline_stages())
     return o
 
 
@@ -128,7 +132,8 @@ def run_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
                               scale: float, inline: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of :func:`linear_attention`: the state recomputed, the read-out's backward, then the state's
     (InLine's d×d chain rule in between: dS = (s/n) dA, dz = −dS v̄, dzv = (dv̄ − dSᵀ z) / n); one launch when every
-    head fits one program (as the forward's), the d×d matrices in its registers."""
+    head fits one program (as the forward's), the d×d matrices in its registers, else three, the partial sums and
+    the chain rule in the kernels' last programs."""
     from .head_kernels import attention_bwd_kernel  # lazy: start-up time
 
     B, H, N, D = q.shape
@@ -143,19 +148,13 @@ def run_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
             *_strides(q, k, v), s_mb, *_strides(o, do, dq, dk, dv),
             H, N, D, feature_eps, eps, scale,
             FEATURE=feature, INLINE=inline, HAS_MASK=key_valid is not None,
-            EVEN_D=D == block_d and key_valid is None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q),
+            EVEN_D=D == block_d and key_valid is None, BLOCK_N=block_n, BLOCK_D=block_d, **kernel_tiles(q, True),
             num_warps=warps, num_stages=pipeline_stages())
         return dq, dk, dv
-    S, z, zv = segment_states(k, v, key_valid, None, feature, feature_eps, inline)
-    R, r, n = _reader(S, z, zv, key_valid, q.shape[2], scale, inline)
-    dq, dR, dr = run_readout_backward(q, R, r, o, do, None, feature, feature_eps, eps, not inline)
-    if inline:
-        dS = dR * (scale / n).unsqueeze(-1)
-        dz = -(dS @ r.unsqueeze(-1)).squeeze(-1)
-        dzv = (dr - (dS.transpose(-2, -1) @ z.unsqueeze(-1)).squeeze(-1)) / n
-    else:
-        dS, dz, dzv = dR, dr, None
-    dk, dv = state_gradients(k, v, key_valid, None, dS, dz, dzv, feature, feature_eps)
+    R, r, z, n = readers(k, v, key_valid, feature, feature_eps, scale, inline)  # three launches, no op between
+    dq, dS, dz, dzv = readout_gradients(q, R, r, o, do, None, feature, feature_eps, eps, not inline,
+                                        (z, n, scale) if inline else None, True)
+    dk, dv = state_gradients(k, v, key_valid, None, dS, dz, dzv, feature, feature_eps, True)
     return dq, dk, dv
 
 

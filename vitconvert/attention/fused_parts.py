@@ -9,12 +9,22 @@ gradients from the ops' eager forms (:mod:`.fused_eager`).
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
 
-from . import fused_eager
-from .dispatch import KernelUnavailable, block_sizes, disable, launch, pipeline_stages, split_tokens, tile_args
+from . import dispatch, fused_eager
+from .dispatch import (
+    TILE_ENV,
+    KernelUnavailable,
+    block_sizes,
+    disable,
+    launch,
+    pipeline_stages,
+    split_tokens,
+    tile_args,
+)
 
 
 def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
@@ -51,7 +61,23 @@ def segment_states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
                    index: Optional[torch.Tensor], feature: int, feature_eps: float,
                    sum_values: bool) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """S (B, H, G, d, d), z and zv (B, H, G, d), float32, over the G segments of ``index`` (all tokens if None);
-    zv None unless ``sum_values`` (InLine reads it, the others do not: the kernel leaves its sums out)."""
+    zv None unless ``sum_values`` (InLine reads it, the others do not: the kernel leaves its sums out). One launch:
+    the token ranges' partial states are summed by the kernel's last program (split_kernels.py)."""
+    S, z, zv, _ = _states(k, v, key_valid, index, feature, feature_eps, sum_values, None)
+    return S, z, zv
+
+
+def readers(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], feature: int, feature_eps: float,
+            scale: float, inline: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(R, r, z, n) of every head in one launch, what its queries read: kernel attention R = S and r = z; InLine
+    R = (s/n)(S − z v̄ᵀ) and r = v̄ = zv/n, n (B·H,) the valid keys (z and n: for its backward's chain rule)."""
+    return _states(k, v, key_valid, None, feature, feature_eps, inline, scale if inline else None, True)
+
+
+def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
+            feature: int, feature_eps: float, sum_values: bool, inline_scale: Optional[float],
+            bf16_tiles: bool = False):
+    """The state kernel's launch (:func:`segment_states`, :func:`readers`): (R, r, aux, n), aux zv or (InLine) z."""
     from .split_kernels import state_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     k, v = unit_rows(k), unit_rows(v)
@@ -59,18 +85,56 @@ def segment_states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
     segments, length = _segments(index, N)
     splits, per = split_tokens(B * H, segments, length, k.device)
     block_n, block_d, warps = block_sizes(D)
-    S = k.new_empty((B * H, segments, splits, D, D), dtype=torch.float32)
-    Z = k.new_empty((B * H, segments, splits, D), dtype=torch.float32)
-    ZV = torch.empty_like(Z) if sum_values else Z  # (not written without SUM_V)
+    part = k.new_empty((B * H * segments * splits, D * D + 2 * D + 1), dtype=torch.float32)
+    R = k.new_empty((B, H, segments, D, D), dtype=torch.float32)
+    r = k.new_empty((B, H, segments, D), dtype=torch.float32)
+    aux = torch.empty_like(r) if sum_values else None
+    n = k.new_empty((B * H * segments,), dtype=torch.float32) if inline_scale is not None else None
     mask, s_mb = _mask_arg(key_valid, k)
     launch(state_fwd_kernel, (B * H, segments, splits),
-        k, v, mask, index if index is not None else k, S, Z, ZV,
+        k, v, mask, index if index is not None else k, part, tickets(B * H * segments, k.device), R, r,
+        r if aux is None else aux, r if n is None else n,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
-        H, length, D, segments, splits, per, feature_eps,
-        FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, SUM_V=sum_values,
-        EVEN_D=D == block_d, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k), num_warps=warps,
-        num_stages=pipeline_stages())
-    return _total(S, B, H), _total(Z, B, H), (_total(ZV, B, H) if sum_values else None)
+        H, length, D, segments, splits, per, feature_eps, inline_scale or 1.0,
+        FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, INLINE=inline_scale is not None,
+        SUM_V=sum_values, EVEN_D=D == block_d, BLOCK_N=block_n, BLOCK_D=block_d, **kernel_tiles(k, bf16_tiles),
+        num_warps=warps, num_stages=pipeline_stages())
+    return R, r, aux, n
+
+
+def kernel_tiles(t: torch.Tensor, bf16_tiles: bool) -> dict:
+    """:func:`.dispatch.tile_args`; ``bf16_tiles`` (ELU, ReLU, InLine): bf16 inputs' dots on bf16 operand tiles unless
+    ``VITCONVERT_FUSED_TILE`` says otherwise. bf16 tiles take a third fewer instructions per element than TF32's
+    (no conversion to float32 and back for v, q, dO; benchmarks/kernel_instructions.py) and hold the tests' bf16
+    bars against the N×N forms; float16 keeps TF32 (a 4k-token state's sums pass float16's largest value)."""
+    if bf16_tiles and t.dtype == torch.bfloat16 and not os.environ.get(TILE_ENV):
+        return dispatch._tile_args(t.dtype, False, "half", dispatch.interpreting())
+    return tile_args(t)
+
+
+_tickets: dict[torch.device, torch.Tensor] = {}  # device -> the split kernels' int32 tickets, zero between launches
+
+
+def tickets(count: int, device: torch.device) -> torch.Tensor:
+    """At least ``count`` int32 counters at zero, one per (batch·head, segment) of a split kernel: the last program
+    of each segment puts its counter back to zero (split_kernels.py), so they are made once per device and reused by
+    every launch (no fill between launches). Launches on one stream take turns; two streams running these kernels
+    at once would share them."""
+    found = _tickets.get(device)
+    if found is None or found.numel() < count:
+        found = _tickets[device] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
+    return found
+
+
+def read_split(heads: int, segments: int, length: int, device: torch.device) -> tuple[int, int]:
+    """(programs, tokens per program) of the kernels that need no reduction over tokens (the read-out, the state's
+    backward): the state pass's ranges, cut to at most 2 × :data:`.dispatch.SPLIT_ROUND` tokens (256) once the
+    state is split, for as many programs as the GPU takes."""
+    splits, per = split_tokens(heads, segments, length, device)
+    if splits == 1:
+        return splits, per
+    per = min(per, 2 * dispatch.SPLIT_ROUND)
+    return -(-length // per), per
 
 
 def run_state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
@@ -93,7 +157,7 @@ def _(k, v, key_valid, index, feature, feature_eps):
 
 def state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                     index: Optional[torch.Tensor], dS: torch.Tensor, dz: torch.Tensor, dzv: Optional[torch.Tensor],
-                    feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    feature: int, feature_eps: float, bf16_tiles: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """dk, dv (the dtypes and shapes of k and v, laid out as the output: :func:`_output_like`) from the gradients
     of S, z, zv (None: zero, as for every variant but InLine: no torch op makes the zeros, the kernel adds none)."""
     from .split_kernels import state_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
@@ -101,7 +165,7 @@ def state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.
     k, v = unit_rows(k), unit_rows(v)
     B, H, N, D = k.shape
     segments, length = _segments(index, N)
-    splits, per = split_tokens(B * H, segments, length, k.device)
+    splits, per = read_split(B * H, segments, length, k.device)
     block_n, block_d, warps = block_sizes(D)
     dk, dv = _output_like(k), _output_like(v)
     mask, s_mb = _mask_arg(key_valid, k)
@@ -112,8 +176,8 @@ def state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         H, length, D, segments, per, feature_eps,
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, HAS_DZV=dzv is not None,
-        EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k), num_warps=warps,
-        num_stages=pipeline_stages())
+        EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d, **kernel_tiles(k, bf16_tiles),
+        num_warps=warps, num_stages=pipeline_stages())
     return dk, dv
 
 
@@ -180,12 +244,18 @@ def _output_like(q: torch.Tensor) -> torch.Tensor:
 def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
                    feature_eps: float, eps: float, normalise: bool) -> torch.Tensor:
     """o of every query from the state R (B, H, G, d, d) and r (B, H, G, d) of its segment (module docstring)."""
+    return read_out(q, R, r, index, feature, feature_eps, eps, normalise)
+
+
+def read_out(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
+             feature_eps: float, eps: float, normalise: bool, bf16_tiles: bool = False) -> torch.Tensor:
+    """:func:`run_readout`, on :func:`kernel_tiles`' operands."""
     from .split_kernels import readout_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q = unit_rows(q)
     B, H, N, D = q.shape
     segments, length = _segments(index, N)
-    splits, per = split_tokens(B * H, segments, length, q.device)
+    splits, per = read_split(B * H, segments, length, q.device)
     block_n, block_d, warps = block_sizes(D)
     o = _output_like(q)
     launch(readout_fwd_kernel, (B * H, segments, splits),
@@ -193,7 +263,7 @@ def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Option
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
         H, length, D, segments, per, feature_eps, eps,
         FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, EVEN_D=D == block_d, BLOCK_N=block_n,
-        BLOCK_D=block_d, **tile_args(q), num_warps=warps, num_stages=pipeline_stages())
+        BLOCK_D=block_d, **kernel_tiles(q, bf16_tiles), num_warps=warps, num_stages=pipeline_stages())
     return o
 
 
@@ -209,6 +279,16 @@ def run_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: t
                             index: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float,
                             normalise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq (q's dtype and :func:`_output_like`'s layout), dR and dr (float32) of :func:`linear_readout`."""
+    dq, dR, dr, _ = readout_gradients(q, R, r, o, do, index, feature, feature_eps, eps, normalise, None)
+    return dq, dR, dr
+
+
+def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
+                      index: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float, normalise: bool,
+                      inline: Optional[tuple[torch.Tensor, torch.Tensor, float]], bf16_tiles: bool = False):
+    """(dq, dS, dz, dzv) in one launch, the partial sums over token ranges summed by the kernel's last program:
+    dS = dR, dz = dr and dzv None, or with ``inline`` = (z, n, scale) from :func:`readers`, InLine's chain rule
+    through R = (s/n)(S − z v̄ᵀ) and v̄ = zv/n (split_kernels.py)."""
     from .split_kernels import readout_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q, o, do = unit_rows(q), unit_rows(o), unit_rows(do)
@@ -217,16 +297,21 @@ def run_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: t
     splits, per = split_tokens(B * H, segments, length, q.device)
     block_n, block_d, warps = block_sizes(D)
     dq = _output_like(q)
-    dR = q.new_empty((B * H, segments, splits, D, D), dtype=torch.float32)
-    dr = q.new_empty((B * H, segments, splits, D), dtype=torch.float32)
+    part = q.new_empty((B * H * segments * splits, D * D + D), dtype=torch.float32)
+    dS = q.new_empty((B, H, segments, D, D), dtype=torch.float32)
+    dz = q.new_empty((B, H, segments, D), dtype=torch.float32)
+    dzv = torch.empty_like(dz) if inline is not None else None
+    z, n, scale = inline if inline is not None else (dz, dz, 1.0)
     launch(readout_bwd_kernel, (B * H, segments, splits),
-        q, R.contiguous(), r.contiguous(), o, do, dq, dR, dr, index if index is not None else q,
+        q, R.contiguous(), r.contiguous(), o, do, dq, part, tickets(B * H * segments, q.device), z, n, dS, dz,
+        dz if dzv is None else dzv, index if index is not None else q,
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
-        H, length, D, segments, splits, per, feature_eps, eps,
-        FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, EVEN_D=_unmasked_chunks(D, block_d),
-        BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q), num_warps=warps, num_stages=pipeline_stages())
-    return dq, _total(dR, B, H), _total(dr, B, H)
+        H, length, D, segments, splits, per, feature_eps, eps, scale,
+        FEATURE=feature, NORMALISE=normalise, INLINE=inline is not None, HAS_INDEX=index is not None,
+        EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d, **kernel_tiles(q, bf16_tiles),
+        num_warps=warps, num_stages=pipeline_stages())
+    return dq, dS, dz, dzv
 
 
 linear_readout_backward = torch.library.custom_op("vitconvert::linear_readout_backward", mutates_args=())(

@@ -170,7 +170,7 @@ def attention_bwd_kernel(
                                          EMULATE)
     r_t = tl.trans(r_mat).to(TILE)
     dr = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
-    drz = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    drz = tl.zeros((1, BLOCK_D), dtype=tl.float32)
     q_base, o_base, g_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh, DO + b * s_gb + h * s_gh
     dq_base = DQ + b * s_dqb + h * s_dqh
     if EVEN_D:
@@ -194,9 +194,9 @@ def attention_bwd_kernel(
     if INLINE:
         ds = dr * (scale / n)
         dz = -tl.sum(ds * bias[None, :], axis=1)
-        dzv = (drz - tl.sum(ds * z[:, None], axis=0)) / n
+        dzv = (tl.sum(drz, axis=0) - tl.sum(ds * z[:, None], axis=0)) / n
     else:
-        ds, dz, dzv = dr, drz, drz
+        ds, dz, dzv = dr, tl.sum(drz, axis=0), tl.sum(drz, axis=0)
     ds_t, ds_tile = tl.trans(ds).to(TILE), ds.to(TILE)
     dk_base, dv_base = DK + b * s_dkb + h * s_dkh, DV + b * s_dvb + h * s_dvh
     if EVEN_D:

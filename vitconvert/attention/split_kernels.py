@@ -1,7 +1,11 @@
 """The split form of the linear-attention kernels: one program per (batch·head, segment, token range), partial d×d
-states written per program and summed by the caller (deterministic; no atomics). MHLA's blocked op runs on them,
-and ELU/ReLU/InLine where a head's tokens are split over programs (:func:`.dispatch.split_tokens`); the one-launch
-kernels of a whole head are :mod:`.head_kernels`. Built from :mod:`.triton_kernels`' pieces.
+states written per program and summed in a fixed order by the last program of each segment to finish (a ticket per
+segment elects it; no float atomics, so the sums are deterministic), which also makes what the next kernel reads:
+two launches forward (state, read-out), three backward (state, read-out's backward, state's backward), no torch op
+between them. MHLA's blocked op runs on them (its mixing of the segments' states still in torch between the state
+and the read-out: a mode of the last program's epilogue could take it), and ELU/ReLU/InLine where a head's tokens are
+split over programs (:func:`.dispatch.split_tokens`); the one-launch kernels of a whole head are
+:mod:`.head_kernels`. Built from :mod:`.triton_kernels`' pieces.
 
 Without an index table and with a head that fills its tile (``EVEN_D``), each range's whole chunks run without
 bounds masks and the last, partial one with them (:func:`.triton_kernels._full_end`).
@@ -30,17 +34,45 @@ from .triton_kernels import (
 
 
 @triton.jit
+def _last_program(COUNTER, which, SPLITS):
+    """Whether this program is the last of the SPLITS of its (batch·head, segment) to finish: its partials are
+    stored; the barrier orders every thread's stores before the ticket, whose acquire-release makes the others'
+    visible to the last (a ticket, not a float atomic: the sums stay in a fixed order). The last puts the ticket
+    back to 0 (:func:`_ticket_back`), so the counters are zero between launches."""
+    tl.debug_barrier()
+    return tl.atomic_add(COUNTER + which, 1, sem="acq_rel") == SPLITS - 1
+
+
+@triton.jit
+def _ticket_back(COUNTER, which):
+    tl.atomic_xchg(COUNTER + which, 0, sem="relaxed")
+
+
+@triton.jit
+def _summed(P, first, SPLITS, offset, width, idx, ok):
+    """Σ over the SPLITS partials ``first``.. (rows of ``width`` floats) of the entries ``offset + idx``, in the
+    partials' order (deterministic). ``.cg``: from L2, where the other programs' stores are, not a stale L1."""
+    total = tl.zeros(idx.shape, dtype=tl.float32)
+    for s in range(0, SPLITS):
+        total += tl.load(P + (first + s) * width + offset + idx, mask=ok, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
 def state_fwd_kernel(
-    K, V, MASK, IDX, S, Z, ZV,
+    K, V, MASK, IDX, PART, COUNTER, R, RZ, AUX, NV,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb,
-    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps,
-    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr, SUM_V: tl.constexpr,
-    EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, scale,
+    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr, INLINE: tl.constexpr,
+    SUM_V: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """Partial S, z, zv of one (batch·head, segment, token range): S/Z/ZV are (BH, SEGMENTS, SPLITS, D[, D]) float32;
-    zv only with SUM_V (InLine's: the others read no zv). EVEN_D: the head fills its tile (D = BLOCK_D), so the
-    whole chunks of a range without an index table run without masks."""
+    """What the queries of one (batch·head, segment) read, from its keys split over SPLITS programs (one per token
+    range): each stores its partial S, z (and zv, valid keys with SUM_V) as a row of PART (D·D + 2D + 1 floats),
+    and the last to finish (:func:`_last_program`) sums them in order and stores R (D, D), RZ (D) and, for InLine's
+    backward, AUX = z and NV = n. Kernel attention (MHLA before its mixing): R = S, RZ = z, AUX = zv with SUM_V.
+    InLine (SUM_V): R = (s/n)(S − z v̄ᵀ), RZ = v̄ = zv/n, n the valid keys. EVEN_D: the head fills its tile (D =
+    BLOCK_D), so the whole chunks of a range without an index table run without masks."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -50,28 +82,65 @@ def state_fwd_kernel(
     z_cols = tl.zeros((BLOCK_D, COLS), dtype=tl.float32)
     z_rows = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     zv_rows = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    count = tl.zeros((BLOCK_N,), dtype=tl.float32)
     begin = split * tokens_per_split
     end = tl.minimum(begin + tokens_per_split, L)
     if EVEN_D and not HAS_INDEX:
         full_end = _full_end(begin, end, BLOCK_N)
         for start in range(begin, full_end, BLOCK_N):
-            acc, z_cols, z_rows, zv_rows, _ = _state_step(
+            acc, z_cols, z_rows, zv_rows, ok = _state_step(
                 k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn, s_vn, feature_eps, acc, z_cols,
                 z_rows, zv_rows, FEATURE, HAS_MASK, False, SUM_V, True, BLOCK_N, TILE, PRECISION, EMULATE)
+            if SUM_V and HAS_MASK:
+                count += ok.to(tl.float32)
         if full_end < end:
-            acc, z_cols, z_rows, zv_rows, _ = _state_step(
+            acc, z_cols, z_rows, zv_rows, ok = _state_step(
                 k_base, v_base, mask_row, IDX, seg, L, end, full_end, d, d_ok, s_kn, s_vn, feature_eps, acc, z_cols,
                 z_rows, zv_rows, FEATURE, HAS_MASK, False, SUM_V, False, BLOCK_N, TILE, PRECISION, EMULATE)
+            if SUM_V and HAS_MASK:
+                count += ok.to(tl.float32)
     else:
         for start in range(begin, end, BLOCK_N):
-            acc, z_cols, z_rows, zv_rows, _ = _state_step(
+            acc, z_cols, z_rows, zv_rows, ok = _state_step(
                 k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn, s_vn, feature_eps, acc, z_cols,
                 z_rows, zv_rows, FEATURE, HAS_MASK, HAS_INDEX, SUM_V, False, BLOCK_N, TILE, PRECISION, EMULATE)
-    out = (bh * SEGMENTS + seg) * SPLITS + split
-    _store_square(S, out, acc, d, d_ok, D)
-    _store_row(Z, out, _key_sums(z_cols, z_rows, FEATURE), d, d_ok, D)
+            if SUM_V and HAS_MASK:
+                count += ok.to(tl.float32)
+    which = bh * SEGMENTS + seg
+    width = D * D + 2 * D + 1
+    out = which * SPLITS + split
+    square = d[:, None] * D + d[None, :]
+    square_ok = d_ok[:, None] & d_ok[None, :]
+    tl.store(PART + out * width + square, acc, mask=square_ok)
+    tl.store(PART + out * width + D * D + d, _key_sums(z_cols, z_rows, FEATURE), mask=d_ok)
     if SUM_V:
-        _store_row(ZV, out, tl.sum(zv_rows, axis=0), d, d_ok, D)
+        tl.store(PART + out * width + D * D + D + d, tl.sum(zv_rows, axis=0), mask=d_ok)
+        if HAS_MASK:
+            tl.store(PART + out * width + D * D + 2 * D, tl.sum(count, axis=0))
+    if _last_program(COUNTER, which, SPLITS):
+        first = which * SPLITS
+        S = _summed(PART, first, SPLITS, 0, width, square, square_ok)
+        z = _summed(PART, first, SPLITS, D * D, width, d, d_ok)
+        if SUM_V:
+            zv = _summed(PART, first, SPLITS, D * D + D, width, d, d_ok)
+            if HAS_MASK:
+                n = tl.maximum(tl.sum(_summed(PART, first, SPLITS, D * D + 2 * D, width, d, d == 0), axis=0), 1.0)
+            else:
+                n = tl.maximum(L * 1.0, 1.0)
+            if INLINE:
+                v_mean = zv / n
+                _store_square(R, which, (S - z[:, None] * v_mean[None, :]) * (scale / n), d, d_ok, D)
+                _store_row(RZ, which, v_mean, d, d_ok, D)
+                _store_row(AUX, which, z, d, d_ok, D)
+                tl.store(NV + which, n)
+            else:
+                _store_square(R, which, S, d, d_ok, D)
+                _store_row(RZ, which, z, d, d_ok, D)
+                _store_row(AUX, which, zv, d, d_ok, D)
+        else:
+            _store_square(R, which, S, d, d_ok, D)
+            _store_row(RZ, which, z, d, d_ok, D)
+        _ticket_back(COUNTER, which)
 
 
 @triton.jit
@@ -118,15 +187,18 @@ def readout_fwd_kernel(
 
 @triton.jit
 def readout_bwd_kernel(
-    Q, R, RZ, O, DO, DQ, DR, DRZ, IDX,
+    Q, R, RZ, O, DO, DQ, PART, COUNTER, AUX, NV, DS, DZ, DZV, IDX,
     s_qb, s_qh, s_qn, s_ob, s_oh, s_on, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
-    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, eps,
-    FEATURE: tl.constexpr, NORMALISE: tl.constexpr, HAS_INDEX: tl.constexpr, EVEN_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    EMULATE: tl.constexpr,
+    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, eps, scale,
+    FEATURE: tl.constexpr, NORMALISE: tl.constexpr, INLINE: tl.constexpr, HAS_INDEX: tl.constexpr,
+    EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """dq of each query, and partial dR, dr of the range (the read-out recomputed from q; o is the saved output;
-    :func:`_read_out_backward`)."""
+    """dq of each query of one (batch·head, segment, range) (the read-out recomputed from q; o is the saved output;
+    :func:`_read_out_backward`), its partial dR, dr stored as a row of PART (D·D + D floats), and the last program of
+    the segment (:func:`_last_program`) sums them in order into what the state's backward reads: dS = dR, dz = dr
+    (kernel attention, MHLA before its mixing), or InLine's chain dS = (s/n) dR, dz = −dS v̄, dzv = (dr − dSᵀ z)/n
+    from the state kernel's AUX = z and NV = n (v̄ = RZ)."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -135,7 +207,7 @@ def readout_bwd_kernel(
     r_t = tl.trans(_load_square(R, which, d, d_ok, D)).to(TILE)
     rz = _load_row(RZ, which, d, d_ok, D)
     dr = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
-    drz = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    drz = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     q_base, o_base, g_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh, DO + b * s_gb + h * s_gh
     dq_base = DQ + b * s_dqb + h * s_dqh
     begin = split * tokens_per_split
@@ -158,9 +230,27 @@ def readout_bwd_kernel(
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None] & d_ok[None, :], d, s_qn,
                                          s_on, s_gn, s_dqn, r_t, rz, dr, drz, feature_eps, eps, FEATURE, NORMALISE,
                                          False, TILE, PRECISION, EMULATE)
+    width = D * D + D
     out = which * SPLITS + split
-    _store_square(DR, out, dr, d, d_ok, D)
-    _store_row(DRZ, out, drz, d, d_ok, D)
+    square = d[:, None] * D + d[None, :]
+    square_ok = d_ok[:, None] & d_ok[None, :]
+    tl.store(PART + out * width + square, dr, mask=square_ok)
+    tl.store(PART + out * width + D * D + d, tl.sum(drz, axis=0), mask=d_ok)
+    if _last_program(COUNTER, which, SPLITS):
+        first = which * SPLITS
+        d_r = _summed(PART, first, SPLITS, 0, width, square, square_ok)
+        d_rz = _summed(PART, first, SPLITS, D * D, width, d, d_ok)
+        if INLINE:
+            n = tl.load(NV + which)
+            ds = d_r * (scale / n)
+            _store_square(DS, which, ds, d, d_ok, D)
+            _store_row(DZ, which, -tl.sum(ds * rz[None, :], axis=1), d, d_ok, D)
+            z = _load_row(AUX, which, d, d_ok, D)
+            _store_row(DZV, which, (d_rz - tl.sum(ds * z[:, None], axis=0)) / n, d, d_ok, D)
+        else:
+            _store_square(DS, which, d_r, d, d_ok, D)
+            _store_row(DZ, which, d_rz, d, d_ok, D)
+        _ticket_back(COUNTER, which)
 
 
 @triton.jit

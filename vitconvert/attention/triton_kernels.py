@@ -7,19 +7,21 @@ InLine; MHLA's spatial blocks plus one prefix segment), each segment s gets a st
 
     S_s = Σ_j m_j φ(k_j) v_jᵀ (d×d),   z_s = Σ_j m_j φ(k_j),   zv_s = Σ_j m_j v_j    (m_j: the key mask)
 
-and each query of segment a reads a state R_a (made from the S_s by the caller, in torch: a d×d affair):
+and each query of segment a reads a state R_a (made from the S_s by the state kernel's last program, or for MHLA's
+mixing by the caller, in torch: a d×d affair):
 
     normalised:  o_i = φ(q_i)ᵀ R_a / (φ(q_i)·r_a + ε)       (kernel attention, MHLA)
     affine:      o_i = q_iᵀ R_a + b_a                         (InLine)
 
 A program walks its tokens in chunks of BLOCK_N: loads are bf16/fp16 tiles, the feature map and the reciprocal of
 the normaliser stay in float32 registers, and the dots run on tensor cores with float32 accumulators on TILE
-operands: float32 as TF32 for half inputs (the kernels are bound by memory, not by the dots, and φ(k), the state
-R and φ(q) keep 3 more bits than in bf16, which the cancellation in φ(q)ᵀR needs), or float32 inputs as torch's
-TF32 switch says. Sums over a chunk's tokens that would otherwise be reduced across warps every chunk (ELU's z,
-the normaliser φ(q)·r) are dots on the operand already made (each φ made once), the others wait in registers until
-after the loop; whole chunks run without bounds masks (FULL). Backward recomputes φ from q and k, so nothing
-N-sized beyond q, k, v and the output is kept. The instructions each main loop costs:
+operands: bf16 for bf16 inputs of ELU, ReLU and InLine (fused_parts.kernel_tiles: a third fewer instructions, the
+tests' bf16 bars held), float32 as TF32 for the other half inputs (φ(k), R and φ(q) keep 3 more bits than in
+bf16; float16's range is too short for a long sequence's sums), or float32 inputs as torch's TF32 switch says.
+Sums over a chunk's tokens that would otherwise be reduced across warps every chunk (ELU's z, the normaliser
+φ(q)·r) are dots on the operand already made (each φ made once), the others wait in registers until after the loop;
+whole chunks run without bounds masks (FULL). Backward recomputes φ from q and k, so nothing N-sized beyond q, k, v
+and the output is kept. The instructions each main loop costs:
 benchmarks/kernel_instructions.py.
 
 Under ``TRITON_INTERPRET=1`` (the CPU tests) the interpreter's dot of 16-bit tiles is wrong, so ``EMULATE``
@@ -218,7 +220,9 @@ def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, fea
 def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on, s_gn, s_dqn, r_t, rz, dr, drz,
                        feature_eps, eps, FEATURE: tl.constexpr, NORMALISE: tl.constexpr, FULL: tl.constexpr,
                        TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """One chunk of queries of the read-out's backward: dq stored, (dR, dr) summed on (``r_t``: Rᵀ as a tile).
+    """One chunk of queries of the read-out's backward: dq stored, (dR, dr) summed on (``r_t``: Rᵀ as a tile; ``drz``:
+    dr as (1, d), summed across warps per chunk, or (BLOCK_N, d) rows summed after the loop, as
+    :func:`_add_to_state`'s z: no barrier a chunk, 32 registers more; the split kernel's).
 
     normalised: dnum = do/den, dden = −(do·o)/den, dφq = dnum Rᵀ + dden r, dR = Σ φqᵀ dnum, dr = Σ φq dden.
     affine: dq = do Rᵀ, dR = Σ qᵀ do, db = Σ do.
@@ -235,11 +239,17 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
         dden = -tl.sum(g * o, axis=1) * inv_den
         dphi = _dot(dnum.to(TILE), r_t, PRECISION, EMULATE) + dden[:, None] * rz[None, :]
         dr += _dot(tl.trans(phi_q.to(TILE)), dnum.to(TILE), PRECISION, EMULATE)
-        drz += tl.sum(phi_q * dden[:, None], axis=0)
+        if drz.shape[0] == 1:
+            drz += tl.sum(phi_q * dden[:, None], axis=0, keep_dims=True)
+        else:
+            drz += phi_q * dden[:, None]
     else:
         dphi = _dot(g.to(TILE), r_t, PRECISION, EMULATE)
         dr += _dot(tl.trans(phi_q.to(TILE)), g.to(TILE), PRECISION, EMULATE)
-        drz += tl.sum(g, axis=0)
+        if drz.shape[0] == 1:
+            drz += tl.sum(g, axis=0, keep_dims=True)
+        else:
+            drz += g
     _store(dq_base, tok, d, s_dqn, dphi * _phi_grad(q, FEATURE), tile, FULL)
     return dr, drz
 
