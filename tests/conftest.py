@@ -31,8 +31,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: minutes of CPU (torch.compile / inductor); run with `pytest -m slow`")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its worker's hook renames the grouped tests)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``slow`` tests run only when asked for (``-m slow``, or any -m expression naming slow)."""
+    """The tests of a module that share a module-scoped fixture run on one xdist worker (pyproject: --dist
+    loadgroup), so the fixture is built once, not once per worker; ``slow`` tests run only when asked for (``-m
+    slow``, or any -m expression naming slow)."""
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d and d[-1].scope in ("module", "class") for d in defs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if "slow" in (config.getoption("-m") or ""):
         return
     skip = pytest.mark.skip(reason="slow: run with `python -m pytest -m slow`")
