@@ -15,13 +15,14 @@ from huggingface_hub import HfApi
 if not torch.cuda.is_available():  # the fused kernels' tests run in Triton's interpreter, which must be chosen
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before timm imports triton (attention/test_fused.py)
 
-from helpers import interpreter_rounds_to_nearest, tiny_model  # noqa: E402
+from helpers import interpreter_patches_once, interpreter_rounds_to_nearest, tiny_model  # noqa: E402
 
 import vitconvert  # noqa: E402
 from vitconvert.attention import dispatch  # noqa: E402
 
 if dispatch.interpreting() and dispatch.triton_available():
     interpreter_rounds_to_nearest()  # bf16 casts as the GPU rounds them (helpers.py says why)
+    interpreter_patches_once()  # a launch patches triton.language once, not at every helper call (helpers.py)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 torch.set_num_threads(1)  # pytest -n 2 runs two workers on two cores: one thread each, no oversubscription
 
@@ -30,8 +31,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: minutes of CPU (torch.compile / inductor); run with `pytest -m slow`")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its worker's hook renames the grouped tests)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``slow`` tests run only when asked for (``-m slow``, or any -m expression naming slow)."""
+    """The tests of a module that share a module-scoped fixture run on one xdist worker (pyproject: --dist
+    loadgroup), so the fixture is built once, not once per worker; ``slow`` tests run only when asked for (``-m
+    slow``, or any -m expression naming slow)."""
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d and d[-1].scope in ("module", "class") for d in defs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if "slow" in (config.getoption("-m") or ""):
         return
     skip = pytest.mark.skip(reason="slow: run with `python -m pytest -m slow`")

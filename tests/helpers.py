@@ -169,6 +169,50 @@ def interpreter_rounds_to_nearest() -> bool:
     return True
 
 
+def interpreter_patches_once() -> bool:
+    """Make Triton's interpreter patch triton.language once per launch. It patches the language modules (every
+    builtin found by inspect.getmembers, then the tensor class) when a kernel starts, and again at every call of a
+    @triton.jit helper inside it, though nothing has changed since: a tenth or more of a fused test's CPU time.
+    Inside a launch, a helper that sees no language module the launch has not patched now skips the repeat (the same
+    functions stay in place); every other call patches as before. Returns False where this triton differs."""
+    import inspect  # lazy: start-up time (only where the interpreter runs)
+
+    import triton.language as tl  # lazy: start-up time
+    from triton.runtime import interpreter  # lazy: start-up time
+
+    patch, launch = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "GridExecutor", None)
+    if patch is None or launch is None:
+        return False
+    if getattr(patch, "once_per_launch", False):
+        return True
+    patched: list[set[int]] = []  # per launch running (one), the language modules (ids) it has patched
+    seen: dict[object, frozenset[int]] = {}  # per jit'd function, the language modules its module imports
+
+    def patch_once(fn):
+        langs = seen.get(fn)
+        if langs is None:
+            modules = (v for v in fn.__globals__.values() if inspect.ismodule(v))
+            langs = seen[fn] = frozenset(id(v) for v in modules if v in (tl, tl.core))
+        if patched and langs and langs <= patched[-1]:
+            return None  # a helper's call inside the launch (its caller ignores the scope)
+        scope = patch(fn)
+        if patched:
+            patched[-1] |= langs
+        return scope
+
+    def run(self, *args, **kwargs):
+        patched.append(set())
+        try:
+            return run_launch(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    run_launch = launch.__call__
+    patch_once.once_per_launch = True
+    interpreter._patch_lang, launch.__call__ = patch_once, run
+    return True
+
+
 # CUDA's autocast casting lists (torch's ATen/autocast_mode.h) that the CPU's autocast lacks, by policy: float32
 # (fp32), float32 unless a dtype is given (fp32_set_opt_dtype), the widest input type (promote), the autocast dtype
 # (lower_precision_fp). The loss functions and upsampling of the float32 list are left out (no layer runs them).

@@ -23,7 +23,8 @@ def load_script():
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-check") / "check.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out)],
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out),
+                           "--budget-s", "3600"],  # every section, however loaded the machine (default: 240 s)
                           capture_output=True, text=True, timeout=600)
     return done, json.loads(out.read_text()) if out.is_file() else None
 

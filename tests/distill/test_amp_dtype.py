@@ -14,7 +14,7 @@ from vitconvert.attention import dispatch
 from vitconvert.distill import DistillJob, run, task
 from vitconvert.recipes import load_recipe
 
-from .helpers import FAST, make_student
+from .helpers import FAST, make_images, make_student
 
 
 def test_validation_autocasts_in_the_recipes_dtype(student, images, tmp_path, monkeypatch):
@@ -33,7 +33,7 @@ def test_validation_autocasts_in_the_recipes_dtype(student, images, tmp_path, mo
 
 
 @pytest.mark.parametrize("variant", ["mhla", "ttt"])  # elu: its kernels as in every other test
-def test_a_run_trains_on_the_kernels_under_cudas_bf16_autocast(images, tmp_path, monkeypatch, variant):
+def test_a_run_trains_on_the_kernels_under_cudas_bf16_autocast(tmp_path, monkeypatch, variant):
     """What a GPU run does that a CPU run (float32) does not: every forward under bf16 autocast, with CUDA's
     casting lists (tests/helpers.py: cuda_autocast_policy) and the fused kernels (Triton's interpreter here).
     The run trains (finite losses, both terms), and writes its model."""
@@ -48,6 +48,7 @@ def test_a_run_trains_on_the_kernels_under_cudas_bf16_autocast(images, tmp_path,
         return torch.autocast("cpu", dtype=getattr(torch, dtype), enabled=enabled)
 
     student = make_student(tmp_path / "models", variant)
+    images = make_images(tmp_path / "images", per_class=2, val_per_class=1)  # two steps: the interpreter is slow
     monkeypatch.setattr(evaluate, "autocast_for", bf16_autocast)
     monkeypatch.setattr(task, "autocast_for", bf16_autocast)
     monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
