@@ -153,7 +153,7 @@ def op_steps(device: torch.device) -> dict[str, Callable[[], None]]:
     segments = torch.zeros(17, dtype=torch.int32, device=device)
     forms = {
         "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
-        "linear_attention": lambda q, k, v: fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6),
+        "linear_attention": lambda q, k, v: fused.attention(q, k, v, None, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False),
         "blocked_attention": lambda q, k, v: fused.segmented_attention(q, k, v, None, None, mixing,
                                                                        fused.RELU_PLUS_EPS, 1e-6, 1e-6),
         "pairwise_attention": lambda q, k, v: fused_pairwise.pairwise(q, k, v, None, segments, mixing,

@@ -50,7 +50,6 @@ def test_a_run_trains_on_the_kernels_under_cudas_bf16_autocast(images, tmp_path,
     student = make_student(tmp_path / "models", variant)
     monkeypatch.setattr(evaluate, "autocast_for", bf16_autocast)
     monkeypatch.setattr(task, "autocast_for", bf16_autocast)
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
     recipe, text = load_recipe(None, {**FAST, "data": str(images), "compare_batches": 0})
     with cuda_autocast_policy(), dispatch.launches_through(launch, "cpu"):
         run(DistillJob(str(student), recipe, tmp_path / "run", text, show=False))
