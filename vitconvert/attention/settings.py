@@ -94,8 +94,9 @@ class KernelSettings:
     form: str = FORMS[0]  # VITCONVERT_MHLA_FORM
 
     @classmethod
-    def read(cls, environ: Mapping[str, str] = os.environ) -> KernelSettings:
-        """The settings of ``environ``, each checked (a one-line error for a bad one)."""
+    def read(cls, environ: Optional[Mapping[str, str]] = None) -> KernelSettings:
+        """The settings of ``environ`` (the process's when None), each checked (a one-line error for a bad one)."""
+        environ = os.environ if environ is None else environ
         return cls(fused_switch(environ.get(ENV)), tile_setting(environ.get(TILE_ENV)),
                    config_setting(environ.get(CONFIG_ENV)), form_setting(environ.get(FORM_ENV)))
 
