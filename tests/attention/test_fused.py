@@ -247,7 +247,7 @@ def test_mhla_under_autocast_matches_its_float32_eager_form(tokens, form, dtype,
     Function, LePE) against the float32 eager module: outputs and every gradient (input_norm's, the RMSNorms',
     LePE's and W's included) within bf16 rounding; 43 tokens = a class token and a 6×7 grid (unequal blocks),
     40 form no grid (one segment, no LePE). A padded last item."""
-    monkeypatch.setenv(dispatch.FORM_ENV, form)
+    dispatch.current().settings = dispatch.KernelSettings(form=form)
     module = make_module("mhla", 32, (6, 7), 1, blocks_per_side=2)
     with torch.no_grad():  # norms away from their init (weights 1, biases 0), so a lost weight or bias would show
         for norm in (module.input_norm, module.q_rmsnorm, module.k_rmsnorm):

@@ -303,10 +303,10 @@ def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, mon
 def test_ttt_kernels_launch_with_room_for_their_tiles(monkeypatch):
     """TTT's kernels hold up to a dozen d×d tiles: from head dim 64 half the chunk and twice the warps of the
     linear-attention kernels (a guess until measured on a GPU), and the tuning override reaches them too."""
-    monkeypatch.delenv(dispatch.CONFIG_ENV, raising=False)
+    dispatch.current().settings = dispatch.KernelSettings()
     assert dispatch.block_sizes(64) == (64, 64, 4) and dispatch.block_sizes(64, many_tiles=True) == (32, 64, 8)
     assert dispatch.block_sizes(32, many_tiles=True) == (64, 32, 4)
-    monkeypatch.setenv(dispatch.CONFIG_ENV, "16,2")
+    dispatch.current().settings = dispatch.KernelSettings.read({dispatch.CONFIG_ENV: "16,2"})
     assert dispatch.block_sizes(64, many_tiles=True) == (16, 64, 2)
     inputs, _ = step_inputs(N=40)  # and the kernels run under it
     assert max(against_float64(inputs, None)) < 2e-6

@@ -115,7 +115,8 @@ class CountedEnvironment(MutableMapping):
 
     def __getitem__(self, key):
         frame = sys._getframe(1)
-        while frame is not None and frame.f_globals.get("__name__") in (__name__, "collections.abc", "_collections_abc", "os"):
+        skipped = (__name__, "collections.abc", "os")  # (this class, Mapping.get, os.getenv)
+        while frame is not None and frame.f_globals.get("__name__") in skipped:
             frame = frame.f_back
         if frame is not None and str(frame.f_globals.get("__name__")).startswith("vitconvert"):
             self.reads += 1
