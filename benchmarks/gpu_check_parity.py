@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Optional
@@ -58,18 +58,14 @@ def step_error(got: tuple[torch.Tensor, dict], want: tuple[torch.Tensor, dict]) 
 
 @contextmanager
 def mhla_form(form: Optional[str]) -> Iterator[None]:
-    """MHLA's kernels in one form inside (``VITCONVERT_MHLA_FORM``: pairwise or blocked); None: as dispatch picks
+    """MHLA's kernels in one form inside (``VITCONVERT_MHLA_FORM``'s: pairwise or blocked); None: as dispatch picks
     by cost (fused_pairwise.pairwise_is_cheaper)."""
-    saved = os.environ.get(dispatch.FORM_ENV)
-    if form is not None:
-        os.environ[dispatch.FORM_ENV] = form
-    try:
+    if form is None:
         yield
-    finally:
-        if saved is None:
-            os.environ.pop(dispatch.FORM_ENV, None)
-        else:
-            os.environ[dispatch.FORM_ENV] = saved
+        return
+    settings = dataclasses.replace(dispatch.launch_settings(), form=form)
+    with dispatch.kernels_on(settings=settings):
+        yield
 
 
 # each variant as dispatch runs it, MHLA in each of its kernels' forms (which one dispatch takes depends on the size)

@@ -154,7 +154,7 @@ def op_steps(device: torch.device) -> dict[str, Callable[[], None]]:
     segments = torch.zeros(17, dtype=torch.int32, device=device)
     forms = {
         "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
-        "linear_attention": lambda q, k, v: fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6),
+        "linear_attention": lambda q, k, v: fused.attention(q, k, v, None, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False),
         "blocked_attention": lambda q, k, v: fused.segmented_attention(q, k, v, None, None, mixing,
                                                                        fused.RELU_PLUS_EPS, 1e-6, 1e-6),
         "pairwise_attention": lambda q, k, v: fused_pairwise.pairwise(q, k, v, None, segments, mixing,
@@ -219,13 +219,11 @@ def heads_split(split: bool) -> Iterator[None]:
     """Inside (``split``): every head's 17 tokens over 2 programs (16-token ranges), so the ELU/ReLU/InLine layers
     take the split kernels (state, read-out; and the read-out's and state's backward) instead of one launch each
     way."""
-    saved = dispatch.SPLIT_ROUND, dispatch._programs_wanted
-    if split:
-        dispatch.SPLIT_ROUND, dispatch._programs_wanted = 16, lambda device: 1 << 20
-    try:
+    if not split:
         yield
-    finally:
-        dispatch.SPLIT_ROUND, dispatch._programs_wanted = saved
+        return
+    with dispatch.kernels_on(split_round=16, programs=1 << 20):
+        yield
 
 
 def argument_error(args: argparse.Namespace, variants: list[str]) -> Optional[str]:

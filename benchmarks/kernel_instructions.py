@@ -117,8 +117,8 @@ def op_call(variant: str, tokens: int, d: int, heads: int = 6, batch: int = 2):
     qkv = torch.randn(batch, tokens, 3, heads, d, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     q, k, v = qkv.requires_grad_().permute(2, 0, 3, 1, 4).unbind(0)
     if variant == "inline":
-        return fused.inline_attention(q, k, v, None, d ** -0.5)
-    return fused.kernel_attention(q, k, v, None, VARIANTS[variant], 1e-6)
+        return fused.attention(q, k, v, None, fused.IDENTITY, 0.0, 0.0, d ** -0.5, True)
+    return fused.attention(q, k, v, None, VARIANTS[variant], 0.0, 1e-6, 1.0, False)
 
 
 def measure(arch: str = "sm_90", d: int = 64, tokens: int = 4097) -> list[dict[str, Any]]:
@@ -128,14 +128,9 @@ def measure(arch: str = "sm_90", d: int = 64, tokens: int = 4097) -> list[dict[s
         for path in PATHS:
             print(f"building {variant} ({path})", file=sys.stderr, flush=True)
             builds = PtxBuilds(f"linear_attention {variant}", arch)
-            wanted = dispatch._programs_wanted
-            if path == "split":  # (as kernel_resources.py's "split" op: heads over token ranges)
-                dispatch._programs_wanted = lambda device: 1 << 20
-            try:
-                with dispatch.launches_through(builds, "cpu"):
-                    op_call(variant, tokens, d).float().square().mean().backward()
-            finally:
-                dispatch._programs_wanted = wanted
+            programs = 1 << 20 if path == "split" else None  # (as kernel_resources.py's "split" op)
+            with dispatch.kernels_on("cpu", launcher=builds, programs=programs):
+                op_call(variant, tokens, d).float().square().mean().backward()
             settings = {row["kernel"]: row for row in builds.rows.values()}
             for kernel, ptx in builds.ptx.items():
                 found = loops(ptx)

@@ -193,13 +193,13 @@ def op_calls(d: int, device: torch.device, side: int = 16,
                for size in (3, 5)}
     bias = (0.1 * torch.randn(2 * d, generator=g)).to(device).requires_grad_()
     return {
-        "linear_attention elu": lambda: fused.kernel_attention(*qkv(), mask, fused.ELU_PLUS_ONE, 1e-6),
-        "linear_attention inline": lambda: fused.inline_attention(*qkv(), mask, d ** -0.5),
+        "linear_attention elu": lambda: fused.attention(*qkv(), mask, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False),
+        "linear_attention inline": lambda: fused.attention(*qkv(), mask, fused.IDENTITY, 0.0, 0.0, d ** -0.5, True),
         "blocked_attention mhla": lambda: fused.segmented_attention(*qkv(), mask, index, mixing, fused.RELU_PLUS_EPS,
                                                                     1e-6, 1e-6, *norms, 1e-6, True),
         "pairwise_attention mhla": lambda: fused_pairwise.pairwise(*qkv(), mask, segments, mixing, fused.RELU_PLUS_EPS,
                                                                    1e-6, 1e-6, *norms, 1e-6),
-        "ttt_step": lambda: fused_ttt.fused_step(*qkv(), mask, weights, d ** -0.5, 1.0),
+        "ttt_step": lambda: fused_ttt.call_step(*qkv(), mask, weights, d ** -0.5, 1.0),
         # TTT's key norm and 3×3 conv (the norm's backward: two launches), and MHLA's 5×5 LePE added to o
         "grid_conv ttt": lambda: fused_grid.conv_on_grid(qkv()[0], None, filters[3], bias, mask, (side, side), 1,
                                                          1.0),
@@ -225,17 +225,12 @@ def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Opt
             if (ops is not None and op not in ops) or (op == "ttt_step" and (
                     d > dispatch.TTT_MAX_HEAD_DIM or dtype not in dispatch.TTT_DTYPES)):
                 continue
-            wanted = dispatch._programs_wanted
-            if op.endswith("split"):
-                dispatch._programs_wanted = lambda device: 1 << 20
+            programs = 1 << 20 if op.endswith("split") else None  # (heads over token ranges)
             print(f"building {op} at head dim {d}", file=sys.stderr, flush=True)  # (beside the table, not in it)
             builds = Builds(op) if arch is None else CrossBuilds(op, arch)
-            try:
-                with dispatch.launches_through(builds, device.type):
-                    call().float().square().mean().backward()
-                    eager = not dispatch.fits(op.split()[0])  # (the custom op's name: turned off here)
-            finally:
-                dispatch._programs_wanted = wanted
+            with dispatch.kernels_on(device.type, launcher=builds, programs=programs):
+                call().float().square().mean().backward()
+                eager = not dispatch.fits(op.split()[0])  # (the custom op's name: turned off here)
             rows += [{"head_dim": d, **row, "op_eager": eager} for row in builds.rows.values()]
     return rows
 

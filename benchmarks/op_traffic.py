@@ -233,20 +233,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     token_sized = args.batch * first.attn_dim * student.patch_embed.num_patches  # q on the grid (the convs)
     print(f"{args.variant} in {args.model} at {args.img_size} px ({tokens} tokens), {args.depth} blocks, "
           f"batch {args.batch}: aten ops of {'a training step' if args.train else 'one forward'} (views left out)")
-    devices = dispatch.DEVICES
-    try:
-        for form, name in (("float32", "float32"), ("bf16", "bf16 GPU path")):
-            norms = nullcontext()
-            if form == "bf16":
-                dispatch.DEVICES = ("cuda", "cpu")  # the GPU path, the kernels in Triton's interpreter
-                if args.cuda_norms:
-                    name, norms = name + " (CUDA's fused RMSNorm)", cuda_norm_kernels()
-            with norms:
-                report(f"softmax, {name}", count(source, images, form, token_sized, args.train), args.depth, False)
-                report(f"{args.variant}, {name}", count(student, images, form, token_sized, args.train),
-                       args.depth, args.by_op)
-    finally:
-        dispatch.DEVICES = devices
+    for form, name in (("float32", "float32"), ("bf16", "bf16 GPU path")):
+        norms, kernels = nullcontext(), nullcontext()
+        if form == "bf16":
+            kernels = dispatch.kernels_on("cpu")  # the GPU path, the kernels in Triton's interpreter
+            if args.cuda_norms:
+                name, norms = name + " (CUDA's fused RMSNorm)", cuda_norm_kernels()
+        with kernels, norms:
+            report(f"softmax, {name}", count(source, images, form, token_sized, args.train), args.depth, False)
+            report(f"{args.variant}, {name}", count(student, images, form, token_sized, args.train),
+                   args.depth, args.by_op)
     return 0
 
 

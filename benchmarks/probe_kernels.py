@@ -24,22 +24,21 @@ A section or row not reached before ``--budget-s`` is recorded as skipped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
-from unittest import mock
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import environment, first_line, mixer_step, token_mixers  # noqa: E402
 
-from vitconvert.attention import settings  # noqa: E402
+from vitconvert.attention import dispatch, settings  # noqa: E402
 
 SECTIONS = ("ceiling", "layers", "tiles", "top")
 Step = Callable[[], None]
@@ -199,8 +198,10 @@ def qkv(batch: int, heads: int, tokens: int, d: int, device: torch.device) -> tu
 
 
 def launch_setting(value: str) -> Any:
-    """``VITCONVERT_FUSED_CONFIG`` set inside, restored after (read per launch by attention.settings)."""
-    return mock.patch.dict(os.environ, {settings.CONFIG_ENV: value})
+    """The launches inside on ``VITCONVERT_FUSED_CONFIG=value``'s settings (injected: a launch never reads the
+    environment)."""
+    chosen = dataclasses.replace(dispatch.launch_settings(), config=settings.config_setting(value))
+    return dispatch.kernels_on(settings=chosen)
 
 
 def tiles(probe: Probe, plan: Plan, ceiling_gb_s: Optional[float]) -> None:

@@ -12,7 +12,6 @@ total exceeds its GPU total is bound by launches and Python, not by the GPU.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -20,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from vitconvert.attention import VARIANTS, fused
+from vitconvert.attention import VARIANTS, dispatch
+from vitconvert.attention.settings import KernelSettings, config_setting
 
 
 def make_step(mix, leaves: list[torch.Tensor], grad: torch.Tensor, infer: bool):
@@ -54,13 +54,13 @@ def sweep(name: str, q, k, v, grad, side: int, infer: bool) -> int:
     print(f"{name} N={q.shape[2]} B={q.shape[0]} {'forward' if infer else 'forward+backward'}: SDPA {sdpa:.3f} ms")
     for tile in ("tf32", "half"):
         for config in ("32,2", "32,4", "64,4", "64,8", "128,4", "128,8"):
-            os.environ[fused.CONFIG_ENV], os.environ[fused.TILE_ENV] = config, tile
+            settings = KernelSettings(tile=tile, config=config_setting(config))
             try:
-                ms = cuda_ms(make_step(mix, leaves, grad, infer))
+                with dispatch.kernels_on(settings=settings):
+                    ms = cuda_ms(make_step(mix, leaves, grad, infer))
                 print(f"  tile {tile:4s} BLOCK_N,warps {config:6s}: {ms:.3f} ms  ({sdpa / ms:.2f}× SDPA)")
             except Exception as e:  # a configuration the compiler refuses (registers, shared memory)
                 print(f"  tile {tile:4s} BLOCK_N,warps {config:6s}: {type(e).__name__}: {str(e)[:80]}")
-    os.environ.pop(fused.CONFIG_ENV), os.environ.pop(fused.TILE_ENV)
     return 0
 
 

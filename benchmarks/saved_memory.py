@@ -59,13 +59,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: unknown variant {unknown[0]!r}; valid: {', '.join(VARIANTS)}", file=sys.stderr)
         return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    devices = dispatch.DEVICES
-    if device.type == "cpu":
-        dispatch.DEVICES = ("cuda", "cpu")  # the kernels' path, in Triton's interpreter
-    try:
+    with dispatch.kernels_on("cpu" if device.type == "cpu" else None):  # the kernels' path, in Triton's interpreter
         measure(args, variants, device)
-    finally:
-        dispatch.DEVICES = devices
     return 0
 
 

@@ -27,6 +27,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 torch.set_num_threads(1)  # pytest -n 2 runs two workers on two cores: one thread each, no oversubscription
 
 
+@pytest.fixture
+def kernels_on_the_cpu():
+    """The fused kernels on the CPU too (Triton's interpreter) for one test: the GPU's path of every variant."""
+    with dispatch.kernels_on("cpu") as inner:
+        yield inner
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: minutes of CPU (torch.compile / inductor); run with `pytest -m slow`")
 

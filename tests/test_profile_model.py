@@ -39,10 +39,10 @@ def test_saved_memory_reports_each_variant_against_softmax(capsys):
     from vitconvert.attention import dispatch
 
     script = load_benchmark("saved_memory")
-    devices = dispatch.DEVICES
+    devices = dispatch.current().devices
     assert script.main(["--model", "vit_tiny_patch16_224", "--img-size", "32", "--depth", "1", "--batch", "1",
                         "--variants", "elu,mhla"]) == 0
-    assert dispatch.DEVICES == devices  # the interpreter's device is not left on for the rest of the process
+    assert dispatch.current().devices == devices  # the interpreter's device is not left on for the rest of the process
     out = capsys.readouterr().out
     assert re.search(r"softmax +[\d.]+ MiB", out) and re.search(r"elu +[\d.]+ MiB +1\.00× softmax", out), out
     assert re.search(r"mhla +[\d.]+ MiB +[\d.]+× softmax", out), out

@@ -23,9 +23,8 @@ def kernels_here(monkeypatch):
     """The kernels on this machine's device, with token ranges small enough that heads split across programs;
     float32 convolutions of the eager parts (LePE, InLine's residual) in full float32, as the oracles are."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(dispatch, "SPLIT_ROUND", 64)
-    monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: 64)
+    with dispatch.kernels_on(DEVICE, split_round=64, programs=64) as inner:
+        yield inner
 
 
 def qkv(B=2, H=2, N=150, d=32, dtype=torch.float32, seed=0):

@@ -67,8 +67,8 @@ def training_step(model: torch.nn.Module, images: torch.Tensor, cuda_policy: boo
 def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, head_dim, dtype):
     """mhla-cuda-rmsnorm: MHLA's RMSNorm on its CUDA branch (torch's fused kernel called direct); ttt at head dim 96:
     TTT's torch bf16 form (its kernels take head dims up to 64; in fp16 its float32 form). fp16: `--amp float16`."""
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
     with contextlib.ExitStack() as stack:
+        stack.enter_context(dispatch.kernels_on("cpu"))
         differ = stack.enter_context(fused.fakes_checked())
         rms_backward_calls = None
         if variant == "mhla-cuda-rmsnorm":
@@ -94,11 +94,10 @@ def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_every_family_forwards_the_same_under_cudas_autocast(monkeypatch, family):
+def test_every_family_forwards_the_same_under_cudas_autocast(family, kernels_on_the_cpu):
     """Every timm family the surgery takes, each variant on the kernels, a training forward and backward: the
     output bitwise the same under both policies and every op as its fake says. (The gradients may differ where timm's
     own parts norm bf16 tensors, q/k norms or an attention-pool head: CUDA's autocast runs those norms in float32.)"""
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
     source = tiny_model(family)
     images = image_batch(source)
     for variant in ("elu", "inline", "mhla", "ttt"):

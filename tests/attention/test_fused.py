@@ -45,7 +45,7 @@ def test_kernel_attention_matches_the_n_by_n_form_values_and_gradients(name, mas
     feature, phi = ORACLES[name]
     q, k, v = qkv(N=150, dtype=dtype)  # 150 tokens: three ranges of 64, the last one partly filled
     mask = padding_mask(2, 150) if masked else None
-    out = fused.kernel_attention(q, k, v, mask, feature, 1e-6)
+    out = fused.attention(q, k, v, mask, feature, 0.0, 1e-6, 1.0, False)
     assert out.dtype == dtype and out.shape == q.shape
     got = assert_matches_oracle(out, (q, k, v), lambda q, k, v: kernel_attention_reference(phi(q), phi(k), v, mask,
                                                                                           1e-6), TOL[dtype])
@@ -59,7 +59,7 @@ def test_inline_matches_its_explicit_weights(masked, dtype):
     q, k, v = qkv(N=99, d=64, dtype=dtype)
     mask = padding_mask(2, 99) if masked else None
     scale = 64 ** -0.5
-    out = fused.inline_attention(q, k, v, mask, scale)
+    out = fused.attention(q, k, v, mask, fused.IDENTITY, 0.0, 0.0, scale, True)
     assert_matches_oracle(out, (q, k, v), lambda q, k, v: inline_weights(q, k, mask, scale) @ v, TOL[dtype])
 
 
@@ -70,7 +70,7 @@ def test_a_head_in_one_program_runs_forward_and_backward_in_one_launch_each(name
     """Every head's tokens in one program (150 tokens: three chunks, the last partly filled): the forward and the
     backward are one kernel each (the state, dR and dS in registers), values and gradients against the N×N form
     within the same bars as the split heads' kernels (the tests above)."""
-    monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: 1)
+    dispatch.current().programs = 1
     q, k, v = qkv(N=150, d=64 if name == "inline" else 32, dtype=dtype)
     mask = padding_mask(2, 150) if masked else None
     launched = []
@@ -81,12 +81,12 @@ def test_a_head_in_one_program_runs_forward_and_backward_in_one_launch_each(name
 
     with dispatch.launches_through(count, DEVICE):
         if name == "inline":
-            out = fused.inline_attention(q, k, v, mask, 64 ** -0.5)
+            out = fused.attention(q, k, v, mask, fused.IDENTITY, 0.0, 0.0, 64 ** -0.5, True)
             got = assert_matches_oracle(out, (q, k, v), lambda q, k, v: inline_weights(q, k, mask, 64 ** -0.5) @ v,
                                         TOL[dtype])
         else:
             feature, phi = ORACLES[name]
-            out = fused.kernel_attention(q, k, v, mask, feature, 1e-6)
+            out = fused.attention(q, k, v, mask, feature, 0.0, 1e-6, 1.0, False)
             got = assert_matches_oracle(out, (q, k, v), lambda q, k, v: kernel_attention_reference(
                 phi(q), phi(k), v, mask, 1e-6), TOL[dtype])
     assert launched == ["attention_fwd_kernel", "attention_bwd_kernel"]
@@ -97,7 +97,7 @@ def test_a_head_in_one_program_runs_forward_and_backward_in_one_launch_each(name
 def test_output_is_laid_out_for_the_heads_merge():
     """(B, H, N, d) stored as (B, N, H, d): the module's transpose(1, 2).reshape is a view, not a copy."""
     q, k, v = qkv()
-    out = fused.kernel_attention(q, k, v, None, fused.RELU, 1e-6)
+    out = fused.attention(q, k, v, None, fused.RELU, 0.0, 1e-6, 1.0, False)
     assert out.transpose(1, 2).is_contiguous()
 
 
@@ -116,7 +116,7 @@ def test_a_layers_backward_makes_no_token_sized_copy(name):
     sized = recorder.model.token_sized_by_op
     assert sized["clone"] == 0 and sized["stack"] == 1, dict(sized)
     q, k, v = qkv()
-    grads = torch.autograd.grad(fused.kernel_attention(q, k, v, None, fused.RELU, 1e-6).sum(), (q, k, v))
+    grads = torch.autograd.grad(fused.attention(q, k, v, None, fused.RELU, 0.0, 1e-6, 1.0, False).sum(), (q, k, v))
     assert all(g.transpose(1, 2).is_contiguous() for g in grads)
 
 
@@ -182,18 +182,18 @@ def test_one_launch_and_split_heads_give_the_same_values_and_gradients(name, mas
     mask = padding_mask(2, 150) if masked else None
 
     def run(programs: int):
-        monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: programs)
+        dispatch.current().programs = programs
         q, k, v = qkv(N=150, d=64)
         if name == "inline":
-            out = fused.inline_attention(q, k, v, mask, 64 ** -0.5)
+            out = fused.attention(q, k, v, mask, fused.IDENTITY, 0.0, 0.0, 64 ** -0.5, True)
         else:
-            out = fused.kernel_attention(q, k, v, mask, ORACLES[name][0], 1e-6)
+            out = fused.attention(q, k, v, mask, ORACLES[name][0], 0.0, 1e-6, 1.0, False)
         grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
         return (out, *torch.autograd.grad(out, (q, k, v), grad))
 
     assert fused.split_tokens(4, 1, 150, torch.device(DEVICE)) == (3, 64)  # the split form, at 64 programs
     split = run(64)
-    monkeypatch.setattr(dispatch, "SPLIT_ROUND", 256)
+    dispatch.current().split_round = 256
     assert fused.split_tokens(4, 1, 150, torch.device(DEVICE))[0] == 1
     whole = run(64)
     for a, b in zip(whole, split, strict=True):
@@ -236,7 +236,7 @@ def test_the_blocked_op_keeps_the_raw_q_k_and_v_and_normalises_them_itself(recom
     assert rel_error(out, outside) < 1e-6
     one = fused.blocked_attention(q, k, v, None, None, torch.ones(1, 1, device=DEVICE), fused.RELU_PLUS_EPS, 1e-6,
                                   1e-6)
-    assert rel_error(one, fused.kernel_attention(q, k, v, None, fused.RELU_PLUS_EPS, 1e-6, 1e-6)) < 1e-6
+    assert rel_error(one, fused.attention(q, k, v, None, fused.RELU_PLUS_EPS, 1e-6, 1e-6, 1.0, False)) < 1e-6
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -247,7 +247,7 @@ def test_mhla_under_autocast_matches_its_float32_eager_form(tokens, form, dtype,
     Function, LePE) against the float32 eager module: outputs and every gradient (input_norm's, the RMSNorms',
     LePE's and W's included) within bf16 rounding; 43 tokens = a class token and a 6×7 grid (unequal blocks),
     40 form no grid (one segment, no LePE). A padded last item."""
-    monkeypatch.setenv(dispatch.FORM_ENV, form)
+    dispatch.current().settings = dispatch.KernelSettings(form=form)
     module = make_module("mhla", 32, (6, 7), 1, blocks_per_side=2)
     with torch.no_grad():  # norms away from their init (weights 1, biases 0), so a lost weight or bias would show
         for norm in (module.input_norm, module.q_rmsnorm, module.k_rmsnorm):
@@ -282,13 +282,13 @@ def expanded_gradient_calls():
     index = torch.arange(40, dtype=torch.int32, device=DEVICE).view(2, 20)
     weights = torch.randn(2, 3, 32, 32, device=DEVICE) * 0.1
     return {
-        "elu": lambda q, k, v: fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6),
-        "inline": lambda q, k, v: fused.inline_attention(q, k, v, None, 0.125),
+        "elu": lambda q, k, v: fused.attention(q, k, v, None, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False),
+        "inline": lambda q, k, v: fused.attention(q, k, v, None, fused.IDENTITY, 0.0, 0.0, 0.125, True),
         "blocked": lambda q, k, v: fused.segmented_attention(q, k, v, None, index, mixing[:2, :2],
                                                              fused.RELU_PLUS_EPS, 1e-6, 1e-6),
         "pairwise": lambda q, k, v: fused_pairwise.pairwise(q, k, v, None, segments, mixing, fused.RELU_PLUS_EPS,
                                                             1e-6, 1e-6),
-        "ttt": lambda q, k, v: fused_ttt.fused_step(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, weights, 0.125,
+        "ttt": lambda q, k, v: fused_ttt.call_step(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, weights, 0.125,
                                                     0.5),
     }
 
@@ -315,7 +315,7 @@ def test_an_expanded_output_gradient_and_strided_inputs_give_the_true_gradients(
 def test_training_keeps_only_q_k_v_and_the_output():
     """Backward recomputes the d×d state: autograd holds no float32 state (a softmax-sized footprint)."""
     q, k, v = qkv(N=150, d=64)
-    out = fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6)
+    out = fused.attention(q, k, v, None, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False)
     saved = [t for t in out.grad_fn.saved_tensors if t is not None]
     assert len(saved) == 4 and all(t.shape == q.shape for t in saved)  # q, k, v, o: no (B, H, d, d) state
 
@@ -327,10 +327,10 @@ def test_kernels_at_vit_sizes(tokens, head_dim):
     gradients, and MHLA's module (a 32×32 grid in 5×5 blocks) against its reference."""
     q, k, v = qkv(B=1, H=2, N=tokens, d=head_dim)
     elu = elu_feature_literal
-    assert_matches_oracle(fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6), (q, k, v),
+    assert_matches_oracle(fused.attention(q, k, v, None, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False), (q, k, v),
                           lambda q, k, v: kernel_attention_reference(elu(q), elu(k), v, None, 1e-6),
                           TOL[torch.float32], grad_tol=1e-4)
-    assert_matches_oracle(fused.inline_attention(q, k, v, None, head_dim ** -0.5), (q, k, v),
+    assert_matches_oracle(fused.attention(q, k, v, None, fused.IDENTITY, 0.0, 0.0, head_dim ** -0.5, True), (q, k, v),
                           lambda q, k, v: inline_weights(q, k, None, head_dim ** -0.5) @ v, TOL[torch.float32],
                           grad_tol=1e-4)
     if tokens == 1025:
@@ -375,8 +375,9 @@ def test_split_heads_take_two_launches_forward_and_three_backward_with_no_torch_
             events.clear()
             with Ops():
                 if direction == "forward":
-                    out = (fused.inline_attention(q, k, v, None, 32 ** -0.5) if name == "inline"
-                           else fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6))
+                    out = (fused.attention(q, k, v, None, fused.IDENTITY, 0.0, 0.0, 32 ** -0.5, True)
+                           if name == "inline" else fused.attention(q, k, v, None, fused.ELU_PLUS_ONE, 0.0, 1e-6,
+                                                                    1.0, False))
                 else:
                     torch.autograd.grad(out, (q, k, v), grad)
             runs[direction] = list(events)

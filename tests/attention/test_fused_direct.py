@@ -4,7 +4,6 @@ ops (dispatch.direct). Kernels in Triton's interpreter on the CPU, as in test_fu
 
 from __future__ import annotations
 
-import os
 import re
 import warnings
 
@@ -24,8 +23,8 @@ DEVICE = helpers.kernels_device()
 
 @pytest.fixture(autouse=True)
 def kernels_here(monkeypatch):
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(dispatch, "TTT_DTYPES", dispatch.DTYPES)  # (float32 TTT on the kernels too: test_fused_ttt)
+    with dispatch.kernels_on(DEVICE, ttt_dtypes=dispatch.DTYPES) as inner:  # (float32 TTT on the kernels too)
+        yield inner
 
 
 def qkv(N: int = 40, d: int = 32) -> list[torch.Tensor]:
@@ -49,17 +48,17 @@ def blocked_args(recompute: bool):
 
 
 CALLS = {
-    "elu": lambda: (fused.kernel_attention, (*qkv(), padding_mask(40), fused.ELU_PLUS_ONE, 1e-6)),
-    "inline": lambda: (fused.inline_attention, (*qkv(d=64), None, 0.125)),
+    "elu": lambda: (fused.attention, (*qkv(), padding_mask(40), fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False)),
+    "inline": lambda: (fused.attention, (*qkv(d=64), None, fused.IDENTITY, 0.0, 0.0, 0.125, True)),
     "mhla": lambda: (fused.segmented_attention, blocked_args(recompute=False)),
     "mhla-recompute": lambda: (fused.segmented_attention, blocked_args(recompute=True)),
-    "ttt": lambda: (fused_ttt.fused_step, (*qkv(N=17), padding_mask(17), ttt_weights(), 0.125, 0.5)),
+    "ttt": lambda: (fused_ttt.call_step, (*qkv(N=17), padding_mask(17), ttt_weights(), 0.125, 0.5)),
 }
 
 
-def through_the_ops(monkeypatch) -> None:
-    """Every call through the custom ops (fused.direct is the one switch: fused_ttt looks it up there)."""
-    monkeypatch.setattr(fused, "direct", lambda t: False)
+def through_the_ops() -> None:
+    """Every call through the custom ops (dispatch.direct, the one switch, asks the context's dispatch)."""
+    dispatch.current().through_ops = True
 
 
 class OpNames(TorchDispatchMode):
@@ -84,7 +83,7 @@ def values_and_gradients(form, args, direct: bool) -> list[torch.Tensor]:
 def test_direct_call_gives_the_custom_ops_values_and_gradients(case, monkeypatch):
     form, args = CALLS[case]()
     direct = values_and_gradients(form, args, True)
-    through_the_ops(monkeypatch)
+    through_the_ops()
     through_ops = values_and_gradients(form, args, False)
     assert len(direct) == len(through_ops) > 3
     for a, b in zip(direct, through_ops, strict=True):
@@ -102,7 +101,7 @@ def test_direct_call_keeps_what_the_custom_op_keeps(case, monkeypatch):
         return sorted(shapes)
 
     direct = saved_shapes()
-    through_the_ops(monkeypatch)
+    through_the_ops()
     assert direct == saved_shapes() and direct
 
 
@@ -143,8 +142,8 @@ def test_a_dispatch_mode_sees_the_custom_op_not_its_body():
     q, k, v = (t.detach() for t in qkv(N=20))
     weights = ttt_weights().detach()
     with OpNames() as mode:
-        fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6)
-        fused_ttt.fused_step(q, k, v, None, weights, 0.125, 0.5)
+        fused.attention(q, k, v, None, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False)
+        fused_ttt.call_step(q, k, v, None, weights, 0.125, 0.5)
     assert mode.names == ["vitconvert.linear_attention.default", "vitconvert.ttt_step.default"], mode.names
 
 
@@ -155,10 +154,10 @@ def host_overhead():
 def test_host_overhead_reports_every_layer_against_softmax(tmp_path, capsys, monkeypatch):
     import json
 
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda",))  # the script switches the CPU's fused path on itself
     argv = ["--variants", "elu,mhla,ttt", "--iters", "2", "--repeats", "1", "--json", str(tmp_path / "h.json")]
-    assert host_overhead().main(argv) == 0
-    assert dispatch.DEVICES == ("cuda",)  # and off again
+    with dispatch.kernels_on(devices=("cuda",)):  # the script switches the CPU's fused path on itself
+        assert host_overhead().main(argv) == 0
+        assert dispatch.current().devices == ("cuda",)  # and off again
     captured = capsys.readouterr()
     out = captured.out
     assert "timing the layers: round 1/1" in captured.err  # progress beside the table, not in it
@@ -180,9 +179,9 @@ def test_host_overhead_counts_the_split_kernels_launches(tmp_path, capsys, monke
     launch counter, with the host time of each layer call."""
     import json
 
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda",))
     argv = ["--variants", "elu,inline", "--split", "--iters", "1", "--repeats", "1", "--json", str(tmp_path / "h.json")]
-    assert host_overhead().main(argv) == 0
+    with dispatch.kernels_on(devices=("cuda",)):  # the script switches the CPU's fused path on itself
+        assert host_overhead().main(argv) == 0
     assert "heads split over 2 programs" in capsys.readouterr().out
     report = json.loads((tmp_path / "h.json").read_text())
     rows = {row["layer"]: row for row in report["rows"]}
@@ -219,15 +218,16 @@ def test_torch_export_records_the_fused_op_and_its_graph_runs_with_grad(name, mo
     Function, whose forward export inlines, takes its plain form there, so the graph also runs with grad on."""
     from .helpers import make_module
 
+    form = ""
     if name.startswith("mhla-"):  # each form of MHLA's kernels
         name, form = name.split("-")
-        monkeypatch.setenv(dispatch.FORM_ENV, form)
+        dispatch.current().settings = dispatch.KernelSettings(form=form)
     options = {"blocks_per_side": 2} if name == "mhla" else {}
     module = make_module(name, 1, (4, 4), dim=64, heads=2, dtype=torch.float32, **options).to(DEVICE)
     x = torch.randn(2, 17, 64, generator=torch.Generator().manual_seed(0)).to(DEVICE)
     exported = torch.export.export(module, (x,))
     ops = [str(node.target) for node in exported.graph.nodes if "vitconvert" in str(node.target)]
-    op = {"elu": ["linear_attention"], "mhla": [os.environ.get(dispatch.FORM_ENV, "") + "_attention", "grid_conv"],
+    op = {"elu": ["linear_attention"], "mhla": [form + "_attention", "grid_conv"],
           "ttt": ["grid_conv", "grid_conv", "ttt_step"]}[name]  # (MHLA: LePE; TTT: its convs)
     assert ops == [f"vitconvert.{o}.default" for o in op], ops  # (TTT: the plain step, no checkpoint, under export)
     out = exported.module()(x)  # grad on, parameters that require grad

@@ -34,12 +34,12 @@ if not torch.cuda.is_available() and not dispatch.interpreting():
                 allow_module_level=True)
 
 
-def test_dispatch_is_eager_where_the_kernels_cannot_go(monkeypatch):
+def test_dispatch_is_eager_where_the_kernels_cannot_go():
     """CPU tensors (outside these tests), head dims outside 16..128, int tensors, ONNX export: the eager form."""
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda",))
-    assert not fused.can_run(torch.zeros(1, 1, 4, 64), "linear_attention")
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
-    assert fused.can_run(torch.zeros(1, 1, 4, 64), "linear_attention")
+    with dispatch.kernels_on(devices=("cuda",)):
+        assert not fused.can_run(torch.zeros(1, 1, 4, 64), "linear_attention")
+    with dispatch.kernels_on("cpu"):
+        assert fused.can_run(torch.zeros(1, 1, 4, 64), "linear_attention")
     assert not fused.can_run(torch.zeros(1, 1, 4, 8), "linear_attention")
     assert not fused.can_run(torch.zeros(1, 1, 4, 256), "linear_attention")
     assert not fused.can_run(torch.zeros(1, 1, 4, 64, dtype=torch.float64), "linear_attention")
@@ -52,11 +52,11 @@ def test_gpus_before_ampere_run_the_eager_form(generation, fused_here, monkeypat
     --arch sm_75), so their tensors take the eager form; Ampere on, the kernels. (This machine's tensors stand in
     for a GPU's: its device type is checked as CUDA's is.)"""
     x = torch.zeros(1, 1, 4, 64, device=DEVICE)
-    monkeypatch.setattr(dispatch, "GPU_TYPES", (x.device.type,))
+    dispatch.current().generation_checked = (x.device.type,)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: generation)
-    monkeypatch.setattr(dispatch, "_capabilities", {})
     assert fused.can_run(x, "linear_attention") is fused_here
-    assert fused.can_run(x, "ttt_step", dispatch.TTT_MAX_HEAD_DIM, (torch.float32,)) is fused_here
+    with dispatch.kernels_on(ttt_dtypes=(torch.float32,)):
+        assert fused.can_run(x, "ttt_step") is fused_here
 
 
 def test_the_switch_is_read_once_at_construction(monkeypatch):
@@ -66,9 +66,9 @@ def test_the_switch_is_read_once_at_construction(monkeypatch):
     on = make_module("elu", 32, (4, 4), 1)
     assert not off.fused_kernels and on.fused_kernels
     calls = []
-    monkeypatch.setattr(fused, "linear_state", lambda *a: calls.append(a) or (_ for _ in ()).throw(AssertionError))
     x = torch.randn(1, 17, 64, device=DEVICE)
-    off(x)  # the eager form: never reaches the kernels
+    with dispatch.kernels_on(launcher=lambda *a, **k: calls.append(a)):
+        off(x)  # the eager form: never reaches the kernels
     assert calls == []
 
 
@@ -91,15 +91,14 @@ def test_a_bad_setting_is_refused_at_construction_not_ignored(monkeypatch, name,
         make_module("elu", 32, (4, 4), 1)
 
 
-def test_the_tuning_settings_reach_the_launches(monkeypatch):
-    monkeypatch.setenv(dispatch.CONFIG_ENV, "128,16")
-    monkeypatch.setenv(dispatch.TILE_ENV, " Half ")
-    make_module("elu", 32, (4, 4), 1)
-    assert dispatch.block_sizes(64) == (128, 64, 16)
-    assert dispatch.pipeline_stages() == 3  # (none given: the default)
-    assert dispatch.tile_args(torch.zeros(1, dtype=torch.bfloat16))["PRECISION"] == "ieee"  # 16-bit tiles
-    monkeypatch.setenv(dispatch.TILE_ENV, "tf32")
-    assert dispatch.tile_args(torch.zeros(1, dtype=torch.bfloat16))["PRECISION"] == "tf32"
+def test_the_tuning_settings_reach_the_launches():
+    settings = dispatch.KernelSettings.read({dispatch.CONFIG_ENV: "128,16", dispatch.TILE_ENV: " Half "})
+    with dispatch.kernels_on(settings=settings):
+        assert dispatch.block_sizes(64) == (128, 64, 16)
+        assert dispatch.pipeline_stages() == 3  # (none given: the default)
+        assert dispatch.tile_args(torch.zeros(1, dtype=torch.bfloat16))["PRECISION"] == "ieee"  # 16-bit tiles
+    with dispatch.kernels_on(settings=dispatch.KernelSettings(tile="tf32")):
+        assert dispatch.tile_args(torch.zeros(1, dtype=torch.bfloat16))["PRECISION"] == "tf32"
 
 
 @pytest.mark.parametrize("variant", ["elu", "inline"])
@@ -113,13 +112,12 @@ def test_num_stages_reaches_every_launch_of_the_linear_ops(monkeypatch, variant)
         return dispatch.build_and_run(kernel, grid, *args, **kwargs)
 
     q, k, v = qkv(N=70, d=16)
-    call = {"elu": lambda: fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6),
-            "inline": lambda: fused.inline_attention(q, k, v, None, 0.25)}[variant]
+    call = {"elu": lambda: fused.attention(q, k, v, None, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False),
+            "inline": lambda: fused.attention(q, k, v, None, fused.IDENTITY, 0.0, 0.0, 0.25, True)}[variant]
     default = call()
-    monkeypatch.setenv(dispatch.CONFIG_ENV, "64,4,2")
-    for wanted in (lambda device: 64, lambda device: 1):  # heads split over token ranges, then a head per program
-        monkeypatch.setattr(dispatch, "_programs_wanted", wanted)
-        with dispatch.launches_through(record, DEVICE):
+    settings = dispatch.KernelSettings.read({dispatch.CONFIG_ENV: "64,4,2"})
+    for programs in (64, 1):  # heads split over token ranges, then a head per program
+        with dispatch.kernels_on(launcher=record, programs=programs, settings=settings):
             out = call()
             out.sum().backward()
         torch.testing.assert_close(out, default, rtol=1e-5, atol=1e-6)
@@ -131,16 +129,11 @@ def test_num_stages_reaches_every_launch_of_the_linear_ops(monkeypatch, variant)
 @pytest.mark.parametrize("version, head_dim, config, chunk", [
     ("3.6.0", 64, None, 32), ("3.8.0", 64, None, 64), ("3.6.0", 32, None, 64), ("3.6.0", 64, "64,4", 64),
     (None, 64, None, 64)])
-def test_older_triton_halves_the_chunk_of_the_backwards_it_spills_in(version, head_dim, config, chunk, monkeypatch):
-    monkeypatch.setattr(dispatch, "triton_version", lambda: version)
-    dispatch.older_triton.cache_clear()
-    if config:
-        monkeypatch.setenv(dispatch.CONFIG_ENV, config)
-    try:
+def test_older_triton_halves_the_chunk_of_the_backwards_it_spills_in(version, head_dim, config, chunk):
+    settings = dispatch.KernelSettings.read({dispatch.CONFIG_ENV: config} if config else {})
+    with dispatch.kernels_on(settings=settings, older_triton=dispatch.older_than_3_8(version)):
         block_n, block_d, _ = dispatch.block_sizes(head_dim)
         assert dispatch.spill_free_chunk(block_n, block_d) == chunk
-    finally:
-        dispatch.older_triton.cache_clear()
 
 
 @pytest.mark.parametrize("variant, kernel, chunk", [("elu", "attention_bwd_kernel", 32),
@@ -149,20 +142,19 @@ def test_the_halved_backward_chunks_reach_the_kernels_and_give_the_same_gradient
                                                                                    monkeypatch):
     """Under Triton before 3.8 (dispatch.spill_free_chunk) the one-launch backward and MHLA's pairwise dk/dv run
     on half the token chunk at head dim 64; their gradients are those of the whole chunk."""
-    monkeypatch.setenv(dispatch.FORM_ENV, "pairwise")
+    dispatch.current().settings = dispatch.KernelSettings(form="pairwise")
     module = make_module(variant, 64, (4, 4), 1)
     x = torch.randn(2, 17, 128, device=DEVICE)
     grad = torch.randn(2, 17, 128, device=DEVICE)
 
     def gradients(older: bool) -> tuple[list, list]:
-        monkeypatch.setattr(dispatch, "older_triton", lambda: older)
         chunks = []
 
         def record(kernel_fn, grid, *args, **kwargs):
             chunks.append((kernel_fn.fn.__name__, kwargs["BLOCK_N"]))
             return dispatch.build_and_run(kernel_fn, grid, *args, **kwargs)
 
-        with dispatch.launches_through(record, DEVICE):
+        with dispatch.kernels_on(launcher=record, older_triton=older):
             inputs = x.clone().requires_grad_()
             found = torch.autograd.grad(module(inputs), [inputs, *module.parameters()], grad)
         return found, [c for name, c in chunks if name == kernel]
@@ -175,9 +167,11 @@ def test_the_halved_backward_chunks_reach_the_kernels_and_give_the_same_gradient
 
 def test_mhla_official_denominator_stays_eager(monkeypatch):
     module = make_module("mhla", 32, (4, 4), 1, blocks_per_side=2, denominator="official")
-    monkeypatch.setattr(fused, "segmented_attention", lambda *a: (_ for _ in ()).throw(AssertionError("fused")))
     x = torch.randn(1, 17, 64, device=DEVICE)
-    torch.testing.assert_close(module(x), helpers.literal(module, x), atol=1e-5, rtol=1e-4)
+    launched = []
+    with dispatch.kernels_on(launcher=lambda *a, **k: launched.append(a)):
+        torch.testing.assert_close(module(x), helpers.literal(module, x), atol=1e-5, rtol=1e-4)
+    assert launched == []
 
 
 
@@ -189,9 +183,9 @@ def test_mhla_official_denominator_stays_eager(monkeypatch):
 
 
 @pytest.fixture
-def fresh_dispatch(monkeypatch):
-    monkeypatch.setattr(dispatch, "_settled", {})
-    monkeypatch.setattr(dispatch, "_unavailable", {})
+def fresh_dispatch():
+    with dispatch.kernels_on() as fresh:  # (nothing found about the GPU yet)
+        yield fresh
 
 
 def l40_at_head_dim_128(settings: dict) -> bool:
@@ -236,12 +230,12 @@ def test_backward_kernels_too_big_for_the_gpu_run_lean_within_the_bf16_bar(name,
     q, k, v = qkv(N=N, d=64, dtype=torch.bfloat16)
     with helpers.no_warnings():
         if name == "inline":
-            out = fused.inline_attention(q, k, v, mask, 64 ** -0.5)
+            out = fused.attention(q, k, v, mask, fused.IDENTITY, 0.0, 0.0, 64 ** -0.5, True)
             assert_matches_oracle(out, (q, k, v), lambda q, k, v: inline_weights(q, k, mask, 64 ** -0.5) @ v,
                                   TOL[torch.bfloat16])
         else:
             feature, phi = ORACLES[name]
-            out = fused.kernel_attention(q, k, v, mask, feature, 1e-6)
+            out = fused.attention(q, k, v, mask, feature, 0.0, 1e-6, 1.0, False)
             assert_matches_oracle(out, (q, k, v), lambda q, k, v: kernel_attention_reference(
                 phi(q), phi(k), v, mask, 1e-6), TOL[torch.bfloat16])
     assert fused.can_run(q, "linear_attention")  # nothing turned off
@@ -251,8 +245,8 @@ def test_backward_kernels_too_big_for_the_gpu_run_lean_within_the_bf16_bar(name,
     tries = {n: 1 if n == "attention_bwd_kernel" and dispatch.older_triton() else 2 for n in kernels}
     assert {n: c.refused for n, c in cramped.items()} == tries
     assert dispatch.lean_launches() == {n: {"BLOCK_N": 16} for n in kernels}
-    out = fused.kernel_attention(q, k, v, mask, fused.ELU_PLUS_ONE, 1e-6) if name != "inline" else (
-        fused.inline_attention(q, k, v, mask, 64 ** -0.5))
+    out = fused.attention(q, k, v, mask, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False) if name != "inline" else (
+        fused.attention(q, k, v, mask, fused.IDENTITY, 0.0, 0.0, 64 ** -0.5, True))
     torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     assert {n: c.refused for n, c in cramped.items()} == tries  # remembered
 
@@ -264,7 +258,7 @@ def test_an_mhla_module_on_float32_takes_smaller_chunks_and_matches_its_referenc
     kernels' grid is made of their own BLOCK_M tokens: a smaller chunk of the other side leaves it whole.)"""
     from vitconvert.attention import pairwise_kernels, split_kernels
 
-    monkeypatch.setenv(dispatch.FORM_ENV, form)
+    dispatch.current().settings = dispatch.KernelSettings(form=form)
     where = split_kernels if form == "blocked" else pairwise_kernels
     kernels = [n for n in dir(where) if n.endswith("_kernel")]
     cramped = cramp(monkeypatch, lambda settings: settings["BLOCK_N"] <= 16, kernels, where)
@@ -284,8 +278,9 @@ def test_a_kernel_that_fits_no_settings_still_falls_back_to_eager_once(monkeypat
     """Past the last step (16-bit tiles, 16 tokens) the op's kernels turn off with one warning, as before."""
     cramped = cramp(monkeypatch, lambda settings: False)
     q, k, v = qkv(N=150, d=64, dtype=torch.bfloat16)
-    out = fused.kernel_attention(q, k, v, None, fused.ELU_PLUS_ONE, 1e-6)
+    out = fused.attention(q, k, v, None, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False)
     with pytest.warns(RuntimeWarning, match="OutOfResources"):
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     assert not fused.can_run(q, "linear_attention")
-    assert sum(c.refused for c in cramped.values()) == 4  # TF32 64, then 16-bit tiles at 64, 32, 16: one kernel
+    # bf16 inputs start on 16-bit tiles (fused_parts.kernel_tiles), so the ladder is 64, 32, 16: one kernel
+    assert sum(c.refused for c in cramped.values()) == 3

@@ -24,8 +24,8 @@ def kernels_here(monkeypatch):
     """The kernels on this machine's device; the torch convs in full float32, as the oracles are; float32 TTT
     modules on the kernels too (a GPU runs TTT's float32 inputs in torch: dispatch.TTT_DTYPES)."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(dispatch, "TTT_DTYPES", dispatch.DTYPES)
+    with dispatch.kernels_on(DEVICE, ttt_dtypes=dispatch.DTYPES) as inner:
+        yield inner
 
 
 def literal(x: torch.Tensor, base: Optional[torch.Tensor], weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -215,7 +215,7 @@ def test_a_grid_kernel_the_gpu_cannot_build_leaves_the_convs_to_torch(variant, s
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
     grad = torch.randn(2, 17, 64, device=DEVICE)
     want = torch.autograd.grad(module(x), [x, *module.parameters()], grad)
-    monkeypatch.setattr(dispatch, "_unavailable", {})
+    dispatch.current().unavailable.clear()
     out = module(x) if stage == "backward" else None
     kernels = ("grid_conv_bwd_kernel",) if stage == "backward" else ("grid_conv_fwd_kernel", "grid_conv_bwd_kernel")
     for kernel in kernels:

@@ -22,10 +22,8 @@ TOL = {torch.float32: 2e-5, torch.bfloat16: 6e-3, torch.float16: 1e-3}  # as tes
 @pytest.fixture(autouse=True)
 def kernels_here(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(dispatch, "_unavailable", {})
-    monkeypatch.setattr(dispatch, "_settled", {})
-    monkeypatch.delenv(dispatch.FORM_ENV, raising=False)
+    with dispatch.kernels_on(DEVICE, settings=dispatch.KernelSettings()) as inner:  # (the form chosen by cost)
+        yield inner
 
 
 def literal(q, k, v, key_valid, segments, mixing):
@@ -127,11 +125,14 @@ MHLA_CASES = [  # (head dim, grid, prefix tokens, options): unequal blocks, one 
 def test_mhla_modules_match_their_literal_form_in_either_form(head_dim, grid, num_prefix, options, form, monkeypatch):
     """The whole module (input LayerNorm, RMSNorms, W̃, LePE) on each form of its kernels against its literal N×N
     ``reference`` in float64, a padded item: outputs, input and every parameter gradient."""
-    monkeypatch.setenv(dispatch.FORM_ENV, form)
-    calls = []
-    for where, name in ((fused_pairwise, "pairwise"), (fused, "segmented_attention")):  # MHLA's entry points
-        original = getattr(where, name)
-        monkeypatch.setattr(where, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a))
+    dispatch.current().settings = dispatch.KernelSettings(form=form)
+    calls = set()
+
+    def record(kernel, grid, *args, **kwargs):
+        calls.add(dispatch.kernel_name(kernel))
+        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+
+    dispatch.current().launcher = record
     module = helpers.make_module("mhla", num_prefix, grid, dim=2 * head_dim, dtype=torch.float32, **options)
     with torch.no_grad():
         module.block_mix.add_(torch.rand(module.block_mix.shape, generator=torch.Generator().manual_seed(1)))
@@ -141,7 +142,7 @@ def test_mhla_modules_match_their_literal_form_in_either_form(head_dim, grid, nu
     mask = padding_mask(tokens)[:, None, None, :]
     with helpers.no_warnings():
         errors = helpers.float32_against_literal(module, x, mask)
-    assert set(calls) == {"pairwise" if form == "pairwise" else "segmented_attention"}
+    assert ("pairwise_fwd_kernel" in calls, "state_fwd_kernel" in calls) == (form == "pairwise", form == "blocked")
     assert errors.pop("output") < 1e-5
     assert not {n: e for n, e in errors.items() if e >= {"block_mix": 1e-3}.get(n, 1e-4)}, errors
 
@@ -152,7 +153,7 @@ def test_a_forward_in_inference_mode_then_a_training_step(form, monkeypatch):
     not be an inference tensor, which the op's backward may not save (the blocked form's index table was)."""
     from vitconvert.attention import blocks
 
-    monkeypatch.setenv(dispatch.FORM_ENV, form)
+    dispatch.current().settings = dispatch.KernelSettings(form=form)
     blocks._cached_segment_index.cache_clear()
     blocks._cached_token_segments.cache_clear()
     module = helpers.make_module("mhla", 1, (5, 5), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
@@ -183,11 +184,11 @@ def test_the_cheaper_form_is_taken(tokens, segments, head_dim, pairwise):
 
 
 def test_the_form_can_be_forced_and_a_bad_setting_is_refused_at_construction(monkeypatch):
-    monkeypatch.setenv(dispatch.FORM_ENV, "pairwise")
-    assert fused_pairwise.pairwise_is_cheaper(4097, 64, 64, torch.float32)
-    assert not fused_pairwise.pairwise_is_cheaper(4097, fused_pairwise.MAX_SEGMENTS + 1, 64, torch.bfloat16)
-    monkeypatch.setenv(dispatch.FORM_ENV, " Blocked ")
-    assert not fused_pairwise.pairwise_is_cheaper(197, 5, 64, torch.bfloat16)
+    assert fused_pairwise.pairwise_is_cheaper(4097, 64, 64, torch.float32, "pairwise")
+    assert not fused_pairwise.pairwise_is_cheaper(4097, fused_pairwise.MAX_SEGMENTS + 1, 64, torch.bfloat16,
+                                                  "pairwise")
+    form = dispatch.KernelSettings.read({dispatch.FORM_ENV: " Blocked "}).form
+    assert not fused_pairwise.pairwise_is_cheaper(197, 5, 64, torch.bfloat16, form)
     monkeypatch.setenv(dispatch.FORM_ENV, "flash")
     with pytest.raises(VitconvertError, match="VITCONVERT_MHLA_FORM='flash': expected one of auto, pairwise, blocked"):
         helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32)
@@ -209,18 +210,22 @@ def test_a_forward_kernel_the_gpu_cannot_build_leaves_mhla_on_its_blocked_kernel
     not the eager one: the same output."""
     from vitconvert.attention import pairwise_kernels
 
-    monkeypatch.setenv(dispatch.FORM_ENV, "pairwise")  # (float32 inputs: auto would take the blocked form)
+    dispatch.current().settings = dispatch.KernelSettings(form="pairwise")  # (float32: auto takes the blocked form)
     module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE)
     expected = module(x)
     monkeypatch.setattr(pairwise_kernels, "pairwise_fwd_kernel", helpers.Unbuildable())
     blocked = []
-    original = fused.segmented_attention
-    monkeypatch.setattr(fused, "segmented_attention", lambda *a: blocked.append(1) or original(*a))
+
+    def record(kernel, grid, *args, **kwargs):
+        blocked.append(dispatch.kernel_name(kernel) == "state_fwd_kernel")
+        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+
+    dispatch.current().launcher = record
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources"):
         out = module(x)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    assert blocked and not dispatch.fits("pairwise_attention") and fused.can_run(x[..., :32], "blocked_attention")
+    assert any(blocked) and not dispatch.fits("pairwise_attention") and fused.can_run(x[..., :32], "blocked_attention")
     with helpers.no_warnings():
         module(x)
 
@@ -228,7 +233,7 @@ def test_a_forward_kernel_the_gpu_cannot_build_leaves_mhla_on_its_blocked_kernel
 def test_a_backward_kernel_the_gpu_cannot_build_takes_the_eager_gradients(monkeypatch):
     from vitconvert.attention import pairwise_kernels
 
-    monkeypatch.setenv(dispatch.FORM_ENV, "pairwise")
+    dispatch.current().settings = dispatch.KernelSettings(form="pairwise")
     module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
     grad = torch.randn(2, 17, 64, device=DEVICE)
@@ -262,7 +267,7 @@ def test_at_224_px_the_pairwise_kernels_move_less_than_half_the_blocked_ones(mon
     images = torch.randn(1, 3, 224, 224)
     moved = {}
     for form in ("pairwise", "blocked"):
-        monkeypatch.setenv(dispatch.FORM_ENV, form)
+        dispatch.current().settings = dispatch.KernelSettings(form=form)
         recorder = script.count(student, images, "bf16", 128 * 196, train=True)
         moved[form] = (recorder.kernels.ops, recorder.kernels.bytes)
     assert moved["pairwise"][0] == 3 and moved["blocked"][0] == 5, moved  # launches: forward and backward

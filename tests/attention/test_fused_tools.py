@@ -35,10 +35,6 @@ def test_custom_ops_pass_torch_library_checks():
     q, k, v = qkv(B=1, H=2, N=40, d=32)
     mask = padding_mask(1, 40)
     tests = ("test_schema", "test_faketensor", "test_autograd_registration")
-    torch.library.opcheck(fused.linear_state, (k, v, mask, None, fused.ELU_PLUS_ONE, 0.0), test_utils=tests)
-    S, z, _ = fused.linear_state(k, v, mask, None, fused.ELU_PLUS_ONE, 0.0)
-    torch.library.opcheck(fused.linear_readout, (q, S.detach(), z.detach(), None, fused.ELU_PLUS_ONE, 0.0, 1e-6,
-                                                 True), test_utils=tests)
     from vitconvert.attention.blocks import extended_block_mix, segment_index
 
     index = segment_index((6, 6), (2, 3), 4, q.device)  # 4 prefix tokens + 36 on the grid: N = 40
@@ -57,7 +53,7 @@ def test_custom_ops_pass_torch_library_checks():
 @pytest.mark.parametrize("form", ["pairwise", "blocked"])
 def test_compiles_as_one_graph(form, monkeypatch):
     """torch.compile sees the kernels as custom ops: no graph break (fullgraph), same values as eager."""
-    monkeypatch.setenv(dispatch.FORM_ENV, form)
+    dispatch.current().settings = dispatch.KernelSettings(form=form)
     torch._dynamo.reset()
     module = make_module("mhla", 32, (4, 4), 1, blocks_per_side=2)
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
@@ -77,9 +73,8 @@ def test_the_gpu_generation_check_compiles_as_one_graph(monkeypatch):
         return (9, 0)
 
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
-    monkeypatch.setattr(dispatch, "GPU_TYPES", (x.device.type,))
+    dispatch.current().generation_checked = (x.device.type,)
     monkeypatch.setattr(torch.cuda, "get_device_capability", untraceable)
-    monkeypatch.setattr(dispatch, "_capabilities", {})
     torch._dynamo.reset()
     module = make_module("elu", 32, (4, 4), 1)
     with helpers.no_warnings():  # (no warning from dynamo either)
@@ -113,7 +108,7 @@ def blocked_form(name: str, monkeypatch) -> None:
     """MHLA's kernels in their blocked form (states mixed and read out): at these sizes the call would take the
     pairwise one (tests/attention/test_fused_pairwise.py)."""
     if name == "mhla":
-        monkeypatch.setenv(dispatch.FORM_ENV, "blocked")
+        dispatch.current().settings = dispatch.KernelSettings(form="blocked")
 
 
 @pytest.mark.parametrize("name", ["elu", "inline", "mhla"])
@@ -122,7 +117,7 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_form_once(name, m
     module = make_module(name, 32, (4, 4), 1, **({"blocks_per_side": 2} if name == "mhla" else {}))
     x = torch.randn(2, 17, 64, device=DEVICE)
     expected = module(x)
-    monkeypatch.setattr(dispatch, "_unavailable", {})
+    dispatch.current().unavailable.clear()
     for kernel in ("attention_fwd_kernel", "state_fwd_kernel", "readout_fwd_kernel"):
         monkeypatch.setattr(kernel_home(kernel), kernel, helpers.Unbuildable())
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources.*VITCONVERT_FUSED=0"):
@@ -146,7 +141,7 @@ def test_a_backward_kernel_the_gpu_cannot_build_falls_back_to_the_eager_gradient
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
     grad = torch.randn(2, 17, 64, device=DEVICE)
     want = torch.autograd.grad(module(x), [x, *module.parameters()], grad)
-    monkeypatch.setattr(dispatch, "_unavailable", {})
+    dispatch.current().unavailable.clear()
     out = module(x)  # forward on the kernels
     for kernel in BACKWARD_KERNELS:
         monkeypatch.setattr(kernel_home(kernel), kernel, helpers.Unbuildable())
@@ -168,11 +163,11 @@ def test_the_eager_forms_of_the_ops_compute_what_the_kernels_compute(masked):
     q, k, v = (t.detach() for t in qkv(N=1 + 36))
     key_valid = padding_mask(2, 37) if masked else None
     index = segment_index((6, 6), (2, 3), 1, q.device)  # uneven blocks: the table pads with −1
-    S, z, zv = fused.linear_state(k, v, key_valid, index, fused.RELU_PLUS_EPS, 1e-3)
+    S, z, zv = fused.segment_states(k, v, key_valid, index, fused.RELU_PLUS_EPS, 1e-3, True)
     S0, z0, zv0 = fused_eager.state(k, v, key_valid, index, fused.RELU_PLUS_EPS, 1e-3)
     for got, want in ((S, S0), (z, z0), (zv, zv0)):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
-    o = fused.linear_readout(q, S, z, index, fused.RELU_PLUS_EPS, 1e-3, 1e-6, True)
+    o = fused.run_readout(q, S, z, index, fused.RELU_PLUS_EPS, 1e-3, 1e-6, True)
     torch.testing.assert_close(o, fused_eager.readout(q, S, z, index, fused.RELU_PLUS_EPS, 1e-3, 1e-6, True),
                                atol=1e-5, rtol=1e-5)
     for feature, inline in ((fused.ELU_PLUS_ONE, False), (fused.IDENTITY, True)):
@@ -189,14 +184,12 @@ def test_whole_timm_models_on_the_kernels_match_their_eager_form(family, name, m
     from helpers import image_batch, tiny_model
 
     import vitconvert
-    from vitconvert.attention import fused_pairwise
-
     calls = []
-    entry_points = [(fused, "kernel_attention"), (fused, "inline_attention"), (fused, "segmented_attention"),
-                    (fused_pairwise, "pairwise")]  # the variants'
-    for where, op in entry_points:
-        original = getattr(where, op)
-        monkeypatch.setattr(where, op, lambda *a, _op=original: calls.append(1) or _op(*a))
+
+    def count(kernel, grid, *args, **kwargs):  # the forward's launches of the attention ops
+        calls.append(dispatch.kernel_name(kernel))
+        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+
     source = tiny_model(family)
     student, _ = vitconvert.convert(source, name)
     student = student.to(DEVICE).train()
@@ -207,13 +200,16 @@ def test_whole_timm_models_on_the_kernels_match_their_eager_form(family, name, m
             if hasattr(module, "fused_kernels"):
                 module.fused_kernels = fused_on
         student.zero_grad()
-        logits = student(x)
+        with dispatch.kernels_on(launcher=count):
+            logits = student(x)
         logits.square().sum().backward()
         results.append((logits.detach(), {n: p.grad.clone() for n, p in student.named_parameters()
                                           if p.grad is not None}))
         if fused_on:
-            assert len(calls) == 2  # both blocks ran on the kernels
-    assert len(calls) == 2  # and none when switched off
+            first = {"attention_fwd_kernel", "state_fwd_kernel", "pairwise_fwd_kernel"}  # (each op's first)
+            assert sum(name in first for name in calls) == 2, calls  # both blocks ran on the kernels
+            launched = len(calls)
+    assert len(calls) == launched  # and none when switched off
     (fused_logits, fused_grads), (eager_logits, eager_grads) = results
     torch.testing.assert_close(fused_logits, eager_logits, atol=1e-5, rtol=1e-4)
     assert fused_grads.keys() == eager_grads.keys()

@@ -27,10 +27,8 @@ def kernels_here(monkeypatch):
     the convs in full float32, as the oracles are; float32 modules on the kernels too, for the oracles' precision
     (a GPU runs TTT's float32 inputs in torch: dispatch.TTT_DTYPES)."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(dispatch, "TTT_DTYPES", dispatch.DTYPES)
-    monkeypatch.setattr(dispatch, "SPLIT_ROUND", 64)
-    monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: 64)
+    with dispatch.kernels_on(DEVICE, ttt_dtypes=dispatch.DTYPES, split_round=64, programs=64) as inner:
+        yield inner
 
 
 def step_inputs(N: int = 70, d: int = 32, dtype: torch.dtype = torch.float32, masked: bool = False,
@@ -43,7 +41,7 @@ def step_inputs(N: int = 70, d: int = 32, dtype: torch.dtype = torch.float32, ma
 
 
 def against_float64(inputs: list[torch.Tensor], mask: Optional[torch.Tensor], lr: float = 1.0,
-                    form=fused_ttt.fused_step):
+                    form=fused_ttt.call_step):
     """(relative errors of ``form``'s output, the op's by default, then of each input's gradient) against the
     eager step in float64."""
     d = inputs[0].shape[-1]
@@ -63,7 +61,7 @@ OP_CASES = [(32, 1, False), (32, 64, True), (64, 1, True), (64, 64, False)]  # (
                          ids=[f"d{d}-{'split-heads' if p > 1 else 'head-per-program'}-{'masked' if m else 'all'}"
                               for d, p, m in OP_CASES])
 def test_the_op_is_the_closed_form_step_values_and_gradients(d, programs, masked, monkeypatch):
-    monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: programs)
+    dispatch.current().programs = programs
     inputs, mask = step_inputs(N=70, d=d, masked=masked)
     if programs == 64:
         assert fused.split_tokens(4, 1, 70, torch.device(DEVICE))[0] == 2  # two ranges per head, partial sums
@@ -81,9 +79,9 @@ def test_where_the_sums_backward_fits_no_settings_two_kernels_take_its_place(d, 
     not tried again."""
     from vitconvert.attention import ttt_kernels
 
-    monkeypatch.setattr(dispatch, "_programs_wanted", lambda device: programs)
-    monkeypatch.setattr(dispatch, "_unavailable", {})
-    monkeypatch.setattr(dispatch, "_settled", {})
+    dispatch.current().programs = programs
+    dispatch.current().unavailable.clear()
+    dispatch.current().settled.clear()
     one_kernel = helpers.Cramped(ttt_kernels.inner_sums_bwd_kernel, lambda settings: False)
     monkeypatch.setattr(ttt_kernels, "inner_sums_bwd_kernel", one_kernel)
     inputs, mask = step_inputs(N=70, d=d, masked=masked)
@@ -105,7 +103,7 @@ def test_the_two_sums_backward_kernels_on_bf16_are_the_one_kernel(monkeypatch):
     inputs, mask = step_inputs(N=70, d=64, dtype=torch.bfloat16, masked=True)
     inputs[3] = inputs[3].detach().float().requires_grad_()
     one = against_float64(inputs, mask)
-    monkeypatch.setattr(dispatch, "_unavailable", {})
+    dispatch.current().unavailable.clear()
     monkeypatch.setattr(ttt_kernels, "inner_sums_bwd_kernel", helpers.Unbuildable())
     two = against_float64(inputs, mask)
     assert not dispatch.fits(fused_ttt.ONE_PASS)
@@ -121,7 +119,7 @@ def test_half_inputs_are_as_close_to_float64_as_autocast(dtype, d):
     scales the d×d sums, not N-sized tensors, so float16 does not underflow (the torch form's bf16_mix is bf16
     only). The interpreter rounds to bf16 as a GPU does (tests/helpers.py)."""
     inputs, mask = step_inputs(N=70, d=d, dtype=dtype, masked=True)
-    out = fused_ttt.fused_step(*inputs[:3], mask, inputs[3], d ** -0.5, 1.0)
+    out = fused_ttt.call_step(*inputs[:3], mask, inputs[3], d ** -0.5, 1.0)
     assert out.dtype == dtype
     errors = against_float64(inputs, mask)
 
@@ -147,8 +145,6 @@ def test_wide_heads_and_float32_inputs_take_the_torch_step(head_dim, dtype, laun
     """Above head dim 64, or on float32 inputs, TTT's kernels do not fit an sm_90 GPU (224–456 KB of shared
     memory where a block may have 227; float32: 264 KB with TF32 on, thousands of spilled registers with it off:
     benchmarks/kernel_resources.py --arch sm_90), so the module runs its torch step there; bf16 at 64 its kernels."""
-    monkeypatch.undo()  # (the fixture's float32 allowance off, and the kernels' devices back)
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
     module = helpers.make_module("ttt", 1, (4, 4), dim=2 * head_dim, dtype=torch.float32).to(DEVICE)
     ran = []
 
@@ -156,7 +152,7 @@ def test_wide_heads_and_float32_inputs_take_the_torch_step(head_dim, dtype, laun
         ran.append(kernel)
         return dispatch.build_and_run(kernel, grid, *args, **kwargs)
 
-    with torch.no_grad(), dispatch.launches_through(count, DEVICE), torch.autocast(
+    with torch.no_grad(), dispatch.kernels_on(launcher=count, ttt_dtypes=dispatch.TTT_DTYPES), torch.autocast(
             DEVICE, dtype=torch.bfloat16, enabled=dtype != torch.float32):
         module(torch.randn(1, 17, 2 * head_dim, device=DEVICE))
     assert len(ran) == launches
@@ -166,21 +162,21 @@ def test_the_step_moves_the_read_out():
     """A zero step (lr 0) reads the initial model: the update is not a no-op by accident of the weights."""
     inputs, _ = step_inputs()
     with torch.no_grad():
-        moved = fused_ttt.fused_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 1.0)
-        still = fused_ttt.fused_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 0.0)
+        moved = fused_ttt.call_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 1.0)
+        still = fused_ttt.call_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 0.0)
     assert rel_error(moved, still) > 0.05
 
 
 def test_masked_keys_take_no_part_and_get_zero_gradients():
     inputs, mask = step_inputs(masked=True)
-    out = fused_ttt.fused_step(*inputs[:3], mask, inputs[3], 32 ** -0.5, 1.0)
+    out = fused_ttt.call_step(*inputs[:3], mask, inputs[3], 32 ** -0.5, 1.0)
     dq, dk, dv = torch.autograd.grad(out.square().sum(), inputs[:3])
     invalid = ~mask[:, None, :, None].expand_as(dk)
     assert dk[invalid].abs().max() == 0 and dv[invalid].abs().max() == 0
     assert dq[invalid].abs().max() > 0  # their queries still read the updated model
     with torch.no_grad():  # and what they hold does not matter to anyone
         k2, v2 = (t.detach().masked_fill(invalid, 7.0) for t in inputs[1:3])
-        again = fused_ttt.fused_step(inputs[0], k2, v2, mask, inputs[3], 32 ** -0.5, 1.0)
+        again = fused_ttt.call_step(inputs[0], k2, v2, mask, inputs[3], 32 ** -0.5, 1.0)
     torch.testing.assert_close(again, out.detach())
 
 
@@ -193,8 +189,7 @@ def test_module_on_the_kernels_matches_its_reference(head_dim, grid, num_prefix,
     """The whole TTT module (key norm, convs, the kernels' step, projections) against its literal form in
     float64 (autograd through the per-token inner loss): outputs, input gradients, every parameter gradient."""
     calls = []
-    original = fused_ttt.fused_step
-    monkeypatch.setattr(fused_ttt, "fused_step", lambda *a: calls.append(1) or original(*a))
+    dispatch.current().launcher = lambda kernel, *a, **k: calls.append(1) or dispatch.build_and_run(kernel, *a, **k)
     tokens = num_prefix + (grid[0] * grid[1] if grid else 20)
     module = helpers.make_module("ttt", num_prefix, grid, dim=2 * head_dim, dtype=torch.float32,
                                  inner_lr=1.0).to(DEVICE)  # the reference's step size for weights above the init
@@ -213,7 +208,7 @@ def test_the_op_keeps_q_k_v_and_d_by_d_weights_only():
     """No token-sized intermediate: q, k, v, W and W' (which backward reads instead of summing again). In the
     module the step is checkpointed, so not even these are kept (test_fused.py's budget against softmax)."""
     inputs, _ = step_inputs()
-    out = fused_ttt.fused_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 1.0)
+    out = fused_ttt.call_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 1.0)
     saved = [t for t in out.grad_fn.saved_tensors if t is not None]
     assert [tuple(t.shape) for t in saved] == [(2, 2, 70, 32)] * 3 + [(2, 3, 32, 32), (2, 2, 3, 32, 32)]
 
@@ -244,7 +239,7 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, 
     grad = torch.randn(2, 17, 64, device=DEVICE)
     out = module(x)
     want = torch.autograd.grad(out, [x, *module.parameters()], grad)
-    monkeypatch.setattr(dispatch, "_unavailable", {})
+    dispatch.current().unavailable.clear()
     if stage == "backward":
         out = module(x)
     for kernel in (KERNELS if stage == "forward" else ()) + BACKWARD_KERNELS:  # (backward's recomputed forward
@@ -292,7 +287,7 @@ def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, mon
     results.append(step(True))
     for m in layers:
         m.recompute_step = True
-    monkeypatch.setattr(dispatch, "_unavailable", {})
+    dispatch.current().unavailable.clear()
     for kernel in BACKWARD_KERNELS:
         monkeypatch.setattr(ttt_kernels, kernel, helpers.Unbuildable())
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU"):
@@ -308,10 +303,10 @@ def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, mon
 def test_ttt_kernels_launch_with_room_for_their_tiles(monkeypatch):
     """TTT's kernels hold up to a dozen d×d tiles: from head dim 64 half the chunk and twice the warps of the
     linear-attention kernels (a guess until measured on a GPU), and the tuning override reaches them too."""
-    monkeypatch.delenv(dispatch.CONFIG_ENV, raising=False)
+    dispatch.current().settings = dispatch.KernelSettings()
     assert dispatch.block_sizes(64) == (64, 64, 4) and dispatch.block_sizes(64, many_tiles=True) == (32, 64, 8)
     assert dispatch.block_sizes(32, many_tiles=True) == (64, 32, 4)
-    monkeypatch.setenv(dispatch.CONFIG_ENV, "16,2")
+    dispatch.current().settings = dispatch.KernelSettings.read({dispatch.CONFIG_ENV: "16,2"})
     assert dispatch.block_sizes(64, many_tiles=True) == (16, 64, 2)
     inputs, _ = step_inputs(N=40)  # and the kernels run under it
     assert max(against_float64(inputs, None)) < 2e-6

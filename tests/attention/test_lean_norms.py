@@ -13,9 +13,9 @@ from helpers import load_benchmark
 from torch import nn
 
 from vitconvert.attention import lean_norms
-from vitconvert.attention.mhla import rms_over_heads
 
 from .helpers import cuda_rms_kernel_on_the_cpu, rel_error
+from .helpers import rms_norm_over_heads as rms_over_heads
 
 B, N, H, D = 2, 197, 3, 16  # N×C tokens (more than the qkv weight's 3C×C), C = H·D
 

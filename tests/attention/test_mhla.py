@@ -243,11 +243,12 @@ def test_edge_options_build_a_finite_block_mixing(options):
 
 def test_the_blocked_ops_rmsnorm_and_its_backward_are_rmsnorm_over_heads():
     """The RMSNorm the fused path runs inside the blocked op (attention/lean_norms.py) against F.rms_norm over
-    all heads' channels (mhla.rms_over_heads): values, and its hand-written backward (rstd recomputed) against
+    all heads' channels (helpers.rms_norm_over_heads): values, and its hand-written backward (rstd recomputed) against
     autograd's gradients of input and weight, in float64."""
     from vitconvert.attention.lean_norms import rms_over_heads as lean
     from vitconvert.attention.lean_norms import rms_over_heads_backward
-    from vitconvert.attention.mhla import rms_over_heads
+
+    from .helpers import rms_norm_over_heads as rms_over_heads
 
     g = torch.Generator().manual_seed(0)
     t = torch.randn(2, 3, 10, 8, generator=g, dtype=torch.float64, requires_grad=True)

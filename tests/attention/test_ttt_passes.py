@@ -82,9 +82,9 @@ def test_bf16_form_has_the_float32_gradients_within_bf16_rounding(masked):
 @pytest.mark.parametrize("train", [False, True], ids=["forward", "training-step"])
 def test_op_traffic_reports_softmax_the_model_and_its_token_mixing(train, capsys):
     argv = ["--model", "vit_tiny_patch16_224", "--img-size", "32", "--depth", "1", "--batch", "1", "--by-op"]
-    devices = dispatch.DEVICES
+    devices = dispatch.current().devices
     assert op_traffic().main(argv + (["--train"] if train else [])) == 0
-    assert dispatch.DEVICES == devices  # the GPU path on the CPU is not left on for the rest of the process
+    assert dispatch.current().devices == devices  # the GPU path on the CPU is not left on for the rest of the process
     out = capsys.readouterr().out
     assert ("aten ops of a training step" in out) == train, out
     model = r"model \d+ ops \(\d+ token-sized\), [\d.]+ MiB"
@@ -109,7 +109,7 @@ TOKEN_SIZED_PASSES = {"float32": 26, "bf16": 8}
 
 
 @pytest.mark.parametrize("class_token", [True, False], ids=["class-token", "no-prefix"])
-def test_the_step_runs_no_more_token_sized_passes_than_its_budget(class_token, monkeypatch):
+def test_the_step_runs_no_more_token_sized_passes_than_its_budget(class_token, kernels_on_the_cpu):
     import timm
 
     import vitconvert
@@ -122,7 +122,7 @@ def test_the_step_runs_no_more_token_sized_passes_than_its_budget(class_token, m
     student, _ = vitconvert.convert(source, "ttt")
     images = torch.randn(2, 3, 64, 64)
     token_sized = 2 * 48 * 64  # q's elements on the 8×8 grid; the head dim is 16
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))  # the bf16 form, which a GPU runs
+    # (the kernels_on_the_cpu fixture: the bf16 form, which a GPU runs)
     for form, budget in TOKEN_SIZED_PASSES.items():
         passes = script.count(student, images, form, token_sized).mixing.token_sized
         assert passes <= budget, (form, passes)

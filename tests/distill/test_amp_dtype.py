@@ -51,7 +51,6 @@ def test_a_run_trains_on_the_kernels_under_cudas_bf16_autocast(tmp_path, monkeyp
     images = make_images(tmp_path / "images", per_class=2, val_per_class=1)  # two steps: the interpreter is slow
     monkeypatch.setattr(evaluate, "autocast_for", bf16_autocast)
     monkeypatch.setattr(task, "autocast_for", bf16_autocast)
-    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
     recipe, text = load_recipe(None, {**FAST, "data": str(images), "compare_batches": 0})
     with cuda_autocast_policy(), dispatch.launches_through(launch, "cpu"):
         run(DistillJob(str(student), recipe, tmp_path / "run", text, show=False))

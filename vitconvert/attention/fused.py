@@ -2,8 +2,8 @@
 
 ``vitconvert::linear_attention``   (q, k, v) -> o              (ELU, ReLU, InLine: the whole mixing)
 ``vitconvert::blocked_attention``  (q, k, v, W̃) -> o           (MHLA: block states mixed by W̃, then read)
-built on the two building blocks of :mod:`.fused_parts`, ``vitconvert::linear_state`` (per-segment d×d states)
-and ``vitconvert::linear_readout``.
+built on the two building blocks of :mod:`.fused_parts`, the per-segment d×d states and the read-out (launches,
+not ops of their own).
 
 Each op has a backward op and is registered with ``torch.library``, so autograd, ``torch.compile`` (one opaque
 node each, no graph break) and ``torch.export`` see them as ops. A plain eager call skips the custom-op dispatcher
@@ -38,8 +38,10 @@ from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reac
     attempt,
     block_sizes,
     can_run,
+    current,
     direct,
     disable,
+    kernels_on,
     launch,
     pipeline_stages,
     spill_free_chunk,
@@ -54,17 +56,11 @@ from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the
     _output_like,
     _strides,
     kernel_tiles,
-    linear_readout,
-    linear_readout_backward,
-    linear_state,
-    linear_state_backward,
     read_out,
     readers,
     readout_gradients,
     run_readout,
     run_readout_backward,
-    run_state,
-    run_state_backward,
     segment_states,
     state_gradients,
     unit_rows,
@@ -120,10 +116,8 @@ def _(q, k, v, key_valid, feature, feature_eps, eps, scale, inline):
     return _output_like(q)
 
 
-# The one-launch backward holds Rᵀ, dR, dS and dSᵀ as head-dim tiles at once: built for sm_90 it takes 238–255
-# registers and spills none up to head dim 64 (Triton 3.8; 3.6 on half the chunk: dispatch.spill_free_chunk), 14–48
-# at 96 and 128 (benchmarks/kernel_resources.py --arch sm_90 --ops "linear_attention elu,linear_attention inline"),
-# where the three-launch form runs.
+# The one-launch backward holds Rᵀ, dR, dS and dSᵀ as head-dim tiles at once: above head dim 64 the three-launch
+# form runs (what each builds to: benchmarks/kernel_resources.py --arch sm_90 --ops "linear_attention elu").
 ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM = 64
 
 
@@ -312,11 +306,31 @@ def _blocked_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid:
 def call_op(op, function: type[torch.autograd.Function], body, args: tuple, differentiable: tuple):
     """``op(*args)`` through the custom-op dispatcher where a tracer must see the op (:func:`direct` of q, the
     first argument); else the op's direct ``function``, or its bare ``body`` when autograd does not record the
-    call (grad off, or none of the ``differentiable`` tensors requires grad: no Function, no ctx)."""
+    call (grad off, or none of the ``differentiable`` tensors requires grad: no Function, no ctx). Where a
+    diagnostic asks (:func:`fakes_checked`), the op's fake runs on the same inputs too."""
     if not direct(args[0]):
-        return op(*args)
-    records = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
-    return (function.apply if records else body)(*args)
+        out = op(*args)
+    else:
+        records = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
+        out = (function.apply if records else body)(*args)
+    differ = current().fakes
+    if differ is not None:
+        _check_fake(op, args, out, differ)
+    return out
+
+
+def _check_fake(op, args: tuple, out, differ: list) -> None:
+    """Appends (op, real, fake) (dtype, shape, strides) to ``differ`` where ``op``'s fake on ``args`` says other
+    than ``out``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode  # lazy: start-up time (a diagnostic's)
+    from torch.utils._pytree import tree_leaves  # lazy: start-up time
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+    for real, faked in zip(tree_leaves(out), tree_leaves(fake), strict=True):
+        meta = [(t.dtype, tuple(t.shape), t.stride()) for t in (real, faked)]
+        if meta[0] != meta[1]:
+            differ.append((str(op), *meta))
 
 
 @contextmanager
@@ -325,44 +339,17 @@ def fakes_checked() -> Iterator[list]:
     (what torch.compile and torch.export take the op to return); yields the list of (op, real, fake) (dtype, shape,
     strides) that differ. A diagnostic for the GPU's paths (benchmarks/gpu_check.py's parity section, the tests):
     CUDA's autocast once made MHLA's op return float32 where its fake said bf16."""
-    from torch._subclasses.fake_tensor import FakeTensorMode  # lazy: start-up time (a diagnostic's)
-    from torch.utils._pytree import tree_leaves  # lazy: start-up time
-
-    global call_op
-    differ: list = []
-    checked = call_op
-
-    def call_and_check(op, function, body, args, differentiable):
-        out = checked(op, function, body, args, differentiable)
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
-        for real, faked in zip(tree_leaves(out), tree_leaves(fake), strict=True):
-            meta = [(t.dtype, tuple(t.shape), t.stride()) for t in (real, faked)]
-            if meta[0] != meta[1]:
-                differ.append((str(op), *meta))
-        return out
-
-    call_op = call_and_check
-    try:
-        yield differ
-    finally:
-        call_op = checked
+    with kernels_on(fakes=[]) as dispatch:
+        yield dispatch.fakes
 
 
-def _linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args) -> torch.Tensor:
-    return call_op(linear_attention, _DirectAttention, run_attention, (q, k, v, *args), (q, k, v))
-
-
-def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                     feature: int, eps: float, feature_eps: float = 0.0) -> torch.Tensor:
-    """φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / (φ(q_i)·Σ_j φ(k_j) + ε) on raw (B, H, N, d) q, k, v (φ applied in the kernels)."""
-    return _linear(q, k, v, key_valid, feature, feature_eps, eps, 1.0, False)
-
-
-def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                     scale: float) -> torch.Tensor:
-    """InLine's out_i = q_iᵀ (s/n)(Σ k vᵀ − (Σ k) v̄ᵀ) + v̄ (φ = identity)."""
-    return _linear(q, k, v, key_valid, IDENTITY, 0.0, 0.0, scale, True)
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], feature: int,
+              feature_eps: float, eps: float, scale: float, inline: bool) -> torch.Tensor:
+    """``vitconvert::linear_attention`` on raw (B, H, N, d) q, k, v (φ applied in the kernels): ELU's and ReLU's
+    φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / (φ(q_i)·Σ_j φ(k_j) + ε) (``feature`` the φ code), or with ``inline`` InLine's
+    q_iᵀ (s/n)(Σ k vᵀ − (Σ k) v̄ᵀ) + v̄ (φ = identity, ``scale`` s)."""
+    return call_op(linear_attention, _DirectAttention, run_attention,
+                   (q, k, v, key_valid, feature, feature_eps, eps, scale, inline), (q, k, v))
 
 
 def segmented_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],

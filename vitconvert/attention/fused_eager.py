@@ -37,8 +37,8 @@ def _by_segment(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
           feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``linear_state``: S = Σ φ(k) vᵀ (B, H, G, d, d), z = Σ φ(k) and zv = Σ v (B, H, G, d), float32, over the
-    valid keys of each segment."""
+    """:func:`.fused_parts.segment_states`: S = Σ φ(k) vᵀ (B, H, G, d, d), z = Σ φ(k) and zv = Σ v (B, H, G, d),
+    float32, over the valid keys of each segment."""
     phi_k, v = phi(k, feature, feature_eps), v.to(torch.float32)
     if key_valid is not None:
         valid = key_valid.to(torch.float32)[:, None, :, None]
@@ -52,8 +52,8 @@ def state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], i
 
 def readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
             feature_eps: float, eps: float, normalise: bool) -> torch.Tensor:
-    """``linear_readout``: o = φ(q) R / (φ(q)·r + ε) (``normalise``) or φ(q) R + r, each query reading its
-    segment's R and r; q's dtype."""
+    """:func:`.fused_parts.run_readout`: o = φ(q) R / (φ(q)·r + ε) (``normalise``) or φ(q) R + r, each query
+    reading its segment's R and r; q's dtype."""
     phi_q = phi(q, feature, feature_eps)
     if index is None:
         out = _read(phi_q.unsqueeze(2), R, r, eps, normalise).squeeze(2)

@@ -14,14 +14,13 @@ convs); a backward one takes that step's gradients from the op's eager form.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 from torch.nn import functional as F
 
 from . import fused
-from .dispatch import CONFIG_ENV, KernelUnavailable, config_setting, launch, tile_args, triton_next_power_of_2
+from .dispatch import KernelUnavailable, launch, launch_settings, tile_args, triton_next_power_of_2
 from .fused import _direct_function
 from .fused_parts import _eager_gradients, _mask_arg, _output_like, unit_rows, valid_keys
 from .lean_norms import key_stats
@@ -29,9 +28,8 @@ from .tensors import from_grid, split_prefix, to_grid
 from .ttt_closed_form import normalize_keys, valid_key_moments
 
 # A program's tokens × head channels. Every tap is a shifted load of the tile, and Triton keeps several in flight:
-# 64 tokens × 64 channels on 4 warps (the attention kernels' tile) spill 98 registers in LePE's 5×5 forward built
-# for sm_90; 32 × 64 on 8 warps take 102 and none (benchmarks/kernel_resources.py --arch sm_90 --ops "grid_conv
-# lepe"). Their speed is not measured.
+# the attention kernels' 64 × 64 tile on 4 warps does not fit LePE's 5×5 forward for sm_90 as 32 × 64 on 8 warps
+# does (benchmarks/kernel_resources.py --arch sm_90 --ops "grid_conv lepe"). Their speed is not measured.
 TILE_ELEMENTS = 2048
 
 
@@ -62,9 +60,16 @@ def _geometry(x: torch.Tensor) -> tuple[int, ...]:
     """B, H, N, d, BLOCK_M (the programs' token tiles), their count, BLOCK_D and warps: tiles of
     :data:`TILE_ELEMENTS` on 8 warps (``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps`` overrides, for sweeps)."""
     B, H, N, D = x.shape
-    block_d = max(16, triton_next_power_of_2(D))
-    block, warps = (config_setting(os.environ.get(CONFIG_ENV)) or (max(16, TILE_ELEMENTS // block_d), 8))[:2]
+    block, block_d, warps = grid_tile(D, launch_settings().config)
     return B, H, N, D, block, -(-N // block), block_d, warps
+
+
+def grid_tile(head_dim: int, config: Optional[tuple[int, int, int]]) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_D, num_warps) of the grid kernels: tiles of :data:`TILE_ELEMENTS` on 8 warps, or ``config``'s
+    (``VITCONVERT_FUSED_CONFIG``)."""
+    block_d = max(16, triton_next_power_of_2(head_dim))
+    block, warps = (config or (max(16, TILE_ELEMENTS // block_d), 8))[:2]
+    return block, block_d, warps
 
 
 def run_grid_conv(x: torch.Tensor, base: Optional[torch.Tensor], weight: torch.Tensor, bias: Optional[torch.Tensor],

@@ -12,18 +12,16 @@ see one op, and a plain eager call skips the dispatcher (:func:`.dispatch.direct
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 
 from . import fused, fused_eager
 from .dispatch import (
-    FORM_ENV,
     KernelUnavailable,
     block_sizes,
-    form_setting,
     launch,
+    launch_settings,
     spill_free_chunk,
     tile_args,
     triton_next_power_of_2,
@@ -39,7 +37,8 @@ MAX_SEGMENTS = 64  # W̃'s gradient is summed through one-hot dots of G padded t
 FLOPS_PER_STATE_BYTE = 64
 
 
-def pairwise_is_cheaper(tokens: int, segments: int, head_dim: int, dtype: torch.dtype) -> bool:
+def pairwise_is_cheaper(tokens: int, segments: int, head_dim: int, dtype: torch.dtype,
+                        form: Optional[str] = None) -> bool:
     """Whether MHLA's attention of ``tokens`` tokens in ``segments`` segments on ``dtype`` q, k, v takes the
     pairwise kernels.
 
@@ -48,10 +47,10 @@ def pairwise_is_cheaper(tokens: int, segments: int, head_dim: int, dtype: torch.
     q, k, v and o both read and write. At 224 px (197 tokens, 2×2 blocks and the class token, d = 64) the states
     move 3.3× the bytes of q, k, v and o and the pairwise form wins by ~2× on this count; from 384 px (577
     tokens, 10 segments) on the blocked form does. Half inputs only: on float32 ones (TF32 off, as torch's default) the
-    dots are not on tensor cores, and the pairwise kernels built for sm_90 spill 150–1,600 registers (the blocked
-    form's forward none). ``VITCONVERT_MHLA_FORM=pairwise|blocked`` forces one (the pairwise form only up to
-    :data:`MAX_SEGMENTS` segments)."""
-    form = form_setting(os.environ.get(FORM_ENV))
+    dots are not on tensor cores, and the pairwise kernels do not fit sm_90 as well as the blocked form's
+    (benchmarks/kernel_resources.py --arch sm_90). ``form`` (the context's ``VITCONVERT_MHLA_FORM`` when None):
+    ``pairwise`` or ``blocked`` forces one (the pairwise form only up to :data:`MAX_SEGMENTS` segments)."""
+    form = form or launch_settings().form
     if segments > MAX_SEGMENTS or form == "blocked":
         return False
     if form == "pairwise":
@@ -124,8 +123,8 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     dden = torch.empty_like(rden)
     dmixing = q.new_empty((B * H, tiles, block_g, block_g), dtype=torch.float32)
     mask, s_mb = _mask_arg(key_valid, k)
-    # half the forward's key chunk and 16-bit tiles (as autocast's own backward multiplies them): with TF32 tiles
-    # or whole chunks both kernels spill at head dim 64 on sm_90 (benchmarks/kernel_resources.py --arch sm_90)
+    # half the forward's key chunk and 16-bit tiles (as autocast's own backward multiplies them): what both kernels
+    # fit sm_90 at head dim 64 with (benchmarks/kernel_resources.py --arch sm_90)
     settings = dict(FEATURE=feature, HAS_MASK=key_valid is not None, BLOCK_M=block, BLOCK_N=max(16, block // 2),
                     BLOCK_D=block_d, **tile_args(q, half_tiles=True), num_warps=warps)
     launch(pairwise_bwd_dq_kernel, (B * H, tiles),

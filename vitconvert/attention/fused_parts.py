@@ -1,22 +1,21 @@
-"""The two building-block ops of the fused kernels: per-segment states and the read-out (see :mod:`.fused`).
+"""The two building blocks of the fused ops (:mod:`.fused`): the launches of the per-segment states and of the
+read-out, each way.
 
-``vitconvert::linear_state``  (k, v) -> per-segment S, z, zv        (float32, d×d per head and segment)
-``vitconvert::linear_readout`` (q, R, r) -> o                       (q's dtype, laid out as (B, N, H, d))
+:func:`segment_states`  (k, v) -> per-segment S, z, zv        (float32, d×d per head and segment)
+:func:`run_readout`     (q, R, r) -> o                        (q's dtype, laid out as (B, N, H, d))
 
-Each has a backward op and autograd; a backward kernel Triton cannot build turns that op's kernels off and takes the
-gradients from the ops' eager forms (:mod:`.fused_eager`).
+They are not ops of their own: ``vitconvert::linear_attention`` and ``vitconvert::blocked_attention`` call them, and
+their eager forms are :func:`.fused_eager.state` and :func:`.fused_eager.readout`.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 
 from . import dispatch, fused_eager
 from .dispatch import (
-    TILE_ENV,
     KernelUnavailable,
     block_sizes,
     disable,
@@ -45,8 +44,8 @@ def valid_keys(key_valid: torch.Tensor) -> torch.Tensor:
 
 
 def _unmasked_chunks(head_dim: int, block_d: int) -> bool:
-    """EVEN_D of the backward kernels: whole chunks without masks where the head fills its tile, up to 64 (at 128
-    that code made them spill registers on sm_90: benchmarks/kernel_resources.py --arch sm_90)."""
+    """EVEN_D of the backward kernels: whole chunks without masks where the head fills its tile, up to 64 (what the
+    unmasked code builds to at 128 for sm_90: benchmarks/kernel_resources.py --arch sm_90)."""
     return head_dim == block_d <= 64
 
 
@@ -107,7 +106,7 @@ def kernel_tiles(t: torch.Tensor, bf16_tiles: bool) -> dict:
     ``VITCONVERT_FUSED_TILE`` says otherwise. bf16 tiles take a third fewer instructions per element than TF32's
     (no conversion to float32 and back for v, q, dO; benchmarks/kernel_instructions.py) and hold the tests' bf16
     bars against the N×N forms; float16 keeps TF32 (a 4k-token state's sums pass float16's largest value)."""
-    if bf16_tiles and t.dtype == torch.bfloat16 and not os.environ.get(TILE_ENV):
+    if bf16_tiles and t.dtype == torch.bfloat16 and not dispatch.launch_settings().tile_given:
         return dispatch._tile_args(t.dtype, False, "half", dispatch.interpreting())
     return tile_args(t)
 
@@ -137,24 +136,6 @@ def read_split(heads: int, segments: int, length: int, device: torch.device) -> 
     return -(-length // per), per
 
 
-def run_state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
-              feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`segment_states` with zv (the op's three outputs)."""
-    return segment_states(k, v, key_valid, index, feature, feature_eps, True)
-
-
-linear_state = torch.library.custom_op("vitconvert::linear_state", mutates_args=())(run_state)
-
-
-@linear_state.register_fake
-def _(k, v, key_valid, index, feature, feature_eps):
-    B, H, N, D = k.shape
-    segments = 1 if index is None else index.shape[0]
-    S = k.new_empty((B, H, segments, D, D), dtype=torch.float32)
-    return S, k.new_empty((B, H, segments, D), dtype=torch.float32), k.new_empty((B, H, segments, D),
-                                                                                  dtype=torch.float32)
-
-
 def state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                     index: Optional[torch.Tensor], dS: torch.Tensor, dz: torch.Tensor, dzv: Optional[torch.Tensor],
                     feature: int, feature_eps: float, bf16_tiles: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,46 +160,6 @@ def state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.
         EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d, **kernel_tiles(k, bf16_tiles),
         num_warps=warps, num_stages=pipeline_stages())
     return dk, dv
-
-
-def run_state_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                       index: Optional[torch.Tensor], dS: torch.Tensor, dz: torch.Tensor, dzv: torch.Tensor,
-                       feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`state_gradients` (the op's body)."""
-    return state_gradients(k, v, key_valid, index, dS, dz, dzv, feature, feature_eps)
-
-
-linear_state_backward = torch.library.custom_op("vitconvert::linear_state_backward", mutates_args=())(
-    run_state_backward)
-
-
-@linear_state_backward.register_fake
-def _(k, v, key_valid, index, dS, dz, dzv, feature, feature_eps):
-    return _output_like(k), _output_like(v)
-
-
-def _state_setup(ctx, inputs, output) -> None:
-    k, v, key_valid, index, feature, feature_eps = inputs
-    ctx.save_for_backward(k, v, key_valid, index)
-    ctx.feature, ctx.feature_eps = feature, feature_eps
-
-
-def _state_backward(ctx, dS, dz, dzv):
-    k, v, key_valid, index = ctx.saved_tensors
-    B, H = k.shape[:2]
-    segments, D = (1 if index is None else index.shape[0]), k.shape[-1]
-    zeros = k.new_zeros((B, H, segments, D), dtype=torch.float32)
-    dS = dS if dS is not None else k.new_zeros((B, H, segments, D, D), dtype=torch.float32)
-    dz, dzv = (dz if dz is not None else zeros), (dzv if dzv is not None else zeros)
-    try:
-        dk, dv = linear_state_backward(k, v, key_valid, index, dS, dz, dzv, ctx.feature, ctx.feature_eps)
-    except KernelUnavailable as e:
-        dk, dv, _, _ = _eager_gradients(e, "linear_state", fused_eager.state, (k, v, key_valid, index),
-                                        (dS, dz, dzv), ctx.feature, ctx.feature_eps)
-    return dk, dv, None, None, None, None
-
-
-linear_state.register_autograd(_state_backward, setup_context=_state_setup)
 
 
 def unit_rows(t: torch.Tensor) -> torch.Tensor:
@@ -267,18 +208,10 @@ def read_out(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[
     return o
 
 
-linear_readout = torch.library.custom_op("vitconvert::linear_readout", mutates_args=())(run_readout)
-
-
-@linear_readout.register_fake
-def _(q, R, r, index, feature, feature_eps, eps, normalise):
-    return _output_like(q)
-
-
 def run_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
                             index: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float,
                             normalise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq (q's dtype and :func:`_output_like`'s layout), dR and dr (float32) of :func:`linear_readout`."""
+    """dq (q's dtype and :func:`_output_like`'s layout), dR and dr (float32) of :func:`run_readout`."""
     dq, dR, dr, _ = readout_gradients(q, R, r, o, do, index, feature, feature_eps, eps, normalise, None)
     return dq, dR, dr
 
@@ -312,35 +245,6 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torc
         EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d, **kernel_tiles(q, bf16_tiles),
         num_warps=warps, num_stages=pipeline_stages())
     return dq, dS, dz, dzv
-
-
-linear_readout_backward = torch.library.custom_op("vitconvert::linear_readout_backward", mutates_args=())(
-    run_readout_backward)
-
-
-@linear_readout_backward.register_fake
-def _(q, R, r, o, do, index, feature, feature_eps, eps, normalise):
-    return (_output_like(q), torch.empty_like(R, dtype=torch.float32),
-            torch.empty_like(r, dtype=torch.float32))
-
-
-def _readout_setup(ctx, inputs, output) -> None:
-    q, R, r, index, feature, feature_eps, eps, normalise = inputs
-    ctx.save_for_backward(q, R, r, output, index)
-    ctx.args = (feature, feature_eps, eps, normalise)
-
-
-def _readout_backward(ctx, do):
-    q, R, r, o, index = ctx.saved_tensors
-    try:
-        dq, dR, dr = linear_readout_backward(q, R, r, o, do, index, *ctx.args)
-    except KernelUnavailable as e:
-        dq, dR, dr, _ = _eager_gradients(e, "linear_readout", fused_eager.readout, (q, R, r, index), (do,),
-                                         *ctx.args)
-    return dq, dR.to(R.dtype), dr.to(r.dtype), None, None, None, None, None
-
-
-linear_readout.register_autograd(_readout_backward, setup_context=_readout_setup)
 
 
 def _eager_gradients(error: KernelUnavailable, op: str, form, inputs, grads, *args):

@@ -200,8 +200,8 @@ def ttt_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Opti
     return stepped_readout(q, k, v, key_valid, weights[:, 0], weights[:, 1], weights[:, 2], scale, lr).to(dtype)
 
 
-def fused_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-               weights: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
-    """The op's output, called direct where it may (fused.call_op, looked up per call: fused.fakes_checked)."""
+def call_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+              weights: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
+    """The op's output, called direct where it may (fused.call_op)."""
     args = (q, k, v, key_valid, weights, scale, lr)
     return fused.call_op(ttt_step, _DirectStep, run_ttt, args, (q, k, v, weights))[0]

@@ -175,8 +175,8 @@ class InLineAttention(LinearAttention):
         kernels = self._kernels_for(grid, local_kernels)
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             if self.fused_kernels and fused.can_run(v, "linear_attention"):
-                out = fused.attempt("linear_attention", fused.inline_attention, q.to(v.dtype), k.to(v.dtype), v,
-                                    key_valid, self.scale)
+                out = fused.attempt("linear_attention", fused.attention, q.to(v.dtype), k.to(v.dtype), v,
+                                    key_valid, fused.IDENTITY, 0.0, 0.0, self.scale, True)
                 if out is not None:
                     if kernels is not None and grid is not None:
                         residual = local_residual(v, kernels.to(v.dtype), grid, self.num_prefix_tokens, key_valid)

@@ -164,8 +164,8 @@ class KernelAttention(LinearAttention):
         """φ on q and k together: fewer passes, and for batches the stacked copy is the layout bmm needs."""
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             if self.fused_kernels and fused.can_run(v, "linear_attention"):
-                out = fused.attempt("linear_attention", fused.kernel_attention, q.to(v.dtype), k.to(v.dtype), v,
-                                    key_valid, self.phi_code, self.eps)
+                out = fused.attempt("linear_attention", fused.attention, q.to(v.dtype), k.to(v.dtype), v,
+                                    key_valid, self.phi_code, 0.0, self.eps, 1.0, False)
                 if out is not None:
                     return out
         # (B, H) views cannot fold into one bmm batch: copy once, here. A trace takes the form valid for any batch.

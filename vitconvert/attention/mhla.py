@@ -50,7 +50,7 @@ from .blocks import (  # noqa: F401  (block_layout, block_indices: importable fr
     token_segments,
 )
 from .kernel import kernel_attention, kernel_attention_reference, with_ones
-from .lean_norms import layer_norm_linear
+from .lean_norms import layer_norm_linear, rms_over_heads
 from .options import Option, choice, count_or_pair, flag, integer, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
@@ -77,13 +77,6 @@ def relu_plus(x: torch.Tensor, eps: float) -> torch.Tensor:
         if torch.onnx.is_in_onnx_export():
             return F.relu(x) + eps
     return F.threshold(x, 0.0, 0.0).add_(eps)
-
-
-def rms_over_heads(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """RMSNorm of each token over all heads' channels, as the reference's ``RMSNorm(dim)`` on q and k."""
-    B, H, N, d = t.shape
-    flat = F.rms_norm(t.transpose(1, 2).reshape(B, N, H * d), (H * d,), weight.to(t.dtype))
-    return flat.reshape(B, N, H, d).transpose(1, 2)
 
 
 def lepe_reference(v_image: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
@@ -212,7 +205,9 @@ class MHLAttention(LinearAttention):
         """φ(q), φ(k) = relu(·) + ε after the optional RMSNorm; masked keys get φ = 0 (ε would keep them)."""
         eps = self.eps
         if self.q_rmsnorm is not None:
-            q, k = rms_over_heads(q, self.q_rmsnorm.weight), rms_over_heads(k, self.k_rmsnorm.weight)
+            norm_eps = torch.finfo(q.dtype).eps  # (the reference's RMSNorm(dim): F.rms_norm's default ε)
+            q = rms_over_heads(q, self.q_rmsnorm.weight, norm_eps)
+            k = rms_over_heads(k, self.k_rmsnorm.weight, norm_eps)
         phi_q, phi_k = relu_plus(q, eps), relu_plus(k, eps)
         if key_valid is not None:
             phi_k = phi_k * key_valid[:, None, :, None].to(phi_k.dtype)

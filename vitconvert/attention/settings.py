@@ -1,5 +1,6 @@
-"""The fused kernels' environment settings, parsed: a bad value is a one-line error where a model is made
-(:func:`.dispatch.use_fused_kernels`), not a silent default deep in a launch.
+"""The fused kernels' environment settings, parsed once into a :class:`KernelSettings` value: a bad value is a
+one-line error where a model is made (:func:`.dispatch.use_fused_kernels`), not a silent default deep in a launch,
+and a launch reads the value, never the environment.
 
 ``VITCONVERT_FUSED`` (on/off), ``VITCONVERT_FUSED_TILE`` (the dots' operands for half inputs),
 ``VITCONVERT_FUSED_CONFIG`` (BLOCK_N,num_warps[,num_stages] for tuning sweeps), ``VITCONVERT_MHLA_FORM``.
@@ -8,7 +9,8 @@
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import VitconvertError
@@ -41,7 +43,6 @@ def fused_switch(value: Optional[str]) -> bool:
     return SWITCH[given]
 
 
-@lru_cache(maxsize=8)  # read per launch
 def tile_setting(value: Optional[str]) -> str:
     """``VITCONVERT_FUSED_TILE``: the dots' operand type for half inputs (:func:`.dispatch.tile_args`)."""
     return _one_of(TILE_ENV, value, TILES)
@@ -63,7 +64,6 @@ def _one_of(name: str, value: Optional[str], choices: tuple[str, ...]) -> str:
     return given
 
 
-@lru_cache(maxsize=8)  # read per launch (a bad value raises, and is not cached)
 def config_setting(value: Optional[str]) -> Optional[tuple[int, int, int]]:
     """``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps[,num_stages]`` (tuning sweeps) as (BLOCK_N, num_warps,
     num_stages), num_stages :data:`DEFAULT_STAGES` when not given; or None."""
@@ -84,6 +84,25 @@ def config_setting(value: Optional[str]) -> Optional[tuple[int, int, int]]:
     return block_n, warps, stages
 
 
-def pipeline_stages() -> int:
-    """num_stages of the ELU/ReLU/InLine launches: ``VITCONVERT_FUSED_CONFIG``'s third number or the default."""
-    return (config_setting(os.environ.get(CONFIG_ENV)) or (0, 0, DEFAULT_STAGES))[2]
+@dataclass(frozen=True)
+class KernelSettings:
+    """The four variables as read (:meth:`read`): what every launch takes instead of the environment."""
+
+    fused: bool = True  # VITCONVERT_FUSED: the kernels where a call can take them
+    tile: str = TILES[0]  # VITCONVERT_FUSED_TILE: the dots' operands for half inputs (TF32 or 16-bit tiles)
+    config: Optional[tuple[int, int, int]] = None  # VITCONVERT_FUSED_CONFIG: (BLOCK_N, num_warps, num_stages)
+    form: str = FORMS[0]  # VITCONVERT_MHLA_FORM
+    tile_given: bool = False  # VITCONVERT_FUSED_TILE set: ELU/ReLU/InLine's bf16 tiles give way to it
+
+    @classmethod
+    def read(cls, environ: Optional[Mapping[str, str]] = None) -> KernelSettings:
+        """The settings of ``environ`` (the process's when None), each checked (a one-line error for a bad one)."""
+        environ = os.environ if environ is None else environ
+        return cls(fused_switch(environ.get(ENV)), tile_setting(environ.get(TILE_ENV)),
+                   config_setting(environ.get(CONFIG_ENV)), form_setting(environ.get(FORM_ENV)),
+                   _given(environ.get(TILE_ENV)) is not None)
+
+    @property
+    def stages(self) -> int:
+        """num_stages of the ELU/ReLU/InLine launches: the config's third number or :data:`DEFAULT_STAGES`."""
+        return self.config[2] if self.config else DEFAULT_STAGES

@@ -153,8 +153,7 @@ class TTTAttention(LinearAttention):
         so no RNG state is stashed. Tracing for export or TorchScript records the plain step.
         """
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
-            on_kernels = self.fused_kernels and fused.can_run(v, "ttt_step", dispatch.TTT_MAX_HEAD_DIM,
-                                                              dispatch.TTT_DTYPES)
+            on_kernels = self.fused_kernels and fused.can_run(v, "ttt_step")
             recompute = self.recompute_step and records_for_backward()
             if on_kernels:  # a kernel Triton cannot build: turned off, and the step again from the start
                 kernel_convs = grid is not None and fused.can_run(v, "grid_conv")
@@ -181,10 +180,10 @@ class TTTAttention(LinearAttention):
         ``on_kernels``, :meth:`fused_step` (the Triton kernels; a failure to build one raises KernelUnavailable;
         ``kernel_convs``: the key norm and the convs on theirs too), else on the GPU with bf16 inputs
         :meth:`bf16_mix`."""
-        if not torch.jit.is_scripting():  # the GPU path's devices: the fused kernels' (dispatch.DEVICES)
+        if not torch.jit.is_scripting():  # the GPU path's devices: the fused kernels' (dispatch.current().devices)
             if on_kernels:
                 return self.fused_step(q, k, v, key_valid, grid, kernel_convs)
-            if self.fused_kernels and q.device.type in dispatch.DEVICES and v.dtype == torch.bfloat16:
+            if self.fused_kernels and q.device.type in dispatch.current().devices and v.dtype == torch.bfloat16:
                 return self.bf16_mix(q, k, v, key_valid, grid)
         dtype = v.dtype
         acc = accumulation_dtype(dtype)
@@ -214,7 +213,7 @@ class TTTAttention(LinearAttention):
         else:
             q, k = convolved
         weights = torch.stack((self.fast_w1, self.fast_w2, self.fast_w3), dim=1).float()  # (H, 3, d, d)
-        return fused_ttt.fused_step(q, k, v, key_valid, weights, self.scale, self.inner_lr)
+        return fused_ttt.call_step(q, k, v, key_valid, weights, self.scale, self.inner_lr)
 
     def kernel_convs(self, q: torch.Tensor, k: torch.Tensor, key_valid: Optional[torch.Tensor],
                      grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:

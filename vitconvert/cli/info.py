@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -90,12 +92,29 @@ def results_text(metrics: dict) -> str:
     return acc + where + (f" after {plural(epochs, 'epoch')}" if isinstance(epochs, int) else "")
 
 
+GPU_NAMES = "h100, h200, a100, l40, l4, a10, t4, v100"  # (attention/plan.py's GPUS; no torch import for --help)
+KernelsOpt = Annotated[bool, typer.Option("--kernels", help="per linear layer, the fused kernels that run on --device "
+                                          "and --dtype (or why the eager form does); no GPU needed")]
+PlanDeviceOpt = Annotated[str, typer.Option("--device", help="with --kernels: cuda or cpu")]
+GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=f"with --kernels: the GPU planned for ({GPU_NAMES}) "
+                                               "[default: this machine's, else h100]")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="with --kernels: q/k/v's dtype (bfloat16 under autocast, "
+                                       "float16, float32)")]
+BatchOpt = Annotated[int, typer.Option("--batch", help="with --kernels: images a call takes (the token split)")]
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+
+
 @user_errors
-def info(folder: str = typer.Argument(..., help=LINEAR_MODEL_HELP), as_json: JsonOpt = False) -> None:
+def info(folder: str = typer.Argument(..., help=LINEAR_MODEL_HELP), as_json: JsonOpt = False,
+         kernels: KernelsOpt = False, device: PlanDeviceOpt = "cuda", gpu: GpuOpt = None,
+         dtype: DtypeOpt = "bfloat16", batch: BatchOpt = 16) -> None:
     """What a converted model is and what was copied.
 
-    Example: vitconvert info ./deit_small_patch16_224-mhla
+    Example: vitconvert info ./deit_small_patch16_224-mhla --kernels --gpu h200
     """
+    if kernels:
+        kernel_plans(folder, as_json, device, gpu, dtype, batch)
+        return
     with loading_libraries():
         from ..card import hybrid_layers  # lazy: start-up time (and --help's)
         from ..folder import check_folder, folder_block, read_config, upgrade_notice  # lazy: start-up time
@@ -138,3 +157,48 @@ def info(folder: str = typer.Argument(..., help=LINEAR_MODEL_HELP), as_json: Jso
         console.print(f"[yellow]note:[/] {note}")
     if upgrade:
         console.print(f"[yellow]note:[/] {upgrade}")
+
+
+def kernel_plans(folder: str, as_json: bool, device: str, gpu: Optional[str], dtype: str, batch: int) -> None:
+    """``info --kernels``: attention/plan.py's plan of every linear layer, as a table or JSON."""
+    from ..errors import BadValue  # lazy: start-up time (and --help's)
+
+    if device not in ("cuda", "cpu"):
+        raise BadValue("device", f"cuda or cpu, got {device!r}")
+    if dtype not in DTYPE_NAMES:
+        raise BadValue("dtype", f"one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+    if batch < 1:
+        raise BadValue("batch", f"a positive number of images, got {batch}")
+    with loading_libraries():
+        import torch  # lazy: start-up time
+
+        from ..attention import plan  # lazy: start-up time
+        from ..loading import linear_folder, load  # lazy: start-up time
+
+    if gpu is not None and gpu.lower() not in plan.GPUS:
+        raise BadValue("gpu", f"one of {', '.join(plan.GPUS)}, got {gpu!r}")
+    described = None
+    if device == "cuda":
+        if gpu is None and torch.cuda.is_available():
+            described = plan.local_gpu(torch.device("cuda"))
+        else:
+            described = plan.GPUS[(gpu or "h100").lower()]
+    model = load(str(linear_folder(folder)))
+    plans = plan.plan_model(model, described, getattr(torch, dtype), batch)
+    where = described.name if described else "the CPU"
+    if as_json:
+        typer.echo(json.dumps({"device": where, "dtype": dtype, "batch": batch,
+                               "layers": [dataclasses.asdict(p) for p in plans]}))
+        return
+    table = Table(title=f"{folder}: kernels on {where}, {dtype}, batch {batch}")
+    for column in ("layer", "op", "forward", "backward", "BLOCK_N", "warps", "stages", "tiles", "splits", "also"):
+        table.add_column(column)
+    for p in plans:
+        if not p.on_kernels:
+            table.add_row(p.layer, f"eager: {p.reason}", *[""] * 8)
+            continue
+        table.add_row(p.layer, p.op, ", ".join(p.forward), ", ".join(p.backward), str(p.block_n), str(p.warps),
+                      str(p.stages), p.tile, str(p.splits), ", ".join(p.others))
+    console.print(table)
+    for note in dict.fromkeys(p.note for p in plans if p.note):
+        console.print(f"[yellow]note:[/] {note}")

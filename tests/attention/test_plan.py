@@ -1,0 +1,172 @@
+"""The kernel plan (attention/plan.py): values for named GPUs and sizes, the launches it names against those Triton's
+interpreter records, settings read from the environment only when a model is built, and `info --kernels`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import MutableMapping
+
+import pytest
+import torch
+
+from vitconvert.attention import VARIANTS, dispatch, plan
+from vitconvert.attention.settings import KernelSettings
+
+from . import helpers
+
+DEVICE = helpers.kernels_device()
+INTERPRETER = plan.Gpu("Triton's interpreter", (9, 0), 16, 227 * 1024)  # 64 programs wanted, as kernels_on(programs=64)
+
+
+def layer(variant: str, dim: int = 384, heads: int = 6, grid=(14, 14), **options):
+    return VARIANTS[variant](dim, heads, num_prefix_tokens=1, grid_size=grid, **options)
+
+
+def test_plans_for_named_gpus_and_sizes():
+    """deit_small's layer (6 heads of 64) at 224 px: at batch 16 an H100's 528 programs split each head's 197
+    tokens in two; at batch 256 one program a head, one launch each way."""
+    elu = layer("elu")
+    small = plan.plan_layer(elu, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings())
+    assert (small.op, small.splits) == ("linear_attention", 2)
+    assert small.forward == ("state_fwd_kernel", "readout_fwd_kernel")
+    assert (small.block_n, small.block_d, small.warps, small.stages, small.tile) == (64, 64, 4, 3, "tf32")
+    large = plan.plan_layer(elu, plan.GPUS["h200"], torch.bfloat16, 256, settings=KernelSettings())
+    assert (large.splits, large.forward, large.backward) == (1, ("attention_fwd_kernel",), ("attention_bwd_kernel",))
+    tuned = plan.plan_layer(elu, plan.GPUS["h100"], torch.bfloat16, 16,
+                            settings=KernelSettings(tile="half", config=(32, 8, 2)))
+    assert (tuned.block_n, tuned.warps, tuned.stages, tuned.tile) == (32, 8, 2, "bf16")
+    assert "163 KB" in plan.plan_layer(elu, plan.GPUS["a100"], torch.bfloat16, 16, settings=KernelSettings()).note
+    assert not small.note
+
+
+@pytest.mark.parametrize("variant, gpu, dtype, reason", [
+    ("elu", None, torch.bfloat16, "the CPU"), ("elu", "t4", torch.bfloat16, "sm_75"),
+    ("elu", "h100", torch.float64, "float64 inputs"), ("ttt", "h100", torch.float32, "float32 inputs"),
+    ("mhla", "h100", torch.bfloat16, "official denominator")])
+def test_the_plan_says_why_a_layer_runs_eager(variant, gpu, dtype, reason):
+    options = {"denominator": "official"} if variant == "mhla" else {}
+    found = plan.plan_layer(layer(variant, **options), plan.GPUS.get(gpu), dtype, 16, settings=KernelSettings())
+    assert not found.on_kernels and reason in found.reason, found
+    off = plan.plan_layer(layer(variant), plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings(fused=False))
+    assert "VITCONVERT_FUSED=0" in off.reason
+    wide = plan.plan_layer(layer("ttt", dim=192, heads=2), plan.GPUS["h100"], torch.bfloat16, 16,
+                           settings=KernelSettings())
+    assert "head dim 96" in wide.reason  # (TTT's kernels take head dims up to 64)
+
+
+def test_mhla_takes_the_form_that_moves_less():
+    mhla = layer("mhla")
+    pairwise = plan.plan_layer(mhla, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings())
+    assert pairwise.op == "pairwise_attention" and pairwise.others  # (LePE on the grid op)
+    blocked = plan.plan_layer(layer("mhla", grid=(24, 24)), plan.GPUS["h100"], torch.bfloat16, 16,
+                              settings=KernelSettings())
+    assert blocked.op == "blocked_attention" and blocked.forward == ("state_fwd_kernel", "readout_fwd_kernel")
+    forced = plan.plan_layer(mhla, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings(form="blocked"))
+    assert forced.op == "blocked_attention"
+
+
+def launched(module, x, programs: int) -> tuple[list, list]:
+    """The (kernel, BLOCK_N, num_warps, num_stages) of a forward's launches, then of its backward's."""
+    record: list = []
+
+    def launch(kernel, grid, *args, **kwargs):
+        record.append((dispatch.kernel_name(kernel), kwargs["BLOCK_N"], kwargs["num_warps"],
+                       kwargs.get("num_stages")))
+        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+
+    with dispatch.kernels_on(DEVICE, launcher=launch, programs=programs, settings=KernelSettings()):
+        out = module(x)
+        forward = list(record)
+        out.float().sum().backward()
+    return forward, record[len(forward):]
+
+
+@pytest.mark.parametrize("variant, programs", [("elu", 64), ("elu", 4), ("inline", 64), ("mhla", 64), ("ttt", 64)])
+def test_the_plan_names_the_kernels_that_launch(variant, programs):
+    """The plan against the launches of one training step in the interpreter (bf16 inputs, as under autocast):
+    the same kernels each way, on the plan's BLOCK_N, warps and stages."""
+    module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.bfloat16).to(DEVICE)
+    x = torch.randn(2, 17, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    gpu = plan.Gpu("interpreter", (9, 0), programs // dispatch.PROGRAMS_PER_SM, 227 * 1024)
+    expected = plan.plan_layer(module, gpu, torch.bfloat16, 2, settings=KernelSettings())
+    forward, backward = launched(module, x, programs)
+
+    def names(launches):
+        return [name for name, *_ in dict.fromkeys(launches) if not name.startswith("grid_conv")]
+
+    assert expected.on_kernels, expected
+    assert list(dict.fromkeys(names(forward))) == list(expected.forward)
+    assert set(names(backward)) == {k.split(" ")[0] for k in expected.backward}
+    assert any(name.startswith("grid_conv") for name, *_ in forward) == bool(expected.others)
+    first = next(launch for launch in forward if launch[0] == expected.forward[0])
+    assert first[1:3] == (expected.block_n, expected.warps)
+    if variant in ("elu", "inline"):
+        assert first[3] == expected.stages
+
+
+class CountedEnvironment(MutableMapping):
+    """os.environ, counting the reads vitconvert's own code makes of it."""
+
+    def __init__(self, environ) -> None:
+        self.environ, self.reads = environ, 0
+
+    def __getitem__(self, key):
+        frame = sys._getframe(1)
+        skipped = (__name__, "collections.abc", "os")  # (this class, Mapping.get, os.getenv)
+        while frame is not None and frame.f_globals.get("__name__") in skipped:
+            frame = frame.f_back
+        if frame is not None and str(frame.f_globals.get("__name__")).startswith("vitconvert"):
+            self.reads += 1
+        return self.environ[key]
+
+    def __setitem__(self, key, value):
+        self.environ[key] = value
+
+    def __delitem__(self, key):
+        del self.environ[key]
+
+    def __iter__(self):
+        return iter(self.environ)
+
+    def __len__(self):
+        return len(self.environ)
+
+
+@pytest.mark.parametrize("variant", ["elu", "mhla", "ttt"])
+def test_a_training_step_reads_no_environment_after_the_model_is_built(variant, monkeypatch, kernels_on_the_cpu):
+    """The settings are read when a model is built (6, 12 and 33 reads a layer's training step for ELU, MHLA and
+    TTT before: every launch read them)."""
+    counted = CountedEnvironment(os.environ)
+    monkeypatch.setattr(os, "environ", counted)
+    module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.bfloat16).to(DEVICE)
+    assert counted.reads >= 4  # (the four settings, checked where a bad one is a one-line error)
+    x = torch.randn(2, 17, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    module(x).float().sum().backward()  # (the first call: what is read once, on first use)
+    counted.reads = 0
+    module(x).float().sum().backward()
+    assert counted.reads == 0
+
+
+def test_info_kernels_prints_each_layers_plan(tmp_path):
+    """Through the console script, in a pipe: plain text, one row a layer; --json the plans as values."""
+    from helpers import tiny_model
+
+    import vitconvert
+
+    student, _ = vitconvert.convert(tiny_model("vit"), "elu")
+    vitconvert.save(student, tmp_path / "m")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "vitconvert", "info", str(tmp_path / "m"), "--kernels", "--gpu", "h200"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "NVIDIA H200" in done.stdout and "blocks.0.attn" in done.stdout and "linear_attention" in done.stdout
+    assert "\x1b[" not in done.stdout  # (a pipe: no colour codes)
+    as_json = subprocess.run([*command, "--dtype", "float32", "--json"], capture_output=True, text=True, env=env,
+                             timeout=300)
+    layers = json.loads(as_json.stdout)["layers"]
+    assert layers and all(row["op"] == "linear_attention" and row["tile"] in ("tf32", "fp32") for row in layers)
+    bad = subprocess.run([*command[:-1], "h300"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode != 0 and "--gpu" in bad.stderr and "Traceback" not in bad.stderr

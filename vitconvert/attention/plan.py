@@ -1,0 +1,230 @@
+"""What each layer will run on a given GPU, dtype and size, as a value: the kernel plan.
+
+:func:`plan_layer` is a pure function of a layer, a GPU's description (:data:`GPUS`, or the one at hand), the
+q/k/v dtype, the batch and token counts and the launch settings; it asks the same rules the launches ask
+(:func:`.dispatch.launch_geometry`, :func:`.dispatch.token_ranges`, :func:`.dispatch.op_bounds`,
+:func:`.fused_pairwise.pairwise_is_cheaper`), so it needs no GPU, and tests hold it against the launches recorded
+in Triton's interpreter. ``vitconvert info FOLDER --kernels`` prints it per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+from torch import nn
+
+from . import dispatch
+from .base import LinearAttention
+from .blocks import segment_index
+from .fused import ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM
+from .fused_grid import grid_tile
+from .fused_pairwise import pairwise_is_cheaper
+from .settings import KernelSettings
+
+FULL_SHARED_MEMORY = 227 * 1024  # what the launch settings are made for (an H100/H200's largest block)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """What dispatch asks of a GPU: its generation, its streaming multiprocessors (programs a launch wants) and
+    the shared memory one block may take (whether the launch settings fit as made)."""
+
+    name: str
+    capability: tuple[int, int]
+    multiprocessors: int
+    shared_memory: int  # bytes a block may take
+
+
+GPUS = {  # (the vendors' data sheets; shared memory: the largest a block may opt into)
+    "h100": Gpu("NVIDIA H100 SXM", (9, 0), 132, 227 * 1024),
+    "h200": Gpu("NVIDIA H200", (9, 0), 132, 227 * 1024),
+    "a100": Gpu("NVIDIA A100", (8, 0), 108, 163 * 1024),
+    "l40": Gpu("NVIDIA L40", (8, 9), 142, 99 * 1024),
+    "l4": Gpu("NVIDIA L4", (8, 9), 58, 99 * 1024),
+    "a10": Gpu("NVIDIA A10", (8, 6), 72, 99 * 1024),
+    "t4": Gpu("NVIDIA T4", (7, 5), 40, 64 * 1024),
+    "v100": Gpu("NVIDIA V100", (7, 0), 80, 96 * 1024),
+}
+
+
+def local_gpu(device: torch.device) -> Gpu:
+    """The description of a CUDA device at hand."""
+    props = torch.cuda.get_device_properties(device)
+    shared = getattr(props, "shared_memory_per_block_optin", FULL_SHARED_MEMORY)
+    return Gpu(props.name, (props.major, props.minor), props.multi_processor_count, shared)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """One layer's mixing on one GPU, dtype and size: the op and its launches, or why it runs eager."""
+
+    layer: str
+    variant: str
+    op: Optional[str]  # the custom op the mixing takes; None: the eager form (``reason`` says why)
+    forward: tuple[str, ...] = ()  # the op's kernels, in launch order
+    backward: tuple[str, ...] = ()
+    block_n: int = 0
+    block_d: int = 0
+    warps: int = 0
+    stages: int = 0
+    tile: str = ""  # the dots' operands: "tf32", "bf16", "fp16" or "fp32"
+    splits: int = 1  # token ranges per head and segment (1: a program per head, one launch each way)
+    others: tuple[str, ...] = ()  # the layer's other ops on kernels (the grid op: LePE, TTT's convs)
+    reason: str = ""  # why eager
+    note: str = ""  # what may change at the first launch (less shared memory than the settings were made for)
+
+    @property
+    def on_kernels(self) -> bool:
+        return self.op is not None
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a plan is computed for: the layer's q/k/v as a call would see them."""
+
+    gpu: Optional[Gpu]  # None: the CPU
+    dtype: torch.dtype
+    batch: int
+    tokens: int
+    settings: KernelSettings
+    older_triton: bool
+
+    @property
+    def programs(self) -> int:
+        return dispatch.PROGRAMS_PER_SM * self.gpu.multiprocessors if self.gpu else 1
+
+
+def plan_layer(module: LinearAttention, gpu: Optional[Gpu], dtype: torch.dtype, batch: int,
+               tokens: Optional[int] = None, settings: Optional[KernelSettings] = None,
+               older_triton: Optional[bool] = None, layer: str = "") -> KernelPlan:
+    """The plan of ``module`` on ``gpu`` (None: the CPU) for a batch of ``tokens`` tokens (its grid's and prefix
+    tokens when None) in ``dtype``; ``settings`` and ``older_triton`` as the launches would take them when None."""
+    if tokens is None:
+        grid = module.grid_size
+        tokens = module.num_prefix_tokens + (grid[0] * grid[1] if grid else 0)
+    call = Call(gpu, dtype, batch, tokens, settings or dispatch.launch_settings(),
+                dispatch.older_triton() if older_triton is None else older_triton)
+    base = KernelPlan(layer, module.variant, None)
+    planner = PLANNERS.get(module.variant)
+    if planner is None:
+        return replace(base, reason="no fused kernels for this variant")
+    op = OPS[module.variant]
+    why = _eager_reason(module, call, op)
+    if why:
+        return replace(base, reason=why)
+    plan = planner(module, call, replace(base, op=op))
+    if plan.on_kernels and call.gpu is not None and call.gpu.shared_memory < FULL_SHARED_MEMORY:
+        plan = replace(plan, note=f"{call.gpu.shared_memory // 1024} KB of shared memory a block (the settings are "
+                                  f"made for {FULL_SHARED_MEMORY // 1024}): a kernel that does not fit runs on 16-bit "
+                                  "tiles, then smaller BLOCK_N, from its first launch")
+    return plan
+
+
+def _eager_reason(module: LinearAttention, call: Call, op: str) -> str:
+    """Why ``op``'s kernels do not take this call (:func:`.dispatch.can_run`'s rules), or ""."""
+    head_dim = module.head_dim
+    max_head_dim, dtypes = dispatch.op_bounds(op, dispatch.Dispatch())
+    if call.gpu is None:
+        return "the CPU: the eager form (the kernels run on CUDA GPUs)"
+    if not call.settings.fused or not module.fused_kernels:
+        return f"{dispatch.ENV}=0 (or Triton is not installed)"
+    if call.gpu.capability < dispatch.MIN_CAPABILITY:
+        return f"sm_{call.gpu.capability[0]}{call.gpu.capability[1]}: the kernels need sm_80 or later"
+    if call.dtype not in dtypes:
+        return f"{str(call.dtype).removeprefix('torch.')} inputs: its kernels take " + \
+            ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+    if not dispatch.MIN_HEAD_DIM <= head_dim <= max_head_dim:
+        return f"head dim {head_dim}: its kernels take {dispatch.MIN_HEAD_DIM}..{max_head_dim}"
+    if getattr(module, "official_denominator", False):
+        return "the official denominator (no kernels for it)"
+    return ""
+
+
+def _tile(dtype: torch.dtype, settings: KernelSettings, half_tiles: bool = False) -> str:
+    """The dots' operands (:func:`.dispatch.tile_args`; float32 inputs as torch's TF32 switch for matmuls says)."""
+    if dtype == torch.float32:
+        return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    if half_tiles or settings.tile == "half":
+        return "bf16" if dtype == torch.bfloat16 else "fp16"
+    return "tf32"
+
+
+def _geometry(plan: KernelPlan, module: LinearAttention, call: Call, many_tiles: bool = False) -> KernelPlan:
+    block_n, block_d, warps = dispatch.launch_geometry(module.head_dim, call.settings.config, many_tiles)
+    return replace(plan, block_n=block_n, block_d=block_d, warps=warps, stages=call.settings.stages,
+                   tile=_tile(call.dtype, call.settings))
+
+
+def _linear(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
+    """ELU, ReLU, InLine: one launch each way when every head fits one program, else the state and read-out."""
+    splits = dispatch.token_ranges(call.batch * module.num_heads, 1, call.tokens, call.programs)[0]
+    plan = replace(_geometry(plan, module, call), splits=splits)
+    split_backward = ("state_fwd_kernel", "readout_bwd_kernel", "state_bwd_kernel")
+    if splits > 1:
+        return replace(plan, forward=("state_fwd_kernel", "readout_fwd_kernel"), backward=split_backward)
+    one_launch = module.head_dim <= ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM
+    return replace(plan, forward=("attention_fwd_kernel",),
+                   backward=("attention_bwd_kernel",) if one_launch else split_backward)
+
+
+def _grid_op(module: LinearAttention, call: Call) -> tuple[str, ...]:
+    """The grid op where the layer has a grid and the op's kernels take the call."""
+    if module.grid_size is None or _eager_reason(module, call, "grid_conv"):
+        return ()
+    block, _, warps = grid_tile(module.head_dim, call.settings.config)
+    return (f"grid_conv (BLOCK_M {block}, {warps} warps)",)
+
+
+def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
+    """MHLA: the pairwise form (N×N tiles) or the blocked one (block states mixed, then read), whichever moves
+    less; LePE on the grid op."""
+    plan = _geometry(plan, module, call)
+    grid, lepe = module.grid_size, getattr(module, "lepe", None) is not None
+    others = _grid_op(module, call) if lepe else ()
+    counts = module.block_counts
+    segments = counts[0] * counts[1] + 1 if grid else 1
+    if grid and pairwise_is_cheaper(call.tokens, segments, module.head_dim, call.dtype, call.settings.form):
+        chunk = dispatch.backward_chunk(max(16, plan.block_n // 2), plan.block_d, call.settings.config is not None,
+                                        call.older_triton)
+        return replace(plan, op="pairwise_attention", forward=("pairwise_fwd_kernel",),
+                       backward=("pairwise_bwd_dq_kernel", f"pairwise_bwd_dkv_kernel (BLOCK_N {chunk})"),
+                       others=others)
+    length = segment_index(grid, counts, module.num_prefix_tokens, torch.device("cpu")).shape[1] if grid else \
+        call.tokens
+    splits = dispatch.token_ranges(call.batch * module.num_heads, segments, length, call.programs)[0]
+    again = ("readout_fwd_kernel",) if lepe and grid else ()  # (o read out again: the op does not keep it)
+    return replace(plan, forward=("state_fwd_kernel", "readout_fwd_kernel"), splits=splits, others=others,
+                   backward=("state_fwd_kernel", *again, "readout_bwd_kernel", "state_bwd_kernel"))
+
+
+def _ttt(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
+    """TTT's step: the inner sums and the read-out each way (the step recomputed in backward when the layer
+    recomputes it); the convs and the key norm on the grid op."""
+    plan = _geometry(plan, module, call, many_tiles=True)
+    splits = dispatch.token_ranges(call.batch * module.num_heads, 1, call.tokens, call.programs)[0]
+    forward = ("inner_sums_kernel", "swiglu_readout_kernel")
+    again = forward if getattr(module, "recompute_step", False) else ()
+    return replace(plan, forward=forward, splits=splits, others=_grid_op(module, call),
+                   backward=(*again, "swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel"))
+
+
+PLANNERS: dict[str, Callable[[LinearAttention, Call, KernelPlan], KernelPlan]] = {
+    "elu": _linear, "relu": _linear, "inline": _linear, "mhla": _mhla, "ttt": _ttt}
+OPS = {"elu": "linear_attention", "relu": "linear_attention", "inline": "linear_attention",
+       "mhla": "blocked_attention", "ttt": "ttt_step"}  # (the op whose bounds decide; MHLA may take its pairwise op)
+
+
+def linear_layers(model: nn.Module) -> Iterator[tuple[str, LinearAttention]]:
+    for name, module in model.named_modules():
+        if isinstance(module, LinearAttention):
+            yield name, module
+
+
+def plan_model(model: nn.Module, gpu: Optional[Gpu], dtype: torch.dtype, batch: int,
+               settings: Optional[KernelSettings] = None) -> list[KernelPlan]:
+    """:func:`plan_layer` of every linear-attention layer of ``model``, at its grid's size."""
+    return [plan_layer(module, gpu, dtype, batch, settings=settings, layer=name)
+            for name, module in linear_layers(model)]
