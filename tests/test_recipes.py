@@ -96,6 +96,9 @@ def test_recipe_changes_ignore_where_and_how_fast():
     old = Recipe().to_dict()
     assert recipe_changes(old, Recipe(workers=8, data_dir="/elsewhere", log_interval=1)) == []
     assert recipe_changes(old, Recipe(lr=0.1)) == ["lr: 0.002 -> 0.1"]
+    before_head_lr_scale = {**old, "new_params": {"lr_scale": 1.0, "weight_decay": None, "warmup_epochs": None}}
+    assert recipe_changes(before_head_lr_scale, Recipe()) == []  # a checkpoint written before the sub-key existed
+    assert recipe_changes(before_head_lr_scale, Recipe(new_params={"head_lr_scale": 1})) != []
 
 
 def test_missing_recipe_lists_the_shipped_ones():
@@ -107,6 +110,7 @@ def test_missing_recipe_lists_the_shipped_ones():
     ({"new_params": {"lr_scal": 10}}, "unknown recipe key new_params.lr_scal; did you mean lr_scale"),
     ({"new_params": {"speed": 2}}, "unknown recipe key new_params.speed; valid: lr_scale, weight_decay, warmup"),
     ({"new_params": {"lr_scale": 0}}, "new_params.lr_scale must be positive"),
+    ({"new_params": {"head_lr_scale": -1}}, "new_params.head_lr_scale must be positive"),
     ({"new_params": {"lr_scale": "fast"}}, "new_params.lr_scale: expected float"),
     ({"new_params": {"warmup_epochs": -1}}, "new_params.warmup_epochs must not be negative"),
     ({"new_params": 10}, "expected a mapping such as {lr_scale: 10}"),
@@ -126,7 +130,8 @@ def test_new_params_overrides_merge_into_the_file_and_reload(tmp_path):
     assert recipe.new_params.weight_decay == 0.1
     (tmp_path / "again.yaml").write_text(text)
     assert dataclasses.replace(load_recipe(str(tmp_path / "again.yaml"))[0], name="r") == recipe
-    assert recipe.to_dict()["new_params"] == {"lr_scale": 10.0, "weight_decay": 0.1, "warmup_epochs": 1}
+    assert recipe.to_dict()["new_params"] == {"lr_scale": 10.0, "weight_decay": 0.1, "warmup_epochs": 1,
+                                              "head_lr_scale": None}
     assert Recipe(new_params={"lr_scale": 10}).new_params == recipe.new_params.__class__(lr_scale=10.0)
     assert recipe_changes({k: v for k, v in Recipe().to_dict().items() if k != "new_params"}, Recipe()) == []
     assert recipe_changes(Recipe().to_dict(), Recipe(compare_batches=0)) == []  # operational: no --force

@@ -27,5 +27,10 @@ def recipe_summary(r: Recipe) -> list[str]:
 def recipe_changes(old: dict[str, Any], new: Recipe) -> list[str]:
     """What differs between a stored recipe dict and ``new``, ignoring operational fields: ``key: a -> b``."""
     current, defaults = new.to_dict(), Recipe().to_dict()
-    keys = [k for k in current if k not in OPERATIONAL and old.get(k, defaults[k]) != current[k]]
+
+    def stored(k: str) -> Any:  # a mapping stored before it gained a sub-key has that sub-key's default
+        value = old.get(k, defaults[k])
+        return {**defaults[k], **value} if isinstance(value, dict) and isinstance(defaults[k], dict) else value
+
+    keys = [k for k in current if k not in OPERATIONAL and stored(k) != current[k]]
     return [f"{k}: {old.get(k)!r} -> {current[k]!r}" for k in keys]
