@@ -184,6 +184,37 @@ def _cell(stat: tuple[float, float, int] | None) -> str:
     return f"{mean:.1f} ± {std:.1f} ({n})" if n > 1 else f"{mean:.1f} (1)"
 
 
+def paired_deltas(records: list[dict[str, Any]], base: str = "paper") -> dict[tuple, list[float]]:
+    """(schedule, regime, epochs, variant) -> [candidate − base top-1 in points, one per seed both ran]."""
+    top1 = {_key(r): 100 * r["top1"] for r in records}
+    out: dict[tuple, list[float]] = {}
+    for (variant, schedule, epochs, seed, regime), value in sorted(top1.items()):
+        paired = top1.get((variant, base, epochs, seed, regime))
+        if schedule != base and paired is not None:
+            out.setdefault((schedule, regime, epochs, variant), []).append(value - paired)
+    return out
+
+
+def verdict_table(records: list[dict[str, Any]]) -> str:
+    """Each candidate against ``paper`` on the same seeds: mean difference and seeds won, per cell; a candidate
+    is kept only where every cell of both regimes is a win on every seed."""
+    deltas = paired_deltas(records)
+    if not deltas:
+        return ""
+    variants = [v for v in VARIANTS if any(k[3] == v for k in deltas)]
+    out = ["**Each candidate against `paper`, same seeds** (mean difference in points; seeds where the candidate "
+           "is higher / seeds run)", "", "| schedule | regime | budget | " + " | ".join(variants) + " |",
+           "|---|---|---:|" + "---:|" * len(variants)]
+    for schedule, regime, epochs in sorted({k[:3] for k in deltas}, key=lambda k: (list(SCHEDULES).index(k[0]),
+                                                                                  k[1], k[2])):
+        cells = []
+        for v in variants:
+            d = deltas.get((schedule, regime, epochs, v))
+            cells.append(f"{statistics.mean(d):+.1f} ({sum(x > 0 for x in d)}/{len(d)})" if d else "–")
+        out.append(f"| {schedule} | {regime} | {epochs} ep | " + " | ".join(cells) + " |")
+    return "\n".join(out + [""])
+
+
 def markdown_tables(stats: dict) -> str:
     """One table per regime: a row per (schedule, variant), a column per epoch budget."""
     out = []
@@ -205,31 +236,45 @@ def markdown_tables(stats: dict) -> str:
 
 
 def plot(stats: dict, path: Path) -> None:
+    """A panel per regime (rows) and variant (columns): a line per schedule, the softmax ceiling (transfer) or
+    the teacher (same task) in black."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     regimes = [r for r in REGIMES if any(k[0] == r for k in stats)]
-    fig, axes = plt.subplots(1, len(regimes), figsize=(6 * len(regimes), 4.5), squeeze=False)
-    colors = dict(zip(VARIANTS, plt.get_cmap("tab10").colors, strict=False))
-    dashes = ["-", "--", ":", "-.", (0, (1, 3)), (0, (5, 1)), (0, (3, 1, 1, 1)), (0, (5, 3)), (0, (1, 1))]
-    styles = dict(zip(SCHEDULES, dashes, strict=True))
-    for ax, regime in zip(axes[0], regimes, strict=True):
-        for schedule, variant in sorted({(k[1], k[2]) for k in stats if k[0] == regime}):
-            points = sorted((k[3], v[0], v[1]) for k, v in stats.items() if k[:3] == (regime, schedule, variant))
+    variants = [v for v in VARIANTS if any(k[2] == v for k in stats)]
+    fig, axes = plt.subplots(len(regimes), len(variants), figsize=(3 * len(variants), 2.8 * len(regimes)),
+                             squeeze=False, sharex=True)
+    colors = dict(zip(SCHEDULES, plt.get_cmap("tab10").colors, strict=False))
+    budgets = sorted({k[3] for k in stats})
+
+    def line(ax: Any, regime: str, schedule: str, variant: str, **style: Any) -> None:
+        points = sorted((k[3], v[0], v[1]) for k, v in stats.items() if k[:3] == (regime, schedule, variant))
+        if points:
             xs, ys, es = zip(*points, strict=True)
-            ax.errorbar(xs, ys, yerr=es, color=colors.get(variant, "black"), linestyle=styles[schedule],
-                        marker="o", markersize=3, capsize=2, label=f"{variant} · {schedule}")
-        if regime == "same":
-            ax.axhline(teacher_top1("same"), color="black", linewidth=1, linestyle="--", label="softmax teacher")
-        ax.set_xscale("log")
-        ax.set_title("same task" if regime == "same" else "transfer (target 5-9)")
+            ax.errorbar(xs, ys, yerr=es, marker="o", markersize=3, capsize=2, **style)
+
+    for row, regime in zip(axes, regimes, strict=True):
+        for ax, variant in zip(row, variants, strict=True):
+            for schedule in SCHEDULES:
+                line(ax, regime, schedule, variant, color=colors[schedule], label=schedule)
+            if regime == "same":
+                ax.axhline(teacher_top1("same"), color="black", linewidth=1, linestyle="--", label="teacher")
+            line(ax, regime, "paper", CEILING, color="black", linestyle="--", label="softmax fine-tuned")
+            ax.set_title(f"{variant}, {'same task' if regime == 'same' else 'transfer'}", fontsize=9)
+            ax.set_xscale("log")
+            ax.set_xticks(budgets, [str(b) for b in budgets])
+            ax.minorticks_off()
+            ax.set_ylim(0, 101)
+            ax.grid(alpha=0.3)
+        row[0].set_ylabel("val top-1 (%)")
+        row[0].legend(fontsize=6)
+    for ax in axes[-1]:
         ax.set_xlabel("epoch budget")
-        ax.set_ylabel("val top-1 (%)")
-        ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -249,7 +294,8 @@ def write_report(results: Path = RESULTS, doc: Path = DOC) -> None:
         f"Final val top-1 (%), mean ± std (runs) per epoch budget; default convert (MLPs copied, attention "
         f"Mimetic), recipe `quickstart` plus the schedule's overrides; {len(records)} runs, {minutes:.0f} min "
         "of training. Written by `python benchmarks/budget.py` (the runs: benchmarks/results/budget.jsonl).",
-        "", legend, "", markdown_tables(stats), f"![val top-1 against epoch budget]({figure.name})", END,
+        "", legend, "", markdown_tables(stats), verdict_table(records),
+        f"![val top-1 against epoch budget]({figure.name})", END,
     ])
     text = doc.read_text() if doc.is_file() else "# Results\n"
     if BEGIN not in text or END not in text:
