@@ -4,7 +4,7 @@ For each variant, schedule, epoch budget, seed and regime (same task / transfer,
 defines them), convert the digits teacher with the default recipe (MLPs copied, attention Mimetic), distil it
 with the quickstart recipe plus the schedule's overrides, and record its final val top-1. Then write a table
 (variant × budget, per schedule and regime) into docs/results.md between the ``budget`` markers and a plot of
-accuracy against budget into docs/results-budget.png. The variant ``softmax`` is the ceiling: the (re-headed)
+accuracy against budget into docs/results-budget.png. The variant ``softmax`` is the ceiling: the
 softmax source itself fine-tuned by the same recipe on the task loss (benchmarks/softmax_ceiling.py), transfer
 regime and schedule ``paper`` only.
 
@@ -60,7 +60,7 @@ def _attn_stage(epochs: int) -> Overrides:
 
 
 def _kd(regime: str) -> Overrides:
-    """Logit KD needs the teacher's classes: same task only (a transfer student is re-headed)."""
+    """Logit KD needs the teacher's classes: same task only (a transfer student's 5 classes are other digits)."""
     return {"kd_weight": 1.0} if regime == "same" else {}
 
 
@@ -76,7 +76,8 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
                 lambda e, r: {"new_params": {"lr_scale": 10}, **_kd(r)}),
     "fast": ("teacher-forced attention stage, fresh parameters at 10× lr, logit KD (same task only)",
              lambda e, r: {**_attn_stage(e), "new_params": {"lr_scale": 10}, **_kd(r)}),
-    "new10": ("joint, fresh attention parameters at 10× lr, a fresh head at 1× (new_params.head_lr_scale)",
+    "new10": ("joint, fresh parameters at 10× lr, a fresh head at 1× (new_params.head_lr_scale; no head here is "
+              "fresh: same as lr10)",
               lambda e, r: {"new_params": {"lr_scale": 10, "head_lr_scale": 1}}),
     "new3": ("joint, fresh attention parameters at 3× lr, a fresh head at 1×",
              lambda e, r: {"new_params": {"lr_scale": 3, "head_lr_scale": 1}}),

@@ -4,8 +4,9 @@
 ceiling is trained here, by the same pieces distill's loop uses: the recipe (quickstart plus the schedule's
 overrides), its data pipeline (``data.run_data``: same order, same augmentation per image and epoch), timm's
 optimizer and warm-up + cosine schedule (``param_groups.create_optimization``), the task loss
-(``losses.task_criterion``), gradient clipping and the same evaluation. In transfer the model is re-headed as
-``convert --num-classes`` re-heads: timm's own init of the head at the run's seed. Only the task loss trains it
+(``losses.task_criterion``), gradient clipping and the same evaluation. A head of another class count is
+replaced as ``convert --num-classes`` replaces it (timm's own init at the run's seed); the digits transfer
+source already has 5 classes, so there it keeps its head, as the students do. Only the task loss trains it
 (nothing to distil: it *is* the teacher's architecture). Not a user feature, so it stays in benchmarks/.
 """
 
