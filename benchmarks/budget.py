@@ -135,7 +135,13 @@ def read_records(results: Path = RESULTS) -> list[dict[str, Any]]:
 def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The records made with today's teachers (a transfer record of another source teacher is left out)."""
     ids = {regime: teacher_id(regime) for regime in {r["regime"] for r in records}}
-    return [r for r in records if r.get("teacher", "digits" if r["regime"] == "same" else None) == ids[r["regime"]]]
+    seen: set[tuple] = set()
+    out = []
+    for r in records:  # two sweeps side by side may record a run twice: the first one counts
+        if r.get("teacher", "digits" if r["regime"] == "same" else None) == ids[r["regime"]] and _key(r) not in seen:
+            seen.add(_key(r))
+            out.append(r)
+    return out
 
 
 def _key(r: dict[str, Any]) -> tuple:
