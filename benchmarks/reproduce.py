@@ -12,7 +12,8 @@ and record its final validation top-1. Then write the mean ± std table and a pl
 
 ``--regime transfer`` is the paper's regime at toy scale: the softmax teacher is pretrained on a *source*
 task (digits 0-4, by benchmarks/train_digits_teacher.py's recipe, 60 epochs), and every student is converted
-from it, re-headed (a fresh 5-way head) and trained on a *different* target task (digits 5-9, as an image
+from it with 5 classes (the source's own 5-way head, kept where the configuration copies the rest: convert
+re-heads only when the class count changes) and trained on a *different* target task (digits 5-9, as an image
 folder). The distillation teacher is the source model as pretrained, not fine-tuned on the target: its
 attention outputs on target images are what the students distil. Records carry ``regime``; the table goes
 between the ``reproduce-transfer`` markers of docs/results.md, the plot to docs/results-transfer.png.

@@ -42,3 +42,22 @@ def test_an_unknown_schedule_is_one_line_and_exit_nonzero(tmp_path):
     done = budget(tmp_path, "--schedules", "warp")
     assert done.returncode != 0 and "unknown schedule warp" in done.stderr
     assert not (tmp_path / "budget.jsonl").exists()
+
+
+def test_the_softmax_ceiling_is_planned_in_transfer_with_the_paper_schedule_only():
+    sys.path.insert(0, str(SCRIPT.parent))
+    from budget import CEILING, planned
+
+    runs = planned(["relu", CEILING], ["paper", "new10"], [2], [0], ["same", "transfer"])
+    assert [r for r in runs if r[0] == CEILING] == [(CEILING, "paper", 2, 0, "transfer")]
+    assert len(runs) == 5  # relu: 2 schedules × 2 regimes
+
+
+def test_the_softmax_ceiling_trains_the_softmax_model_by_the_recipe():
+    sys.path.insert(0, str(SCRIPT.parent))
+    from softmax_ceiling import finetune_softmax
+
+    metrics = finetune_softmax("digits", {"epochs": 1, "seed": 0, "batch_size": 256}, None)
+    assert 0.5 < metrics["top1"] <= 1.0 and metrics["n"] == 297  # the trained teacher stays a good model
+    again = finetune_softmax("digits", {"epochs": 1, "seed": 0, "batch_size": 256}, None)
+    assert again["top1"] == metrics["top1"] and again["loss"] == metrics["loss"]  # seeded: the same run twice

@@ -100,6 +100,10 @@ def test_recipe_changes_ignore_where_and_how_fast():
     old = Recipe().to_dict()
     assert recipe_changes(old, build_recipe({"workers": 8, "data_dir": "/elsewhere", "log_interval": 1})) == []
     assert recipe_changes(old, build_recipe({"lr": 0.1})) == ["lr: 0.002 -> 0.1"]
+    before_head_lr_scale = Recipe().to_dict()
+    del before_head_lr_scale["optimization"]["new_params"]["head_lr_scale"]
+    assert recipe_changes(before_head_lr_scale, Recipe()) == []  # a checkpoint written before the sub-key existed
+    assert recipe_changes(before_head_lr_scale, build_recipe({"new_params": {"head_lr_scale": 1}})) != []
 
 
 def test_missing_recipe_lists_the_shipped_ones():
@@ -111,6 +115,7 @@ def test_missing_recipe_lists_the_shipped_ones():
     ({"new_params": {"lr_scal": 10}}, "unknown recipe key new_params.lr_scal; did you mean lr_scale"),
     ({"new_params": {"speed": 2}}, "unknown recipe key new_params.speed; valid: lr_scale, weight_decay, warmup"),
     ({"new_params": {"lr_scale": 0}}, "new_params.lr_scale must be positive"),
+    ({"new_params": {"head_lr_scale": -1}}, "new_params.head_lr_scale must be positive"),
     ({"new_params": {"lr_scale": "fast"}}, "new_params.lr_scale: expected float"),
     ({"new_params": {"warmup_epochs": -1}}, "new_params.warmup_epochs must not be negative"),
     ({"new_params": 10}, "expected a mapping such as {lr_scale: 10}"),
@@ -131,7 +136,7 @@ def test_new_params_overrides_merge_into_the_file_and_reload(tmp_path):
     (tmp_path / "again.yaml").write_text(text)
     assert dataclasses.replace(load_recipe(str(tmp_path / "again.yaml"))[0], name="r") == recipe
     assert recipe.to_dict()["optimization"]["new_params"] == {"lr_scale": 10.0, "weight_decay": 0.1,
-                                                              "warmup_epochs": 1}
+                                                              "warmup_epochs": 1, "head_lr_scale": None}
     assert build_recipe({"new_params": {"lr_scale": 10}}).optimization.new_params == new.__class__(lr_scale=10.0)
     stored = Recipe().to_dict()
     del stored["optimization"]["new_params"]

@@ -153,10 +153,15 @@ class NewParams(Section):
     lr_scale: float = 1.0  # × the schedule's lr (× the layer-decay scale when layer_decay is on)
     weight_decay: Optional[float] = None  # None: the recipe's weight_decay (biases, norms, tokens: always 0)
     warmup_epochs: Optional[int] = None  # None: the recipe's warmup_epochs
+    # A fresh (re-headed) classifier's own multiplier; None: lr_scale. The head sees the task loss directly and
+    # overshoots at a scale that suits fresh attention (budget search, docs/results.md).
+    head_lr_scale: Optional[float] = None
 
     def check(self) -> None:
-        if self.lr_scale <= 0:
-            raise VitconvertError(f"recipe new_params.lr_scale must be positive (got {self.lr_scale})")
+        for name in ("lr_scale", "head_lr_scale"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise VitconvertError(f"recipe new_params.{name} must be positive (got {value})")
         for name in ("weight_decay", "warmup_epochs"):
             value = getattr(self, name)
             if value is not None and value < 0:

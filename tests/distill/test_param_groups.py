@@ -86,6 +86,23 @@ def test_lr_scale_weight_decay_and_layer_decay_reach_the_optimizer(teacher, tmp_
     assert all(g["lr"] == pytest.approx(1e-3 * g["lr_scale"]) for g in layered.param_groups)
 
 
+def test_a_fresh_head_takes_its_own_lr_scale(teacher, tmp_path):
+    model = vitconvert.load(converted(teacher, tmp_path / "s", num_classes=5))  # re-headed: the head is fresh
+    head = fresh_parameter_names(model, "head")
+    assert head == {n for n, _ in model.named_parameters() if n.startswith("head.")}
+    recipe = build_recipe({"lr": 1e-3, "warmup_epochs": 0, "new_params": {"lr_scale": 10, "head_lr_scale": 1}})
+    optimizer, _ = create_optimization(model, recipe, 2)
+    names = {id(p): n for n, p in model.named_parameters()}
+    lr = {names[id(p)]: (g["kind"], g["lr"]) for g in optimizer.param_groups for p in g["params"]}
+    fresh = fresh_parameter_names(model)
+    assert all(lr[n] == ("new", pytest.approx(1e-3)) for n in head)
+    assert all(lr[n] == ("new", pytest.approx(1e-2)) for n in fresh - head) and fresh - head
+    assert all(lr[n] == ("copied", pytest.approx(1e-3)) for n in set(lr) - fresh)
+    without = build_recipe({"lr": 1e-3, "warmup_epochs": 0, "new_params": {"lr_scale": 10}})
+    unset, _ = create_optimization(model, without, 2)
+    assert len(unset.param_groups) == len(optimizer.param_groups) - 2  # no groups of its own: as before
+
+
 def test_fresh_weights_warm_up_on_their_own(teacher, tmp_path):
     model = vitconvert.load(converted(teacher, tmp_path / "s"))
     recipe = build_recipe(dict(lr=1e-3, warmup_lr=0.0, warmup_epochs=0, epochs=10, sched="cosine",

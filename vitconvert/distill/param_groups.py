@@ -57,17 +57,20 @@ def parameter_origins(model: nn.Module) -> dict[str, tuple[str, str]]:
     return actions
 
 
-def fresh_parameter_names(model: nn.Module) -> set[str]:
-    """The parameters ``convert`` did not copy (mimetic, default-init or random)."""
-    return {name for name, (_, action) in parameter_origins(model).items() if action in FRESH_ACTIONS}
+def fresh_parameter_names(model: nn.Module, group: Optional[str] = None) -> set[str]:
+    """The parameters ``convert`` did not copy (mimetic, default-init or random), of one report group if given."""
+    return {name for name, (g, action) in parameter_origins(model).items()
+            if action in FRESH_ACTIONS and group in (None, g)}
 
 
-def split_groups(model: nn.Module, recipe: Recipe, fresh: set[str]) -> list[dict[str, Any]]:
+def split_groups(model: nn.Module, recipe: Recipe, fresh: set[str], head: frozenset[str] = frozenset()
+                 ) -> list[dict[str, Any]]:
     """timm's groups (weight decay, and layer decay when set), each split into its copied and fresh parameters.
 
     Every group carries ``kind`` ("copied" or "new") and ``lr_scale`` (the layer scale × new_params.lr_scale),
     which timm's schedulers multiply into each group's lr. Weight decay applies to what timm decays (not biases,
-    norms, tokens), at ``new_params.weight_decay`` for fresh parameters.
+    norms, tokens), at ``new_params.weight_decay`` for fresh parameters. The fresh ``head`` parameters (a new
+    classifier) get groups of their own at ``new_params.head_lr_scale`` when it is set.
     """
     from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 
@@ -80,20 +83,21 @@ def split_groups(model: nn.Module, recipe: Recipe, fresh: set[str]) -> list[dict
     else:
         base = param_groups_weight_decay(model, weight_decay=1.0, no_weight_decay_list=skip)
     new = o.new_params
-    ids = {id(p) for name, p in model.named_parameters() if name in fresh}
+    origin = {id(p): "head" if name in head else "new" if name in fresh else "copied"
+              for name, p in model.named_parameters()}
     groups = []
     for group in base:
         decayed = group["weight_decay"] > 0
-        for kind in ("copied", "new"):
-            params = [p for p in group["params"] if (id(p) in ids) == (kind == "new")]
+        for kind in ("copied", "new", "head"):
+            params = [p for p in group["params"] if origin[id(p)] == kind]
             if not params:
                 continue
             scale, decay = group.get("lr_scale", 1.0), o.weight_decay
-            if kind == "new":
-                scale *= new.lr_scale
+            if kind != "copied":
+                scale *= new.lr_scale if kind == "new" or new.head_lr_scale is None else new.head_lr_scale
                 decay = o.weight_decay if new.weight_decay is None else new.weight_decay
-            groups.append({**group, "params": params, "kind": kind, "lr_scale": scale,
-                           "weight_decay": decay if decayed else 0.0})
+            groups.append({**group, "params": params, "kind": "copied" if kind == "copied" else "new",
+                           "lr_scale": scale, "weight_decay": decay if decayed else 0.0})
     return groups
 
 
@@ -150,7 +154,9 @@ def create_optimization(model: nn.Module, recipe: Recipe, updates_per_epoch: int
         optimizer = create_optimizer_v2(model, layer_decay=o.layer_decay, **args)
     else:
         fresh = fresh_parameter_names(model)
-        optimizer = create_optimizer_v2(model, param_group_fn=lambda m: split_groups(m, recipe, fresh), **args)
+        own_head = o.new_params.head_lr_scale is not None
+        head = frozenset(fresh_parameter_names(model, "head") if own_head else ())
+        optimizer = create_optimizer_v2(model, param_group_fn=lambda m: split_groups(m, recipe, fresh, head), **args)
 
     def schedule(target: torch.optim.Optimizer, warmup_epochs: int) -> Any:
         # Warm-up first, then the whole cosine from the peak lr down to min_lr by the last epoch, as the
