@@ -12,7 +12,7 @@ import torch
 from helpers import load_benchmark
 from torch import nn
 
-from vitconvert.attention import lean_norms
+from vitconvert.attention import dispatch, lean_norms
 from vitconvert.attention.mhla import rms_over_heads
 
 from .helpers import cuda_rms_kernel_on_the_cpu, rel_error
@@ -129,11 +129,13 @@ def test_ttts_key_norm_backward_is_a_few_passes():
     assert token_sized_ops(lambda: torch.autograd.grad(out, k, grad)) <= 4
 
 
-def test_op_traffic_counts_cudas_fused_rmsnorm_as_one_op_each_way(capsys):
+def test_op_traffic_counts_cudas_fused_rmsnorm_as_one_op_each_way(capsys, monkeypatch):
     """``op_traffic.py --cuda-norms``: MHLA's RMSNorm as on CUDA (one fused op forward, one backward; the CPU
-    decomposes the forward and has no backward kernel), the CPU stand-ins gone afterwards."""
+    decomposes the forward and has no backward kernel), the CPU stand-ins gone afterwards. The blocked form: the
+    pairwise one normalises q and k in its kernels, no torch norm."""
     if not lean_norms.FUSED_RMS_BACKWARD:
         pytest.skip("this torch has no aten::_fused_rms_norm_backward")
+    monkeypatch.setenv(dispatch.FORM_ENV, "blocked")
     script = load_benchmark("op_traffic")
     argv = ["--variant", "mhla", "--model", "vit_tiny_patch16_224", "--img-size", "32", "--depth", "1", "--batch",
             "1", "--train"]
