@@ -90,6 +90,7 @@ class OpTraffic(TorchDispatchMode):
     def __init__(self, token_sized: int, sdpa_mixing: bool = False) -> None:
         super().__init__()
         self.sdpa_mixing = sdpa_mixing  # softmax's token mixing: SDPA's ops, forward and backward (--passes)
+        self.into_fused_ops = False  # count a fused op's body (count() sets it: its launches run unrecorded)
         self.token_sized = token_sized  # elements of q: an op touching a tensor this large is a pass over tokens
         self.model, self.mixing, self.kernels = Traffic(), Traffic(), Traffic()
         self.mixing_kernels = Traffic()  # the launches inside the token mixing (forward and, marked, backward)
@@ -111,7 +112,7 @@ class OpTraffic(TorchDispatchMode):
             return dispatch.build_and_run(kernel, grid, *args, **kwargs)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
-        if func.namespace == "vitconvert":  # a fused op: its body's torch ops and launches, under this mode
+        if self.into_fused_ops and func.namespace == "vitconvert":  # a fused op: its body's ops and launches
             with self:
                 return OPDEFS[func._schema.name]._init_fn(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
@@ -214,6 +215,7 @@ def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: 
     """One forward of ``model`` in ``form`` ('float32' or 'bf16') without grad, or with ``train`` one training step
     (forward and backward of the logits' mean, from no gradients), every op recorded."""
     recorder = OpTraffic(token_sized, sdpa_mixing)
+    recorder.into_fused_ops = True
     model.zero_grad(set_to_none=True)
     with ExitStack() as stack:
         stack.enter_context(torch.enable_grad() if train else torch.no_grad())
