@@ -72,6 +72,28 @@ def kernel_instructions_block() -> str:
     return "\n".join(lines)
 
 
+def mixing_passes_block() -> str:
+    """MHLA's and TTT's bytes per layer training step in q-sized passes (op_traffic.py --passes), the earlier count
+    → the current one, and what autograd keeps (saved_memory.py --json), each against softmax."""
+    now, before = _json("op-traffic-passes.json"), _json("op-traffic-passes-before.json")
+    saved = _json("saved-memory.json")["variants"]
+    passes, earlier, soft = now["q_sized_passes"], before["q_sized_passes"], saved.get("softmax", {})
+    lines = ["| variant | q-sized passes, earlier → now | × softmax | token-sized ops and launches | kept for "
+             "backward × softmax | largest transient × softmax |", "|---|---|---:|---:|---:|---:|"]
+    for name, value in passes.items():
+        kept = saved.get(name)
+        memory = (f"{kept['saved_mib'] / soft['saved_mib']:.2f}× | "
+                  f"{kept['largest_transient_mib'] / soft['largest_transient_mib']:.2f}×" if kept and soft else "— | —")
+        lines.append(f"| {name} | {earlier.get(name, value):.1f} → {value:.1f} | {value / passes['softmax']:.2f}× | "
+                     f"{now['token_sized_ops'][name]:.0f} | {memory} |")
+    lines += ["", f"{now['model']} at {now['img_size']} px ({now['tokens']} tokens), {now['depth']} block, batch "
+              f"{now['batch']}, one bf16 training step on the GPU path (the kernels in Triton's interpreter; no GPU). "
+              "Written by `python benchmarks/op_traffic.py --passes --json benchmarks/results/op-traffic-passes.json` "
+              "and `python benchmarks/saved_memory.py --depth 1 --batch 1 --json benchmarks/results/saved-memory.json` "
+              "(the earlier count: benchmarks/results/op-traffic-passes-before.json, main before issue 37's fusions)."]
+    return "\n".join(lines)
+
+
 def budget_block() -> str:
     """budget.py writes its block with its plot: here into a copy of the doc, without the plot (the block only
     names the figure), through budget.py's own write_report."""
@@ -88,6 +110,7 @@ BLOCKS = [
     Block(PERFORMANCE, "distill-overhead", lambda: _module("distill_overhead").render(
         _json("distill-overhead.json")["rows"]), "distill-overhead.json"),
     Block(PERFORMANCE, "kernel-instructions", kernel_instructions_block, "kernel-instructions*.json"),
+    Block(PERFORMANCE, "mixing-passes", mixing_passes_block, "op-traffic-passes*.json, saved-memory.json"),
     Block(PERFORMANCE, "gpu-h200", gpu_block, "gpu-check-cuda.json"),
     Block(RESULTS_DOC, "quickstart", lambda: _module("quickstart_results").render(_json("quickstart.json")),
           "quickstart.json"),

@@ -4,6 +4,7 @@
     python benchmarks/op_traffic.py --variant mhla --img-size 512 --by-op
     python benchmarks/op_traffic.py --train                # a training step: forward and backward
     python benchmarks/op_traffic.py --variant mhla --train --cuda-norms   # CUDA's fused RMSNorm as one op each
+    python benchmarks/op_traffic.py --passes --variants mhla,ttt --json benchmarks/results/op-traffic-passes.json
 
 A TorchDispatchMode records every aten op one forward runs (views left out: they move no data), with the bytes
 it reads (its tensor inputs) and writes (its outputs), and marks those inside the attention layers' token mixing
@@ -13,11 +14,17 @@ GPU path (the fused kernels in Triton's interpreter, each one op; TTT's bf16 for
 are the same on any device; their times are not measured here. ``--cuda-norms``: MHLA's RMSNorm of q and k as it
 runs on CUDA, torch's fused kernels (aten::_fused_rms_norm and its backward, one op each there), which the CPU
 lacks (its forward decomposes into seven ops; its backward has no CPU kernel): CPU stand-ins doing their math.
+
+``--passes``: the table of issue 37's item 5, HBM bytes of the token mixing per layer in one training step
+(forward and backward, on the bf16 GPU path with CUDA's norms) in q-sized passes (q's bytes in bf16), each variant
+against softmax's SDPA (its forward and backward ops). A fused op's body is counted inside (its torch ops and the
+tensor arguments of its Triton launches), not as the op's own inputs and outputs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections import Counter
@@ -26,7 +33,8 @@ from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any, Optional
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._library.custom_ops import OPDEFS
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
 if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernels: set before timm imports triton
@@ -79,10 +87,13 @@ class Traffic:
 class OpTraffic(TorchDispatchMode):
     """Records every aten op that moves data: into ``model``, and into ``mixing`` while ``in_mix`` is set."""
 
-    def __init__(self, token_sized: int) -> None:
+    def __init__(self, token_sized: int, sdpa_mixing: bool = False) -> None:
         super().__init__()
+        self.sdpa_mixing = sdpa_mixing  # softmax's token mixing: SDPA's ops, forward and backward (--passes)
+        self.into_fused_ops = False  # count a fused op's body (count() sets it: its launches run unrecorded)
         self.token_sized = token_sized  # elements of q: an op touching a tensor this large is a pass over tokens
         self.model, self.mixing, self.kernels = Traffic(), Traffic(), Traffic()
+        self.mixing_kernels = Traffic()  # the launches inside the token mixing (forward and, marked, backward)
         self.in_mix = False
 
     def launch(self, kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
@@ -93,11 +104,17 @@ class OpTraffic(TorchDispatchMode):
         seen = {(t.untyped_storage().data_ptr(), t.storage_offset(), t.numel()): t for t in args
                 if isinstance(t, torch.Tensor)}
         moved = sum(moved_bytes(t) for t in seen.values())
-        self.kernels.add(dispatch.kernel_name(kernel), moved, max((t.numel() for t in seen.values()), default=0)
-                         >= self.token_sized)
-        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+        large = max((t.numel() for t in seen.values()), default=0) >= self.token_sized
+        self.kernels.add(dispatch.kernel_name(kernel), moved, large)
+        if self.in_mix:
+            self.mixing_kernels.add(dispatch.kernel_name(kernel), moved, large)
+        with _disable_current_modes():  # (the interpreter's copies to and from its host buffers: not the GPU's)
+            return dispatch.build_and_run(kernel, grid, *args, **kwargs)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        if self.into_fused_ops and func.namespace == "vitconvert":  # a fused op: its body's ops and launches
+            with self:
+                return OPDEFS[func._schema.name]._init_fn(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
@@ -108,14 +125,16 @@ class OpTraffic(TorchDispatchMode):
                 large = max(t.numel() for t in tensors) >= self.token_sized
                 name = func.name().removeprefix("aten::")
                 self.model.add(name, moved, large)
-                if self.in_mix:
+                if self.in_mix or (self.sdpa_mixing and "scaled_dot_product" in name):
                     self.mixing.add(name, moved, large)
         return out
 
 
 @contextmanager
 def marked_mixing(model: torch.nn.Module, recorder: OpTraffic) -> Iterator[None]:
-    """Each attention layer's ``mix`` sets ``recorder.in_mix`` while it runs."""
+    """Each attention layer's ``mix`` sets ``recorder.in_mix`` while it runs, and while its backward runs: from
+    when its output's gradient is ready until the gradients of all its q, k, v inputs are (tensor hooks; autograd
+    runs the nodes made later first, so nothing made before the mix runs in between)."""
     layers = [m for m in model.modules() if isinstance(m, LinearAttention)]
 
     def marked(layer: LinearAttention) -> Any:
@@ -124,9 +143,27 @@ def marked_mixing(model: torch.nn.Module, recorder: OpTraffic) -> Iterator[None]
         def mix_marked(*args: Any) -> torch.Tensor:
             recorder.in_mix = True
             try:
-                return mix(*args)
+                out = mix(*args)
             finally:
                 recorder.in_mix = False
+            inputs = [t for t in args[:3] if isinstance(t, torch.Tensor) and t.requires_grad]
+            if out.requires_grad and inputs:
+                mark_backward(out, inputs)
+            return out
+
+        def mark_backward(out: torch.Tensor, inputs: list[torch.Tensor]) -> None:
+            waiting = [len(inputs)]
+
+            def begin(grad: torch.Tensor) -> None:
+                recorder.in_mix = True
+
+            def end(grad: torch.Tensor) -> None:
+                waiting[0] -= 1
+                recorder.in_mix = waiting[0] > 0
+
+            out.register_hook(begin)
+            for t in inputs:
+                t.register_hook(end)
         return mix_marked
 
     for layer in layers:
@@ -173,10 +210,12 @@ def cuda_norm_kernels() -> Iterator[None]:
             lean_norms.FUSED_RMS_BACKWARD_DEVICES = devices
 
 
-def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: int, train: bool = False) -> OpTraffic:
+def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: int, train: bool = False,
+          sdpa_mixing: bool = False) -> OpTraffic:
     """One forward of ``model`` in ``form`` ('float32' or 'bf16') without grad, or with ``train`` one training step
     (forward and backward of the logits' mean, from no gradients), every op recorded."""
-    recorder = OpTraffic(token_sized)
+    recorder = OpTraffic(token_sized, sdpa_mixing)
+    recorder.into_fused_ops = True
     model.zero_grad(set_to_none=True)
     with ExitStack() as stack:
         stack.enter_context(torch.enable_grad() if train else torch.no_grad())
@@ -189,6 +228,55 @@ def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: 
             logits.float().mean().backward()
     model.zero_grad(set_to_none=True)
     return recorder
+
+
+def mixing_passes(model: torch.nn.Module, images: torch.Tensor, q_bytes: int,
+                  layers: int) -> tuple[float, dict[str, float], float]:
+    """HBM bytes of the token mixing per layer in one bf16 training step on the GPU path (its torch ops and its
+    launches' tensor arguments, forward and backward; softmax: SDPA's ops) over q's bytes: q-sized passes, and
+    those of each op or kernel (by name), and the token-sized ops and launches among them."""
+    with gpu_path():
+        recorder = count(model, images, "bf16", q_bytes // 2, train=True, sdpa_mixing=True)
+    by_op = {**recorder.mixing.bytes_by_op, **recorder.mixing_kernels.bytes_by_op}
+    scale = 1 / layers / q_bytes
+    return ((recorder.mixing.bytes + recorder.mixing_kernels.bytes) * scale,
+            {name: round(moved * scale, 2) for name, moved in sorted(by_op.items(), key=lambda kv: -kv[1])},
+            (recorder.mixing.token_sized + recorder.mixing_kernels.token_sized) / layers)
+
+
+@contextmanager
+def gpu_path() -> Iterator[None]:
+    """The bf16 GPU path on the CPU: the kernels in Triton's interpreter, CUDA's fused RMSNorm stood in."""
+    with dispatch.kernels_on("cpu"), cuda_norm_kernels():
+        yield
+
+
+def pass_table(model_name: str, variants: list[str], img_size: int = 224, depth: int = 1, batch: int = 1,
+               **model_args: Any) -> dict[str, Any]:
+    """{variant: q-sized passes} of :func:`mixing_passes` for softmax and each variant, with the setting."""
+    torch.manual_seed(0)
+    source = timm.create_model(model_name, pretrained=False, img_size=img_size, depth=depth, **model_args)
+    images = torch.randn(batch, 3, img_size, img_size)
+    tokens = source.patch_embed.num_patches + source.num_prefix_tokens
+    q_bytes = batch * tokens * source.embed_dim * 2  # bf16
+    passes, by_op, ops = {}, {}, {}
+    passes["softmax"], by_op["softmax"], ops["softmax"] = mixing_passes(source, images, q_bytes, depth)
+    for name in variants:
+        student, _ = vitconvert.convert(source, name)
+        passes[name], by_op[name], ops[name] = mixing_passes(student, images, q_bytes, depth)
+    return {"model": model_name, "img_size": img_size, "tokens": tokens, "depth": depth, "batch": batch,
+            "model_args": model_args, "q_sized_passes": passes, "token_sized_ops": ops, "by_op": by_op}
+
+
+def print_pass_table(table: dict[str, Any]) -> None:
+    passes = table["q_sized_passes"]
+    print(f"{table['model']} at {table['img_size']} px ({table['tokens']} tokens), batch {table['batch']}: token "
+          "mixing's HBM bytes per layer, one bf16 training step (GPU path), in q-sized passes; ops: its token-sized "
+          "ops and launches")
+    print(f"  {'variant':8s} {'passes':>7s} {'× softmax':>10s} {'ops':>5s}   largest by op or kernel (passes)")
+    for name, value in passes.items():
+        print(f"  {name:8s} {value:7.1f} {value / passes['softmax']:10.2f} {table['token_sized_ops'][name]:5.0f}   "
+              + ", ".join(f"{op} {moved:.1f}" for op, moved in list(table["by_op"][name].items())[:6]))
 
 
 def report(name: str, recorder: OpTraffic, layers: int, by_op: bool) -> None:
@@ -220,10 +308,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--train", action="store_true", help="a training step (forward and backward), not a forward")
     parser.add_argument("--cuda-norms", action="store_true",
                         help="the bf16 GPU path's RMSNorm (MHLA) as torch's fused CUDA kernels, one op each")
+    parser.add_argument("--passes", action="store_true", help="the table of q-sized passes per variant (--variants)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="the variants of --passes, comma-separated")
+    parser.add_argument("--json", help="--passes: also write the table to this JSON file")
     args = parser.parse_args(argv)
-    if args.variant not in VARIANTS:
-        print(f"error: unknown variant {args.variant!r}; valid: {', '.join(VARIANTS)}", file=sys.stderr)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.passes else [args.variant]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        print(f"error: unknown variant {unknown[0]!r}; valid: {', '.join(VARIANTS)}", file=sys.stderr)
         return 2
+    if args.passes:
+        table = pass_table(args.model, variants, args.img_size, args.depth, args.batch)
+        print_pass_table(table)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(table, f, indent=1)
+        return 0
     torch.manual_seed(0)
     source = timm.create_model(args.model, pretrained=False, img_size=args.img_size, depth=args.depth)
     student, _ = vitconvert.convert(source, args.variant)

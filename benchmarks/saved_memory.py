@@ -2,21 +2,28 @@
 
     python benchmarks/saved_memory.py                        # vit_small at 224 px, 2 blocks, batch 2, bf16 autocast
     python benchmarks/saved_memory.py --model deit_tiny_patch16_224 --depth 12 --img-size 384
+    python benchmarks/saved_memory.py --json benchmarks/results/saved-memory.json
 
 The storages autograd saves in one training forward are what a training step holds beyond its weights, and they
 are the same on any device: on the CPU the fused kernels run in Triton's interpreter (set here before anything
 imports triton), so the GPU path's ops are what is measured. A GPU's peak also holds transient buffers, so the
-ratio is a lower bound of the peak's.
+ratio is a lower bound of the peak's. The second column is the largest transient: the largest tensor one op
+writes in a training step (forward and backward, a fused op's body counted inside), the most one step adds at
+once to what is held.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import torch
+from torch._library.custom_ops import OPDEFS
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_leaves
 
 if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernels: set before timm imports triton
     os.environ.setdefault("TRITON_INTERPRET", "1")  # (not when a test imports saved_mib)
@@ -45,6 +52,44 @@ def saved_mib(model: torch.nn.Module, images: torch.Tensor) -> float:
     return sum(storages.values()) / 2**20
 
 
+class LargestWrite(TorchDispatchMode):
+    """The largest storage an op writes (its outputs'; a fused op's body under this mode, its ops one by one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        if func.namespace == "vitconvert":
+            with self:
+                out = OPDEFS[func._schema.name]._init_fn(*args, **(kwargs or {}))
+        else:
+            out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.untyped_storage().nbytes())
+        return out
+
+
+def unrecorded_launch(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
+    """A Triton launch outside the recorder: the interpreter's copies to and from its host buffers are not the
+    GPU's."""
+    with _disable_current_modes():
+        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+
+
+def largest_transient_mib(model: torch.nn.Module, images: torch.Tensor) -> float:
+    """MiB of the largest tensor one op writes in a bf16-autocast training step (forward and backward)."""
+    model.zero_grad(set_to_none=True)
+    recorder = LargestWrite()
+    with dispatch.launches_through(unrecorded_launch, images.device.type), recorder:
+        with torch.autocast(images.device.type, dtype=torch.bfloat16):
+            logits = model(images)
+        logits.float().mean().backward()
+    model.zero_grad(set_to_none=True)
+    return recorder.largest / 2**20
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="vit_small_patch16_224", help="timm name (random init)")
@@ -52,6 +97,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--depth", type=int, default=2, help="blocks (the ratio does not depend on it much)")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--json", help="also write the table to this JSON file")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -60,22 +106,30 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with dispatch.kernels_on("cpu" if device.type == "cpu" else None):  # the kernels' path, in Triton's interpreter
-        measure(args, variants, device)
+        table = measure(args, variants, device)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(table, f, indent=1)
     return 0
 
 
-def measure(args: argparse.Namespace, variants: list[str], device: torch.device) -> None:
+def measure(args: argparse.Namespace, variants: list[str], device: torch.device) -> dict[str, Any]:
+    """Prints and returns {variant: (saved MiB, largest transient MiB)} against softmax's, with the setting."""
     torch.manual_seed(0)
     source = timm.create_model(args.model, pretrained=False, img_size=args.img_size, depth=args.depth).to(device)
     images = torch.randn(args.batch, 3, args.img_size, args.img_size, device=device)
-    softmax = saved_mib(source, images)
+    models = {"softmax": source, **{name: vitconvert.convert(source, name)[0] for name in variants}}
+    table = {name: {"saved_mib": saved_mib(model, images),
+                    "largest_transient_mib": largest_transient_mib(model, images)} for name, model in models.items()}
     print(f"{args.model} at {args.img_size} px, {args.depth} blocks, batch {args.batch}, bf16 autocast on {device}: "
-          "saved for backward")
-    print(f"  softmax  {softmax:8.1f} MiB")
-    for name in variants:
-        student, _ = vitconvert.convert(source, name)
-        mib = saved_mib(student, images)
-        print(f"  {name:8s} {mib:8.1f} MiB  {mib / softmax:.2f}× softmax")
+          "saved for backward, and the largest tensor one op writes in a training step")
+    softmax = table["softmax"]
+    for name, row in table.items():
+        print(f"  {name:8s} {row['saved_mib']:8.1f} MiB  {row['saved_mib'] / softmax['saved_mib']:.2f}× softmax   "
+              f"largest {row['largest_transient_mib']:7.2f} MiB  "
+              f"{row['largest_transient_mib'] / softmax['largest_transient_mib']:.2f}× softmax")
+    return {"model": args.model, "img_size": args.img_size, "depth": args.depth, "batch": args.batch,
+            "device": str(device), "variants": table}
 
 
 if __name__ == "__main__":

@@ -65,8 +65,9 @@ def training_step(model: torch.nn.Module, images: torch.Tensor, cuda_policy: boo
 @pytest.mark.parametrize("variant,head_dim", [("elu", 32), ("relu", 32), ("inline", 32), ("mhla", 32),
                                               ("mhla-cuda-rmsnorm", 32), ("ttt", 32), ("ttt", 96)])
 def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, head_dim, dtype):
-    """mhla-cuda-rmsnorm: MHLA's RMSNorm on its CUDA branch (torch's fused kernel called direct); ttt at head dim 96:
-    TTT's torch bf16 form (its kernels take head dims up to 64; in fp16 its float32 form). fp16: `--amp float16`."""
+    """mhla-cuda-rmsnorm: MHLA's blocked form with its RMSNorm on the CUDA branch (torch's fused kernel called
+    direct); ttt at head dim 96: TTT's torch bf16 form (its kernels take head dims up to 64; in fp16 its float32
+    form). fp16: `--amp float16`."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(dispatch.kernels_on("cpu"))
         differ = stack.enter_context(fused.fakes_checked())
@@ -75,6 +76,7 @@ def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, 
             if not lean_norms.FUSED_RMS_BACKWARD:
                 pytest.skip("this torch has no aten::_fused_rms_norm_backward")
             variant, rms_backward_calls = "mhla", stack.enter_context(cuda_rms_kernel_on_the_cpu(monkeypatch))
+            dispatch.current().settings = dispatch.KernelSettings(form="blocked")  # (pairwise: the norm in its kernels)
         torch.manual_seed(0)
         source = timm.create_model("vit_small_patch16_224", pretrained=False, img_size=64, depth=1,
                                    embed_dim=2 * head_dim, num_heads=2)

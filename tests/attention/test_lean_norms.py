@@ -12,7 +12,7 @@ import torch
 from helpers import load_benchmark
 from torch import nn
 
-from vitconvert.attention import lean_norms
+from vitconvert.attention import dispatch, lean_norms
 
 from .helpers import cuda_rms_kernel_on_the_cpu, rel_error
 from .helpers import rms_norm_over_heads as rms_over_heads
@@ -129,9 +129,10 @@ def test_ttts_key_norm_backward_is_a_few_passes():
     assert token_sized_ops(lambda: torch.autograd.grad(out, k, grad)) <= 4
 
 
-def test_op_traffic_counts_cudas_fused_rmsnorm_as_one_op_each_way(capsys):
+def test_op_traffic_counts_cudas_fused_rmsnorm_as_one_op_each_way(capsys, monkeypatch):
     """``op_traffic.py --cuda-norms``: MHLA's RMSNorm as on CUDA (one fused op forward, one backward; the CPU
-    decomposes the forward and has no backward kernel), the CPU stand-ins gone afterwards."""
+    decomposes the forward and has no backward kernel), the CPU stand-ins gone afterwards. The blocked form: the
+    pairwise one normalises q and k in its kernels, no torch norm."""
     if not lean_norms.FUSED_RMS_BACKWARD:
         pytest.skip("this torch has no aten::_fused_rms_norm_backward")
     script = load_benchmark("op_traffic")
@@ -139,7 +140,8 @@ def test_op_traffic_counts_cudas_fused_rmsnorm_as_one_op_each_way(capsys):
             "1", "--train"]
     counted = {}
     for flag in ([], ["--cuda-norms"]):
-        assert script.main(argv + flag) == 0
+        with dispatch.kernels_on(settings=dispatch.KernelSettings(form="blocked")):
+            assert script.main(argv + flag) == 0
         line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  mhla, bf16 GPU path"))
         assert ("CUDA's fused RMSNorm" in line) == bool(flag), line
         ops, mib = re.search(r"model (\d+) ops .*?, ([\d.]+) MiB", line).groups()

@@ -23,7 +23,6 @@ from . import fused
 from .dispatch import KernelUnavailable, launch, launch_settings, tile_args, triton_next_power_of_2
 from .fused import _direct_function
 from .fused_parts import _eager_gradients, _mask_arg, _output_like, unit_rows, valid_keys
-from .lean_norms import key_stats
 from .tensors import from_grid, split_prefix, to_grid
 from .ttt_closed_form import normalize_keys, valid_key_moments
 
@@ -35,13 +34,28 @@ TILE_ELEMENTS = 2048
 
 def statistics(x: torch.Tensor, key_valid: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     """(2, B, H, d) float32: the mean and 1/√(var + ε) over the (valid) tokens of (B, H, N, d) ``x``, per channel
-    (TTT's key norm: biased variance). Without a mask in two reading passes of x as it is (no float32 copy)."""
+    (TTT's key norm: biased variance). Without a mask in one reading pass of x as it is (no float32 copy: a
+    kernel's per-program Σx and Σx², summed here)."""
     if key_valid is None:
-        mean, rstd = key_stats(x, eps)
+        mean, rstd = _moments(x, eps)
     else:  # (the masked form as the torch step's: float32 copies)
         mean, _, var = valid_key_moments(x.to(torch.float32), key_valid)
         rstd = torch.rsqrt(var + eps)
     return torch.cat((mean, rstd), dim=-2).movedim(-2, 0).contiguous()
+
+
+def _moments(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, rstd) (B, H, 1, d) float32 of (B, H, N, d) ``x`` over its tokens from one kernel's Σx and Σx²."""
+    from .grid_kernels import key_moments_kernel  # lazy: start-up time
+
+    x = unit_rows(x)
+    B, H, N, D, block, tiles, block_d, warps = _geometry(x)
+    sums = x.new_empty((2, B * H, tiles, D), dtype=torch.float32)
+    launch(key_moments_kernel, (B * H, tiles),
+        x, sums, x.stride(0), x.stride(1), x.stride(2), B, H, N, D,
+        BLOCK_M=block, BLOCK_D=block_d, BLOCK_N=block, **tile_args(x), num_warps=warps)
+    mean, mean_square = (sums.sum(2) / N).view(2, B, H, 1, D).unbind(0)
+    return mean, torch.rsqrt((mean_square - mean.square()).clamp(min=0.0) + eps)
 
 
 def _count(key_valid: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:

@@ -5,8 +5,10 @@
 The output of ``vitconvert::blocked_attention`` (:mod:`.fused`), A_ij = φ(q_i)·φ(k_j)·W̃[s(i), s(j)] summed over
 the keys tile by tile as FlashAttention sums softmax's, where the blocked form goes through per-segment d×d
 states. Which form a call takes is :func:`pairwise_is_cheaper`'s (``VITCONVERT_MHLA_FORM`` forces one). Like the
-blocked op it applies MHLA's RMSNorm to q and k itself, and autograd keeps only the raw q, k and v (no output,
-no state: backward reads the forward out again), registered like the other ops: torch.compile and torch.export
+blocked op it applies MHLA's RMSNorm to q and k itself, as their tiles load (each token's 1/rms from one reading
+pass over q and k: no normalised copy crosses memory, forward or backward; the norm's backward is one more kernel
+per tensor), and autograd keeps only the raw q, k and v (no output, no state: backward reads the forward out
+again), registered like the other ops: torch.compile and torch.export
 see one op, and a plain eager call skips the dispatcher (:func:`.dispatch.direct`).
 """
 
@@ -28,7 +30,7 @@ from .dispatch import (
 )
 from .fused import _direct_function
 from .fused_parts import _eager_gradients, _mask_arg, _output_like, _strides, unit_rows
-from .lean_norms import rms_pair, through_rms_pair
+from .lean_norms import through_rms_pair
 
 MAX_SEGMENTS = 64  # W̃'s gradient is summed through one-hot dots of G padded to a power of two: 64 at most
 # Tensor-core FLOPs the pairwise kernels do in the time the blocked form moves one byte of its states: an H200
@@ -68,27 +70,56 @@ def _geometry(q: torch.Tensor, segments: int) -> tuple[int, ...]:
     return B, H, N, D, -(-N // block), block, block_d, warps, max(16, triton_next_power_of_2(segments))
 
 
+NormArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]
+
+
+def token_rstd(t: torch.Tensor, eps: float) -> torch.Tensor:
+    """(B, N) float32 1/rms of each token of (B, H, N, d) ``t`` over its H·d channels: one reading pass (a strided
+    reduction over q's or k's view of the qkv projection, no copy), as F.rms_norm's over heads."""
+    channels = t.shape[1] * t.shape[3]
+    norm = torch.linalg.vector_norm(t, dim=(1, 3), dtype=torch.float32)
+    return torch.rsqrt(norm.square_().div_(channels).add_(eps))
+
+
+def _rstd(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
+          eps: float) -> torch.Tensor:
+    """(2, B, N) float32 1/rms of q's and k's tokens (:func:`token_rstd`), or an empty tensor without the norm."""
+    if q_weight is None or k_weight is None:
+        return q.new_empty((0,), dtype=torch.float32)
+    return torch.stack((token_rstd(q, eps), token_rstd(k, eps)))
+
+
+def _norm_args(q: torch.Tensor, k: torch.Tensor, rstd: torch.Tensor, q_weight: Optional[torch.Tensor],
+               k_weight: Optional[torch.Tensor]) -> NormArgs:
+    """(q's rstd, k's rstd, q's weight, k's weight, NORM) of the kernels: placeholders (q) without the norm."""
+    if q_weight is None or k_weight is None:
+        return q, q, q, q, False
+    return rstd[0], rstd[1], q_weight.to(torch.float32).contiguous(), k_weight.to(torch.float32).contiguous(), True
+
+
 def run_pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                  segments: torch.Tensor, mixing: torch.Tensor, feature: int, feature_eps: float, eps: float,
                  q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None,
-                 norm_eps: float = 0.0) -> torch.Tensor:
-    """o_i = Σ_j A_ij v_j / (Σ_j A_ij + ε), A_ij = φ(q_i)·φ(k_j)·mixing[s(i), s(j)], for (B, H, N, d) q, k, v,
-    ``segments`` the (N,) int32 segment of each token and ``mixing`` W̃ (G, G); q and k first get MHLA's RMSNorm
-    over heads when their weights are given (a transient of the op)."""
+                 norm_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, rstd): o_i = Σ_j A_ij v_j / (Σ_j A_ij + ε), A_ij = φ(q_i)·φ(k_j)·mixing[s(i), s(j)], for (B, H, N, d)
+    q, k, v, ``segments`` the (N,) int32 segment of each token and ``mixing`` W̃ (G, G); q and k first get MHLA's
+    RMSNorm over heads when their weights are given (applied as the kernel loads them), and rstd, each token's
+    1/rms of q and of k ((2, B, N) float32, for backward; empty without the norm)."""
     from .pairwise_kernels import pairwise_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
-    q, k = rms_pair(q, k, q_weight, k_weight, norm_eps)
     q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
+    rstd = _rstd(q, k, q_weight, k_weight, norm_eps)
+    *norm, normed = _norm_args(q, k, rstd, q_weight, k_weight)
     B, H, N, D, tiles, block, block_d, warps, _ = _geometry(q, mixing.shape[0])
     o = _output_like(q)
     mask, s_mb = _mask_arg(key_valid, k)
     launch(pairwise_fwd_kernel, (B * H, tiles),
-        q, k, v, mask, segments, _table(mixing), o,
+        q, k, v, mask, segments, _table(mixing), *norm, o,
         *_strides(q, k, v), s_mb, *_strides(o),
         H, N, D, mixing.shape[0], feature_eps, eps,
-        FEATURE=feature, HAS_MASK=key_valid is not None, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d,
+        FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d,
         **tile_args(q), num_warps=warps)
-    return o
+    return o, rstd
 
 
 def _table(mixing: torch.Tensor) -> torch.Tensor:
@@ -100,21 +131,28 @@ pairwise_attention = torch.library.custom_op("vitconvert::pairwise_attention", m
 
 @pairwise_attention.register_fake
 def _(q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight=None, k_weight=None, norm_eps=0.0):
-    return _output_like(q)
+    B, _, N, _ = q.shape
+    normed = q_weight is not None and k_weight is not None
+    return _output_like(q), q.new_empty((2, B, N) if normed else (0,), dtype=torch.float32)
 
 
 def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                           key_valid: Optional[torch.Tensor], segments: torch.Tensor, mixing: torch.Tensor,
-                          feature: int, feature_eps: float,
-                          eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv, dW̃ of :func:`pairwise_attention` on normalised q and k: the dq kernel (which reads the
-    forward out again and sums W̃'s gradient per query tile), then the dk/dv kernel."""
+                          feature: int, feature_eps: float, eps: float, q_weight: Optional[torch.Tensor] = None,
+                          k_weight: Optional[torch.Tensor] = None, rstd: Optional[torch.Tensor] = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                     torch.Tensor]:
+    """dq, dk, dv, dW̃, dq_weight, dk_weight of :func:`pairwise_attention`: the dq kernel (which reads the
+    forward out again and sums W̃'s gradient per query tile), then the dk/dv kernel, both normalising q and k as
+    they load (with the forward's ``rstd``), then the norm's backward kernel for each (the weights' gradients empty
+    without the norm)."""
     from .pairwise_kernels import (  # lazy: start-up time
         pairwise_bwd_dkv_kernel,
         pairwise_bwd_dq_kernel,
     )
 
     q, k, v, do = unit_rows(q), unit_rows(k), unit_rows(v), unit_rows(do)
+    *norm, normed = _norm_args(q, k, rstd, q_weight, k_weight)
     G = mixing.shape[0]
     B, H, N, D, tiles, block, block_d, warps, block_g = _geometry(q, G)
     table = _table(mixing)
@@ -123,21 +161,52 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     dden = torch.empty_like(rden)
     dmixing = q.new_empty((B * H, tiles, block_g, block_g), dtype=torch.float32)
     mask, s_mb = _mask_arg(key_valid, k)
-    # half the forward's key chunk and 16-bit tiles (as autocast's own backward multiplies them): what both kernels
-    # fit sm_90 at head dim 64 with (benchmarks/kernel_resources.py --arch sm_90)
-    settings = dict(FEATURE=feature, HAS_MASK=key_valid is not None, BLOCK_M=block, BLOCK_N=max(16, block // 2),
-                    BLOCK_D=block_d, **tile_args(q, half_tiles=True), num_warps=warps)
+    # half the forward's key chunk and 16-bit tiles (as autocast's own backward multiplies them): with TF32 tiles
+    # or whole chunks both kernels spill at head dim 64 on sm_90 (benchmarks/kernel_resources.py --arch sm_90)
+    settings = dict(FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, BLOCK_M=block,
+                    BLOCK_N=max(16, block // 2), BLOCK_D=block_d, **tile_args(q, half_tiles=True),
+                    num_warps=2 * warps if normed else warps)  # (with the norm's rstd and weights on the
+    # forward's warps both spill at head dim 64 for sm_90: benchmarks/kernel_resources.py --arch sm_90)
     launch(pairwise_bwd_dq_kernel, (B * H, tiles),
-        q, k, v, mask, segments, table, do, dq, rden, dden, dmixing,
+        q, k, v, mask, segments, table, *norm, do, dq, rden, dden, dmixing,
         *_strides(q, k, v), s_mb, *_strides(do, dq),
         H, N, D, G, feature_eps, eps,
         BLOCK_G=block_g, **settings)
     launch(pairwise_bwd_dkv_kernel, (B * H, tiles),
-        q, k, v, mask, segments, table, do, rden, dden, dk, dv,
+        q, k, v, mask, segments, table, *norm, do, rden, dden, dk, dv,
         *_strides(q, k, v), s_mb, *_strides(do, dk, dv),
         H, N, D, G, feature_eps,
         **{**settings, "BLOCK_N": spill_free_chunk(settings["BLOCK_N"], block_d)})
-    return dq, dk, dv, dmixing.sum((0, 1))[:G, :G].to(mixing.dtype)
+    dmixing = dmixing.sum((0, 1))[:G, :G].to(mixing.dtype)
+    if not normed:
+        return dq, dk, dv, dmixing, q.new_empty((0,)), q.new_empty((0,))
+    dq, dq_weight = rms_heads_backward(q, dq, norm[0], q_weight)
+    dk, dk_weight = rms_heads_backward(k, dk, norm[1], k_weight)
+    return dq, dk, dv, dmixing, dq_weight, dk_weight
+
+
+def rms_heads_backward(x: torch.Tensor, grad: torch.Tensor, rstd: torch.Tensor,
+                       weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dweight) of MHLA's RMSNorm over heads of (B, H, N, d) ``x`` from ``grad``, the gradient of its output
+    (laid out (B, N, H, d), as the kernels write it), and ``rstd`` (B, N) float32: one kernel reading x and grad
+    and writing dx (laid out as grad), each program's part of dweight summed here."""
+    from .pairwise_kernels import rms_heads_bwd_kernel  # lazy: start-up time
+
+    B, H, N, D = x.shape
+    C = H * D
+    rows, grad_rows = x.transpose(1, 2).reshape(B, N, C), grad.transpose(1, 2).reshape(B, N, C)  # views here
+    rows, grad_rows = unit_rows(rows), unit_rows(grad_rows)
+    block_c = triton_next_power_of_2(C)
+    block_t = max(1, min(64, 8192 // block_c))
+    tiles = -(-N // block_t)
+    dx = torch.empty((B, N, C), dtype=x.dtype, device=x.device)
+    dweight = x.new_empty((B * tiles, C), dtype=torch.float32)
+    launch(rms_heads_bwd_kernel, (B, tiles),
+        rows, grad_rows, rstd, weight.to(torch.float32).contiguous(), dx, dweight,
+        rows.stride(0), rows.stride(1), grad_rows.stride(0), grad_rows.stride(1), dx.stride(0), dx.stride(1),
+        N, C,
+        BLOCK_T=block_t, BLOCK_C=block_c, BLOCK_N=block_t, BLOCK_D=block_c, **tile_args(x), num_warps=8)
+    return dx.view(B, N, H, D).transpose(1, 2), dweight.sum(0).to(weight.dtype)
 
 
 pairwise_attention_backward = torch.library.custom_op("vitconvert::pairwise_attention_backward", mutates_args=())(
@@ -145,29 +214,38 @@ pairwise_attention_backward = torch.library.custom_op("vitconvert::pairwise_atte
 
 
 @pairwise_attention_backward.register_fake
-def _(q, k, v, do, key_valid, segments, mixing, feature, feature_eps, eps):
-    return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(mixing))
+def _(q, k, v, do, key_valid, segments, mixing, feature, feature_eps, eps, q_weight=None, k_weight=None, rstd=None):
+    weights = [q.new_empty((0,)) if w is None or k_weight is None or q_weight is None else torch.empty_like(w)
+               for w in (q_weight, k_weight)]
+    return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(mixing), *weights)
 
 
 def _setup(ctx, inputs, output) -> None:
     q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps = inputs
-    ctx.save_for_backward(q, k, v, key_valid, segments, mixing, q_weight, k_weight)
+    ctx.save_for_backward(q, k, v, key_valid, segments, mixing, q_weight, k_weight, output[1])
+    ctx.set_materialize_grads(False)  # rstd is for backward only: it gets no gradient
     ctx.args = (feature, feature_eps, eps)
     ctx.norm_eps = norm_eps
 
 
-def _backward(ctx, do):
-    q, k, v, key_valid, segments, mixing, q_weight, k_weight = ctx.saved_tensors
+def _backward(ctx, do, _):
+    if do is None:
+        return (None,) * 12
+    q, k, v, key_valid, segments, mixing, q_weight, k_weight, rstd = ctx.saved_tensors
+    try:  # the kernels, normalising q and k as they load, then the norm's backward kernel
+        grads = run_pairwise_backward if fused.direct(do) else pairwise_attention_backward
+        dq, dk, dv, dmixing, dq_weight, dk_weight = grads(q, k, v, do, key_valid, segments, mixing, *ctx.args,
+                                                          q_weight, k_weight, rstd)
+        if q_weight is None or k_weight is None:
+            dq_weight = dk_weight = None
+        return dq, dk, dv, None, None, dmixing, None, None, None, dq_weight, dk_weight, None
+    except KernelUnavailable as e:  # the eager gradients on the normalised q and k, through the norm in torch
+        unavailable = e
 
     def gradients(q_in: torch.Tensor, k_in: torch.Tensor) -> tuple:  # of the op on the normalised q and k
-        try:
-            grads = run_pairwise_backward if fused.direct(do) else pairwise_attention_backward
-            return grads(q_in, k_in, v, do, key_valid, segments, mixing, *ctx.args)
-        except KernelUnavailable as e:
-            dq, dk, dv, _, _, dmixing = _eager_gradients(e, "pairwise_attention", pairwise_eager,
-                                                         (q_in, k_in, v, key_valid, segments, mixing), (do,),
-                                                         *ctx.args)
-            return dq, dk, dv, dmixing
+        dq, dk, dv, _, _, dmixing = _eager_gradients(unavailable, "pairwise_attention", pairwise_eager,
+                                                     (q_in, k_in, v, key_valid, segments, mixing), (do,), *ctx.args)
+        return dq, dk, dv, dmixing
 
     dq, dk, dv, dmixing, dq_weight, dk_weight = through_rms_pair(q, k, q_weight, k_weight, ctx.norm_eps, gradients)
     return dq, dk, dv, None, None, dmixing, None, None, None, dq_weight, dk_weight, None
@@ -197,4 +275,4 @@ def pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optio
     """The op's output, called direct where it may (fused.call_op, looked up per call: fused.fakes_checked)."""
     args = (q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps)
     return fused.call_op(pairwise_attention, _DirectPairwise, run_pairwise, args, (q, k, v, mixing, q_weight,
-                                                                                    k_weight))
+                                                                                    k_weight))[0]

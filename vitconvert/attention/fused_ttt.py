@@ -1,8 +1,10 @@
 """TTT's closed-form step on the GPU: the Triton kernels of :mod:`.ttt_kernels` as one PyTorch custom op.
 
-``vitconvert::ttt_step``  (q, k, v, W) -> (o, W')    W: the (H, 3, d, d) float32 fast weights [W1, W2, W3]
+``vitconvert::ttt_step``  (q, k, v, W, w_q, b_q) -> (o, W')    W: the (H, 3, d, d) float32 fast weights [W1, W2, W3]
 
-on the normalised and convolved q and k (made by the grid op, :mod:`.fused_grid`, or torch ops). The
+on the normalised and convolved k (made by the grid op, :mod:`.fused_grid`, or torch ops) and q, convolved by
+the op itself when its conv's filters w_q, b_q are given (as its tiles load in the read-out and the read-out's
+backward: the convolved q never crosses memory; its conv's backward is the grid op's kernel, in this op's). The
 inner gradients' d×d sums, the update W' = W − lr·∇L (on d×d matrices, in torch) and the read-out
 f_{W'}(q) in two kernels; backward in two (the read-out's backward, the sums' backward; the latter split in two
 on GPUs with 99 KB of shared memory a block: :func:`_sums_backward`) from q, k, v and W' (B, H, 3, d, d):
@@ -22,6 +24,7 @@ import torch
 from . import fused
 from .dispatch import KernelUnavailable, block_sizes, fits, launch, split_tokens, tile_args, too_big
 from .fused import _direct_function
+from .fused_grid import grid_conv_eager, run_grid_conv_backward
 from .fused_parts import _eager_gradients, _mask_arg, _output_like, _total, unit_rows, valid_keys
 from .ttt_closed_form import stepped_readout
 
@@ -60,23 +63,48 @@ def run_inner_sums(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
     return _total(G, B, H)
 
 
+def _updated(weights: torch.Tensor, sums: torch.Tensor, step: Union[float, torch.Tensor]) -> torch.Tensor:
+    """W' = W + step·Ĝ in one op (one read of the (B, H, 3, d, d) float32 sums, one write: at 224 px each is about
+    two passes of q's bytes, where a product then a sum took twice that)."""
+    if isinstance(step, float):
+        return torch.add(weights, sums, alpha=step)
+    return torch.addcmul(weights, sums, step)
+
+
+def _q_conv(q: torch.Tensor, key_valid: Optional[torch.Tensor], q_filter: Optional[torch.Tensor],
+            q_bias: Optional[torch.Tensor], grid: tuple[int, int, int]) -> tuple[tuple, dict]:
+    """The read-out kernels' arguments of q's conv (filters, bias, mask, its stride, prefix, rows, cols) and their
+    settings (CONV, HAS_BIAS, HAS_MASK): placeholders (q) without it."""
+    if q_filter is None:
+        return (q, q, q, 0, 0, 1, 1), dict(CONV=False, HAS_BIAS=False, HAS_MASK=False)
+    mask, s_mb = _mask_arg(key_valid, q)
+    rows, cols, prefix = grid
+    bias = q if q_bias is None else q_bias.to(torch.float32).contiguous()
+    return ((q_filter.reshape(q_filter.shape[0], -1).to(torch.float32).contiguous(), bias, mask, s_mb, prefix, rows,
+             cols), dict(CONV=True, HAS_BIAS=q_bias is not None, HAS_MASK=key_valid is not None))
+
+
 def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-            weights: torch.Tensor, scale: float, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+            weights: torch.Tensor, scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
+            q_bias: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0,
+            prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, W'): out_i = f_{W'}(q_i) after one inner step on (k, v), for (B, H, N, d) q, k, v and (H, 3, d, d)
     float32 W; W' (B, H, 3, d, d) float32 is an output for backward, which reads it instead of summing again
-    (under TTT's checkpoint it is not kept but recomputed with the step, as every saved tensor is)."""
+    (under TTT's checkpoint it is not kept but recomputed with the step, as every saved tensor is). With
+    ``q_filter`` (the (H·d, 1, 3, 3) depthwise conv, ``q_bias`` its bias) q is first q + conv(q) on the
+    rows × cols grid after ``prefix`` tokens, applied as the read-out loads q."""
     from .ttt_kernels import swiglu_readout_kernel  # lazy: start-up time
 
     q = unit_rows(q)
-    step = _step_size(key_valid, k.shape[2], scale, lr)
-    updated = weights + step * run_inner_sums(k, v, key_valid, weights)
+    updated = _updated(weights, run_inner_sums(k, v, key_valid, weights), _step_size(key_valid, k.shape[2], scale, lr))
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(q)
+    (filters, bias, mask, s_mb, *geometry), conv = _q_conv(q, key_valid, q_filter, q_bias, (rows, cols, prefix))
     o = _output_like(q)
     launch(swiglu_readout_kernel, (B * H, splits),
-        q, updated, o,
-        q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        H, N, D, per,
-        BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q), num_warps=warps)
+        q, filters, bias, mask, updated, o,
+        q.stride(0), q.stride(1), q.stride(2), s_mb, o.stride(0), o.stride(1), o.stride(2),
+        H, N, D, per, *geometry,
+        **conv, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q), num_warps=warps)
     return o, updated
 
 
@@ -84,34 +112,43 @@ ttt_step = torch.library.custom_op("vitconvert::ttt_step", mutates_args=())(run_
 
 
 @ttt_step.register_fake
-def _(q, k, v, key_valid, weights, scale, lr):
+def _(q, k, v, key_valid, weights, scale, lr, q_filter=None, q_bias=None, rows=0, cols=0, prefix=0):
     B, H, _, D = q.shape
     return _output_like(q), q.new_empty((B, H, 3, D, D), dtype=torch.float32)
 
 
 def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                      key_valid: Optional[torch.Tensor], weights: torch.Tensor, updated: torch.Tensor, scale: float,
-                     lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv, dW of :func:`ttt_step` given its W': the read-out's backward (dq, dW'), then the sums'
-    (dĜ = step·dW', dk, dv and the chain's dW); dW = Σ_batch (dW' + the chain's)."""
+                     lr: float, q_filter: Optional[torch.Tensor] = None, q_bias: Optional[torch.Tensor] = None,
+                     rows: int = 0, cols: int = 0, prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                              torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv, dW, dw_q, db_q of :func:`ttt_step` given its W': the read-out's backward (dq, dW'; q convolved
+    as it loads), then the sums' (dĜ = step·dW', dk, dv and the chain's dW); dW = Σ_batch (dW' + the chain's);
+    with q's conv, its backward (the grid op's kernel: dq, dw_q, db_q; else the last two empty)."""
     from .ttt_kernels import swiglu_readout_bwd_kernel  # lazy: start-up time
 
     q, k, v, do = unit_rows(q), unit_rows(k), unit_rows(v), unit_rows(do)
     step = _step_size(key_valid, k.shape[2], scale, lr)
     geometry = _geometry(q)
     B, H, N, D, splits, per, block_n, block_d, warps = geometry
+    (filters, bias, mask, s_mb, *grid), conv = _q_conv(q, key_valid, q_filter, q_bias, (rows, cols, prefix))
     dq = _output_like(q)  # (tokens-major, as the forward's o: the convs' backward then reads a view of it, no copy)
     d_updated = q.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
     launch(swiglu_readout_bwd_kernel, (B * H, splits),
-        q, updated, do, dq, d_updated,
-        q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        q, filters, bias, mask, updated, do, dq, d_updated,
+        q.stride(0), q.stride(1), q.stride(2), s_mb, do.stride(0), do.stride(1), do.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2),
-        H, N, D, splits, per,
-        BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q, half_tiles=True), num_warps=warps)
+        H, N, D, splits, per, *grid,
+        **conv, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q, half_tiles=True), num_warps=warps)
     d_updated = _total(d_updated, B, H)
     dk, dv, d_chain = _sums_backward(k, v, key_valid, weights, (d_updated * step).contiguous(), geometry)
-    dweights = (d_updated + _total(d_chain, B, H)).sum(0)
-    return dq, dk, dv, dweights.to(weights.dtype)
+    dweights = (d_updated.sum(0) + _total(d_chain, B, H).sum(0)).to(weights.dtype)  # (each read once: no (B, …) sum)
+    if q_filter is None:
+        return dq, dk, dv, dweights, q.new_empty((0,)), q.new_empty((0,))
+    dq, d_filter, d_bias = run_grid_conv_backward(q, q_filter, key_valid, q.new_empty((0,), dtype=torch.float32),
+                                                  dq, rows, cols, prefix, True, False)
+    return dq, dk, dv, dweights, d_filter.to(q_filter.dtype), (q.new_empty((0,)) if q_bias is None
+                                                                 else d_bias.to(q_bias.dtype))
 
 
 ONE_PASS = "ttt_step: the sums' backward in one kernel"  # (dispatch.fits: where it does not, two kernels)
@@ -164,44 +201,58 @@ ttt_step_backward = torch.library.custom_op("vitconvert::ttt_step_backward", mut
 
 
 @ttt_step_backward.register_fake
-def _(q, k, v, do, key_valid, weights, updated, scale, lr):
-    return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(weights))
+def _(q, k, v, do, key_valid, weights, updated, scale, lr, q_filter=None, q_bias=None, rows=0, cols=0, prefix=0):
+    conv = [q.new_empty((0,)) if t is None or q_filter is None else torch.empty_like(t) for t in (q_filter, q_bias)]
+    return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(weights), *conv)
 
 
 def _setup(ctx, inputs, output) -> None:
-    q, k, v, key_valid, weights, scale, lr = inputs
-    ctx.save_for_backward(q, k, v, key_valid, weights, output[1])
+    q, k, v, key_valid, weights, scale, lr, q_filter, q_bias, rows, cols, prefix = inputs
+    ctx.save_for_backward(q, k, v, key_valid, weights, output[1], q_filter, q_bias)
     ctx.args = (scale, lr)
+    ctx.grid = (rows, cols, prefix)
     ctx.set_materialize_grads(False)  # W' gets no gradient: not a (B, H, 3, d, d) float32 zero tensor per step
 
 
 def _backward(ctx, do, _):  # (W' is for backward only: nothing flows back through it)
     if do is None:
-        return None, None, None, None, None, None, None
-    q, k, v, key_valid, weights, updated = ctx.saved_tensors
+        return (None,) * 12
+    q, k, v, key_valid, weights, updated, q_filter, q_bias = ctx.saved_tensors
     try:
-        dq, dk, dv, dweights = (run_ttt_backward if fused.direct(do) else ttt_step_backward)(q, k, v, do, key_valid,
-                                                                                      weights, updated, *ctx.args)
+        dq, dk, dv, dweights, d_filter, d_bias = (run_ttt_backward if fused.direct(do) else ttt_step_backward)(
+            q, k, v, do, key_valid, weights, updated, *ctx.args, q_filter, q_bias, *ctx.grid)
     except KernelUnavailable as e:
-        dq, dk, dv, _, dweights = _eager_gradients(e, "ttt_step", ttt_eager, (q, k, v, key_valid, weights), (do,),
-                                                   *ctx.args)
-    return dq, dk, dv, None, dweights, None, None
+        inputs = (q, k, v, key_valid, weights, q_filter, q_bias)
+        dq, dk, dv, _, dweights, d_filter, d_bias = _eager_gradients(e, "ttt_step", _ttt_eager_inputs_first, inputs,
+                                                                     (do,), *ctx.args, *ctx.grid)
+    d_filter = None if q_filter is None else d_filter
+    d_bias = None if q_bias is None else d_bias
+    return dq, dk, dv, None, dweights, None, None, d_filter, d_bias, None, None, None
 
 
 ttt_step.register_autograd(_backward, setup_context=_setup)
 _DirectStep = _direct_function("DirectTTTStep", run_ttt, _setup, _backward)
 
 
+def _ttt_eager_inputs_first(q, k, v, key_valid, weights, q_filter, q_bias, scale, lr, rows, cols, prefix):
+    return ttt_eager(q, k, v, key_valid, weights, scale, lr, q_filter, q_bias, rows, cols, prefix)
+
+
 def ttt_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-              weights: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
+              weights: torch.Tensor, scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
+              q_bias: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0, prefix: int = 0) -> torch.Tensor:
     """:func:`ttt_step` in torch, float32 (its backward's fallback and the tests' oracle of the op)."""
+    if q_filter is not None:
+        q = grid_conv_eager(q, None, q_filter, q_bias, key_valid, rows, cols, prefix)
     dtype, acc = q.dtype, torch.promote_types(weights.dtype, torch.float32)
     q, k, v, weights = q.to(acc), k.to(acc), v.to(acc), weights.to(acc)
     return stepped_readout(q, k, v, key_valid, weights[:, 0], weights[:, 1], weights[:, 2], scale, lr).to(dtype)
 
 
 def call_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-              weights: torch.Tensor, scale: float, lr: float) -> torch.Tensor:
-    """The op's output, called direct where it may (fused.call_op)."""
-    args = (q, k, v, key_valid, weights, scale, lr)
-    return fused.call_op(ttt_step, _DirectStep, run_ttt, args, (q, k, v, weights))[0]
+              weights: torch.Tensor, scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
+              q_bias: Optional[torch.Tensor] = None, grid: tuple[int, int, int] = (0, 0, 0)) -> torch.Tensor:
+    """The op's output, called direct where it may (fused.call_op);
+    ``grid`` (rows, cols, prefix tokens) of q's conv when ``q_filter`` is given."""
+    args = (q, k, v, key_valid, weights, scale, lr, q_filter, q_bias, *grid)
+    return fused.call_op(ttt_step, _DirectStep, run_ttt, args, (q, k, v, weights, q_filter, q_bias))[0]

@@ -81,6 +81,26 @@ def _statistics(STATS, B, H, D, b, h, d, d_ok, NORM: tl.constexpr):
 
 
 @triton.jit
+def conv_taps(x_at, s_xn, t, d, d_ok, WEIGHT, BIAS, MASK, s_mb, b, h, N, D, P, ROWS, COLS, mean, rstd,
+              KS: tl.constexpr, NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """bias + Σ_tap w[tap]·(x̂·m)_{t + off(tap)} of tokens ``t`` (zero for prefix tokens and off the grid), float32:
+    the conv of one tile without its base, also what TTT's step kernels add to q as its tiles load."""
+    spatial, row, col = _position(t, P, N, COLS)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for i in range(KS):  # loops, as the backward's; a row of taps shares its rows' test
+        r, row_ok = _row(spatial, row, i - KS // 2, ROWS)
+        for j in range(KS):
+            src, ok = _source(MASK, b, s_mb, r, row_ok, col, j - KS // 2, P, COLS, HAS_MASK)
+            w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + i * KS + j, mask=d_ok, other=0.0)
+            acc += _normed(x_at, s_xn, src, ok, d, d_ok, mean, rstd, NORM) * w[None, :]
+    if HAS_BIAS:
+        bias = tl.load(BIAS + h * D + d, mask=d_ok, other=0.0)
+        acc += tl.where(spatial[:, None], bias[None, :], 0.0)
+    return acc
+
+
+@triton.jit
 def grid_conv_fwd_kernel(
     X, BASE, WEIGHT, BIAS, MASK, STATS, Y,
     s_xb, s_xh, s_xn, s_bb, s_bh, s_bn, s_mb, s_yb, s_yh, s_yn,
@@ -93,17 +113,8 @@ def grid_conv_fwd_kernel(
     bh, tile, b, h, d, d_ok, t, t_ok = _program(H, N, D, BLOCK_M, BLOCK_D)
     x_at = X + b * s_xb + h * s_xh
     mean, rstd = _statistics(STATS, B, H, D, b, h, d, d_ok, NORM)
-    spatial, row, col = _position(t, P, N, COLS)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    for i in range(KS):  # loops, as the backward's; a row of taps shares its rows' test
-        r, row_ok = _row(spatial, row, i - KS // 2, ROWS)
-        for j in range(KS):
-            src, ok = _source(MASK, b, s_mb, r, row_ok, col, j - KS // 2, P, COLS, HAS_MASK)
-            w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + i * KS + j, mask=d_ok, other=0.0)
-            acc += _normed(x_at, s_xn, src, ok, d, d_ok, mean, rstd, NORM) * w[None, :]
-    if HAS_BIAS:
-        bias = tl.load(BIAS + h * D + d, mask=d_ok, other=0.0)
-        acc += tl.where(spatial[:, None], bias[None, :], 0.0)
+    acc = conv_taps(x_at, s_xn, t, d, d_ok, WEIGHT, BIAS, MASK, s_mb, b, h, N, D, P, ROWS, COLS, mean, rstd,
+                    KS, NORM, HAS_BIAS, HAS_MASK, BLOCK_M, BLOCK_D)
     tile_ok = t_ok[:, None] & d_ok[None, :]
     if HAS_BASE:
         acc += tl.load(BASE + b * s_bb + h * s_bh + t[:, None] * s_bn + d[None, :], mask=tile_ok,
@@ -176,3 +187,21 @@ def grid_conv_bwd_kernel(
     if WRITE_DX:
         tl.store(DX + b * s_db + h * s_dh + t[:, None] * s_dn + d[None, :], dx_hat.to(DX.dtype.element_ty),
                  mask=tile_ok)
+
+
+@triton.jit
+def key_moments_kernel(
+    X, SUMS,
+    s_xb, s_xh, s_xn,
+    B, H, N, D,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """Σ x and Σ x² over BLOCK_M tokens of one (batch, head), per channel, float32 (grid as the convs'): TTT's key
+    statistics in one reading pass of x as it is (SUMS: (2, B·H, tiles, D), each program's part)."""
+    bh, tile, b, h, d, d_ok, t, t_ok = _program(H, N, D, BLOCK_M, BLOCK_D)
+    x = tl.load(X + b * s_xb + h * s_xh + t[:, None] * s_xn + d[None, :], mask=t_ok[:, None] & d_ok[None, :],
+                other=0.0).to(tl.float32)
+    at = SUMS + (bh * tl.num_programs(1) + tile) * D + d
+    tl.store(at, tl.sum(x, axis=0), mask=d_ok)
+    tl.store(at + B * H * tl.num_programs(1) * D, tl.sum(x * x, axis=0), mask=d_ok)

@@ -34,10 +34,21 @@ def _program(H, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def _side(base, s_n, tok, ok, d, d_ok, feature_eps, FEATURE: tl.constexpr):
-    """One tile of q or k rows ``tok`` (valid ``ok``): (x in float32, φ(x) zero outside the tile)."""
+def _norm(RSTD, NW, b, h, N, D, d, d_ok, NORM: tl.constexpr):
+    """(this image's per-token 1/rms, this head's RMSNorm weights) of q or k: RSTD (B, N), NW (H·D,) float32."""
+    if NORM:
+        return RSTD + b * N, tl.load(NW + h * D + d, mask=d_ok, other=0.0)
+    return RSTD, tl.zeros_like(d).to(tl.float32)
+
+
+@triton.jit
+def _side(base, s_n, tok, ok, d, d_ok, feature_eps, FEATURE: tl.constexpr, rstd_at, w, NORM: tl.constexpr):
+    """One tile of q or k rows ``tok`` (valid ``ok``): (x in float32, φ(x) zero outside the tile); with ``NORM``
+    x is MHLA's RMSNorm over heads, applied as the tile loads (x·rstd·w: the token's 1/rms from ``rstd_at``)."""
     tile = ok[:, None] & d_ok[None, :]
     x = tl.load(base + tok[:, None] * s_n + d[None, :], mask=tile, other=0.0).to(tl.float32)
+    if NORM:
+        x = x * tl.load(rstd_at + tok, mask=ok, other=0.0)[:, None] * w[None, :]
     return x, tl.where(tile, _phi(x, FEATURE, feature_eps), 0.0)
 
 
@@ -59,14 +70,15 @@ def _weights(W, seg_q, seg_k, G):
 @triton.jit
 def _attend(phi_q, seg_q, k_base, v_base, SEG, W, MASK, b, s_mb, s_kn, s_vn, N, G, d, d_ok, feature_eps,
             FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+            BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+            rstd_k, w_k, NORM: tl.constexpr):
     """(Σ_j A_ij v_j, Σ_j A_ij) of BLOCK_M queries over every key, float32."""
     num = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     den = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         ok = _keys_ok(MASK, b, s_mb, cols, N, HAS_MASK)
-        _, phi_k = _side(k_base, s_kn, cols, ok, d, d_ok, feature_eps, FEATURE)
+        _, phi_k = _side(k_base, s_kn, cols, ok, d, d_ok, feature_eps, FEATURE, rstd_k, w_k, NORM)
         v = tl.load(v_base + cols[:, None] * s_vn + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
         seg_k = tl.load(SEG + cols, mask=cols < N, other=0)
         a = _dot(phi_q.to(TILE), tl.trans(phi_k).to(TILE), PRECISION, EMULATE) * _weights(W, seg_q, seg_k, G)
@@ -77,20 +89,23 @@ def _attend(phi_q, seg_q, k_base, v_base, SEG, W, MASK, b, s_mb, s_kn, s_vn, N, 
 
 @triton.jit
 def pairwise_fwd_kernel(
-    Q, K, V, MASK, SEG, W, O,
+    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, O,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_ob, s_oh, s_on,
     H, N, D, G, feature_eps, eps,
-    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
-    """o of the BLOCK_M queries of one (batch·head, query tile)."""
+    """o of the BLOCK_M queries of one (batch·head, query tile); ``NORM``: q, k normalised as they load."""
     bh, tile_m, b, h, d, d_ok, rows = _program(H, D, BLOCK_M, BLOCK_D)
     row_ok = rows < N
-    _, phi_q = _side(Q + b * s_qb + h * s_qh, s_qn, rows, row_ok, d, d_ok, feature_eps, FEATURE)
+    rstd_q, w_q = _norm(RSTD_Q, NW_Q, b, h, N, D, d, d_ok, NORM)
+    rstd_k, w_k = _norm(RSTD_K, NW_K, b, h, N, D, d, d_ok, NORM)
+    _, phi_q = _side(Q + b * s_qb + h * s_qh, s_qn, rows, row_ok, d, d_ok, feature_eps, FEATURE, rstd_q, w_q, NORM)
     seg_q = tl.load(SEG + rows, mask=row_ok, other=0)
     num, den = _attend(phi_q, seg_q, K + b * s_kb + h * s_kh, V + b * s_vb + h * s_vh, SEG, W, MASK, b, s_mb,
                        s_kn, s_vn, N, G, d, d_ok, feature_eps, FEATURE, HAS_MASK, BLOCK_M, BLOCK_N, BLOCK_D, TILE,
-                       PRECISION, EMULATE)
+                       PRECISION, EMULATE, rstd_k, w_k, NORM)
     o = num / (den + eps)[:, None]
     tl.store(O + b * s_ob + h * s_oh + rows[:, None] * s_on + d[None, :], o.to(O.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
@@ -98,10 +113,10 @@ def pairwise_fwd_kernel(
 
 @triton.jit
 def pairwise_bwd_dq_kernel(
-    Q, K, V, MASK, SEG, W, DO, DQ, RDEN, DDEN, DW,
+    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, DO, DQ, RDEN, DDEN, DW,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
     H, N, D, G, feature_eps, eps,
-    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
     EMULATE: tl.constexpr,
 ):
@@ -115,11 +130,13 @@ def pairwise_bwd_dq_kernel(
     row_ok = rows < N
     tile = row_ok[:, None] & d_ok[None, :]
     q_base = Q + b * s_qb + h * s_qh
-    _, phi_q = _side(q_base, s_qn, rows, row_ok, d, d_ok, feature_eps, FEATURE)
+    rstd_q, w_q = _norm(RSTD_Q, NW_Q, b, h, N, D, d, d_ok, NORM)
+    rstd_k, w_k = _norm(RSTD_K, NW_K, b, h, N, D, d, d_ok, NORM)
+    _, phi_q = _side(q_base, s_qn, rows, row_ok, d, d_ok, feature_eps, FEATURE, rstd_q, w_q, NORM)
     seg_q = tl.load(SEG + rows, mask=row_ok, other=0)
     k_base, v_base = K + b * s_kb + h * s_kh, V + b * s_vb + h * s_vh
     num, den = _attend(phi_q, seg_q, k_base, v_base, SEG, W, MASK, b, s_mb, s_kn, s_vn, N, G, d, d_ok, feature_eps,
-                       FEATURE, HAS_MASK, BLOCK_M, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
+                       FEATURE, HAS_MASK, BLOCK_M, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE, rstd_k, w_k, NORM)
     rden = 1.0 / (den + eps)
     g = tl.load(DO + b * s_gb + h * s_gh + rows[:, None] * s_gn + d[None, :], mask=tile, other=0.0).to(tl.float32)
     dnum = g * rden[:, None]
@@ -132,9 +149,10 @@ def pairwise_bwd_dq_kernel(
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         ok = _keys_ok(MASK, b, s_mb, cols, N, HAS_MASK)
-        k_rows, phi_k = _side(k_base, s_kn, cols, ok, d, d_ok, feature_eps, FEATURE)  # (a name of its own: the
+        # (k_rows: a name of its own, as the compiler takes a reused one as loop-carried)
+        k_rows, phi_k = _side(k_base, s_kn, cols, ok, d, d_ok, feature_eps, FEATURE, rstd_k, w_k, NORM)
         v = tl.load(v_base + cols[:, None] * s_vn + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
-        seg_k = tl.load(SEG + cols, mask=cols < N, other=0)  # compiler takes a reused one as loop-carried)
+        seg_k = tl.load(SEG + cols, mask=cols < N, other=0)
         w = _weights(W, seg_q, seg_k, G)
         p = _dot(phi_q.to(TILE), tl.trans(phi_k).to(TILE), PRECISION, EMULATE)
         da = tl.where(ok[None, :], _dot(dnum.to(TILE), tl.trans(v).to(TILE), PRECISION, EMULATE) + dden[:, None],
@@ -144,8 +162,8 @@ def pairwise_bwd_dq_kernel(
         by_key_segment += _dot((da * p).to(TILE), onehot_k, PRECISION, EMULATE)
     onehot_q = tl.where(row_ok[:, None] & (seg_q[:, None] == groups[None, :]), 1.0, 0.0)
     dw = tl.dot(tl.trans(onehot_q), by_key_segment, input_precision="ieee")  # once a program: float32 exact
-    q = tl.load(q_base + rows[:, None] * s_qn + d[None, :], mask=tile, other=0.0).to(tl.float32)  # (read again:
-    dq = dphi * _phi_grad(q, FEATURE)  # registers, not bandwidth, bound this kernel)
+    q, _ = _side(q_base, s_qn, rows, row_ok, d, d_ok, feature_eps, FEATURE, rstd_q, w_q, NORM)  # (read again:
+    dq = dphi * _phi_grad(q, FEATURE)  # registers, not bandwidth, bound this kernel; dq of the normalised q)
     tl.store(DQ + b * s_dqb + h * s_dqh + rows[:, None] * s_dqn + d[None, :], dq.to(DQ.dtype.element_ty), mask=tile)
     out = DW + (bh * tl.num_programs(1) + tile_m) * BLOCK_G * BLOCK_G
     tl.store(out + groups[:, None] * BLOCK_G + groups[None, :], dw)
@@ -153,18 +171,20 @@ def pairwise_bwd_dq_kernel(
 
 @triton.jit
 def pairwise_bwd_dkv_kernel(
-    Q, K, V, MASK, SEG, W, DO, RDEN, DDEN, DK, DV,
+    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, DO, RDEN, DDEN, DK, DV,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_gb, s_gh, s_gn,
     s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     H, N, D, G, feature_eps,
-    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """dk, dv of the BLOCK_M keys of one (batch·head, key tile), over every query:
     dv_j = Σ_i A_ij dnum_i, dφk_j = Σ_i dA_ij W̃_ij φq_i (masked keys: zero)."""
     bh, tile_m, b, h, d, d_ok, cols = _program(H, D, BLOCK_M, BLOCK_D)
     ok = _keys_ok(MASK, b, s_mb, cols, N, HAS_MASK)
-    k, phi_k = _side(K + b * s_kb + h * s_kh, s_kn, cols, ok, d, d_ok, feature_eps, FEATURE)
+    rstd_q, w_q = _norm(RSTD_Q, NW_Q, b, h, N, D, d, d_ok, NORM)
+    rstd_k, w_k = _norm(RSTD_K, NW_K, b, h, N, D, d, d_ok, NORM)
+    k, phi_k = _side(K + b * s_kb + h * s_kh, s_kn, cols, ok, d, d_ok, feature_eps, FEATURE, rstd_k, w_k, NORM)
     v = tl.load(V + b * s_vb + h * s_vh + cols[:, None] * s_vn + d[None, :], mask=ok[:, None] & d_ok[None, :],
                 other=0.0)
     seg_k = tl.load(SEG + cols, mask=cols < N, other=0)
@@ -174,7 +194,7 @@ def pairwise_bwd_dkv_kernel(
     for start in range(0, N, BLOCK_N):
         rows = start + tl.arange(0, BLOCK_N)
         row_ok = rows < N
-        _, phi_q = _side(q_base, s_qn, rows, row_ok, d, d_ok, feature_eps, FEATURE)
+        _, phi_q = _side(q_base, s_qn, rows, row_ok, d, d_ok, feature_eps, FEATURE, rstd_q, w_q, NORM)
         g = tl.load(g_base + rows[:, None] * s_gn + d[None, :], mask=row_ok[:, None] & d_ok[None, :],
                     other=0.0).to(tl.float32)
         dnum = g * tl.load(RDEN + bh * N + rows, mask=row_ok, other=0.0)[:, None]
@@ -192,3 +212,32 @@ def pairwise_bwd_dkv_kernel(
     tl.store(DV + b * s_dvb + h * s_dvh + cols[:, None] * s_dvn + d[None, :], tl.where(ok[:, None], dv, 0.0)
              .to(DV.dtype.element_ty), mask=store)
 
+
+
+@triton.jit
+def rms_heads_bwd_kernel(
+    X, G, RSTD, NW, DX, DW,
+    s_xb, s_xn, s_gb, s_gn, s_db, s_dn,
+    N, C,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """The backward of MHLA's RMSNorm over heads, y = x·rstd·w, for BLOCK_T tokens of one image (grid (B, token
+    tiles)): dx = rstd·(g·w − x̂·mean(g·w·x̂)), x̂ = x·rstd, over each token's C = H·d channels (contiguous in x, g
+    and dx), and this program's part of dw = Σ g·x̂ (DW: (B·tiles, C) float32). ``G``: the gradient of y (the
+    pairwise kernels' dq or dk, of the normalised q or k); RSTD (B, N) and NW (C,) float32. No dots: the settings
+    :func:`.dispatch.launch` passes every kernel (BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE) are unused."""
+    b, tile = tl.program_id(0), tl.program_id(1)
+    t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.arange(0, BLOCK_C)
+    ok = (t < N)[:, None] & (c < C)[None, :]
+    x = tl.load(X + b * s_xb + t[:, None] * s_xn + c[None, :], mask=ok, other=0.0).to(tl.float32)
+    g = tl.load(G + b * s_gb + t[:, None] * s_gn + c[None, :], mask=ok, other=0.0).to(tl.float32)
+    rstd = tl.load(RSTD + b * N + t, mask=t < N, other=0.0)
+    w = tl.load(NW + c, mask=c < C, other=0.0)
+    x_hat = x * rstd[:, None]
+    gw = g * w[None, :]
+    mean = tl.sum(gw * x_hat, axis=1) / C
+    dx = rstd[:, None] * (gw - x_hat * mean[:, None])
+    tl.store(DX + b * s_db + t[:, None] * s_dn + c[None, :], dx.to(DX.dtype.element_ty), mask=ok)
+    tl.store(DW + (b * tl.num_programs(1) + tile) * C + c, tl.sum(g * x_hat, axis=0), mask=c < C)

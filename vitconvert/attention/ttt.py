@@ -198,31 +198,29 @@ class TTTAttention(LinearAttention):
 
     def fused_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                    grid: Grid, kernel_convs: bool = False) -> torch.Tensor:
-        """The step on the Triton kernels (attention/fused_ttt.py): the key norm (float32 statistics) and the convs
-        each one kernel with ``kernel_convs`` (attention/fused_grid.py: the norm's statistics, then k's norm and
-        conv in one pass; q's conv in one), else torch ops, in v's dtype; the inner sums, the update and the
+        """The step on the Triton kernels (attention/fused_ttt.py): with ``kernel_convs`` the key norm (float32
+        statistics) and k's conv in one kernel (attention/fused_grid.py) and q's conv inside the step op (applied as
+        its read-out loads q), else torch ops, in v's dtype; the inner sums, the update and the
         read-out in the op, whose token-sized work stays in float32 registers, and the fast weights float32
         throughout. A grid kernel Triton cannot build turns that op off; the convs then run in torch."""
         dtype = v.dtype
-        convolved = (dispatch.attempt("grid_conv", self.kernel_convs, q.to(dtype), k.to(dtype), key_valid, grid)
-                     if kernel_convs and grid is not None else None)
-        if convolved is None:
+        k_conv = (dispatch.attempt("grid_conv", self.kernel_key_conv, k.to(dtype), key_valid, grid)
+                  if kernel_convs and grid is not None else None)
+        weights = torch.stack((self.fast_w1, self.fast_w2, self.fast_w3), dim=1).float()  # (H, 3, d, d)
+        if k_conv is None:
             k = key_instance_norm(k, key_valid, self.key_norm_eps, dtype)
             q = self.local_conv(q.to(dtype), self.q_conv.weight, self.q_conv.bias, grid, key_valid)
             k = self.local_conv(k, self.k_conv.weight, self.k_conv.bias, grid, key_valid)
-        else:
-            q, k = convolved
-        weights = torch.stack((self.fast_w1, self.fast_w2, self.fast_w3), dim=1).float()  # (H, 3, d, d)
-        return fused_ttt.call_step(q, k, v, key_valid, weights, self.scale, self.inner_lr)
+            return fused_ttt.call_step(q, k, v, key_valid, weights, self.scale, self.inner_lr)
+        return fused_ttt.call_step(q.to(dtype), k_conv, v, key_valid, weights, self.scale, self.inner_lr,
+                                   self.q_conv.weight, self.q_conv.bias, (*grid, self.num_prefix_tokens))
 
-    def kernel_convs(self, q: torch.Tensor, k: torch.Tensor, key_valid: Optional[torch.Tensor],
-                     grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q + conv(q), k̂ + conv(k̂)) on the grid op (k̂: the keys' instance norm), for :meth:`fused_step`."""
-        prefix = self.num_prefix_tokens
-        q = fused_grid.conv_on_grid(q, None, self.q_conv.weight, self.q_conv.bias, key_valid, grid, prefix)
-        k = fused_grid.conv_on_grid(k, None, self.k_conv.weight, self.k_conv.bias, key_valid, grid, prefix,
-                                    self.key_norm_eps)
-        return q, k
+    def kernel_key_conv(self, k: torch.Tensor, key_valid: Optional[torch.Tensor],
+                        grid: tuple[int, int]) -> torch.Tensor:
+        """k̂ + conv(k̂) on the grid op (k̂: the keys' instance norm), for :meth:`fused_step` (q's conv is the step
+        op's own, applied as its read-out loads q)."""
+        return fused_grid.conv_on_grid(k, None, self.k_conv.weight, self.k_conv.bias, key_valid, grid,
+                                       self.num_prefix_tokens, self.key_norm_eps)
 
     def bf16_mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                  grid: Grid) -> torch.Tensor:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .grid_kernels import conv_taps
 from .triton_kernels import _dot, _load_square, _store_square
 
 
@@ -63,6 +64,21 @@ def _program(H, N, D, tokens_per_split, BLOCK_D: tl.constexpr):
 def _rows(base, tok, tile, d, stride):
     """One chunk of token rows in float32, zero outside ``tile``."""
     return tl.load(base + tok[:, None] * stride + d[None, :], mask=tile, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _queries(q_base, tok, tile, d, d_ok, s_qn, QW, QB, MASK, s_mb, b_, h, N, D, P, ROWS, COLS,
+             CONV: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_D: tl.constexpr):
+    """One chunk of query rows in float32, zero outside ``tile``; with ``CONV`` TTT's residual 3×3 depthwise conv
+    of q on the grid (QW: (H·D, 9) float32 filters, QB its bias) added as the tile loads: the convolved q never
+    crosses memory."""
+    q = _rows(q_base, tok, tile, d, s_qn)
+    if CONV:
+        none = tl.zeros_like(d).to(tl.float32)
+        q = tl.where(tile, q + conv_taps(q_base, s_qn, tok, d, d_ok, QW, QB, MASK, s_mb, b_, h, N, D, P, ROWS, COLS,
+                                         none, none, 3, False, HAS_BIAS, HAS_MASK, BLOCK_N, BLOCK_D), 0.0)
+    return q
 
 
 @triton.jit
@@ -127,35 +143,40 @@ def inner_sums_kernel(
 
 @triton.jit
 def swiglu_readout_kernel(
-    Q, W, O,
-    s_qb, s_qh, s_qn, s_ob, s_oh, s_on,
-    H, N, D, tokens_per_split,
+    Q, QW, QB, MASK, W, O,
+    s_qb, s_qh, s_qn, s_mb, s_ob, s_oh, s_on,
+    H, N, D, tokens_per_split, P, ROWS, COLS,
+    CONV: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
     EMULATE: tl.constexpr,
 ):
-    """o = (silu(qW1') ⊙ qW2') W3' for the queries of one (batch·head, token range); W: (BH, 3, D, D) float32."""
+    """o = (silu(qW1') ⊙ qW2') W3' for the queries of one (batch·head, token range); W: (BH, 3, D, D) float32;
+    ``CONV``: q convolved as it loads (:func:`_queries`)."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
     w1, w2, w3 = _three(W, bh * 3, d, d_ok, D)
     w1, w2, w3 = w1.to(TILE), w2.to(TILE), w3.to(TILE)
     q_base, o_base = Q + b_ * s_qb + h * s_qh, O + b_ * s_ob + h * s_oh
     for start in range(begin, end, BLOCK_N):
         tok, _, tile = _chunk(start, end, Q, d_ok, BLOCK_N, False)
-        _, b, _, act, _ = _swiglu_parts(_rows(q_base, tok, tile, d, s_qn), w1, w2, TILE, PRECISION, EMULATE)
+        q = _queries(q_base, tok, tile, d, d_ok, s_qn, QW, QB, MASK, s_mb, b_, h, N, D, P, ROWS, COLS, CONV, HAS_BIAS,
+                     HAS_MASK, BLOCK_N, BLOCK_D)
+        _, b, _, act, _ = _swiglu_parts(q, w1, w2, TILE, PRECISION, EMULATE)
         o = _dot((act * b).to(TILE), w3, PRECISION, EMULATE)
         tl.store(o_base + tok[:, None] * s_on + d[None, :], o.to(O.dtype.element_ty), mask=tile)
 
 
 @triton.jit
 def swiglu_readout_bwd_kernel(
-    Q, W, DO, DQ, DW,
-    s_qb, s_qh, s_qn, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
-    H, N, D, SPLITS, tokens_per_split,
+    Q, QW, QB, MASK, W, DO, DQ, DW,
+    s_qb, s_qh, s_qn, s_mb, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
+    H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
+    CONV: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
     EMULATE: tl.constexpr,
 ):
     """dq of each query and partial dW1', dW2', dW3' of the range (DW: (BH, 3, SPLITS, D, D)):
     dh = do W3'ᵀ, da = dh ⊙ b ⊙ silu'(a), db = dh ⊙ silu(a), dq = da W1'ᵀ + db W2'ᵀ, dW1' = Σ qᵀda,
-    dW2' = Σ qᵀdb, dW3' = Σ hᵀdo."""
+    dW2' = Σ qᵀdb, dW3' = Σ hᵀdo; with ``CONV`` q is convolved as it loads and dq is the convolved q's."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
     # (w3 is unused but named: `_` is reassigned in the loop with another shape, and Triton's compiler, unlike its
     # interpreter, refuses a loop-carried variable whose type changes)
@@ -166,7 +187,8 @@ def swiglu_readout_bwd_kernel(
     q_base, g_base, dq_base = Q + b_ * s_qb + h * s_qh, DO + b_ * s_gb + h * s_gh, DQ + b_ * s_dqb + h * s_dqh
     for start in range(begin, end, BLOCK_N):
         tok, _, tile = _chunk(start, end, Q, d_ok, BLOCK_N, False)
-        q = _rows(q_base, tok, tile, d, s_qn)
+        q = _queries(q_base, tok, tile, d, d_ok, s_qn, QW, QB, MASK, s_mb, b_, h, N, D, P, ROWS, COLS, CONV, HAS_BIAS,
+                     HAS_MASK, BLOCK_N, BLOCK_D)
         g = _rows(g_base, tok, tile, d, s_gn).to(TILE)
         _, b, _, act, dsilu = _swiglu_parts(q, w1, w2, TILE, PRECISION, EMULATE)
         dh = _dot(g, w3_t, PRECISION, EMULATE)
