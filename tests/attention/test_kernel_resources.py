@@ -32,7 +32,7 @@ def test_every_op_lists_the_kernels_it_launches(capsys):
     kernels = {(row["op"], row["kernel"]) for row in rows}
     assert kernels == {("linear_attention elu", k) for k in ("attention_fwd_kernel", "attention_bwd_kernel")} | {
         ("ttt_step", k) for k in ("inner_sums_kernel", "swiglu_readout_kernel", "swiglu_readout_bwd_kernel",
-                                  "inner_sums_bwd_kernel")}
+                                  "inner_sums_bwd_kernel", "grid_conv_bwd_kernel")}  # (q's conv's backward)
     assert all(row["head_dim"] == 16 and row["BLOCK_D"] == 16 and row["num_warps"] > 0 for row in rows)
     if device.type == "cpu":
         assert all(row["registers"] is None for row in rows)
@@ -134,18 +134,20 @@ LINEAR_KERNELS = {"linear_attention elu": {"attention_fwd_kernel", "state_fwd_ke
 
 @pytest.mark.skipif(not nvidia_build_tools(), reason="this Triton ships no ptxas/cuobjdump")
 def test_on_an_l40_the_head_dim_128_backward_kernels_run_on_leaner_settings(tmp_path):
-    """An L40 or RTX 4090 (sm_89) gives a block 99 KB of shared memory; at head dim 128 the read-out's and state's
-    backward on TF32 tiles need 128 and 176 KB. Refused as Triton's launcher refuses them there, dispatch runs the
-    read-out's on 16-bit tiles and the state's on 16-bit tiles and 16-token chunks: every kernel of ELU and MHLA
-    runs (none falls back to the eager form)."""
+    """An L40 or RTX 4090 (sm_89) gives a block 99 KB of shared memory; at head dim 128 the state's backward needs
+    more on the tiles its call site asks for (ELU: bf16 tiles for bf16 inputs; MHLA: TF32). Refused as Triton's
+    launcher refuses it there, dispatch runs it on 16-bit tiles and 16-token chunks; MHLA's read-out backward takes
+    half the chunk on TF32 tiles from the start (fused_parts.readout_gradients). Every kernel of ELU and MHLA runs
+    (none falls back to the eager form)."""
     rows, stdout = cross_build(tmp_path, "--head-dims", "128", "--ops", "linear_attention elu,blocked_attention mhla",
                                arch="sm_89")
     runs = ran(rows)
     assert {(op, kernel) for _, op, kernel in runs} == {(op, k) for op, ks in LINEAR_KERNELS.items() for k in ks}
     for op in LINEAR_KERNELS:
-        assert runs[128, op, "attention_fwd_kernel" if "elu" in op else "readout_fwd_kernel"]["tile"] == "tf32"
+        first = runs[128, op, "attention_fwd_kernel" if "elu" in op else "readout_fwd_kernel"]
+        assert first["tile"] == ("bf16" if "elu" in op else "tf32")
         assert (runs[128, op, "readout_bwd_kernel"]["tile"], runs[128, op, "readout_bwd_kernel"]["BLOCK_N"]) == (
-            "bf16", 32)
+            ("bf16", 32) if "elu" in op else ("tf32", 16))
         assert (runs[128, op, "state_bwd_kernel"]["tile"], runs[128, op, "state_bwd_kernel"]["BLOCK_N"]) == (
             "bf16", 16)
     assert all(row["shared_bytes"] <= 101376 for row in runs.values())

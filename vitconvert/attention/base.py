@@ -221,8 +221,8 @@ class LinearAttention(nn.Module):
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **{**defaults, **kwargs})
 
-        Configured.__name__, Configured.__qualname__ = cls.__name__, cls.__qualname__  # named as the variant
-        Configured.__module__ = cls.__module__
+        # named as the variant, in this module: TorchScript must not take it for the variant's own class
+        Configured.__name__, Configured.__qualname__ = cls.__name__, cls.__qualname__
         return Configured
 
     def init_weights(self) -> None:

@@ -229,6 +229,8 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torc
     segments, length = _segments(index, N)
     splits, per = split_tokens(B * H, segments, length, q.device)
     block_n, block_d, warps = block_sizes(D)
+    if not bf16_tiles and q.dtype != torch.float32:  # TF32 tiles of half inputs (MHLA's): with the last program's
+        block_n = max(16, block_n // 2)  # sums they spill at head dim 64 on sm_90 in 64-token chunks
     dq = _output_like(q)
     part = q.new_empty((B * H * segments * splits, D * D + D), dtype=torch.float32)
     dS = q.new_empty((B, H, segments, D, D), dtype=torch.float32)

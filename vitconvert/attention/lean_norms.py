@@ -60,10 +60,17 @@ def rms_over_heads(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
         return _fused_rms(t, weight, eps)[0]
     if t.dtype in HALF:
         with torch.autocast(t.device.type, enabled=False):
-            flat = F.rms_norm(_tokens_major(t), (H * d,), weight.to(t.dtype), eps)
-        return flat.view(B, N, H, d).transpose(1, 2)
+            return rms_rows(t, weight, eps)
     x = t.to(accumulation_dtype(t.dtype))
     return (x * _rstd(x, eps) * _per_head(weight, t)).to(t.dtype)
+
+
+def rms_rows(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """F.rms_norm over each token's H·d channels of (B, H, N, d) ``t``, in t's dtype: the eager form (TorchScript
+    compiles it; MHLA's features in full precision) and the half branch of :func:`rms_over_heads`."""
+    B, H, N, d = t.shape
+    flat = F.rms_norm(t.transpose(1, 2).reshape(B, N, H * d), [H * d], weight.to(t.dtype), eps)
+    return flat.view(B, N, H, d).transpose(1, 2)
 
 
 def _tokens_major(t: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,7 @@ from .blocks import (  # noqa: F401  (block_layout, block_indices: importable fr
     token_segments,
 )
 from .kernel import kernel_attention, kernel_attention_reference, with_ones
-from .lean_norms import layer_norm_linear, rms_over_heads
+from .lean_norms import layer_norm_linear, rms_rows
 from .options import Option, choice, count_or_pair, flag, integer, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
@@ -90,6 +90,17 @@ def lepe_reference(v_image: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
         for j in range(size):
             out = out + weight[None, :, 0, i, j, None, None] * padded[:, :, i:i + h, j:j + w]
     return out
+
+
+def machine_eps(dtype: torch.dtype) -> float:
+    """``torch.finfo(dtype).eps`` (F.rms_norm's default ε) in a form TorchScript compiles."""
+    if dtype == torch.float64:
+        return 2.220446049250313e-16
+    if dtype == torch.bfloat16:
+        return 0.0078125
+    if dtype == torch.float16:
+        return 0.0009765625
+    return 1.1920928955078125e-07
 
 
 @register_variant
@@ -205,9 +216,9 @@ class MHLAttention(LinearAttention):
         """φ(q), φ(k) = relu(·) + ε after the optional RMSNorm; masked keys get φ = 0 (ε would keep them)."""
         eps = self.eps
         if self.q_rmsnorm is not None:
-            norm_eps = torch.finfo(q.dtype).eps  # (the reference's RMSNorm(dim): F.rms_norm's default ε)
-            q = rms_over_heads(q, self.q_rmsnorm.weight, norm_eps)
-            k = rms_over_heads(k, self.k_rmsnorm.weight, norm_eps)
+            norm_eps = machine_eps(q.dtype)  # (the reference's RMSNorm(dim): F.rms_norm's default ε)
+            q = rms_rows(q, self.q_rmsnorm.weight, norm_eps)  # (full precision here: the eager form)
+            k = rms_rows(k, self.k_rmsnorm.weight, norm_eps)
         phi_q, phi_k = relu_plus(q, eps), relu_plus(k, eps)
         if key_valid is not None:
             phi_k = phi_k * key_valid[:, None, :, None].to(phi_k.dtype)
