@@ -39,7 +39,7 @@ def finetune_softmax(source: str, overrides: dict[str, Any], num_classes: Option
     if num_classes is not None and num_classes != model.num_classes:  # as convert re-heads: timm's init, seeded
         model.reset_classifier(num_classes)
         model.head.load_state_dict(fresh_like(model, recipe.seed, num_classes=num_classes).head.state_dict())
-    set_drop_path(model, recipe.resolved_drop_path(model.embed_dim))
+    set_drop_path(model, recipe.optimization.resolved_drop_path(model.embed_dim))
     device = torch.device("cpu")
     inp = data.input_config(model, recipe)
     feed = data.run_data(recipe, inp, int(model.num_classes), 0, 1, False)
