@@ -40,7 +40,7 @@ class Plan:
     op_shape: tuple[int, int, int] = (16, 6, 64)  # (batch, heads, head dim) of the op section: deit_small's layer
     op_targets: dict[int, dict[str, float]] = field(default_factory=lambda: {4097: {"infer": 8.0, "train": 6.0}})
     op_repeats: int = 10
-    parity_size: int = 224  # px of the parity section's model (models[0], 2 blocks)
+    parity_size: int = 224  # px of the parity section's model (models[0], 2 blocks or the plan's depth)
     parity_batch: int = 2
 
 
@@ -54,7 +54,7 @@ FULL = Plan(("deit_small", "deit_tiny", "deit_base"), (224, 512, 1024, 2048),
 QUICK = Plan(("deit_tiny",), (32, 64), {32: 1.0, 64: {**TARGETS_1024}}, {32: 2, 64: 2}, repeats=1,
              compile_backend="eager", compile_models=("deit_tiny",), compile_sizes=(32,), fla_models=("deit_tiny",),
              precision_size=64, distill_size=32, distill_batch=2, distill_steps=2, distill_compile=False, workers=0,
-             threads=1, depth=2, op_tokens=(17, 65), op_shape=(2, 2, 16), op_targets={65: {"infer": 8.0, "train": 6.0}},
+             threads=1, depth=1, op_tokens=(17, 65), op_shape=(2, 2, 16), op_targets={65: {"infer": 8.0, "train": 6.0}},
              op_repeats=1, parity_size=32, parity_batch=1)
 MODEL_BATCH_SCALE = {"deit_tiny": 2.0, "deit_small": 1.0, "deit_base": 0.5}
 SECTIONS = ("parity", "op", "speed", "precision", "distill", "compiled", "fla", "models")

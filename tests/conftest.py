@@ -55,6 +55,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.hookimpl(tryfirst=True)  # after xdist's worker renamed the grouped tests, before it sends their ids
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Each grouped test's id ends in ``@group``, which is what xdist's controller schedules by. pytest-xdist 3.8
+    renames by setting ``item._nodeid``, which pytest 9 no longer reads (the id is ``item._id``): the groups were
+    lost and every worker built each module's fixture (tests/test_gpu_check.py's dry run twice)."""
+    if not getattr(session.config.option, "loadgroup", False):  # (set in an xdist worker under --dist loadgroup)
+        return
+    for item in session.items:
+        group = item.get_closest_marker("xdist_group")
+        renamed = item.nodeid.rfind("@") > item.nodeid.rfind("]")  # (as xdist's scheduler reads a group)
+        if group and not renamed and hasattr(type(getattr(item, "_id", None)), "parse"):
+            item._id = type(item._id).parse(f"{item.nodeid}@{group.args[0]}")
+
+
 @pytest.fixture
 def vit() -> torch.nn.Module:
     return tiny_model("vit")
