@@ -124,6 +124,8 @@ BLOCKS = [
     Block(RESULTS_DOC, "budget", budget_block, "budget.jsonl"),
     Block(RESULTS_DOC, "quickstart-sweep", lambda: budget_block("quickstart-sweep", "quickstart-sweep.jsonl"),
           "quickstart-sweep.jsonl"),
+    Block(RESULTS_DOC, "budget-reheaded", lambda: budget_block("budget-reheaded", "budget-reheaded.jsonl"),
+          "budget-reheaded.jsonl"),
 ]
 
 
