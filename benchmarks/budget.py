@@ -6,7 +6,9 @@ with the quickstart recipe plus the schedule's overrides, and record its final v
 (variant × budget, per schedule and regime) into docs/results.md between the ``budget`` markers and a plot of
 accuracy against budget into docs/results-budget.png. The variant ``softmax`` is the ceiling: the
 softmax source itself fine-tuned by the same recipe on the task loss (benchmarks/softmax_ceiling.py), transfer
-regime and schedule ``paper`` only.
+regime and schedule ``paper`` only. Regime ``reheaded`` is a transfer that changes the class count (a source
+teacher trained on digits 0-6, target 7-9), so every student gets a fresh head and ``new_params.head_lr_scale``
+acts; ``--results``/``--block`` put a sweep in its own file and docs block (each record carries its CPU-seconds).
 
     python benchmarks/budget.py                                   # paper + new10, 1-20 epochs, 3 seeds
     python benchmarks/budget.py --schedules paper,tf-stage --epochs 1,2 --seeds 0 --variants elu,mhla
@@ -27,18 +29,22 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from budget_schedules import SCHEDULES  # noqa: E402
 from reproduce import (  # noqa: E402  (a sibling script, not a package)
     DOC,
     OPTIONS,
     REGIMES,
     ROOT,
+    SOURCE_CLASSES,
     TARGET_CLASSES,
+    TRANSFER_DIR,
     VARIANTS,
     prepare_transfer,
     teacher_top1,
@@ -47,49 +53,30 @@ from softmax_ceiling import finetune_softmax  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "budget.jsonl"
 PLOT = ROOT / "docs" / "results-budget.png"
-BEGIN, END = "<!-- budget:begin -->", "<!-- budget:end -->"
-Overrides = dict[str, Any]
-
-
-def _attn_stage(epochs: int) -> Overrides:
-    """Teacher-forced attention transfer for the first fifth of the budget (at least one epoch), then
-    end-to-end; a 1-epoch budget has no room for two stages, so it trains jointly on teacher-forced targets."""
-    if epochs < 2:
-        return {"attn_target": "teacher-forced"}
-    return {"attn_target": "teacher-forced", "stages": f"attn:{max(1, epochs // 5)},finetune"}
-
-
-def _kd(regime: str) -> Overrides:
-    """Logit KD needs the teacher's classes: same task only (a transfer student's 5 classes are other digits)."""
-    return {"kd_weight": 1.0} if regime == "same" else {}
-
-
-# name -> (description, overrides for an epoch budget and a regime); "paper" is quickstart as shipped
-SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
-    "paper": ("quickstart as shipped: joint, attention MSE on own inputs", lambda e, r: {}),
-    "tf": ("joint, attention MSE on teacher-forced inputs", lambda e, r: {"attn_target": "teacher-forced"}),
-    "tf-stage": ("teacher-forced attention stage (epochs // 5, at least 1), then end-to-end",
-                 lambda e, r: _attn_stage(e)),
-    "lr10": ("joint, fresh parameters at 10× lr", lambda e, r: {"new_params": {"lr_scale": 10}}),
-    "kd": ("joint + logit KD (same task only)", lambda e, r: _kd(r)),
-    "lr10-kd": ("fresh parameters at 10× lr + logit KD (same task only)",
-                lambda e, r: {"new_params": {"lr_scale": 10}, **_kd(r)}),
-    "fast": ("teacher-forced attention stage, fresh parameters at 10× lr, logit KD (same task only)",
-             lambda e, r: {**_attn_stage(e), "new_params": {"lr_scale": 10}, **_kd(r)}),
-    "new10": ("joint, fresh parameters at 10× lr, a fresh head at 1× (new_params.head_lr_scale; no head here is "
-              "fresh: same as lr10)",
-              lambda e, r: {"new_params": {"lr_scale": 10, "head_lr_scale": 1}}),
-    "new3": ("joint, fresh attention parameters at 3× lr, a fresh head at 1×",
-             lambda e, r: {"new_params": {"lr_scale": 3, "head_lr_scale": 1}}),
-}
 CEILING = "softmax"  # the pseudo-variant: the softmax source fine-tuned the same way
+# regime -> (source classes, target classes, folder) of a source teacher and a target task; "reheaded" changes
+# the class count (7 -> 3), so convert gives every student a fresh head, as a real transfer does
+TASKS: dict[str, tuple[tuple[int, ...], tuple[int, ...], Path]] = {
+    "transfer": (SOURCE_CLASSES, TARGET_CLASSES, TRANSFER_DIR),
+    "reheaded": (tuple(range(7)), (7, 8, 9), TRANSFER_DIR.with_name("transfer-reheaded")),
+}
+
+
+ALL_REGIMES = tuple(dict.fromkeys((*REGIMES, *TASKS)))
+TITLES = {"same": "same task (digits 0-9)", "transfer": "transfer (source 0-4 → target 5-9)",
+          "reheaded": "re-headed transfer (source 0-6, 7 classes → target 7-9, 3 classes: every head is fresh)"}
+
+
+def task_folders(regime: str) -> tuple[Path, Path]:
+    """(source teacher, target image folder) of a transfer regime, made once (reproduce.prepare_transfer)."""
+    return prepare_transfer(*TASKS[regime])
 
 
 def teacher_id(regime: str) -> str:
     """The source teacher's fingerprint (first 12 hex of its weights' sha256); the bundled one for same task."""
-    if regime != "transfer":
+    if regime not in TASKS:
         return "digits"
-    source, _ = prepare_transfer()
+    source, _ = task_folders(regime)
     return hashlib.sha256((source / "model.safetensors").read_bytes()).hexdigest()[:12]
 
 
@@ -103,16 +90,18 @@ def run_one(variant: str, schedule: str, epochs: int, seed: int, regime: str) ->
     from vitconvert.sources import load_source
 
     torch.set_num_threads(1)
+    cpu = time.process_time()  # this worker's CPU-seconds: the machine is shared, so wall time is not the cost
     spec, extra, heads = "digits", {}, None
-    if regime == "transfer":
-        source, target = prepare_transfer()
-        spec, extra, heads = str(source), {"data": str(target), "img_size": None}, len(TARGET_CLASSES)
+    if regime in TASKS:
+        source, target = task_folders(regime)
+        spec, extra, heads = str(source), {"data": str(target), "img_size": None}, len(TASKS[regime][1])
     overrides = {"epochs": epochs, "seed": seed, **extra, **SCHEDULES[schedule][1](epochs, regime)}
     record = {"variant": variant, "schedule": schedule, "epochs": epochs, "seed": seed, "regime": regime,
               "teacher": teacher_id(regime), "overrides": overrides}
     if variant == CEILING:
         metrics = finetune_softmax(spec, overrides, heads)
-        return {**record, "top1": metrics["top1"], "loss": metrics["loss"], "seconds": round(metrics["seconds"], 2)}
+        return {**record, "top1": metrics["top1"], "loss": metrics["loss"], "seconds": round(metrics["seconds"], 2),
+                "cpu_seconds": round(time.process_time() - cpu, 2)}
     student, _ = convert(load_source(spec).model, to=variant, seed=seed, options=OPTIONS.get(variant), source=spec,
                          num_classes=heads)
     torch.manual_seed(seed)
@@ -123,7 +112,7 @@ def run_one(variant: str, schedule: str, epochs: int, seed: int, regime: str) ->
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {**record, "top1": result.metrics["top1"], "loss": result.metrics["loss"],
-            "seconds": round(result.seconds, 2)}
+            "seconds": round(result.seconds, 2), "cpu_seconds": round(time.process_time() - cpu, 2)}
 
 
 def read_records(results: Path = RESULTS) -> list[dict[str, Any]]:
@@ -134,7 +123,7 @@ def read_records(results: Path = RESULTS) -> list[dict[str, Any]]:
 
 def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The records made with today's teachers (a transfer record of another source teacher is left out)."""
-    ids = {regime: teacher_id(regime) for regime in {r["regime"] for r in records}}
+    ids = {regime: _teacher_of(regime, records) for regime in {r["regime"] for r in records}}
     seen: set[tuple] = set()
     out = []
     for r in records:  # two sweeps side by side may record a run twice: the first one counts
@@ -142,6 +131,14 @@ def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             seen.add(_key(r))
             out.append(r)
     return out
+
+
+def _teacher_of(regime: str, records: list[dict[str, Any]]) -> str:
+    """The source teacher on disk; where there is none (benchmarks/results/transfer*/ is not committed), the one
+    of the regime's last record, so a report never trains a teacher."""
+    if regime in TASKS and not (TASKS[regime][2] / "source-teacher" / "model.safetensors").is_file():
+        return [r.get("teacher") for r in records if r["regime"] == regime][-1]
+    return teacher_id(regime)
 
 
 def _key(r: dict[str, Any]) -> tuple:
@@ -153,22 +150,23 @@ def planned(variants: list[str], schedules: list[str], budgets: list[int], seeds
     """Every run to make, seed by seed (a stopped sweep leaves whole seeds), then budget, regime, variant,
     schedule; the softmax ceiling in transfer with the paper schedule only."""
     return [(v, s, e, seed, r) for seed in seeds for e in budgets for r in regimes for v in variants
-            for s in schedules if v != CEILING or (r == "transfer" and s == "paper")]
+            for s in schedules if v != CEILING or (r in TASKS and s == "paper")]
 
 
 def run_all(runs: list[tuple], results: Path = RESULTS, jobs: int = 1) -> None:
     done = {_key(r) for r in current(read_records(results))}
     todo = [r for r in runs if r not in done]
     print(f"{len(todo)} runs to do ({len(runs) - len(todo)} already recorded), {jobs} at a time", flush=True)
-    if any(r[4] == "transfer" for r in todo):
-        prepare_transfer()
+    for regime in sorted({r[4] for r in todo} & set(TASKS)):
+        task_folders(regime)
     results.parent.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(max_workers=jobs) as pool:  # map keeps the order; each record is written as it comes
         for i, (args, record) in enumerate(zip(todo, pool.map(_run, todo), strict=True), 1):
             with results.open("a") as f:
                 f.write(json.dumps(record) + "\n")
             print(f"[{i}/{len(todo)}] {args[4]:8s} {args[0]:7s} {args[1]:9s} {args[2]:2d} ep seed {args[3]}: "
-                  f"top-1 {100 * record['top1']:.2f}% ({record['seconds']:.0f}s)", flush=True)
+                  f"top-1 {100 * record['top1']:.2f}% ({record['seconds']:.0f}s, {record['cpu_seconds']:.0f} CPU-s)",
+                  flush=True)
 
 
 def _run(args: tuple) -> dict[str, Any]:
@@ -225,14 +223,14 @@ def verdict_table(records: list[dict[str, Any]]) -> str:
 def markdown_tables(stats: dict) -> str:
     """One table per regime: a row per (schedule, variant), a column per epoch budget."""
     out = []
-    for regime in REGIMES:
+    for regime in ALL_REGIMES:
         keys = [k for k in stats if k[0] == regime]
         if not keys:
             continue
         budgets = sorted({k[3] for k in keys})
         rows = sorted({(k[1], k[2]) for k in keys},
                       key=lambda sv: (list(SCHEDULES).index(sv[0]), sv[1]))
-        out += [f"**{'same task (digits 0-9)' if regime == 'same' else 'transfer (source 0-4 → target 5-9)'}**",
+        out += [f"**{TITLES[regime]}**",
                 "", "| schedule | variant | " + " | ".join(f"{e} ep" for e in budgets) + " |",
                 "|---|---|" + "---:|" * len(budgets)]
         for schedule, variant in rows:
@@ -250,11 +248,12 @@ def plot(stats: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    regimes = [r for r in REGIMES if any(k[0] == r for k in stats)]
+    regimes = [r for r in ALL_REGIMES if any(k[0] == r for k in stats)]
     variants = [v for v in VARIANTS if any(k[2] == v for k in stats)]
     fig, axes = plt.subplots(len(regimes), len(variants), figsize=(3 * len(variants), 2.8 * len(regimes)),
                              squeeze=False, sharex=True)
-    colors = dict(zip(SCHEDULES, plt.get_cmap("tab10").colors, strict=False))
+    shown = [s for s in SCHEDULES if any(k[1] == s for k in stats)]
+    colors = dict(zip(shown, plt.get_cmap("tab20").colors, strict=False))
     budgets = sorted({k[3] for k in stats})
 
     def line(ax: Any, regime: str, schedule: str, variant: str, **style: Any) -> None:
@@ -265,12 +264,12 @@ def plot(stats: dict, path: Path) -> None:
 
     for row, regime in zip(axes, regimes, strict=True):
         for ax, variant in zip(row, variants, strict=True):
-            for schedule in SCHEDULES:
+            for schedule in shown:
                 line(ax, regime, schedule, variant, color=colors[schedule], label=schedule)
             if regime == "same":
                 ax.axhline(teacher_top1("same"), color="black", linewidth=1, linestyle="--", label="teacher")
             line(ax, regime, "paper", CEILING, color="black", linestyle="--", label="softmax fine-tuned")
-            ax.set_title(f"{variant}, {'same task' if regime == 'same' else 'transfer'}", fontsize=9)
+            ax.set_title(f"{variant}, {TITLES[regime].split(' (')[0]}", fontsize=9)
             ax.set_xscale("log")
             ax.set_xticks(budgets, [str(b) for b in budgets])
             ax.minorticks_off()
@@ -285,31 +284,46 @@ def plot(stats: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(results: Path = RESULTS, doc: Path = DOC) -> None:
-    """The tables into ``doc`` between the budget markers, the plot beside it (results-budget.png)."""
+def write_report(results: Path = RESULTS, doc: Path = DOC, name: str = "budget") -> None:
+    """The tables into ``doc`` between the ``name`` markers, the plot beside it (results-budget.png, or
+    results-NAME.png for another block)."""
     records = current(read_records(results))
     if not records:
         raise SystemExit(f"no recorded runs in {results}")
-    figure = doc.with_name(PLOT.name)
+    figure = doc.with_name(PLOT.name if name == "budget" else f"results-{name}.png")
     stats = summarise(records)
     plot(stats, figure)
-    legend = "\n".join(f"- `{name}`: {desc}" for name, (desc, _) in SCHEDULES.items()
-                       if any(k[1] == name for k in stats))
+    legend = "\n".join(f"- `{schedule}`: {desc}{_cpu(records, schedule)}" for schedule, (desc, _) in SCHEDULES.items()
+                       if any(k[1] == schedule for k in stats))
     minutes = sum(r["seconds"] for r in records) / 60
     block = "\n".join([
-        BEGIN,
+        f"<!-- {name}:begin -->",
         f"Final val top-1 (%), mean ± std (runs) per epoch budget; default convert (MLPs copied, attention "
         f"Mimetic), recipe `quickstart` plus the schedule's overrides; {len(records)} runs, {minutes:.0f} min "
-        "of training. Written by `python benchmarks/budget.py` (the runs: benchmarks/results/budget.jsonl).",
+        f"of training. Written by `python benchmarks/budget.py{_flags(results, name)}` (the runs: "
+        f"benchmarks/results/{results.name}).",
         "", legend, "", markdown_tables(stats), verdict_table(records),
-        f"![val top-1 against epoch budget]({figure.name})", END,
+        f"![val top-1 against epoch budget]({figure.name})", f"<!-- {name}:end -->",
     ])
     text = doc.read_text() if doc.is_file() else "# Results\n"
-    if BEGIN not in text or END not in text:
-        text = text.rstrip() + f"\n\n{BEGIN}\n{END}\n"
-    before, rest = text.split(BEGIN, 1)
-    doc.write_text(before + block + rest.split(END, 1)[1])
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin not in text or end not in text:
+        text = text.rstrip() + f"\n\n{begin}\n{end}\n"
+    before, rest = text.split(begin, 1)
+    doc.write_text(before + block + rest.split(end, 1)[1])
     print(f"wrote {doc} and {figure}")
+
+
+def _cpu(records: list[dict[str, Any]], schedule: str) -> str:
+    """The schedule's mean CPU-seconds per run, where its records carry them (one single-threaded process each)."""
+    cpu = [r["cpu_seconds"] for r in records if r["schedule"] == schedule and "cpu_seconds" in r]
+    return f" ({statistics.mean(cpu):.1f} CPU-s per run, mean of {len(cpu)})" if cpu else ""
+
+
+def _flags(results: Path, name: str) -> str:
+    """The flags that write this block again: none for the default block and file."""
+    flags = "" if results.name == RESULTS.name else f" --results benchmarks/results/{results.name}"
+    return flags + ("" if name == "budget" else f" --block {name}")
 
 
 def _list(text: str, kind: Callable[[str], Any] = str) -> list:
@@ -327,9 +341,10 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true", help="only rebuild docs/results.md and the plot")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the JSONL of runs (read and appended)")
     parser.add_argument("--doc", type=Path, default=DOC, help="the markdown file the tables go into")
+    parser.add_argument("--block", default="budget", help="the doc block the tables go into (budget-NAME for another)")
     args = parser.parse_args()
     schedules, regimes = _list(args.schedules), _list(args.regimes)
-    for name, allowed in (("schedule", SCHEDULES), ("regime", REGIMES), ("variant", (*VARIANTS, CEILING))):
+    for name, allowed in (("schedule", SCHEDULES), ("regime", (*REGIMES, *TASKS)), ("variant", (*VARIANTS, CEILING))):
         bad = [x for x in {"schedule": schedules, "regime": regimes, "variant": _list(args.variants)}[name]
                if x not in allowed]
         if bad:
@@ -337,7 +352,7 @@ def main() -> None:
     if not args.report_only:
         runs = planned(_list(args.variants), schedules, _list(args.epochs, int), _list(args.seeds, int), regimes)
         run_all(runs, args.results, args.jobs)
-    write_report(args.results, args.doc)
+    write_report(args.results, args.doc, args.block)
 
 
 if __name__ == "__main__":

@@ -78,30 +78,34 @@ CONFIGS = (
 BY_NAME = {c.name: c for c in CONFIGS}
 
 
-def prepare_transfer() -> tuple[Path, Path]:
-    """(source teacher folder, target image folder), made once: a softmax teacher trained on digits 0-4 and
-    the digits 5-9 as train/ and val/ class folders (timm numbers them 0-4 in sorted order)."""
+def prepare_transfer(source_classes: tuple[int, ...] = SOURCE_CLASSES, target_classes: tuple[int, ...] = TARGET_CLASSES,
+                     root: Path = TRANSFER_DIR) -> tuple[Path, Path]:
+    """(source teacher folder, target image folder) under ``root``, made once: a softmax teacher trained on the
+    digits of ``source_classes`` (0-4) and those of ``target_classes`` (5-9) as train/ and val/ class folders
+    (timm numbers them from 0 in sorted order)."""
     import sys
 
     import timm
 
     from vitconvert.data import digits_dataset
 
-    source, target = TRANSFER_DIR / "source-teacher", TRANSFER_DIR / "target-digits-5to9"
+    span = f"{target_classes[0]}to{target_classes[-1]}"
+    source, target = root / "source-teacher", root / f"target-digits-{span}"
     if not (source / "model.safetensors").is_file():
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from train_digits_teacher import train
 
-        model, top1 = train(SOURCE_EPOCHS, 64, 2e-3, 0, SOURCE_CLASSES)
+        model, top1 = train(SOURCE_EPOCHS, 64, 2e-3, 0, source_classes)
         timm.models.save_for_hf(model, str(source), safe_serialization=True)
-        (source / "training.json").write_text(json.dumps({"classes": SOURCE_CLASSES, "epochs": SOURCE_EPOCHS,
+        (source / "training.json").write_text(json.dumps({"classes": source_classes, "epochs": SOURCE_EPOCHS,
                                                           "val_top1": round(top1, 4)}) + "\n")
-        print(f"source teacher (digits 0-4): val top-1 {100 * top1:.2f}%", flush=True)
+        print(f"source teacher (digits {source_classes[0]}-{source_classes[-1]}): val top-1 {100 * top1:.2f}%",
+              flush=True)
     if not (target / "val").is_dir():
         for split in ("train", "val"):
             ds = digits_dataset(split)
             for i, label in enumerate(ds.targets):
-                if label in TARGET_CLASSES:
+                if label in target_classes:
                     folder = target / split / str(label)
                     folder.mkdir(parents=True, exist_ok=True)
                     ds.image(i).save(folder / f"{int(ds.indices[i]):04d}.png")

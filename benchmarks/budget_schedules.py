@@ -1,0 +1,50 @@
+"""The schedules benchmarks/budget.py compares: each a name, what it does, and the recipe overrides it adds to the
+quickstart recipe for an epoch budget and a regime ("paper" adds none: quickstart as shipped)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Overrides = dict[str, Any]
+
+
+def _attn_stage(epochs: int) -> Overrides:
+    """Teacher-forced attention transfer for the first fifth of the budget (at least one epoch), then
+    end-to-end; a 1-epoch budget has no room for two stages, so it trains jointly on teacher-forced targets."""
+    if epochs < 2:
+        return {"attn_target": "teacher-forced"}
+    return {"attn_target": "teacher-forced", "stages": f"attn:{max(1, epochs // 5)},finetune"}
+
+
+def _kd(regime: str) -> Overrides:
+    """Logit KD needs the teacher's classes: same task only (a transfer student's 5 classes are other digits)."""
+    return {"kd_weight": 1.0} if regime == "same" else {}
+
+
+# name -> (description, overrides for an epoch budget and a regime); "paper" is quickstart as shipped
+SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
+    "paper": ("quickstart as shipped: joint, attention MSE on own inputs", lambda e, r: {}),
+    "tf": ("joint, attention MSE on teacher-forced inputs", lambda e, r: {"attn_target": "teacher-forced"}),
+    "tf-stage": ("teacher-forced attention stage (epochs // 5, at least 1), then end-to-end",
+                 lambda e, r: _attn_stage(e)),
+    "lr10": ("joint, fresh parameters at 10× lr", lambda e, r: {"new_params": {"lr_scale": 10}}),
+    "kd": ("joint + logit KD (same task only)", lambda e, r: _kd(r)),
+    "lr10-kd": ("fresh parameters at 10× lr + logit KD (same task only)",
+                lambda e, r: {"new_params": {"lr_scale": 10}, **_kd(r)}),
+    "fast": ("teacher-forced attention stage, fresh parameters at 10× lr, logit KD (same task only)",
+             lambda e, r: {**_attn_stage(e), "new_params": {"lr_scale": 10}, **_kd(r)}),
+    "new10": ("joint, fresh parameters at 10× lr, a fresh head at 1× (new_params.head_lr_scale; no head here is "
+              "fresh: same as lr10)",
+              lambda e, r: {"new_params": {"lr_scale": 10, "head_lr_scale": 1}}),
+    "new3": ("joint, fresh attention parameters at 3× lr, a fresh head at 1×",
+             lambda e, r: {"new_params": {"lr_scale": 3, "head_lr_scale": 1}}),
+    "lr4": ("joint, peak lr 4e-3 (2×)", lambda e, r: {"lr": 4e-3}),
+    "b32": ("joint, batch 32 (2× the optimizer steps)", lambda e, r: {"batch_size": 32}),
+    "lr6": ("joint, peak lr 6e-3 (3×)", lambda e, r: {"lr": 6e-3}),
+    "lr4-kd": ("peak lr 4e-3 + logit KD (same task only)", lambda e, r: {"lr": 4e-3, **_kd(r)}),
+    "head3": ("joint, a fresh head at 3× lr", lambda e, r: {"new_params": {"head_lr_scale": 3}}),
+    "head10": ("joint, a fresh head at 10× lr", lambda e, r: {"new_params": {"head_lr_scale": 10}}),
+    "lr4-w0": ("peak lr 4e-3 from the first step (no warm-up)", lambda e, r: {"lr": 4e-3, "warmup_epochs": 0}),
+    "lr4-crop1": ("peak lr 4e-3, crops of the whole image (scale 1)", lambda e, r: {"lr": 4e-3, "scale": [1, 1]}),
+}
