@@ -12,7 +12,6 @@ the CPU time of its process are written to benchmarks/results/default-recipe.jso
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from doc_blocks import write_block
+from doc_blocks import footer, measure_or_report, on_cpus
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "default-recipe.json"
@@ -93,21 +92,12 @@ def render(result: dict[str, Any]) -> str:
         best = "" if r["best_top1"] == r["final_top1"] else f" ({100 * r['best_top1']:.2f}%)"
         lines.append(f"| {LABELS[r['recipe']]} | {r['warmup_written']} → {r['warmup_run']} | "
                      f"{100 * r['final_top1']:.2f}%{best} | {r['cpu_s']:.0f} | {r['wall_s']:.0f} |")
-    lines += ["", f"Measured {result['date']} at commit {result['commit']} on {result['cpus']} shared CPU cores "
-              f"(load average {result['loadavg_1min']} at the end, so the wall times are long; the CPU time is "
-              "the distill process's and its loader workers'). Written by `python benchmarks/default_recipe.py` "
-              "(benchmarks/results/default-recipe.json)."]
+    where = on_cpus(result["cpus"], None, f"load average {result['loadavg_1min']} at the end")
+    lines += ["", footer(f"Measured {result['date']} at commit {result['commit']} {where}; the CPU time is the "
+                         "distill process's and its loader workers'", "benchmarks/default_recipe.py",
+                         str(RESULTS.relative_to(ROOT)))]
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--report-only", action="store_true", help="only rebuild the table from the results file")
-    args = parser.parse_args()
-    if not args.report_only:
-        RESULTS.write_text(json.dumps(measure(), indent=1) + "\n")
-    write_block(DOC, BLOCK, render(json.loads(RESULTS.read_text())))
-
-
 if __name__ == "__main__":
-    main()
+    measure_or_report(__doc__.splitlines()[0], RESULTS, measure, DOC, BLOCK, render)

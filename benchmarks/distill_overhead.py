@@ -30,7 +30,7 @@ from typing import Any
 
 import timm
 import torch
-from doc_blocks import write_block
+from doc_blocks import footer, on_cpus, write_block, write_results
 
 from vitconvert import convert
 from vitconvert.capture import DistillStudent, TeacherTap, attention_pairs
@@ -68,7 +68,7 @@ def record(result: dict[str, Any]) -> None:
     rows = json.loads(RESULTS.read_text())["rows"] if RESULTS.is_file() else []
     key = ("model", "variant", "attn_target", "device", "batch_size", "img_size")
     rows = [r for r in rows if any(r[k] != result[k] for k in key)] + [result]
-    RESULTS.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    write_results(RESULTS, {"rows": rows})
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -80,14 +80,14 @@ def render(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['model']} → {r['variant']} | {r['attn_target']} | {r['batch_size']}, {r['img_size']} | "
                      f"{r['device']}, {r['threads']}, {clocks[r['clock']]} | {1000 * r['student_step_s']:.0f} ms | "
                      f"{1000 * r['distill_step_s']:.0f} ms | **{r['ratio']:.2f}×** |")
-    runs: dict[str, list[str]] = {}
+    runs: dict[tuple[str, int], list[str]] = {}
     for r in rows:
-        where = f"{r['date']} at commit {r['commit']} on {r['machine']}, torch {r['torch']}, {r['cpus']} CPU cores"
-        runs.setdefault(where, []).append(str(r["loadavg_1min"]))
-    lines.append("")
-    lines += [f"Measured {where} shared with other jobs (load average {', '.join(loads)} for the rows in order): "
-              "medians of each kind of step, the two kinds alternated." for where, loads in runs.items()]
-    lines.append(f"Written by `python benchmarks/distill_overhead.py --record` ({RESULTS.relative_to(ROOT)}).")
+        where = f"{r['date']} at commit {r['commit']} ({r['machine']}, torch {r['torch']})"
+        runs.setdefault((where, r["cpus"]), []).append(str(r["loadavg_1min"]))
+    measured = [f"Measured {where} " + on_cpus(cpus, None, f"load average {', '.join(loads)} for the rows in order")
+                for (where, cpus), loads in runs.items()]
+    lines += ["", footer("; ".join(measured) + ": medians of each kind of step, the two kinds alternated",
+                         "benchmarks/distill_overhead.py --record", str(RESULTS.relative_to(ROOT)))]
     return "\n".join(lines)
 
 

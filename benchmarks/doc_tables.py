@@ -23,7 +23,7 @@ from typing import Any
 from unittest.mock import patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark scripts, beside this one
-from doc_blocks import read_block, write_block  # noqa: E402
+from doc_blocks import footer, read_block, write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -65,10 +65,10 @@ def kernel_instructions_block() -> str:
                 before["totals"][f"{variant} {path}"]["per_element"]
             cells.append(f"{old:.2f} → {new:.2f} ({new / old:.2f}×)")
         lines.append(f"| {variant} | {' | '.join(cells)} |")
-    lines += ["", f"Built for {now['arch']} by Triton {now['triton']} (no GPU: PTX counted), head dim "
-              f"{now['head_dim']}, {now['tokens']} tokens, {now['dtype']}. Written by `python "
-              "benchmarks/kernel_instructions.py --json benchmarks/results/kernel-instructions.json` (the earlier "
-              "count: benchmarks/results/kernel-instructions-before.json)."]
+    lines += ["", footer(f"Built for {now['arch']} by Triton {now['triton']} (no GPU: PTX counted), head dim "
+                         f"{now['head_dim']}, {now['tokens']} tokens, {now['dtype']}",
+                         "benchmarks/kernel_instructions.py --json benchmarks/results/kernel-instructions.json",
+                         "the earlier count: benchmarks/results/kernel-instructions-before.json")]
     return "\n".join(lines)
 
 
@@ -86,11 +86,13 @@ def mixing_passes_block() -> str:
                   f"{kept['largest_transient_mib'] / soft['largest_transient_mib']:.2f}×" if kept and soft else "— | —")
         lines.append(f"| {name} | {earlier.get(name, value):.1f} → {value:.1f} | {value / passes['softmax']:.2f}× | "
                      f"{now['token_sized_ops'][name]:.0f} | {memory} |")
-    lines += ["", f"{now['model']} at {now['img_size']} px ({now['tokens']} tokens), {now['depth']} block, batch "
-              f"{now['batch']}, one bf16 training step on the GPU path (the kernels in Triton's interpreter; no GPU). "
-              "Written by `python benchmarks/op_traffic.py --passes --json benchmarks/results/op-traffic-passes.json` "
-              "and `python benchmarks/saved_memory.py --depth 1 --batch 1 --json benchmarks/results/saved-memory.json` "
-              "(the earlier count: benchmarks/results/op-traffic-passes-before.json, main before issue 37's fusions)."]
+    lines += ["", footer(f"{now['model']} at {now['img_size']} px ({now['tokens']} tokens), {now['depth']} block, "
+                         f"batch {now['batch']}, one bf16 training step on the GPU path (the kernels in Triton's "
+                         "interpreter; no GPU)",
+                         ("benchmarks/op_traffic.py --passes --json benchmarks/results/op-traffic-passes.json",
+                          "benchmarks/saved_memory.py --depth 1 --batch 1 --json benchmarks/results/saved-memory.json"),
+                         "the earlier count: benchmarks/results/op-traffic-passes-before.json, main before issue 37's "
+                         "fusions")]
     return "\n".join(lines)
 
 

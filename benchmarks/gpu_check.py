@@ -57,6 +57,7 @@ from rich.console import Console  # noqa: E402
 
 from vitconvert.attention import VARIANTS, dispatch  # noqa: E402
 from vitconvert.attention.kernel import fla_enabled  # noqa: E402
+from vitconvert.writer import write_text_atomic  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sections, one module each beside this one
 # (what tests and probe_kernels.py use from this module is imported here too: the names below are its API)
@@ -193,9 +194,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save(check: Check) -> None:  # whole or not at all: a reader never sees half a file
-        partial = out.with_name(out.name + ".partial")
-        partial.write_text(json.dumps(asdict(check), indent=1))
-        partial.replace(out)
+        write_text_atomic(out, json.dumps(asdict(check), indent=1))
 
     plan = QUICK if args.quick else FULL
     if args.sizes:

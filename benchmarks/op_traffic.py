@@ -30,6 +30,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -44,6 +45,7 @@ import timm  # noqa: E402
 
 import vitconvert  # noqa: E402
 from vitconvert.attention import VARIANTS, LinearAttention, dispatch, lean_norms  # noqa: E402
+from vitconvert.writer import write_text_atomic  # noqa: E402
 
 
 def moved_bytes(t: torch.Tensor) -> int:
@@ -321,8 +323,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         table = pass_table(args.model, variants, args.img_size, args.depth, args.batch)
         print_pass_table(table)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(table, f, indent=1)
+            write_text_atomic(Path(args.json), json.dumps(table, indent=1) + "\n")
         return 0
     torch.manual_seed(0)
     source = timm.create_model(args.model, pretrained=False, img_size=args.img_size, depth=args.depth)

@@ -10,7 +10,6 @@ and the table between the ``quickstart`` markers of docs/results.md is rendered 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from doc_blocks import write_block
+from doc_blocks import footer, measure_or_report, on_cpus, others_at_most
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "quickstart.json"
@@ -63,23 +62,15 @@ def render(record: dict[str, Any]) -> str:
         lines.append(f"| {row['variant']} | {100 * row['top1']:.2f} | "
                      f"{'' if twin is None else f'{100 * twin:.2f}'} | {gain} |")
     beaten = sum(g > 0 for g in gains)
-    lines += ["", f"{beaten} of {len(gains)} students beat their scratch twin, by {min(gains):.0f} to "
-              f"{max(gains):.0f} points. The run took {record['cpu_s']:.0f} CPU-seconds (user + system, all "
-              f"workers) and {record['wall_s']:.0f} s of wall time on {record['cpus']} CPU cores shared with other "
-              f"jobs (load average {record['loadavg_1min']} at the end), {record['date']}, commit "
-              f"{record['commit']}. Written by `python benchmarks/quickstart_results.py` "
-              "(benchmarks/results/quickstart.json)."]
+    # the run's own share of the cores bounds what others took: its CPU time over all the time the cores had
+    where = on_cpus(record["cpus"], others_at_most(record["cpu_s"], record["wall_s"], record["cpus"]),
+                    f"load average {record['loadavg_1min']} at the end")
+    lines += ["", footer(f"{beaten} of {len(gains)} students beat their scratch twin, by {min(gains):.0f} to "
+                         f"{max(gains):.0f} points. The run took {record['cpu_s']:.0f} CPU-seconds (user + system, "
+                         f"all workers) and {record['wall_s']:.0f} s of wall time {where}, {record['date']}, commit "
+                         f"{record['commit']}", "benchmarks/quickstart_results.py", str(RESULTS.relative_to(ROOT)))]
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--report-only", action="store_true", help="only rebuild the table from the results file")
-    args = parser.parse_args()
-    if not args.report_only:
-        RESULTS.write_text(json.dumps(measure(), indent=1) + "\n")
-    write_block(DOC, BLOCK, render(json.loads(RESULTS.read_text())))
-
-
 if __name__ == "__main__":
-    main()
+    measure_or_report(__doc__.splitlines()[0], RESULTS, measure, DOC, BLOCK, render)

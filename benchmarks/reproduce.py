@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from doc_blocks import write_block
+from doc_blocks import write_block, write_results
 
 from vitconvert.attention import VARIANTS as ALL_VARIANTS
 
@@ -276,10 +276,10 @@ def write_report(variants: list[str], epochs: int, regime: str = "same") -> None
     import timm
     import torch
 
-    summary_path(regime).write_text(json.dumps(
-        {"epochs": epochs, "seeds": sorted({r["seed"] for r in records}), "teacher_top1": teacher,
-         "environment": f"{platform.machine()}, torch {torch.__version__.split('+')[0]}, timm {timm.__version__}",
-         "mean_std_runs": {f"{v}/{c}": list(s) for (v, c), s in sorted(stats.items())}}, indent=1) + "\n")
+    write_results(summary_path(regime), {
+        "epochs": epochs, "seeds": sorted({r["seed"] for r in records}), "teacher_top1": teacher,
+        "environment": f"{platform.machine()}, torch {torch.__version__.split('+')[0]}, timm {timm.__version__}",
+        "mean_std_runs": {f"{v}/{c}": list(s) for (v, c), s in sorted(stats.items())}})
     figure = PLOT.with_name("results-transfer.png") if regime == "transfer" else PLOT
     plot(stats, shown, teacher, figure)
     write_block(DOC, block_name(regime), render(regime, epochs))

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -32,6 +33,7 @@ import timm  # noqa: E402
 
 import vitconvert  # noqa: E402
 from vitconvert.attention import VARIANTS, dispatch  # noqa: E402
+from vitconvert.writer import write_text_atomic  # noqa: E402
 
 
 def saved_mib(model: torch.nn.Module, images: torch.Tensor) -> float:
@@ -108,8 +110,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     with dispatch.kernels_on("cpu" if device.type == "cpu" else None):  # the kernels' path, in Triton's interpreter
         table = measure(args, variants, device)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(table, f, indent=1)
+        write_text_atomic(Path(args.json), json.dumps(table, indent=1) + "\n")
     return 0
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import timm
 import torch
-from doc_blocks import write_block
+from doc_blocks import footer, on_cpus, write_block, write_results
 
 from vitconvert.attention import VARIANTS
 from vitconvert.bench import SOFTMAX, BenchReport, BenchRow, benchmark, linear_copy, peak_memory_bytes, tokens_of
@@ -196,14 +196,14 @@ def render(result: dict[str, Any], key: str = DOC_TABLE) -> str:
         if report.get("contention"):
             spreads.append(report["contention"])
     stamp = result.get("measured", {}).get(key)
-    when = (f"Measured {stamp['date']} at commit {stamp['commit']}, torch {stamp['torch'].split('+')[0]}, timm "
-            f"{stamp['timm']}, on {stamp['cpus']} CPU cores shared with other jobs (load average "
-            f"{stamp['loadavg_1min']} when it started)") if stamp else "Measured before runs were stamped"
     others = [c["others_cpu"] for c in spreads if c.get("others_cpu") is not None]
-    load = f"; other processes took {min(others):.0%}–{max(others):.0%} of its CPUs while it timed" if others else ""
-    lines += ["", f"{first['arch']}, {first['threads']} thread, {first['clock']} clock, float32, random weights. "
-              f"{when}{load}. Written by `python benchmarks/speed.py --only speed --clocks cpu --models deit_small` "
-              f"({RESULTS.relative_to(ROOT)}, key `{key}`)."]
+    when = (f"Measured {stamp['date']} at commit {stamp['commit']}, torch {stamp['torch'].split('+')[0]}, timm "
+            f"{stamp['timm']}, " + on_cpus(stamp["cpus"], max(others) if others else None,
+                                           f"load average {stamp['loadavg_1min']} when it started", " while it timed")
+            ) if stamp else "Measured before runs were stamped"
+    lines += ["", footer(f"{first['arch']}, {first['threads']} thread, {first['clock']} clock, float32, random "
+                         f"weights. {when}", "benchmarks/speed.py --only speed --clocks cpu --models deit_small",
+                         f"{RESULTS.relative_to(ROOT)}, key `{key}`")]
     return "\n".join(lines)
 
 
@@ -267,7 +267,7 @@ def main() -> None:
             result["speed"] = {**result.get("speed", {}), **{k: [r.to_dict() for r in v] for k, v in reports.items()}}
             result["measured"] = {**result.get("measured", {}), **{k: stamp for k in reports}}
         result.update(sections, seconds=time.perf_counter() - started)
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        write_results(out, result)
 
     reports = speed(args.models.split(","), args.device, args.clocks.split(","), log, save) if "speed" in parts else {}
     mem = memory(args.device, log) if "memory" in parts else []

@@ -50,3 +50,38 @@ def test_a_block_is_replaced_between_its_markers_and_the_prose_around_it_kept():
     assert doc_blocks.read_block(new, "t") == "new\n| 1 |"
     assert doc_blocks.read_block(doc_blocks.replace_block("x", "u", "b"), "u") == "b"  # appended where absent
     assert doc_blocks.read_block(text, "missing") is None
+
+
+def test_a_footer_calls_the_cores_idle_only_when_others_took_under_a_tenth_of_them():
+    """speed-cpu's "shared with other jobs ... other processes took 0%–1%" contradicted itself."""
+    assert doc_blocks.on_cpus(2, 0.01, "load average 0.6 when it started", " while it timed") == \
+        "on 2 otherwise idle CPU cores (other processes took at most 1% of them while it timed)"
+    assert doc_blocks.on_cpus(2, 0.3, "load average 3.1 at the end") == \
+        "on 2 CPU cores shared with other jobs (load average 3.1 at the end; other processes took up to 30% of them)"
+    assert doc_blocks.on_cpus(2, None, "load average 0.2 at the end") == \
+        "on 2 CPU cores shared with other jobs (load average 0.2 at the end)"  # unmeasured: not called idle
+    # quickstart: 172.3 CPU-s in 91 s on 2 cores leaves 182 − 172.3 = 9.7 CPU-s, 5.3% of them, to anyone else
+    assert abs(doc_blocks.others_at_most(172.3, 91.0, 2) - 9.7 / 182) < 1e-9
+    assert doc_blocks.footer("Measured today.", ("a.py", "b.py --json x"), "benchmarks/results/x.json") == \
+        "Measured today. Written by `python a.py` and `python b.py --json x` (benchmarks/results/x.json)."
+
+
+def test_a_results_file_is_whole_or_the_previous_one(tmp_path):
+    results = tmp_path / "r.json"
+    doc_blocks.write_results(results, {"runs": [1]})
+    with pytest.raises(TypeError):
+        doc_blocks.write_results(results, {"runs": {1, 2}})  # a set is no JSON: nothing written
+    assert results.read_text() == '{\n "runs": [\n  1\n ]\n}\n' and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_report_only_renders_the_block_from_the_results_file_without_measuring(tmp_path, monkeypatch):
+    results, doc = tmp_path / "r.json", tmp_path / "doc.md"
+    results.write_text('{"top1": 0.5}')
+    monkeypatch.setattr("sys.argv", ["script", "--report-only"])
+    doc_blocks.measure_or_report("test", results, lambda: pytest.fail("measured"), doc, "t",
+                                 lambda record: f"top-1 {record['top1']:.0%}")
+    assert doc_blocks.read_block(doc.read_text(), "t") == "top-1 50%"
+    monkeypatch.setattr("sys.argv", ["script"])
+    doc_blocks.measure_or_report("test", results, lambda: {"top1": 0.75}, doc, "t",
+                                 lambda record: f"top-1 {record['top1']:.0%}")
+    assert doc_blocks.read_block(doc.read_text(), "t") == "top-1 75%" and '"top1": 0.75' in results.read_text()

@@ -14,6 +14,14 @@ from vitconvert.attention.kernel import elu_feature_literal, relu_feature
 from . import helpers
 from .helpers import rel_error
 
+# A module that imports this one is skipped where the kernels cannot run: no Triton, or neither a GPU nor Triton's
+# interpreter (chosen by tests/conftest.py before anything imports triton).
+pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+if not torch.cuda.is_available() and not dispatch.interpreting():
+    pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
+                allow_module_level=True)
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FUSED_VARIANTS = ("elu", "relu", "inline", "mhla")
 

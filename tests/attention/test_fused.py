@@ -31,12 +31,6 @@ from .fused_cases import (
 )
 from .helpers import rel_error
 
-pytest.importorskip("triton")
-tl = pytest.importorskip("triton.language")
-if not torch.cuda.is_available() and not dispatch.interpreting():
-    pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
-                allow_module_level=True)
-
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])

@@ -25,13 +25,8 @@ from .fused_cases import (
     make_module,
     padding_mask,
     qkv,
+    tl,
 )
-
-pytest.importorskip("triton")
-tl = pytest.importorskip("triton.language")
-if not torch.cuda.is_available() and not dispatch.interpreting():
-    pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
-                allow_module_level=True)
 
 
 def test_dispatch_is_eager_where_the_kernels_cannot_go():

@@ -22,12 +22,6 @@ from .fused_cases import (
     qkv,
 )
 
-pytest.importorskip("triton")
-tl = pytest.importorskip("triton.language")
-if not torch.cuda.is_available() and not dispatch.interpreting():
-    pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
-                allow_module_level=True)
-
 
 def test_custom_ops_pass_torch_library_checks():
     """torch.library.opcheck: schema, fake (meta) kernels and autograd registration agree with the real op —

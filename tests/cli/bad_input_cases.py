@@ -345,4 +345,8 @@ CASES: list[Case] = [
          "holds files vitconvert did not write"),
     Case("list", "unknown flag", ("list", "--nosuch"), "No such option"),
     Case("vitconvert", "unknown command", ("nosuchcommand",), "No such command"),
+    Case("info", "--kernels --gpu h900 (no such GPU)", ("info", *S, "--kernels", "--gpu", "h900"),
+         "--gpu: one of h100, h200, a100, l40, l4, a10, t4, v100, got 'h900'"),
+    Case("info", "--kernels --dtype fp8", ("info", *S, "--kernels", "--dtype", "fp8"),
+         "--dtype: one of bfloat16, float16, float32, got 'fp8'"),
 ]

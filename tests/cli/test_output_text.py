@@ -32,6 +32,38 @@ def test_a_piped_table_keeps_every_column(ws):
     assert f"safetensors {safetensors.__version__}" in out and "…" not in out, out
 
 
+def test_a_kernel_table_on_a_narrow_terminal_wraps_names_and_cuts_none(ws):
+    """`info --kernels` on an 80-column terminal: rich cut each kernel name to 'attenti…'; now it wraps them."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 80, 0, 0))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm", "NO_COLOR": "1"}
+    env.pop("COLUMNS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "vitconvert", "info", str(ws / "student-elu"), "--kernels", "--gpu",
+                             "h100"], env=env, stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.DEVNULL)
+    os.close(follower)
+    shown = b""
+    while chunk := _read(leader):
+        shown += chunk
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown.decode())
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert "…" not in text and max(map(len, lines)) <= 80, text
+    assert "NVIDIA H100" in text and sum("blocks." in line for line in lines) == 2, text  # the 2 layers of the student
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # EIO: the command closed the terminal
+        return b""
+
+
 @pytest.mark.parametrize("command", ["convert", "distill", "export", "compare", "bench"])
 def test_help_shows_flags_without_a_value(command):
     result = invoke(command, "--help")

@@ -191,14 +191,17 @@ def kernel_plans(folder: str, as_json: bool, device: str, gpu: Optional[str], dt
                                "layers": [dataclasses.asdict(p) for p in plans]}))
         return
     table = Table(title=f"{folder}: kernels on {where}, {dtype}, batch {batch}")
-    for column in ("layer", "op", "forward", "backward", "BLOCK_N", "warps", "stages", "tiles", "splits", "also"):
-        table.add_column(column)
+    # six columns, the launch settings in one: ten cut every name to "atten…" on an 80-column terminal; a narrow
+    # one now wraps a cell (at its commas, or inside a long name), never cuts it
+    for column in ("layer", "op", "forward", "backward", "launch", "also"):
+        table.add_column(column, overflow="fold")
     for p in plans:
         if not p.on_kernels:
-            table.add_row(p.layer, f"eager: {p.reason}", *[""] * 8)
+            table.add_row(p.layer, f"eager: {p.reason}", *[""] * 4)
             continue
-        table.add_row(p.layer, p.op, ", ".join(p.forward), ", ".join(p.backward), str(p.block_n), str(p.warps),
-                      str(p.stages), p.tile, str(p.splits), ", ".join(p.others))
+        launch = (f"BLOCK_N {p.block_n}, {plural(p.warps, 'warp')}, {plural(p.stages, 'stage')}, {p.tile} tiles, "
+                  f"{plural(p.splits, 'split')}")
+        table.add_row(p.layer, p.op, ", ".join(p.forward), ", ".join(p.backward), launch, ", ".join(p.others))
     console.print(table)
     for note in dict.fromkeys(p.note for p in plans if p.note):
         console.print(f"[yellow]note:[/] {note}")
