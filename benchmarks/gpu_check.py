@@ -55,8 +55,9 @@ if __name__ == "__main__" and not torch.cuda.is_available():  # parity's kernels
 import timm  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from vitconvert.attention import VARIANTS, dispatch  # noqa: E402
+from vitconvert.attention import VARIANTS  # noqa: E402
 from vitconvert.attention.kernel import fla_enabled  # noqa: E402
+from vitconvert.attention.ops import dispatch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sections, one module each beside this one
 # (what tests and probe_kernels.py use from this module is imported here too: the names below are its API)

@@ -14,7 +14,9 @@ import torch
 from helpers import load_benchmark
 from timm.layers import Attention
 
-from vitconvert.attention import VARIANTS, LinearAttention, dispatch, lean_norms
+from vitconvert.attention import VARIANTS, LinearAttention
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.norms import lean as lean_norms
 
 
 @contextlib.contextmanager

@@ -13,9 +13,10 @@ import pytest
 import torch
 from helpers import load_benchmark
 
-from vitconvert.attention import dispatch, fused
 from vitconvert.attention.inline import inline_weights
 from vitconvert.attention.kernel import elu_feature_literal, kernel_attention_reference
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
 
 from . import helpers
 from .fused_cases import (
@@ -213,7 +214,7 @@ def test_the_blocked_op_keeps_the_raw_q_k_and_v_and_normalises_them_itself(recom
     normalised copy, and o only when asked; values and gradients (weights included) equal the RMSNorm applied
     outside the op, and the op with one segment and no index equals kernel attention."""
     from vitconvert.attention.blocks import extended_block_mix, segment_index
-    from vitconvert.attention.lean_norms import rms_over_heads
+    from vitconvert.attention.ops.norms.lean import rms_over_heads
 
     g = torch.Generator().manual_seed(3)
     qkv_out = torch.randn(2, 40, 3, 2, 32, generator=g).to(DEVICE).requires_grad_()
@@ -275,7 +276,8 @@ def test_mhla_under_autocast_matches_its_float32_eager_form(tokens, form, dtype,
 
 def expanded_gradient_calls():
     """Each op's call on (B, H, N, d) q, k, v (fused_pairwise and fused_ttt imported here: their modules)."""
-    from vitconvert.attention import fused_pairwise, fused_ttt
+    from vitconvert.attention.ops.pairwise import op as fused_pairwise
+    from vitconvert.attention.ops.ttt import op as fused_ttt
 
     segments = torch.tensor([0, 1, 2] * 13 + [2], dtype=torch.int32, device=DEVICE)
     mixing = torch.rand(3, 3, device=DEVICE) + 0.5

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitconvert.attention import dispatch, fused
 from vitconvert.attention.inline import inline_weights
 from vitconvert.attention.kernel import kernel_attention_reference
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
 from vitconvert.errors import VitconvertError
 
 from . import helpers
@@ -256,7 +257,8 @@ def test_an_mhla_module_on_float32_takes_smaller_chunks_and_matches_its_referenc
     """Float32 inputs keep their tiles (the dots' precision is the user's TF32 switch); a GPU where every kernel
     fits only with 16-token chunks runs them all at 16, the whole module within its float32 bars. (The pairwise
     kernels' grid is made of their own BLOCK_M tokens: a smaller chunk of the other side leaves it whole.)"""
-    from vitconvert.attention import pairwise_kernels, split_kernels
+    from vitconvert.attention.ops.linear import split_kernels
+    from vitconvert.attention.ops.pairwise import kernels as pairwise_kernels
 
     dispatch.current().settings = dispatch.KernelSettings(form=form)
     where = split_kernels if form == "blocked" else pairwise_kernels

@@ -11,7 +11,9 @@ from typing import Optional
 import pytest
 import torch
 
-from vitconvert.attention import dispatch, fused, fused_grid
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.grid import op as fused_grid
+from vitconvert.attention.ops.linear import op as fused
 
 from . import helpers
 from .helpers import rel_error
@@ -211,7 +213,7 @@ def test_a_grid_kernel_the_gpu_cannot_build_leaves_the_convs_to_torch(variant, s
     Backward (the forward ran on the grid kernel): that step's gradients from the op's eager form. One warning,
     and the grid op off for the process; the gradients those of the kernels' own. TTT's q conv runs inside its
     step op, whose backward runs the grid backward kernel: there the step's kernels go off too."""
-    from vitconvert.attention import grid_kernels
+    from vitconvert.attention.ops.grid import kernels as grid_kernels
 
     module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)

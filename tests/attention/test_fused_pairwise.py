@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitconvert.attention import dispatch, fused, fused_pairwise
 from vitconvert.attention.blocks import extended_block_mix, segment_index, token_segments
-from vitconvert.attention.lean_norms import rms_over_heads
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
+from vitconvert.attention.ops.norms.lean import rms_over_heads
+from vitconvert.attention.ops.pairwise import op as fused_pairwise
 from vitconvert.errors import VitconvertError
 
 from . import helpers
@@ -208,7 +210,7 @@ def test_the_op_passes_torch_library_checks():
 def test_a_forward_kernel_the_gpu_cannot_build_leaves_mhla_on_its_blocked_kernels(monkeypatch):
     """The pairwise kernels turn off with one warning and the call (and every later one) takes the blocked form,
     not the eager one: the same output."""
-    from vitconvert.attention import pairwise_kernels
+    from vitconvert.attention.ops.pairwise import kernels as pairwise_kernels
 
     dispatch.current().settings = dispatch.KernelSettings(form="pairwise")  # (float32: auto takes the blocked form)
     module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
@@ -231,7 +233,7 @@ def test_a_forward_kernel_the_gpu_cannot_build_leaves_mhla_on_its_blocked_kernel
 
 
 def test_a_backward_kernel_the_gpu_cannot_build_takes_the_eager_gradients(monkeypatch):
-    from vitconvert.attention import pairwise_kernels
+    from vitconvert.attention.ops.pairwise import kernels as pairwise_kernels
 
     dispatch.current().settings = dispatch.KernelSettings(form="pairwise")
     module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)

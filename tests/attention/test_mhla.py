@@ -245,8 +245,8 @@ def test_the_blocked_ops_rmsnorm_and_its_backward_are_rmsnorm_over_heads():
     """The RMSNorm the fused path runs inside the blocked op (attention/lean_norms.py) against F.rms_norm over
     all heads' channels (helpers.rms_norm_over_heads): values, and its hand-written backward (rstd recomputed) against
     autograd's gradients of input and weight, in float64."""
-    from vitconvert.attention.lean_norms import rms_over_heads as lean
-    from vitconvert.attention.lean_norms import rms_over_heads_backward
+    from vitconvert.attention.ops.norms.lean import rms_over_heads as lean
+    from vitconvert.attention.ops.norms.lean import rms_over_heads_backward
 
     from .helpers import rms_norm_over_heads as rms_over_heads
 
@@ -269,7 +269,7 @@ def test_the_layernorm_and_qkv_function_is_layernorm_then_linear_and_keeps_one_i
     norm's weight and bias and the linear's, exact where a norm weight is 0 (backward never divides by it); under
     bf16 autocast within bf16 rounding of the float32 form, keeping one bf16 N×C tensor (x̂) and nothing in
     float32 beyond per-token rstd."""
-    from vitconvert.attention.lean_norms import layer_norm_linear
+    from vitconvert.attention.ops.norms.lean import layer_norm_linear
 
     g = torch.Generator().manual_seed(0)
     norm = nn.LayerNorm(16, dtype=torch.float64, bias=bias)

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import fused
 from .base import Grid, LinearAttention
+from .ops.linear import op as fused
 from .options import Option, flag
 from .registry import register_variant
 from .tensors import accumulation_dtype, flat_heads, from_grid, full_precision, split_prefix, to_grid

@@ -27,8 +27,8 @@ from typing import Any, ClassVar, Optional
 import torch
 from torch.nn import functional as F
 
-from . import fused
 from .base import Grid, LinearAttention
+from .ops.linear import op as fused
 from .options import Option, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, full_precision

@@ -33,7 +33,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import dispatch, fused, fused_grid, fused_pairwise
 from .base import Grid, LinearAttention
 from .blocks import (  # noqa: F401  (block_layout, block_indices: importable from here too)
     TRANSFORMS,
@@ -50,7 +49,11 @@ from .blocks import (  # noqa: F401  (block_layout, block_indices: importable fr
     token_segments,
 )
 from .kernel import kernel_attention, kernel_attention_reference, with_ones
-from .lean_norms import layer_norm_linear, rms_rows
+from .ops import dispatch
+from .ops.grid import op as fused_grid
+from .ops.linear import op as fused
+from .ops.norms.lean import layer_norm_linear, rms_rows
+from .ops.pairwise import op as fused_pairwise
 from .options import Option, choice, count_or_pair, flag, integer, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid

@@ -16,13 +16,13 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import dispatch
 from .base import LinearAttention
 from .blocks import segment_index
-from .fused import ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM
-from .fused_grid import grid_tile
-from .fused_pairwise import pairwise_is_cheaper
-from .settings import KernelSettings
+from .ops import dispatch
+from .ops.grid.op import grid_tile
+from .ops.linear.op import ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM
+from .ops.pairwise.op import pairwise_is_cheaper
+from .ops.settings import KernelSettings
 
 FULL_SHARED_MEMORY = 227 * 1024  # what the launch settings are made for (an H100/H200's largest block)
 

@@ -32,13 +32,16 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from . import dispatch, fused, fused_grid, fused_ttt
 from .base import Grid, LinearAttention
-from .lean_norms import key_instance_norm
+from .ops import dispatch
+from .ops.grid import op as fused_grid
+from .ops.linear import op as fused
+from .ops.norms.lean import key_instance_norm
+from .ops.ttt import op as fused_ttt
+from .ops.ttt.closed_form import inner_gradients, inner_model, normalize_keys, stepped_readout, swiglu_readout
 from .options import Option, number, number_or_auto, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
-from .ttt_closed_form import inner_gradients, inner_model, normalize_keys, stepped_readout, swiglu_readout
 
 FastWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 

@@ -29,8 +29,7 @@ from typing import Optional
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import fused_eager
-from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reach dispatch through this module)
+from ..dispatch import (  # noqa: F401  (re-exported: the variants and tools reach dispatch through this module)
     CONFIG_ENV,
     ENV,
     TILE_ENV,
@@ -49,8 +48,10 @@ from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reac
     tile_args,
     use_fused_kernels,
 )
-from .fused_eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: F401  (the kernels' φ codes)
-from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the building blocks from here)
+from ..norms.lean import rms_pair, through_rms_pair
+from . import eager as fused_eager
+from .eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: F401  (the kernels' φ codes)
+from .launches import (  # noqa: F401  (re-exported: tests and tools call the building blocks from here)
     _eager_gradients,
     _mask_arg,
     _output_like,
@@ -66,7 +67,6 @@ from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the
     unit_rows,
     valid_keys,
 )
-from .lean_norms import rms_pair, through_rms_pair
 
 
 def _reader(S: torch.Tensor, z: torch.Tensor, zv: Optional[torch.Tensor], key_valid: Optional[torch.Tensor],

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import VitconvertError
+from ...errors import VitconvertError
 
 ENV = "VITCONVERT_FUSED"
 TILE_ENV = "VITCONVERT_FUSED_TILE"

@@ -14,8 +14,8 @@ from typing import Optional
 
 import torch
 
-from . import dispatch, fused_eager
-from .dispatch import (
+from .. import dispatch
+from ..dispatch import (
     KernelUnavailable,
     block_sizes,
     disable,
@@ -24,6 +24,7 @@ from .dispatch import (
     split_tokens,
     tile_args,
 )
+from . import eager as fused_eager
 
 
 def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
