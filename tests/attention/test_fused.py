@@ -1,4 +1,4 @@
-"""The fused Triton kernels (attention/fused.py) against the eager forms and the explicit N×N references.
+"""The fused Triton kernels (ops/linear/op.py) against the eager forms and the explicit N×N references.
 
 Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py
 before anything imports triton): the same kernel code, executed with numpy. Values and gradients of q, k, v
@@ -13,10 +13,10 @@ import pytest
 import torch
 from helpers import load_benchmark
 
-from vitconvert.attention.inline import inline_weights
-from vitconvert.attention.kernel import elu_feature_literal, kernel_attention_reference
+from vitconvert.attention.kernel import elu_feature_literal
 from vitconvert.attention.ops import dispatch
 from vitconvert.attention.ops.linear import op as fused
+from vitconvert.attention.ops.linear.reference import inline_weights, kernel_attention_reference
 
 from . import helpers
 from .fused_cases import (
@@ -368,11 +368,10 @@ def test_split_heads_take_two_launches_forward_and_three_backward_with_no_torch_
         finally:
             launching.pop()
 
-    monkeypatch.setattr(fused, "direct", lambda t: type(t) is torch.Tensor)
     q, k, v = qkv(N=150, d=32)
     grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     runs = {}
-    with dispatch.launches_through(count, DEVICE):
+    with dispatch.launches_through(count, DEVICE), dispatch.kernels_on(direct_under_modes=True):
         for direction in ("forward", "backward"):
             events.clear()
             with Ops():

@@ -1,4 +1,4 @@
-"""MHLA's pairwise kernels (attention/pairwise_kernels.py, attention/fused_pairwise.py) in Triton's interpreter:
+"""MHLA's pairwise kernels (ops/pairwise/kernels.py, ops/pairwise/op.py) in Triton's interpreter:
 against the literal N×N formula, against the blocked kernels, as an op, and how a call picks its form."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from vitconvert.attention.ops import dispatch
 from vitconvert.attention.ops.linear import op as fused
 from vitconvert.attention.ops.norms.lean import rms_over_heads
 from vitconvert.attention.ops.pairwise import op as fused_pairwise
+from vitconvert.attention.ops.pairwise.reference import pairwise_reference
 from vitconvert.errors import VitconvertError
 
 from . import helpers
@@ -29,14 +30,8 @@ def kernels_here(monkeypatch):
 
 
 def literal(q, k, v, key_valid, segments, mixing):
-    """A_ij = φ(q_i)·φ(k_j)·W̃[s(i), s(j)] (φ = relu + ε, masked keys 0), o = A v / (Σ_j A_ij + ε): the N×N
-    weights written out."""
-    phi_q, phi_k = torch.relu(q) + EPS, torch.relu(k) + EPS
-    seg = segments.long()
-    scores = torch.einsum("bhid,bhjd->bhij", phi_q, phi_k) * mixing[seg][:, seg]
-    if key_valid is not None:
-        scores = scores * key_valid[:, None, None, :].to(scores.dtype)
-    return (scores @ v) / (scores.sum(-1, keepdim=True) + EPS)
+    """The op's N×N weights written out, φ = relu + ε (MHLA's feature map)."""
+    return pairwise_reference(torch.relu(q) + EPS, torch.relu(k) + EPS, v, key_valid, segments, mixing, EPS)
 
 
 def inputs(N: int, d: int, G: int, dtype: torch.dtype, seed: int = 0):

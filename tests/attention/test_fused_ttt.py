@@ -1,4 +1,4 @@
-"""TTT's step on the Triton kernels (attention/fused_ttt.py, ttt_kernels.py) against the closed-form step in
+"""TTT's step on the Triton kernels (ops/ttt/op.py, ops/ttt/kernels.py) against the closed-form step in
 float64 and the module's literal reference (autograd through the per-token inner loss). Kernels in Triton's
 interpreter on the CPU, as in test_fused.py: values and gradients of q, k, v and the fast weights, float32 and
 bfloat16, masks, token counts that are not a multiple of the chunk, heads split over token ranges, head dims

@@ -1,4 +1,4 @@
-"""The norms MHLA and TTT write out for memory (vitconvert/attention/lean_norms.py): their backwards are torch's
+"""The norms MHLA and TTT write out for memory (vitconvert/attention/ops/norms/lean.py): their backwards are torch's
 fused norm kernels, so a training step makes a few passes over N×C, not a dozen float32 ones. Counted with
 benchmarks/op_traffic.py's recorder; the values and gradients themselves are tested in test_mhla.py and
 test_ttt_passes.py."""
@@ -14,9 +14,9 @@ from torch import nn
 
 from vitconvert.attention.ops import dispatch
 from vitconvert.attention.ops.norms import lean as lean_norms
+from vitconvert.attention.ops.norms.reference import rms_norm_over_heads as rms_over_heads
 
 from .helpers import cuda_rms_kernel_on_the_cpu, rel_error
-from .helpers import rms_norm_over_heads as rms_over_heads
 
 B, N, H, D = 2, 197, 3, 16  # N×C tokens (more than the qkv weight's 3C×C), C = H·D
 

@@ -37,3 +37,11 @@ def test_the_custom_ops_keep_their_names():
     for name in OP_NAMES:
         for op in (name, f"{name}_backward"):
             assert hasattr(torch.ops.vitconvert, op), op
+
+
+def test_each_op_folder_holds_its_kernels_op_and_reference():
+    """fla-org/flash-linear-attention's layout: an op's kernels, the op and its slow reference side by side."""
+    for folder in ("linear", "pairwise", "grid", "ttt"):
+        files = {p.name for p in (OPS / folder).glob("*.py")}
+        assert "op.py" in files and any("kernels" in f for f in files), (folder, files)
+        assert files & {"reference.py", "closed_form.py"}, (folder, files)
