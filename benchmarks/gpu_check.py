@@ -55,8 +55,9 @@ if __name__ == "__main__" and not torch.cuda.is_available():  # parity's kernels
 import timm  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from vitconvert.attention import VARIANTS, dispatch  # noqa: E402
+from vitconvert.attention import VARIANTS  # noqa: E402
 from vitconvert.attention.kernel import fla_enabled  # noqa: E402
+from vitconvert.attention.ops import dispatch  # noqa: E402
 from vitconvert.writer import write_text_atomic  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sections, one module each beside this one

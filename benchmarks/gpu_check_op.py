@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from gpu_check_parity import form_label, mhla_form
 from gpu_check_plan import NOT_MEASURED, Plan
 
-from vitconvert.attention import VARIANTS, dispatch, fused_pairwise
+from vitconvert.attention import VARIANTS
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.pairwise import op as fused_pairwise
 from vitconvert.bench import SOFTMAX
 
 

@@ -10,7 +10,9 @@ from typing import Any, Optional
 import torch
 from gpu_check_plan import Plan
 
-from vitconvert.attention import VARIANTS, dispatch, fused
+from vitconvert.attention import VARIANTS
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
 from vitconvert.bench import linear_copy
 from vitconvert.sources import load_source
 

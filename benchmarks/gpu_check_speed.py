@@ -12,8 +12,9 @@ from typing import Any, Optional
 import torch
 from gpu_check_plan import MODEL_BATCH_SCALE, NOT_MEASURED, Plan, Targets, softmax_source
 
-from vitconvert.attention import VARIANTS, fused
+from vitconvert.attention import VARIANTS
 from vitconvert.attention.kernel import KernelAttention
+from vitconvert.attention.ops.linear import op as fused
 from vitconvert.bench import SOFTMAX, benchmark
 
 FLA_ENV = "VITCONVERT_FLA"

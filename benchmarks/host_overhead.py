@@ -41,7 +41,10 @@ if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernel
 import timm  # noqa: E402
 
 import vitconvert  # noqa: E402
-from vitconvert.attention import VARIANTS, dispatch, fused, fused_pairwise  # noqa: E402
+from vitconvert.attention import VARIANTS  # noqa: E402
+from vitconvert.attention.ops import dispatch  # noqa: E402
+from vitconvert.attention.ops.linear import op as fused  # noqa: E402
+from vitconvert.attention.ops.pairwise import op as fused_pairwise  # noqa: E402
 from vitconvert.writer import write_text_atomic  # noqa: E402
 
 
@@ -88,13 +91,8 @@ class AtenOps(TorchDispatchMode):
 def counting_ops() -> Iterator[AtenOps]:
     """An :class:`AtenOps` mode, the fused ops still called direct as without it (a dispatch mode would route
     them through the custom-op dispatcher, dispatch.direct), so their bodies' ops count too."""
-    saved = fused.direct
-    fused.direct = lambda t: type(t) is torch.Tensor
-    try:
-        with AtenOps() as mode:
-            yield mode
-    finally:
-        fused.direct = saved
+    with dispatch.kernels_on(direct_under_modes=True), AtenOps() as mode:
+        yield mode
 
 
 def make_step(layer: torch.nn.Module, x: torch.Tensor, train: bool) -> Callable[[], None]:
@@ -164,17 +162,11 @@ def op_steps(device: torch.device) -> dict[str, Callable[[], None]]:
     def step(form, train: bool, through_op: bool) -> Callable[[], None]:
         inputs = [t.clone().requires_grad_(train) for t in (q, k, v)]
 
-        def run() -> None:
-            saved = fused.direct
-            if through_op:
-                fused.direct = lambda t: False
-            try:
-                with torch.set_grad_enabled(train):
-                    out = form(*inputs)
-                    if train:
-                        out.float().sum().backward()
-            finally:
-                fused.direct = saved
+        def run() -> None:  # (every form, SDPA's too, in a dispatch context: the same cost in each row)
+            with dispatch.kernels_on(through_ops=through_op), torch.set_grad_enabled(train):
+                out = form(*inputs)
+                if train:
+                    out.float().sum().backward()
 
         return run
 

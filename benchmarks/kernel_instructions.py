@@ -36,7 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # kernel_resources, beside this script
 from kernel_resources import CrossBuilds, cross_build_error  # noqa: E402
 
-from vitconvert.attention import dispatch, fused  # noqa: E402
+from vitconvert.attention.ops import dispatch  # noqa: E402
+from vitconvert.attention.ops.linear import op as fused  # noqa: E402
 from vitconvert.writer import write_text_atomic  # noqa: E402
 
 VARIANTS = {"elu": fused.ELU_PLUS_ONE, "relu": fused.RELU, "inline": None}

@@ -45,8 +45,12 @@ import torch
 if __name__ == "__main__" and not torch.cuda.is_available() and "--arch" not in " ".join(sys.argv):
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the CPU's kernels: set before anything imports triton
 
-from vitconvert.attention import dispatch, fused, fused_grid, fused_pairwise, fused_ttt  # noqa: E402
 from vitconvert.attention.blocks import extended_block_mix, segment_index, token_segments  # noqa: E402
+from vitconvert.attention.ops import dispatch  # noqa: E402
+from vitconvert.attention.ops.grid import op as fused_grid  # noqa: E402
+from vitconvert.attention.ops.linear import op as fused  # noqa: E402
+from vitconvert.attention.ops.pairwise import op as fused_pairwise  # noqa: E402
+from vitconvert.attention.ops.ttt import op as fused_ttt  # noqa: E402
 from vitconvert.writer import write_text_atomic  # noqa: E402
 
 

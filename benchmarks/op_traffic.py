@@ -44,7 +44,9 @@ if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernel
 import timm  # noqa: E402
 
 import vitconvert  # noqa: E402
-from vitconvert.attention import VARIANTS, LinearAttention, dispatch, lean_norms  # noqa: E402
+from vitconvert.attention import VARIANTS, LinearAttention  # noqa: E402
+from vitconvert.attention.ops import dispatch  # noqa: E402
+from vitconvert.attention.ops.norms import lean as lean_norms  # noqa: E402
 from vitconvert.writer import write_text_atomic  # noqa: E402
 
 

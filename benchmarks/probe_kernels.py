@@ -38,7 +38,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import environment, first_line, mixer_step, token_mixers  # noqa: E402
 
-from vitconvert.attention import dispatch, settings  # noqa: E402
+from vitconvert.attention.ops import (
+    dispatch,  # noqa: E402
+    settings,  # noqa: E402
+)
 
 SECTIONS = ("ceiling", "layers", "tiles", "top")
 Step = Callable[[], None]

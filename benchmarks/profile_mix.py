@@ -19,8 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from vitconvert.attention import VARIANTS, dispatch
-from vitconvert.attention.settings import KernelSettings, config_setting
+from vitconvert.attention import VARIANTS
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.settings import KernelSettings, config_setting
 
 
 def make_step(mix, leaves: list[torch.Tensor], grad: torch.Tensor, infer: bool):

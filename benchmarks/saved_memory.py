@@ -32,7 +32,8 @@ if __name__ == "__main__" and not torch.cuda.is_available():  # the CPU's kernel
 import timm  # noqa: E402
 
 import vitconvert  # noqa: E402
-from vitconvert.attention import VARIANTS, dispatch  # noqa: E402
+from vitconvert.attention import VARIANTS  # noqa: E402
+from vitconvert.attention.ops import dispatch  # noqa: E402
 from vitconvert.writer import write_text_atomic  # noqa: E402
 
 

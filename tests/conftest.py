@@ -18,7 +18,7 @@ if not torch.cuda.is_available():  # the fused kernels' tests run in Triton's in
 from helpers import interpreter_patches_once, interpreter_rounds_to_nearest, tiny_model  # noqa: E402
 
 import vitconvert  # noqa: E402
-from vitconvert.attention import dispatch  # noqa: E402
+from vitconvert.attention.ops import dispatch  # noqa: E402
 
 if dispatch.interpreting() and dispatch.triton_available():
     interpreter_rounds_to_nearest()  # bf16 casts as the GPU rounds them (helpers.py says why)

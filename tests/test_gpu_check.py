@@ -11,7 +11,8 @@ import pytest
 import torch
 from helpers import load_benchmark
 
-from vitconvert.attention import VARIANTS, dispatch
+from vitconvert.attention import VARIANTS
+from vitconvert.attention.ops import dispatch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 

@@ -16,7 +16,8 @@ from torch.nn import functional as F
 import vitconvert
 from vitconvert.attention import register_variant, unregister_variant
 from vitconvert.attention.base import LinearAttention
-from vitconvert.attention.kernel import kernel_attention, kernel_attention_reference
+from vitconvert.attention.kernel import kernel_attention
+from vitconvert.attention.ops.linear.reference import kernel_attention_reference
 from vitconvert.attention.options import Option, number, positive
 from vitconvert.quickstart import parse_variants
 

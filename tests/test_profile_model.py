@@ -36,7 +36,7 @@ def test_bad_arguments_are_one_line(argv, message, capsys):
 
 def test_saved_memory_reports_each_variant_against_softmax(capsys):
     """benchmarks/saved_memory.py: the training-memory numbers of docs/performance.md, on the CPU."""
-    from vitconvert.attention import dispatch
+    from vitconvert.attention.ops import dispatch
 
     script = load_benchmark("saved_memory")
     devices = dispatch.current().devices

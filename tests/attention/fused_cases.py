@@ -8,8 +8,9 @@ from typing import Optional
 import pytest
 import torch
 
-from vitconvert.attention import dispatch, fused
 from vitconvert.attention.kernel import elu_feature_literal, relu_feature
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
 
 from . import helpers
 from .helpers import rel_error
@@ -81,7 +82,7 @@ def make_module(name: str, head_dim: int, grid, num_prefix: int, **options):
 
 def kernel_home(name: str):
     """The module that defines kernel ``name``: where a test replaces it."""
-    from vitconvert.attention import head_kernels, split_kernels
+    from vitconvert.attention.ops.linear import head_kernels, split_kernels
 
     return head_kernels if hasattr(head_kernels, name) else split_kernels
 

@@ -14,7 +14,9 @@ import torch
 from helpers import load_benchmark
 from timm.layers import Attention
 
-from vitconvert.attention import VARIANTS, LinearAttention, dispatch, lean_norms
+from vitconvert.attention import VARIANTS, LinearAttention
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.norms import lean as lean_norms
 
 
 @contextlib.contextmanager
@@ -36,13 +38,6 @@ def kernels_device() -> str:
         pytest.skip("no GPU, and Triton's interpreter was not chosen before triton was imported (tests/conftest.py)",
                     allow_module_level=True)
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def rms_norm_over_heads(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The reference's ``RMSNorm(dim)`` on (B, H, N, d) q or k: F.rms_norm of each token over all heads' channels."""
-    B, H, N, d = t.shape
-    flat = torch.nn.functional.rms_norm(t.transpose(1, 2).reshape(B, N, H * d), (H * d,), weight.to(t.dtype))
-    return flat.reshape(B, N, H, d).transpose(1, 2)
 
 
 def softmax_source(dim: int = 64, heads: int = 4) -> Attention:
@@ -118,7 +113,7 @@ class Cramped:
 
     def __init__(self, kernel, fits) -> None:
         self.kernel, self.fits, self.refused = kernel, fits, 0
-        self.fn = getattr(kernel, "fn", None)  # (its name, for dispatch.lean_launches)
+        self.fn = getattr(kernel, "fn", None)  # (its name, for test_fused_dispatch.lean_launches)
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):

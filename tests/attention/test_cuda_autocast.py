@@ -19,7 +19,9 @@ from helpers import FAMILIES, cuda_autocast_policy, image_batch, tiny_model
 from torch.nn import functional as F
 
 import vitconvert
-from vitconvert.attention import dispatch, fused, lean_norms
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
+from vitconvert.attention.ops.norms import lean as lean_norms
 
 from .helpers import cuda_rms_kernel_on_the_cpu
 

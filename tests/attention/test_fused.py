@@ -1,4 +1,4 @@
-"""The fused Triton kernels (attention/fused.py) against the eager forms and the explicit N×N references.
+"""The fused Triton kernels (ops/linear/op.py) against the eager forms and the explicit N×N references.
 
 Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py
 before anything imports triton): the same kernel code, executed with numpy. Values and gradients of q, k, v
@@ -13,9 +13,10 @@ import pytest
 import torch
 from helpers import load_benchmark
 
-from vitconvert.attention import dispatch, fused
-from vitconvert.attention.inline import inline_weights
-from vitconvert.attention.kernel import elu_feature_literal, kernel_attention_reference
+from vitconvert.attention.kernel import elu_feature_literal
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
+from vitconvert.attention.ops.linear.reference import inline_weights, kernel_attention_reference
 
 from . import helpers
 from .fused_cases import (
@@ -207,7 +208,7 @@ def test_the_blocked_op_keeps_the_raw_q_k_and_v_and_normalises_them_itself(recom
     normalised copy, and o only when asked; values and gradients (weights included) equal the RMSNorm applied
     outside the op, and the op with one segment and no index equals kernel attention."""
     from vitconvert.attention.blocks import extended_block_mix, segment_index
-    from vitconvert.attention.lean_norms import rms_over_heads
+    from vitconvert.attention.ops.norms.lean import rms_over_heads
 
     g = torch.Generator().manual_seed(3)
     qkv_out = torch.randn(2, 40, 3, 2, 32, generator=g).to(DEVICE).requires_grad_()
@@ -269,7 +270,8 @@ def test_mhla_under_autocast_matches_its_float32_eager_form(tokens, form, dtype,
 
 def expanded_gradient_calls():
     """Each op's call on (B, H, N, d) q, k, v (fused_pairwise and fused_ttt imported here: their modules)."""
-    from vitconvert.attention import fused_pairwise, fused_ttt
+    from vitconvert.attention.ops.pairwise import op as fused_pairwise
+    from vitconvert.attention.ops.ttt import op as fused_ttt
 
     segments = torch.tensor([0, 1, 2] * 13 + [2], dtype=torch.int32, device=DEVICE)
     mixing = torch.rand(3, 3, device=DEVICE) + 0.5
@@ -360,11 +362,10 @@ def test_split_heads_take_two_launches_forward_and_three_backward_with_no_torch_
         finally:
             launching.pop()
 
-    monkeypatch.setattr(fused, "direct", lambda t: type(t) is torch.Tensor)
     q, k, v = qkv(N=150, d=32)
     grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     runs = {}
-    with dispatch.launches_through(count, DEVICE):
+    with dispatch.launches_through(count, DEVICE), dispatch.kernels_on(direct_under_modes=True):
         for direction in ("forward", "backward"):
             events.clear()
             with Ops():

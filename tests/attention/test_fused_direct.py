@@ -12,8 +12,10 @@ import torch
 from helpers import load_benchmark
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vitconvert.attention import dispatch, fused, fused_ttt
 from vitconvert.attention.blocks import extended_block_mix, segment_index
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
+from vitconvert.attention.ops.ttt import op as fused_ttt
 
 from . import helpers
 from .helpers import random_mask, random_qkv

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitconvert.attention import dispatch, fused
-from vitconvert.attention.inline import inline_weights
-from vitconvert.attention.kernel import kernel_attention_reference
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
+from vitconvert.attention.ops.linear.reference import inline_weights, kernel_attention_reference
 from vitconvert.errors import VitconvertError
 
 from . import helpers
@@ -183,6 +183,11 @@ def fresh_dispatch():
         yield fresh
 
 
+def lean_launches() -> dict[str, dict]:
+    """Each kernel the context launched on leaner settings than its call site's: name -> the settings changed."""
+    return {dispatch.kernel_name(key[0]): dict(step) for key, step in dispatch.current().settled.items()}
+
+
 def l40_at_head_dim_128(settings: dict) -> bool:
     """What fits the read-out's and state's backward at head dim 128 on an L40 (99 KB a block): 16-bit tiles and
     16-token chunks (benchmarks/kernel_resources.py --arch sm_89 --head-dims 128)."""
@@ -239,7 +244,7 @@ def test_backward_kernels_too_big_for_the_gpu_run_lean_within_the_bf16_bar(name,
     # dispatch.spill_free_chunk); the rest took what fitted
     tries = {n: 1 if n == "attention_bwd_kernel" and dispatch.older_triton() else 2 for n in kernels}
     assert {n: c.refused for n, c in cramped.items()} == tries
-    assert dispatch.lean_launches() == {n: {"BLOCK_N": 16} for n in kernels}
+    assert lean_launches() == {n: {"BLOCK_N": 16} for n in kernels}
     out = fused.attention(q, k, v, mask, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False) if name != "inline" else (
         fused.attention(q, k, v, mask, fused.IDENTITY, 0.0, 0.0, 64 ** -0.5, True))
     torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
@@ -251,7 +256,8 @@ def test_an_mhla_module_on_float32_takes_smaller_chunks_and_matches_its_referenc
     """Float32 inputs keep their tiles (the dots' precision is the user's TF32 switch); a GPU where every kernel
     fits only with 16-token chunks runs them all at 16, the whole module within its float32 bars. (The pairwise
     kernels' grid is made of their own BLOCK_M tokens: a smaller chunk of the other side leaves it whole.)"""
-    from vitconvert.attention import pairwise_kernels, split_kernels
+    from vitconvert.attention.ops.linear import split_kernels
+    from vitconvert.attention.ops.pairwise import kernels as pairwise_kernels
 
     dispatch.current().settings = dispatch.KernelSettings(form=form)
     where = split_kernels if form == "blocked" else pairwise_kernels
@@ -266,7 +272,7 @@ def test_an_mhla_module_on_float32_takes_smaller_chunks_and_matches_its_referenc
     launched = {n for n, c in cramped.items() if c.refused}
     assert launched >= ({"state_fwd_kernel", "readout_fwd_kernel", *SPLIT_BACKWARD_KERNELS} if form == "blocked" else
                         {"pairwise_fwd_kernel", "pairwise_bwd_dq_kernel", "pairwise_bwd_dkv_kernel"})
-    assert all(step == {"BLOCK_N": 16} for step in dispatch.lean_launches().values())
+    assert all(step == {"BLOCK_N": 16} for step in lean_launches().values())
 
 
 def test_a_kernel_that_fits_no_settings_still_falls_back_to_eager_once(monkeypatch, fresh_dispatch):

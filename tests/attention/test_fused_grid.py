@@ -1,4 +1,4 @@
-"""The grid op (attention/fused_grid.py, grid_kernels.py): TTT's convs of q and k (with the keys' instance norm) and
+"""The grid op (ops/grid/op.py, ops/grid/kernels.py): TTT's convs of q and k (with the keys' instance norm) and
 MHLA's LePE as one kernel each, against the convolution written out tap by tap in float64. Kernels in Triton's
 interpreter on the CPU, as in test_fused.py: values and gradients of x, the base, the filters and the bias, 3×3
 and 5×5 filters, prefix tokens, masks, grids of more than one program's tokens, head dims 32/64/96, bf16, and the
@@ -6,12 +6,13 @@ fallbacks where Triton cannot build a kernel."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pytest
 import torch
 
-from vitconvert.attention import dispatch, fused, fused_grid
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.grid import op as fused_grid
+from vitconvert.attention.ops.grid.reference import grid_conv_reference
+from vitconvert.attention.ops.linear import op as fused
 
 from . import helpers
 from .helpers import rel_error
@@ -26,41 +27,6 @@ def kernels_here(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     with dispatch.kernels_on(DEVICE, ttt_dtypes=dispatch.DTYPES) as inner:
         yield inner
-
-
-def literal(x: torch.Tensor, base: Optional[torch.Tensor], weight: torch.Tensor, bias: Optional[torch.Tensor],
-            key_valid: Optional[torch.Tensor], grid: tuple[int, int], prefix: int,
-            norm_eps: Optional[float]) -> torch.Tensor:
-    """The op's formula token by token and tap by tap: x̂ = x or (x − mean)/√(var + ε) over the valid tokens,
-    y_t = base_t (x̂_t without one), + bias + Σ_taps w·x̂ of the valid grid neighbours for grid tokens."""
-    B, H, N, d = x.shape
-    rows, cols = grid
-    size = weight.shape[-1]
-    valid = key_valid if key_valid is not None else torch.ones(B, N, dtype=torch.bool, device=x.device)
-    if norm_eps is not None:
-        normed = []
-        for b in range(B):
-            kept = x[b][:, valid[b]]
-            mean = kept.mean(dim=1, keepdim=True)
-            var = ((kept - mean) ** 2).mean(dim=1, keepdim=True)
-            normed.append((x[b] - mean) / torch.sqrt(var + norm_eps))
-        x = torch.stack(normed)
-    w = weight.reshape(H, d, size, size)
-    out = []
-    for t in range(N):
-        total = (x if base is None else base)[:, :, t]
-        if t >= prefix:
-            r, c = divmod(t - prefix, cols)
-            if bias is not None:
-                total = total + bias.reshape(H, d)
-            for i in range(size):
-                for j in range(size):
-                    rr, cc = r + i - size // 2, c + j - size // 2
-                    if 0 <= rr < rows and 0 <= cc < cols:
-                        s = prefix + rr * cols + cc
-                        total = total + w[:, :, i, j] * x[:, :, s] * valid[:, s, None, None].to(x.dtype)
-        out.append(total)
-    return torch.stack(out, dim=2)
 
 
 def op_inputs(d: int = 32, grid: tuple[int, int] = (5, 4), prefix: int = 1, size: int = 3, base: bool = False,
@@ -88,7 +54,7 @@ def against_float64(inputs, mask, grid, prefix, norm_eps, form=fused_grid.conv_o
     given = [t for t in inputs if t is not None]
     out = form(*inputs, mask, grid, prefix, norm_eps)
     copies = [None if t is None else t.detach().double().requires_grad_() for t in inputs]
-    expected = literal(*copies, mask, grid, prefix, norm_eps)
+    expected = grid_conv_reference(*copies, mask, grid, prefix, norm_eps)
     probe = torch.randn(expected.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     got = torch.autograd.grad(out, given, probe.to(out))
     want = torch.autograd.grad(expected, [t for t in copies if t is not None], probe)
@@ -128,7 +94,7 @@ def test_the_eager_form_is_the_convolution_written_out():
         inputs, mask = op_inputs(d, grid, prefix, size, base, bias, masked)
         copies = [None if t is None else t.detach().double() for t in inputs]
         torch.testing.assert_close(fused_grid.grid_conv_eager(*copies, mask, *grid, prefix, norm_eps),
-                                   literal(*copies, mask, grid, prefix, norm_eps), atol=1e-12, rtol=0)
+                                   grid_conv_reference(*copies, mask, grid, prefix, norm_eps), atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("case", ["ttt-k-masked", "lepe-masked"])
@@ -211,7 +177,7 @@ def test_a_grid_kernel_the_gpu_cannot_build_leaves_the_convs_to_torch(variant, s
     Backward (the forward ran on the grid kernel): that step's gradients from the op's eager form. One warning,
     and the grid op off for the process; the gradients those of the kernels' own. TTT's q conv runs inside its
     step op, whose backward runs the grid backward kernel: there the step's kernels go off too."""
-    from vitconvert.attention import grid_kernels
+    from vitconvert.attention.ops.grid import kernels as grid_kernels
 
     module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)

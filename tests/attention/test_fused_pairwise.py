@@ -1,4 +1,4 @@
-"""MHLA's pairwise kernels (attention/pairwise_kernels.py, attention/fused_pairwise.py) in Triton's interpreter:
+"""MHLA's pairwise kernels (ops/pairwise/kernels.py, ops/pairwise/op.py) in Triton's interpreter:
 against the literal N×N formula, against the blocked kernels, as an op, and how a call picks its form."""
 
 from __future__ import annotations
@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitconvert.attention import dispatch, fused, fused_pairwise
 from vitconvert.attention.blocks import extended_block_mix, segment_index, token_segments
-from vitconvert.attention.lean_norms import rms_over_heads
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
+from vitconvert.attention.ops.norms.lean import rms_over_heads
+from vitconvert.attention.ops.pairwise import op as fused_pairwise
+from vitconvert.attention.ops.pairwise.reference import pairwise_reference
 from vitconvert.errors import VitconvertError
 
 from . import helpers
@@ -27,14 +30,8 @@ def kernels_here(monkeypatch):
 
 
 def literal(q, k, v, key_valid, segments, mixing):
-    """A_ij = φ(q_i)·φ(k_j)·W̃[s(i), s(j)] (φ = relu + ε, masked keys 0), o = A v / (Σ_j A_ij + ε): the N×N
-    weights written out."""
-    phi_q, phi_k = torch.relu(q) + EPS, torch.relu(k) + EPS
-    seg = segments.long()
-    scores = torch.einsum("bhid,bhjd->bhij", phi_q, phi_k) * mixing[seg][:, seg]
-    if key_valid is not None:
-        scores = scores * key_valid[:, None, None, :].to(scores.dtype)
-    return (scores @ v) / (scores.sum(-1, keepdim=True) + EPS)
+    """The op's N×N weights written out, φ = relu + ε (MHLA's feature map)."""
+    return pairwise_reference(torch.relu(q) + EPS, torch.relu(k) + EPS, v, key_valid, segments, mixing, EPS)
 
 
 def inputs(N: int, d: int, G: int, dtype: torch.dtype, seed: int = 0):
@@ -208,7 +205,7 @@ def test_the_op_passes_torch_library_checks():
 def test_a_forward_kernel_the_gpu_cannot_build_leaves_mhla_on_its_blocked_kernels(monkeypatch):
     """The pairwise kernels turn off with one warning and the call (and every later one) takes the blocked form,
     not the eager one: the same output."""
-    from vitconvert.attention import pairwise_kernels
+    from vitconvert.attention.ops.pairwise import kernels as pairwise_kernels
 
     dispatch.current().settings = dispatch.KernelSettings(form="pairwise")  # (float32: auto takes the blocked form)
     module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
@@ -231,7 +228,7 @@ def test_a_forward_kernel_the_gpu_cannot_build_leaves_mhla_on_its_blocked_kernel
 
 
 def test_a_backward_kernel_the_gpu_cannot_build_takes_the_eager_gradients(monkeypatch):
-    from vitconvert.attention import pairwise_kernels
+    from vitconvert.attention.ops.pairwise import kernels as pairwise_kernels
 
     dispatch.current().settings = dispatch.KernelSettings(form="pairwise")
     module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)

@@ -8,7 +8,8 @@ import pytest
 import torch
 from helpers import load_benchmark
 
-from vitconvert.attention import dispatch, fused
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
 
 from . import helpers
 from .fused_cases import (
@@ -151,8 +152,8 @@ def test_a_backward_kernel_the_gpu_cannot_build_falls_back_to_the_eager_gradient
 def test_the_eager_forms_of_the_ops_compute_what_the_kernels_compute(masked):
     """fused_eager (the backward fallback) against the kernels: states and read-out over MHLA's segment table
     with its −1 pads and the prefix segment, and the one-segment kernel attention."""
-    from vitconvert.attention import fused_eager
     from vitconvert.attention.blocks import segment_index
+    from vitconvert.attention.ops.linear import eager as fused_eager
 
     q, k, v = (t.detach() for t in qkv(N=1 + 36))
     key_valid = padding_mask(2, 37) if masked else None

@@ -1,4 +1,4 @@
-"""TTT's step on the Triton kernels (attention/fused_ttt.py, ttt_kernels.py) against the closed-form step in
+"""TTT's step on the Triton kernels (ops/ttt/op.py, ops/ttt/kernels.py) against the closed-form step in
 float64 and the module's literal reference (autograd through the per-token inner loss). Kernels in Triton's
 interpreter on the CPU, as in test_fused.py: values and gradients of q, k, v and the fast weights, float32 and
 bfloat16, masks, token counts that are not a multiple of the chunk, heads split over token ranges, head dims
@@ -11,7 +11,9 @@ from typing import Optional
 import pytest
 import torch
 
-from vitconvert.attention import dispatch, fused, fused_ttt
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
+from vitconvert.attention.ops.ttt import op as fused_ttt
 
 from . import helpers
 from .helpers import rel_error
@@ -77,7 +79,7 @@ def test_where_the_sums_backward_fits_no_settings_two_kernels_take_its_place(d, 
     no settings (benchmarks/kernel_resources.py --arch sm_89). Then a kernel for dk, dW1, dW2 and one for dv, dW3
     take its place: the same gradients against float64, no warning, TTT's kernels stay on, and the one kernel is
     not tried again."""
-    from vitconvert.attention import ttt_kernels
+    from vitconvert.attention.ops.ttt import kernels as ttt_kernels
 
     dispatch.current().programs = programs
     dispatch.current().unavailable.clear()
@@ -98,7 +100,7 @@ def test_where_the_sums_backward_fits_no_settings_two_kernels_take_its_place(d, 
 def test_the_two_sums_backward_kernels_on_bf16_are_the_one_kernel(monkeypatch):
     """bf16 at head dim 64 (DeiT's), 16-bit tiles: the two kernels' gradients are the one kernel's (the same
     products, in the same order, on the same roundings)."""
-    from vitconvert.attention import ttt_kernels
+    from vitconvert.attention.ops.ttt import kernels as ttt_kernels
 
     inputs, mask = step_inputs(N=70, d=64, dtype=torch.bfloat16, masked=True)
     inputs[3] = inputs[3].detach().float().requires_grad_()
@@ -232,7 +234,7 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, 
     """Forward: the module runs its torch step. Backward (the forward ran on the kernels): this step's gradients
     from the op's eager form. Either way one warning, and TTT's kernels off for the process (the other ops keep
     theirs)."""
-    from vitconvert.attention import ttt_kernels
+    from vitconvert.attention.ops.ttt import kernels as ttt_kernels
 
     module = helpers.make_module("ttt", 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
@@ -264,7 +266,7 @@ def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, mon
     from helpers import image_batch, tiny_model
 
     import vitconvert
-    from vitconvert.attention import ttt_kernels
+    from vitconvert.attention.ops.ttt import kernels as ttt_kernels
 
     source = tiny_model(family)
     student, _ = vitconvert.convert(source, "ttt")

@@ -9,7 +9,8 @@ import torch
 from timm.layers import Attention
 from torch.nn import functional as F
 
-from vitconvert.attention.inline import InLineAttention, inline_attention, inline_weights
+from vitconvert.attention.inline import InLineAttention, inline_attention
+from vitconvert.attention.ops.linear.reference import inline_weights
 
 from .helpers import assert_masked_tokens_reach_no_valid_output, literal, make_module, random_mask, random_tensors
 

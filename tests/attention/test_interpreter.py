@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import interpreter_rounds_to_nearest
 
-from vitconvert.attention import dispatch
+from vitconvert.attention.ops import dispatch
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")

@@ -10,9 +10,9 @@ from vitconvert.attention.kernel import (
     ReluAttention,
     elu_feature,
     kernel_attention,
-    kernel_attention_reference,
     relu_feature,
 )
+from vitconvert.attention.ops.linear.reference import kernel_attention_reference
 
 from .helpers import (
     assert_masked_tokens_reach_no_valid_output,

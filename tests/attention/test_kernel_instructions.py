@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import load_benchmark
 
-from vitconvert.attention import dispatch
+from vitconvert.attention.ops import dispatch
 
 pytest.importorskip("triton")
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"

@@ -14,7 +14,8 @@ import pytest
 import torch
 from helpers import load_benchmark
 
-from vitconvert.attention import dispatch, fused
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
 
 pytest.importorskip("triton")
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"

@@ -1,4 +1,4 @@
-"""The norms MHLA and TTT write out for memory (vitconvert/attention/lean_norms.py): their backwards are torch's
+"""The norms MHLA and TTT write out for memory (vitconvert/attention/ops/norms/lean.py): their backwards are torch's
 fused norm kernels, so a training step makes a few passes over N×C, not a dozen float32 ones. Counted with
 benchmarks/op_traffic.py's recorder; the values and gradients themselves are tested in test_mhla.py and
 test_ttt_passes.py."""
@@ -12,10 +12,11 @@ import torch
 from helpers import load_benchmark
 from torch import nn
 
-from vitconvert.attention import dispatch, lean_norms
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.norms import lean as lean_norms
+from vitconvert.attention.ops.norms.reference import rms_norm_over_heads as rms_over_heads
 
 from .helpers import cuda_rms_kernel_on_the_cpu, rel_error
-from .helpers import rms_norm_over_heads as rms_over_heads
 
 B, N, H, D = 2, 197, 3, 16  # N×C tokens (more than the qkv weight's 3C×C), C = H·D
 
@@ -98,8 +99,8 @@ def test_the_recomputed_rmsnorm_hands_its_rows_and_rstd_to_the_backward(cuda_rms
 def test_mhlas_blocked_op_trains_through_the_cuda_rmsnorm_branch(cuda_rms_kernel, monkeypatch):
     """The blocked op's backward on the CUDA branch (the norms recomputed by the fused forward, their rows and rstd
     handed on) gives the gradients of the formula the CPU keeps, within bf16 rounding."""
-    from vitconvert.attention import fused
     from vitconvert.attention.blocks import extended_block_mix, segment_index
+    from vitconvert.attention.ops.linear import op as fused
 
     g = torch.Generator().manual_seed(4)
     qkv_out = torch.randn(B, 37, 3, H, D, generator=g).bfloat16().requires_grad_()  # a prefix token, a 6×6 grid

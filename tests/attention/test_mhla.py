@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from vitconvert.attention.kernel import kernel_attention_reference
 from vitconvert.attention.mhla import (
     MHLAttention,
     block_layout,
@@ -17,6 +16,7 @@ from vitconvert.attention.mhla import (
     reference_block_of,
     resolve_block_counts,
 )
+from vitconvert.attention.ops.linear.reference import kernel_attention_reference
 from vitconvert.errors import BadValue
 
 from .helpers import (
@@ -242,13 +242,12 @@ def test_edge_options_build_a_finite_block_mixing(options):
 
 
 def test_the_blocked_ops_rmsnorm_and_its_backward_are_rmsnorm_over_heads():
-    """The RMSNorm the fused path runs inside the blocked op (attention/lean_norms.py) against F.rms_norm over
-    all heads' channels (helpers.rms_norm_over_heads): values, and its hand-written backward (rstd recomputed) against
+    """The RMSNorm the fused path runs inside the blocked op (ops/norms/lean.py) against F.rms_norm over
+    all heads' channels (ops/norms/reference.py): values, and its hand-written backward (rstd recomputed) against
     autograd's gradients of input and weight, in float64."""
-    from vitconvert.attention.lean_norms import rms_over_heads as lean
-    from vitconvert.attention.lean_norms import rms_over_heads_backward
-
-    from .helpers import rms_norm_over_heads as rms_over_heads
+    from vitconvert.attention.ops.norms.lean import rms_over_heads as lean
+    from vitconvert.attention.ops.norms.lean import rms_over_heads_backward
+    from vitconvert.attention.ops.norms.reference import rms_norm_over_heads as rms_over_heads
 
     g = torch.Generator().manual_seed(0)
     t = torch.randn(2, 3, 10, 8, generator=g, dtype=torch.float64, requires_grad=True)
@@ -269,7 +268,7 @@ def test_the_layernorm_and_qkv_function_is_layernorm_then_linear_and_keeps_one_i
     norm's weight and bias and the linear's, exact where a norm weight is 0 (backward never divides by it); under
     bf16 autocast within bf16 rounding of the float32 form, keeping one bf16 N×C tensor (x̂) and nothing in
     float32 beyond per-token rstd."""
-    from vitconvert.attention.lean_norms import layer_norm_linear
+    from vitconvert.attention.ops.norms.lean import layer_norm_linear
 
     g = torch.Generator().manual_seed(0)
     norm = nn.LayerNorm(16, dtype=torch.float64, bias=bias)

@@ -12,8 +12,9 @@ from collections.abc import MutableMapping
 import pytest
 import torch
 
-from vitconvert.attention import VARIANTS, dispatch, plan
-from vitconvert.attention.settings import KernelSettings
+from vitconvert.attention import VARIANTS, plan
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.settings import KernelSettings
 
 from . import helpers
 

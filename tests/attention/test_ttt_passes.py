@@ -10,7 +10,7 @@ import torch
 from helpers import load_benchmark
 from torch.nn import functional as F
 
-from vitconvert.attention import dispatch
+from vitconvert.attention.ops import dispatch
 from vitconvert.attention.ttt import normalize_keys
 
 from .helpers import make_module, random_mask, random_qkv
@@ -38,7 +38,7 @@ def test_the_fused_paths_key_norm_is_the_instance_norm_values_and_gradients(dtyp
     """lean_norms.key_instance_norm (TTT's fused path: float32 statistics read from bf16 keys, no float32 copy;
     a Function whose backward recomputes x̂) against F.instance_norm in float64, within k's rounding; the no-grad
     form gives the Function's values bitwise."""
-    from vitconvert.attention.lean_norms import key_instance_norm
+    from vitconvert.attention.ops.norms.lean import key_instance_norm
 
     k64 = torch.randn(2, 3, 50, 8, dtype=torch.float64).mul(3.0).add(5.0)  # a mean to take out
     k = k64.to(dtype).requires_grad_()

@@ -10,7 +10,7 @@ import torch
 from helpers import cuda_autocast_policy
 
 from vitconvert import evaluate
-from vitconvert.attention import dispatch
+from vitconvert.attention.ops import dispatch
 from vitconvert.distill import DistillJob, run, task
 from vitconvert.recipes import load_recipe
 

@@ -28,7 +28,7 @@ from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 from torch import nn
 from torch.nn import functional as F
 
-from .dispatch import use_fused_kernels
+from .ops.dispatch import use_fused_kernels
 from .options import Option, describe, read_options, with_defaults
 
 # Children of timm's attention modules that have the same role in a linear variant.

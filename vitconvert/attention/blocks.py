@@ -177,7 +177,7 @@ def segment_index(grid: tuple[int, int], counts: tuple[int, int], num_prefix: in
                   device: torch.device) -> torch.Tensor:
     """(M + 1, L) int32 token indices of each block (row-major blocks), then of the prefix tokens; −1 pads.
 
-    The segments of the fused kernels (attention/fused.py): block b's queries read Σ_s W̃[b, s] S_s. Built once
+    The segments of the fused kernels (ops/linear/op.py): block b's queries read Σ_s W̃[b, s] S_s. Built once
     per grid and device (a constant of the graph under torch.compile).
     """
     if torch.compiler.is_compiling():
@@ -205,7 +205,7 @@ def token_segments(grid: tuple[int, int], counts: tuple[int, int], num_prefix: i
                    device: torch.device) -> torch.Tensor:
     """(N,) int32 segment of each token in token order: M (the prefix segment, last) for the prefix tokens, then
     each spatial token's block (:func:`reference_block_of`). The pairwise kernels' table (attention/
-    fused_pairwise.py): the pair (i, j) weighs W̃[s(i), s(j)]. Built once per grid and device."""
+    ops/pairwise/op.py): the pair (i, j) weighs W̃[s(i), s(j)]. Built once per grid and device."""
     if torch.compiler.is_compiling():
         return torch.tensor(_token_segment_list(grid, counts, num_prefix), dtype=torch.int32, device=device)
     return _cached_token_segments(grid, counts, num_prefix, device)

@@ -24,8 +24,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import fused
 from .base import Grid, LinearAttention
+from .ops.linear import op as fused
+from .ops.linear.reference import inline_weights
 from .options import Option, flag
 from .registry import register_variant
 from .tensors import accumulation_dtype, flat_heads, from_grid, full_precision, split_prefix, to_grid
@@ -49,16 +50,6 @@ def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
     v_mean = sums[..., d:, :d] / n
     state = (sums[..., :d, :d] - sums[..., :d, d:] @ v_mean) * (scale / n)
     return torch.baddbmm(flat_heads(v_mean), flat_heads(q), flat_heads(state)).view(B, H, N, d)
-
-
-def inline_weights(q, k, key_valid: Optional[torch.Tensor], scale: float) -> torch.Tensor:
-    """The explicit (B, H, N, N) weights w_ij as the paper writes them; masked keys get weight 0."""
-    B, _, N, _ = k.shape
-    valid = key_valid if key_valid is not None else torch.ones(B, N, dtype=torch.bool, device=k.device)
-    n = valid.sum(dim=-1).clamp(min=1).to(k.dtype)[:, None, None, None]
-    k_bar = (k * valid[:, None, :, None].to(k.dtype)).sum(dim=-2, keepdim=True) / n
-    w = (scale / n) * (q @ k.transpose(-2, -1)) - (scale / n) * (q @ k_bar.transpose(-2, -1)) + 1 / n
-    return w * valid[:, None, None, :].to(w.dtype)
 
 
 def local_residual(v: torch.Tensor, kernels: torch.Tensor, grid: tuple[int, int], num_prefix: int,

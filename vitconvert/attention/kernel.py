@@ -8,7 +8,7 @@ gives numerator and denominator together — two passes over the tokens instead 
 max(x, 0) + 2^(log2 e · min(x, 0)), equal to elu(x) + 1, because ``F.elu`` goes through ``expm1``, which is
 12× slower than this on the benchmark CPU.
 
-On CUDA the fused Triton kernels (attention/fused.py) take the call: φ, the state and the read-out in two
+On CUDA the fused Triton kernels (ops/linear/op.py) take the call: φ, the state and the read-out in two
 passes over the tokens, backward by recomputation. The eager form below is the CPU path and their reference.
 
 Optional GPU path, with the fused kernels off (VITCONVERT_FUSED=0): in a module built with VITCONVERT_FLA=1 (read
@@ -27,8 +27,9 @@ from typing import Any, ClassVar, Optional
 import torch
 from torch.nn import functional as F
 
-from . import fused
 from .base import Grid, LinearAttention
+from .ops.linear import op as fused
+from .ops.linear.reference import kernel_attention_reference
 from .options import Option, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, full_precision
@@ -129,14 +130,6 @@ def kernel_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, 
     return out.to(dtype)
 
 
-def kernel_attention_reference(phi_q, phi_k, v, key_valid: Optional[torch.Tensor], eps: float) -> torch.Tensor:
-    """The explicit N×N form: A_ij = φ(q_i)·φ(k_j), rows normalised, times V."""
-    scores = phi_q @ phi_k.transpose(-2, -1)
-    if key_valid is not None:
-        scores = scores * key_valid[:, None, None, :].to(scores.dtype)
-    return (scores @ v) / (scores.sum(dim=-1, keepdim=True) + eps)
-
-
 class KernelAttention(LinearAttention):
     """Normalised kernel attention with the feature map φ of a subclass (``phi``, ``phi_literal``, ``phi_code``)."""
 
@@ -144,7 +137,7 @@ class KernelAttention(LinearAttention):
         Option("eps", 1e-6, "added to the normaliser φ(q_i)ᵀ Σ_j φ(k_j) (keeps rows with all-zero features finite)",
                number, positive),
     )
-    phi_code: ClassVar[int]  # φ in the fused kernels (attention/fused.py)
+    phi_code: ClassVar[int]  # φ in the fused kernels (ops/linear/op.py)
 
     def __init__(self, dim: int, num_heads: int = 8, **kwargs: Any):
         super().__init__(dim, num_heads, **kwargs)

@@ -33,7 +33,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import dispatch, fused, fused_grid, fused_pairwise
 from .base import Grid, LinearAttention
 from .blocks import (  # noqa: F401  (block_layout, block_indices: importable from here too)
     TRANSFORMS,
@@ -49,8 +48,13 @@ from .blocks import (  # noqa: F401  (block_layout, block_indices: importable fr
     to_blocks,
     token_segments,
 )
-from .kernel import kernel_attention, kernel_attention_reference, with_ones
-from .lean_norms import layer_norm_linear, rms_rows
+from .kernel import kernel_attention, with_ones
+from .ops import dispatch
+from .ops.grid import op as fused_grid
+from .ops.linear import op as fused
+from .ops.linear.reference import kernel_attention_reference
+from .ops.norms.lean import layer_norm_linear, rms_rows
+from .ops.pairwise import op as fused_pairwise
 from .options import Option, choice, count_or_pair, flag, integer, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
@@ -268,9 +272,9 @@ class MHLAttention(LinearAttention):
     def _fused_mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                    grid: Grid) -> torch.Tensor:
         """:meth:`mix` on the Triton kernels: the RMSNorm of q and k, φ and W̃'s weighting in one op (which keeps
-        only the raw q, k, v), in its pairwise form (N×N tiles, fused_pairwise.py) or its blocked form (block states
-        mixed and read), whichever moves less (:func:`.fused_pairwise.pairwise_is_cheaper`); LePE added to its
-        output by the grid op (:mod:`.fused_grid`: one kernel; torch where it cannot build). No grid: one block of
+        only the raw q, k, v), in its pairwise form (N×N tiles, ops/pairwise/op.py) or its blocked form (block states
+        mixed and read), whichever moves less (:func:`.ops.pairwise.op.pairwise_is_cheaper`); LePE added to its
+        output by the grid op (:mod:`.ops.grid.op`: one kernel; torch where it cannot build). No grid: one block of
         all tokens, the blocked form (one d×d state per head)."""
         q, k, norms = q.to(v.dtype), k.to(v.dtype), self._fused_norm_args(v)
         if grid is None:
@@ -291,7 +295,7 @@ class MHLAttention(LinearAttention):
                                             self.eps, *norms, self.lepe is not None)
         if self.lepe is None:
             return out
-        if fused.can_run(v, "grid_conv"):  # out + LePE in one kernel (fused_grid.py), else in torch
+        if fused.can_run(v, "grid_conv"):  # out + LePE in one kernel (ops/grid/op.py), else in torch
             summed = dispatch.attempt("grid_conv", fused_grid.conv_on_grid, v, out, self.lepe.weight, self.lepe.bias,
                                       key_valid, grid, self.num_prefix_tokens)
             if summed is not None:

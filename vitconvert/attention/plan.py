@@ -2,8 +2,8 @@
 
 :func:`plan_layer` is a pure function of a layer, a GPU's description (:data:`GPUS`, or the one at hand), the
 q/k/v dtype, the batch and token counts and the launch settings; it asks the same rules the launches ask
-(:func:`.dispatch.launch_geometry`, :func:`.dispatch.token_ranges`, :func:`.dispatch.op_bounds`,
-:func:`.fused_pairwise.pairwise_is_cheaper`), so it needs no GPU, and tests hold it against the launches recorded
+(:func:`.ops.dispatch.launch_geometry`, :func:`.ops.dispatch.token_ranges`, :func:`.ops.dispatch.op_bounds`,
+:func:`.ops.pairwise.op.pairwise_is_cheaper`), so it needs no GPU, and tests hold it against the launches recorded
 in Triton's interpreter. ``vitconvert info FOLDER --kernels`` prints it per layer.
 """
 
@@ -16,13 +16,13 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import dispatch
 from .base import LinearAttention
 from .blocks import segment_index
-from .fused import ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM
-from .fused_grid import grid_tile
-from .fused_pairwise import pairwise_is_cheaper
-from .settings import KernelSettings
+from .ops import dispatch
+from .ops.grid.op import grid_tile
+from .ops.linear.op import ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM
+from .ops.pairwise.op import pairwise_is_cheaper
+from .ops.settings import KernelSettings
 
 FULL_SHARED_MEMORY = 227 * 1024  # what the launch settings are made for (an H100/H200's largest block)
 
@@ -124,7 +124,7 @@ def plan_layer(module: LinearAttention, gpu: Optional[Gpu], dtype: torch.dtype, 
 
 
 def _eager_reason(module: LinearAttention, call: Call, op: str) -> str:
-    """Why ``op``'s kernels do not take this call (:func:`.dispatch.can_run`'s rules), or ""."""
+    """Why ``op``'s kernels do not take this call (:func:`.ops.dispatch.can_run`'s rules), or ""."""
     head_dim = module.head_dim
     max_head_dim, dtypes = dispatch.op_bounds(op, dispatch.Dispatch())
     if call.gpu is None:
@@ -144,7 +144,7 @@ def _eager_reason(module: LinearAttention, call: Call, op: str) -> str:
 
 
 def _tile(dtype: torch.dtype, settings: KernelSettings, half_tiles: bool = False) -> str:
-    """The dots' operands (:func:`.dispatch.tile_args`; float32 inputs as torch's TF32 switch for matmuls says)."""
+    """The dots' operands (:func:`.ops.dispatch.tile_args`; float32 inputs as torch's TF32 switch for matmuls says)."""
     if dtype == torch.float32:
         return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
     if half_tiles or settings.tile == "half":

@@ -19,8 +19,8 @@ Choices beyond the reference (which has no class token, no padding mask and a sq
   as zeros (like the grid border), so nothing of an invalid token reaches a valid token's output.
 - Full-batch only: neither the reference nor ViT³ has a mini-batch (chunked) form for this non-causal layer.
 
-The closed form's torch functions are in :mod:`.ttt_closed_form`; on CUDA the step after the key norm and the
-convs is one Triton op (:mod:`.fused_ttt`).
+The closed form's torch functions are in :mod:`.ops.ttt.closed_form`; on CUDA the step after the key norm and the
+convs is one Triton op (:mod:`.ops.ttt.op`).
 """
 
 from __future__ import annotations
@@ -32,13 +32,16 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from . import dispatch, fused, fused_grid, fused_ttt
 from .base import Grid, LinearAttention
-from .lean_norms import key_instance_norm
+from .ops import dispatch
+from .ops.grid import op as fused_grid
+from .ops.linear import op as fused
+from .ops.norms.lean import key_instance_norm
+from .ops.ttt import op as fused_ttt
+from .ops.ttt.closed_form import inner_gradients, inner_model, normalize_keys, stepped_readout, swiglu_readout
 from .options import Option, number, number_or_auto, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, from_grid, full_precision, split_prefix, to_grid
-from .ttt_closed_form import inner_gradients, inner_model, normalize_keys, stepped_readout, swiglu_readout
 
 FastWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -198,8 +201,8 @@ class TTTAttention(LinearAttention):
 
     def fused_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                    grid: Grid, kernel_convs: bool = False) -> torch.Tensor:
-        """The step on the Triton kernels (attention/fused_ttt.py): with ``kernel_convs`` the key norm (float32
-        statistics) and k's conv in one kernel (attention/fused_grid.py) and q's conv inside the step op (applied as
+        """The step on the Triton kernels (ops/ttt/op.py): with ``kernel_convs`` the key norm (float32
+        statistics) and k's conv in one kernel (ops/grid/op.py) and q's conv inside the step op (applied as
         its read-out loads q), else torch ops, in v's dtype; the inner sums, the update and the
         read-out in the op, whose token-sized work stays in float32 registers, and the fast weights float32
         throughout. A grid kernel Triton cannot build turns that op off; the convs then run in torch."""

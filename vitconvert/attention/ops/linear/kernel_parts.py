@@ -35,7 +35,7 @@ import triton.language as tl
 
 IDENTITY, ELU_PLUS_ONE, RELU, RELU_PLUS_EPS = 0, 1, 2, 3  # FEATURE: φ of each variant
 COLS = tl.constexpr(16)  # a tensor-core dot's least N: sums over tokens as dots with COLS columns of ones
-DOT_SUMS_MAX = tl.constexpr(64)  # head tiles up to this take those dots (at 128 ELU's forward spilled 478 on sm_90)
+DOT_SUMS_MAX = tl.constexpr(64)  # head tiles up to this take those dots (above, ELU's forward spills on sm_90)
 
 
 @triton.jit
@@ -141,7 +141,7 @@ def _add_to_state(acc, z_cols, z_rows, zv_rows, phi_k, v, FEATURE: tl.constexpr,
     elu + 1's z as a dot on S's operand (``z_cols``: (d, :data:`COLS`), each column z), so its exp runs once, in the
     dot's layout (summed in registers, Triton made φ(k) a second time in theirs); the others' in registers, token
     rows summed after the loop (``z_rows``, ``zv_rows``; fewer instructions than the dot: kernel_instructions.py).
-    Row sums of one row are summed per chunk instead: 32 registers fewer each (the one-launch backward's)."""
+    Row sums of one row are summed per chunk instead: fewer registers (the one-launch backward's)."""
     phi_t = tl.trans(phi_k.to(TILE))
     acc += _dot(phi_t, v.to(TILE), PRECISION, EMULATE)
     if FEATURE == 1 and phi_k.shape[1] <= DOT_SUMS_MAX:
@@ -222,7 +222,7 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
                        TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
     """One chunk of queries of the read-out's backward: dq stored, (dR, dr) summed on (``r_t``: Rᵀ as a tile; ``drz``:
     dr as (1, d), summed across warps per chunk, or (BLOCK_N, d) rows summed after the loop, as
-    :func:`_add_to_state`'s z: no barrier a chunk, 32 registers more; the split kernel's).
+    :func:`_add_to_state`'s z: no barrier a chunk, more registers; the split kernel's).
 
     normalised: dnum = do/den, dden = −(do·o)/den, dφq = dnum Rᵀ + dden r, dR = Σ φqᵀ dnum, dr = Σ φq dden.
     affine: dq = do Rᵀ, dR = Σ qᵀ do, db = Σ do.

@@ -135,14 +135,6 @@ def leaner(settings: dict[str, Any], dtype: torch.dtype) -> Optional[dict[str, A
     return None
 
 
-def lean_launches() -> dict[str, dict[str, Any]]:
-    """Each kernel this process launches on leaner settings than its call site's (:func:`launch`): name -> the
-    settings changed (one entry per name: the last call site's). Inside :func:`launches_through` it is that
-    context's own record, which is dropped on leaving it; kernel_resources.py derives its "runs lean" lines from
-    its own builds, not from this."""
-    return {kernel_name(key[0]): dict(step) for key, step in current().settled.items()}
-
-
 def kernel_name(kernel: Any) -> str:
     return getattr(getattr(kernel, "fn", kernel), "__name__", type(kernel).__name__)
 
@@ -182,7 +174,7 @@ def fits(form: str) -> bool:
 
 def too_big(form: str, error: KernelUnavailable) -> None:
     """Remember that ``form`` fits this GPU at no settings (:func:`launch`), without a warning: its op takes its
-    other way from now on (TTT's sums' backward: two kernels instead of one; attention/fused_ttt.py)."""
+    other way from now on (TTT's sums' backward: two kernels instead of one; ops/ttt/op.py)."""
     current().unavailable[form] = str(error)
 
 
@@ -244,13 +236,16 @@ def supported_generation(device: torch.device) -> bool:
 
 def direct(t: torch.Tensor) -> bool:
     """Whether an op call may skip PyTorch's custom-op dispatcher and run its Python body through an
-    ``autograd.Function`` (fused.py): a plain eager call on a plain tensor. The dispatcher and the custom op's
+    ``autograd.Function`` (ops/linear/op.py): a plain eager call on a plain tensor. The dispatcher and the custom op's
     autograd cost tens of µs of host time per op, forward and backward, in every layer
     (benchmarks/host_overhead.py); the compiler, torch.export, FX, ``torch.jit.trace``, dispatch-mode tracers
     (make_fx, FLOP and traffic counters) and functorch transforms still see the custom ops."""
-    return (not torch.compiler.is_compiling() and not current().through_ops and type(t) is torch.Tensor
-            and torch._C._len_torch_dispatch_stack() == 0
-            and not torch._C._are_functorch_transforms_active()  # (the compiler's check first: it stops there)
+    if torch.compiler.is_compiling():  # (first: the compiler stops there)
+        return False
+    here = current()
+    return (not here.through_ops and type(t) is torch.Tensor
+            and (here.direct_under_modes or torch._C._len_torch_dispatch_stack() == 0)
+            and not torch._C._are_functorch_transforms_active()
             and not torch.jit.is_tracing())  # a trace records ops: the Function's launch would be left out
 
 
@@ -366,11 +361,11 @@ def token_ranges(heads: int, segments: int, length: int, programs: int,
 
 
 def tile_args(t: torch.Tensor, half_tiles: bool = False) -> dict:
-    """The dots' operand type and precision (triton_kernels.py): half inputs as TF32 tiles (``VITCONVERT_FUSED_TILE=
-    half`` keeps them 16-bit), float32 inputs as torch's TF32 switch for matmuls says (never turned on here).
-    ``half_tiles``: half inputs as 16-bit tiles always, as autocast's own backward multiplies them, for kernels
-    that hold so many d×d operands that TF32 tiles overflow shared memory (TTT's backward at head dim 64 on
-    sm_90; benchmarks/kernel_resources.py --arch)."""
+    """The dots' operand type and precision (ops/linear/kernel_parts.py): half inputs as TF32 tiles
+    (``VITCONVERT_FUSED_TILE=half`` keeps them 16-bit), float32 inputs as torch's TF32 switch for matmuls says
+    (never turned on here). ``half_tiles``: half inputs as 16-bit tiles always, as autocast's own backward
+    multiplies them, for kernels that hold so many d×d operands that TF32 tiles overflow shared memory (TTT's
+    backward at head dim 64 on sm_90; benchmarks/kernel_resources.py --arch)."""
     tf32_matmuls = t.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     tile = "half" if half_tiles else launch_settings().tile
     return _tile_args(t.dtype, tf32_matmuls, tile, interpreting())

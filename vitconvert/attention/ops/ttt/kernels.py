@@ -23,8 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .grid_kernels import conv_taps
-from .triton_kernels import _dot, _load_square, _store_square
+from ..grid.kernels import conv_taps
+from ..linear.kernel_parts import _dot, _load_square, _store_square
 
 
 @triton.jit

@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import VitconvertError
+from ...errors import VitconvertError
 
 ENV = "VITCONVERT_FUSED"
 TILE_ENV = "VITCONVERT_FUSED_TILE"
 CONFIG_ENV = "VITCONVERT_FUSED_CONFIG"
 FORM_ENV = "VITCONVERT_MHLA_FORM"
-FORMS = ("auto", "pairwise", "blocked")  # MHLA's kernels: chosen per call by cost, or forced (fused_pairwise.py)
+FORMS = ("auto", "pairwise", "blocked")  # MHLA's kernels: chosen per call by cost, or forced (ops/pairwise/op.py)
 SWITCH = {"0": False, "off": False, "false": False, "no": False, "1": True, "on": True, "true": True, "yes": True}
 TILES = ("tf32", "half")
 CONFIG_BLOCK_NS = (16, 32, 64, 128)  # tl.dot's smallest tile up to dispatch.SPLIT_ROUND, which each must divide
@@ -50,7 +50,7 @@ def tile_setting(value: Optional[str]) -> str:
 
 def form_setting(value: Optional[str]) -> str:
     """``VITCONVERT_MHLA_FORM``: MHLA's kernels in the pairwise or the blocked form, or ``auto`` (by cost,
-    :func:`.fused_pairwise.pairwise_is_cheaper`)."""
+    :func:`.pairwise.op.pairwise_is_cheaper`)."""
     return _one_of(FORM_ENV, value, FORMS)
 
 

@@ -18,8 +18,7 @@ from typing import Optional
 
 import torch
 
-from . import fused, fused_eager
-from .dispatch import (
+from ..dispatch import (
     KernelUnavailable,
     block_sizes,
     launch,
@@ -28,9 +27,11 @@ from .dispatch import (
     tile_args,
     triton_next_power_of_2,
 )
-from .fused import _direct_function
-from .fused_parts import _eager_gradients, _mask_arg, _output_like, _strides, unit_rows
-from .lean_norms import through_rms_pair
+from ..linear import eager as fused_eager
+from ..linear import op as fused
+from ..linear.launches import _eager_gradients, _mask_arg, _output_like, _strides, unit_rows
+from ..linear.op import _direct_function
+from ..norms.lean import through_rms_pair
 
 MAX_SEGMENTS = 64  # W̃'s gradient is summed through one-hot dots of G padded to a power of two: 64 at most
 # Tensor-core FLOPs the pairwise kernels do in the time the blocked form moves one byte of its states: an H200
@@ -105,7 +106,7 @@ def run_pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: O
     q, k, v, ``segments`` the (N,) int32 segment of each token and ``mixing`` W̃ (G, G); q and k first get MHLA's
     RMSNorm over heads when their weights are given (applied as the kernel loads them), and rstd, each token's
     1/rms of q and of k ((2, B, N) float32, for backward; empty without the norm)."""
-    from .pairwise_kernels import pairwise_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+    from .kernels import pairwise_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
     rstd = _rstd(q, k, q_weight, k_weight, norm_eps)
@@ -146,7 +147,7 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     forward out again and sums W̃'s gradient per query tile), then the dk/dv kernel, both normalising q and k as
     they load (with the forward's ``rstd``), then the norm's backward kernel for each (the weights' gradients empty
     without the norm)."""
-    from .pairwise_kernels import (  # lazy: start-up time
+    from .kernels import (  # lazy: start-up time
         pairwise_bwd_dkv_kernel,
         pairwise_bwd_dq_kernel,
     )
@@ -190,7 +191,7 @@ def rms_heads_backward(x: torch.Tensor, grad: torch.Tensor, rstd: torch.Tensor,
     """(dx, dweight) of MHLA's RMSNorm over heads of (B, H, N, d) ``x`` from ``grad``, the gradient of its output
     (laid out (B, N, H, d), as the kernels write it), and ``rstd`` (B, N) float32: one kernel reading x and grad
     and writing dx (laid out as grad), each program's part of dweight summed here."""
-    from .pairwise_kernels import rms_heads_bwd_kernel  # lazy: start-up time
+    from .kernels import rms_heads_bwd_kernel  # lazy: start-up time
 
     B, H, N, D = x.shape
     C = H * D

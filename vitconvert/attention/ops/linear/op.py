@@ -1,13 +1,13 @@
-"""Fused linear attention on the GPU: the Triton kernels of :mod:`.triton_kernels` as PyTorch custom ops.
+"""Fused linear attention on the GPU: the Triton kernels of :mod:`.kernel_parts` as PyTorch custom ops.
 
 ``vitconvert::linear_attention``   (q, k, v) -> o              (ELU, ReLU, InLine: the whole mixing)
 ``vitconvert::blocked_attention``  (q, k, v, W̃) -> o           (MHLA: block states mixed by W̃, then read)
-built on the two building blocks of :mod:`.fused_parts`, the per-segment d×d states and the read-out (launches,
+built on the two building blocks of :mod:`.launches`, the per-segment d×d states and the read-out (launches,
 not ops of their own).
 
 Each op has a backward op and is registered with ``torch.library``, so autograd, ``torch.compile`` (one opaque
 node each, no graph break) and ``torch.export`` see them as ops. A plain eager call skips the custom-op dispatcher
-(:func:`.dispatch.direct`): an ``autograd.Function`` runs the same body, saves the same tensors and has the same
+(:func:`..dispatch.direct`): an ``autograd.Function`` runs the same body, saves the same tensors and has the same
 backward, and a call autograd does not record runs the body alone (host time: benchmarks/host_overhead.py).
 
 Both keep only q, k, v and o (and W̃) for backward, which recomputes the d×d states (as FlashAttention
@@ -15,9 +15,9 @@ recomputes its scores), so a training step holds no more than softmax's; the blo
 (read out again in backward) and apply MHLA's RMSNorm to q and k itself (recomputed in backward), keeping the
 raw q and k.
 
-When they run and how they are launched is :mod:`.dispatch`'s (re-exported here for the variants). A backward
+When they run and how they are launched is :mod:`..dispatch`'s (re-exported here for the variants). A backward
 kernel Triton cannot build turns that op's kernels off (as a forward one does) and that step's gradients come from
-the ops' eager forms (:mod:`.fused_eager`), so training goes on.
+the ops' eager forms (:mod:`.eager`), so training goes on.
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from typing import Optional
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import fused_eager
-from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reach dispatch through this module)
+from ..dispatch import (  # noqa: F401  (re-exported: the variants and tools reach dispatch through this module)
     CONFIG_ENV,
     ENV,
     TILE_ENV,
@@ -49,8 +48,10 @@ from .dispatch import (  # noqa: F401  (re-exported: the variants and tools reac
     tile_args,
     use_fused_kernels,
 )
-from .fused_eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: F401  (the kernels' φ codes)
-from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the building blocks from here)
+from ..norms.lean import rms_pair, through_rms_pair
+from . import eager as fused_eager
+from .eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: F401  (the kernels' φ codes)
+from .launches import (  # noqa: F401  (re-exported: tests and tools call the building blocks from here)
     _eager_gradients,
     _mask_arg,
     _output_like,
@@ -66,7 +67,6 @@ from .fused_parts import (  # noqa: F401  (re-exported: tests and tools call the
     unit_rows,
     valid_keys,
 )
-from .lean_norms import rms_pair, through_rms_pair
 
 
 def _reader(S: torch.Tensor, z: torch.Tensor, zv: Optional[torch.Tensor], key_valid: Optional[torch.Tensor],
@@ -162,7 +162,7 @@ def _(q, k, v, o, do, key_valid, feature, feature_eps, eps, scale, inline):
 
 
 def _direct_function(name: str, body, setup_context, backward) -> type[torch.autograd.Function]:
-    """An op's eager calls without the custom-op dispatcher (:func:`.dispatch.direct`): the same body, the same
+    """An op's eager calls without the custom-op dispatcher (:func:`..dispatch.direct`): the same body, the same
     saved tensors and the same backward (whose kernels also run direct when the gradient is a plain tensor).
     ``forward`` takes ``ctx`` itself: a Function with ``setup_context`` binds its arguments by ``inspect`` on
     every call, tens of µs."""

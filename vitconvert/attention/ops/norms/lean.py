@@ -26,9 +26,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .dispatch import exporting
-from .tensors import accumulation_dtype
-from .ttt_closed_form import normalize_keys
+from ...tensors import accumulation_dtype
+from ..dispatch import exporting
+from ..ttt.closed_form import normalize_keys
 
 # torch's fused RMSNorm backward (what autograd runs for F.rms_norm on CUDA; torch 2.9 on, no CPU kernel)
 FUSED_RMS_BACKWARD = hasattr(torch.ops.aten, "_fused_rms_norm_backward")

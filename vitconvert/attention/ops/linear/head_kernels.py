@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_kernels import (
+from .kernel_parts import (
     COLS,
     _columns,
     _full_end,

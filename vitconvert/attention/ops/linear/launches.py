@@ -1,11 +1,11 @@
-"""The two building blocks of the fused ops (:mod:`.fused`): the launches of the per-segment states and of the
+"""The two building blocks of the fused ops (:mod:`.op`): the launches of the per-segment states and of the
 read-out, each way.
 
 :func:`segment_states`  (k, v) -> per-segment S, z, zv        (float32, d×d per head and segment)
 :func:`run_readout`     (q, R, r) -> o                        (q's dtype, laid out as (B, N, H, d))
 
 They are not ops of their own: ``vitconvert::linear_attention`` and ``vitconvert::blocked_attention`` call them, and
-their eager forms are :func:`.fused_eager.state` and :func:`.fused_eager.readout`.
+their eager forms are :func:`.eager.state` and :func:`.eager.readout`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Optional
 
 import torch
 
-from . import dispatch, fused_eager
-from .dispatch import (
+from .. import dispatch
+from ..dispatch import (
     KernelUnavailable,
     block_sizes,
     disable,
@@ -24,6 +24,7 @@ from .dispatch import (
     split_tokens,
     tile_args,
 )
+from . import eager as fused_eager
 
 
 def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
@@ -61,7 +62,7 @@ def segment_states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
                    sum_values: bool) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """S (B, H, G, d, d), z and zv (B, H, G, d), float32, over the G segments of ``index`` (all tokens if None);
     zv None unless ``sum_values`` (InLine reads it, the others do not: the kernel leaves its sums out). One launch:
-    the token ranges' partial states are summed by the kernel's last program (split_kernels.py)."""
+    the token ranges' partial states are summed by the kernel's last program (ops/linear/split_kernels.py)."""
     S, z, zv, _ = _states(k, v, key_valid, index, feature, feature_eps, sum_values, None)
     return S, z, zv
 
@@ -102,7 +103,7 @@ def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
 
 
 def kernel_tiles(t: torch.Tensor, bf16_tiles: bool) -> dict:
-    """:func:`.dispatch.tile_args`; ``bf16_tiles`` (ELU, ReLU, InLine): bf16 inputs' dots on bf16 operand tiles unless
+    """:func:`..dispatch.tile_args`; ``bf16_tiles`` (ELU, ReLU, InLine): bf16 inputs' dots on bf16 operand tiles unless
     ``VITCONVERT_FUSED_TILE`` says otherwise. bf16 tiles take a third fewer instructions per element than TF32's
     (no conversion to float32 and back for v, q, dO; benchmarks/kernel_instructions.py) and hold the tests' bf16
     bars against the N×N forms; float16 keeps TF32 (a 4k-token state's sums pass float16's largest value)."""
@@ -127,7 +128,7 @@ def tickets(count: int, device: torch.device) -> torch.Tensor:
 
 def read_split(heads: int, segments: int, length: int, device: torch.device) -> tuple[int, int]:
     """(programs, tokens per program) of the kernels that need no reduction over tokens (the read-out, the state's
-    backward): the state pass's ranges, cut to at most 2 × :data:`.dispatch.SPLIT_ROUND` tokens (256) once the
+    backward): the state pass's ranges, cut to at most 2 × :data:`..dispatch.SPLIT_ROUND` tokens (256) once the
     state is split, for as many programs as the GPU takes."""
     splits, per = split_tokens(heads, segments, length, device)
     if splits == 1:
@@ -221,7 +222,7 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torc
                       inline: Optional[tuple[torch.Tensor, torch.Tensor, float]], bf16_tiles: bool = False):
     """(dq, dS, dz, dzv) in one launch, the partial sums over token ranges summed by the kernel's last program:
     dS = dR, dz = dr and dzv None, or with ``inline`` = (z, n, scale) from :func:`readers`, InLine's chain rule
-    through R = (s/n)(S − z v̄ᵀ) and v̄ = zv/n (split_kernels.py)."""
+    through R = (s/n)(S − z v̄ᵀ) and v̄ = zv/n (ops/linear/split_kernels.py)."""
     from .split_kernels import readout_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q, o, do = unit_rows(q), unit_rows(o), unit_rows(do)

@@ -19,12 +19,12 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
-from . import fused
-from .dispatch import KernelUnavailable, launch, launch_settings, tile_args, triton_next_power_of_2
-from .fused import _direct_function
-from .fused_parts import _eager_gradients, _mask_arg, _output_like, unit_rows, valid_keys
-from .tensors import from_grid, split_prefix, to_grid
-from .ttt_closed_form import normalize_keys, valid_key_moments
+from ...tensors import from_grid, split_prefix, to_grid
+from ..dispatch import KernelUnavailable, launch, launch_settings, tile_args, triton_next_power_of_2
+from ..linear import op as fused
+from ..linear.launches import _eager_gradients, _mask_arg, _output_like, unit_rows, valid_keys
+from ..linear.op import _direct_function
+from ..ttt.closed_form import normalize_keys, valid_key_moments
 
 # A program's tokens × head channels. Every tap is a shifted load of the tile, and Triton keeps several in flight:
 # the attention kernels' 64 × 64 tile on 4 warps does not fit LePE's 5×5 forward for sm_90 as 32 × 64 on 8 warps
@@ -46,7 +46,7 @@ def statistics(x: torch.Tensor, key_valid: Optional[torch.Tensor], eps: float) -
 
 def _moments(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, rstd) (B, H, 1, d) float32 of (B, H, N, d) ``x`` over its tokens from one kernel's Σx and Σx²."""
-    from .grid_kernels import key_moments_kernel  # lazy: start-up time
+    from .kernels import key_moments_kernel  # lazy: start-up time
 
     x = unit_rows(x)
     B, H, N, D, block, tiles, block_d, warps = _geometry(x)
@@ -91,7 +91,7 @@ def run_grid_conv(x: torch.Tensor, base: Optional[torch.Tensor], weight: torch.T
                   norm_eps: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, statistics) of (B, H, N, d) ``x`` whose last rows × cols tokens are the grid (module docstring); y in
     base's dtype (x's without one), laid out as (B, N, H, d); the statistics empty without ``norm_eps``."""
-    from .grid_kernels import grid_conv_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+    from .kernels import grid_conv_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     if x.shape[2] - prefix != rows * cols:  # (the kernels would read the rest as grid tokens off its edge)
         raise ValueError(f"{x.shape[2]} tokens do not form {prefix} prefix tokens and a {rows}x{cols} grid")
@@ -130,7 +130,7 @@ def run_grid_conv_backward(x: torch.Tensor, weight: torch.Tensor, key_valid: Opt
                            norm: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dx (x's dtype, laid out as the forward's y), dw and dbias (float32) of :func:`grid_conv` given dy; the
     base's gradient is dy itself. ``residual``: the forward had no base (y = x̂ + …); ``norm``: it normalised x."""
-    from .grid_kernels import grid_conv_bwd_kernel  # lazy: start-up time
+    from .kernels import grid_conv_bwd_kernel  # lazy: start-up time
 
     x, dy = unit_rows(x), unit_rows(dy)
     B, H, N, D, block, tiles, block_d, warps = _geometry(x)

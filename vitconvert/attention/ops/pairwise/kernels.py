@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_kernels import _dot, _phi, _phi_grad
+from ..linear.kernel_parts import _dot, _phi, _phi_grad
 
 
 @triton.jit

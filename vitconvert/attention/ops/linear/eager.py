@@ -2,7 +2,7 @@
 
 Backward runs them when Triton cannot build a backward kernel for the GPU at hand (registers, shared memory):
 the forward already ran on the kernels, so autograd differentiates these forms of the same ops instead, and the
-step goes on. The same math as :mod:`.triton_kernels` (φ in float32, float32 states, −1 pads in the segment
+step goes on. The same math as :mod:`.kernel_parts` (φ in float32, float32 states, −1 pads in the segment
 index table), with O(N) memory: segments are gathered, never expanded to N×G.
 """
 
@@ -37,7 +37,7 @@ def _by_segment(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
           feature: int, feature_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`.fused_parts.segment_states`: S = Σ φ(k) vᵀ (B, H, G, d, d), z = Σ φ(k) and zv = Σ v (B, H, G, d),
+    """:func:`.launches.segment_states`: S = Σ φ(k) vᵀ (B, H, G, d, d), z = Σ φ(k) and zv = Σ v (B, H, G, d),
     float32, over the valid keys of each segment."""
     phi_k, v = phi(k, feature, feature_eps), v.to(torch.float32)
     if key_valid is not None:
@@ -52,7 +52,7 @@ def state(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], i
 
 def readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
             feature_eps: float, eps: float, normalise: bool) -> torch.Tensor:
-    """:func:`.fused_parts.run_readout`: o = φ(q) R / (φ(q)·r + ε) (``normalise``) or φ(q) R + r, each query
+    """:func:`.launches.run_readout`: o = φ(q) R / (φ(q)·r + ε) (``normalise``) or φ(q) R + r, each query
     reading its segment's R and r; q's dtype."""
     phi_q = phi(q, feature, feature_eps)
     if index is None:

@@ -21,12 +21,12 @@ from typing import Optional, Union
 
 import torch
 
-from . import fused
-from .dispatch import KernelUnavailable, block_sizes, fits, launch, split_tokens, tile_args, too_big
-from .fused import _direct_function
-from .fused_grid import grid_conv_eager, run_grid_conv_backward
-from .fused_parts import _eager_gradients, _mask_arg, _output_like, _total, unit_rows, valid_keys
-from .ttt_closed_form import stepped_readout
+from ..dispatch import KernelUnavailable, block_sizes, fits, launch, split_tokens, tile_args, too_big
+from ..grid.op import grid_conv_eager, run_grid_conv_backward
+from ..linear import op as fused
+from ..linear.launches import _eager_gradients, _mask_arg, _output_like, _total, unit_rows, valid_keys
+from ..linear.op import _direct_function
+from .closed_form import stepped_readout
 
 
 def _step_size(key_valid: Optional[torch.Tensor], tokens: int, scale: float,
@@ -49,7 +49,7 @@ def _geometry(q: torch.Tensor) -> tuple[int, ...]:
 def run_inner_sums(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                    weights: torch.Tensor) -> torch.Tensor:
     """Ĝ = [Ĝ1, Ĝ2, Ĝ3] (B, H, 3, d, d) float32: the inner gradients before their −s/n factor."""
-    from .ttt_kernels import inner_sums_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+    from .kernels import inner_sums_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     k, v = unit_rows(k), unit_rows(v)
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(k)
@@ -93,7 +93,7 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
     (under TTT's checkpoint it is not kept but recomputed with the step, as every saved tensor is). With
     ``q_filter`` (the (H·d, 1, 3, 3) depthwise conv, ``q_bias`` its bias) q is first q + conv(q) on the
     rows × cols grid after ``prefix`` tokens, applied as the read-out loads q."""
-    from .ttt_kernels import swiglu_readout_kernel  # lazy: start-up time
+    from .kernels import swiglu_readout_kernel  # lazy: start-up time
 
     q = unit_rows(q)
     updated = _updated(weights, run_inner_sums(k, v, key_valid, weights), _step_size(key_valid, k.shape[2], scale, lr))
@@ -125,7 +125,7 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     """dq, dk, dv, dW, dw_q, db_q of :func:`ttt_step` given its W': the read-out's backward (dq, dW'; q convolved
     as it loads), then the sums' (dĜ = step·dW', dk, dv and the chain's dW); dW = Σ_batch (dW' + the chain's);
     with q's conv, its backward (the grid op's kernel: dq, dw_q, db_q; else the last two empty)."""
-    from .ttt_kernels import swiglu_readout_bwd_kernel  # lazy: start-up time
+    from .kernels import swiglu_readout_bwd_kernel  # lazy: start-up time
 
     q, k, v, do = unit_rows(q), unit_rows(k), unit_rows(v), unit_rows(do)
     step = _step_size(key_valid, k.shape[2], scale, lr)
@@ -161,7 +161,7 @@ def _sums_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
     block 99 KB, it needs 106 at its leanest; benchmarks/kernel_resources.py --arch sm_89), a kernel for dk and
     dW1, dW2 and one for dv and dW3 (ten and six operands), each recomputing the forward's token-sized values.
     ``geometry``: the launch's, as :func:`_geometry` gives it."""
-    from .ttt_kernels import (  # lazy: start-up time
+    from .kernels import (  # lazy: start-up time
         inner_sums_bwd_kernel,
         inner_sums_bwd_keys_kernel,
         inner_sums_bwd_values_kernel,

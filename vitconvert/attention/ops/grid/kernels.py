@@ -147,8 +147,8 @@ def grid_conv_bwd_kernel(
     if HAS_MASK:
         valid = valid & (tl.load(MASK + b * s_mb + t, mask=t_ok, other=0) != 0)
     # dx̂ of these tokens as conv inputs: the transposed gather of dy from the tokens whose taps read them
-    # Loops, not unrolled: Triton 3.6 schedules the unrolled taps' loads ahead and spills (255 registers and 6-18
-    # spilled for sm_90, where the loops take 78-105 and none). Each tap tests its rows itself: held across a row
+    # Loops, not unrolled: Triton schedules the unrolled taps' loads ahead and spills for sm_90, the loops do not
+    # (benchmarks/kernel_resources.py --arch sm_90). Each tap tests its rows itself: held across a row
     # of taps, as the forward's, they cost TTT's kernel a block an SM at head dim 64
     dx_hat = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     for tap in range(KS * KS):

@@ -1,0 +1,47 @@
+"""The kernel layer's sources (vitconvert/attention/ops/): measured numbers stay out of them, and the custom ops keep
+their names wherever their files move (saved programs, torch.export and torch.compile name ops by them)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+import vitconvert.attention  # noqa: F401  (registers every op)
+
+OPS = Path(vitconvert.attention.__file__).parent / "ops"
+
+# a register or spill count, or a Triton version a build was measured with: numbers that go stale in a comment
+# (they live in benchmarks/results/kernel-resources*.json and docs/performance.md's generated tables)
+MEASURED = re.compile(r"\b\d+(?:[-–]\d+)?\s+(?:registers?|regs|spill(?:s|ed)?)\b|\bspill(?:s|ed)?\s+\d+"
+                      r"|\bTriton\s+\d+\.\d+", re.IGNORECASE)
+
+OP_NAMES = {"linear_attention", "blocked_attention", "pairwise_attention", "grid_conv", "ttt_step"}
+
+
+def test_no_kernel_source_states_a_measured_count():
+    found = [f"{path.relative_to(OPS)}:{number}: {line.strip()}"
+             for path in sorted(OPS.rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if MEASURED.search(line)]
+    assert not found, "measured numbers belong in the benchmarks' tables:\n" + "\n".join(found)
+
+
+def test_the_pattern_finds_what_it_is_for():
+    assert MEASURED.search("# (at 128 ELU's forward spilled 478 on sm_90)")
+    assert MEASURED.search("255 registers and 6-18 spilled") and MEASURED.search("built with Triton 3.6")
+    assert not MEASURED.search("float32 registers only") and not MEASURED.search("Triton before 3.8 builds")
+
+
+def test_the_custom_ops_keep_their_names():
+    for name in OP_NAMES:
+        for op in (name, f"{name}_backward"):
+            assert hasattr(torch.ops.vitconvert, op), op
+
+
+def test_each_op_folder_holds_its_kernels_op_and_reference():
+    """fla-org/flash-linear-attention's layout: an op's kernels, the op and its slow reference side by side."""
+    for folder in ("linear", "pairwise", "grid", "ttt"):
+        files = {p.name for p in (OPS / folder).glob("*.py")}
+        assert "op.py" in files and any("kernels" in f for f in files), (folder, files)
+        assert files & {"reference.py", "closed_form.py"}, (folder, files)
