@@ -46,26 +46,36 @@ def _geometry(q: torch.Tensor) -> tuple[int, ...]:
     return B, H, N, D, splits, per, block_n, block_d, warps
 
 
-def run_inner_sums(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                   weights: torch.Tensor) -> torch.Tensor:
-    """Ĝ = [Ĝ1, Ĝ2, Ĝ3] (B, H, 3, d, d) float32: the inner gradients before their −s/n factor."""
+def _step_args(step: Union[float, torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The kernels' (STEPS, step) of :func:`_step_size`'s value: a (B,) tensor with a mask (``step`` unread), a float
+    without one (STEPS a placeholder)."""
+    if isinstance(step, float):
+        return like, step
+    return step.reshape(-1).contiguous(), 0.0
+
+
+def run_inner_sums(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], weights: torch.Tensor,
+                   step: Union[float, torch.Tensor]) -> torch.Tensor:
+    """W' = W + step·Ĝ (B, H, 3, d, d) float32, Ĝ = [Ĝ1, Ĝ2, Ĝ3] the inner gradients before their −s/n factor: in
+    the kernel's epilogue when one program sums a head's tokens (W' is then the one d×d tensor written), else from
+    the programs' partial sums in one torch op."""
     from .ttt_kernels import inner_sums_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     k, v = unit_rows(k), unit_rows(v)
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(k)
-    G = k.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)  # partial sums (fused_parts._total)
+    # partial sums (fused_parts._total), or with one range W' itself (the same layout: an output, not a view)
+    G = k.new_empty((B * H, 3, splits, D, D) if splits > 1 else (B, H, 3, D, D), dtype=torch.float32)
     mask, s_mb = _mask_arg(key_valid, k)
+    steps, scalar = _step_args(step, G)
     launch(inner_sums_kernel, (B * H, splits),
-        k, v, mask, weights, G,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
+        k, v, mask, weights, G, steps,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb, scalar,
         H, N, D, splits, per,
-        HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k), num_warps=warps)
-    return _total(G, B, H)
-
-
-def _updated(weights: torch.Tensor, sums: torch.Tensor, step: Union[float, torch.Tensor]) -> torch.Tensor:
-    """W' = W + step·Ĝ in one op (one read of the (B, H, 3, d, d) float32 sums, one write: at 224 px each is about
-    two passes of q's bytes, where a product then a sum took twice that)."""
+        UPDATE=splits == 1, HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k),
+        num_warps=warps)
+    if splits == 1:
+        return G
+    sums = _total(G, B, H)
     if isinstance(step, float):
         return torch.add(weights, sums, alpha=step)
     return torch.addcmul(weights, sums, step)
@@ -96,7 +106,7 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
     from .ttt_kernels import swiglu_readout_kernel  # lazy: start-up time
 
     q = unit_rows(q)
-    updated = _updated(weights, run_inner_sums(k, v, key_valid, weights), _step_size(key_valid, k.shape[2], scale, lr))
+    updated = run_inner_sums(k, v, key_valid, weights, _step_size(key_valid, k.shape[2], scale, lr))
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(q)
     (filters, bias, mask, s_mb, *geometry), conv = _q_conv(q, key_valid, q_filter, q_bias, (rows, cols, prefix))
     o = _output_like(q)
@@ -141,8 +151,8 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         H, N, D, splits, per, *grid,
         **conv, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q, half_tiles=True), num_warps=warps)
     d_updated = _total(d_updated, B, H)
-    dk, dv, d_chain = _sums_backward(k, v, key_valid, weights, (d_updated * step).contiguous(), geometry)
-    dweights = (d_updated.sum(0) + _total(d_chain, B, H).sum(0)).to(weights.dtype)  # (each read once: no (B, …) sum)
+    dk, dv, d_chain = _sums_backward(k, v, key_valid, weights, d_updated, step, geometry)
+    dweights = _batch_total(d_chain, B, H).to(weights.dtype)
     if q_filter is None:
         return dq, dk, dv, dweights, q.new_empty((0,)), q.new_empty((0,))
     dq, d_filter, d_bias = run_grid_conv_backward(q, q_filter, key_valid, q.new_empty((0,), dtype=torch.float32),
@@ -151,15 +161,33 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
                                                                  else d_bias.to(q_bias.dtype))
 
 
+def _batch_total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
+    """(B·H, 3, splits, d, d) partial sums -> (H, 3, d, d), summed over the batch and the token ranges in one op
+    (:func:`_partials` made one image's one range (H, 3, d, d): itself)."""
+    if partials.dim() == 4:
+        return partials
+    _, three, splits, D, _ = partials.shape
+    return partials.view(batch, heads, three, splits, D, D).sum((0, 3))
+
+
+def _partials(like: torch.Tensor, batch: int, heads: int, splits: int, D: int) -> torch.Tensor:
+    """The (B·H, 3, splits, d, d) float32 partial sums of dW, laid out as the kernels index them; one image's one
+    range as (H, 3, d, d), the gradient itself."""
+    shape = (heads, 3, D, D) if batch == 1 and splits == 1 else (batch * heads, 3, splits, D, D)
+    return like.new_empty(shape, dtype=torch.float32)
+
+
 ONE_PASS = "ttt_step: the sums' backward in one kernel"  # (dispatch.fits: where it does not, two kernels)
 
 
 def _sums_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], weights: torch.Tensor,
-                   d_sums: torch.Tensor, geometry: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dk, dv and the partial dW (B·H, 3, splits, d, d) of the inner sums from their gradient dĜ (B·H, 3, d, d):
-    one kernel, or where its twelve d×d operands do not fit the GPU's shared memory (an L40 or RTX 4090 gives a
-    block 99 KB, it needs 106 at its leanest; benchmarks/kernel_resources.py --arch sm_89), a kernel for dk and
-    dW1, dW2 and one for dv and dW3 (ten and six operands), each recomputing the forward's token-sized values.
+                   d_updated: torch.Tensor, step: Union[float, torch.Tensor],
+                   geometry: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dk, dv and the partial dW (B·H, 3, splits, d, d; with dW' in the first range's part) of the inner sums from
+    dW' (B, H, 3, d, d), their gradient dĜ = step·dW' formed as the kernels load it: one kernel, or where its
+    twelve d×d operands do not fit the GPU's shared memory (an L40 or RTX 4090 gives a block 99 KB, it needs 106
+    at its leanest; benchmarks/kernel_resources.py --arch sm_89), a kernel for dk and dW1, dW2 and one for dv and
+    dW3 (ten and six operands), each recomputing the forward's token-sized values.
     ``geometry``: the launch's, as :func:`_geometry` gives it."""
     from .ttt_kernels import (  # lazy: start-up time
         inner_sums_bwd_kernel,
@@ -169,15 +197,17 @@ def _sums_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
 
     B, H, N, D, splits, per, block_n, block_d, warps = geometry  # (the backward's: _geometry)
     dk, dv = _output_like(k), _output_like(v)
-    d_chain = k.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
+    d_chain = _partials(k, B, H, splits, D)
     mask, s_mb = _mask_arg(key_valid, k)
-    strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb)
+    steps, scalar = _step_args(step, d_chain)
+    d_sums = (d_updated.contiguous(), steps)
+    strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb, scalar)
     settings = dict(HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d,
                     **tile_args(k, half_tiles=True), num_warps=warps)
     if fits(ONE_PASS):
         try:
             launch(inner_sums_bwd_kernel, (B * H, splits),
-                k, v, mask, weights, d_sums, dk, dv, d_chain,
+                k, v, mask, weights, *d_sums, dk, dv, d_chain,
                 *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
                 H, N, D, splits, per,
                 **settings)
@@ -187,11 +217,11 @@ def _sums_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
                 raise
             too_big(ONE_PASS, e)
     launch(inner_sums_bwd_keys_kernel, (B * H, splits),
-        k, v, mask, weights, d_sums, dk, d_chain,
+        k, v, mask, weights, *d_sums, dk, d_chain,
         *strides, dk.stride(0), dk.stride(1), dk.stride(2),
         H, N, D, splits, per, **settings)
     launch(inner_sums_bwd_values_kernel, (B * H, splits),
-        k, v, mask, weights, d_sums, dv, d_chain,
+        k, v, mask, weights, *d_sums, dv, d_chain,
         *strides, dv.stride(0), dv.stride(1), dv.stride(2),
         H, N, D, splits, per, **settings)
     return dk, dv, d_chain
