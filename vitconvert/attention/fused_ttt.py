@@ -1,6 +1,6 @@
 """TTT's closed-form step on the GPU: the Triton kernels of :mod:`.ttt_kernels` as one PyTorch custom op.
 
-``vitconvert::ttt_step``  (q, k, v, W, w_q, b_q) -> (o, W')    W: the (H, 3, d, d) float32 fast weights [W1, W2, W3]
+``vitconvert::ttt_step``  (q, k, v, W, w_q, b_q) -> (o, W')    W: the (3, H, d, d) float32 fast weights [W1, W2, W3]
 
 on the normalised and convolved k (made by the grid op, :mod:`.fused_grid`, or torch ops) and q, convolved by
 the op itself when its conv's filters w_q, b_q are given (as its tiles load in the read-out and the read-out's
@@ -75,10 +75,11 @@ def run_inner_sums(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
         num_warps=warps)
     if splits == 1:
         return G
-    sums = _total(G, B, H)
+    # W (H, 3, d, d) as W' holds it (each head's three together), into a contiguous W' (the kernels' layout)
+    sums, initial, updated = _total(G, B, H), weights.transpose(0, 1), G.new_empty((B, H, 3, D, D))
     if isinstance(step, float):
-        return torch.add(weights, sums, alpha=step)
-    return torch.addcmul(weights, sums, step)
+        return torch.add(initial, sums, alpha=step, out=updated)
+    return torch.addcmul(initial, sums, step, out=updated)
 
 
 def _q_conv(q: torch.Tensor, key_valid: Optional[torch.Tensor], q_filter: Optional[torch.Tensor],
@@ -98,7 +99,7 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
             weights: torch.Tensor, scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
             q_bias: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0,
             prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, W'): out_i = f_{W'}(q_i) after one inner step on (k, v), for (B, H, N, d) q, k, v and (H, 3, d, d)
+    """(out, W'): out_i = f_{W'}(q_i) after one inner step on (k, v), for (B, H, N, d) q, k, v and (3, H, d, d)
     float32 W; W' (B, H, 3, d, d) float32 is an output for backward, which reads it instead of summing again
     (under TTT's checkpoint it is not kept but recomputed with the step, as every saved tensor is). With
     ``q_filter`` (the (H·d, 1, 3, 3) depthwise conv, ``q_bias`` its bias) q is first q + conv(q) on the
@@ -162,18 +163,18 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
 
 
 def _batch_total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
-    """(B·H, 3, splits, d, d) partial sums -> (H, 3, d, d), summed over the batch and the token ranges in one op
-    (:func:`_partials` made one image's one range (H, 3, d, d): itself)."""
+    """(3, B·H, splits, d, d) partial sums -> (3, H, d, d), summed over the batch and the token ranges in one op
+    (:func:`_partials` made one image's one range (3, H, d, d): itself)."""
     if partials.dim() == 4:
         return partials
-    _, three, splits, D, _ = partials.shape
-    return partials.view(batch, heads, three, splits, D, D).sum((0, 3))
+    three, _, splits, D, _ = partials.shape
+    return partials.view(three, batch, heads, splits, D, D).sum((1, 3))
 
 
 def _partials(like: torch.Tensor, batch: int, heads: int, splits: int, D: int) -> torch.Tensor:
-    """The (B·H, 3, splits, d, d) float32 partial sums of dW, laid out as the kernels index them; one image's one
-    range as (H, 3, d, d), the gradient itself."""
-    shape = (heads, 3, D, D) if batch == 1 and splits == 1 else (batch * heads, 3, splits, D, D)
+    """The (3, B·H, splits, d, d) float32 partial sums of dW, laid out as the kernels index them; one image's one
+    range as (3, H, d, d), the gradient itself."""
+    shape = (3, heads, D, D) if batch == 1 and splits == 1 else (3, batch * heads, splits, D, D)
     return like.new_empty(shape, dtype=torch.float32)
 
 
@@ -183,7 +184,7 @@ ONE_PASS = "ttt_step: the sums' backward in one kernel"  # (dispatch.fits: where
 def _sums_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], weights: torch.Tensor,
                    d_updated: torch.Tensor, step: Union[float, torch.Tensor],
                    geometry: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dk, dv and the partial dW (B·H, 3, splits, d, d; with dW' in the first range's part) of the inner sums from
+    """dk, dv and the partial dW (3, B·H, splits, d, d; with dW' in the first range's part) of the inner sums from
     dW' (B, H, 3, d, d), their gradient dĜ = step·dW' formed as the kernels load it: one kernel, or where its
     twelve d×d operands do not fit the GPU's shared memory (an L40 or RTX 4090 gives a block 99 KB, it needs 106
     at its leanest; benchmarks/kernel_resources.py --arch sm_89), a kernel for dk and dW1, dW2 and one for dv and
@@ -276,7 +277,7 @@ def ttt_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Opti
         q = grid_conv_eager(q, None, q_filter, q_bias, key_valid, rows, cols, prefix)
     dtype, acc = q.dtype, torch.promote_types(weights.dtype, torch.float32)
     q, k, v, weights = q.to(acc), k.to(acc), v.to(acc), weights.to(acc)
-    return stepped_readout(q, k, v, key_valid, weights[:, 0], weights[:, 1], weights[:, 2], scale, lr).to(dtype)
+    return stepped_readout(q, k, v, key_valid, weights[0], weights[1], weights[2], scale, lr).to(dtype)
 
 
 def call_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],

@@ -44,6 +44,33 @@ def _three_both_ways(P, first, d, d_ok, D, TILE: tl.constexpr):
 
 
 @triton.jit
+def _initial(W, h, H, d, d_ok, D):
+    """W1, W2, W3 of head h from the (3, H, D, D) float32 fast weights (each weight's heads together: their
+    gradients are then three contiguous tensors, which autograd takes as the parameters' own, no copy)."""
+    return (_load_square(W, h, d, d_ok, D), _load_square(W, H + h, d, d_ok, D),
+            _load_square(W, 2 * H + h, d, d_ok, D))
+
+
+@triton.jit
+def _initial_both_ways(W, h, H, d, d_ok, D, TILE: tl.constexpr):
+    """:func:`_initial` as TILE operands, each also transposed (backward multiplies by both)."""
+    x1, x2, x3 = _initial(W, h, H, d, d_ok, D)
+    return (x1.to(TILE), x2.to(TILE), x3.to(TILE),
+            tl.trans(x1).to(TILE), tl.trans(x2).to(TILE), tl.trans(x3).to(TILE))
+
+
+@triton.jit
+def _put_weight_partials(P, bh, split, SPLITS, x1, x2, x3, d, d_ok, D):
+    """One program's partial dW1, dW2, dW3 into a (3, BH, SPLITS, D, D) float32 stack: summed over the batch and
+    the ranges, (3, H, D, D) as the fast weights' own layout (:func:`_initial`)."""
+    first = bh * SPLITS + split
+    apart = tl.num_programs(0) * SPLITS
+    _store_square(P, first, x1, d, d_ok, D)
+    _store_square(P, first + apart, x2, d, d_ok, D)
+    _store_square(P, first + 2 * apart, x3, d, d_ok, D)
+
+
+@triton.jit
 def _step_of(STEPS, b_, step, HAS_MASK: tl.constexpr):
     """lr·s/n of batch b_: ``step`` (a float) without a mask, STEPS[b_] ((B,) float32) with one."""
     s = step
@@ -141,11 +168,11 @@ def inner_sums_kernel(
     UPDATE: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """Partial Ĝ1, Ĝ2, Ĝ3 of one (batch·head, token range). W: (H, 3, D, D) float32, G: (BH, 3, SPLITS, D, D).
+    """Partial Ĝ1, Ĝ2, Ĝ3 of one (batch·head, token range). W: (3, H, D, D) float32, G: (BH, 3, SPLITS, D, D).
     ``UPDATE`` (one range: SPLITS 1): W' = W + step·Ĝ instead (:func:`_step_of`), the update in this kernel's
     epilogue, not a torch op that reads Ĝ and W and writes W' again."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
-    w1, w2, w3 = _three(W, h * 3, d, d_ok, D)
+    w1, w2, w3 = _initial(W, h, H, d, d_ok, D)
     w1, w2, w3_t = w1.to(TILE), w2.to(TILE), tl.trans(w3).to(TILE)
     g1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     g2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
@@ -161,7 +188,7 @@ def inner_sums_kernel(
         g3 += _dot(tl.trans((act * b).to(TILE)), v, PRECISION, EMULATE)
     if UPDATE:
         s = _step_of(STEPS, b_, step, HAS_MASK)
-        u1, u2, u3 = _three(W, h * 3, d, d_ok, D)  # (float32 again: the TILE copies may be rounded)
+        u1, u2, u3 = _initial(W, h, H, d, d_ok, D)  # (float32 again: the TILE copies may be rounded)
         g1, g2, g3 = u1 + s * g1, u2 + s * g2, u3 + s * g3
     _put_partials(G, bh, split, SPLITS, g1, g2, g3, d, d_ok, D)
 
@@ -268,18 +295,18 @@ def inner_sums_bwd_kernel(
     HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """dk, dv of one (batch·head, token range) and its partial dW1, dW2, dW3 (DW: (BH, 3, SPLITS, D, D); the first
+    """dk, dv of one (batch·head, token range) and its partial dW1, dW2, dW3 (DW: (3, BH, SPLITS, D, D); the first
     range's part also holds dW', so that the ranges' and the batch's sum is dW) from dW' (DG: (BH, 3, D, D)) and
     dĜ = step·dW' (:func:`_step_of`), through da = u⊙b⊙silu'(a), db = u⊙act, h = act⊙b, u = vW3ᵀ, a = kW1, b = kW2. It
     holds twelve d×d operands (W1–W3, dĜ1–dĜ3, both ways round): where they do not fit a GPU's shared memory,
     :func:`inner_sums_bwd_keys_kernel` and :func:`inner_sums_bwd_values_kernel` split it in two."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
-    w1, w2, w3, w1_t, w2_t, w3_t = _three_both_ways(W, h * 3, d, d_ok, D, TILE)
+    w1, w2, w3, w1_t, w2_t, w3_t = _initial_both_ways(W, h, H, d, d_ok, D, TILE)
     dg1, dg2, dg3, dg1_t, dg2_t, dg3_t = _three_scaled(DG, bh * 3, _step_of(STEPS, b_, step, HAS_MASK), d, d_ok,
                                                        D, TILE)
     dw1, dw2, dw3 = _three(DG, bh * 3, d, d_ok, D)  # dW = dW' + the chain's: dW' in the first range's part
-    first = tl.where(split == 0, 1.0, 0.0)
-    dw1, dw2, dw3 = dw1 * first, dw2 * first, dw3 * first
+    leading = tl.where(split == 0, 1.0, 0.0)
+    dw1, dw2, dw3 = dw1 * leading, dw2 * leading, dw3 * leading
     k_base, v_base = K + b_ * s_kb + h * s_kh, V + b_ * s_vb + h * s_vh
     dk_base, dv_base = DK + b_ * s_dkb + h * s_dkh, DV + b_ * s_dvb + h * s_dvh
     for start in range(begin, end, BLOCK_N):
@@ -296,7 +323,7 @@ def inner_sums_bwd_kernel(
         dw3 += _dot(tl.trans(du), vt, PRECISION, EMULATE)
         _store_key_rows(dk_base, tok, tile, end, d, d_ok, s_dkn, dk)
         _store_key_rows(dv_base, tok, tile, end, d, d_ok, s_dvn, dv)
-    _put_partials(DW, bh, split, SPLITS, dw1, dw2, dw3, d, d_ok, D)
+    _put_weight_partials(DW, bh, split, SPLITS, dw1, dw2, dw3, d, d_ok, D)
 
 
 @triton.jit
@@ -309,12 +336,12 @@ def inner_sums_bwd_keys_kernel(
 ):
     """:func:`inner_sums_bwd_kernel`'s dk and partial dW1, dW2 (DW's first two of three), on ten d×d operands."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
-    w1, w2, w3, w1_t, w2_t, w3_t = _three_both_ways(W, h * 3, d, d_ok, D, TILE)  # (w3 unused: not loaded)
+    w1, w2, w3, w1_t, w2_t, w3_t = _initial_both_ways(W, h, H, d, d_ok, D, TILE)  # (w3 unused: not loaded)
     dg1, dg2, dg3, dg1_t, dg2_t, dg3_t = _three_scaled(DG, bh * 3, _step_of(STEPS, b_, step, HAS_MASK), d, d_ok,
                                                        D, TILE)  # (dg3 unused)
     dw1, dw2, dw3 = _three(DG, bh * 3, d, d_ok, D)  # (dw3 unused) dW' in the first range's part, as the one kernel's
-    first = tl.where(split == 0, 1.0, 0.0)
-    dw1, dw2 = dw1 * first, dw2 * first
+    leading = tl.where(split == 0, 1.0, 0.0)
+    dw1, dw2 = dw1 * leading, dw2 * leading
     k_base, v_base, dk_base = K + b_ * s_kb + h * s_kh, V + b_ * s_vb + h * s_vh, DK + b_ * s_dkb + h * s_dkh
     for start in range(begin, end, BLOCK_N):
         tok, tile, kt, vt, a, b, sig, act, dsilu, u = _key_chunk(k_base, v_base, MASK + b_ * s_mb, start, end, d,
@@ -326,9 +353,9 @@ def inner_sums_bwd_keys_kernel(
         dw1 += _dot(tl.trans(kt), d_a, PRECISION, EMULATE)
         dw2 += _dot(tl.trans(kt), d_b, PRECISION, EMULATE)
         _store_key_rows(dk_base, tok, tile, end, d, d_ok, s_dkn, dk)
-    first = bh * 3 * SPLITS + split
+    first, apart = bh * SPLITS + split, tl.num_programs(0) * SPLITS  # (_put_weight_partials' layout)
     _store_square(DW, first, dw1, d, d_ok, D)
-    _store_square(DW, first + SPLITS, dw2, d, d_ok, D)
+    _store_square(DW, first + apart, dw2, d, d_ok, D)
 
 
 @triton.jit
@@ -341,7 +368,7 @@ def inner_sums_bwd_values_kernel(
 ):
     """:func:`inner_sums_bwd_kernel`'s dv and partial dW3 (DW's third of three), on seven d×d operands."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
-    w1, w2, w3 = _three(W, h * 3, d, d_ok, D)
+    w1, w2, w3 = _initial(W, h, H, d, d_ok, D)
     w1, w2, w3, w3_t = w1.to(TILE), w2.to(TILE), w3.to(TILE), tl.trans(w3).to(TILE)
     s = _step_of(STEPS, b_, step, HAS_MASK)
     dg1, dg2, dg3 = _three(DG, bh * 3, d, d_ok, D)
@@ -356,4 +383,4 @@ def inner_sums_bwd_values_kernel(
         dv = _dot((act * b).to(TILE), dg3, PRECISION, EMULATE) + _dot(du, w3, PRECISION, EMULATE)
         dw3 += _dot(tl.trans(du), vt, PRECISION, EMULATE)
         _store_key_rows(dv_base, tok, tile, end, d, d_ok, s_dvn, dv)
-    _store_square(DW, bh * 3 * SPLITS + split + 2 * SPLITS, dw3, d, d_ok, D)
+    _store_square(DW, bh * SPLITS + split + 2 * tl.num_programs(0) * SPLITS, dw3, d, d_ok, D)
