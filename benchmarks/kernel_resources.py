@@ -192,7 +192,7 @@ def op_calls(d: int, device: torch.device, side: int = 16,
     segments = token_segments((side, side), (blocks, blocks), 1, device)
     mixing = extended_block_mix(torch.rand(blocks * blocks, blocks * blocks, generator=g)).to(device).requires_grad_()
     norms = [(1 + torch.rand(2 * d, generator=g)).to(device).requires_grad_() for _ in range(2)]
-    weights = (0.1 * torch.randn(2, 3, d, d, generator=g)).to(device).requires_grad_()
+    weights = (0.1 * torch.randn(3, 2, d, d, generator=g)).to(device).requires_grad_()
     filters = {size: (torch.randn(2 * d, 1, size, size, generator=g) / size).to(device).requires_grad_()
                for size in (3, 5)}
     bias = (0.1 * torch.randn(2 * d, generator=g)).to(device).requires_grad_()

@@ -38,7 +38,7 @@ def padding_mask(N: int) -> torch.Tensor:
 
 
 def ttt_weights() -> torch.Tensor:
-    return (0.2 * torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(6))).requires_grad_()
+    return (0.2 * torch.randn(3, 2, 32, 32, generator=torch.Generator().manual_seed(6))).requires_grad_()  # 3, H
 
 
 def blocked_args(recompute: bool):

@@ -35,9 +35,9 @@ def kernels_here(monkeypatch):
 
 def step_inputs(N: int = 70, d: int = 32, dtype: torch.dtype = torch.float32, masked: bool = False,
                 seed: int = 0) -> tuple[list[torch.Tensor], Optional[torch.Tensor]]:
-    """q, k, v (2, 2, N, d) and fast weights (2, 3, d, d) large enough that the step moves the read-out."""
+    """q, k, v (2, 2, N, d) and fast weights (3, 2, d, d) large enough that the step moves the read-out."""
     q, k, v = (t.to(DEVICE, dtype).requires_grad_() for t in helpers.random_qkv(2, 2, N, d, dtype=torch.float32))
-    weights = (torch.randn(2, 3, d, d, generator=torch.Generator().manual_seed(seed)) * 2 * d ** -0.5)
+    weights = (torch.randn(3, 2, d, d, generator=torch.Generator().manual_seed(seed)) * 2 * d ** -0.5)
     mask = helpers.random_mask(2, N).to(DEVICE) if masked else None
     return [q, k, v, weights.to(DEVICE).requires_grad_()], mask
 
@@ -212,7 +212,7 @@ def test_the_op_keeps_q_k_v_and_d_by_d_weights_only():
     inputs, _ = step_inputs()
     out = fused_ttt.call_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 1.0)
     saved = [t for t in out.grad_fn.saved_tensors if t is not None]
-    assert [tuple(t.shape) for t in saved] == [(2, 2, 70, 32)] * 3 + [(2, 3, 32, 32), (2, 2, 3, 32, 32)]
+    assert [tuple(t.shape) for t in saved] == [(2, 2, 70, 32)] * 3 + [(3, 2, 32, 32), (2, 2, 3, 32, 32)]
 
 
 def test_the_op_passes_torch_library_checks_and_compiles_as_one_graph():

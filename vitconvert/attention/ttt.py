@@ -209,7 +209,7 @@ class TTTAttention(LinearAttention):
         dtype = v.dtype
         k_conv = (dispatch.attempt("grid_conv", self.kernel_key_conv, k.to(dtype), key_valid, grid)
                   if kernel_convs and grid is not None else None)
-        weights = torch.stack((self.fast_w1, self.fast_w2, self.fast_w3), dim=1).float()  # (H, 3, d, d)
+        weights = torch.stack((self.fast_w1, self.fast_w2, self.fast_w3)).float()  # (3, H, d, d): contiguous grads
         if k_conv is None:
             k = key_instance_norm(k, key_valid, self.key_norm_eps, dtype)
             q = self.local_conv(q.to(dtype), self.q_conv.weight, self.q_conv.bias, grid, key_valid)

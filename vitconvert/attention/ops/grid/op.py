@@ -61,7 +61,7 @@ def _moments(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
 def _count(key_valid: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """(B,) float32: the tokens the statistics are over."""
     if key_valid is None:
-        return x.new_full((x.shape[0],), float(x.shape[2]), dtype=torch.float32)
+        return torch.full((x.shape[0],), float(x.shape[2]), dtype=torch.float32, device=x.device)  # (x unread)
     return valid_keys(key_valid)
 
 
@@ -147,8 +147,8 @@ def run_grid_conv_backward(x: torch.Tensor, weight: torch.Tensor, key_valid: Opt
     settings = dict(KS=size, NORM=norm, RESIDUAL=residual, HAS_MASK=key_valid is not None, BLOCK_M=block,
                     BLOCK_D=block_d, BLOCK_N=block, **tile_args(x), num_warps=warps)
     stats = stats if norm else dbias
-    launch(grid_conv_bwd_kernel, (B * H, tiles),
-        x, dy, filters, mask, stats, sums, count, dx, dw, dbias, sums, *geometry,
+    launch(grid_conv_bwd_kernel, (B * H, tiles),  # (through the norm dx comes second: a placeholder here)
+        x, dy, filters, mask, stats, sums, count, dbias if norm else dx, dw, dbias, sums, *geometry,
         SUMS=True, WRITE_DX=not norm, **settings)
     if norm:  # LayerNorm's backward over the tokens needs Σ dx̂ and Σ dx̂·x̂ of every token first
         summed = sums.view(2, B, H, tiles, D).sum(3).contiguous()

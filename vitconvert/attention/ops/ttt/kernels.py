@@ -5,8 +5,9 @@ Per (batch, head), with k the normalised and convolved keys, a = kW1, b = kW2, a
 
     Ĝ1 = Σ_j k_jᵀ (u ⊙ b ⊙ silu'(a))_j,   Ĝ2 = Σ_j k_jᵀ (u ⊙ act)_j,   Ĝ3 = Σ_j (act ⊙ b)_jᵀ v_j
 
-are the inner loss's gradients before its −s/N factor (the caller scales the d×d sums, so nothing N-sized is
-scaled and float16 does not underflow), the caller forms W' = W − lr·(−s/N)·Ĝ, and every query reads
+are the inner loss's gradients before its −s/N factor (the d×d sums are scaled, so nothing N-sized is scaled and
+float16 does not underflow), W' = W − lr·(−s/N)·Ĝ (in the sums kernel's epilogue when one program sums a head's
+tokens, else by the caller from the partial sums), and every query reads
 
     o_i = (silu(q_i W1') ⊙ (q_i W2')) W3'.
 
@@ -38,6 +39,51 @@ def _three(P, first, d, d_ok, D):
 def _three_both_ways(P, first, d, d_ok, D, TILE: tl.constexpr):
     """:func:`_three` as TILE operands, each also transposed (backward multiplies by both)."""
     x1, x2, x3 = _three(P, first, d, d_ok, D)
+    return (x1.to(TILE), x2.to(TILE), x3.to(TILE),
+            tl.trans(x1).to(TILE), tl.trans(x2).to(TILE), tl.trans(x3).to(TILE))
+
+
+@triton.jit
+def _initial(W, h, H, d, d_ok, D):
+    """W1, W2, W3 of head h from the (3, H, D, D) float32 fast weights (each weight's heads together: their
+    gradients are then three contiguous tensors, which autograd takes as the parameters' own, no copy)."""
+    return (_load_square(W, h, d, d_ok, D), _load_square(W, H + h, d, d_ok, D),
+            _load_square(W, 2 * H + h, d, d_ok, D))
+
+
+@triton.jit
+def _initial_both_ways(W, h, H, d, d_ok, D, TILE: tl.constexpr):
+    """:func:`_initial` as TILE operands, each also transposed (backward multiplies by both)."""
+    x1, x2, x3 = _initial(W, h, H, d, d_ok, D)
+    return (x1.to(TILE), x2.to(TILE), x3.to(TILE),
+            tl.trans(x1).to(TILE), tl.trans(x2).to(TILE), tl.trans(x3).to(TILE))
+
+
+@triton.jit
+def _put_weight_partials(P, bh, split, SPLITS, x1, x2, x3, d, d_ok, D):
+    """One program's partial dW1, dW2, dW3 into a (3, BH, SPLITS, D, D) float32 stack: summed over the batch and
+    the ranges, (3, H, D, D) as the fast weights' own layout (:func:`_initial`)."""
+    first = bh * SPLITS + split
+    apart = tl.num_programs(0) * SPLITS
+    _store_square(P, first, x1, d, d_ok, D)
+    _store_square(P, first + apart, x2, d, d_ok, D)
+    _store_square(P, first + 2 * apart, x3, d, d_ok, D)
+
+
+@triton.jit
+def _step_of(STEPS, b_, step, HAS_MASK: tl.constexpr):
+    """lr·s/n of batch b_: ``step`` (a float) without a mask, STEPS[b_] ((B,) float32) with one."""
+    s = step
+    if HAS_MASK:
+        s = tl.load(STEPS + b_)
+    return s
+
+
+@triton.jit
+def _three_scaled(P, first, s, d, d_ok, D, TILE: tl.constexpr):
+    """:func:`_three_both_ways` of s·P (the sums' gradient dĜ = step·dW', scaled here, not by a torch op)."""
+    x1, x2, x3 = _three(P, first, d, d_ok, D)
+    x1, x2, x3 = x1 * s, x2 * s, x3 * s
     return (x1.to(TILE), x2.to(TILE), x3.to(TILE),
             tl.trans(x1).to(TILE), tl.trans(x2).to(TILE), tl.trans(x3).to(TILE))
 
@@ -116,15 +162,17 @@ def _key_chunk(k_base, v_base, mask_row, start, end, d, d_ok, s_kn, s_vn, w1, w2
 
 @triton.jit
 def inner_sums_kernel(
-    K, V, MASK, W, G,
-    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb,
+    K, V, MASK, W, G, STEPS,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step,
     H, N, D, SPLITS, tokens_per_split,
-    HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
-    PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+    UPDATE: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """Partial Ĝ1, Ĝ2, Ĝ3 of one (batch·head, token range). W: (H, 3, D, D) float32, G: (BH, 3, SPLITS, D, D)."""
+    """Partial Ĝ1, Ĝ2, Ĝ3 of one (batch·head, token range). W: (3, H, D, D) float32, G: (BH, 3, SPLITS, D, D).
+    ``UPDATE`` (one range: SPLITS 1): W' = W + step·Ĝ instead (:func:`_step_of`), the update in this kernel's
+    epilogue, not a torch op that reads Ĝ and W and writes W' again."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
-    w1, w2, w3 = _three(W, h * 3, d, d_ok, D)
+    w1, w2, w3 = _initial(W, h, H, d, d_ok, D)
     w1, w2, w3_t = w1.to(TILE), w2.to(TILE), tl.trans(w3).to(TILE)
     g1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     g2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
@@ -138,6 +186,10 @@ def inner_sums_kernel(
         g1 += _dot(kt, (u * b * dsilu).to(TILE), PRECISION, EMULATE)
         g2 += _dot(kt, (u * act).to(TILE), PRECISION, EMULATE)
         g3 += _dot(tl.trans((act * b).to(TILE)), v, PRECISION, EMULATE)
+    if UPDATE:
+        s = _step_of(STEPS, b_, step, HAS_MASK)
+        u1, u2, u3 = _initial(W, h, H, d, d_ok, D)  # (float32 again: the TILE copies may be rounded)
+        g1, g2, g3 = u1 + s * g1, u2 + s * g2, u3 + s * g3
     _put_partials(G, bh, split, SPLITS, g1, g2, g3, d, d_ok, D)
 
 
@@ -237,22 +289,24 @@ def _store_key_rows(base, tok, tile, end, d, d_ok, stride, x):
 
 @triton.jit
 def inner_sums_bwd_kernel(
-    K, V, MASK, W, DG, DK, DV, DW,
-    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
+    K, V, MASK, W, DG, STEPS, DK, DV, DW,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     H, N, D, SPLITS, tokens_per_split,
     HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """dk, dv of one (batch·head, token range) and its partial dW1, dW2, dW3 (DW: (BH, 3, SPLITS, D, D)) from
-    dĜ (DG: (BH, 3, D, D)), through da = u⊙b⊙silu'(a), db = u⊙act, h = act⊙b, u = vW3ᵀ, a = kW1, b = kW2. It
+    """dk, dv of one (batch·head, token range) and its partial dW1, dW2, dW3 (DW: (3, BH, SPLITS, D, D); the first
+    range's part also holds dW', so that the ranges' and the batch's sum is dW) from dW' (DG: (BH, 3, D, D)) and
+    dĜ = step·dW' (:func:`_step_of`), through da = u⊙b⊙silu'(a), db = u⊙act, h = act⊙b, u = vW3ᵀ, a = kW1, b = kW2. It
     holds twelve d×d operands (W1–W3, dĜ1–dĜ3, both ways round): where they do not fit a GPU's shared memory,
     :func:`inner_sums_bwd_keys_kernel` and :func:`inner_sums_bwd_values_kernel` split it in two."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
-    w1, w2, w3, w1_t, w2_t, w3_t = _three_both_ways(W, h * 3, d, d_ok, D, TILE)
-    dg1, dg2, dg3, dg1_t, dg2_t, dg3_t = _three_both_ways(DG, bh * 3, d, d_ok, D, TILE)
-    dw1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
-    dw2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
-    dw3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    w1, w2, w3, w1_t, w2_t, w3_t = _initial_both_ways(W, h, H, d, d_ok, D, TILE)
+    dg1, dg2, dg3, dg1_t, dg2_t, dg3_t = _three_scaled(DG, bh * 3, _step_of(STEPS, b_, step, HAS_MASK), d, d_ok,
+                                                       D, TILE)
+    dw1, dw2, dw3 = _three(DG, bh * 3, d, d_ok, D)  # dW = dW' + the chain's: dW' in the first range's part
+    leading = tl.where(split == 0, 1.0, 0.0)
+    dw1, dw2, dw3 = dw1 * leading, dw2 * leading, dw3 * leading
     k_base, v_base = K + b_ * s_kb + h * s_kh, V + b_ * s_vb + h * s_vh
     dk_base, dv_base = DK + b_ * s_dkb + h * s_dkh, DV + b_ * s_dvb + h * s_dvh
     for start in range(begin, end, BLOCK_N):
@@ -269,23 +323,25 @@ def inner_sums_bwd_kernel(
         dw3 += _dot(tl.trans(du), vt, PRECISION, EMULATE)
         _store_key_rows(dk_base, tok, tile, end, d, d_ok, s_dkn, dk)
         _store_key_rows(dv_base, tok, tile, end, d, d_ok, s_dvn, dv)
-    _put_partials(DW, bh, split, SPLITS, dw1, dw2, dw3, d, d_ok, D)
+    _put_weight_partials(DW, bh, split, SPLITS, dw1, dw2, dw3, d, d_ok, D)
 
 
 @triton.jit
 def inner_sums_bwd_keys_kernel(
-    K, V, MASK, W, DG, DK, DW,
-    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb, s_dkh, s_dkn,
+    K, V, MASK, W, DG, STEPS, DK, DW,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn,
     H, N, D, SPLITS, tokens_per_split,
     HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """:func:`inner_sums_bwd_kernel`'s dk and partial dW1, dW2 (DW's first two of three), on ten d×d operands."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
-    w1, w2, w3, w1_t, w2_t, w3_t = _three_both_ways(W, h * 3, d, d_ok, D, TILE)  # (w3 unused: not loaded)
-    dg1, dg2, dg3, dg1_t, dg2_t, dg3_t = _three_both_ways(DG, bh * 3, d, d_ok, D, TILE)  # (dg3 unused)
-    dw1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
-    dw2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    w1, w2, w3, w1_t, w2_t, w3_t = _initial_both_ways(W, h, H, d, d_ok, D, TILE)  # (w3 unused: not loaded)
+    dg1, dg2, dg3, dg1_t, dg2_t, dg3_t = _three_scaled(DG, bh * 3, _step_of(STEPS, b_, step, HAS_MASK), d, d_ok,
+                                                       D, TILE)  # (dg3 unused)
+    dw1, dw2, dw3 = _three(DG, bh * 3, d, d_ok, D)  # (dw3 unused) dW' in the first range's part, as the one kernel's
+    leading = tl.where(split == 0, 1.0, 0.0)
+    dw1, dw2 = dw1 * leading, dw2 * leading
     k_base, v_base, dk_base = K + b_ * s_kb + h * s_kh, V + b_ * s_vb + h * s_vh, DK + b_ * s_dkb + h * s_dkh
     for start in range(begin, end, BLOCK_N):
         tok, tile, kt, vt, a, b, sig, act, dsilu, u = _key_chunk(k_base, v_base, MASK + b_ * s_mb, start, end, d,
@@ -297,26 +353,27 @@ def inner_sums_bwd_keys_kernel(
         dw1 += _dot(tl.trans(kt), d_a, PRECISION, EMULATE)
         dw2 += _dot(tl.trans(kt), d_b, PRECISION, EMULATE)
         _store_key_rows(dk_base, tok, tile, end, d, d_ok, s_dkn, dk)
-    first = bh * 3 * SPLITS + split
+    first, apart = bh * SPLITS + split, tl.num_programs(0) * SPLITS  # (_put_weight_partials' layout)
     _store_square(DW, first, dw1, d, d_ok, D)
-    _store_square(DW, first + SPLITS, dw2, d, d_ok, D)
+    _store_square(DW, first + apart, dw2, d, d_ok, D)
 
 
 @triton.jit
 def inner_sums_bwd_values_kernel(
-    K, V, MASK, W, DG, DV, DW,
-    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dvb, s_dvh, s_dvn,
+    K, V, MASK, W, DG, STEPS, DV, DW,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_dvb, s_dvh, s_dvn,
     H, N, D, SPLITS, tokens_per_split,
     HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """:func:`inner_sums_bwd_kernel`'s dv and partial dW3 (DW's third of three), on seven d×d operands."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
-    w1, w2, w3 = _three(W, h * 3, d, d_ok, D)
+    w1, w2, w3 = _initial(W, h, H, d, d_ok, D)
     w1, w2, w3, w3_t = w1.to(TILE), w2.to(TILE), w3.to(TILE), tl.trans(w3).to(TILE)
+    s = _step_of(STEPS, b_, step, HAS_MASK)
     dg1, dg2, dg3 = _three(DG, bh * 3, d, d_ok, D)
-    dg1, dg2, dg3 = dg1.to(TILE), dg2.to(TILE), dg3.to(TILE)
-    dw3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    dw3 = dg3 * tl.where(split == 0, 1.0, 0.0)  # dW' in the first range's part, as the one kernel's
+    dg1, dg2, dg3 = (dg1 * s).to(TILE), (dg2 * s).to(TILE), (dg3 * s).to(TILE)
     k_base, v_base, dv_base = K + b_ * s_kb + h * s_kh, V + b_ * s_vb + h * s_vh, DV + b_ * s_dvb + h * s_dvh
     for start in range(begin, end, BLOCK_N):
         tok, tile, kt, vt, a, b, sig, act, dsilu, u = _key_chunk(k_base, v_base, MASK + b_ * s_mb, start, end, d,
@@ -326,4 +383,4 @@ def inner_sums_bwd_values_kernel(
         dv = _dot((act * b).to(TILE), dg3, PRECISION, EMULATE) + _dot(du, w3, PRECISION, EMULATE)
         dw3 += _dot(tl.trans(du), vt, PRECISION, EMULATE)
         _store_key_rows(dv_base, tok, tile, end, d, d_ok, s_dvn, dv)
-    _store_square(DW, bh * 3 * SPLITS + split + 2 * SPLITS, dw3, d, d_ok, D)
+    _store_square(DW, bh * SPLITS + split + 2 * tl.num_programs(0) * SPLITS, dw3, d, d_ok, D)

@@ -1,6 +1,6 @@
 """TTT's closed-form step on the GPU: the Triton kernels of :mod:`.ttt_kernels` as one PyTorch custom op.
 
-``vitconvert::ttt_step``  (q, k, v, W, w_q, b_q) -> (o, W')    W: the (H, 3, d, d) float32 fast weights [W1, W2, W3]
+``vitconvert::ttt_step``  (q, k, v, W, w_q, b_q) -> (o, W')    W: the (3, H, d, d) float32 fast weights [W1, W2, W3]
 
 on the normalised and convolved k (made by the grid op, :mod:`.fused_grid`, or torch ops) and q, convolved by
 the op itself when its conv's filters w_q, b_q are given (as its tiles load in the read-out and the read-out's
@@ -46,29 +46,40 @@ def _geometry(q: torch.Tensor) -> tuple[int, ...]:
     return B, H, N, D, splits, per, block_n, block_d, warps
 
 
-def run_inner_sums(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                   weights: torch.Tensor) -> torch.Tensor:
-    """Ĝ = [Ĝ1, Ĝ2, Ĝ3] (B, H, 3, d, d) float32: the inner gradients before their −s/n factor."""
+def _step_args(step: Union[float, torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The kernels' (STEPS, step) of :func:`_step_size`'s value: a (B,) tensor with a mask (``step`` unread), a float
+    without one (STEPS a placeholder)."""
+    if isinstance(step, float):
+        return like, step
+    return step.reshape(-1).contiguous(), 0.0
+
+
+def run_inner_sums(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], weights: torch.Tensor,
+                   step: Union[float, torch.Tensor]) -> torch.Tensor:
+    """W' = W + step·Ĝ (B, H, 3, d, d) float32, Ĝ = [Ĝ1, Ĝ2, Ĝ3] the inner gradients before their −s/n factor: in
+    the kernel's epilogue when one program sums a head's tokens (W' is then the one d×d tensor written), else from
+    the programs' partial sums in one torch op."""
     from .kernels import inner_sums_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     k, v = unit_rows(k), unit_rows(v)
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(k)
-    G = k.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)  # partial sums (fused_parts._total)
+    # partial sums (fused_parts._total), or with one range W' itself (the same layout: an output, not a view)
+    G = k.new_empty((B * H, 3, splits, D, D) if splits > 1 else (B, H, 3, D, D), dtype=torch.float32)
     mask, s_mb = _mask_arg(key_valid, k)
+    steps, scalar = _step_args(step, G)
     launch(inner_sums_kernel, (B * H, splits),
-        k, v, mask, weights, G,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
+        k, v, mask, weights, G, steps,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb, scalar,
         H, N, D, splits, per,
-        HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k), num_warps=warps)
-    return _total(G, B, H)
-
-
-def _updated(weights: torch.Tensor, sums: torch.Tensor, step: Union[float, torch.Tensor]) -> torch.Tensor:
-    """W' = W + step·Ĝ in one op (one read of the (B, H, 3, d, d) float32 sums, one write: at 224 px each is about
-    two passes of q's bytes, where a product then a sum took twice that)."""
+        UPDATE=splits == 1, HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k),
+        num_warps=warps)
+    if splits == 1:
+        return G
+    # W (H, 3, d, d) as W' holds it (each head's three together), into a contiguous W' (the kernels' layout)
+    sums, initial, updated = _total(G, B, H), weights.transpose(0, 1), G.new_empty((B, H, 3, D, D))
     if isinstance(step, float):
-        return torch.add(weights, sums, alpha=step)
-    return torch.addcmul(weights, sums, step)
+        return torch.add(initial, sums, alpha=step, out=updated)
+    return torch.addcmul(initial, sums, step, out=updated)
 
 
 def _q_conv(q: torch.Tensor, key_valid: Optional[torch.Tensor], q_filter: Optional[torch.Tensor],
@@ -88,7 +99,7 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
             weights: torch.Tensor, scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
             q_bias: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0,
             prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, W'): out_i = f_{W'}(q_i) after one inner step on (k, v), for (B, H, N, d) q, k, v and (H, 3, d, d)
+    """(out, W'): out_i = f_{W'}(q_i) after one inner step on (k, v), for (B, H, N, d) q, k, v and (3, H, d, d)
     float32 W; W' (B, H, 3, d, d) float32 is an output for backward, which reads it instead of summing again
     (under TTT's checkpoint it is not kept but recomputed with the step, as every saved tensor is). With
     ``q_filter`` (the (H·d, 1, 3, 3) depthwise conv, ``q_bias`` its bias) q is first q + conv(q) on the
@@ -96,7 +107,7 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
     from .kernels import swiglu_readout_kernel  # lazy: start-up time
 
     q = unit_rows(q)
-    updated = _updated(weights, run_inner_sums(k, v, key_valid, weights), _step_size(key_valid, k.shape[2], scale, lr))
+    updated = run_inner_sums(k, v, key_valid, weights, _step_size(key_valid, k.shape[2], scale, lr))
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(q)
     (filters, bias, mask, s_mb, *geometry), conv = _q_conv(q, key_valid, q_filter, q_bias, (rows, cols, prefix))
     o = _output_like(q)
@@ -141,8 +152,8 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         H, N, D, splits, per, *grid,
         **conv, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q, half_tiles=True), num_warps=warps)
     d_updated = _total(d_updated, B, H)
-    dk, dv, d_chain = _sums_backward(k, v, key_valid, weights, (d_updated * step).contiguous(), geometry)
-    dweights = (d_updated.sum(0) + _total(d_chain, B, H).sum(0)).to(weights.dtype)  # (each read once: no (B, …) sum)
+    dk, dv, d_chain = _sums_backward(k, v, key_valid, weights, d_updated, step, geometry)
+    dweights = _batch_total(d_chain, B, H).to(weights.dtype)
     if q_filter is None:
         return dq, dk, dv, dweights, q.new_empty((0,)), q.new_empty((0,))
     dq, d_filter, d_bias = run_grid_conv_backward(q, q_filter, key_valid, q.new_empty((0,), dtype=torch.float32),
@@ -151,15 +162,33 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
                                                                  else d_bias.to(q_bias.dtype))
 
 
+def _batch_total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
+    """(3, B·H, splits, d, d) partial sums -> (3, H, d, d), summed over the batch and the token ranges in one op
+    (:func:`_partials` made one image's one range (3, H, d, d): itself)."""
+    if partials.dim() == 4:
+        return partials
+    three, _, splits, D, _ = partials.shape
+    return partials.view(three, batch, heads, splits, D, D).sum((1, 3))
+
+
+def _partials(like: torch.Tensor, batch: int, heads: int, splits: int, D: int) -> torch.Tensor:
+    """The (3, B·H, splits, d, d) float32 partial sums of dW, laid out as the kernels index them; one image's one
+    range as (3, H, d, d), the gradient itself."""
+    shape = (3, heads, D, D) if batch == 1 and splits == 1 else (3, batch * heads, splits, D, D)
+    return like.new_empty(shape, dtype=torch.float32)
+
+
 ONE_PASS = "ttt_step: the sums' backward in one kernel"  # (dispatch.fits: where it does not, two kernels)
 
 
 def _sums_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], weights: torch.Tensor,
-                   d_sums: torch.Tensor, geometry: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dk, dv and the partial dW (B·H, 3, splits, d, d) of the inner sums from their gradient dĜ (B·H, 3, d, d):
-    one kernel, or where its twelve d×d operands do not fit the GPU's shared memory (an L40 or RTX 4090 gives a
-    block 99 KB, it needs 106 at its leanest; benchmarks/kernel_resources.py --arch sm_89), a kernel for dk and
-    dW1, dW2 and one for dv and dW3 (ten and six operands), each recomputing the forward's token-sized values.
+                   d_updated: torch.Tensor, step: Union[float, torch.Tensor],
+                   geometry: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dk, dv and the partial dW (3, B·H, splits, d, d; with dW' in the first range's part) of the inner sums from
+    dW' (B, H, 3, d, d), their gradient dĜ = step·dW' formed as the kernels load it: one kernel, or where its
+    twelve d×d operands do not fit the GPU's shared memory (an L40 or RTX 4090 gives a block 99 KB, it needs 106
+    at its leanest; benchmarks/kernel_resources.py --arch sm_89), a kernel for dk and dW1, dW2 and one for dv and
+    dW3 (ten and six operands), each recomputing the forward's token-sized values.
     ``geometry``: the launch's, as :func:`_geometry` gives it."""
     from .kernels import (  # lazy: start-up time
         inner_sums_bwd_kernel,
@@ -169,15 +198,17 @@ def _sums_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
 
     B, H, N, D, splits, per, block_n, block_d, warps = geometry  # (the backward's: _geometry)
     dk, dv = _output_like(k), _output_like(v)
-    d_chain = k.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
+    d_chain = _partials(k, B, H, splits, D)
     mask, s_mb = _mask_arg(key_valid, k)
-    strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb)
+    steps, scalar = _step_args(step, d_chain)
+    d_sums = (d_updated.contiguous(), steps)
+    strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb, scalar)
     settings = dict(HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d,
                     **tile_args(k, half_tiles=True), num_warps=warps)
     if fits(ONE_PASS):
         try:
             launch(inner_sums_bwd_kernel, (B * H, splits),
-                k, v, mask, weights, d_sums, dk, dv, d_chain,
+                k, v, mask, weights, *d_sums, dk, dv, d_chain,
                 *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
                 H, N, D, splits, per,
                 **settings)
@@ -187,11 +218,11 @@ def _sums_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
                 raise
             too_big(ONE_PASS, e)
     launch(inner_sums_bwd_keys_kernel, (B * H, splits),
-        k, v, mask, weights, d_sums, dk, d_chain,
+        k, v, mask, weights, *d_sums, dk, d_chain,
         *strides, dk.stride(0), dk.stride(1), dk.stride(2),
         H, N, D, splits, per, **settings)
     launch(inner_sums_bwd_values_kernel, (B * H, splits),
-        k, v, mask, weights, d_sums, dv, d_chain,
+        k, v, mask, weights, *d_sums, dv, d_chain,
         *strides, dv.stride(0), dv.stride(1), dv.stride(2),
         H, N, D, splits, per, **settings)
     return dk, dv, d_chain
@@ -246,7 +277,7 @@ def ttt_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Opti
         q = grid_conv_eager(q, None, q_filter, q_bias, key_valid, rows, cols, prefix)
     dtype, acc = q.dtype, torch.promote_types(weights.dtype, torch.float32)
     q, k, v, weights = q.to(acc), k.to(acc), v.to(acc), weights.to(acc)
-    return stepped_readout(q, k, v, key_valid, weights[:, 0], weights[:, 1], weights[:, 2], scale, lr).to(dtype)
+    return stepped_readout(q, k, v, key_valid, weights[0], weights[1], weights[2], scale, lr).to(dtype)
 
 
 def call_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
