@@ -22,6 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .grid_kernels import conv_taps, conv_taps_backward
 from .triton_kernels import _dot, _phi, _phi_grad
 
 
@@ -89,14 +90,16 @@ def _attend(phi_q, seg_q, k_base, v_base, SEG, W, MASK, b, s_mb, s_kn, s_vn, N, 
 
 @triton.jit
 def pairwise_fwd_kernel(
-    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, O,
+    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, LW, LB, O,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_ob, s_oh, s_on,
-    H, N, D, G, feature_eps, eps,
-    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    EMULATE: tl.constexpr,
+    H, N, D, G, P, ROWS, COLS, feature_eps, eps,
+    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, LEPE: tl.constexpr, KS: tl.constexpr,
+    HAS_LBIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """o of the BLOCK_M queries of one (batch·head, query tile); ``NORM``: q, k normalised as they load."""
+    """o of the BLOCK_M queries of one (batch·head, query tile); ``NORM``: q, k normalised as they load; ``LEPE``:
+    plus MHLA's LePE, the KS×KS depthwise conv of v (LW: (H·D, KS·KS), LB: (H·D,) float32) over the ROWS×COLS grid
+    after P prefix tokens, in the epilogue (:func:`.grid_kernels.conv_taps`: v's rows again, from cache)."""
     bh, tile_m, b, h, d, d_ok, rows = _program(H, D, BLOCK_M, BLOCK_D)
     row_ok = rows < N
     rstd_q, w_q = _norm(RSTD_Q, NW_Q, b, h, N, D, d, d_ok, NORM)
@@ -107,6 +110,9 @@ def pairwise_fwd_kernel(
                        s_kn, s_vn, N, G, d, d_ok, feature_eps, FEATURE, HAS_MASK, BLOCK_M, BLOCK_N, BLOCK_D, TILE,
                        PRECISION, EMULATE, rstd_k, w_k, NORM)
     o = num / (den + eps)[:, None]
+    if LEPE:
+        o += conv_taps(V + b * s_vb + h * s_vh, s_vn, rows, d, d_ok, LW, LB, MASK, s_mb, b, h, N, D, P, ROWS, COLS,
+                       0.0, 0.0, KS, False, HAS_LBIAS, HAS_MASK, BLOCK_M, BLOCK_D)
     tl.store(O + b * s_ob + h * s_oh + rows[:, None] * s_on + d[None, :], o.to(O.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
 
@@ -171,15 +177,18 @@ def pairwise_bwd_dq_kernel(
 
 @triton.jit
 def pairwise_bwd_dkv_kernel(
-    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, DO, RDEN, DDEN, DK, DV,
+    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, LW, DO, RDEN, DDEN, DK, DV, DLW,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_gb, s_gh, s_gn,
     s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
-    H, N, D, G, feature_eps,
-    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+    H, N, D, G, P, ROWS, COLS, feature_eps,
+    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, LEPE: tl.constexpr, KS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """dk, dv of the BLOCK_M keys of one (batch·head, key tile), over every query:
-    dv_j = Σ_i A_ij dnum_i, dφk_j = Σ_i dA_ij W̃_ij φq_i (masked keys: zero)."""
+    dv_j = Σ_i A_ij dnum_i, dφk_j = Σ_i dA_ij W̃_ij φq_i (masked keys: zero). ``LEPE``: dv also gets the LePE
+    conv's transposed taps of do, and this program's part of the conv's dw and dbias goes to DLW ((B·H, key tiles,
+    KS·KS + 1, D) float32; :func:`.grid_kernels.conv_taps_backward`)."""
     bh, tile_m, b, h, d, d_ok, cols = _program(H, D, BLOCK_M, BLOCK_D)
     ok = _keys_ok(MASK, b, s_mb, cols, N, HAS_MASK)
     rstd_q, w_q = _norm(RSTD_Q, NW_Q, b, h, N, D, d, d_ok, NORM)
@@ -206,6 +215,10 @@ def pairwise_bwd_dkv_kernel(
         da = tl.where(row_ok[:, None], _dot(dnum.to(TILE), tl.trans(v).to(TILE), PRECISION, EMULATE)
                       + dden[:, None], 0.0)
         dphi += _dot(tl.trans(da * w).to(TILE), phi_q.to(TILE), PRECISION, EMULATE)
+    if LEPE:
+        dv += conv_taps_backward(V + b * s_vb + h * s_vh, s_vn, g_base, s_gn, cols, d, d_ok, LW, MASK, s_mb, b, h,
+                                 N, D, P, ROWS, COLS, DLW + (bh * tl.num_programs(1) + tile_m) * (KS * KS + 1) * D,
+                                 KS, HAS_MASK, BLOCK_M, BLOCK_D)
     store = (cols < N)[:, None] & d_ok[None, :]  # masked keys get a zero gradient, written
     dk = tl.where(ok[:, None], dphi * _phi_grad(k, FEATURE), 0.0)
     tl.store(DK + b * s_dkb + h * s_dkh + cols[:, None] * s_dkn + d[None, :], dk.to(DK.dtype.element_ty), mask=store)
