@@ -9,10 +9,10 @@ import pytest
 from helpers import load_benchmark
 
 # Budgets of the fused paths at 224 px (197 tokens, head dim 64): what MHLA and TTT move after the fusions of
-# issue 37's item 4 (vit_small: 27.2 and 101.4, from 47.1 and 110.6; here, one head: 28.5 for MHLA, LePE in the
-# pairwise kernels' epilogues), each a little above, so a pass that comes back fails. Softmax's is what SDPA moves:
-# 12. Issue 37's targets (12, 7) are not met.
-BUDGETS = {"mhla": 30.0, "ttt": 104.0}
+# issue 37's item 4 (vit_small: 25.0 and 101.4, from 47.1 and 110.6; here, one head: 26.5 for MHLA, LePE and q's
+# norm backward in the pairwise kernels' epilogues), each a little above, so a pass that comes back fails.
+# Softmax's is what SDPA moves: 12. Issue 37's targets (12, 7) are not met.
+BUDGETS = {"mhla": 28.0, "ttt": 104.0}
 
 
 @pytest.fixture(scope="module")

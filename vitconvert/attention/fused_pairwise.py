@@ -6,10 +6,10 @@ The output of ``vitconvert::blocked_attention`` (:mod:`.fused`), A_ij = φ(q_i)�
 the keys tile by tile as FlashAttention sums softmax's, where the blocked form goes through per-segment d×d
 states. Which form a call takes is :func:`pairwise_is_cheaper`'s (``VITCONVERT_MHLA_FORM`` forces one). Like the
 blocked op it applies MHLA's RMSNorm to q and k itself, as their tiles load (each token's 1/rms from one reading
-pass over q and k: no normalised copy crosses memory, forward or backward; the norm's backward is one more kernel
-per tensor), and autograd keeps only the raw q, k and v (no output, no state: backward reads the forward out
-again), registered like the other ops: torch.compile and torch.export
-see one op, and a plain eager call skips the dispatcher (:func:`.dispatch.direct`).
+pass over q and k: no normalised copy crosses memory, forward or backward; the norm's backward of q runs in the
+dk/dv kernel's epilogue, k's is one more kernel), and autograd keeps only the raw q, k and v (no output, no
+state: backward reads the forward out again), registered like the other ops: torch.compile and torch.export see
+one op, and a plain eager call skips the dispatcher (:func:`.dispatch.direct`).
 """
 
 from __future__ import annotations
@@ -173,7 +173,8 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     """dq, dk, dv, dW̃, dq_weight, dk_weight, dlepe_weight, dlepe_bias (float32) of :func:`pairwise_attention`:
     the dq kernel (which reads the forward out again and sums W̃'s gradient per query tile), then the dk/dv kernel
     (with LePE's backward in its epilogue), both normalising q and k as they load (with the forward's ``rstd``),
-    then the norm's backward kernel for each (the weights' gradients empty without the norm or LePE)."""
+    which also finishes the norm's backward of q from each head's share of its sum (the dq kernel's), then the
+    norm's backward kernel for k (the weights' gradients empty without the norm or LePE)."""
     from .pairwise_kernels import (  # lazy: start-up time
         pairwise_bwd_dkv_kernel,
         pairwise_bwd_dq_kernel,
@@ -188,6 +189,8 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     rden = q.new_empty((B * H, N), dtype=torch.float32)
     dden = torch.empty_like(rden)
     dmixing = q.new_empty((B * H, tiles, block_g, block_g), dtype=torch.float32)
+    shares = q.new_empty((B * H, N) if normed else (0,), dtype=torch.float32)  # (the norm's: see the kernels)
+    dq_weight = q.new_empty((B * H, tiles, D) if normed else (0,), dtype=torch.float32)
     mask, s_mb = _mask_arg(key_valid, k)
     lepe = _lepe_args(q, lepe_weight, None, rows, cols, prefix)
     dlepe = q.new_empty((B * H, tiles, lepe.size ** 2 + 1, D) if lepe.on else (0,), dtype=torch.float32)
@@ -198,21 +201,22 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
                     num_warps=2 * warps if normed else warps)  # (with the norm's rstd and weights on the
     # forward's warps both spill at head dim 64 for sm_90: benchmarks/kernel_resources.py --arch sm_90)
     launch(pairwise_bwd_dq_kernel, (B * H, tiles),
-        q, k, v, mask, segments, table, *norm, do, dq, rden, dden, dmixing,
+        q, k, v, mask, segments, table, *norm, do, dq, rden, dden, dmixing, shares if normed else rden,
         *_strides(q, k, v), s_mb, *_strides(do, dq),
         H, N, D, G, feature_eps, eps,
         BLOCK_G=block_g, **settings)
     launch(pairwise_bwd_dkv_kernel, (B * H, tiles),
         q, k, v, mask, segments, table, *norm, lepe.filters, do, rden, dden, dk, dv, dlepe if lepe.on else dv,
-        *_strides(q, k, v), s_mb, *_strides(do, dk, dv),
+        dq if normed else dv, shares if normed else rden, dq_weight if normed else rden,
+        *_strides(q, k, v), s_mb, *_strides(do, dk, dv, dq),
         H, N, D, G, prefix, rows, cols, feature_eps,
         **{**settings, "BLOCK_N": spill_free_chunk(settings["BLOCK_N"], block_d)}, LEPE=lepe.on, KS=lepe.size)
     dmixing = dmixing.sum((0, 1))[:G, :G].to(mixing.dtype)
     lepe_grads = _lepe_gradients(dlepe, lepe_weight, B, H, D)
     if not normed:
         return dq, dk, dv, dmixing, q.new_empty((0,)), q.new_empty((0,)), *lepe_grads
-    dq, dq_weight = rms_heads_backward(q, dq, norm[0], q_weight)
-    dk, dk_weight = rms_heads_backward(k, dk, norm[1], k_weight)
+    dq_weight = dq_weight.view(B, H, tiles, D).sum((0, 2)).reshape(-1).to(q_weight.dtype)  # (dq: finished by the
+    dk, dk_weight = rms_heads_backward(k, dk, norm[1], k_weight)  # dk/dv kernel; dk by the norm's own kernel)
     return dq, dk, dv, dmixing, dq_weight, dk_weight, *lepe_grads
 
 
