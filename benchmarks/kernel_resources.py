@@ -202,7 +202,8 @@ def op_calls(d: int, device: torch.device, side: int = 16,
         "blocked_attention mhla": lambda: fused.segmented_attention(*qkv(), mask, index, mixing, fused.RELU_PLUS_EPS,
                                                                     1e-6, 1e-6, *norms, 1e-6, True),
         "pairwise_attention mhla": lambda: fused_pairwise.pairwise(*qkv(), mask, segments, mixing, fused.RELU_PLUS_EPS,
-                                                                   1e-6, 1e-6, *norms, 1e-6),
+                                                                   1e-6, 1e-6, *norms, 1e-6, filters[5], bias,
+                                                                   (side, side), 1),  # (LePE in its epilogues)
         "ttt_step": lambda: fused_ttt.call_step(*qkv(), mask, weights, d ** -0.5, 1.0, filters[3], bias,
                                                 (side, side, 1)),  # (q's conv in the op, as TTT runs it)
         # TTT's key norm and 3×3 conv (the norm's backward: two launches), and MHLA's 5×5 LePE added to o

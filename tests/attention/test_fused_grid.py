@@ -159,15 +159,18 @@ def grid_launches(variant: str, x: torch.Tensor, module: torch.nn.Module) -> lis
     return ran
 
 
-@pytest.mark.parametrize("variant", ["ttt", "mhla"])
-def test_the_variants_take_the_op(variant):
+@pytest.mark.parametrize("variant,form", [("ttt", "auto"), ("mhla", "blocked"), ("mhla", "pairwise")])
+def test_the_variants_take_the_op(variant, form):
     """TTT: k's norm with its conv one kernel forward (twice: its step is recomputed in backward; q's conv is
     applied inside the step's read-out), and backward: one for q (run by the step op), two for k (the norm's sums
-    first). MHLA: LePE, one each way."""
+    first). MHLA: LePE, one each way in its blocked form; none in its pairwise form, whose kernels add LePE in
+    their epilogues."""
+    dispatch.current().settings = dispatch.KernelSettings(form=form)
     module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
     ran = grid_launches(variant, torch.randn(2, 17, 64, device=DEVICE), module)
-    expected = {"ttt": (2, 3), "mhla": (1, 1)}[variant]
+    expected = {"ttt": (2, 3), "blocked": (1, 1), "pairwise": (0, 0)}["ttt" if variant == "ttt" else form]
     assert (ran.count("grid_conv_fwd_kernel"), ran.count("grid_conv_bwd_kernel")) == expected, ran
+    assert ("pairwise_fwd_kernel" in ran) == (form == "pairwise"), ran
 
 
 @pytest.mark.parametrize("variant", ["ttt", "mhla"])

@@ -109,6 +109,50 @@ def test_the_pairwise_and_blocked_ops_agree_and_the_pairwise_keeps_only_the_raw_
     assert rel_error(out, outside) < 1e-6
 
 
+def explicit_lepe(v, weight, bias, key_valid, grid, prefix):
+    """The depthwise conv of the masked v on the grid as an explicit sum over zero-padded shifts (prefix: 0)."""
+    B, H, N, d = v.shape
+    size = weight.shape[-1]
+    spatial = v[:, :, prefix:] * (1.0 if key_valid is None else key_valid[:, None, prefix:, None].to(v.dtype))
+    image = spatial.transpose(1, 2).reshape(B, *grid, H * d)
+    padded = torch.nn.functional.pad(image, (0, 0, size // 2, size // 2, size // 2, size // 2))
+    out = bias.expand_as(image)
+    for i in range(size):
+        for j in range(size):
+            out = out + padded[:, i:i + grid[0], j:j + grid[1]] * weight[:, 0, i, j]
+    out = out.reshape(B, N - prefix, H, d).transpose(1, 2)
+    return torch.cat((torch.zeros_like(v[:, :, :prefix]), out), dim=2)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_lepe_in_the_kernels_epilogues_matches_the_explicit_conv(dtype, masked):
+    """LePE added by the forward kernel and differentiated in the dk/dv kernel's epilogue: values and gradients of
+    q, k, v, W̃ and the conv's weight and bias against the N×N formula plus the conv written out, in float64 (a 6×7
+    grid after 2 prefix tokens: tiles of 64 straddle the prefix and the grid's rows)."""
+    grid, prefix = (6, 7), 2
+    N = prefix + grid[0] * grid[1]
+    q, k, v, segments, mixing = inputs(N, 32, 5, dtype)
+    g = torch.Generator().manual_seed(5)
+    weight = torch.randn(64, 1, 5, 5, generator=g).to(DEVICE).requires_grad_()
+    bias = torch.randn(64, generator=g).to(DEVICE).requires_grad_()
+    mask = padding_mask(N) if masked else None
+    out = fused_pairwise.pairwise(q, k, v, mask, segments, mixing, fused.RELU_PLUS_EPS, EPS, EPS, None, None, 0.0,
+                                  weight, bias, grid, prefix)
+    params = (q, k, v, mixing, weight, bias)
+    copies = [t.detach().double().requires_grad_() for t in params]
+    expected = literal(*copies[:3], mask, segments, copies[3]) + explicit_lepe(copies[2], *copies[4:], mask, grid,
+                                                                                prefix)
+    grad = torch.randn_like(expected)
+    got = torch.autograd.grad(out, params, grad.to(dtype))
+    want = torch.autograd.grad(expected, copies, grad)
+    assert rel_error(out, expected) < TOL[dtype]
+    for name, g, w in zip("q k v W̃ weight bias".split(), got, want, strict=True):
+        assert rel_error(g, w) < 2 * TOL[dtype], name
+    if masked:  # a padded key gets no gradient and changes no output
+        assert got[2][-1, :, N // 3:].abs().max() == 0
+
+
 MHLA_CASES = [  # (head dim, grid, prefix tokens, options): unequal blocks, one axis split, registers, no LePE
     (32, (6, 7), 1, {"blocks_per_side": 2}),
     (64, (4, 4), 0, {"blocks_per_side": [2, 1]}),
@@ -196,7 +240,8 @@ def test_the_op_passes_torch_library_checks():
     mask = padding_mask(40)
     tests = ("test_schema", "test_faketensor", "test_autograd_registration")
     weights = [(1 + torch.rand(64, device=DEVICE)).requires_grad_() for _ in range(2)]
-    for extra in ((), (*weights, 1e-6)):
+    lepe = (torch.randn(64, 1, 3, 3, device=DEVICE).requires_grad_(), torch.randn(64, device=DEVICE), 5, 7, 5)
+    for extra in ((), (*weights, 1e-6), (None, None, 0.0, *lepe)):
         torch.library.opcheck(fused_pairwise.pairwise_attention,
                               (q, k, v, mask, segments, mixing, fused.RELU_PLUS_EPS, EPS, EPS, *extra),
                               test_utils=tests)
@@ -249,9 +294,11 @@ def test_at_224_px_the_pairwise_kernels_move_less_than_half_the_blocked_ones(mon
     arguments) in one bf16 training step of an MHLA layer at 224 px (197 tokens: 2×2 blocks and the class token;
     head dim 64, two heads here): the blocked form writes and reads float32 d×(d+1) states per block (larger than
     the block's tokens at d = 64) and normalises q and k in torch, where the pairwise form reads q, k, v and writes
-    o, normalising q and k as they load (5 launches: forward, two backward, the norm's backward for q and for k).
-    Here LePE is off: its kernels (one each way, test_fused_grid.py) are the same in both forms, and without it
-    the blocked op keeps o (5 launches: backward does not read it out again)."""
+    o, normalising q and k as they load (4 launches: forward, two backward, which finish q's norm backward, and
+    the norm's backward for k).
+    Here LePE is off: the pairwise form adds it in its kernels' epilogues, the blocked one on the grid op (one
+    kernel each way, test_fused_grid.py), and without it the blocked op keeps o (5 launches: backward does not read
+    it out again)."""
     import timm
     from helpers import load_benchmark
 
@@ -267,5 +314,5 @@ def test_at_224_px_the_pairwise_kernels_move_less_than_half_the_blocked_ones(mon
         dispatch.current().settings = dispatch.KernelSettings(form=form)
         recorder = script.count(student, images, "bf16", 128 * 196, train=True)
         moved[form] = (recorder.kernels.ops, recorder.mixing.bytes + recorder.mixing_kernels.bytes)
-    assert moved["pairwise"][0] == 5 and moved["blocked"][0] == 5, moved  # launches: forward and backward
+    assert moved["pairwise"][0] == 4 and moved["blocked"][0] == 5, moved  # launches: forward and backward
     assert moved["pairwise"][1] < 0.5 * moved["blocked"][1], moved

@@ -61,10 +61,11 @@ def test_the_plan_says_why_a_layer_runs_eager(variant, gpu, dtype, reason):
 def test_mhla_takes_the_form_that_moves_less():
     mhla = layer("mhla")
     pairwise = plan.plan_layer(mhla, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings())
-    assert pairwise.op == "pairwise_attention" and pairwise.others  # (LePE on the grid op)
+    assert pairwise.op == "pairwise_attention" and not pairwise.others  # (LePE in its kernels' epilogues)
     blocked = plan.plan_layer(layer("mhla", grid=(24, 24)), plan.GPUS["h100"], torch.bfloat16, 16,
                               settings=KernelSettings())
     assert blocked.op == "blocked_attention" and blocked.forward == ("state_fwd_kernel", "readout_fwd_kernel")
+    assert blocked.others  # (LePE on the grid op)
     forced = plan.plan_layer(mhla, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings(form="blocked"))
     assert forced.op == "blocked_attention"
 

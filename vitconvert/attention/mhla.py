@@ -272,10 +272,11 @@ class MHLAttention(LinearAttention):
     def _fused_mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                    grid: Grid) -> torch.Tensor:
         """:meth:`mix` on the Triton kernels: the RMSNorm of q and k, φ and W̃'s weighting in one op (which keeps
-        only the raw q, k, v), in its pairwise form (N×N tiles, ops/pairwise/op.py) or its blocked form (block states
-        mixed and read), whichever moves less (:func:`.ops.pairwise.op.pairwise_is_cheaper`); LePE added to its
-        output by the grid op (:mod:`.ops.grid.op`: one kernel; torch where it cannot build). No grid: one block of
-        all tokens, the blocked form (one d×d state per head)."""
+        only the raw q, k, v), in its pairwise form (N×N tiles, ops/pairwise/op.py, LePE in its kernels' epilogues)
+        or its blocked form (block states mixed and read), whichever moves less
+        (:func:`.ops.pairwise.op.pairwise_is_cheaper`); the blocked form's LePE added to its output by the grid op
+        (:mod:`.ops.grid.op`: one kernel; torch where it cannot build). No grid: one block of all tokens, the blocked
+        form (one d×d state per head)."""
         q, k, norms = q.to(v.dtype), k.to(v.dtype), self._fused_norm_args(v)
         if grid is None:
             ones = torch.ones(1, 1, dtype=v.dtype, device=v.device)
@@ -287,8 +288,11 @@ class MHLAttention(LinearAttention):
         if (fused_pairwise.pairwise_is_cheaper(q.shape[2], mixing.shape[0], q.shape[3], v.dtype)
                 and dispatch.fits("pairwise_attention")):  # (where its kernels cannot build: the blocked form)
             segments = token_segments(grid, self.block_counts, self.num_prefix_tokens, q.device)
+            lepe = (None, None) if self.lepe is None else (self.lepe.weight, self.lepe.bias)
             out = fused.attempt("pairwise_attention", fused_pairwise.pairwise, q, k, v, key_valid, segments, mixing,
-                                fused.RELU_PLUS_EPS, self.eps, self.eps, *norms)
+                                fused.RELU_PLUS_EPS, self.eps, self.eps, *norms, *lepe, grid, self.num_prefix_tokens)
+            if out is not None:
+                return out
         if out is None:
             index = segment_index(grid, self.block_counts, self.num_prefix_tokens, q.device)
             out = fused.segmented_attention(q, k, v, key_valid, index, mixing, fused.RELU_PLUS_EPS, self.eps,

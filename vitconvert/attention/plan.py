@@ -179,8 +179,8 @@ def _grid_op(module: LinearAttention, call: Call) -> tuple[str, ...]:
 
 
 def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
-    """MHLA: the pairwise form (N×N tiles) or the blocked one (block states mixed, then read), whichever moves
-    less; LePE on the grid op."""
+    """MHLA: the pairwise form (N×N tiles, LePE in its kernels' epilogues) or the blocked one (block states mixed,
+    then read; LePE on the grid op), whichever moves less."""
     plan = _geometry(plan, module, call)
     grid, lepe = module.grid_size, getattr(module, "lepe", None) is not None
     others = _grid_op(module, call) if lepe else ()
@@ -190,9 +190,9 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
         chunk = dispatch.backward_chunk(max(16, plan.block_n // 2), plan.block_d, call.settings.config is not None,
                                         call.older_triton)
         normed = ("rms_heads_bwd_kernel",) if getattr(module, "q_rmsnorm", None) is not None else ()
-        return replace(plan, op="pairwise_attention", forward=("pairwise_fwd_kernel",),
-                       backward=("pairwise_bwd_dq_kernel", f"pairwise_bwd_dkv_kernel (BLOCK_N {chunk})", *normed),
-                       others=others)  # (normed: q and k's RMSNorm applied as the tiles load, its backward after)
+        return replace(plan, op="pairwise_attention", forward=("pairwise_fwd_kernel",),  # (normed: q and k's
+                       backward=("pairwise_bwd_dq_kernel", f"pairwise_bwd_dkv_kernel (BLOCK_N {chunk})", *normed))
+        # RMSNorm applied as the tiles load; q's backward in the dk/dv kernel, k's after)
     length = segment_index(grid, counts, module.num_prefix_tokens, torch.device("cpu")).shape[1] if grid else \
         call.tokens
     splits = dispatch.token_ranges(call.batch * module.num_heads, segments, length, call.programs)[0]

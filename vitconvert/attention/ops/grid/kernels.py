@@ -101,6 +101,36 @@ def conv_taps(x_at, s_xn, t, d, d_ok, WEIGHT, BIAS, MASK, s_mb, b, h, N, D, P, R
 
 
 @triton.jit
+def conv_taps_backward(x_at, s_xn, dy_at, s_gn, t, d, d_ok, WEIGHT, MASK, s_mb, b, h, N, D, P, ROWS, COLS, DW_AT,
+                       KS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """:func:`conv_taps`' backward (no norm) for tokens ``t``: returns m_t·Σ_tap w[tap]·dy_{t − off(tap)}, the
+    gradient of x's tokens t as conv inputs (zero for prefix, masked and absent tokens), and stores this tile's
+    part of dw (Σ_t dy_t·(x·m)_{t + off(tap)} per tap) then of dbias (Σ over grid tokens of dy) at DW_AT
+    ((KS·KS + 1) × D float32): MHLA's LePE in the epilogue of its pairwise dk/dv kernel, dy the attention's do."""
+    spatial, row, col = _position(t, P, N, COLS)
+    t_ok = t < N
+    dy = tl.load(dy_at + t[:, None] * s_gn + d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+    dy = dy.to(tl.float32)
+    valid = spatial
+    if HAS_MASK:
+        valid = valid & (tl.load(MASK + b * s_mb + t, mask=t_ok, other=0) != 0)
+    dx = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for tap in range(KS * KS):  # (loops, as grid_conv_bwd_kernel's: unrolled taps spill)
+        i, j = tap // KS, tap % KS
+        w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + tap, mask=d_ok, other=0.0)
+        r_in, in_ok = _row(valid, row, KS // 2 - i, ROWS)  # (the grid tokens whose tap (i, j) reads these)
+        src, ok = _source(MASK, b, s_mb, r_in, in_ok, col, KS // 2 - j, P, COLS, False)
+        dx += tl.load(dy_at + src[:, None] * s_gn + d[None, :], mask=ok[:, None] & d_ok[None, :],
+                      other=0.0).to(tl.float32) * w[None, :]
+        r_out, out_ok = _row(spatial, row, i - KS // 2, ROWS)  # (the tokens these read as conv outputs)
+        src, ok = _source(MASK, b, s_mb, r_out, out_ok, col, j - KS // 2, P, COLS, HAS_MASK)
+        x_src = _normed(x_at, s_xn, src, ok, d, d_ok, 0.0, 0.0, False)
+        tl.store(DW_AT + tap * D + d, tl.sum(dy * x_src, axis=0), mask=d_ok)
+    tl.store(DW_AT + KS * KS * D + d, tl.sum(tl.where(spatial[:, None], dy, 0.0), axis=0), mask=d_ok)
+    return dx
+
+
+@triton.jit
 def grid_conv_fwd_kernel(
     X, BASE, WEIGHT, BIAS, MASK, STATS, Y,
     s_xb, s_xh, s_xn, s_bb, s_bh, s_bn, s_mb, s_yb, s_yh, s_yn,

@@ -1,4 +1,4 @@
-"""The depthwise convs on the patch grid on the GPU: the Triton kernels of :mod:`.grid_kernels` as one op.
+"""The depthwise convs on the patch grid on the GPU: the Triton kernels of :mod:`.kernels` as one op.
 
 ``vitconvert::grid_conv``  (x, base, w, bias) -> (y, statistics)
 

@@ -5,7 +5,7 @@ weighs every query-key pair by their segments:
 
     A_ij = φ(q_i)·φ(k_j) · W̃[s(i), s(j)],    o_i = Σ_j A_ij v_j / (Σ_j A_ij + ε)
 
-which is what the blocked form computes from per-segment d×d states (triton_kernels.py). When blocks are small
+which is what the blocked form computes from per-segment d×d states (ops/linear/kernel_parts.py). When blocks are small
 (7×7 tokens at 224 px, head dim 64) those states are larger than the tokens they sum: G·d·(d+1) float32 per head
 against N·d bf16, written, mixed and read again. Here nothing but q, k, v and o crosses memory; the price is
 N²·d dots per head, on tensor cores (:func:`.fused_pairwise.pairwise_is_cheaper` picks the form).
@@ -22,6 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..grid.kernels import conv_taps, conv_taps_backward
 from ..linear.kernel_parts import _dot, _phi, _phi_grad
 
 
@@ -89,14 +90,16 @@ def _attend(phi_q, seg_q, k_base, v_base, SEG, W, MASK, b, s_mb, s_kn, s_vn, N, 
 
 @triton.jit
 def pairwise_fwd_kernel(
-    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, O,
+    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, LW, LB, O,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_ob, s_oh, s_on,
-    H, N, D, G, feature_eps, eps,
-    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    EMULATE: tl.constexpr,
+    H, N, D, G, P, ROWS, COLS, feature_eps, eps,
+    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, LEPE: tl.constexpr, KS: tl.constexpr,
+    HAS_LBIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """o of the BLOCK_M queries of one (batch·head, query tile); ``NORM``: q, k normalised as they load."""
+    """o of the BLOCK_M queries of one (batch·head, query tile); ``NORM``: q, k normalised as they load; ``LEPE``:
+    plus MHLA's LePE, the KS×KS depthwise conv of v (LW: (H·D, KS·KS), LB: (H·D,) float32) over the ROWS×COLS grid
+    after P prefix tokens, in the epilogue (:func:`..grid.kernels.conv_taps`: v's rows again, from cache)."""
     bh, tile_m, b, h, d, d_ok, rows = _program(H, D, BLOCK_M, BLOCK_D)
     row_ok = rows < N
     rstd_q, w_q = _norm(RSTD_Q, NW_Q, b, h, N, D, d, d_ok, NORM)
@@ -107,13 +110,16 @@ def pairwise_fwd_kernel(
                        s_kn, s_vn, N, G, d, d_ok, feature_eps, FEATURE, HAS_MASK, BLOCK_M, BLOCK_N, BLOCK_D, TILE,
                        PRECISION, EMULATE, rstd_k, w_k, NORM)
     o = num / (den + eps)[:, None]
+    if LEPE:
+        o += conv_taps(V + b * s_vb + h * s_vh, s_vn, rows, d, d_ok, LW, LB, MASK, s_mb, b, h, N, D, P, ROWS, COLS,
+                       0.0, 0.0, KS, False, HAS_LBIAS, HAS_MASK, BLOCK_M, BLOCK_D)
     tl.store(O + b * s_ob + h * s_oh + rows[:, None] * s_on + d[None, :], o.to(O.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
 def pairwise_bwd_dq_kernel(
-    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, DO, DQ, RDEN, DDEN, DW,
+    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, DO, DQ, RDEN, DDEN, DW, PQ,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
     H, N, D, G, feature_eps, eps,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -121,7 +127,9 @@ def pairwise_bwd_dq_kernel(
     EMULATE: tl.constexpr,
 ):
     """dq of one (batch·head, query tile), its queries' 1/den and dden (RDEN, DDEN: (B·H, N) float32, for the
-    dk/dv kernel) and its part of dW̃ (DW: (B·H, query tiles, BLOCK_G, BLOCK_G) float32).
+    dk/dv kernel) and its part of dW̃ (DW: (B·H, query tiles, BLOCK_G, BLOCK_G) float32). ``NORM``: dq of the
+    normalised q, which the dk/dv kernel turns into the raw q's, and this head's share of the norm's backward sum,
+    Σ_d dq·w·x̂ per query (PQ: (B·H, N) float32).
 
     den = Σ_j A_ij + ε, o = num/den; dnum = do/den, dden = −(do·o)/den; dA_ij = dnum_i·v_j + dden_i;
     dφq_i = Σ_j dA_ij W̃_ij φk_j; dW̃[a, c] = Σ_{s(i)=a, s(j)=c} dA_ij φq_i·φk_j.
@@ -164,6 +172,8 @@ def pairwise_bwd_dq_kernel(
     dw = tl.dot(tl.trans(onehot_q), by_key_segment, input_precision="ieee")  # once a program: float32 exact
     q, _ = _side(q_base, s_qn, rows, row_ok, d, d_ok, feature_eps, FEATURE, rstd_q, w_q, NORM)  # (read again:
     dq = dphi * _phi_grad(q, FEATURE)  # registers, not bandwidth, bound this kernel; dq of the normalised q)
+    if NORM:  # (x̂·w = the normalised q: Σ_d dq·w·x̂ = Σ_d dq·q)
+        tl.store(PQ + bh * N + rows, tl.sum(dq * q, axis=1), mask=row_ok)
     tl.store(DQ + b * s_dqb + h * s_dqh + rows[:, None] * s_dqn + d[None, :], dq.to(DQ.dtype.element_ty), mask=tile)
     out = DW + (bh * tl.num_programs(1) + tile_m) * BLOCK_G * BLOCK_G
     tl.store(out + groups[:, None] * BLOCK_G + groups[None, :], dw)
@@ -171,15 +181,19 @@ def pairwise_bwd_dq_kernel(
 
 @triton.jit
 def pairwise_bwd_dkv_kernel(
-    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, DO, RDEN, DDEN, DK, DV,
+    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, LW, DO, RDEN, DDEN, DK, DV, DLW, DQ, PQ, DWQ,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_gb, s_gh, s_gn,
-    s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
-    H, N, D, G, feature_eps,
-    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+    s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, s_dqb, s_dqh, s_dqn,
+    H, N, D, G, P, ROWS, COLS, feature_eps,
+    FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, LEPE: tl.constexpr, KS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """dk, dv of the BLOCK_M keys of one (batch·head, key tile), over every query:
-    dv_j = Σ_i A_ij dnum_i, dφk_j = Σ_i dA_ij W̃_ij φq_i (masked keys: zero)."""
+    dv_j = Σ_i A_ij dnum_i, dφk_j = Σ_i dA_ij W̃_ij φq_i (masked keys: zero). ``LEPE``: dv also gets the LePE
+    conv's transposed taps of do, and this program's part of the conv's dw and dbias goes to DLW ((B·H, key tiles,
+    KS·KS + 1, D) float32; :func:`..grid.kernels.conv_taps_backward`). ``NORM``: also the RMSNorm's backward of
+    q at this tile's tokens and head (:func:`_rms_backward`: the dq kernel ran before)."""
     bh, tile_m, b, h, d, d_ok, cols = _program(H, D, BLOCK_M, BLOCK_D)
     ok = _keys_ok(MASK, b, s_mb, cols, N, HAS_MASK)
     rstd_q, w_q = _norm(RSTD_Q, NW_Q, b, h, N, D, d, d_ok, NORM)
@@ -206,12 +220,38 @@ def pairwise_bwd_dkv_kernel(
         da = tl.where(row_ok[:, None], _dot(dnum.to(TILE), tl.trans(v).to(TILE), PRECISION, EMULATE)
                       + dden[:, None], 0.0)
         dphi += _dot(tl.trans(da * w).to(TILE), phi_q.to(TILE), PRECISION, EMULATE)
+    if LEPE:
+        dv += conv_taps_backward(V + b * s_vb + h * s_vh, s_vn, g_base, s_gn, cols, d, d_ok, LW, MASK, s_mb, b, h,
+                                 N, D, P, ROWS, COLS, DLW + (bh * tl.num_programs(1) + tile_m) * (KS * KS + 1) * D,
+                                 KS, HAS_MASK, BLOCK_M, BLOCK_D)
     store = (cols < N)[:, None] & d_ok[None, :]  # masked keys get a zero gradient, written
+    if NORM:
+        _rms_backward(Q + b * s_qb + h * s_qh, s_qn, DQ + b * s_dqb + h * s_dqh, s_dqn, rstd_q, w_q, PQ + b * H * N,
+                      DWQ + (bh * tl.num_programs(1) + tile_m) * D, cols, store, d, d_ok, H, N, D, BLOCK_M)
     dk = tl.where(ok[:, None], dphi * _phi_grad(k, FEATURE), 0.0)
     tl.store(DK + b * s_dkb + h * s_dkh + cols[:, None] * s_dkn + d[None, :], dk.to(DK.dtype.element_ty), mask=store)
     tl.store(DV + b * s_dvb + h * s_dvh + cols[:, None] * s_dvn + d[None, :], tl.where(ok[:, None], dv, 0.0)
              .to(DV.dtype.element_ty), mask=store)
 
+
+
+@triton.jit
+def _rms_backward(x_at, s_xn, g_at, s_gn, rstd_at, w, P, DW_AT, t, tile, d, d_ok, H, N, D, BLOCK_M: tl.constexpr):
+    """The RMSNorm over heads' backward (as :func:`rms_heads_bwd_kernel`'s) of one head's channels of tokens
+    ``t``, in place: g (the gradient of the normalised x, at g_at) becomes dx = rstd·(g·w − x̂·Σ_c g·w·x̂ / C), the
+    sum over all H·D channels from each head's share (P: (H, N) float32, the dq kernel's); this head's part of dw,
+    Σ_t g·x̂, goes to DW_AT (D float32)."""
+    ok = t < N
+    x = tl.load(x_at + t[:, None] * s_xn + d[None, :], mask=tile, other=0.0).to(tl.float32)
+    g = tl.load(g_at + t[:, None] * s_gn + d[None, :], mask=tile, other=0.0).to(tl.float32)
+    rstd = tl.load(rstd_at + t, mask=ok, other=0.0)
+    total = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for head in range(0, H):  # (a fixed order: the same sum for every head's program)
+        total += tl.load(P + head * N + t, mask=ok, other=0.0)
+    x_hat = x * rstd[:, None]
+    dx = rstd[:, None] * (g * w[None, :] - x_hat * (total / (H * D))[:, None])
+    tl.store(g_at + t[:, None] * s_gn + d[None, :], dx.to(g_at.dtype.element_ty), mask=tile)
+    tl.store(DW_AT + d, tl.sum(g * x_hat, axis=0), mask=d_ok)
 
 
 @triton.jit

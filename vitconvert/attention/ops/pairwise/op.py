@@ -1,4 +1,4 @@
-"""MHLA's attention in its pairwise form on the GPU: the Triton kernels of :mod:`.pairwise_kernels` as one op.
+"""MHLA's attention in its pairwise form on the GPU: the Triton kernels of :mod:`.kernels` as one op.
 
 ``vitconvert::pairwise_attention``  (q, k, v, segments, W̃) -> o
 
@@ -6,15 +6,15 @@ The output of ``vitconvert::blocked_attention`` (:mod:`.fused`), A_ij = φ(q_i)�
 the keys tile by tile as FlashAttention sums softmax's, where the blocked form goes through per-segment d×d
 states. Which form a call takes is :func:`pairwise_is_cheaper`'s (``VITCONVERT_MHLA_FORM`` forces one). Like the
 blocked op it applies MHLA's RMSNorm to q and k itself, as their tiles load (each token's 1/rms from one reading
-pass over q and k: no normalised copy crosses memory, forward or backward; the norm's backward is one more kernel
-per tensor), and autograd keeps only the raw q, k and v (no output, no state: backward reads the forward out
-again), registered like the other ops: torch.compile and torch.export
-see one op, and a plain eager call skips the dispatcher (:func:`.dispatch.direct`).
+pass over q and k: no normalised copy crosses memory, forward or backward; the norm's backward of q runs in the
+dk/dv kernel's epilogue, k's is one more kernel), and autograd keeps only the raw q, k and v (no output, no
+state: backward reads the forward out again), registered like the other ops: torch.compile and torch.export see
+one op, and a plain eager call skips the dispatcher (:func:`.dispatch.direct`).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -27,6 +27,7 @@ from ..dispatch import (
     tile_args,
     triton_next_power_of_2,
 )
+from ..grid.op import grid_conv_eager
 from ..linear import eager as fused_eager
 from ..linear import op as fused
 from ..linear.launches import _eager_gradients, _mask_arg, _output_like, _strides, unit_rows
@@ -101,26 +102,51 @@ def _norm_args(q: torch.Tensor, k: torch.Tensor, rstd: torch.Tensor, q_weight: O
 def run_pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                  segments: torch.Tensor, mixing: torch.Tensor, feature: int, feature_eps: float, eps: float,
                  q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None,
-                 norm_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                 norm_eps: float = 0.0, lepe_weight: Optional[torch.Tensor] = None,
+                 lepe_bias: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0,
+                 prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, rstd): o_i = Σ_j A_ij v_j / (Σ_j A_ij + ε), A_ij = φ(q_i)·φ(k_j)·mixing[s(i), s(j)], for (B, H, N, d)
     q, k, v, ``segments`` the (N,) int32 segment of each token and ``mixing`` W̃ (G, G); q and k first get MHLA's
     RMSNorm over heads when their weights are given (applied as the kernel loads them), and rstd, each token's
-    1/rms of q and of k ((2, B, N) float32, for backward; empty without the norm)."""
+    1/rms of q and of k ((2, B, N) float32, for backward; empty without the norm). With ``lepe_weight`` (C, 1, KS,
+    KS), o's grid tokens (the last rows × cols after ``prefix``) also get MHLA's LePE, the depthwise conv of the
+    (masked) v on the grid, in the kernel's epilogue: no pass of its own."""
     from .kernels import pairwise_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
+    lepe = _lepe_args(q, lepe_weight, lepe_bias, rows, cols, prefix)
     rstd = _rstd(q, k, q_weight, k_weight, norm_eps)
     *norm, normed = _norm_args(q, k, rstd, q_weight, k_weight)
     B, H, N, D, tiles, block, block_d, warps, _ = _geometry(q, mixing.shape[0])
     o = _output_like(q)
     mask, s_mb = _mask_arg(key_valid, k)
     launch(pairwise_fwd_kernel, (B * H, tiles),
-        q, k, v, mask, segments, _table(mixing), *norm, o,
+        q, k, v, mask, segments, _table(mixing), *norm, lepe.filters, lepe.bias, o,
         *_strides(q, k, v), s_mb, *_strides(o),
-        H, N, D, mixing.shape[0], feature_eps, eps,
-        FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d,
-        **tile_args(q), num_warps=warps)
+        H, N, D, mixing.shape[0], prefix, rows, cols, feature_eps, eps,
+        FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, LEPE=lepe.on, KS=lepe.size,
+        HAS_LBIAS=lepe_bias is not None, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, **tile_args(q),
+        num_warps=warps)
     return o, rstd
+
+
+class _Lepe(NamedTuple):
+    """LePE's arguments of the kernels: (H·d, KS·KS) float32 filters, float32 bias, whether on, KS (placeholders
+    when off or without a bias)."""
+    filters: torch.Tensor
+    bias: torch.Tensor
+    on: bool
+    size: int
+
+
+def _lepe_args(q: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], rows: int, cols: int,
+               prefix: int) -> _Lepe:
+    if weight is None:
+        return _Lepe(q, q, False, 1)
+    if q.shape[2] - prefix != rows * cols:  # (the kernels would read the rest as grid tokens off its edge)
+        raise ValueError(f"{q.shape[2]} tokens do not form {prefix} prefix tokens and a {rows}x{cols} grid")
+    filters = weight.reshape(weight.shape[0], -1).to(torch.float32).contiguous()
+    return _Lepe(filters, filters if bias is None else bias.to(torch.float32).contiguous(), True, weight.shape[-1])
 
 
 def _table(mixing: torch.Tensor) -> torch.Tensor:
@@ -131,7 +157,8 @@ pairwise_attention = torch.library.custom_op("vitconvert::pairwise_attention", m
 
 
 @pairwise_attention.register_fake
-def _(q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight=None, k_weight=None, norm_eps=0.0):
+def _(q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight=None, k_weight=None, norm_eps=0.0,
+      lepe_weight=None, lepe_bias=None, rows=0, cols=0, prefix=0):
     B, _, N, _ = q.shape
     normed = q_weight is not None and k_weight is not None
     return _output_like(q), q.new_empty((2, B, N) if normed else (0,), dtype=torch.float32)
@@ -140,13 +167,15 @@ def _(q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight=
 def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                           key_valid: Optional[torch.Tensor], segments: torch.Tensor, mixing: torch.Tensor,
                           feature: int, feature_eps: float, eps: float, q_weight: Optional[torch.Tensor] = None,
-                          k_weight: Optional[torch.Tensor] = None, rstd: Optional[torch.Tensor] = None
+                          k_weight: Optional[torch.Tensor] = None, rstd: Optional[torch.Tensor] = None,
+                          lepe_weight: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0, prefix: int = 0
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                     torch.Tensor]:
-    """dq, dk, dv, dW̃, dq_weight, dk_weight of :func:`pairwise_attention`: the dq kernel (which reads the
-    forward out again and sums W̃'s gradient per query tile), then the dk/dv kernel, both normalising q and k as
-    they load (with the forward's ``rstd``), then the norm's backward kernel for each (the weights' gradients empty
-    without the norm)."""
+                                     torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv, dW̃, dq_weight, dk_weight, dlepe_weight, dlepe_bias (float32) of :func:`pairwise_attention`:
+    the dq kernel (which reads the forward out again and sums W̃'s gradient per query tile), then the dk/dv kernel
+    (with LePE's backward in its epilogue), both normalising q and k as they load (with the forward's ``rstd``),
+    which also finishes the norm's backward of q from each head's share of its sum (the dq kernel's), then the
+    norm's backward kernel for k (the weights' gradients empty without the norm or LePE)."""
     from .kernels import (  # lazy: start-up time
         pairwise_bwd_dkv_kernel,
         pairwise_bwd_dq_kernel,
@@ -161,7 +190,11 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     rden = q.new_empty((B * H, N), dtype=torch.float32)
     dden = torch.empty_like(rden)
     dmixing = q.new_empty((B * H, tiles, block_g, block_g), dtype=torch.float32)
+    shares = q.new_empty((B * H, N) if normed else (0,), dtype=torch.float32)  # (the norm's: see the kernels)
+    dq_weight = q.new_empty((B * H, tiles, D) if normed else (0,), dtype=torch.float32)
     mask, s_mb = _mask_arg(key_valid, k)
+    lepe = _lepe_args(q, lepe_weight, None, rows, cols, prefix)
+    dlepe = q.new_empty((B * H, tiles, lepe.size ** 2 + 1, D) if lepe.on else (0,), dtype=torch.float32)
     # half the forward's key chunk and 16-bit tiles (as autocast's own backward multiplies them): with TF32 tiles
     # or whole chunks both kernels spill at head dim 64 on sm_90 (benchmarks/kernel_resources.py --arch sm_90)
     settings = dict(FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, BLOCK_M=block,
@@ -169,21 +202,33 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
                     num_warps=2 * warps if normed else warps)  # (with the norm's rstd and weights on the
     # forward's warps both spill at head dim 64 for sm_90: benchmarks/kernel_resources.py --arch sm_90)
     launch(pairwise_bwd_dq_kernel, (B * H, tiles),
-        q, k, v, mask, segments, table, *norm, do, dq, rden, dden, dmixing,
+        q, k, v, mask, segments, table, *norm, do, dq, rden, dden, dmixing, shares if normed else rden,
         *_strides(q, k, v), s_mb, *_strides(do, dq),
         H, N, D, G, feature_eps, eps,
         BLOCK_G=block_g, **settings)
     launch(pairwise_bwd_dkv_kernel, (B * H, tiles),
-        q, k, v, mask, segments, table, *norm, do, rden, dden, dk, dv,
-        *_strides(q, k, v), s_mb, *_strides(do, dk, dv),
-        H, N, D, G, feature_eps,
-        **{**settings, "BLOCK_N": spill_free_chunk(settings["BLOCK_N"], block_d)})
+        q, k, v, mask, segments, table, *norm, lepe.filters, do, rden, dden, dk, dv, dlepe if lepe.on else dv,
+        dq if normed else dv, shares if normed else rden, dq_weight if normed else rden,
+        *_strides(q, k, v), s_mb, *_strides(do, dk, dv, dq),
+        H, N, D, G, prefix, rows, cols, feature_eps,
+        **{**settings, "BLOCK_N": spill_free_chunk(settings["BLOCK_N"], block_d)}, LEPE=lepe.on, KS=lepe.size)
     dmixing = dmixing.sum((0, 1))[:G, :G].to(mixing.dtype)
+    lepe_grads = _lepe_gradients(dlepe, lepe_weight, B, H, D)
     if not normed:
-        return dq, dk, dv, dmixing, q.new_empty((0,)), q.new_empty((0,))
-    dq, dq_weight = rms_heads_backward(q, dq, norm[0], q_weight)
-    dk, dk_weight = rms_heads_backward(k, dk, norm[1], k_weight)
-    return dq, dk, dv, dmixing, dq_weight, dk_weight
+        return dq, dk, dv, dmixing, q.new_empty((0,)), q.new_empty((0,)), *lepe_grads
+    dq_weight = dq_weight.view(B, H, tiles, D).sum((0, 2)).reshape(-1).to(q_weight.dtype)  # (dq: finished by the
+    dk, dk_weight = rms_heads_backward(k, dk, norm[1], k_weight)  # dk/dv kernel; dk by the norm's own kernel)
+    return dq, dk, dv, dmixing, dq_weight, dk_weight, *lepe_grads
+
+
+def _lepe_gradients(partial: torch.Tensor, weight: Optional[torch.Tensor], B: int, H: int,
+                    D: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dweight (C, 1, KS, KS), dbias (C,)) float32 of LePE from the dk/dv programs' parts (B·H, tiles, KS·KS + 1,
+    D), summed in a fixed order; empty without LePE."""
+    if weight is None:
+        return partial.new_empty((0,)), partial.new_empty((0,))
+    summed = partial.view(B, H, -1, *partial.shape[2:]).sum((0, 2))  # (H, KS·KS + 1, D)
+    return summed[:, :-1].transpose(1, 2).reshape(weight.shape), summed[:, -1].reshape(-1)
 
 
 def rms_heads_backward(x: torch.Tensor, grad: torch.Tensor, rstd: torch.Tensor,
@@ -215,41 +260,55 @@ pairwise_attention_backward = torch.library.custom_op("vitconvert::pairwise_atte
 
 
 @pairwise_attention_backward.register_fake
-def _(q, k, v, do, key_valid, segments, mixing, feature, feature_eps, eps, q_weight=None, k_weight=None, rstd=None):
+def _(q, k, v, do, key_valid, segments, mixing, feature, feature_eps, eps, q_weight=None, k_weight=None, rstd=None,
+      lepe_weight=None, rows=0, cols=0, prefix=0):
     weights = [q.new_empty((0,)) if w is None or k_weight is None or q_weight is None else torch.empty_like(w)
                for w in (q_weight, k_weight)]
-    return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(mixing), *weights)
+    lepe = ((q.new_empty((0,)),) * 2 if lepe_weight is None else
+            (torch.empty_like(lepe_weight, dtype=torch.float32), q.new_empty((lepe_weight.shape[0],),
+                                                                            dtype=torch.float32)))
+    return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(mixing), *weights, *lepe)
 
 
 def _setup(ctx, inputs, output) -> None:
-    q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps = inputs
-    ctx.save_for_backward(q, k, v, key_valid, segments, mixing, q_weight, k_weight, output[1])
+    (q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps, lepe_weight,
+     lepe_bias, rows, cols, prefix) = inputs
+    ctx.save_for_backward(q, k, v, key_valid, segments, mixing, q_weight, k_weight, output[1], lepe_weight)
     ctx.set_materialize_grads(False)  # rstd is for backward only: it gets no gradient
     ctx.args = (feature, feature_eps, eps)
+    ctx.grid = (rows, cols, prefix)
     ctx.norm_eps = norm_eps
+    ctx.lepe_bias = None if lepe_bias is None else lepe_bias.dtype
 
 
 def _backward(ctx, do, _):
     if do is None:
-        return (None,) * 12
-    q, k, v, key_valid, segments, mixing, q_weight, k_weight, rstd = ctx.saved_tensors
+        return (None,) * 17
+    q, k, v, key_valid, segments, mixing, q_weight, k_weight, rstd, lepe_weight = ctx.saved_tensors
     try:  # the kernels, normalising q and k as they load, then the norm's backward kernel
         grads = run_pairwise_backward if fused.direct(do) else pairwise_attention_backward
-        dq, dk, dv, dmixing, dq_weight, dk_weight = grads(q, k, v, do, key_valid, segments, mixing, *ctx.args,
-                                                          q_weight, k_weight, rstd)
+        dq, dk, dv, dmixing, dq_weight, dk_weight, dlepe_weight, dlepe_bias = grads(
+            q, k, v, do, key_valid, segments, mixing, *ctx.args, q_weight, k_weight, rstd, lepe_weight, *ctx.grid)
         if q_weight is None or k_weight is None:
             dq_weight = dk_weight = None
-        return dq, dk, dv, None, None, dmixing, None, None, None, dq_weight, dk_weight, None
     except KernelUnavailable as e:  # the eager gradients on the normalised q and k, through the norm in torch
         unavailable = e
+        dlepe_bias = None if ctx.lepe_bias is None else v.new_zeros(lepe_weight.shape[0], dtype=ctx.lepe_bias)
 
-    def gradients(q_in: torch.Tensor, k_in: torch.Tensor) -> tuple:  # of the op on the normalised q and k
-        dq, dk, dv, _, _, dmixing = _eager_gradients(unavailable, "pairwise_attention", pairwise_eager,
-                                                     (q_in, k_in, v, key_valid, segments, mixing), (do,), *ctx.args)
-        return dq, dk, dv, dmixing
+        def gradients(q_in: torch.Tensor, k_in: torch.Tensor) -> tuple:  # of the op on the normalised q and k
+            return _eager_gradients(unavailable, "pairwise_attention", _eager_with_lepe,
+                                    (q_in, k_in, v, key_valid, segments, mixing, lepe_weight, dlepe_bias), (do,),
+                                    *ctx.args, *ctx.grid)
 
-    dq, dk, dv, dmixing, dq_weight, dk_weight = through_rms_pair(q, k, q_weight, k_weight, ctx.norm_eps, gradients)
-    return dq, dk, dv, None, None, dmixing, None, None, None, dq_weight, dk_weight, None
+        dq, dk, dv, _, _, dmixing, dlepe_weight, dlepe_bias, dq_weight, dk_weight = through_rms_pair(
+            q, k, q_weight, k_weight, ctx.norm_eps, gradients)
+    if lepe_weight is None:
+        dlepe_weight = dlepe_bias = None
+    else:
+        dlepe_weight = dlepe_weight.to(lepe_weight.dtype)
+        dlepe_bias = None if ctx.lepe_bias is None else dlepe_bias.to(ctx.lepe_bias)
+    return (dq, dk, dv, None, None, dmixing, None, None, None, dq_weight, dk_weight, None, dlepe_weight, dlepe_bias,
+            None, None, None)
 
 
 pairwise_attention.register_autograd(_backward, setup_context=_setup)
@@ -269,11 +328,26 @@ def pairwise_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid:
     return ((scores @ v.to(torch.float32)) / (scores.sum(-1, keepdim=True) + eps)).to(v.dtype)
 
 
+def _eager_with_lepe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                     segments: torch.Tensor, mixing: torch.Tensor, lepe_weight: Optional[torch.Tensor],
+                     lepe_bias: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float, rows: int,
+                     cols: int, prefix: int) -> torch.Tensor:
+    """:func:`pairwise_eager`, plus LePE (:func:`..grid.op.grid_conv_eager`) where the op adds it."""
+    out = pairwise_eager(q, k, v, key_valid, segments, mixing, feature, feature_eps, eps)
+    if lepe_weight is None:
+        return out
+    return grid_conv_eager(v, out, lepe_weight, lepe_bias, key_valid, rows, cols, prefix)
+
+
 def pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
              segments: torch.Tensor, mixing: torch.Tensor, feature: int, feature_eps: float, eps: float,
              q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None,
-             norm_eps: float = 0.0) -> torch.Tensor:
-    """The op's output, called direct where it may (fused.call_op, looked up per call: fused.fakes_checked)."""
-    args = (q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps)
+             norm_eps: float = 0.0, lepe_weight: Optional[torch.Tensor] = None,
+             lepe_bias: Optional[torch.Tensor] = None, grid: tuple[int, int] = (0, 0), prefix: int = 0) -> torch.Tensor:
+    """The op's output, called direct where it may (fused.call_op, looked up per call: fused.fakes_checked);
+    LePE (``lepe_weight``, ``lepe_bias``) over the tokens after ``prefix``, a ``grid``, added where given."""
+    args = (q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps,
+            lepe_weight, lepe_bias, *grid, prefix)
     return fused.call_op(pairwise_attention, _DirectPairwise, run_pairwise, args, (q, k, v, mixing, q_weight,
-                                                                                    k_weight))[0]
+                                                                                    k_weight, lepe_weight,
+                                                                                    lepe_bias))[0]
