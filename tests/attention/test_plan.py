@@ -32,12 +32,12 @@ def test_plans_for_named_gpus_and_sizes():
     small = plan.plan_layer(elu, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings())
     assert (small.op, small.splits) == ("linear_attention", 2)
     assert small.forward == ("state_fwd_kernel", "readout_fwd_kernel")
-    assert (small.block_n, small.block_d, small.warps, small.stages, small.tile) == (64, 64, 4, 3, "tf32")
+    assert (small.block_n, small.block_d, small.warps, small.stages, small.tile) == (64, 64, 4, 2, "tf32")
     large = plan.plan_layer(elu, plan.GPUS["h200"], torch.bfloat16, 256, settings=KernelSettings())
     assert (large.splits, large.forward, large.backward) == (1, ("attention_fwd_kernel",), ("attention_bwd_kernel",))
     tuned = plan.plan_layer(elu, plan.GPUS["h100"], torch.bfloat16, 16,
-                            settings=KernelSettings(tile="half", config=(32, 8, 2)))
-    assert (tuned.block_n, tuned.warps, tuned.stages, tuned.tile) == (32, 8, 2, "bf16")
+                            settings=KernelSettings(tile="half", config=(32, 8, 3)))
+    assert (tuned.block_n, tuned.warps, tuned.stages, tuned.tile) == (32, 8, 3, "bf16")
     assert "163 KB" in plan.plan_layer(elu, plan.GPUS["a100"], torch.bfloat16, 16, settings=KernelSettings()).note
     assert not small.note
 

@@ -16,6 +16,8 @@ from .triton_kernels import (
     _key_sums,
     _read_out,
     _read_out_backward,
+    _row_sums,
+    _row_sums_init,
     _state_backward,
     _state_step,
     _tokens,
@@ -170,7 +172,7 @@ def attention_bwd_kernel(
                                          EMULATE)
     r_t = tl.trans(r_mat).to(TILE)
     dr = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
-    drz = tl.zeros((1, BLOCK_D), dtype=tl.float32)
+    drz = _row_sums_init(1, BLOCK_D)
     q_base, o_base, g_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh, DO + b * s_gb + h * s_gh
     dq_base = DQ + b * s_dqb + h * s_dqh
     if EVEN_D:
@@ -191,12 +193,13 @@ def attention_bwd_kernel(
             dr, drz = _read_chunk_backward(q_base, o_base, g_base, dq_base, tok, inside[:, None] & d_ok[None, :], d,
                                            s_qn, s_on, s_gn, s_dqn, r_t, bias, dr, drz, feature_eps, eps, FEATURE,
                                            INLINE, False, TILE, PRECISION, EMULATE)
+    dr = tl.trans(dr)
     if INLINE:
         ds = dr * (scale / n)
         dz = -tl.sum(ds * bias[None, :], axis=1)
-        dzv = (tl.sum(drz, axis=0) - tl.sum(ds * z[:, None], axis=0)) / n
+        dzv = (_row_sums(drz) - tl.sum(ds * z[:, None], axis=0)) / n
     else:
-        ds, dz, dzv = dr, tl.sum(drz, axis=0), tl.sum(drz, axis=0)
+        ds, dz, dzv = dr, _row_sums(drz), _row_sums(drz)
     ds_t, ds_tile = tl.trans(ds).to(TILE), ds.to(TILE)
     dk_base, dv_base = DK + b * s_dkb + h * s_dkh, DV + b * s_dvb + h * s_dvh
     if EVEN_D:
