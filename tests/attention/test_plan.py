@@ -68,6 +68,17 @@ def test_mhla_takes_the_form_that_moves_less():
     assert forced.op == "blocked_attention"
 
 
+def test_head_dim_128_reads_out_backward_in_16_token_chunks():
+    """ViT-H-style heads of 128: the read-out's backward holds dR and Rᵀ at 128×128 and spilled registers in 32-token
+    chunks (116 on sm_89); the plan names its 16-token chunk, and head dim 64 keeps the layer's."""
+    wide = plan.plan_layer(layer("elu", dim=1280, heads=10), plan.GPUS["l40"], torch.bfloat16, 16,
+                           settings=KernelSettings())
+    assert (wide.block_n, wide.backward) == (32, ("state_fwd_kernel", "readout_bwd_kernel (BLOCK_N 16)",
+                                                  "state_bwd_kernel"))
+    assert "readout_bwd_kernel" in plan.plan_layer(layer("elu"), plan.GPUS["h100"], torch.bfloat16, 16,
+                                                   settings=KernelSettings()).backward
+
+
 def launched(module, x, programs: int) -> tuple[list, list]:
     """The (kernel, BLOCK_N, num_warps, num_stages) of a forward's launches, then of its backward's."""
     record: list = []
