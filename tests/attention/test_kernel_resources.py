@@ -138,7 +138,7 @@ def test_on_an_l40_the_head_dim_128_backward_kernels_run_on_leaner_settings(tmp_
     """An L40 or RTX 4090 (sm_89) gives a block 99 KB of shared memory; at head dim 128 the state's backward needs
     more on the tiles its call site asks for (ELU: bf16 tiles for bf16 inputs; MHLA: TF32). Refused as Triton's
     launcher refuses it there, dispatch runs it on 16-bit tiles and 16-token chunks; MHLA's read-out backward takes
-    half the chunk on TF32 tiles from the start (fused_parts.readout_gradients). Every kernel of ELU and MHLA runs
+    half the chunk on TF32 tiles from the start (launches.readout_gradients). Every kernel of ELU and MHLA runs
     (none falls back to the eager form)."""
     rows, stdout = cross_build(tmp_path, "--head-dims", "128", "--ops", "linear_attention elu,blocked_attention mhla",
                                arch="sm_89")

@@ -33,12 +33,12 @@ def test_plans_for_named_gpus_and_sizes():
     small = plan.plan_layer(elu, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings())
     assert (small.op, small.splits) == ("linear_attention", 2)
     assert small.forward == ("state_fwd_kernel", "readout_fwd_kernel")
-    assert (small.block_n, small.block_d, small.warps, small.stages, small.tile) == (64, 64, 4, 3, "tf32")
+    assert (small.block_n, small.block_d, small.warps, small.stages, small.tile) == (64, 64, 4, 2, "tf32")
     large = plan.plan_layer(elu, plan.GPUS["h200"], torch.bfloat16, 256, settings=KernelSettings())
     assert (large.splits, large.forward, large.backward) == (1, ("attention_fwd_kernel",), ("attention_bwd_kernel",))
     tuned = plan.plan_layer(elu, plan.GPUS["h100"], torch.bfloat16, 16,
-                            settings=KernelSettings(tile="half", config=(32, 8, 2)))
-    assert (tuned.block_n, tuned.warps, tuned.stages, tuned.tile) == (32, 8, 2, "bf16")
+                            settings=KernelSettings(tile="half", config=(32, 8, 3)))
+    assert (tuned.block_n, tuned.warps, tuned.stages, tuned.tile) == (32, 8, 3, "bf16")
     assert "163 KB" in plan.plan_layer(elu, plan.GPUS["a100"], torch.bfloat16, 16, settings=KernelSettings()).note
     assert not small.note
 
@@ -68,6 +68,17 @@ def test_mhla_takes_the_form_that_moves_less():
     assert blocked.others  # (LePE on the grid op)
     forced = plan.plan_layer(mhla, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings(form="blocked"))
     assert forced.op == "blocked_attention"
+
+
+def test_head_dim_128_reads_out_backward_in_16_token_chunks():
+    """ViT-H-style heads of 128: the read-out's backward holds dR and Rᵀ at 128×128 and spilled registers in 32-token
+    chunks (116 on sm_89); the plan names its 16-token chunk, and head dim 64 keeps the layer's."""
+    wide = plan.plan_layer(layer("elu", dim=1280, heads=10), plan.GPUS["l40"], torch.bfloat16, 16,
+                           settings=KernelSettings())
+    assert (wide.block_n, wide.backward) == (32, ("state_fwd_kernel", "readout_bwd_kernel (BLOCK_N 16)",
+                                                  "state_bwd_kernel"))
+    assert "readout_bwd_kernel" in plan.plan_layer(layer("elu"), plan.GPUS["h100"], torch.bfloat16, 16,
+                                                   settings=KernelSettings()).backward
 
 
 def launched(module, x, programs: int) -> tuple[list, list]:

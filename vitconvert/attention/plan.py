@@ -20,6 +20,7 @@ from .base import LinearAttention
 from .blocks import segment_index
 from .ops import dispatch
 from .ops.grid.op import grid_tile
+from .ops.linear.launches import readout_backward_chunk
 from .ops.linear.op import ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM
 from .ops.pairwise.op import pairwise_is_cheaper
 from .ops.settings import KernelSettings
@@ -162,7 +163,9 @@ def _linear(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan
     """ELU, ReLU, InLine: one launch each way when every head fits one program, else the state and read-out."""
     splits = dispatch.token_ranges(call.batch * module.num_heads, 1, call.tokens, call.programs)[0]
     plan = replace(_geometry(plan, module, call), splits=splits)
-    split_backward = ("state_fwd_kernel", "readout_bwd_kernel", "state_bwd_kernel")
+    chunk = readout_backward_chunk(plan.block_n, plan.block_d, False)
+    readout_bwd = "readout_bwd_kernel" + (f" (BLOCK_N {chunk})" if chunk != plan.block_n else "")
+    split_backward = ("state_fwd_kernel", readout_bwd, "state_bwd_kernel")
     if splits > 1:
         return replace(plan, forward=("state_fwd_kernel", "readout_fwd_kernel"), backward=split_backward)
     one_launch = module.head_dim <= ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM

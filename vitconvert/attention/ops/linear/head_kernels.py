@@ -1,7 +1,7 @@
 """Triton kernels of ELU, ReLU and InLine where a head's tokens fit one program: forward and backward in one launch
 each, the d×d state (and in backward dR and dS) in registers between the passes over the head's tokens, where
-the split form (:mod:`.triton_kernels`' state and read-out kernels, one program per token range) writes them to
-memory and sums partial states in torch. Built from the same pieces (:mod:`.triton_kernels`' helpers).
+the split form (:mod:`.kernel_parts`' state and read-out kernels, one program per token range) writes them to
+memory and sums partial states in torch. Built from the same pieces (:mod:`.kernel_parts`' helpers).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from .kernel_parts import (
     _key_sums,
     _read_out,
     _read_out_backward,
+    _row_sums,
+    _row_sums_init,
     _state_backward,
     _state_step,
     _tokens,
@@ -170,7 +172,7 @@ def attention_bwd_kernel(
                                          EMULATE)
     r_t = tl.trans(r_mat).to(TILE)
     dr = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
-    drz = tl.zeros((1, BLOCK_D), dtype=tl.float32)
+    drz = _row_sums_init(1, BLOCK_D)
     q_base, o_base, g_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh, DO + b * s_gb + h * s_gh
     dq_base = DQ + b * s_dqb + h * s_dqh
     if EVEN_D:
@@ -191,12 +193,13 @@ def attention_bwd_kernel(
             dr, drz = _read_chunk_backward(q_base, o_base, g_base, dq_base, tok, inside[:, None] & d_ok[None, :], d,
                                            s_qn, s_on, s_gn, s_dqn, r_t, bias, dr, drz, feature_eps, eps, FEATURE,
                                            INLINE, False, TILE, PRECISION, EMULATE)
+    dr = tl.trans(dr)
     if INLINE:
         ds = dr * (scale / n)
         dz = -tl.sum(ds * bias[None, :], axis=1)
-        dzv = (tl.sum(drz, axis=0) - tl.sum(ds * z[:, None], axis=0)) / n
+        dzv = (_row_sums(drz) - tl.sum(ds * z[:, None], axis=0)) / n
     else:
-        ds, dz, dzv = dr, tl.sum(drz, axis=0), tl.sum(drz, axis=0)
+        ds, dz, dzv = dr, _row_sums(drz), _row_sums(drz)
     ds_t, ds_tile = tl.trans(ds).to(TILE), ds.to(TILE)
     dk_base, dv_base = DK + b * s_dkb + h * s_dkh, DV + b * s_dvb + h * s_dvh
     if EVEN_D:

@@ -15,7 +15,7 @@ mixing by the caller, in torch: a d×d affair):
 
 A program walks its tokens in chunks of BLOCK_N: loads are bf16/fp16 tiles, the feature map and the reciprocal of
 the normaliser stay in float32 registers, and the dots run on tensor cores with float32 accumulators on TILE
-operands: bf16 for bf16 inputs of ELU, ReLU and InLine (fused_parts.kernel_tiles: a third fewer instructions, the
+operands: bf16 for bf16 inputs of ELU, ReLU and InLine (launches.kernel_tiles: a third fewer instructions, the
 tests' bf16 bars held), float32 as TF32 for the other half inputs (φ(k), R and φ(q) keep 3 more bits than in
 bf16; float16's range is too short for a long sequence's sums), or float32 inputs as torch's TF32 switch says.
 Sums over a chunk's tokens that would otherwise be reduced across warps every chunk (ELU's z, the normaliser
@@ -62,6 +62,20 @@ def _phi_grad(x, FEATURE: tl.constexpr):
     else:
         g = tl.full(x.shape, 1.0, tl.float32)
     return g
+
+
+@triton.jit
+def _phi_grad_rows(q, rows, FEATURE: tl.constexpr):
+    """φ'(q) ⊙ ``rows`` (a (BLOCK_N, 1) factor per query, from a reduction) in float32, as a select: elu + 1's eˣ as
+    :func:`_phi` makes it (one exp); with the reduction in it, Triton converts the product to the dot's layout where
+    it meets dq's dot, not recomputing φ' from q in a second layout."""
+    if FEATURE == 1:
+        y = tl.where(q > 0, rows, tl.exp(q) * rows)
+    elif FEATURE == 2 or FEATURE == 3:
+        y = tl.where(q > 0, rows, 0.0)
+    else:
+        y = rows + tl.zeros(q.shape, tl.float32)
+    return y
 
 
 @triton.jit
@@ -217,40 +231,73 @@ def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, fea
 
 
 @triton.jit
+def _add_row_sums(acc, x, w, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """acc += Σ_i w_i x_i over a chunk's rows: up to :data:`DOT_SUMS_MAX` a dot xᵀ (w in :data:`COLS` columns) on the
+    operand the chunk's dR dot already stages (``acc``: (BLOCK_D, COLS), each column the sum; no per-element
+    multiply-add, no barrier, fewer registers than rows), above it rows summed after the loop or, ``acc`` of one
+    row, across warps per chunk (:func:`_add_to_state`'s choice)."""
+    if x.shape[1] <= DOT_SUMS_MAX:
+        acc += _dot(tl.trans(x.to(TILE)), _columns(w, TILE), PRECISION, EMULATE)
+    elif acc.shape[0] == 1:
+        acc += tl.sum(x.to(tl.float32) * w[:, None], axis=0, keep_dims=True)
+    else:
+        acc += x.to(tl.float32) * w[:, None]
+    return acc
+
+
+@triton.jit
+def _row_sums_init(BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The zero accumulator of :func:`_add_row_sums` (BLOCK_N: its rows above :data:`DOT_SUMS_MAX`, 1 or BLOCK_N)."""
+    if BLOCK_D <= DOT_SUMS_MAX:
+        acc = tl.zeros((BLOCK_D, COLS), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _row_sums(acc):
+    """The (d,) sum of :func:`_add_row_sums`' accumulator."""
+    if acc.shape[1] == COLS and acc.shape[0] <= DOT_SUMS_MAX:
+        total = tl.max(acc, axis=1)  # (every column is the sum: max picks it exactly)
+    else:
+        total = tl.sum(acc, axis=0)
+    return total
+
+
+@triton.jit
 def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on, s_gn, s_dqn, r_t, rz, dr, drz,
                        feature_eps, eps, FEATURE: tl.constexpr, NORMALISE: tl.constexpr, FULL: tl.constexpr,
                        TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """One chunk of queries of the read-out's backward: dq stored, (dR, dr) summed on (``r_t``: Rᵀ as a tile; ``drz``:
-    dr as (1, d), summed across warps per chunk, or (BLOCK_N, d) rows summed after the loop, as
-    :func:`_add_to_state`'s z: no barrier a chunk, more registers; the split kernel's).
+    """One chunk of queries of the read-out's backward: dq stored, dR (as dRᵀ: ``dr``) and dr (``drz``,
+    :func:`_add_row_sums`' accumulator) summed on; ``r_t``: Rᵀ as a tile.
 
-    normalised: dnum = do/den, dden = −(do·o)/den, dφq = dnum Rᵀ + dden r, dR = Σ φqᵀ dnum, dr = Σ φq dden.
-    affine: dq = do Rᵀ, dR = Σ qᵀ do, db = Σ do.
+    normalised, with 1/den and do·o per query (the chunk's only two reductions across threads):
+    dq = φ'(q) ⊙ (do Rᵀ − (do·o) r) / den, dRᵀ = Σ doᵀ (φq/den), dr = −Σ (φq/den)(do·o). do enters the dots as
+    loaded (no scaled copy), φq is made once, in one layout: the 1/den goes on its copy for dRᵀ (the B operand, so
+    the transposed operand is do, read from its staged tile) and on φ', whose product Triton converts to the dot's
+    layout rather than making φ again there.
+    affine: dq = do Rᵀ, dRᵀ = Σ doᵀ q, db = Σ do.
     """
     q = _load(q_base, tok, d, s_qn, tile, FULL).to(tl.float32)
-    g = _load(g_base, tok, d, s_gn, tile, FULL).to(tl.float32)
+    g = _load(g_base, tok, d, s_gn, tile, FULL)
     phi_q = _phi(q, FEATURE, feature_eps)
     if not FULL:
         phi_q = tl.where(tile, phi_q, 0.0)
+    grad = _dot(g.to(TILE), r_t, PRECISION, EMULATE)
     if NORMALISE:
         o = _load(o_base, tok, d, s_on, tile, FULL).to(tl.float32)
         inv_den = 1.0 / (tl.sum(phi_q * rz[None, :], axis=1) + eps)
-        dnum = g * inv_den[:, None]
-        dden = -tl.sum(g * o, axis=1) * inv_den
-        dphi = _dot(dnum.to(TILE), r_t, PRECISION, EMULATE) + dden[:, None] * rz[None, :]
-        dr += _dot(tl.trans(phi_q.to(TILE)), dnum.to(TILE), PRECISION, EMULATE)
-        if drz.shape[0] == 1:
-            drz += tl.sum(phi_q * dden[:, None], axis=0, keep_dims=True)
-        else:
-            drz += phi_q * dden[:, None]
+        g_o = tl.sum(g.to(tl.float32) * o, axis=1)
+        p = phi_q * inv_den[:, None]
+        dr += _dot(tl.trans(g.to(TILE)), p.to(TILE), PRECISION, EMULATE)
+        drz = _add_row_sums(drz, p, -g_o, TILE, PRECISION, EMULATE)
+        dq = (grad - g_o[:, None] * rz[None, :]) * _phi_grad_rows(q, inv_den[:, None], FEATURE)
     else:
-        dphi = _dot(g.to(TILE), r_t, PRECISION, EMULATE)
-        dr += _dot(tl.trans(phi_q.to(TILE)), g.to(TILE), PRECISION, EMULATE)
-        if drz.shape[0] == 1:
-            drz += tl.sum(g, axis=0, keep_dims=True)
-        else:
-            drz += g
-    _store(dq_base, tok, d, s_dqn, dphi * _phi_grad(q, FEATURE), tile, FULL)
+        dr += _dot(tl.trans(g.to(TILE)), phi_q.to(TILE), PRECISION, EMULATE)
+        drz = _add_row_sums(drz, g, tl.full((g.shape[0],), 1.0, tl.float32), TILE, PRECISION, EMULATE)
+        dq = grad * _phi_grad(q, FEATURE)
+    _store(dq_base, tok, d, s_dqn, dq, tile, FULL)
     return dr, drz
 
 

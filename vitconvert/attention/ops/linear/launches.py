@@ -217,6 +217,15 @@ def run_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: t
     return dq, dR, dr
 
 
+def readout_backward_chunk(block_n: int, block_d: int, tf32_half: bool) -> int:
+    """BLOCK_N of the read-out's backward (:mod:`.plan` asks it too): half for TF32 tiles of half inputs (MHLA's: with
+    the last program's sums they spill at head dim 64 on sm_90 in 64-token chunks); 16 from head dim 128, where the
+    d×d dR accumulator and Rᵀ fill the registers (benchmarks/kernel_resources.py --arch sm_89 --head-dims 128)."""
+    if tf32_half:
+        block_n = max(16, block_n // 2)
+    return 16 if block_d >= 128 else block_n
+
+
 def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
                       index: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float, normalise: bool,
                       inline: Optional[tuple[torch.Tensor, torch.Tensor, float]], bf16_tiles: bool = False):
@@ -230,8 +239,7 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torc
     segments, length = _segments(index, N)
     splits, per = split_tokens(B * H, segments, length, q.device)
     block_n, block_d, warps = block_sizes(D)
-    if not bf16_tiles and q.dtype != torch.float32:  # TF32 tiles of half inputs (MHLA's): with the last program's
-        block_n = max(16, block_n // 2)  # sums they spill at head dim 64 on sm_90 in 64-token chunks
+    block_n = readout_backward_chunk(block_n, block_d, not bf16_tiles and q.dtype != torch.float32)
     dq = _output_like(q)
     part = q.new_empty((B * H * segments * splits, D * D + D), dtype=torch.float32)
     dS = q.new_empty((B, H, segments, D, D), dtype=torch.float32)

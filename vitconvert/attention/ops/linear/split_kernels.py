@@ -5,10 +5,10 @@ two launches forward (state, read-out), three backward (state, read-out's backwa
 between them. MHLA's blocked op runs on them (its mixing of the segments' states still in torch between the state
 and the read-out: a mode of the last program's epilogue could take it), and ELU/ReLU/InLine where a head's tokens are
 split over programs (:func:`.dispatch.split_tokens`); the one-launch kernels of a whole head are
-:mod:`.head_kernels`. Built from :mod:`.triton_kernels`' pieces.
+:mod:`.head_kernels`. Built from :mod:`.kernel_parts`' pieces.
 
 Without an index table and with a head that fills its tile (``EVEN_D``), each range's whole chunks run without
-bounds masks and the last, partial one with them (:func:`.triton_kernels._full_end`).
+bounds masks and the last, partial one with them (:func:`.kernel_parts._full_end`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from .kernel_parts import (
     _load_square,
     _read_out,
     _read_out_backward,
+    _row_sums,
+    _row_sums_init,
     _state_backward,
     _state_step,
     _store_row,
@@ -207,7 +209,7 @@ def readout_bwd_kernel(
     r_t = tl.trans(_load_square(R, which, d, d_ok, D)).to(TILE)
     rz = _load_row(RZ, which, d, d_ok, D)
     dr = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
-    drz = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    drz = _row_sums_init(BLOCK_N, BLOCK_D)
     q_base, o_base, g_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh, DO + b * s_gb + h * s_gh
     dq_base = DQ + b * s_dqb + h * s_dqh
     begin = split * tokens_per_split
@@ -234,8 +236,8 @@ def readout_bwd_kernel(
     out = which * SPLITS + split
     square = d[:, None] * D + d[None, :]
     square_ok = d_ok[:, None] & d_ok[None, :]
-    tl.store(PART + out * width + square, dr, mask=square_ok)
-    tl.store(PART + out * width + D * D + d, tl.sum(drz, axis=0), mask=d_ok)
+    tl.store(PART + out * width + square, tl.trans(dr), mask=square_ok)
+    tl.store(PART + out * width + D * D + d, _row_sums(drz), mask=d_ok)
     if _last_program(COUNTER, which, SPLITS):
         first = which * SPLITS
         d_r = _summed(PART, first, SPLITS, 0, width, square, square_ok)

@@ -284,7 +284,7 @@ class _KeyInstanceNorm(torch.autograd.Function):
 
 def key_instance_norm(k: torch.Tensor, key_valid: Optional[torch.Tensor], eps: float,
                       dtype: torch.dtype) -> torch.Tensor:
-    """TTT's key norm (ttt_closed_form.normalize_keys) with statistics in float32, output in ``dtype``. Without a
+    """TTT's key norm (ops/ttt/closed_form.normalize_keys) with statistics in float32, output in ``dtype``. Without a
     mask, on k in ``dtype``: three reading passes and one write, where the float32 form copies k to float32,
     reduces, writes the float32 output and copies it back. With a mask, under torch.export, or for float32: that
     float32 form."""

@@ -8,7 +8,7 @@ weighs every query-key pair by their segments:
 which is what the blocked form computes from per-segment d×d states (ops/linear/kernel_parts.py). When blocks are small
 (7×7 tokens at 224 px, head dim 64) those states are larger than the tokens they sum: G·d·(d+1) float32 per head
 against N·d bf16, written, mixed and read again. Here nothing but q, k, v and o crosses memory; the price is
-N²·d dots per head, on tensor cores (:func:`.fused_pairwise.pairwise_is_cheaper` picks the form).
+N²·d dots per head, on tensor cores (:func:`.op.pairwise_is_cheaper` picks the form).
 
 A program owns BLOCK_M tokens (queries in the forward and dq kernels, keys in the dk/dv kernel; the launch grid
 is made of them) and walks the other side in chunks of BLOCK_N (which :func:`.dispatch.launch` may halve where a

@@ -1,5 +1,5 @@
 """TTT's closed-form step in torch: the instance norm of the keys, the inner gradients by hand and the SwiGLU
-read-out (attention/ttt.py's eager form, and the eager form of the fused op in attention/fused_ttt.py)."""
+read-out (attention/ttt.py's eager form, and the eager form of the fused op in attention/ops/ttt/op.py)."""
 
 from __future__ import annotations
 

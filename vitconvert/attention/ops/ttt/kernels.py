@@ -13,7 +13,7 @@ tokens, else by the caller from the partial sums), and every query reads
 
 Each program owns one (batch·head, token range) and walks it in chunks of BLOCK_N tokens; the token-sized
 intermediates (a, b, silu, its derivative, u) live in float32 registers only, the dots run as the linear-attention
-kernels' (triton_kernels.py: TILE operands, float32 accumulators), and partial d×d sums are written per program
+kernels' (ops/linear/kernel_parts.py: TILE operands, float32 accumulators), and partial d×d sums are written per program
 and summed by the caller. Masked keys load as zero rows of k and v, which add nothing to any sum and get zero
 gradients. Backward recomputes a, b and u from k and v, and reads W' (which the op returns for it), so a training
 step keeps nothing N-sized beyond q, k and v.
@@ -90,7 +90,7 @@ def _three_scaled(P, first, s, d, d_ok, D, TILE: tl.constexpr):
 
 @triton.jit
 def _put_partials(P, bh, split, SPLITS, x1, x2, x3, d, d_ok, D):
-    """One program's three partial sums into a (BH, 3, SPLITS, D, D) float32 stack (fused_parts._total's layout)."""
+    """One program's three partial sums into a (BH, 3, SPLITS, D, D) float32 stack (linear/launches._total's layout)."""
     first = bh * 3 * SPLITS + split
     _store_square(P, first, x1, d, d_ok, D)
     _store_square(P, first + SPLITS, x2, d, d_ok, D)

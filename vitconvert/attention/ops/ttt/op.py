@@ -1,8 +1,8 @@
-"""TTT's closed-form step on the GPU: the Triton kernels of :mod:`.ttt_kernels` as one PyTorch custom op.
+"""TTT's closed-form step on the GPU: the Triton kernels of :mod:`.kernels` as one PyTorch custom op.
 
 ``vitconvert::ttt_step``  (q, k, v, W, w_q, b_q) -> (o, W')    W: the (3, H, d, d) float32 fast weights [W1, W2, W3]
 
-on the normalised and convolved k (made by the grid op, :mod:`.fused_grid`, or torch ops) and q, convolved by
+on the normalised and convolved k (made by the grid op, :mod:`..grid.op`, or torch ops) and q, convolved by
 the op itself when its conv's filters w_q, b_q are given (as its tiles load in the read-out and the read-out's
 backward: the convolved q never crosses memory; its conv's backward is the grid op's kernel, in this op's). The
 inner gradients' d×d sums, the update W' = W − lr·∇L (on d×d matrices, in torch) and the read-out
@@ -63,7 +63,7 @@ def run_inner_sums(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
 
     k, v = unit_rows(k), unit_rows(v)
     B, H, N, D, splits, per, block_n, block_d, warps = _geometry(k)
-    # partial sums (fused_parts._total), or with one range W' itself (the same layout: an output, not a view)
+    # partial sums (linear/launches._total), or with one range W' itself (the same layout: an output, not a view)
     G = k.new_empty((B * H, 3, splits, D, D) if splits > 1 else (B, H, 3, D, D), dtype=torch.float32)
     mask, s_mb = _mask_arg(key_valid, k)
     steps, scalar = _step_args(step, G)
