@@ -184,3 +184,12 @@ def test_info_kernels_prints_each_layers_plan(tmp_path):
     assert layers and all(row["op"] == "linear_attention" and row["tile"] in ("tf32", "fp32") for row in layers)
     bad = subprocess.run([*command[:-1], "h300"], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode != 0 and "--gpu" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_info_names_the_plans_gpus_without_importing_torch():
+    """`info --gpu`'s help and its early refusal read a copy of the GPU table's names (no torch import for either):
+    the copy must be the table's."""
+    from vitconvert.attention import plan
+    from vitconvert.cli import info
+
+    assert info.GPU_NAMES.split(", ") == list(plan.GPUS)

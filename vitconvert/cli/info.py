@@ -169,14 +169,14 @@ def kernel_plans(folder: str, as_json: bool, device: str, gpu: Optional[str], dt
         raise BadValue("dtype", f"one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
     if batch < 1:
         raise BadValue("batch", f"a positive number of images, got {batch}")
+    if gpu is not None and gpu.lower() not in GPU_NAMES.split(", "):  # before torch: a typo answered at once
+        raise BadValue("gpu", f"one of {GPU_NAMES}, got {gpu!r}")
     with loading_libraries():
         import torch  # lazy: start-up time
 
         from ..attention import plan  # lazy: start-up time
         from ..loading import linear_folder, load  # lazy: start-up time
 
-    if gpu is not None and gpu.lower() not in plan.GPUS:
-        raise BadValue("gpu", f"one of {', '.join(plan.GPUS)}, got {gpu!r}")
     described = None
     if device == "cuda":
         if gpu is None and torch.cuda.is_available():
