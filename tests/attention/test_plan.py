@@ -33,7 +33,9 @@ def test_plans_for_named_gpus_and_sizes():
     small = plan.plan_layer(elu, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings())
     assert (small.op, small.splits) == ("linear_attention", 2)
     assert small.forward == ("state_fwd_kernel", "readout_fwd_kernel")
-    assert (small.block_n, small.block_d, small.warps, small.stages, small.tile) == (64, 64, 4, 2, "tf32")
+    assert (small.block_n, small.block_d, small.warps, small.stages, small.tile) == (64, 64, 4, 2, "bf16")
+    given = plan.plan_layer(elu, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings(tile_given=True))
+    assert given.tile == "tf32"  # VITCONVERT_FUSED_TILE=tf32: the bf16 tiles give way to it, as the launches do
     large = plan.plan_layer(elu, plan.GPUS["h200"], torch.bfloat16, 256, settings=KernelSettings())
     assert (large.splits, large.forward, large.backward) == (1, ("attention_fwd_kernel",), ("attention_bwd_kernel",))
     tuned = plan.plan_layer(elu, plan.GPUS["h100"], torch.bfloat16, 16,

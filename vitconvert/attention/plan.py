@@ -163,6 +163,8 @@ def _linear(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan
     """ELU, ReLU, InLine: one launch each way when every head fits one program, else the state and read-out."""
     splits = dispatch.token_ranges(call.batch * module.num_heads, 1, call.tokens, call.programs)[0]
     plan = replace(_geometry(plan, module, call), splits=splits)
+    if call.dtype == torch.bfloat16 and not call.settings.tile_given:  # launches.kernel_tiles: bf16 operand tiles
+        plan = replace(plan, tile="bf16")
     chunk = readout_backward_chunk(plan.block_n, plan.block_d, False)
     readout_bwd = "readout_bwd_kernel" + (f" (BLOCK_N {chunk})" if chunk != plan.block_n else "")
     split_backward = ("state_fwd_kernel", readout_bwd, "state_bwd_kernel")
