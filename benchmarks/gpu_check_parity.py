@@ -11,8 +11,7 @@ import torch
 from gpu_check_plan import Plan
 
 from vitconvert.attention import VARIANTS
-from vitconvert.attention.ops import dispatch
-from vitconvert.attention.ops.linear import op as fused
+from vitconvert.attention.ops import calls, dispatch
 from vitconvert.bench import linear_copy
 from vitconvert.sources import load_source
 
@@ -119,7 +118,7 @@ def parity_row(name: str, form: Optional[str], softmax: torch.nn.Module, x: torc
     row["fp32_output_error"], row["fp32_grad_error"] = (step_error(fused32, eager32) if launches
                                                         else (None, None))
     launches.clear()
-    with fused.fakes_checked() as differ:
+    with calls.fakes_checked() as differ:
         fused16 = training_step(model, x, True, torch.bfloat16)
     row["bf16_launches"], row["fakes_differ"] = len(launches), [repr(d) for d in differ]
     row["bf16_output_error"], row["bf16_grad_error"] = step_error(fused16, eager32)

@@ -19,8 +19,7 @@ from helpers import FAMILIES, cuda_autocast_policy, image_batch, tiny_model
 from torch.nn import functional as F
 
 import vitconvert
-from vitconvert.attention.ops import dispatch
-from vitconvert.attention.ops.linear import op as fused
+from vitconvert.attention.ops import calls, dispatch
 from vitconvert.attention.ops.norms import lean as lean_norms
 
 from .helpers import cuda_rms_kernel_on_the_cpu
@@ -72,7 +71,7 @@ def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, 
     form). fp16: `--amp float16`."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(dispatch.kernels_on("cpu"))
-        differ = stack.enter_context(fused.fakes_checked())
+        differ = stack.enter_context(calls.fakes_checked())
         rms_backward_calls = None
         if variant == "mhla-cuda-rmsnorm":
             if not lean_norms.FUSED_RMS_BACKWARD:
@@ -107,7 +106,7 @@ def test_every_family_forwards_the_same_under_cudas_autocast(family, kernels_on_
     for variant in ("elu", "inline", "mhla", "ttt"):
         student, _ = vitconvert.convert(source, variant)
         outputs = []
-        with fused.fakes_checked() as differ:
+        with calls.fakes_checked() as differ:
             for cuda_policy in (False, True):
                 with (cuda_autocast_policy() if cuda_policy else torch.autocast("cpu", enabled=True)):
                     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -34,7 +34,7 @@ class Dispatch:
     older_triton: Optional[bool] = None  # whether Triton is older than 3.8 (None: the installed one's)
     through_ops: bool = False  # every op call through the custom-op dispatcher, as tracers see them (direct)
     direct_under_modes: bool = False  # op calls direct under a dispatch mode that only counts (host_overhead's)
-    fakes: Optional[list] = None  # (op, real, fake) that differ, where a diagnostic checks them (fused.call_op)
+    fakes: Optional[list] = None  # (op, real, fake) that differ, where a diagnostic checks them (calls.call_op)
     capabilities: dict[torch.device, bool] = field(default_factory=dict)  # supported_generation's answers
     settled: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)  # settings -> leaner that fit
     unavailable: dict[str, str] = field(default_factory=dict)  # op -> why its kernels were turned off

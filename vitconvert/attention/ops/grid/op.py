@@ -20,10 +20,9 @@ import torch
 from torch.nn import functional as F
 
 from ...tensors import from_grid, split_prefix, to_grid
-from ..dispatch import KernelUnavailable, launch, launch_settings, tile_args, triton_next_power_of_2
-from ..linear import op as fused
-from ..linear.launches import _eager_gradients, _mask_arg, _output_like, unit_rows, valid_keys
-from ..linear.op import _direct_function
+from ..calls import _direct_function, _eager_gradients, call_op
+from ..dispatch import KernelUnavailable, direct, launch, launch_settings, tile_args, triton_next_power_of_2
+from ..layout import _mask_arg, _output_like, unit_rows, valid_keys
 from ..ttt.closed_form import normalize_keys, valid_key_moments
 
 # A program's tokens × head channels. Every tap is a shifted load of the tile, and Triton keeps several in flight:
@@ -185,7 +184,7 @@ def _backward(ctx, dy, _):
     weight_dtype, bias_dtype = ctx.dtypes
     try:
         rows, cols, prefix, norm_eps = ctx.args
-        dx, dweight, dbias = (run_grid_conv_backward if fused.direct(dy) else grid_conv_backward)(
+        dx, dweight, dbias = (run_grid_conv_backward if direct(dy) else grid_conv_backward)(
             x, weight, key_valid, stats, dy, rows, cols, prefix, not ctx.has_base, norm_eps is not None)
     except KernelUnavailable as e:
         base = dy if ctx.has_base else None  # (any tensor of y's kind: the eager form's base only adds)
@@ -221,6 +220,6 @@ def grid_conv_eager(x: torch.Tensor, base: Optional[torch.Tensor], weight: torch
 def conv_on_grid(x: torch.Tensor, base: Optional[torch.Tensor], weight: torch.Tensor, bias: Optional[torch.Tensor],
                  key_valid: Optional[torch.Tensor], grid: tuple[int, int], prefix: int,
                  norm_eps: Optional[float] = None) -> torch.Tensor:
-    """The op's y, called direct where it may (fused.call_op, looked up per call: fused.fakes_checked)."""
+    """The op's y, called direct where it may (:func:`..calls.call_op`)."""
     args = (x, base, weight, bias, key_valid, grid[0], grid[1], prefix, norm_eps)
-    return fused.call_op(grid_conv, _DirectGridConv, run_grid_conv, args, (x, base, weight, bias))[0]
+    return call_op(grid_conv, _DirectGridConv, run_grid_conv, args, (x, base, weight, bias))[0]

@@ -71,25 +71,3 @@ def _read(phi_q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, eps: float, nor
     if normalise:
         return num / ((phi_q * r.to(torch.float32).unsqueeze(-2)).sum(-1, keepdim=True) + eps)
     return num + r.to(torch.float32).unsqueeze(-2)
-
-
-def gradients(form, inputs: tuple[Optional[torch.Tensor], ...], grads: tuple[torch.Tensor, ...],
-              *args) -> tuple[Optional[torch.Tensor], ...]:
-    """d(form(*inputs, *args))/d(inputs) · grads by autograd over the eager form (None for None inputs and for
-    the integer ones such as masks and index tables)."""
-    with torch.enable_grad():
-        leaves = [t.detach().requires_grad_() if t is not None and t.is_floating_point() else t for t in inputs]
-        wanted = [t for t in leaves if t is not None and t.requires_grad]
-        outputs = form(*leaves, *args)
-        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-        pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None]
-        found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
-    found = iter(found)
-    result = []
-    for t in leaves:
-        if t is not None and t.requires_grad:
-            g = next(found)
-            result.append(torch.zeros_like(t) if g is None else g)
-        else:
-            result.append(None)
-    return tuple(result)

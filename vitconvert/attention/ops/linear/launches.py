@@ -16,15 +16,13 @@ import torch
 
 from .. import dispatch
 from ..dispatch import (
-    KernelUnavailable,
     block_sizes,
-    disable,
     launch,
     pipeline_stages,
     split_tokens,
     tile_args,
 )
-from . import eager as fused_eager
+from ..layout import _mask_arg, _output_like, unit_rows
 
 
 def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
@@ -32,28 +30,10 @@ def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
     return (1, tokens) if index is None else (index.shape[0], index.shape[1])
 
 
-def _total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
-    """(B·H, G, splits, …) partial sums -> (B, H, G, …): summed over the token ranges (a view when there is one)."""
-    if partials.shape[2] == 1:  # one view op, not a squeeze and a view (each op costs host time)
-        return partials.view(batch, heads, partials.shape[1], *partials.shape[3:])
-    return partials.sum(2).view(batch, heads, partials.shape[1], *partials.shape[3:])
-
-
-def valid_keys(key_valid: torch.Tensor) -> torch.Tensor:
-    """(B,) float32: the valid keys of each image, at least 1 (the n that normalises a sum over keys)."""
-    return key_valid.sum(dim=-1).clamp(min=1).to(torch.float32)
-
-
 def _unmasked_chunks(head_dim: int, block_d: int) -> bool:
     """EVEN_D of the backward kernels: whole chunks without masks where the head fills its tile, up to 64 (what the
     unmasked code builds to at 128 for sm_90: benchmarks/kernel_resources.py --arch sm_90)."""
     return head_dim == block_d <= 64
-
-
-def _mask_arg(key_valid: Optional[torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, int]:
-    if key_valid is None:
-        return like, 0  # never read (HAS_MASK is False)
-    return key_valid, key_valid.stride(0)
 
 
 # -- the ops -------------------------------------------------------------------------------------------------
@@ -163,26 +143,6 @@ def state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.
     return dk, dv
 
 
-def unit_rows(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself when its last dimension is contiguous (the kernels step through d by 1), else a copy: an
-    output gradient expanded from a sum (``out.sum().backward()``: every stride 0) or a caller's transposed view
-    read garbage before."""
-    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
-
-
-def _strides(*tensors: torch.Tensor) -> tuple[int, ...]:
-    """Batch, head and token strides of (B, H, N, d) tensors whose last dimension is contiguous."""
-    return tuple(s for t in tensors for s in t.stride()[:3])
-
-
-def _output_like(q: torch.Tensor) -> torch.Tensor:
-    """(B, H, N, d) output stored as (B, N, H, d): the attention module's transpose-and-reshape is then a view.
-    The backwards write dq, dk, dv so too: the layer's q/k/v split stacks them into the qkv projection's
-    (B, N, 3, H, d) gradient from contiguous rows, and MHLA's RMSNorm backward reads them as its rows, no copy."""
-    B, H, N, D = q.shape
-    return q.new_empty((B, N, H, D)).transpose(1, 2)
-
-
 def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
                    feature_eps: float, eps: float, normalise: bool) -> torch.Tensor:
     """o of every query from the state R (B, H, G, d, d) and r (B, H, G, d) of its segment (module docstring)."""
@@ -256,10 +216,3 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torc
         EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d, **kernel_tiles(q, bf16_tiles),
         num_warps=warps, num_stages=pipeline_stages())
     return dq, dS, dz, dzv
-
-
-def _eager_gradients(error: KernelUnavailable, op: str, form, inputs, grads, *args):
-    """A backward kernel that cannot be built here: ``op``'s kernels go off for the process (one warning) and
-    this step's gradients come from the op's eager form."""
-    disable(error, op)
-    return fused_eager.gradients(form, inputs, grads, *args)

@@ -22,13 +22,11 @@ the ops' eager forms (:mod:`.eager`), so training goes on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Optional
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from ..calls import _direct_function, _eager_gradients, call_op
 from ..dispatch import (  # noqa: F401  (re-exported: the variants and tools reach dispatch through this module)
     CONFIG_ENV,
     ENV,
@@ -48,14 +46,11 @@ from ..dispatch import (  # noqa: F401  (re-exported: the variants and tools rea
     tile_args,
     use_fused_kernels,
 )
+from ..layout import _mask_arg, _output_like, _strides, unit_rows, valid_keys
 from ..norms.lean import rms_pair, through_rms_pair
 from . import eager as fused_eager
 from .eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: F401  (the kernels' φ codes)
 from .launches import (  # noqa: F401  (re-exported: tests and tools call the building blocks from here)
-    _eager_gradients,
-    _mask_arg,
-    _output_like,
-    _strides,
     kernel_tiles,
     read_out,
     readers,
@@ -64,8 +59,6 @@ from .launches import (  # noqa: F401  (re-exported: tests and tools call the bu
     run_readout_backward,
     segment_states,
     state_gradients,
-    unit_rows,
-    valid_keys,
 )
 
 
@@ -159,20 +152,6 @@ linear_attention_backward = torch.library.custom_op("vitconvert::linear_attentio
 @linear_attention_backward.register_fake
 def _(q, k, v, o, do, key_valid, feature, feature_eps, eps, scale, inline):
     return tuple(_output_like(t) for t in (q, k, v))
-
-
-def _direct_function(name: str, body, setup_context, backward) -> type[torch.autograd.Function]:
-    """An op's eager calls without the custom-op dispatcher (:func:`..dispatch.direct`): the same body, the same
-    saved tensors and the same backward (whose kernels also run direct when the gradient is a plain tensor).
-    ``forward`` takes ``ctx`` itself: a Function with ``setup_context`` binds its arguments by ``inspect`` on
-    every call, tens of µs."""
-    def forward(ctx, *args):
-        output = body(*args)
-        setup_context(ctx, args, output)
-        return output
-
-    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),  # no double backward, as the ops
-                                                   "backward": staticmethod(once_differentiable(backward))})
 
 
 def _attention_setup(ctx, inputs, output) -> None:
@@ -303,46 +282,6 @@ def _blocked_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid:
 
 
 # -- the variants' forms ------------------------------------------------------------------------------------
-def call_op(op, function: type[torch.autograd.Function], body, args: tuple, differentiable: tuple):
-    """``op(*args)`` through the custom-op dispatcher where a tracer must see the op (:func:`direct` of q, the
-    first argument); else the op's direct ``function``, or its bare ``body`` when autograd does not record the
-    call (grad off, or none of the ``differentiable`` tensors requires grad: no Function, no ctx). Where a
-    diagnostic asks (:func:`fakes_checked`), the op's fake runs on the same inputs too."""
-    if not direct(args[0]):
-        out = op(*args)
-    else:
-        records = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
-        out = (function.apply if records else body)(*args)
-    differ = current().fakes
-    if differ is not None:
-        _check_fake(op, args, out, differ)
-    return out
-
-
-def _check_fake(op, args: tuple, out, differ: list) -> None:
-    """Appends (op, real, fake) (dtype, shape, strides) to ``differ`` where ``op``'s fake on ``args`` says other
-    than ``out``."""
-    from torch._subclasses.fake_tensor import FakeTensorMode  # lazy: start-up time (a diagnostic's)
-    from torch.utils._pytree import tree_leaves  # lazy: start-up time
-
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
-    for real, faked in zip(tree_leaves(out), tree_leaves(fake), strict=True):
-        meta = [(t.dtype, tuple(t.shape), t.stride()) for t in (real, faked)]
-        if meta[0] != meta[1]:
-            differ.append((str(op), *meta))
-
-
-@contextmanager
-def fakes_checked() -> Iterator[list]:
-    """Inside, each fused op called through :func:`call_op` (every variant's) also runs its fake on the same inputs
-    (what torch.compile and torch.export take the op to return); yields the list of (op, real, fake) (dtype, shape,
-    strides) that differ. A diagnostic for the GPU's paths (benchmarks/gpu_check.py's parity section, the tests):
-    CUDA's autocast once made MHLA's op return float32 where its fake said bf16."""
-    with kernels_on(fakes=[]) as dispatch:
-        yield dispatch.fakes
-
-
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], feature: int,
               feature_eps: float, eps: float, scale: float, inline: bool) -> torch.Tensor:
     """``vitconvert::linear_attention`` on raw (B, H, N, d) q, k, v (φ applied in the kernels): ELU's and ReLU's

@@ -18,9 +18,11 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from ..calls import _direct_function, _eager_gradients, call_op
 from ..dispatch import (
     KernelUnavailable,
     block_sizes,
+    direct,
     launch,
     launch_settings,
     spill_free_chunk,
@@ -28,10 +30,8 @@ from ..dispatch import (
     triton_next_power_of_2,
 )
 from ..grid.op import grid_conv_eager
+from ..layout import _mask_arg, _output_like, _strides, unit_rows
 from ..linear import eager as fused_eager
-from ..linear import op as fused
-from ..linear.launches import _eager_gradients, _mask_arg, _output_like, _strides, unit_rows
-from ..linear.op import _direct_function
 from ..norms.lean import through_rms_pair
 
 MAX_SEGMENTS = 64  # W̃'s gradient is summed through one-hot dots of G padded to a power of two: 64 at most
@@ -286,7 +286,7 @@ def _backward(ctx, do, _):
         return (None,) * 17
     q, k, v, key_valid, segments, mixing, q_weight, k_weight, rstd, lepe_weight = ctx.saved_tensors
     try:  # the kernels, normalising q and k as they load, then the norm's backward kernel
-        grads = run_pairwise_backward if fused.direct(do) else pairwise_attention_backward
+        grads = run_pairwise_backward if direct(do) else pairwise_attention_backward
         dq, dk, dv, dmixing, dq_weight, dk_weight, dlepe_weight, dlepe_bias = grads(
             q, k, v, do, key_valid, segments, mixing, *ctx.args, q_weight, k_weight, rstd, lepe_weight, *ctx.grid)
         if q_weight is None or k_weight is None:
@@ -344,10 +344,10 @@ def pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optio
              q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None,
              norm_eps: float = 0.0, lepe_weight: Optional[torch.Tensor] = None,
              lepe_bias: Optional[torch.Tensor] = None, grid: tuple[int, int] = (0, 0), prefix: int = 0) -> torch.Tensor:
-    """The op's output, called direct where it may (fused.call_op, looked up per call: fused.fakes_checked);
+    """The op's output, called direct where it may (:func:`..calls.call_op`);
     LePE (``lepe_weight``, ``lepe_bias``) over the tokens after ``prefix``, a ``grid``, added where given."""
     args = (q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps,
             lepe_weight, lepe_bias, *grid, prefix)
-    return fused.call_op(pairwise_attention, _DirectPairwise, run_pairwise, args, (q, k, v, mixing, q_weight,
+    return call_op(pairwise_attention, _DirectPairwise, run_pairwise, args, (q, k, v, mixing, q_weight,
                                                                                     k_weight, lepe_weight,
                                                                                     lepe_bias))[0]

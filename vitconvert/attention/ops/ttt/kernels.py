@@ -90,7 +90,7 @@ def _three_scaled(P, first, s, d, d_ok, D, TILE: tl.constexpr):
 
 @triton.jit
 def _put_partials(P, bh, split, SPLITS, x1, x2, x3, d, d_ok, D):
-    """One program's three partial sums into a (BH, 3, SPLITS, D, D) float32 stack (linear/launches._total's layout)."""
+    """One program's three partial sums into a (BH, 3, SPLITS, D, D) float32 stack (layout._total's layout)."""
     first = bh * 3 * SPLITS + split
     _store_square(P, first, x1, d, d_ok, D)
     _store_square(P, first + SPLITS, x2, d, d_ok, D)

@@ -21,11 +21,10 @@ from typing import Optional, Union
 
 import torch
 
-from ..dispatch import KernelUnavailable, block_sizes, fits, launch, split_tokens, tile_args, too_big
+from ..calls import _direct_function, _eager_gradients, call_op
+from ..dispatch import KernelUnavailable, block_sizes, direct, fits, launch, split_tokens, tile_args, too_big
 from ..grid.op import grid_conv_eager, run_grid_conv_backward
-from ..linear import op as fused
-from ..linear.launches import _eager_gradients, _mask_arg, _output_like, _total, unit_rows, valid_keys
-from ..linear.op import _direct_function
+from ..layout import _mask_arg, _output_like, _total, unit_rows, valid_keys
 from .closed_form import stepped_readout
 
 
@@ -250,7 +249,7 @@ def _backward(ctx, do, _):  # (W' is for backward only: nothing flows back throu
         return (None,) * 12
     q, k, v, key_valid, weights, updated, q_filter, q_bias = ctx.saved_tensors
     try:
-        dq, dk, dv, dweights, d_filter, d_bias = (run_ttt_backward if fused.direct(do) else ttt_step_backward)(
+        dq, dk, dv, dweights, d_filter, d_bias = (run_ttt_backward if direct(do) else ttt_step_backward)(
             q, k, v, do, key_valid, weights, updated, *ctx.args, q_filter, q_bias, *ctx.grid)
     except KernelUnavailable as e:
         inputs = (q, k, v, key_valid, weights, q_filter, q_bias)
@@ -283,7 +282,7 @@ def ttt_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Opti
 def call_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
               weights: torch.Tensor, scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
               q_bias: Optional[torch.Tensor] = None, grid: tuple[int, int, int] = (0, 0, 0)) -> torch.Tensor:
-    """The op's output, called direct where it may (fused.call_op);
+    """The op's output, called direct where it may (:func:`..calls.call_op`);
     ``grid`` (rows, cols, prefix tokens) of q's conv when ``q_filter`` is given."""
     args = (q, k, v, key_valid, weights, scale, lr, q_filter, q_bias, *grid)
-    return fused.call_op(ttt_step, _DirectStep, run_ttt, args, (q, k, v, weights, q_filter, q_bias))[0]
+    return call_op(ttt_step, _DirectStep, run_ttt, args, (q, k, v, weights, q_filter, q_bias))[0]

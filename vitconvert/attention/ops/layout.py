@@ -1,0 +1,47 @@
+"""How every fused op lays out the tensors its launches take and make, whatever its folder: rows the kernels step
+through by 1, outputs stored as (B, N, H, d), strides, the mask argument, the valid keys and partial sums."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def unit_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dimension is contiguous (the kernels step through d by 1), else a copy: an
+    output gradient expanded from a sum (``out.sum().backward()``: every stride 0) or a caller's transposed view
+    read garbage before."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+def _strides(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """Batch, head and token strides of (B, H, N, d) tensors whose last dimension is contiguous."""
+    return tuple(s for t in tensors for s in t.stride()[:3])
+
+
+def _output_like(q: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, d) output stored as (B, N, H, d): the attention module's transpose-and-reshape is then a view.
+    The backwards write dq, dk, dv so too: the layer's q/k/v split stacks them into the qkv projection's
+    (B, N, 3, H, d) gradient from contiguous rows, and MHLA's RMSNorm backward reads them as its rows, no copy."""
+    B, H, N, D = q.shape
+    return q.new_empty((B, N, H, D)).transpose(1, 2)
+
+
+def _mask_arg(key_valid: Optional[torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(the mask a kernel takes, its batch stride): ``like`` and 0 without one (never read: HAS_MASK is False)."""
+    if key_valid is None:
+        return like, 0
+    return key_valid, key_valid.stride(0)
+
+
+def valid_keys(key_valid: torch.Tensor) -> torch.Tensor:
+    """(B,) float32: the valid keys of each image, at least 1 (the n that normalises a sum over keys)."""
+    return key_valid.sum(dim=-1).clamp(min=1).to(torch.float32)
+
+
+def _total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
+    """(B·H, G, splits, …) partial sums -> (B, H, G, …): summed over the token ranges (a view when there is one)."""
+    if partials.shape[2] == 1:  # one view op, not a squeeze and a view (each op costs host time)
+        return partials.view(batch, heads, partials.shape[1], *partials.shape[3:])
+    return partials.sum(2).view(batch, heads, partials.shape[1], *partials.shape[3:])
