@@ -203,15 +203,12 @@ def cuda_norm_kernels() -> Iterator[None]:
     """MHLA's RMSNorm on its CUDA branch, torch's fused kernels registered for the CPU (removed on exit)."""
     if not lean_norms.FUSED_RMS_BACKWARD:
         raise SystemExit("error: --cuda-norms: this torch has no aten::_fused_rms_norm_backward")
-    devices = lean_norms.FUSED_RMS_BACKWARD_DEVICES
+    devices = dispatch.current().rms_norm_devices
     with torch.library._scoped_library("aten", "IMPL") as library:
         library.impl("_fused_rms_norm", rms_norm_on_the_cpu, "CPU")
         library.impl("_fused_rms_norm_backward", rms_norm_backward_on_the_cpu, "CPU")
-        lean_norms.FUSED_RMS_BACKWARD_DEVICES = (*devices, "cpu")
-        try:
+        with dispatch.kernels_on(rms_norm_devices=(*devices, "cpu")):
             yield
-        finally:
-            lean_norms.FUSED_RMS_BACKWARD_DEVICES = devices
 
 
 def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: int, train: bool = False,

@@ -80,12 +80,5 @@ def make_module(name: str, head_dim: int, grid, num_prefix: int, **options):
     return module.to(DEVICE)
 
 
-def kernel_home(name: str):
-    """The module that defines kernel ``name``: where a test replaces it."""
-    from vitconvert.attention.ops.linear import head_kernels, split_kernels
-
-    return head_kernels if hasattr(head_kernels, name) else split_kernels
-
-
 SPLIT_BACKWARD_KERNELS = ("readout_bwd_kernel", "state_bwd_kernel")  # (heads split over programs; MHLA's blocked op)
 BACKWARD_KERNELS = (*SPLIT_BACKWARD_KERNELS, "attention_bwd_kernel")  # (a head in one program: ELU, ReLU, InLine)

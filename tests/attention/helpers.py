@@ -15,8 +15,7 @@ from helpers import load_benchmark
 from timm.layers import Attention
 
 from vitconvert.attention import VARIANTS, LinearAttention
-from vitconvert.attention.ops import dispatch
-from vitconvert.attention.ops.norms import lean as lean_norms
+from vitconvert.attention.ops import dispatch, dispatch_context
 
 
 @contextlib.contextmanager
@@ -107,31 +106,40 @@ def float32_against_literal(module: LinearAttention, x: torch.Tensor,
 
 
 class Cramped:
-    """A real kernel on a GPU with less shared memory than the launch settings were made for: settings that
-    ``fits(settings)`` rejects raise OutOfResources at launch, as Triton's launcher does (``refused`` counts
-    them); the others run the kernel."""
+    """A GPU with less shared memory than the launch settings were made for, as the context's launcher
+    (:func:`cramped`): a launch of one of ``kernels`` whose settings ``fits(settings)`` rejects raises
+    OutOfResources, as Triton's launcher does (``refused``: how many, per kernel); every other launch runs."""
 
-    def __init__(self, kernel, fits) -> None:
-        self.kernel, self.fits, self.refused = kernel, fits, 0
-        self.fn = getattr(kernel, "fn", None)  # (its name, for test_fused_dispatch.lean_launches)
+    def __init__(self, kernels, fits) -> None:
+        self.fits, self.refused = fits, dict.fromkeys(kernels, 0)
+
+    def __call__(self, kernel, grid, *args, **kwargs):
+        name = dispatch.kernel_name(kernel)
+        if name in self.refused and not self.fits(kwargs):
+            self.refused[name] += 1
+            kernel = _OutOfResources()
+        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+
+
+class _OutOfResources:
+    """A kernel whose every launch raises what Triton raises when a build needs more than the GPU gives a block."""
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
-            if not self.fits(kwargs):
-                from triton.runtime.errors import OutOfResources
+            from triton.runtime.errors import OutOfResources
 
-                self.refused += 1
-                raise OutOfResources(232448, 101376, "shared memory")
-            return self.kernel[grid](*args, **kwargs)
+            raise OutOfResources(232448, 101376, "shared memory")
         return run
 
 
-class Unbuildable(Cramped):
-    """A kernel Triton cannot build on this GPU at any settings (as OutOfResources is raised for shared memory or
-    registers)."""
-
-    def __init__(self) -> None:
-        super().__init__(None, lambda settings: False)
+def cramped(kernels, fits=lambda settings: False) -> Cramped:
+    """The context's launches (a test's :func:`..dispatch.kernels_on`, injected, no kernel rebound) through a
+    :class:`Cramped` GPU; by default ``kernels`` fit no settings (Triton cannot build them here at all)."""
+    here = dispatch.current()
+    assert here is not dispatch_context._PROCESS, "inside a test's kernels_on only: the process's stays as it is"
+    gpu = Cramped(kernels, fits)
+    here.launcher = gpu
+    return gpu
 
 
 def assert_mix_gradients_match_reference(module: LinearAttention, tokens: int, grid: Optional[tuple[int, int]],
@@ -182,12 +190,12 @@ def fused_rms_backward_on_the_cpu(grad_out, input, normalized_shape, rstd, weigh
 
 
 @contextlib.contextmanager
-def cuda_rms_kernel_on_the_cpu(monkeypatch):
+def cuda_rms_kernel_on_the_cpu():
     """MHLA's RMSNorm takes its CUDA branch on the CPU (torch's _fused_rms_norm, whose backward has no CPU kernel:
     :func:`fused_rms_backward_on_the_cpu` registered for it); yields the list of the backward's calls."""
     calls = []
     with torch.library._scoped_library("aten", "IMPL") as library:
         library.impl("_fused_rms_norm_backward",
                      lambda *a: calls.append(a) or fused_rms_backward_on_the_cpu(*a), "CPU")
-        monkeypatch.setattr(lean_norms, "FUSED_RMS_BACKWARD_DEVICES", ("cpu",))
-        yield calls
+        with dispatch.kernels_on(rms_norm_devices=("cpu",)):
+            yield calls

@@ -76,7 +76,7 @@ def test_a_training_step_is_the_same_under_cudas_autocast(monkeypatch, variant, 
         if variant == "mhla-cuda-rmsnorm":
             if not lean_norms.FUSED_RMS_BACKWARD:
                 pytest.skip("this torch has no aten::_fused_rms_norm_backward")
-            variant, rms_backward_calls = "mhla", stack.enter_context(cuda_rms_kernel_on_the_cpu(monkeypatch))
+            variant, rms_backward_calls = "mhla", stack.enter_context(cuda_rms_kernel_on_the_cpu())
             dispatch.current().settings = dispatch.KernelSettings(form="blocked")  # (pairwise: the norm in its kernels)
         torch.manual_seed(0)
         source = timm.create_model("vit_small_patch16_224", pretrained=False, img_size=64, depth=1,

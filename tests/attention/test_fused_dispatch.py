@@ -20,7 +20,6 @@ from .fused_cases import (
     SPLIT_BACKWARD_KERNELS,
     TOL,
     assert_matches_oracle,
-    kernel_home,
     kernels_here,  # noqa: F401  (an autouse fixture: the kernels on this device)
     make_module,
     padding_mask,
@@ -194,11 +193,10 @@ def l40_at_head_dim_128(settings: dict) -> bool:
     return settings["TILE"] != tl.float32 and settings["BLOCK_N"] <= 16
 
 
-def cramp(monkeypatch, fits, kernels=BACKWARD_KERNELS, module=None) -> dict[str, helpers.Cramped]:
-    cramped = {name: helpers.Cramped(getattr(module or kernel_home(name), name), fits) for name in kernels}
-    for name, kernel in cramped.items():
-        monkeypatch.setattr(module or kernel_home(name), name, kernel)
-    return cramped
+def cramp(fits, kernels=BACKWARD_KERNELS) -> dict[str, int]:
+    """The context's launches on a GPU where ``kernels`` fit only the settings ``fits`` takes: how many launches of
+    each were refused (a live count)."""
+    return helpers.cramped(kernels, fits).refused
 
 
 def test_the_ladder_takes_16_bit_tiles_then_halves_the_chunk():
@@ -224,7 +222,7 @@ def test_backward_kernels_too_big_for_the_gpu_run_lean_within_the_bf16_bar(name,
     programs (150 tokens: the read-out's and the state's backward), or each in one program (40 tokens: the
     one-launch backward)."""
     kernels = SPLIT_BACKWARD_KERNELS if heads == "split" else ("attention_bwd_kernel",)
-    cramped = cramp(monkeypatch, l40_at_head_dim_128, kernels)
+    refused = cramp(l40_at_head_dim_128, kernels)
     N = 150 if heads == "split" else 40
     mask = padding_mask(2, N) if masked else None
     q, k, v = qkv(N=N, d=64, dtype=torch.bfloat16)
@@ -243,12 +241,12 @@ def test_backward_kernels_too_big_for_the_gpu_run_lean_within_the_bf16_bar(name,
     # fused_parts.kernel_tiles; the one-launch backward starts at 32 under a Triton older than 3.8:
     # dispatch.spill_free_chunk); the rest took what fitted
     tries = {n: 1 if n == "attention_bwd_kernel" and dispatch.older_triton() else 2 for n in kernels}
-    assert {n: c.refused for n, c in cramped.items()} == tries
+    assert refused == tries
     assert lean_launches() == {n: {"BLOCK_N": 16} for n in kernels}
     out = fused.attention(q, k, v, mask, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False) if name != "inline" else (
         fused.attention(q, k, v, mask, fused.IDENTITY, 0.0, 0.0, 64 ** -0.5, True))
     torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
-    assert {n: c.refused for n, c in cramped.items()} == tries  # remembered
+    assert refused == tries  # remembered
 
 
 @pytest.mark.parametrize("form", ["blocked", "pairwise"])
@@ -262,14 +260,14 @@ def test_an_mhla_module_on_float32_takes_smaller_chunks_and_matches_its_referenc
     dispatch.current().settings = dispatch.KernelSettings(form=form)
     where = split_kernels if form == "blocked" else pairwise_kernels
     kernels = [n for n in dir(where) if n.endswith("_kernel")]
-    cramped = cramp(monkeypatch, lambda settings: settings["BLOCK_N"] <= 16, kernels, where)
+    refused = cramp(lambda settings: settings["BLOCK_N"] <= 16, kernels)
     module = make_module("mhla", 32, (6, 7), 1, blocks_per_side=2)
     x = torch.randn(2, 43, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     with helpers.no_warnings():
         errors = helpers.float32_against_literal(module, x, padding_mask(2, 43)[:, None, None, :])
     assert errors.pop("output") < 1e-5
     assert not {n: e for n, e in errors.items() if e >= {"block_mix": 1e-3}.get(n, 1e-4)}, errors
-    launched = {n for n, c in cramped.items() if c.refused}
+    launched = {n for n, count in refused.items() if count}
     assert launched >= ({"state_fwd_kernel", "readout_fwd_kernel", *SPLIT_BACKWARD_KERNELS} if form == "blocked" else
                         {"pairwise_fwd_kernel", "pairwise_bwd_dq_kernel", "pairwise_bwd_dkv_kernel"})
     assert all(step == {"BLOCK_N": 16} for step in lean_launches().values())
@@ -277,11 +275,11 @@ def test_an_mhla_module_on_float32_takes_smaller_chunks_and_matches_its_referenc
 
 def test_a_kernel_that_fits_no_settings_still_falls_back_to_eager_once(monkeypatch, fresh_dispatch):
     """Past the last step (16-bit tiles, 16 tokens) the op's kernels turn off with one warning, as before."""
-    cramped = cramp(monkeypatch, lambda settings: False)
+    refused = cramp(lambda settings: False)
     q, k, v = qkv(N=150, d=64, dtype=torch.bfloat16)
     out = fused.attention(q, k, v, None, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False)
     with pytest.warns(RuntimeWarning, match="OutOfResources"):
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     assert not fused.can_run(q, "linear_attention")
     # bf16 inputs start on 16-bit tiles (fused_parts.kernel_tiles), so the ladder is 64, 32, 16: one kernel
-    assert sum(c.refused for c in cramped.values()) == 3
+    assert sum(refused.values()) == 3

@@ -180,7 +180,6 @@ def test_a_grid_kernel_the_gpu_cannot_build_leaves_the_convs_to_torch(variant, s
     Backward (the forward ran on the grid kernel): that step's gradients from the op's eager form. One warning,
     and the grid op off for the process; the gradients those of the kernels' own. TTT's q conv runs inside its
     step op, whose backward runs the grid backward kernel: there the step's kernels go off too."""
-    from vitconvert.attention.ops.grid import kernels as grid_kernels
 
     module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
@@ -189,8 +188,7 @@ def test_a_grid_kernel_the_gpu_cannot_build_leaves_the_convs_to_torch(variant, s
     dispatch.current().unavailable.clear()
     out = module(x) if stage == "backward" else None
     kernels = ("grid_conv_bwd_kernel",) if stage == "backward" else ("grid_conv_fwd_kernel", "grid_conv_bwd_kernel")
-    for kernel in kernels:
-        monkeypatch.setattr(grid_kernels, kernel, helpers.Unbuildable())
+    helpers.cramped(kernels)
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*for grid_conv"):
         out = module(x) if out is None else out
         got = torch.autograd.grad(out, [x, *module.parameters()], grad)

@@ -250,18 +250,17 @@ def test_the_op_passes_torch_library_checks():
 def test_a_forward_kernel_the_gpu_cannot_build_leaves_mhla_on_its_blocked_kernels(monkeypatch):
     """The pairwise kernels turn off with one warning and the call (and every later one) takes the blocked form,
     not the eager one: the same output."""
-    from vitconvert.attention.ops.pairwise import kernels as pairwise_kernels
 
     dispatch.current().settings = dispatch.KernelSettings(form="pairwise")  # (float32: auto takes the blocked form)
     module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE)
     expected = module(x)
-    monkeypatch.setattr(pairwise_kernels, "pairwise_fwd_kernel", helpers.Unbuildable())
+    refusing = helpers.cramped(["pairwise_fwd_kernel"])
     blocked = []
 
     def record(kernel, grid, *args, **kwargs):
         blocked.append(dispatch.kernel_name(kernel) == "state_fwd_kernel")
-        return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+        return refusing(kernel, grid, *args, **kwargs)
 
     dispatch.current().launcher = record
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources"):
@@ -273,7 +272,6 @@ def test_a_forward_kernel_the_gpu_cannot_build_leaves_mhla_on_its_blocked_kernel
 
 
 def test_a_backward_kernel_the_gpu_cannot_build_takes_the_eager_gradients(monkeypatch):
-    from vitconvert.attention.ops.pairwise import kernels as pairwise_kernels
 
     dispatch.current().settings = dispatch.KernelSettings(form="pairwise")
     module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
@@ -281,7 +279,7 @@ def test_a_backward_kernel_the_gpu_cannot_build_takes_the_eager_gradients(monkey
     grad = torch.randn(2, 17, 64, device=DEVICE)
     want = torch.autograd.grad(module(x), [x, *module.parameters()], grad)
     out = module(x)
-    monkeypatch.setattr(pairwise_kernels, "pairwise_bwd_dkv_kernel", helpers.Unbuildable())
+    helpers.cramped(["pairwise_bwd_dkv_kernel"])
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources"):
         got = torch.autograd.grad(out, [x, *module.parameters()], grad)
     for g, w in zip(got, want, strict=True):

@@ -16,7 +16,6 @@ from .fused_cases import (
     BACKWARD_KERNELS,
     DEVICE,
     FUSED_VARIANTS,
-    kernel_home,
     kernels_here,  # noqa: F401  (an autouse fixture: the kernels on this device)
     make_module,
     padding_mask,
@@ -113,8 +112,7 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_form_once(name, m
     x = torch.randn(2, 17, 64, device=DEVICE)
     expected = module(x)
     dispatch.current().unavailable.clear()
-    for kernel in ("attention_fwd_kernel", "state_fwd_kernel", "readout_fwd_kernel"):
-        monkeypatch.setattr(kernel_home(kernel), kernel, helpers.Unbuildable())
+    helpers.cramped(("attention_fwd_kernel", "state_fwd_kernel", "readout_fwd_kernel"))
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources.*VITCONVERT_FUSED=0"):
         out = module(x)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
@@ -138,8 +136,7 @@ def test_a_backward_kernel_the_gpu_cannot_build_falls_back_to_the_eager_gradient
     want = torch.autograd.grad(module(x), [x, *module.parameters()], grad)
     dispatch.current().unavailable.clear()
     out = module(x)  # forward on the kernels
-    for kernel in BACKWARD_KERNELS:
-        monkeypatch.setattr(kernel_home(kernel), kernel, helpers.Unbuildable())
+    helpers.cramped(BACKWARD_KERNELS)
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources.*VITCONVERT_FUSED=0"):
         got = torch.autograd.grad(out, [x, *module.parameters()], grad)
     for g, w in zip(got, want, strict=True):

@@ -79,34 +79,31 @@ def test_where_the_sums_backward_fits_no_settings_two_kernels_take_its_place(d, 
     no settings (benchmarks/kernel_resources.py --arch sm_89). Then a kernel for dk, dW1, dW2 and one for dv, dW3
     take its place: the same gradients against float64, no warning, TTT's kernels stay on, and the one kernel is
     not tried again."""
-    from vitconvert.attention.ops.ttt import kernels as ttt_kernels
 
     dispatch.current().programs = programs
     dispatch.current().unavailable.clear()
     dispatch.current().settled.clear()
-    one_kernel = helpers.Cramped(ttt_kernels.inner_sums_bwd_kernel, lambda settings: False)
-    monkeypatch.setattr(ttt_kernels, "inner_sums_bwd_kernel", one_kernel)
+    one_kernel = helpers.cramped(["inner_sums_bwd_kernel"])
     inputs, mask = step_inputs(N=70, d=d, masked=masked)
     with helpers.no_warnings():
         errors = against_float64(inputs, mask, lr=0.7)
         assert max(errors) < 2e-6, errors
-        tries = one_kernel.refused  # (BLOCK_N 64 or 32, down to 16: float32 inputs keep their tiles)
+        tries = one_kernel.refused["inner_sums_bwd_kernel"]  # (BLOCK_N 64 or 32, down to 16: float32 keeps its tiles)
         assert tries == (3 if d == 32 else 2)
         assert not dispatch.fits(fused_ttt.ONE_PASS) and fused.can_run(inputs[0], "ttt_step")
         against_float64(inputs, mask, lr=0.7)
-    assert one_kernel.refused == tries
+    assert one_kernel.refused["inner_sums_bwd_kernel"] == tries
 
 
 def test_the_two_sums_backward_kernels_on_bf16_are_the_one_kernel(monkeypatch):
     """bf16 at head dim 64 (DeiT's), 16-bit tiles: the two kernels' gradients are the one kernel's (the same
     products, in the same order, on the same roundings)."""
-    from vitconvert.attention.ops.ttt import kernels as ttt_kernels
 
     inputs, mask = step_inputs(N=70, d=64, dtype=torch.bfloat16, masked=True)
     inputs[3] = inputs[3].detach().float().requires_grad_()
     one = against_float64(inputs, mask)
     dispatch.current().unavailable.clear()
-    monkeypatch.setattr(ttt_kernels, "inner_sums_bwd_kernel", helpers.Unbuildable())
+    helpers.cramped(["inner_sums_bwd_kernel"])
     two = against_float64(inputs, mask)
     assert not dispatch.fits(fused_ttt.ONE_PASS)
     assert two == pytest.approx(one, rel=1e-3), (one, two)
@@ -234,7 +231,6 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, 
     """Forward: the module runs its torch step. Backward (the forward ran on the kernels): this step's gradients
     from the op's eager form. Either way one warning, and TTT's kernels off for the process (the other ops keep
     theirs)."""
-    from vitconvert.attention.ops.ttt import kernels as ttt_kernels
 
     module = helpers.make_module("ttt", 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
@@ -244,8 +240,8 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, 
     dispatch.current().unavailable.clear()
     if stage == "backward":
         out = module(x)
-    for kernel in (KERNELS if stage == "forward" else ()) + BACKWARD_KERNELS:  # (backward's recomputed forward
-        monkeypatch.setattr(ttt_kernels, kernel, helpers.Unbuildable())                 # runs the kernels it built)
+    # (backward's recomputed forward runs the kernels it built)
+    helpers.cramped((KERNELS if stage == "forward" else ()) + BACKWARD_KERNELS)
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources.*VITCONVERT_FUSED=0"):
         if stage == "forward":
             out = module(x)
@@ -266,7 +262,6 @@ def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, mon
     from helpers import image_batch, tiny_model
 
     import vitconvert
-    from vitconvert.attention.ops.ttt import kernels as ttt_kernels
 
     source = tiny_model(family)
     student, _ = vitconvert.convert(source, "ttt")
@@ -290,8 +285,7 @@ def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, mon
     for m in layers:
         m.recompute_step = True
     dispatch.current().unavailable.clear()
-    for kernel in BACKWARD_KERNELS:
-        monkeypatch.setattr(ttt_kernels, kernel, helpers.Unbuildable())
+    helpers.cramped(BACKWARD_KERNELS)
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU"):
         results.append(step(True))
     (eager_logits, eager_grads) = results[1]

@@ -22,12 +22,12 @@ B, N, H, D = 2, 197, 3, 16  # N×C tokens (more than the qkv weight's 3C×C), C 
 
 
 @pytest.fixture
-def cuda_rms_kernel(monkeypatch):
+def cuda_rms_kernel():
     """The CUDA branch of rms_over_heads_backward taken on the CPU, the kernel's math registered for the CPU;
     yields the list of its calls."""
     if not lean_norms.FUSED_RMS_BACKWARD:
         pytest.skip("this torch has no aten::_fused_rms_norm_backward")
-    with cuda_rms_kernel_on_the_cpu(monkeypatch) as calls:
+    with cuda_rms_kernel_on_the_cpu() as calls:
         yield calls
 
 
@@ -96,7 +96,7 @@ def test_the_recomputed_rmsnorm_hands_its_rows_and_rstd_to_the_backward(cuda_rms
     assert lean_norms.rms_recomputed(t.float(), weight, 1e-6)[1] is None  # float32: the formula, nothing kept
 
 
-def test_mhlas_blocked_op_trains_through_the_cuda_rmsnorm_branch(cuda_rms_kernel, monkeypatch):
+def test_mhlas_blocked_op_trains_through_the_cuda_rmsnorm_branch(cuda_rms_kernel):
     """The blocked op's backward on the CUDA branch (the norms recomputed by the fused forward, their rows and rstd
     handed on) gives the gradients of the formula the CPU keeps, within bf16 rounding."""
     from vitconvert.attention.blocks import extended_block_mix, segment_index
@@ -116,8 +116,9 @@ def test_mhlas_blocked_op_trains_through_the_cuda_rmsnorm_branch(cuda_rms_kernel
 
     on_cuda_branch = gradients()
     assert len(cuda_rms_kernel) == 2  # q's and k's
-    monkeypatch.setattr(lean_norms, "FUSED_RMS_BACKWARD_DEVICES", ("cuda",))
-    for mine, formula in zip(on_cuda_branch, gradients(), strict=True):
+    with dispatch.kernels_on(rms_norm_devices=("cuda",)):
+        by_formula = gradients()
+    for mine, formula in zip(on_cuda_branch, by_formula, strict=True):
         assert rel_error(mine, formula) < 5e-3
 
 
@@ -148,7 +149,7 @@ def test_op_traffic_counts_cudas_fused_rmsnorm_as_one_op_each_way(capsys, monkey
         ops, mib = re.search(r"model (\d+) ops .*?, ([\d.]+) MiB", line).groups()
         counted[bool(flag)] = int(ops), float(mib)
     assert counted[True][0] < counted[False][0] and counted[True][1] < counted[False][1], counted
-    assert lean_norms.FUSED_RMS_BACKWARD_DEVICES == ("cuda",)
+    assert dispatch.current().rms_norm_devices == ("cuda",)
     x = torch.randn(2, 8).bfloat16()
     rstd = torch.ones(2, 1)
     with pytest.raises(NotImplementedError):  # the CPU kernel registered for the count is removed again

@@ -30,6 +30,7 @@ class Dispatch:
     programs: Optional[int] = None  # programs a launch wants; None: PROGRAMS_PER_SM per SM of the tensor's GPU
     split_round: int = SPLIT_ROUND
     ttt_dtypes: tuple[torch.dtype, ...] = TTT_DTYPES  # (TTT's kernels take float32 too; no sm_90 GPU fits them)
+    rms_norm_devices: tuple[str, ...] = ("cuda",)  # where half RMSNorms take torch's fused kernels (norms/lean.py)
     generation_checked: tuple[str, ...] = ("cuda",)  # device types whose generation is checked (MIN_CAPABILITY)
     older_triton: Optional[bool] = None  # whether Triton is older than 3.8 (None: the installed one's)
     through_ops: bool = False  # every op call through the custom-op dispatcher, as tracers see them (direct)

@@ -27,12 +27,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...tensors import accumulation_dtype
-from ..dispatch import exporting
+from ..dispatch import current, exporting
 from ..ttt.closed_form import normalize_keys
 
 # torch's fused RMSNorm backward (what autograd runs for F.rms_norm on CUDA; torch 2.9 on, no CPU kernel)
 FUSED_RMS_BACKWARD = hasattr(torch.ops.aten, "_fused_rms_norm_backward")
-FUSED_RMS_BACKWARD_DEVICES = ("cuda",)
 HALF = (torch.bfloat16, torch.float16)
 
 
@@ -80,8 +79,9 @@ def _tokens_major(t: torch.Tensor) -> torch.Tensor:
 
 
 def _fused_rms_here(t: torch.Tensor) -> bool:
-    """Whether the RMSNorm of ``t`` takes torch's fused kernels (half inputs on CUDA)."""
-    return FUSED_RMS_BACKWARD and t.dtype in HALF and t.device.type in FUSED_RMS_BACKWARD_DEVICES
+    """Whether the RMSNorm of ``t`` takes torch's fused kernels (half inputs on CUDA: the dispatch's
+    ``rms_norm_devices``)."""
+    return FUSED_RMS_BACKWARD and t.dtype in HALF and t.device.type in current().rms_norm_devices
 
 
 RmsSaved = Optional[tuple[torch.Tensor, torch.Tensor]]  # (contiguous rows, rstd) on the fused kernels' branch
