@@ -238,7 +238,7 @@ def test_backward_kernels_too_big_for_the_gpu_run_lean_within_the_bf16_bar(name,
                 phi(q), phi(k), v, mask, 1e-6), TOL[torch.bfloat16])
     assert fused.can_run(q, "linear_attention")  # nothing turned off
     # the first launch of each tried 64- and 32-token chunks on bf16 tiles (bf16 inputs' default for these kernels:
-    # fused_parts.kernel_tiles; the one-launch backward starts at 32 under a Triton older than 3.8:
+    # launch_plan.tile_name; the one-launch backward starts at 32 under a Triton older than 3.8:
     # dispatch.spill_free_chunk); the rest took what fitted
     tries = {n: 1 if n == "attention_bwd_kernel" and dispatch.older_triton() else 2 for n in kernels}
     assert refused == tries
@@ -281,5 +281,5 @@ def test_a_kernel_that_fits_no_settings_still_falls_back_to_eager_once(monkeypat
     with pytest.warns(RuntimeWarning, match="OutOfResources"):
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     assert not fused.can_run(q, "linear_attention")
-    # bf16 inputs start on 16-bit tiles (fused_parts.kernel_tiles), so the ladder is 64, 32, 16: one kernel
+    # bf16 inputs start on 16-bit tiles (launch_plan.tile_name), so the ladder is 64, 32, 16: one kernel
     assert sum(refused.values()) == 3

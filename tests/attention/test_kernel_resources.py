@@ -14,8 +14,7 @@ import pytest
 import torch
 from helpers import load_benchmark
 
-from vitconvert.attention.ops import dispatch
-from vitconvert.attention.ops.linear import op as fused
+from vitconvert.attention.ops import dispatch, launch_plan
 
 pytest.importorskip("triton")
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -168,7 +167,7 @@ def test_every_linear_kernel_runs_on_an_a100_an_l40_a_b200_and_an_rtx_5090(tmp_p
     runs = ran(rows)
     for d in (64, 128):
         for op, kernels in LINEAR_KERNELS.items():
-            if op == "linear_attention elu" and d <= fused.ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM:
+            if op == "linear_attention elu" and d <= launch_plan.ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM:
                 kernels = {"attention_fwd_kernel", "attention_bwd_kernel"}  # (a head in one program, each way)
             assert {k for dd, o, k in runs if (dd, o) == (d, op)} == kernels, (arch, d, op)
     ttt = {kernel for d, op, kernel in runs if op == "ttt_step"}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from vitconvert.attention import VARIANTS, plan
-from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops import dispatch, launch_plan
 from vitconvert.attention.ops.settings import KernelSettings
 
 from . import helpers
@@ -83,31 +83,36 @@ def test_head_dim_128_reads_out_backward_in_16_token_chunks():
                                                    settings=KernelSettings()).backward
 
 
-def launched(module, x, programs: int) -> tuple[list, list]:
-    """The (kernel, BLOCK_N, num_warps, num_stages) of a forward's launches, then of its backward's."""
+def launched(module, x, programs: int, settings: KernelSettings) -> tuple[list, list]:
+    """The (kernel, BLOCK_N, num_warps, num_stages, programs over tokens, operand tile) of a forward's launches, then
+    of its backward's."""
     record: list = []
 
     def launch(kernel, grid, *args, **kwargs):
         record.append((dispatch.kernel_name(kernel), kwargs["BLOCK_N"], kwargs["num_warps"],
-                       kwargs.get("num_stages")))
+                       kwargs.get("num_stages"), grid[2] if len(grid) > 2 else None, kwargs.get("TILE")))
         return dispatch.build_and_run(kernel, grid, *args, **kwargs)
 
-    with dispatch.kernels_on(DEVICE, launcher=launch, programs=programs, settings=KernelSettings()):
+    with dispatch.kernels_on(DEVICE, launcher=launch, programs=programs, settings=settings):
         out = module(x)
         forward = list(record)
         out.float().sum().backward()
     return forward, record[len(forward):]
 
 
-@pytest.mark.parametrize("variant, programs", [("elu", 64), ("elu", 4), ("inline", 64), ("mhla", 64), ("ttt", 64)])
-def test_the_plan_names_the_kernels_that_launch(variant, programs):
+@pytest.mark.parametrize("variant, programs, form", [
+    ("elu", 64, "auto"), ("elu", 4, "auto"), ("inline", 64, "auto"), ("mhla", 64, "auto"), ("mhla", 64, "blocked"),
+    ("ttt", 64, "auto")])
+def test_the_plan_names_the_kernels_that_launch(variant, programs, form):
     """The plan against the launches of one training step in the interpreter (bf16 inputs, as under autocast):
-    the same kernels each way, on the plan's BLOCK_N, warps and stages."""
+    the same kernels each way, on the plan's BLOCK_N, warps and stages; where it names the state and read-out
+    launches, each takes exactly the plan's chunk, token ranges and operand tile."""
     module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.bfloat16).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
     gpu = plan.Gpu("interpreter", (9, 0), programs // dispatch.PROGRAMS_PER_SM, 227 * 1024)
-    expected = plan.plan_layer(module, gpu, torch.bfloat16, 2, settings=KernelSettings())
-    forward, backward = launched(module, x, programs)
+    settings = KernelSettings(form=form)
+    expected = plan.layer_plan(module, gpu, torch.bfloat16, 2, settings=settings)
+    forward, backward = launched(module, x, programs, settings)
 
     def names(launches):
         # (the grid op's kernels, TTT's key statistics among them, are the plan's ``others``)
@@ -121,6 +126,35 @@ def test_the_plan_names_the_kernels_that_launch(variant, programs):
     assert first[1:3] == (expected.block_n, expected.warps)
     if variant in ("elu", "inline"):
         assert first[3] == expected.stages
+    if expected.launches is not None:
+        ran = {launch[0] for launch in forward + backward} & TAKES.keys()
+        assert {launch[1:] for launch in forward + backward if launch[0] in ran} == \
+            {taken(name, expected.launches) for name in ran}
+
+
+def taken(kernel: str, launches: launch_plan.LinearLaunches) -> tuple:
+    """What a launch of ``kernel`` takes by the plan: (BLOCK_N, warps, stages, programs over tokens, tile)."""
+    block_n, splits = TAKES[kernel](launches)
+    return (block_n, launches.warps, launches.stages, splits, launch_plan.tile_kwargs(launches.tile)["TILE"])
+
+
+TAKES = {  # kernel -> (its BLOCK_N, its programs over tokens) by the plan
+    "state_fwd_kernel": lambda p: (p.block_n, p.splits), "readout_fwd_kernel": lambda p: (p.block_n, p.read_splits),
+    "readout_bwd_kernel": lambda p: (p.readout_bwd_block_n, p.splits),
+    "state_bwd_kernel": lambda p: (p.block_n, p.read_splits),
+    "attention_fwd_kernel": lambda p: (p.block_n, None),
+    "attention_bwd_kernel": lambda p: (p.one_launch_bwd_block_n, None)}
+
+
+def test_a_layer_keeps_its_plan_per_gpu_dtype_and_size():
+    """Decided once: the same value at the second ask, kept on the layer; another size or dtype is another plan."""
+    elu = layer("elu")
+    first = plan.layer_plan(elu, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings())
+    assert plan.layer_plan(elu, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings()) is first
+    larger = plan.layer_plan(elu, plan.GPUS["h100"], torch.bfloat16, 256, settings=KernelSettings())
+    assert larger.splits == 1 and first.splits == 2 and len(elu.kernel_plans) == 2
+    assert first.launches.tile == "bf16" and (first.launches.per, first.launches.read_splits) == (128, 2)
+    assert plan.layer_plan(elu, None, torch.float32, 16) is not first and len(elu.kernel_plans) == 3
 
 
 class CountedEnvironment(MutableMapping):

@@ -9,6 +9,7 @@ in Triton's interpreter. ``vitconvert info FOLDER --kernels`` prints it per laye
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -18,10 +19,9 @@ from torch import nn
 
 from .base import LinearAttention
 from .blocks import segment_index
-from .ops import dispatch
+from .ops import dispatch, launch_plan
 from .ops.grid.op import grid_tile
-from .ops.linear.launches import readout_backward_chunk
-from .ops.linear.op import ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM
+from .ops.launch_plan import LinearLaunches
 from .ops.pairwise.op import pairwise_is_cheaper
 from .ops.settings import KernelSettings
 
@@ -74,6 +74,7 @@ class KernelPlan:
     tile: str = ""  # the dots' operands: "tf32", "bf16", "fp16" or "fp32"
     splits: int = 1  # token ranges per head and segment (1: a program per head, one launch each way)
     others: tuple[str, ...] = ()  # the layer's other ops on kernels (the grid op: LePE, TTT's convs)
+    launches: Optional[LinearLaunches] = None  # the state and read-out launches, as they take them (ops/launch_plan.py)
     reason: str = ""  # why eager
     note: str = ""  # what may change at the first launch (less shared memory than the settings were made for)
 
@@ -144,35 +145,43 @@ def _eager_reason(module: LinearAttention, call: Call, op: str) -> str:
     return ""
 
 
-def _tile(dtype: torch.dtype, settings: KernelSettings, half_tiles: bool = False) -> str:
-    """The dots' operands (:func:`.ops.dispatch.tile_args`; float32 inputs as torch's TF32 switch for matmuls says)."""
-    if dtype == torch.float32:
-        return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
-    if half_tiles or settings.tile == "half":
-        return "bf16" if dtype == torch.bfloat16 else "fp16"
-    return "tf32"
+def _tf32_matmuls(call: Call) -> bool:
+    return call.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
 
 
 def _geometry(plan: KernelPlan, module: LinearAttention, call: Call, many_tiles: bool = False) -> KernelPlan:
     block_n, block_d, warps = dispatch.launch_geometry(module.head_dim, call.settings.config, many_tiles)
     return replace(plan, block_n=block_n, block_d=block_d, warps=warps, stages=call.settings.stages,
-                   tile=_tile(call.dtype, call.settings))
+                   tile=launch_plan.tile_name(call.dtype, call.settings, False, _tf32_matmuls(call)))
+
+
+def _launches(plan: KernelPlan, module: LinearAttention, call: Call, segments: int, length: int,
+              bf16_tiles: bool) -> KernelPlan:
+    """The plan on the launches the state and read-out kernels take (:func:`.ops.launch_plan.decide`, as they ask
+    it), for ``segments`` segments of ``length`` tokens."""
+    found = launch_plan.decide(call.batch * module.num_heads, segments, math.ceil(length / dispatch.SPLIT_ROUND),
+                               module.head_dim, call.dtype, call.programs, dispatch.SPLIT_ROUND, call.settings,
+                               call.older_triton, _tf32_matmuls(call), bf16_tiles)
+    return replace(plan, block_n=found.block_n, block_d=found.block_d, warps=found.warps, stages=found.stages,
+                   tile=found.tile, splits=found.splits, launches=found)
+
+
+def _chunked(kernel: str, block_n: int, plan: KernelPlan) -> str:
+    """A kernel's name, with its BLOCK_N where it takes another than the plan's."""
+    return kernel + (f" (BLOCK_N {block_n})" if block_n != plan.block_n else "")
 
 
 def _linear(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
     """ELU, ReLU, InLine: one launch each way when every head fits one program, else the state and read-out."""
-    splits = dispatch.token_ranges(call.batch * module.num_heads, 1, call.tokens, call.programs)[0]
-    plan = replace(_geometry(plan, module, call), splits=splits)
-    if call.dtype == torch.bfloat16 and not call.settings.tile_given:  # launches.kernel_tiles: bf16 operand tiles
-        plan = replace(plan, tile="bf16")
-    chunk = readout_backward_chunk(plan.block_n, plan.block_d, False)
-    readout_bwd = "readout_bwd_kernel" + (f" (BLOCK_N {chunk})" if chunk != plan.block_n else "")
-    split_backward = ("state_fwd_kernel", readout_bwd, "state_bwd_kernel")
-    if splits > 1:
+    plan = _launches(plan, module, call, 1, call.tokens, True)
+    found = plan.launches
+    split_backward = ("state_fwd_kernel", _chunked("readout_bwd_kernel", found.readout_bwd_block_n, plan),
+                      "state_bwd_kernel")
+    if not found.one_launch:
         return replace(plan, forward=("state_fwd_kernel", "readout_fwd_kernel"), backward=split_backward)
-    one_launch = module.head_dim <= ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM
+    one_launch = (_chunked("attention_bwd_kernel", found.one_launch_bwd_block_n, plan),)
     return replace(plan, forward=("attention_fwd_kernel",),
-                   backward=("attention_bwd_kernel",) if one_launch else split_backward)
+                   backward=one_launch if found.one_launch_backward else split_backward)
 
 
 def _grid_op(module: LinearAttention, call: Call) -> tuple[str, ...]:
@@ -200,10 +209,11 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
         # RMSNorm applied as the tiles load; q's backward in the dk/dv kernel, k's after)
     length = segment_index(grid, counts, module.num_prefix_tokens, torch.device("cpu")).shape[1] if grid else \
         call.tokens
-    splits = dispatch.token_ranges(call.batch * module.num_heads, segments, length, call.programs)[0]
+    plan = _launches(plan, module, call, segments, length, False)
     again = ("readout_fwd_kernel",) if lepe and grid else ()  # (o read out again: the op does not keep it)
-    return replace(plan, forward=("state_fwd_kernel", "readout_fwd_kernel"), splits=splits, others=others,
-                   backward=("state_fwd_kernel", *again, "readout_bwd_kernel", "state_bwd_kernel"))
+    readout_bwd = _chunked("readout_bwd_kernel", plan.launches.readout_bwd_block_n, plan)
+    return replace(plan, forward=("state_fwd_kernel", "readout_fwd_kernel"), others=others,
+                   backward=("state_fwd_kernel", *again, readout_bwd, "state_bwd_kernel"))
 
 
 def _ttt(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
@@ -229,8 +239,23 @@ def linear_layers(model: nn.Module) -> Iterator[tuple[str, LinearAttention]]:
             yield name, module
 
 
+def layer_plan(module: LinearAttention, gpu: Optional[Gpu], dtype: torch.dtype, batch: int,
+               tokens: Optional[int] = None, settings: Optional[KernelSettings] = None,
+               older_triton: Optional[bool] = None, layer: str = "") -> KernelPlan:
+    """:func:`plan_layer`, kept by the layer (``module.kernel_plans``) per GPU, dtype, size and settings: decided
+    the first time one is asked, the same value after that."""
+    settings = settings or dispatch.launch_settings()
+    older = dispatch.older_triton() if older_triton is None else older_triton
+    key = (gpu, dtype, batch, tokens, settings, older, layer)
+    plans = module.__dict__.setdefault("kernel_plans", {})  # (a plain attribute: no parameter, buffer or module)
+    found = plans.get(key)
+    if found is None:
+        found = plans[key] = plan_layer(module, gpu, dtype, batch, tokens, settings, older, layer)
+    return found
+
+
 def plan_model(model: nn.Module, gpu: Optional[Gpu], dtype: torch.dtype, batch: int,
                settings: Optional[KernelSettings] = None) -> list[KernelPlan]:
-    """:func:`plan_layer` of every linear-attention layer of ``model``, at its grid's size."""
-    return [plan_layer(module, gpu, dtype, batch, settings=settings, layer=name)
+    """:func:`layer_plan` of every linear-attention layer of ``model``, at its grid's size."""
+    return [layer_plan(module, gpu, dtype, batch, settings=settings, layer=name)
             for name, module in linear_layers(model)]

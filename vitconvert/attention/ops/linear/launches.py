@@ -14,14 +14,8 @@ from typing import Optional
 
 import torch
 
-from .. import dispatch
-from ..dispatch import (
-    block_sizes,
-    launch,
-    pipeline_stages,
-    split_tokens,
-    tile_args,
-)
+from ..dispatch import launch
+from ..launch_plan import linear_launches, tile_kwargs
 from ..layout import _mask_arg, _output_like, unit_rows
 
 
@@ -63,8 +57,8 @@ def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
     k, v = unit_rows(k), unit_rows(v)
     B, H, N, D = k.shape
     segments, length = _segments(index, N)
-    splits, per = split_tokens(B * H, segments, length, k.device)
-    block_n, block_d, warps = block_sizes(D)
+    plan = linear_launches(k, B * H, segments, length, bf16_tiles)
+    splits, per, block_n, block_d, warps = plan.splits, plan.per, plan.block_n, plan.block_d, plan.warps
     part = k.new_empty((B * H * segments * splits, D * D + 2 * D + 1), dtype=torch.float32)
     R = k.new_empty((B, H, segments, D, D), dtype=torch.float32)
     r = k.new_empty((B, H, segments, D), dtype=torch.float32)
@@ -77,19 +71,9 @@ def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
         H, length, D, segments, splits, per, feature_eps, inline_scale or 1.0,
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, INLINE=inline_scale is not None,
-        SUM_V=sum_values, EVEN_D=D == block_d, BLOCK_N=block_n, BLOCK_D=block_d, **kernel_tiles(k, bf16_tiles),
-        num_warps=warps, num_stages=pipeline_stages())
+        SUM_V=sum_values, EVEN_D=D == block_d, BLOCK_N=block_n, BLOCK_D=block_d, **tile_kwargs(plan.tile),
+        num_warps=warps, num_stages=plan.stages)
     return R, r, aux, n
-
-
-def kernel_tiles(t: torch.Tensor, bf16_tiles: bool) -> dict:
-    """:func:`..dispatch.tile_args`; ``bf16_tiles`` (ELU, ReLU, InLine): bf16 inputs' dots on bf16 operand tiles unless
-    ``VITCONVERT_FUSED_TILE`` says otherwise. bf16 tiles take a third fewer instructions per element than TF32's
-    (no conversion to float32 and back for v, q, dO; benchmarks/kernel_instructions.py) and hold the tests' bf16
-    bars against the N×N forms; float16 keeps TF32 (a 4k-token state's sums pass float16's largest value)."""
-    if bf16_tiles and t.dtype == torch.bfloat16 and not dispatch.launch_settings().tile_given:
-        return dispatch._tile_args(t.dtype, False, "half", dispatch.interpreting())
-    return tile_args(t)
 
 
 _tickets: dict[torch.device, torch.Tensor] = {}  # device -> the split kernels' int32 tickets, zero between launches
@@ -106,17 +90,6 @@ def tickets(count: int, device: torch.device) -> torch.Tensor:
     return found
 
 
-def read_split(heads: int, segments: int, length: int, device: torch.device) -> tuple[int, int]:
-    """(programs, tokens per program) of the kernels that need no reduction over tokens (the read-out, the state's
-    backward): the state pass's ranges, cut to at most 2 × :data:`..dispatch.SPLIT_ROUND` tokens (256) once the
-    state is split, for as many programs as the GPU takes."""
-    splits, per = split_tokens(heads, segments, length, device)
-    if splits == 1:
-        return splits, per
-    per = min(per, 2 * dispatch.SPLIT_ROUND)
-    return -(-length // per), per
-
-
 def state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                     index: Optional[torch.Tensor], dS: torch.Tensor, dz: torch.Tensor, dzv: Optional[torch.Tensor],
                     feature: int, feature_eps: float, bf16_tiles: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,8 +100,8 @@ def state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.
     k, v = unit_rows(k), unit_rows(v)
     B, H, N, D = k.shape
     segments, length = _segments(index, N)
-    splits, per = read_split(B * H, segments, length, k.device)
-    block_n, block_d, warps = block_sizes(D)
+    plan = linear_launches(k, B * H, segments, length, bf16_tiles)
+    splits, per, block_n, block_d, warps = plan.read_splits, plan.read_per, plan.block_n, plan.block_d, plan.warps
     dk, dv = _output_like(k), _output_like(v)
     mask, s_mb = _mask_arg(key_valid, k)
     dz = dz.contiguous()
@@ -138,8 +111,8 @@ def state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         H, length, D, segments, per, feature_eps,
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, HAS_DZV=dzv is not None,
-        EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d, **kernel_tiles(k, bf16_tiles),
-        num_warps=warps, num_stages=pipeline_stages())
+        EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d, **tile_kwargs(plan.tile),
+        num_warps=warps, num_stages=plan.stages)
     return dk, dv
 
 
@@ -151,21 +124,21 @@ def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Option
 
 def read_out(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
              feature_eps: float, eps: float, normalise: bool, bf16_tiles: bool = False) -> torch.Tensor:
-    """:func:`run_readout`, on :func:`kernel_tiles`' operands."""
+    """:func:`run_readout`; ``bf16_tiles``: bf16 inputs on bf16 tiles (:func:`..launch_plan.tile_name`)."""
     from .split_kernels import readout_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q = unit_rows(q)
     B, H, N, D = q.shape
     segments, length = _segments(index, N)
-    splits, per = read_split(B * H, segments, length, q.device)
-    block_n, block_d, warps = block_sizes(D)
+    plan = linear_launches(q, B * H, segments, length, bf16_tiles)
+    splits, per, block_n, block_d, warps = plan.read_splits, plan.read_per, plan.block_n, plan.block_d, plan.warps
     o = _output_like(q)
     launch(readout_fwd_kernel, (B * H, segments, splits),
         q, R.contiguous(), r.contiguous(), o, index if index is not None else q,
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
         H, length, D, segments, per, feature_eps, eps,
         FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, EVEN_D=D == block_d, BLOCK_N=block_n,
-        BLOCK_D=block_d, **kernel_tiles(q, bf16_tiles), num_warps=warps, num_stages=pipeline_stages())
+        BLOCK_D=block_d, **tile_kwargs(plan.tile), num_warps=warps, num_stages=plan.stages)
     return o
 
 
@@ -175,15 +148,6 @@ def run_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: t
     """dq (q's dtype and :func:`_output_like`'s layout), dR and dr (float32) of :func:`run_readout`."""
     dq, dR, dr, _ = readout_gradients(q, R, r, o, do, index, feature, feature_eps, eps, normalise, None)
     return dq, dR, dr
-
-
-def readout_backward_chunk(block_n: int, block_d: int, tf32_half: bool) -> int:
-    """BLOCK_N of the read-out's backward (:mod:`.plan` asks it too): half for TF32 tiles of half inputs (MHLA's: with
-    the last program's sums they spill at head dim 64 on sm_90 in 64-token chunks); 16 from head dim 128, where the
-    d×d dR accumulator and Rᵀ fill the registers (benchmarks/kernel_resources.py --arch sm_89 --head-dims 128)."""
-    if tf32_half:
-        block_n = max(16, block_n // 2)
-    return 16 if block_d >= 128 else block_n
 
 
 def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
@@ -197,9 +161,8 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torc
     q, o, do = unit_rows(q), unit_rows(o), unit_rows(do)
     B, H, N, D = q.shape
     segments, length = _segments(index, N)
-    splits, per = split_tokens(B * H, segments, length, q.device)
-    block_n, block_d, warps = block_sizes(D)
-    block_n = readout_backward_chunk(block_n, block_d, not bf16_tiles and q.dtype != torch.float32)
+    plan = linear_launches(q, B * H, segments, length, bf16_tiles)
+    splits, per, block_n, block_d, warps = plan.splits, plan.per, plan.readout_bwd_block_n, plan.block_d, plan.warps
     dq = _output_like(q)
     part = q.new_empty((B * H * segments * splits, D * D + D), dtype=torch.float32)
     dS = q.new_empty((B, H, segments, D, D), dtype=torch.float32)
@@ -213,6 +176,6 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torc
         do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
         H, length, D, segments, splits, per, feature_eps, eps, scale,
         FEATURE=feature, NORMALISE=normalise, INLINE=inline is not None, HAS_INDEX=index is not None,
-        EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d, **kernel_tiles(q, bf16_tiles),
-        num_warps=warps, num_stages=pipeline_stages())
+        EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d, **tile_kwargs(plan.tile),
+        num_warps=warps, num_stages=plan.stages)
     return dq, dS, dz, dzv

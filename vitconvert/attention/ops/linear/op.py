@@ -33,25 +33,21 @@ from ..dispatch import (  # noqa: F401  (re-exported: the variants and tools rea
     TILE_ENV,
     KernelUnavailable,
     attempt,
-    block_sizes,
     can_run,
     current,
     direct,
     disable,
     kernels_on,
     launch,
-    pipeline_stages,
-    spill_free_chunk,
     split_tokens,
-    tile_args,
     use_fused_kernels,
 )
+from ..launch_plan import linear_launches, tile_kwargs
 from ..layout import _mask_arg, _output_like, _strides, unit_rows, valid_keys
 from ..norms.lean import rms_pair, through_rms_pair
 from . import eager as fused_eager
 from .eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: F401  (the kernels' φ codes)
 from .launches import (  # noqa: F401  (re-exported: tests and tools call the building blocks from here)
-    kernel_tiles,
     read_out,
     readers,
     readout_gradients,
@@ -85,10 +81,11 @@ def run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: 
 
     q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
     B, H, N, D = q.shape
-    if split_tokens(B * H, 1, N, q.device)[0] > 1:  # two launches: what the queries read, then the read-out
+    plan = linear_launches(q, B * H, 1, N, True)
+    if not plan.one_launch:  # two launches: what the queries read, then the read-out
         R, r, _, _ = readers(k, v, key_valid, feature, feature_eps, scale, inline)
         return read_out(q, R, r, None, feature, feature_eps, eps, not inline, True)
-    block_n, block_d, warps = block_sizes(D)
+    block_n, block_d, warps = plan.block_n, plan.block_d, plan.warps
     o = _output_like(q)
     mask, s_mb = _mask_arg(key_valid, k)
     launch(attention_fwd_kernel, (B * H,),
@@ -97,7 +94,7 @@ def run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: 
         v.stride(2), s_mb, o.stride(0), o.stride(1), o.stride(2),
         H, N, D, feature_eps, eps, scale,
         FEATURE=feature, INLINE=inline, HAS_MASK=key_valid is not None, EVEN_D=D == block_d, BLOCK_N=block_n,
-        BLOCK_D=block_d, **kernel_tiles(q, True), num_warps=warps, num_stages=pipeline_stages())
+        BLOCK_D=block_d, **tile_kwargs(plan.tile), num_warps=warps, num_stages=plan.stages)
     return o
 
 
@@ -107,11 +104,6 @@ linear_attention = torch.library.custom_op("vitconvert::linear_attention", mutat
 @linear_attention.register_fake
 def _(q, k, v, key_valid, feature, feature_eps, eps, scale, inline):
     return _output_like(q)
-
-
-# The one-launch backward holds Rᵀ, dR, dS and dSᵀ as head-dim tiles at once: above head dim 64 the three-launch
-# form runs (what each builds to: benchmarks/kernel_resources.py --arch sm_90 --ops "linear_attention elu").
-ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM = 64
 
 
 def run_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
@@ -124,10 +116,10 @@ def run_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
     from .head_kernels import attention_bwd_kernel  # lazy: start-up time
 
     B, H, N, D = q.shape
-    if D <= ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM and split_tokens(B * H, 1, N, q.device)[0] == 1:
+    plan = linear_launches(q, B * H, 1, N, True)
+    if plan.one_launch_backward:
         q, k, v, o, do = (unit_rows(t) for t in (q, k, v, o, do))
-        block_n, block_d, warps = block_sizes(D)
-        block_n = spill_free_chunk(block_n, block_d)
+        block_n, block_d, warps = plan.one_launch_bwd_block_n, plan.block_d, plan.warps
         dq, dk, dv = _output_like(q), _output_like(k), _output_like(v)
         mask, s_mb = _mask_arg(key_valid, k)
         launch(attention_bwd_kernel, (B * H,),
@@ -135,8 +127,8 @@ def run_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
             *_strides(q, k, v), s_mb, *_strides(o, do, dq, dk, dv),
             H, N, D, feature_eps, eps, scale,
             FEATURE=feature, INLINE=inline, HAS_MASK=key_valid is not None,
-            EVEN_D=D == block_d and key_valid is None, BLOCK_N=block_n, BLOCK_D=block_d, **kernel_tiles(q, True),
-            num_warps=warps, num_stages=pipeline_stages())
+            EVEN_D=D == block_d and key_valid is None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_kwargs(plan.tile),
+            num_warps=warps, num_stages=plan.stages)
         return dq, dk, dv
     R, r, z, n = readers(k, v, key_valid, feature, feature_eps, scale, inline)  # three launches, no op between
     dq, dS, dz, dzv = readout_gradients(q, R, r, o, do, None, feature, feature_eps, eps, not inline,

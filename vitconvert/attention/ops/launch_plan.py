@@ -1,0 +1,131 @@
+"""What the ELU/ReLU/InLine and MHLA-blocked launches take, decided once per shape bucket: a :class:`LinearLaunches`
+value (tile, warps, stages, token ranges, each backward kernel's chunk, one launch or split).
+
+:func:`decide` is a pure function of the heads, segments, head dim and dtype of a call, the tokens' bucket (token
+count rounded up to the dispatch's ``split_round``: every split decision is a function of it), the programs the GPU
+wants and the launch settings; it is cached, so a bucket's launches are decided at its first call and read after
+that. The launches (ops/linear/launches.py, ops/linear/op.py) ask :func:`linear_launches`, which fills in what the
+context knows (:mod:`.dispatch_context`); the kernel plan (attention/plan.py) asks :func:`decide` for a GPU it names,
+so what ``vitconvert info --kernels`` prints is what the launches take.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from .dispatch import (
+    SPLIT_ROUND,
+    backward_chunk,
+    current,
+    environment_settings,
+    interpreting,
+    launch_geometry,
+    older_triton,
+    programs_wanted,
+    token_ranges,
+)
+from .settings import KernelSettings
+
+# The one-launch backward holds Rᵀ, dR, dS and dSᵀ as head-dim tiles at once: above head dim 64 the three-launch
+# form runs (what each builds to: benchmarks/kernel_resources.py --arch sm_90 --ops "linear_attention elu").
+ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM = 64
+HALF_TILES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@dataclass(frozen=True)
+class LinearLaunches:
+    """One shape bucket's launches of the state and read-out kernels (and the one-launch kernels of ELU, ReLU,
+    InLine): what each launch takes instead of deciding it."""
+
+    block_n: int
+    block_d: int
+    warps: int
+    stages: int
+    tile: str  # the dots' operands: "tf32", "fp32", "bf16" or "fp16" (:func:`tile_kwargs`)
+    splits: int  # the state pass's token ranges per head and segment (1: a head in one program, one launch a way)
+    per: int  # tokens a state range takes
+    read_splits: int  # the read-out's and the state backward's ranges (no reduction over tokens: shorter ones)
+    read_per: int
+    readout_bwd_block_n: int  # readout_bwd_kernel's chunk
+    one_launch_bwd_block_n: int  # attention_bwd_kernel's chunk
+    one_launch_backward: bool  # a head in one program and a head dim attention_bwd_kernel fits
+
+    @property
+    def one_launch(self) -> bool:
+        return self.splits == 1
+
+
+def read_ranges(splits: int, per: int, length: int) -> tuple[int, int]:
+    """(programs, tokens per program) of the kernels that need no reduction over tokens (the read-out, the state's
+    backward): the state pass's ranges, cut to at most 2 × :data:`.dispatch.SPLIT_ROUND` tokens (256) once the state
+    is split, for as many programs as the GPU takes."""
+    if splits == 1:
+        return splits, per
+    per = min(per, 2 * SPLIT_ROUND)
+    return -(-length // per), per
+
+
+def readout_backward_chunk(block_n: int, block_d: int, tf32_half: bool) -> int:
+    """BLOCK_N of the read-out's backward: half for TF32 tiles of half inputs (MHLA's: with the last program's sums
+    they spill at head dim 64 on sm_90 in 64-token chunks); 16 from head dim 128, where the d×d dR accumulator and Rᵀ
+    fill the registers (benchmarks/kernel_resources.py --arch sm_89 --head-dims 128)."""
+    if tf32_half:
+        block_n = max(16, block_n // 2)
+    return 16 if block_d >= 128 else block_n
+
+
+def tile_name(dtype: torch.dtype, settings: KernelSettings, bf16_tiles: bool, tf32_matmuls: bool) -> str:
+    """The dots' operands: half inputs as TF32 tiles unless ``VITCONVERT_FUSED_TILE=half`` (16-bit), bf16 inputs of
+    ``bf16_tiles`` kernels (ELU, ReLU, InLine) as bf16 tiles unless that setting is given; float32 inputs as torch's
+    TF32 switch for matmuls says (:func:`.dispatch.tile_args`). bf16 tiles take a third fewer instructions per
+    element than TF32's (no conversion to float32 and back for v, q, dO; benchmarks/kernel_instructions.py) and hold
+    the tests' bf16 bars against the N×N forms; float16 keeps TF32 (a 4k-token state's sums pass float16's largest
+    value)."""
+    if dtype == torch.float32:
+        return "tf32" if tf32_matmuls else "fp32"
+    if settings.tile == "half" or (bf16_tiles and dtype == torch.bfloat16 and not settings.tile_given):
+        return HALF_TILES.get(dtype, "tf32")
+    return "tf32"
+
+
+@lru_cache(maxsize=256)
+def decide(heads: int, segments: int, chunks: int, head_dim: int, dtype: torch.dtype, programs: int,
+           split_round: int, settings: KernelSettings, older: bool, tf32_matmuls: bool,
+           bf16_tiles: bool) -> LinearLaunches:
+    """The launches of ``heads`` (batch × heads) × ``segments`` segments of ``chunks`` × ``split_round`` tokens at
+    most, for a GPU that wants ``programs`` programs a launch. ``older``: a Triton before 3.8
+    (:func:`.dispatch.backward_chunk`)."""
+    length = chunks * split_round
+    block_n, block_d, warps = launch_geometry(head_dim, settings.config)
+    splits, per = token_ranges(heads, segments, length, programs, split_round)
+    read_splits, read_per = read_ranges(splits, per, length)
+    tile = tile_name(dtype, settings, bf16_tiles, tf32_matmuls)
+    tf32_half = not bf16_tiles and dtype != torch.float32
+    return LinearLaunches(block_n, block_d, warps, settings.stages, tile, splits, per, read_splits, read_per,
+                          readout_backward_chunk(block_n, block_d, tf32_half),
+                          backward_chunk(block_n, block_d, settings.config is not None, older),
+                          splits == 1 and head_dim <= ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM)
+
+
+def linear_launches(t: torch.Tensor, heads: int, segments: int, length: int, bf16_tiles: bool) -> LinearLaunches:
+    """:func:`decide` for a call on ``t`` (q or k) whose segments are ``length`` tokens long, with what the context
+    says (:func:`.dispatch.current`): the GPU's programs, the settings, the split round, the Triton."""
+    here = current()
+    older = older_triton() if here.older_triton is None else here.older_triton
+    tf32_matmuls = t.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    return decide(heads, segments, math.ceil(length / here.split_round), t.shape[-1], t.dtype,
+                  programs_wanted(t.device), here.split_round, here.settings or environment_settings(), older,
+                  tf32_matmuls, bf16_tiles)
+
+
+@lru_cache(maxsize=8)
+def tile_kwargs(tile: str) -> dict:
+    """The kernels' TILE, PRECISION and EMULATE arguments of a :class:`LinearLaunches` tile."""
+    import triton.language as tl  # lazy: start-up time (triton loads only when a kernel runs)
+
+    operands = {"tf32": tl.float32, "fp32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}[tile]
+    return {"TILE": operands, "PRECISION": "tf32" if tile == "tf32" else "ieee", "EMULATE": interpreting()}
