@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops import dispatch, launch_plan
 from vitconvert.attention.ops.linear import op as fused
 from vitconvert.attention.ops.linear.reference import inline_weights, kernel_attention_reference
 from vitconvert.errors import VitconvertError
@@ -89,7 +89,9 @@ def test_the_tuning_settings_reach_the_launches():
     settings = dispatch.KernelSettings.read({dispatch.CONFIG_ENV: "128,16", dispatch.TILE_ENV: " Half "})
     with dispatch.kernels_on(settings=settings):
         assert dispatch.block_sizes(64) == (128, 64, 16)
-        assert dispatch.pipeline_stages() == dispatch.KernelSettings().stages == 2  # (none given: the default)
+        launches = launch_plan.linear_launches(torch.zeros(1, 1, 1, 64), 1, 1, 1, False)
+        assert (launches.block_n, launches.warps) == (128, 16)
+        assert launches.stages == dispatch.KernelSettings().stages == 2  # (none given: the default)
         assert dispatch.tile_args(torch.zeros(1, dtype=torch.bfloat16))["PRECISION"] == "ieee"  # 16-bit tiles
     with dispatch.kernels_on(settings=dispatch.KernelSettings(tile="tf32")):
         assert dispatch.tile_args(torch.zeros(1, dtype=torch.bfloat16))["PRECISION"] == "tf32"

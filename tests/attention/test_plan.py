@@ -90,7 +90,7 @@ def launched(module, x, programs: int, settings: KernelSettings) -> tuple[list, 
 
     def launch(kernel, grid, *args, **kwargs):
         record.append((dispatch.kernel_name(kernel), kwargs["BLOCK_N"], kwargs["num_warps"],
-                       kwargs.get("num_stages"), grid[2] if len(grid) > 2 else None, kwargs.get("TILE")))
+                       kwargs.get("num_stages"), grid[-1] if len(grid) > 1 else None, kwargs.get("TILE")))
         return dispatch.build_and_run(kernel, grid, *args, **kwargs)
 
     with dispatch.kernels_on(DEVICE, launcher=launch, programs=programs, settings=settings):
@@ -124,9 +124,11 @@ def test_the_plan_names_the_kernels_that_launch(variant, programs, form):
     assert any(name.startswith("grid_conv") for name, *_ in forward) == bool(expected.others)
     first = next(launch for launch in forward if launch[0] == expected.forward[0])
     assert first[1:3] == (expected.block_n, expected.warps)
-    if variant in ("elu", "inline"):
-        assert first[3] == expected.stages
-    if expected.launches is not None:
+    assert first[3] == (expected.stages or None)  # (0: the launch passes none, Triton's default)
+    if variant == "ttt":  # (the step's kernels: the plan's chunk, warps and token ranges each way)
+        steps = {launch[1:3] + launch[4:5] for launch in forward + backward if launch[0].split("_")[0] in TTT_STEP}
+        assert steps == {(expected.block_n, expected.warps, expected.splits)}
+    elif expected.launches is not None:
         ran = {launch[0] for launch in forward + backward} & TAKES.keys()
         assert {launch[1:] for launch in forward + backward if launch[0] in ran} == \
             {taken(name, expected.launches) for name in ran}
@@ -138,6 +140,7 @@ def taken(kernel: str, launches: launch_plan.LinearLaunches) -> tuple:
     return (block_n, launches.warps, launches.stages, splits, launch_plan.tile_kwargs(launches.tile)["TILE"])
 
 
+TTT_STEP = ("inner", "swiglu")  # (TTT's step kernels: inner_sums*, swiglu_readout*)
 TAKES = {  # kernel -> (its BLOCK_N, its programs over tokens) by the plan
     "state_fwd_kernel": lambda p: (p.block_n, p.splits), "readout_fwd_kernel": lambda p: (p.block_n, p.read_splits),
     "readout_bwd_kernel": lambda p: (p.readout_bwd_block_n, p.splits),

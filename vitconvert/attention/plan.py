@@ -70,7 +70,7 @@ class KernelPlan:
     block_n: int = 0
     block_d: int = 0
     warps: int = 0
-    stages: int = 0
+    stages: int = 0  # num_stages; 0: Triton's default (the launches pass none)
     tile: str = ""  # the dots' operands: "tf32", "bf16", "fp16" or "fp32"
     splits: int = 1  # token ranges per head and segment (1: a program per head, one launch each way)
     others: tuple[str, ...] = ()  # the layer's other ops on kernels (the grid op: LePE, TTT's convs)
@@ -149,19 +149,20 @@ def _tf32_matmuls(call: Call) -> bool:
     return call.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
 
 
-def _geometry(plan: KernelPlan, module: LinearAttention, call: Call, many_tiles: bool = False) -> KernelPlan:
-    block_n, block_d, warps = dispatch.launch_geometry(module.head_dim, call.settings.config, many_tiles)
-    return replace(plan, block_n=block_n, block_d=block_d, warps=warps, stages=call.settings.stages,
+def _geometry(plan: KernelPlan, module: LinearAttention, call: Call) -> KernelPlan:
+    """The pairwise kernels' launch settings (no num_stages given: Triton's default)."""
+    block_n, block_d, warps = dispatch.launch_geometry(module.head_dim, call.settings.config)
+    return replace(plan, block_n=block_n, block_d=block_d, warps=warps, stages=0,
                    tile=launch_plan.tile_name(call.dtype, call.settings, False, _tf32_matmuls(call)))
 
 
 def _launches(plan: KernelPlan, module: LinearAttention, call: Call, segments: int, length: int,
-              bf16_tiles: bool) -> KernelPlan:
+              bf16_tiles: bool, many_tiles: bool = False) -> KernelPlan:
     """The plan on the launches the state and read-out kernels take (:func:`.ops.launch_plan.decide`, as they ask
     it), for ``segments`` segments of ``length`` tokens."""
     found = launch_plan.decide(call.batch * module.num_heads, segments, math.ceil(length / dispatch.SPLIT_ROUND),
                                module.head_dim, call.dtype, call.programs, dispatch.SPLIT_ROUND, call.settings,
-                               call.older_triton, _tf32_matmuls(call), bf16_tiles)
+                               call.older_triton, _tf32_matmuls(call), bf16_tiles, many_tiles)
     return replace(plan, block_n=found.block_n, block_d=found.block_d, warps=found.warps, stages=found.stages,
                    tile=found.tile, splits=found.splits, launches=found)
 
@@ -219,12 +220,13 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
 def _ttt(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
     """TTT's step: the inner sums and the read-out each way (the step recomputed in backward when the layer
     recomputes it); the convs and the key norm on the grid op."""
-    plan = _geometry(plan, module, call, many_tiles=True)
-    splits = dispatch.token_ranges(call.batch * module.num_heads, 1, call.tokens, call.programs)[0]
+    # (the step's chunk, warps and token ranges as ops/ttt/op.py's launches take them; no num_stages given)
+    plan = replace(_launches(plan, module, call, 1, call.tokens, False, many_tiles=True), stages=0, launches=None)
     forward = ("inner_sums_kernel", "swiglu_readout_kernel")
     again = forward if getattr(module, "recompute_step", False) else ()
-    return replace(plan, forward=forward, splits=splits, others=_grid_op(module, call),
-                   backward=(*again, "swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel"))
+    half = f" ({launch_plan.HALF_TILES[call.dtype]} tiles)" if call.dtype in launch_plan.HALF_TILES else ""
+    return replace(plan, forward=forward, others=_grid_op(module, call),  # (backward: 16-bit tiles, dispatch.tile_args)
+                   backward=(*again, f"swiglu_readout_bwd_kernel{half}", f"inner_sums_bwd_kernel{half}"))
 
 
 PLANNERS: dict[str, Callable[[LinearAttention, Call, KernelPlan], KernelPlan]] = {

@@ -199,8 +199,9 @@ def kernel_plans(folder: str, as_json: bool, device: str, gpu: Optional[str], dt
         if not p.on_kernels:
             table.add_row(p.layer, f"eager: {p.reason}", *[""] * 4)
             continue
-        launch = (f"BLOCK_N {p.block_n}, {plural(p.warps, 'warp')}, {plural(p.stages, 'stage')}, {p.tile} tiles, "
-                  f"{plural(p.splits, 'split')}")
+        stages = plural(p.stages, "stage") if p.stages else "Triton's default stages"
+        warps, splits = plural(p.warps, "warp"), plural(p.splits, "split")
+        launch = f"BLOCK_N {p.block_n}, {warps}, {stages}, {p.tile} tiles, {splits}"
         table.add_row(p.layer, p.op, ", ".join(p.forward), ", ".join(p.backward), launch, ", ".join(p.others))
     console.print(table)
     for note in dict.fromkeys(p.note for p in plans if p.note):

@@ -290,11 +290,6 @@ def launch_geometry(head_dim: int, config: Optional[tuple[int, int, int]],
     return 64, block_d, 4
 
 
-def pipeline_stages() -> int:
-    """num_stages of the ELU/ReLU/InLine launches (the context's settings)."""
-    return launch_settings().stages
-
-
 def spill_free_chunk(block_n: int, block_d: int) -> int:
     """The token chunk of the two backward kernels that Triton before 3.8 builds with spilled registers at head
     dim 64 for sm_90 (ELU/ReLU/InLine's one-launch backward, MHLA's pairwise dk/dv): half of it there

@@ -95,12 +95,13 @@ def tile_name(dtype: torch.dtype, settings: KernelSettings, bf16_tiles: bool, tf
 @lru_cache(maxsize=256)
 def decide(heads: int, segments: int, chunks: int, head_dim: int, dtype: torch.dtype, programs: int,
            split_round: int, settings: KernelSettings, older: bool, tf32_matmuls: bool,
-           bf16_tiles: bool) -> LinearLaunches:
+           bf16_tiles: bool, many_tiles: bool = False) -> LinearLaunches:
     """The launches of ``heads`` (batch × heads) × ``segments`` segments of ``chunks`` × ``split_round`` tokens at
     most, for a GPU that wants ``programs`` programs a launch. ``older``: a Triton before 3.8
-    (:func:`.dispatch.backward_chunk`)."""
+    (:func:`.dispatch.backward_chunk`); ``many_tiles``: kernels that hold several d×d matrices (TTT's step, which
+    takes the chunk, warps and token ranges: :func:`.dispatch.launch_geometry`)."""
     length = chunks * split_round
-    block_n, block_d, warps = launch_geometry(head_dim, settings.config)
+    block_n, block_d, warps = launch_geometry(head_dim, settings.config, many_tiles)
     splits, per = token_ranges(heads, segments, length, programs, split_round)
     read_splits, read_per = read_ranges(splits, per, length)
     tile = tile_name(dtype, settings, bf16_tiles, tf32_matmuls)
@@ -111,7 +112,8 @@ def decide(heads: int, segments: int, chunks: int, head_dim: int, dtype: torch.d
                           splits == 1 and head_dim <= ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM)
 
 
-def linear_launches(t: torch.Tensor, heads: int, segments: int, length: int, bf16_tiles: bool) -> LinearLaunches:
+def linear_launches(t: torch.Tensor, heads: int, segments: int, length: int, bf16_tiles: bool,
+                    many_tiles: bool = False) -> LinearLaunches:
     """:func:`decide` for a call on ``t`` (q or k) whose segments are ``length`` tokens long, with what the context
     says (:func:`.dispatch.current`): the GPU's programs, the settings, the split round, the Triton."""
     here = current()
@@ -119,7 +121,7 @@ def linear_launches(t: torch.Tensor, heads: int, segments: int, length: int, bf1
     tf32_matmuls = t.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     return decide(heads, segments, math.ceil(length / here.split_round), t.shape[-1], t.dtype,
                   programs_wanted(t.device), here.split_round, here.settings or environment_settings(), older,
-                  tf32_matmuls, bf16_tiles)
+                  tf32_matmuls, bf16_tiles, many_tiles)
 
 
 @lru_cache(maxsize=8)

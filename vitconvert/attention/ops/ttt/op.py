@@ -22,8 +22,9 @@ from typing import Optional, Union
 import torch
 
 from ..calls import _direct_function, _eager_gradients, call_op
-from ..dispatch import KernelUnavailable, block_sizes, direct, fits, launch, split_tokens, tile_args, too_big
+from ..dispatch import KernelUnavailable, direct, fits, launch, tile_args, too_big
 from ..grid.op import grid_conv_eager, run_grid_conv_backward
+from ..launch_plan import linear_launches
 from ..layout import _mask_arg, _output_like, _total, unit_rows, valid_keys
 from .closed_form import stepped_readout
 
@@ -40,9 +41,8 @@ def _step_size(key_valid: Optional[torch.Tensor], tokens: int, scale: float,
 def _geometry(q: torch.Tensor) -> tuple[int, ...]:
     """B, H, N, d, the token ranges (count, length) and the block sizes (BLOCK_N, BLOCK_D, warps) of a launch."""
     B, H, N, D = q.shape
-    splits, per = split_tokens(B * H, 1, N, q.device)
-    block_n, block_d, warps = block_sizes(D, many_tiles=True)
-    return B, H, N, D, splits, per, block_n, block_d, warps
+    plan = linear_launches(q, B * H, 1, N, False, many_tiles=True)  # (the kernel plan's: ops/launch_plan.py)
+    return B, H, N, D, plan.splits, plan.per, plan.block_n, plan.block_d, plan.warps
 
 
 def _step_args(step: Union[float, torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, float]:
