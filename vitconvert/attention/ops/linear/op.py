@@ -15,9 +15,10 @@ recomputes its scores), so a training step holds no more than softmax's; the blo
 (read out again in backward) and apply MHLA's RMSNorm to q and k itself (recomputed in backward), keeping the
 raw q and k.
 
-When they run and how they are launched is :mod:`..dispatch`'s (re-exported here for the variants). A backward
-kernel Triton cannot build turns that op's kernels off (as a forward one does) and that step's gradients come from
-the ops' eager forms (:mod:`.eager`), so training goes on.
+When they run is :mod:`..dispatch`'s (re-exported here for the variants); how they are launched (chunk, warps,
+stages, tiles, one launch or split) is one value per shape bucket, :mod:`..launch_plan`'s, which the kernel plan
+prints. A backward kernel Triton cannot build turns that op's kernels off (as a forward one does) and that step's
+gradients come from the ops' eager forms (:mod:`.eager`), so training goes on.
 """
 
 from __future__ import annotations
