@@ -1,10 +1,14 @@
 """What each layer will run on a given GPU, dtype and size, as a value: the kernel plan.
 
 :func:`plan_layer` is a pure function of a layer, a GPU's description (:data:`GPUS`, or the one at hand), the
-q/k/v dtype, the batch and token counts and the launch settings; it asks the same rules the launches ask
-(:func:`.ops.dispatch.launch_geometry`, :func:`.ops.dispatch.token_ranges`, :func:`.ops.dispatch.op_bounds`,
-:func:`.ops.pairwise.op.pairwise_is_cheaper`), so it needs no GPU, and tests hold it against the launches recorded
-in Triton's interpreter. ``vitconvert info FOLDER --kernels`` prints it per layer.
+q/k/v dtype, the batch and token counts and the launch settings. The state and read-out launches (ELU, ReLU,
+InLine, MHLA's blocked form) take their chunk, warps, stages, tiles and token ranges from one value per shape
+bucket, :func:`.ops.launch_plan.decide`'s (TTT's step its chunk, warps and ranges), and the plan holds the value it
+gives (``KernelPlan.launches``);
+for the rest it asks the rules the launches ask (:func:`.ops.dispatch.launch_geometry`,
+:func:`.ops.dispatch.op_bounds`, :func:`.ops.pairwise.op.pairwise_is_cheaper`), so it needs no GPU, and tests hold
+it against the launches recorded in Triton's interpreter. :func:`layer_plan` keeps each plan on its layer;
+``vitconvert info FOLDER --kernels`` prints them per layer.
 """
 
 from __future__ import annotations
