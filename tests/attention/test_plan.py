@@ -128,6 +128,10 @@ def test_the_plan_names_the_kernels_that_launch(variant, programs, form):
     if variant == "ttt":  # (the step's kernels: the plan's chunk, warps and token ranges each way)
         steps = {launch[1:3] + launch[4:5] for launch in forward + backward if launch[0].split("_")[0] in TTT_STEP}
         assert steps == {(expected.block_n, expected.warps, expected.splits)}
+    elif expected.op == "pairwise_attention":  # (the backward's chunk and warps, as its names say)
+        named = {name.split(" ")[0]: name for name in expected.backward}
+        assert all(f"BLOCK_N {block_n}, {warps} warps" in named[name]
+                   for name, block_n, warps, *_ in backward if name.startswith("pairwise"))
     elif expected.launches is not None:
         ran = {launch[0] for launch in forward + backward} & TAKES.keys()
         assert {launch[1:] for launch in forward + backward if launch[0] in ran} == \
