@@ -45,3 +45,21 @@ def test_each_op_folder_holds_its_kernels_op_and_reference():
         files = {p.name for p in (OPS / folder).glob("*.py")}
         assert "op.py" in files and any("kernels" in f for f in files), (folder, files)
         assert files & {"reference.py", "closed_form.py"}, (folder, files)
+
+
+SHARED = {"call_op": "calls.py", "_direct_function": "calls.py", "fakes_checked": "calls.py",
+          "_eager_gradients": "calls.py", "eager_gradients": "calls.py", "unit_rows": "layout.py",
+          "_output_like": "layout.py", "_strides": "layout.py", "_mask_arg": "layout.py", "valid_keys": "layout.py",
+          "_total": "layout.py", "decide": "launch_plan.py"}
+
+
+def test_what_every_op_shares_has_one_home_in_ops():
+    """The op machinery every op uses is defined once, in ops/ beside dispatch, and no op's folder reaches into
+    another's op or launches for it (the pairwise, grid and TTT ops once imported it from ops/linear/)."""
+    for name, home in SHARED.items():
+        homes = [p.relative_to(OPS).as_posix() for p in sorted(OPS.rglob("*.py"))
+                 if re.search(rf"^def {name}\(", p.read_text(), re.MULTILINE)]
+        assert homes == [home], (name, homes)
+    for folder in ("pairwise", "grid", "ttt"):
+        for path in (OPS / folder).glob("*.py"):
+            assert not re.search(r"from \.\.linear(\.op|\.launches)? import (op|launches|_)", path.read_text()), path
