@@ -78,7 +78,7 @@ def test_the_main_loops_take_fewer_instructions_per_element_than_before(tmp_path
         if key[3] == "state":
             assert row["bar_sync"] < was[key]["bar_sync"], key
     ratio = {key: total["per_element"] / before["totals"][key]["per_element"] for key, total in now["totals"].items()}
-    bound = {"elu": 0.8, "relu": 0.71, "inline": 0.5}
+    bound = {"elu": 0.65, "relu": 0.65, "inline": 0.5}  # (issue 37: at most 0.65× the earlier count)
     assert {key: r for key, r in ratio.items() if r > bound[key.split()[0]]} == {}
     assert dispatch.MIN_HEAD_DIM <= now["head_dim"] == 64
 

@@ -13,8 +13,9 @@ mixing by the caller, in torch: a d×d affair):
     normalised:  o_i = φ(q_i)ᵀ R_a / (φ(q_i)·r_a + ε)       (kernel attention, MHLA)
     affine:      o_i = q_iᵀ R_a + b_a                         (InLine)
 
-A program walks its tokens in chunks of BLOCK_N: loads are bf16/fp16 tiles, the feature map and the reciprocal of
-the normaliser stay in float32 registers, and the dots run on tensor cores with float32 accumulators on TILE
+A program walks its tokens in chunks of BLOCK_N: loads are bf16/fp16 tiles, the feature map is made in the dots'
+operand dtype (ELU's on bf16 pairs: :func:`_elu_plus_one_pairs`) or in float32 where float32 reads it, the
+reciprocal of the normaliser in float32, and the dots run on tensor cores with float32 accumulators on TILE
 operands: bf16 for bf16 inputs of ELU, ReLU and InLine (launches.kernel_tiles: a third fewer instructions, the
 tests' bf16 bars held), float32 as TF32 for the other half inputs (φ(k), R and φ(q) keep 3 more bits than in
 bf16; float16's range is too short for a long sequence's sums), or float32 inputs as torch's TF32 switch says.
@@ -53,6 +54,39 @@ def _phi(x, FEATURE: tl.constexpr, feature_eps):
 
 
 @triton.jit
+def _elu_plus_one_pairs(x):
+    """elu(x) + 1 of a bf16 tile, in bf16, two entries a thread instruction: max(x + 1, exp(min(x, 0))) is φ
+    (eˣ ≥ x + 1), each side rounded once as float32's φ rounded to bf16 is (the same bits), eˣ from float32
+    exp2 of x·log2(e) as Triton's exp makes it; NaN stays NaN."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 m, lo, hi;
+        min.NaN.bf16x2 m, $1, $2;
+        shl.b32 lo, m, 16;
+        and.b32 hi, m, 0xFFFF0000;
+        mul.f32 lo, lo, 0f3FB8AA3B;
+        mul.f32 hi, hi, 0f3FB8AA3B;
+        ex2.approx.ftz.f32 lo, lo;
+        ex2.approx.ftz.f32 hi, hi;
+        cvt.rn.bf16x2.f32 m, hi, lo;
+        fma.rn.bf16x2 lo, $1, $3, $3;
+        max.NaN.bf16x2 $0, lo, m;
+        }""", "=r,r,r,r", [x, tl.full(x.shape, 0.0, tl.bfloat16), tl.full(x.shape, 1.0, tl.bfloat16)],
+        dtype=tl.bfloat16, is_pure=True, pack=2)
+
+
+@triton.jit
+def _phi_tile(x, FEATURE: tl.constexpr, feature_eps, TILE: tl.constexpr, EMULATE: tl.constexpr):
+    """φ(x) as a dot's operand, in the TILE dtype, from x as loaded: ELU's of bf16 on bf16 tiles by
+    :func:`_elu_plus_one_pairs` (compiled; the interpreter runs no PTX: float32's φ rounded, the same values)."""
+    if FEATURE == 1 and x.dtype == tl.bfloat16 and TILE == tl.bfloat16 and not EMULATE:
+        y = _elu_plus_one_pairs(x)
+    else:
+        y = _phi(x.to(tl.float32), FEATURE, feature_eps).to(TILE)
+    return y
+
+
+@triton.jit
 def _phi_grad(x, FEATURE: tl.constexpr):
     """φ'(x) in float32 (elu + 1: 1 above 0, eˣ below; relu: the step; identity: 1)."""
     if FEATURE == 1:
@@ -65,12 +99,12 @@ def _phi_grad(x, FEATURE: tl.constexpr):
 
 
 @triton.jit
-def _phi_grad_rows(q, rows, FEATURE: tl.constexpr):
-    """φ'(q) ⊙ ``rows`` (a (BLOCK_N, 1) factor per query, from a reduction) in float32, as a select: elu + 1's eˣ as
-    :func:`_phi` makes it (one exp); with the reduction in it, Triton converts the product to the dot's layout where
-    it meets dq's dot, not recomputing φ' from q in a second layout."""
+def _phi_grad_rows(q, p, rows, FEATURE: tl.constexpr):
+    """φ'(q) ⊙ ``rows`` (1/den, a (BLOCK_N, 1) factor per query from a reduction) in float32, given p = φ(q) ⊙ rows:
+    elu + 1's φ' is min(φ, 1), so min(p, rows) (no second eˣ, no product); relu's a select. With the reduction in
+    it, Triton converts the product to the dot's layout where it meets dq's dot, not recomputing φ' from q there."""
     if FEATURE == 1:
-        y = tl.where(q > 0, rows, tl.exp(q) * rows)
+        y = tl.minimum(p, rows)
     elif FEATURE == 2 or FEATURE == 3:
         y = tl.where(q > 0, rows, 0.0)
     else:
@@ -129,10 +163,10 @@ def _store(base, tok, d, s_n, x, tile, FULL: tl.constexpr):
 
 
 @triton.jit
-def _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, feature_eps,
-              FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, FULL: tl.constexpr):
-    """One chunk of keys: (valid rows, valid tile, k in float32, v as stored, φ(k) zero outside the tile). FULL: a
-    whole chunk and head (no bounds masks; the key mask still zeroes its keys)."""
+def _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, HAS_MASK: tl.constexpr,
+              FULL: tl.constexpr):
+    """One chunk of keys: (valid rows, valid tile, k and v as stored). FULL: a whole chunk and head (no bounds
+    masks; the key mask still zeroes its keys: φ(k) is zeroed outside the tile)."""
     ok = inside
     if HAS_MASK:
         if FULL:
@@ -140,30 +174,28 @@ def _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, featur
         else:
             ok = ok & (tl.load(mask_row + tok, mask=inside, other=0) != 0)
     tile = ok[:, None] & d_ok[None, :]
-    k = _load(k_base, tok, d, s_kn, tile, FULL and not HAS_MASK).to(tl.float32)
+    k = _load(k_base, tok, d, s_kn, tile, FULL and not HAS_MASK)
     v = _load(v_base, tok, d, s_vn, tile, FULL and not HAS_MASK)
-    phi_k = _phi(k, FEATURE, feature_eps)
-    if not FULL or HAS_MASK:
-        phi_k = tl.where(tile, phi_k, 0.0)
-    return ok, tile, k, v, phi_k
+    return ok, tile, k, v
 
 
 @triton.jit
 def _add_to_state(acc, z_cols, z_rows, zv_rows, phi_k, v, FEATURE: tl.constexpr, SUM_V: tl.constexpr,
                   TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """S += φ(k)ᵀ v over one chunk, and z += φ(k), zv += v (SUM_V) without a reduction across warps per chunk:
+    """S += φ(k)ᵀ v over one chunk (φ(k) in the TILE dtype: :func:`_phi_tile`), and z += φ(k), zv += v (SUM_V)
+    without a reduction across warps per chunk:
     elu + 1's z as a dot on S's operand (``z_cols``: (d, :data:`COLS`), each column z), so its exp runs once, in the
     dot's layout (summed in registers, Triton made φ(k) a second time in theirs); the others' in registers, token
     rows summed after the loop (``z_rows``, ``zv_rows``; fewer instructions than the dot: kernel_instructions.py).
     Row sums of one row are summed per chunk instead: fewer registers (the one-launch backward's)."""
-    phi_t = tl.trans(phi_k.to(TILE))
+    phi_t = tl.trans(phi_k)
     acc += _dot(phi_t, v.to(TILE), PRECISION, EMULATE)
     if FEATURE == 1 and phi_k.shape[1] <= DOT_SUMS_MAX:
         z_cols += _dot(phi_t, tl.full((phi_k.shape[0], COLS), 1.0, tl.float32).to(TILE), PRECISION, EMULATE)
     elif z_rows.shape[0] == 1:
-        z_rows += tl.sum(phi_k, axis=0, keep_dims=True)
+        z_rows += tl.sum(phi_k.to(tl.float32), axis=0, keep_dims=True)
     else:
-        z_rows += phi_k
+        z_rows += phi_k.to(tl.float32)
     if SUM_V and zv_rows.shape[0] == 1:
         zv_rows += tl.sum(v.to(tl.float32), axis=0, keep_dims=True)
     elif SUM_V:
@@ -188,8 +220,10 @@ def _state_step(k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn
                 PRECISION: tl.constexpr, EMULATE: tl.constexpr):
     """One chunk of the state pass (:func:`_add_to_state` of :func:`_key_tile`); also its valid keys."""
     tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-    ok, _, _, v, phi_k = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, feature_eps, FEATURE,
-                                   HAS_MASK, FULL)
+    ok, tile, k, v = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, HAS_MASK, FULL)
+    phi_k = _phi_tile(k, FEATURE, feature_eps, TILE, EMULATE)
+    if not FULL or HAS_MASK:
+        phi_k = tl.where(tile, phi_k, 0.0)
     acc, z_cols, z_rows, zv_rows = _add_to_state(acc, z_cols, z_rows, zv_rows, phi_k, v, FEATURE, SUM_V, TILE,
                                                  PRECISION, EMULATE)
     return acc, z_cols, z_rows, zv_rows, ok
@@ -215,15 +249,15 @@ def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, fea
     """One chunk of queries: o = φ(q) R / (φ(q)·r + ε), or q R + r (affine), stored in o's dtype (one reciprocal
     of the denominator per query, not a division per entry; ``rz_cols``: r as :func:`_row_dot` takes it)."""
     q = _load(q_base, tok, d, s_qn, tile, FULL)
-    phi_q = _phi(q.to(tl.float32), FEATURE, feature_eps)
+    phi_q = _phi_tile(q, FEATURE, feature_eps, TILE, EMULATE)
     if not FULL:
         phi_q = tl.where(tile, phi_q, 0.0)
-    num = _dot(phi_q.to(TILE), r_tile, PRECISION, EMULATE)
+    num = _dot(phi_q, r_tile, PRECISION, EMULATE)
     if NORMALISE:
         if phi_q.shape[1] <= DOT_SUMS_MAX:
-            den = _row_dot(phi_q.to(TILE), rz_cols, PRECISION, EMULATE)
+            den = _row_dot(phi_q, rz_cols, PRECISION, EMULATE)
         else:
-            den = tl.sum(phi_q * rz[None, :], axis=1)
+            den = tl.sum(phi_q.to(tl.float32) * rz[None, :], axis=1)
         o = num * (1.0 / (den + eps))[:, None]
     else:
         o = num + rz[None, :]
@@ -275,8 +309,8 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
     normalised, with 1/den and do·o per query (the chunk's only two reductions across threads):
     dq = φ'(q) ⊙ (do Rᵀ − (do·o) r) / den, dRᵀ = Σ doᵀ (φq/den), dr = −Σ (φq/den)(do·o). do enters the dots as
     loaded (no scaled copy), φq is made once, in one layout: the 1/den goes on its copy for dRᵀ (the B operand, so
-    the transposed operand is do, read from its staged tile) and on φ', whose product Triton converts to the dot's
-    layout rather than making φ again there.
+    the transposed operand is do, read from its staged tile), and φ'/den comes from that product
+    (:func:`_phi_grad_rows`), which Triton converts to the dot's layout rather than making φ again there.
     affine: dq = do Rᵀ, dRᵀ = Σ doᵀ q, db = Σ do.
     """
     q = _load(q_base, tok, d, s_qn, tile, FULL).to(tl.float32)
@@ -292,7 +326,7 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
         p = phi_q * inv_den[:, None]
         dr += _dot(tl.trans(g.to(TILE)), p.to(TILE), PRECISION, EMULATE)
         drz = _add_row_sums(drz, p, -g_o, TILE, PRECISION, EMULATE)
-        dq = (grad - g_o[:, None] * rz[None, :]) * _phi_grad_rows(q, inv_den[:, None], FEATURE)
+        dq = (grad - g_o[:, None] * rz[None, :]) * _phi_grad_rows(q, p, inv_den[:, None], FEATURE)
     else:
         dr += _dot(tl.trans(g.to(TILE)), phi_q.to(TILE), PRECISION, EMULATE)
         drz = _add_row_sums(drz, g, tl.full((g.shape[0],), 1.0, tl.float32), TILE, PRECISION, EMULATE)
@@ -309,8 +343,11 @@ def _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, 
     """One chunk of keys of the state's backward, dk and dv stored: dφk_j = m_j (dS v_j + dz),
     dv_j = m_j (dSᵀ φk_j + dzv), dk = dφk ⊙ φ'(k) (``ds_t``, ``ds_tile``: dSᵀ and dS as tiles; HAS_DZV: dzv is not
     zero)."""
-    _, tile, k, v, phi_k = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, feature_eps,
-                                     FEATURE, HAS_MASK, FULL)
+    _, tile, k, v = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, HAS_MASK, FULL)
+    k = k.to(tl.float32)
+    phi_k = _phi(k, FEATURE, feature_eps)
+    if not FULL or HAS_MASK:
+        phi_k = tl.where(tile, phi_k, 0.0)
     dk = (_dot(v.to(TILE), ds_t, PRECISION, EMULATE) + dz[None, :]) * _phi_grad(k, FEATURE)
     dv = _dot(phi_k.to(TILE), ds_tile, PRECISION, EMULATE)
     if HAS_DZV:

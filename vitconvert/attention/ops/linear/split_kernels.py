@@ -61,6 +61,33 @@ def _summed(P, first, SPLITS, offset, width, idx, ok):
 
 
 @triton.jit
+def _partials_summed(PART, COUNTER, which, split, SPLITS, width, square_part, row_part, d, d_ok, D):
+    """The last-program epilogue of the state kernel and the read-out's backward: this program's partial d×d square
+    and d row stored as entries 0 and D·D of row ``which·SPLITS + split`` of PART (rows of ``width`` floats; the
+    caller stores any others first), then the ticket (:func:`_last_program`): (last, Σ squares, Σ rows), summed in
+    the partials' order by the last program only."""
+    square = d[:, None] * D + d[None, :]
+    square_ok = d_ok[:, None] & d_ok[None, :]
+    out = which * SPLITS + split
+    tl.store(PART + out * width + square, square_part, mask=square_ok)
+    tl.store(PART + out * width + D * D + d, row_part, mask=d_ok)
+    last = _last_program(COUNTER, which, SPLITS)
+    total, row = tl.zeros(square_part.shape, tl.float32), tl.zeros(row_part.shape, tl.float32)
+    if last:
+        total = _summed(PART, which * SPLITS, SPLITS, 0, width, square, square_ok)
+        row = _summed(PART, which * SPLITS, SPLITS, D * D, width, d, d_ok)
+    return last, total, row
+
+
+@triton.jit
+def _store_reader(R, RZ, COUNTER, which, square, row, d, d_ok, D):
+    """The last program's stores of a d×d square and a row for the next kernel, and its ticket put back."""
+    _store_square(R, which, square, d, d_ok, D)
+    _store_row(RZ, which, row, d, d_ok, D)
+    _ticket_back(COUNTER, which)
+
+
+@triton.jit
 def state_fwd_kernel(
     K, V, MASK, IDX, PART, COUNTER, R, RZ, AUX, NV,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb,
@@ -110,20 +137,16 @@ def state_fwd_kernel(
                 count += ok.to(tl.float32)
     which = bh * SEGMENTS + seg
     width = D * D + 2 * D + 1
-    out = which * SPLITS + split
-    square = d[:, None] * D + d[None, :]
-    square_ok = d_ok[:, None] & d_ok[None, :]
-    tl.store(PART + out * width + square, acc, mask=square_ok)
-    tl.store(PART + out * width + D * D + d, _key_sums(z_cols, z_rows, FEATURE), mask=d_ok)
     if SUM_V:
+        out = which * SPLITS + split
         tl.store(PART + out * width + D * D + D + d, tl.sum(zv_rows, axis=0), mask=d_ok)
         if HAS_MASK:
             tl.store(PART + out * width + D * D + 2 * D, tl.sum(count, axis=0))
-    if _last_program(COUNTER, which, SPLITS):
-        first = which * SPLITS
-        S = _summed(PART, first, SPLITS, 0, width, square, square_ok)
-        z = _summed(PART, first, SPLITS, D * D, width, d, d_ok)
+    last, S, z = _partials_summed(PART, COUNTER, which, split, SPLITS, width, acc, _key_sums(z_cols, z_rows, FEATURE),
+                                  d, d_ok, D)
+    if last:
         if SUM_V:
+            first = which * SPLITS
             zv = _summed(PART, first, SPLITS, D * D + D, width, d, d_ok)
             if HAS_MASK:
                 n = tl.maximum(tl.sum(_summed(PART, first, SPLITS, D * D + 2 * D, width, d, d == 0), axis=0), 1.0)
@@ -131,18 +154,15 @@ def state_fwd_kernel(
                 n = tl.maximum(L * 1.0, 1.0)
             if INLINE:
                 v_mean = zv / n
-                _store_square(R, which, (S - z[:, None] * v_mean[None, :]) * (scale / n), d, d_ok, D)
-                _store_row(RZ, which, v_mean, d, d_ok, D)
                 _store_row(AUX, which, z, d, d_ok, D)
                 tl.store(NV + which, n)
+                _store_reader(R, RZ, COUNTER, which, (S - z[:, None] * v_mean[None, :]) * (scale / n), v_mean, d,
+                              d_ok, D)
             else:
-                _store_square(R, which, S, d, d_ok, D)
-                _store_row(RZ, which, z, d, d_ok, D)
                 _store_row(AUX, which, zv, d, d_ok, D)
+                _store_reader(R, RZ, COUNTER, which, S, z, d, d_ok, D)
         else:
-            _store_square(R, which, S, d, d_ok, D)
-            _store_row(RZ, which, z, d, d_ok, D)
-        _ticket_back(COUNTER, which)
+            _store_reader(R, RZ, COUNTER, which, S, z, d, d_ok, D)
 
 
 @triton.jit
@@ -232,27 +252,17 @@ def readout_bwd_kernel(
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None] & d_ok[None, :], d, s_qn,
                                          s_on, s_gn, s_dqn, r_t, rz, dr, drz, feature_eps, eps, FEATURE, NORMALISE,
                                          False, TILE, PRECISION, EMULATE)
-    width = D * D + D
-    out = which * SPLITS + split
-    square = d[:, None] * D + d[None, :]
-    square_ok = d_ok[:, None] & d_ok[None, :]
-    tl.store(PART + out * width + square, tl.trans(dr), mask=square_ok)
-    tl.store(PART + out * width + D * D + d, _row_sums(drz), mask=d_ok)
-    if _last_program(COUNTER, which, SPLITS):
-        first = which * SPLITS
-        d_r = _summed(PART, first, SPLITS, 0, width, square, square_ok)
-        d_rz = _summed(PART, first, SPLITS, D * D, width, d, d_ok)
+    last, d_r, d_rz = _partials_summed(PART, COUNTER, which, split, SPLITS, D * D + D, tl.trans(dr), _row_sums(drz),
+                                       d, d_ok, D)
+    if last:
         if INLINE:
             n = tl.load(NV + which)
             ds = d_r * (scale / n)
-            _store_square(DS, which, ds, d, d_ok, D)
-            _store_row(DZ, which, -tl.sum(ds * rz[None, :], axis=1), d, d_ok, D)
             z = _load_row(AUX, which, d, d_ok, D)
             _store_row(DZV, which, (d_rz - tl.sum(ds * z[:, None], axis=0)) / n, d, d_ok, D)
+            _store_reader(DS, DZ, COUNTER, which, ds, -tl.sum(ds * rz[None, :], axis=1), d, d_ok, D)
         else:
-            _store_square(DS, which, d_r, d, d_ok, D)
-            _store_row(DZ, which, d_rz, d, d_ok, D)
-        _ticket_back(COUNTER, which)
+            _store_reader(DS, DZ, COUNTER, which, d_r, d_rz, d, d_ok, D)
 
 
 @triton.jit
