@@ -74,7 +74,9 @@ def test_a_failing_training_ends_every_worker_with_one_line(tmp_path):
             and time.time() < deadline:
         time.sleep(0.1)
     assert left == [], f"processes left behind: {[(p, _cmdline(p)) for p in left]}"
-    assert mark.is_file() and ended - float(mark.read_text()) < 10
+    # the pool is torn down at the failure, not after the queue drains; 30 s leaves room for a loaded machine
+    # (12 s seen under load 17, about 2 s on idle cores)
+    assert mark.is_file() and ended - float(mark.read_text()) < 30
     *stages, last = err.strip().splitlines()  # off a terminal each training's stages are logged first
     stage = re.compile(r"(elu|relu)(-scratch)?: (queued|converting|running, epoch 1/1)")
     assert proc.returncode == 1 and all(stage.fullmatch(line) for line in stages), err
