@@ -194,10 +194,9 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
     if grid and pairwise_is_cheaper(call.tokens, segments, module.head_dim, call.dtype, call.settings.form):
         chunk = dispatch.backward_chunk(max(16, plan.block_n // 2), plan.block_d, call.settings.config is not None,
                                         call.older_triton)
-        normed = ("rms_heads_bwd_kernel",) if getattr(module, "q_rmsnorm", None) is not None else ()
-        return replace(plan, op="pairwise_attention", forward=("pairwise_fwd_kernel",),  # (normed: q and k's
-                       backward=("pairwise_bwd_dq_kernel", f"pairwise_bwd_dkv_kernel (BLOCK_N {chunk})", *normed))
-        # RMSNorm applied as the tiles load; q's backward in the dk/dv kernel, k's after)
+        return replace(plan, op="pairwise_attention", forward=("pairwise_fwd_kernel",),  # (q and k's RMSNorm
+                       backward=("pairwise_bwd_dq_kernel", f"pairwise_bwd_dkv_kernel (BLOCK_N {chunk})"))
+        # applied as the tiles load; its backward in the dq and dk/dv kernels' epilogues)
     length = segment_index(grid, counts, module.num_prefix_tokens, torch.device("cpu")).shape[1] if grid else \
         call.tokens
     splits = dispatch.token_ranges(call.batch * module.num_heads, segments, length, call.programs)[0]
