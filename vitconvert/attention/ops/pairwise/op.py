@@ -72,6 +72,18 @@ def _geometry(q: torch.Tensor, segments: int) -> tuple[int, ...]:
     return B, H, N, D, -(-N // block), block, block_d, warps, max(16, triton_next_power_of_2(segments))
 
 
+def _backward_geometry(q: torch.Tensor, segments: int, normed: bool) -> tuple[int, ...]:
+    """:func:`_geometry` of the two backward kernels: with the norm, twice the forward's warps (its rstd and weights
+    on the forward's spill at head dim 64); from head dim 128 (BLOCK_D), half the forward's token tile on 4 warps,
+    where the dq kernel spills with the forward's tile on any warps (benchmarks/kernel_resources.py --arch sm_90,
+    sm_89). The grid and the per-tile parts follow the tile; nothing else depends on it."""
+    B, H, N, D, tiles, block, block_d, warps, block_g = _geometry(q, segments)
+    if block_d >= 128:
+        block, warps = block // 2, 4
+        return B, H, N, D, -(-N // block), block, block_d, warps, block_g
+    return B, H, N, D, tiles, block, block_d, 2 * warps if normed else warps, block_g
+
+
 NormArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]
 
 
@@ -187,7 +199,7 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     q, k, v, do = unit_rows(q), unit_rows(k), unit_rows(v), unit_rows(do)
     *norm, normed = _norm_args(q, k, rstd, q_weight, k_weight)
     G = mixing.shape[0]
-    B, H, N, D, tiles, block, block_d, warps, block_g = _geometry(q, G)
+    B, H, N, D, tiles, block, block_d, warps, block_g = _backward_geometry(q, G, normed)
     table = _table(mixing)
     dq, dk, dv = _output_like(q), _output_like(k), _output_like(v)
     rden = q.new_empty((B * H, N), dtype=torch.float32)
@@ -203,9 +215,7 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     # half the forward's key chunk and 16-bit tiles (as autocast's own backward multiplies them): with TF32 tiles
     # or whole chunks both kernels spill at head dim 64 on sm_90 (benchmarks/kernel_resources.py --arch sm_90)
     settings = dict(FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, BLOCK_M=block,
-                    BLOCK_N=max(16, block // 2), BLOCK_D=block_d, **tile_args(q, half_tiles=True),
-                    num_warps=2 * warps if normed else warps)  # (with the norm's rstd and weights on the
-    # forward's warps both spill at head dim 64 for sm_90: benchmarks/kernel_resources.py --arch sm_90)
+                    BLOCK_N=max(16, block // 2), BLOCK_D=block_d, **tile_args(q, half_tiles=True), num_warps=warps)
     launch(pairwise_bwd_dq_kernel, (B * H, tiles),
         q, k, v, mask, segments, table, *norm, do, dq, rden, dden, dmixing, *_norm_out(shares[0], dweights[0], rden),
         counter, *_strides(q, k, v), s_mb, *_strides(do, dq),
