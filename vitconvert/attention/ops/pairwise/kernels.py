@@ -26,9 +26,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..grid.kernels import conv_taps, conv_taps_backward
+from ..grid.kernels import conv_taps, conv_taps_backward, conv_weight_taps
 from ..linear.kernel_parts import _dot, _phi, _phi_grad
-from ..linear.split_kernels import _last_program, _summed, _ticket_back
+from ..linear.split_kernels import _last_program, _ticket_back
 
 
 @triton.jit
@@ -215,7 +215,7 @@ def pairwise_bwd_dq_kernel(
 
 @triton.jit
 def pairwise_bwd_dkv_kernel(
-    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, LW, DO, RDEN, DDEN, DK, DV, DLW, PK, DWK, COUNTER, LCOUNTER,
+    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, LW, DO, RDEN, DDEN, DK, DV, DLW, PK, DWK, COUNTER,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_gb, s_gh, s_gn,
     s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     H, N, D, G, P, ROWS, COLS, feature_eps,
@@ -225,10 +225,9 @@ def pairwise_bwd_dkv_kernel(
 ):
     """dk, dv of the BLOCK_M keys of one (batch·head, key tile), over every query:
     dv_j = Σ_i A_ij dnum_i, dφk_j = Σ_i dA_ij W̃_ij φq_i (masked keys: zero). ``LEPE``: dv also gets the LePE
-    conv's transposed taps of do, and this program's part of the conv's dw and dbias goes to DLW ((B·H, key tiles,
-    KS·KS + 1, D) float32; :func:`..grid.kernels.conv_taps_backward`), which the last of the (batch·head)'s
-    programs sums over its key tiles into its first (:func:`_tiles_summed`; LCOUNTER: a ticket per batch·head,
-    zero between launches). ``NORM``: k is MHLA's RMSNorm over heads:
+    conv's transposed taps of do (:func:`..grid.kernels.conv_taps_backward`), and the conv's dw and dbias of this
+    (batch·head) go to DLW ((B·H, KS·KS + 1, D) float32), each program summing every token of some of the taps
+    (:func:`..grid.kernels.conv_weight_taps`). ``NORM``: k is MHLA's RMSNorm over heads:
     the last of the H programs of a key tile to finish turns every head's dk into the raw k's (:func:`_norm_tail`)."""
     bh, tile_m, b, h, d, d_ok, cols = _program(H, D, BLOCK_M, BLOCK_D)
     ok = _keys_ok(MASK, b, s_mb, cols, N, HAS_MASK)
@@ -257,10 +256,8 @@ def pairwise_bwd_dkv_kernel(
                       + dden[:, None], 0.0)
         dphi += _dot(tl.trans(da * w).to(TILE), phi_q.to(TILE), PRECISION, EMULATE)
     if LEPE:
-        dv += conv_taps_backward(V + b * s_vb + h * s_vh, s_vn, g_base, s_gn, cols, d, d_ok, LW, MASK, s_mb, b, h,
-                                 N, D, P, ROWS, COLS, DLW + (bh * tl.num_programs(1) + tile_m) * (KS * KS + 1) * D,
-                                 KS, HAS_MASK, BLOCK_M, BLOCK_D)
-        _tiles_summed(DLW, LCOUNTER, bh, KS * KS + 1, D, d, d_ok)
+        dv += conv_taps_backward(g_base, s_gn, cols, d, d_ok, LW, MASK, s_mb, b, h, N, D, P, ROWS, COLS, KS,
+                                 HAS_MASK, BLOCK_M, BLOCK_D)
     store = (cols < N)[:, None] & d_ok[None, :]  # masked keys get a zero gradient, written
     dk = tl.where(ok[:, None], dphi * _phi_grad(k, FEATURE), 0.0)
     tl.store(DK + b * s_dkb + h * s_dkh + cols[:, None] * s_dkn + d[None, :], dk.to(DK.dtype.element_ty), mask=store)
@@ -269,20 +266,9 @@ def pairwise_bwd_dkv_kernel(
     if NORM:
         _norm_tail(K + b * s_kb, s_kh, s_kn, DK + b * s_dkb, s_dkh, s_dkn, rstd_k, NW_K, PK + b * H * N, DWK,
                    COUNTER, tl.sum(dk * k, axis=1), b, h, tile_m, cols, store, d, d_ok, H, N, D, BLOCK_M)
-
-
-@triton.jit
-def _tiles_summed(PART, COUNTER, bh, ROWS, D, d, d_ok):
-    """Once this (batch·head)'s programs have all stored their part (ROWS × D float32 each, at PART in program
-    order), the last to take its ticket (COUNTER + bh) writes their sum over the key tiles, in tile order, over
-    the first part: what is left to sum is one part per (batch·head)."""
-    tiles = tl.num_programs(1)
-    if _last_program(COUNTER, bh, tiles):
-        width = ROWS * D
-        for r in range(0, ROWS):
-            total = _summed(PART, bh * tiles, tiles, r * D, width, d, d_ok)
-            tl.store(PART + bh * tiles * width + r * D + d, total, mask=d_ok)
-        _ticket_back(COUNTER, bh)
+    if LEPE:  # (last: no accumulator is live any more)
+        conv_weight_taps(V + b * s_vb + h * s_vh, s_vn, g_base, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS,
+                         DLW + bh * (KS * KS + 1) * D, tile_m, tl.num_programs(1), KS, HAS_MASK, BLOCK_M, BLOCK_D)
 
 
 @triton.jit

@@ -210,9 +210,8 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     dweights = q.new_empty((2, B * tiles, H * D) if normed else (2, 0), dtype=torch.float32)
     mask, s_mb = _mask_arg(key_valid, k)
     lepe = _lepe_args(q, lepe_weight, None, rows, cols, prefix)
-    counters = tickets(B * tiles + B * H, q.device)  # (the norm's, one per (image, tile), then LePE's per batch·head)
-    counter, lepe_counter = counters[:B * tiles], counters[B * tiles:B * tiles + B * H]
-    dlepe = q.new_empty((B * H, tiles, lepe.size ** 2 + 1, D) if lepe.on else (0,), dtype=torch.float32)
+    counter = tickets(B * tiles, q.device)[:B * tiles] if normed else rden  # (the norm's: one per (image, tile))
+    dlepe = q.new_empty((B * H, lepe.size ** 2 + 1, D) if lepe.on else (0,), dtype=torch.float32)
     # half the forward's key chunk and 16-bit tiles (as autocast's own backward multiplies them): with TF32 tiles
     # or whole chunks both kernels spill at head dim 64 on sm_90 (benchmarks/kernel_resources.py --arch sm_90)
     settings = dict(FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, BLOCK_M=block,
@@ -224,7 +223,7 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
         BLOCK_G=block_g, **settings)
     launch(pairwise_bwd_dkv_kernel, (B * H, tiles),
         q, k, v, mask, segments, table, *norm, lepe.filters, do, rden, dden, dk, dv, dlepe if lepe.on else dv,
-        *_norm_out(shares[1], dweights[1], rden), counter, lepe_counter,
+        *_norm_out(shares[1], dweights[1], rden), counter,
         *_strides(q, k, v), s_mb, *_strides(do, dk, dv),
         H, N, D, G, prefix, rows, cols, feature_eps,
         **{**settings, "BLOCK_N": spill_free_chunk(settings["BLOCK_N"], block_d)}, LEPE=lepe.on, KS=lepe.size)
@@ -243,12 +242,11 @@ def _norm_out(shares: torch.Tensor, dweight: torch.Tensor, placeholder: torch.Te
 
 def _lepe_gradients(partial: torch.Tensor, weight: Optional[torch.Tensor], B: int, H: int,
                     D: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dweight (C, 1, KS, KS), dbias (C,)) float32 of LePE from the dk/dv programs' parts (B·H, tiles, KS·KS + 1,
-    D), each (batch·head)'s first holding their sum (the kernel's), summed over the batch in a fixed order; empty
-    without LePE."""
+    """(dweight (C, 1, KS, KS), dbias (C,)) float32 of LePE from the dk/dv kernel's, one (KS·KS + 1, D) per
+    batch·head, summed over the batch in a fixed order; empty without LePE."""
     if weight is None:
         return partial.new_empty((0,)), partial.new_empty((0,))
-    summed = partial[:, 0].view(B, H, *partial.shape[2:]).sum(0)  # (H, KS·KS + 1, D)
+    summed = partial.view(B, H, *partial.shape[1:]).sum(0)  # (H, KS·KS + 1, D)
     return summed[:, :-1].transpose(1, 2).reshape(weight.shape), summed[:, -1].reshape(-1)
 
 
