@@ -206,15 +206,19 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
     counts = module.block_counts
     segments = counts[0] * counts[1] + 1 if grid else 1
     if grid and pairwise_is_cheaper(call.tokens, segments, module.head_dim, call.dtype, call.settings.form):
-        half = max(16, plan.block_n // 2)  # (ops/pairwise/op.py's backward: half the chunk, 16-bit tiles, and
+        block, warps = plan.block_n, plan.warps  # (ops/pairwise/op.py's _backward_geometry: from head dim 128
+        normed = getattr(module, "q_rmsnorm", None) is not None  # half the tile on 4 warps, else twice the warps
+        if plan.block_d >= 128:  # with the norm)
+            block, warps = block // 2, 4
+        elif normed:
+            warps *= 2
+        half = max(16, block // 2)
         chunk = dispatch.backward_chunk(half, plan.block_d, call.settings.config is not None, call.older_triton)
-        normed = ("rms_heads_bwd_kernel",) if getattr(module, "q_rmsnorm", None) is not None else ()
-        how = f"{2 * plan.warps if normed else plan.warps} warps, {launch_plan.HALF_TILES.get(call.dtype, plan.tile)} "\
-              "tiles"  # twice the warps with the norm)
-        return replace(plan, op="pairwise_attention", forward=("pairwise_fwd_kernel",),  # (normed: q and k's
+        how = f"{warps} warps, {launch_plan.HALF_TILES.get(call.dtype, plan.tile)} tiles"
+        return replace(plan, op="pairwise_attention", forward=("pairwise_fwd_kernel",),  # (q and k's RMSNorm
                        backward=(f"pairwise_bwd_dq_kernel (BLOCK_N {half}, {how})",
-                                 f"pairwise_bwd_dkv_kernel (BLOCK_N {chunk}, {how})", *normed))
-        # RMSNorm applied as the tiles load; q's backward in the dk/dv kernel, k's after)
+                                 f"pairwise_bwd_dkv_kernel (BLOCK_N {chunk}, {how})"))
+        # applied as the tiles load; its backward in the dq and dk/dv kernels' epilogues)
     length = segment_index(grid, counts, module.num_prefix_tokens, torch.device("cpu")).shape[1] if grid else \
         call.tokens
     plan = _launches(plan, module, call, segments, length, False)

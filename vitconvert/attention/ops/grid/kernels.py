@@ -12,12 +12,12 @@ a shifted load of the same rows (L2 holds them), float32 sums, one store, where 
 the conv, the prefix's concatenation (and, for LePE, a pad and an add) as passes of their own.
 
 Backward is the transposed gather: dx̂_t = [base is x̂]·dy_t + m_t·Σ_tap w[tap]·dy_{t − off(tap)}, with
-per-program partial sums of dw (Σ dy_t·(x̂·m)_{t + off}) and dbias; through the norm it is LayerNorm's over the
-tokens, dx = r·(dx̂ − m·(Σ dx̂ + x̂·Σ dx̂·x̂)/n), whose two sums over all tokens need a first launch (``SUMS``)
-before the second writes dx (``WRITE_DX``); without the norm one launch does both. A program owns BLOCK_M tokens
-(the launch grid is made of them). The kernels take no dots: the settings :func:`.dispatch.launch` passes every
-kernel and may make leaner (BLOCK_N, TILE, PRECISION, EMULATE) are accepted and unused, so the grid never depends
-on them.
+per-program partial sums of dw (Σ dy_t·(x̂·m)_{t + off}) and dbias (MHLA's LePE: whole taps per program);
+through the norm it is LayerNorm's over the tokens, dx = r·(dx̂ − m·(Σ dx̂ + x̂·Σ dx̂·x̂)/n), whose two sums over all
+tokens need a first launch (``SUMS``) before the second writes dx (``WRITE_DX``); without the norm one launch does
+both. A program owns BLOCK_M tokens (the launch grid is made of them). The kernels take no dots: the settings
+:func:`.dispatch.launch` passes every kernel and may make leaner (BLOCK_N, TILE, PRECISION, EMULATE) are accepted
+and unused, so the grid never depends on them.
 """
 
 from __future__ import annotations
@@ -101,19 +101,15 @@ def conv_taps(x_at, s_xn, t, d, d_ok, WEIGHT, BIAS, MASK, s_mb, b, h, N, D, P, R
 
 
 @triton.jit
-def conv_taps_backward(x_at, s_xn, dy_at, s_gn, t, d, d_ok, WEIGHT, MASK, s_mb, b, h, N, D, P, ROWS, COLS, DW_AT,
-                       KS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def conv_taps_backward(dy_at, s_gn, t, d, d_ok, WEIGHT, MASK, s_mb, b, h, N, D, P, ROWS, COLS, KS: tl.constexpr,
+                       HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """:func:`conv_taps`' backward (no norm) for tokens ``t``: returns m_t·Σ_tap w[tap]·dy_{t − off(tap)}, the
-    gradient of x's tokens t as conv inputs (zero for prefix, masked and absent tokens), and stores this tile's
-    part of dw (Σ_t dy_t·(x·m)_{t + off(tap)} per tap) then of dbias (Σ over grid tokens of dy) at DW_AT
-    ((KS·KS + 1) × D float32): MHLA's LePE in the epilogue of its pairwise dk/dv kernel, dy the attention's do."""
+    gradient of x's tokens t as conv inputs (zero for prefix, masked and absent tokens): MHLA's LePE in the
+    epilogue of its pairwise dk/dv kernel, dy the attention's do (its dw and dbias: :func:`conv_weight_taps`)."""
     spatial, row, col = _position(t, P, N, COLS)
-    t_ok = t < N
-    dy = tl.load(dy_at + t[:, None] * s_gn + d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
-    dy = dy.to(tl.float32)
     valid = spatial
     if HAS_MASK:
-        valid = valid & (tl.load(MASK + b * s_mb + t, mask=t_ok, other=0) != 0)
+        valid = valid & (tl.load(MASK + b * s_mb + t, mask=t < N, other=0) != 0)
     dx = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     for tap in range(KS * KS):  # (loops, as grid_conv_bwd_kernel's: unrolled taps spill)
         i, j = tap // KS, tap % KS
@@ -122,12 +118,32 @@ def conv_taps_backward(x_at, s_xn, dy_at, s_gn, t, d, d_ok, WEIGHT, MASK, s_mb, 
         src, ok = _source(MASK, b, s_mb, r_in, in_ok, col, KS // 2 - j, P, COLS, False)
         dx += tl.load(dy_at + src[:, None] * s_gn + d[None, :], mask=ok[:, None] & d_ok[None, :],
                       other=0.0).to(tl.float32) * w[None, :]
-        r_out, out_ok = _row(spatial, row, i - KS // 2, ROWS)  # (the tokens these read as conv outputs)
-        src, ok = _source(MASK, b, s_mb, r_out, out_ok, col, j - KS // 2, P, COLS, HAS_MASK)
-        x_src = _normed(x_at, s_xn, src, ok, d, d_ok, 0.0, 0.0, False)
-        tl.store(DW_AT + tap * D + d, tl.sum(dy * x_src, axis=0), mask=d_ok)
-    tl.store(DW_AT + KS * KS * D + d, tl.sum(tl.where(spatial[:, None], dy, 0.0), axis=0), mask=d_ok)
     return dx
+
+
+@triton.jit
+def conv_weight_taps(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS, DW_AT, first, step,
+                     KS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dw of :func:`conv_taps` (no norm) at the taps ``first``, ``first + step``, …: Σ_t dy_t·(x·m)_{t + off(tap)}
+    over all N tokens of one (batch, head), tap KS·KS standing for dbias (Σ over grid tokens of dy), each a D
+    float32 row at DW_AT + tap·D. The programs of a (batch, head) share its taps out (``step`` of them, MHLA's
+    pairwise dk/dv kernel's key tiles): each row written once, whole, in a fixed order: nothing left to sum but the
+    batch."""
+    for tap in range(first, KS * KS + 1, step):
+        i, j = tap // KS, tap % KS
+        total = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        for start in range(0, N, BLOCK_M):
+            t = start + tl.arange(0, BLOCK_M)
+            spatial, row, col = _position(t, P, N, COLS)
+            dy = tl.load(dy_at + t[:, None] * s_gn + d[None, :], mask=(t < N)[:, None] & d_ok[None, :],
+                         other=0.0).to(tl.float32)
+            if tap < KS * KS:
+                r_out, out_ok = _row(spatial, row, i - KS // 2, ROWS)  # (the tokens these read as conv outputs)
+                src, ok = _source(MASK, b, s_mb, r_out, out_ok, col, j - KS // 2, P, COLS, HAS_MASK)
+                total += tl.sum(dy * _normed(x_at, s_xn, src, ok, d, d_ok, 0.0, 0.0, False), axis=0)
+            else:
+                total += tl.sum(tl.where(spatial[:, None], dy, 0.0), axis=0)
+        tl.store(DW_AT + tap * D + d, total, mask=d_ok)
 
 
 @triton.jit

@@ -15,6 +15,10 @@ is made of them) and walks the other side in chunks of BLOCK_N (which :func:`.di
 GPU's shared memory is short: the grid does not depend on it). Backward recomputes the N×N weights tile by tile:
 the dq kernel first reads the forward out again (o is not kept), writes each query's 1/(Σ A + ε) and
 −(do·o)/(Σ A + ε) for the dk/dv kernel, and sums W̃'s gradient per program through one-hot dots (G ≤ 64).
+MHLA's RMSNorm over heads needs every head of a token: the forward kernel reads its query tile's other heads for
+q's 1/rms, and each backward kernel's last program of a token tile (a ticket, as the split kernels take) finishes
+the norm's backward of its side for every head there, so no pass of q or k runs outside the three launches but
+k's 1/rms.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..grid.kernels import conv_taps, conv_taps_backward
+from ..grid.kernels import conv_taps, conv_taps_backward, conv_weight_taps
 from ..linear.kernel_parts import _dot, _phi, _phi_grad
+from ..linear.split_kernels import _last_program, _ticket_back
 
 
 @triton.jit
@@ -46,11 +51,32 @@ def _norm(RSTD, NW, b, h, N, D, d, d_ok, NORM: tl.constexpr):
 def _side(base, s_n, tok, ok, d, d_ok, feature_eps, FEATURE: tl.constexpr, rstd_at, w, NORM: tl.constexpr):
     """One tile of q or k rows ``tok`` (valid ``ok``): (x in float32, φ(x) zero outside the tile); with ``NORM``
     x is MHLA's RMSNorm over heads, applied as the tile loads (x·rstd·w: the token's 1/rms from ``rstd_at``)."""
+    rstd = tl.zeros(tok.shape, dtype=tl.float32)
+    if NORM:
+        rstd = tl.load(rstd_at + tok, mask=ok, other=0.0)
+    return _scaled_side(base, s_n, tok, ok, d, d_ok, feature_eps, FEATURE, rstd, w, NORM)
+
+
+@triton.jit
+def _scaled_side(base, s_n, tok, ok, d, d_ok, feature_eps, FEATURE: tl.constexpr, rstd, w, NORM: tl.constexpr):
+    """:func:`_side` with the tile's 1/rms given (``rstd``, one per token)."""
     tile = ok[:, None] & d_ok[None, :]
     x = tl.load(base + tok[:, None] * s_n + d[None, :], mask=tile, other=0.0).to(tl.float32)
     if NORM:
-        x = x * tl.load(rstd_at + tok, mask=ok, other=0.0)[:, None] * w[None, :]
+        x = x * rstd[:, None] * w[None, :]
     return x, tl.where(tile, _phi(x, FEATURE, feature_eps), 0.0)
+
+
+@triton.jit
+def _tile_rstd(x_at, s_xh, s_xn, t, ok, d, d_ok, H, D, eps):
+    """1/rms over all H heads' channels of the tokens ``t`` of one image (x_at: its head 0), float32, as F.rms_norm
+    over heads takes it: one tile of every head read, once a program."""
+    tile = ok[:, None] & d_ok[None, :]
+    total = tl.zeros(t.shape, dtype=tl.float32)
+    for head in range(0, H):
+        x = tl.load(x_at + head * s_xh + t[:, None] * s_xn + d[None, :], mask=tile, other=0.0).to(tl.float32)
+        total += tl.sum(x * x, axis=1)
+    return tl.math.rsqrt(total / (H * D) + eps)
 
 
 @triton.jit
@@ -92,19 +118,26 @@ def _attend(phi_q, seg_q, k_base, v_base, SEG, W, MASK, b, s_mb, s_kn, s_vn, N, 
 def pairwise_fwd_kernel(
     Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, LW, LB, O,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_ob, s_oh, s_on,
-    H, N, D, G, P, ROWS, COLS, feature_eps, eps,
+    H, N, D, G, P, ROWS, COLS, feature_eps, eps, norm_eps,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, LEPE: tl.constexpr, KS: tl.constexpr,
     HAS_LBIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """o of the BLOCK_M queries of one (batch·head, query tile); ``NORM``: q, k normalised as they load; ``LEPE``:
+    """o of the BLOCK_M queries of one (batch·head, query tile); ``NORM``: q, k normalised as they load (k with its
+    1/rms of RSTD_K, q with its tile's, taken here over every head and written to RSTD_Q by head 0's program for
+    backward: (B, N) float32 each); ``LEPE``:
     plus MHLA's LePE, the KS×KS depthwise conv of v (LW: (H·D, KS·KS), LB: (H·D,) float32) over the ROWS×COLS grid
     after P prefix tokens, in the epilogue (:func:`..grid.kernels.conv_taps`: v's rows again, from cache)."""
     bh, tile_m, b, h, d, d_ok, rows = _program(H, D, BLOCK_M, BLOCK_D)
     row_ok = rows < N
     rstd_q, w_q = _norm(RSTD_Q, NW_Q, b, h, N, D, d, d_ok, NORM)
     rstd_k, w_k = _norm(RSTD_K, NW_K, b, h, N, D, d, d_ok, NORM)
-    _, phi_q = _side(Q + b * s_qb + h * s_qh, s_qn, rows, row_ok, d, d_ok, feature_eps, FEATURE, rstd_q, w_q, NORM)
+    scale = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if NORM:
+        scale = _tile_rstd(Q + b * s_qb, s_qh, s_qn, rows, row_ok, d, d_ok, H, D, norm_eps)
+        tl.store(rstd_q + rows, scale, mask=row_ok & (h == 0))
+    _, phi_q = _scaled_side(Q + b * s_qb + h * s_qh, s_qn, rows, row_ok, d, d_ok, feature_eps, FEATURE, scale, w_q,
+                            NORM)
     seg_q = tl.load(SEG + rows, mask=row_ok, other=0)
     num, den = _attend(phi_q, seg_q, K + b * s_kb + h * s_kh, V + b * s_vb + h * s_vh, SEG, W, MASK, b, s_mb,
                        s_kn, s_vn, N, G, d, d_ok, feature_eps, FEATURE, HAS_MASK, BLOCK_M, BLOCK_N, BLOCK_D, TILE,
@@ -119,7 +152,7 @@ def pairwise_fwd_kernel(
 
 @triton.jit
 def pairwise_bwd_dq_kernel(
-    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, DO, DQ, RDEN, DDEN, DW, PQ,
+    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, DO, DQ, RDEN, DDEN, DW, PQ, DWQ, COUNTER,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
     H, N, D, G, feature_eps, eps,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -127,9 +160,9 @@ def pairwise_bwd_dq_kernel(
     EMULATE: tl.constexpr,
 ):
     """dq of one (batch·head, query tile), its queries' 1/den and dden (RDEN, DDEN: (B·H, N) float32, for the
-    dk/dv kernel) and its part of dW̃ (DW: (B·H, query tiles, BLOCK_G, BLOCK_G) float32). ``NORM``: dq of the
-    normalised q, which the dk/dv kernel turns into the raw q's, and this head's share of the norm's backward sum,
-    Σ_d dq·w·x̂ per query (PQ: (B·H, N) float32).
+    dk/dv kernel) and its part of dW̃ (DW: (B·H, query tiles, BLOCK_G, BLOCK_G) float32). ``NORM``: q is
+    MHLA's RMSNorm over heads: the last of the H programs of a query tile to finish (:func:`_norm_tail`) turns
+    every head's dq of the normalised q into the raw q's, in place.
 
     den = Σ_j A_ij + ε, o = num/den; dnum = do/den, dden = −(do·o)/den; dA_ij = dnum_i·v_j + dden_i;
     dφq_i = Σ_j dA_ij W̃_ij φk_j; dW̃[a, c] = Σ_{s(i)=a, s(j)=c} dA_ij φq_i·φk_j.
@@ -172,18 +205,19 @@ def pairwise_bwd_dq_kernel(
     dw = tl.dot(tl.trans(onehot_q), by_key_segment, input_precision="ieee")  # once a program: float32 exact
     q, _ = _side(q_base, s_qn, rows, row_ok, d, d_ok, feature_eps, FEATURE, rstd_q, w_q, NORM)  # (read again:
     dq = dphi * _phi_grad(q, FEATURE)  # registers, not bandwidth, bound this kernel; dq of the normalised q)
-    if NORM:  # (x̂·w = the normalised q: Σ_d dq·w·x̂ = Σ_d dq·q)
-        tl.store(PQ + bh * N + rows, tl.sum(dq * q, axis=1), mask=row_ok)
     tl.store(DQ + b * s_dqb + h * s_dqh + rows[:, None] * s_dqn + d[None, :], dq.to(DQ.dtype.element_ty), mask=tile)
     out = DW + (bh * tl.num_programs(1) + tile_m) * BLOCK_G * BLOCK_G
     tl.store(out + groups[:, None] * BLOCK_G + groups[None, :], dw)
+    if NORM:
+        _norm_tail(Q + b * s_qb, s_qh, s_qn, DQ + b * s_dqb, s_dqh, s_dqn, rstd_q, NW_Q, PQ + b * H * N, DWQ,
+                   COUNTER, tl.sum(dq * q, axis=1), b, h, tile_m, rows, tile, d, d_ok, H, N, D, BLOCK_M)
 
 
 @triton.jit
 def pairwise_bwd_dkv_kernel(
-    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, LW, DO, RDEN, DDEN, DK, DV, DLW, DQ, PQ, DWQ,
+    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, LW, DO, RDEN, DDEN, DK, DV, DLW, PK, DWK, COUNTER,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_gb, s_gh, s_gn,
-    s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, s_dqb, s_dqh, s_dqn,
+    s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     H, N, D, G, P, ROWS, COLS, feature_eps,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, LEPE: tl.constexpr, KS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
@@ -191,9 +225,10 @@ def pairwise_bwd_dkv_kernel(
 ):
     """dk, dv of the BLOCK_M keys of one (batch·head, key tile), over every query:
     dv_j = Σ_i A_ij dnum_i, dφk_j = Σ_i dA_ij W̃_ij φq_i (masked keys: zero). ``LEPE``: dv also gets the LePE
-    conv's transposed taps of do, and this program's part of the conv's dw and dbias goes to DLW ((B·H, key tiles,
-    KS·KS + 1, D) float32; :func:`..grid.kernels.conv_taps_backward`). ``NORM``: also the RMSNorm's backward of
-    q at this tile's tokens and head (:func:`_rms_backward`: the dq kernel ran before)."""
+    conv's transposed taps of do (:func:`..grid.kernels.conv_taps_backward`), and the conv's dw and dbias of this
+    (batch·head) go to DLW ((B·H, KS·KS + 1, D) float32), each program summing every token of some of the taps
+    (:func:`..grid.kernels.conv_weight_taps`). ``NORM``: k is MHLA's RMSNorm over heads:
+    the last of the H programs of a key tile to finish turns every head's dk into the raw k's (:func:`_norm_tail`)."""
     bh, tile_m, b, h, d, d_ok, cols = _program(H, D, BLOCK_M, BLOCK_D)
     ok = _keys_ok(MASK, b, s_mb, cols, N, HAS_MASK)
     rstd_q, w_q = _norm(RSTD_Q, NW_Q, b, h, N, D, d, d_ok, NORM)
@@ -221,63 +256,55 @@ def pairwise_bwd_dkv_kernel(
                       + dden[:, None], 0.0)
         dphi += _dot(tl.trans(da * w).to(TILE), phi_q.to(TILE), PRECISION, EMULATE)
     if LEPE:
-        dv += conv_taps_backward(V + b * s_vb + h * s_vh, s_vn, g_base, s_gn, cols, d, d_ok, LW, MASK, s_mb, b, h,
-                                 N, D, P, ROWS, COLS, DLW + (bh * tl.num_programs(1) + tile_m) * (KS * KS + 1) * D,
-                                 KS, HAS_MASK, BLOCK_M, BLOCK_D)
+        dv += conv_taps_backward(g_base, s_gn, cols, d, d_ok, LW, MASK, s_mb, b, h, N, D, P, ROWS, COLS, KS,
+                                 HAS_MASK, BLOCK_M, BLOCK_D)
     store = (cols < N)[:, None] & d_ok[None, :]  # masked keys get a zero gradient, written
-    if NORM:
-        _rms_backward(Q + b * s_qb + h * s_qh, s_qn, DQ + b * s_dqb + h * s_dqh, s_dqn, rstd_q, w_q, PQ + b * H * N,
-                      DWQ + (bh * tl.num_programs(1) + tile_m) * D, cols, store, d, d_ok, H, N, D, BLOCK_M)
     dk = tl.where(ok[:, None], dphi * _phi_grad(k, FEATURE), 0.0)
     tl.store(DK + b * s_dkb + h * s_dkh + cols[:, None] * s_dkn + d[None, :], dk.to(DK.dtype.element_ty), mask=store)
     tl.store(DV + b * s_dvb + h * s_dvh + cols[:, None] * s_dvn + d[None, :], tl.where(ok[:, None], dv, 0.0)
              .to(DV.dtype.element_ty), mask=store)
+    if NORM:
+        _norm_tail(K + b * s_kb, s_kh, s_kn, DK + b * s_dkb, s_dkh, s_dkn, rstd_k, NW_K, PK + b * H * N, DWK,
+                   COUNTER, tl.sum(dk * k, axis=1), b, h, tile_m, cols, store, d, d_ok, H, N, D, BLOCK_M)
+    if LEPE:  # (last: no accumulator is live any more)
+        conv_weight_taps(V + b * s_vb + h * s_vh, s_vn, g_base, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS,
+                         DLW + bh * (KS * KS + 1) * D, tile_m, tl.num_programs(1), KS, HAS_MASK, BLOCK_M, BLOCK_D)
 
+
+@triton.jit
+def _norm_tail(x_at, s_xh, s_xn, g_at, s_gh, s_gn, rstd_at, NW, P, DW, COUNTER, share, b, h, tile_m, t, tile, d,
+               d_ok, H, N, D, BLOCK_M: tl.constexpr):
+    """The RMSNorm over heads' backward of a tile of tokens ``t``, once every head's program has written its g (the
+    gradient of the normalised x, at g_at + head·s_gh, one image's): this head's ``share`` of the norm's sum,
+    Σ_d g·w·x̂ = Σ_d g·y per token (y the normalised x), goes to P (H, N) float32; the last of the H programs of
+    the tile to take its ticket (COUNTER: one per (image, tile), zero between launches) makes every head's dx in
+    place (:func:`_rms_backward`) and writes the tile's part of dw (DW: (B·tiles, H·D) float32). No float
+    atomics: each sum in a fixed order, whichever program is last."""
+    ok = t < N
+    tl.store(P + h * N + t, share, mask=ok)
+    which = b * tl.num_programs(1) + tile_m
+    if _last_program(COUNTER, which, H):
+        for head in range(0, H):
+            w = tl.load(NW + head * D + d, mask=d_ok, other=0.0)
+            _rms_backward(x_at + head * s_xh, s_xn, g_at + head * s_gh, s_gn, rstd_at, w, P,
+                          DW + which * H * D + head * D, t, tile, d, d_ok, H, N, D, BLOCK_M)
+        _ticket_back(COUNTER, which)
 
 
 @triton.jit
 def _rms_backward(x_at, s_xn, g_at, s_gn, rstd_at, w, P, DW_AT, t, tile, d, d_ok, H, N, D, BLOCK_M: tl.constexpr):
-    """The RMSNorm over heads' backward (as :func:`rms_heads_bwd_kernel`'s) of one head's channels of tokens
-    ``t``, in place: g (the gradient of the normalised x, at g_at) becomes dx = rstd·(g·w − x̂·Σ_c g·w·x̂ / C), the
-    sum over all H·D channels from each head's share (P: (H, N) float32, the dq kernel's); this head's part of dw,
-    Σ_t g·x̂, goes to DW_AT (D float32)."""
+    """The RMSNorm over heads' backward, y = x̂·w with x̂ = x·rstd, of one head's channels of tokens ``t``, in
+    place: g (the gradient of y, at g_at) becomes dx = rstd·(g·w − x̂·Σ_c g·w·x̂ / C), the sum over all C = H·D
+    channels from each head's share (P: (H, N) float32); this head's part of dw, Σ_t g·x̂, goes to DW_AT (D float32).
+    g and P were written by other programs of this launch: read from L2 (``.cg``), not a stale L1."""
     ok = t < N
     x = tl.load(x_at + t[:, None] * s_xn + d[None, :], mask=tile, other=0.0).to(tl.float32)
-    g = tl.load(g_at + t[:, None] * s_gn + d[None, :], mask=tile, other=0.0).to(tl.float32)
+    g = tl.load(g_at + t[:, None] * s_gn + d[None, :], mask=tile, other=0.0, cache_modifier=".cg").to(tl.float32)
     rstd = tl.load(rstd_at + t, mask=ok, other=0.0)
     total = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for head in range(0, H):  # (a fixed order: the same sum for every head's program)
-        total += tl.load(P + head * N + t, mask=ok, other=0.0)
+    for head in range(0, H):  # (a fixed order: the same sum for every head)
+        total += tl.load(P + head * N + t, mask=ok, other=0.0, cache_modifier=".cg")
     x_hat = x * rstd[:, None]
     dx = rstd[:, None] * (g * w[None, :] - x_hat * (total / (H * D))[:, None])
     tl.store(g_at + t[:, None] * s_gn + d[None, :], dx.to(g_at.dtype.element_ty), mask=tile)
     tl.store(DW_AT + d, tl.sum(g * x_hat, axis=0), mask=d_ok)
-
-
-@triton.jit
-def rms_heads_bwd_kernel(
-    X, G, RSTD, NW, DX, DW,
-    s_xb, s_xn, s_gb, s_gn, s_db, s_dn,
-    N, C,
-    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
-):
-    """The backward of MHLA's RMSNorm over heads, y = x·rstd·w, for BLOCK_T tokens of one image (grid (B, token
-    tiles)): dx = rstd·(g·w − x̂·mean(g·w·x̂)), x̂ = x·rstd, over each token's C = H·d channels (contiguous in x, g
-    and dx), and this program's part of dw = Σ g·x̂ (DW: (B·tiles, C) float32). ``G``: the gradient of y (the
-    pairwise kernels' dq or dk, of the normalised q or k); RSTD (B, N) and NW (C,) float32. No dots: the settings
-    :func:`.dispatch.launch` passes every kernel (BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE) are unused."""
-    b, tile = tl.program_id(0), tl.program_id(1)
-    t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
-    c = tl.arange(0, BLOCK_C)
-    ok = (t < N)[:, None] & (c < C)[None, :]
-    x = tl.load(X + b * s_xb + t[:, None] * s_xn + c[None, :], mask=ok, other=0.0).to(tl.float32)
-    g = tl.load(G + b * s_gb + t[:, None] * s_gn + c[None, :], mask=ok, other=0.0).to(tl.float32)
-    rstd = tl.load(RSTD + b * N + t, mask=t < N, other=0.0)
-    w = tl.load(NW + c, mask=c < C, other=0.0)
-    x_hat = x * rstd[:, None]
-    gw = g * w[None, :]
-    mean = tl.sum(gw * x_hat, axis=1) / C
-    dx = rstd[:, None] * (gw - x_hat * mean[:, None])
-    tl.store(DX + b * s_db + t[:, None] * s_dn + c[None, :], dx.to(DX.dtype.element_ty), mask=ok)
-    tl.store(DW + (b * tl.num_programs(1) + tile) * C + c, tl.sum(g * x_hat, axis=0), mask=c < C)

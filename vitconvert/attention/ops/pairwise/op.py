@@ -5,11 +5,11 @@
 The output of ``vitconvert::blocked_attention`` (:mod:`.fused`), A_ij = φ(q_i)·φ(k_j)·W̃[s(i), s(j)] summed over
 the keys tile by tile as FlashAttention sums softmax's, where the blocked form goes through per-segment d×d
 states. Which form a call takes is :func:`pairwise_is_cheaper`'s (``VITCONVERT_MHLA_FORM`` forces one). Like the
-blocked op it applies MHLA's RMSNorm to q and k itself, as their tiles load (each token's 1/rms from one reading
-pass over q and k: no normalised copy crosses memory, forward or backward; the norm's backward of q runs in the
-dk/dv kernel's epilogue, k's is one more kernel), and autograd keeps only the raw q, k and v (no output, no
-state: backward reads the forward out again), registered like the other ops: torch.compile and torch.export see
-one op, and a plain eager call skips the dispatcher (:func:`.dispatch.direct`).
+blocked op it applies MHLA's RMSNorm to q and k itself, as their tiles load (each token's 1/rms of k from one
+reading pass over k, q's in the forward kernel: no normalised copy crosses memory, forward or backward; the
+norm's backward of q runs in the dq kernel's epilogue, k's in the dk/dv kernel's), and autograd keeps only the
+raw q, k and v (no output, no state: backward reads the forward out again), registered like the other ops:
+torch.compile and torch.export see one op, and a plain eager call skips the dispatcher (:func:`.dispatch.direct`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from ..dispatch import (
 from ..grid.op import grid_conv_eager
 from ..layout import _mask_arg, _output_like, _strides, unit_rows
 from ..linear import eager as fused_eager
+from ..linear.launches import tickets
 from ..norms.lean import through_rms_pair
 
 MAX_SEGMENTS = 64  # W̃'s gradient is summed through one-hot dots of G padded to a power of two: 64 at most
@@ -72,23 +73,38 @@ def _geometry(q: torch.Tensor, segments: int) -> tuple[int, ...]:
     return B, H, N, D, -(-N // block), block, block_d, warps, max(16, triton_next_power_of_2(segments))
 
 
+def _backward_geometry(q: torch.Tensor, segments: int, normed: bool) -> tuple[int, ...]:
+    """:func:`_geometry` of the two backward kernels: with the norm, twice the forward's warps (its rstd and weights
+    on the forward's spill at head dim 64); from head dim 128 (BLOCK_D), half the forward's token tile on 4 warps,
+    where the dq kernel spills with the forward's tile on any warps (benchmarks/kernel_resources.py --arch sm_90,
+    sm_89). The grid and the per-tile parts follow the tile; nothing else depends on it."""
+    B, H, N, D, tiles, block, block_d, warps, block_g = _geometry(q, segments)
+    if block_d >= 128:
+        block, warps = block // 2, 4
+        return B, H, N, D, -(-N // block), block, block_d, warps, block_g
+    return B, H, N, D, tiles, block, block_d, 2 * warps if normed else warps, block_g
+
+
 NormArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]
 
 
-def token_rstd(t: torch.Tensor, eps: float) -> torch.Tensor:
+def token_rstd(t: torch.Tensor, eps: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(B, N) float32 1/rms of each token of (B, H, N, d) ``t`` over its H·d channels: one reading pass (a strided
     reduction over q's or k's view of the qkv projection, no copy), as F.rms_norm's over heads."""
     channels = t.shape[1] * t.shape[3]
     norm = torch.linalg.vector_norm(t, dim=(1, 3), dtype=torch.float32)
-    return torch.rsqrt(norm.square_().div_(channels).add_(eps))
+    return torch.rsqrt(norm.square_().div_(channels).add_(eps), out=out)
 
 
 def _rstd(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
           eps: float) -> torch.Tensor:
-    """(2, B, N) float32 1/rms of q's and k's tokens (:func:`token_rstd`), or an empty tensor without the norm."""
+    """(2, B, N) float32 for the 1/rms of q's and k's tokens: k's here (:func:`token_rstd`), q's left for the
+    forward kernel, which reads every head's q tile anyway; an empty tensor without the norm."""
     if q_weight is None or k_weight is None:
         return q.new_empty((0,), dtype=torch.float32)
-    return torch.stack((token_rstd(q, eps), token_rstd(k, eps)))
+    rstd = q.new_empty((2, q.shape[0], q.shape[2]), dtype=torch.float32)
+    token_rstd(k, eps, out=rstd[1])
+    return rstd
 
 
 def _norm_args(q: torch.Tensor, k: torch.Tensor, rstd: torch.Tensor, q_weight: Optional[torch.Tensor],
@@ -108,9 +124,9 @@ def run_pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: O
     """(o, rstd): o_i = Σ_j A_ij v_j / (Σ_j A_ij + ε), A_ij = φ(q_i)·φ(k_j)·mixing[s(i), s(j)], for (B, H, N, d)
     q, k, v, ``segments`` the (N,) int32 segment of each token and ``mixing`` W̃ (G, G); q and k first get MHLA's
     RMSNorm over heads when their weights are given (applied as the kernel loads them), and rstd, each token's
-    1/rms of q and of k ((2, B, N) float32, for backward; empty without the norm). With ``lepe_weight`` (C, 1, KS,
-    KS), o's grid tokens (the last rows × cols after ``prefix``) also get MHLA's LePE, the depthwise conv of the
-    (masked) v on the grid, in the kernel's epilogue: no pass of its own."""
+    1/rms of q (the kernel's) and of k ((2, B, N) float32, for backward; empty without the norm). With
+    ``lepe_weight`` (C, 1, KS, KS), o's grid tokens (the last rows × cols after ``prefix``) also get MHLA's LePE,
+    the depthwise conv of the (masked) v on the grid, in the kernel's epilogue: no pass of its own."""
     from .kernels import pairwise_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
@@ -123,7 +139,7 @@ def run_pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: O
     launch(pairwise_fwd_kernel, (B * H, tiles),
         q, k, v, mask, segments, _table(mixing), *norm, lepe.filters, lepe.bias, o,
         *_strides(q, k, v), s_mb, *_strides(o),
-        H, N, D, mixing.shape[0], prefix, rows, cols, feature_eps, eps,
+        H, N, D, mixing.shape[0], prefix, rows, cols, feature_eps, eps, norm_eps,
         FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, LEPE=lepe.on, KS=lepe.size,
         HAS_LBIAS=lepe_bias is not None, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, **tile_args(q),
         num_warps=warps)
@@ -173,9 +189,9 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
                                      torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv, dW̃, dq_weight, dk_weight, dlepe_weight, dlepe_bias (float32) of :func:`pairwise_attention`:
     the dq kernel (which reads the forward out again and sums W̃'s gradient per query tile), then the dk/dv kernel
-    (with LePE's backward in its epilogue), both normalising q and k as they load (with the forward's ``rstd``),
-    which also finishes the norm's backward of q from each head's share of its sum (the dq kernel's), then the
-    norm's backward kernel for k (the weights' gradients empty without the norm or LePE)."""
+    (with LePE's backward in its epilogue), both normalising q and k as they load (with the forward's ``rstd``);
+    with the norm each also finishes its side's norm backward, in the last head program of each token tile (the
+    weights' gradients empty without the norm or LePE)."""
     from .kernels import (  # lazy: start-up time
         pairwise_bwd_dkv_kernel,
         pairwise_bwd_dq_kernel,
@@ -184,75 +200,55 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     q, k, v, do = unit_rows(q), unit_rows(k), unit_rows(v), unit_rows(do)
     *norm, normed = _norm_args(q, k, rstd, q_weight, k_weight)
     G = mixing.shape[0]
-    B, H, N, D, tiles, block, block_d, warps, block_g = _geometry(q, G)
+    B, H, N, D, tiles, block, block_d, warps, block_g = _backward_geometry(q, G, normed)
     table = _table(mixing)
     dq, dk, dv = _output_like(q), _output_like(k), _output_like(v)
     rden = q.new_empty((B * H, N), dtype=torch.float32)
     dden = torch.empty_like(rden)
     dmixing = q.new_empty((B * H, tiles, block_g, block_g), dtype=torch.float32)
-    shares = q.new_empty((B * H, N) if normed else (0,), dtype=torch.float32)  # (the norm's: see the kernels)
-    dq_weight = q.new_empty((B * H, tiles, D) if normed else (0,), dtype=torch.float32)
+    # the norm's: each head's share of its sum per token, and each tile's part of dw, for q and for k
+    shares = q.new_empty((2, B * H, N) if normed else (2, 0), dtype=torch.float32)
+    dweights = q.new_empty((2, B * tiles, H * D) if normed else (2, 0), dtype=torch.float32)
     mask, s_mb = _mask_arg(key_valid, k)
     lepe = _lepe_args(q, lepe_weight, None, rows, cols, prefix)
-    dlepe = q.new_empty((B * H, tiles, lepe.size ** 2 + 1, D) if lepe.on else (0,), dtype=torch.float32)
+    counter = tickets(B * tiles, q.device)[:B * tiles] if normed else rden  # (the norm's: one per (image, tile))
+    dlepe = q.new_empty((B * H, lepe.size ** 2 + 1, D) if lepe.on else (0,), dtype=torch.float32)
     # half the forward's key chunk and 16-bit tiles (as autocast's own backward multiplies them): with TF32 tiles
     # or whole chunks both kernels spill at head dim 64 on sm_90 (benchmarks/kernel_resources.py --arch sm_90)
     settings = dict(FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, BLOCK_M=block,
-                    BLOCK_N=max(16, block // 2), BLOCK_D=block_d, **tile_args(q, half_tiles=True),
-                    num_warps=2 * warps if normed else warps)  # (with the norm's rstd and weights on the
-    # forward's warps both spill at head dim 64 for sm_90: benchmarks/kernel_resources.py --arch sm_90)
+                    BLOCK_N=max(16, block // 2), BLOCK_D=block_d, **tile_args(q, half_tiles=True), num_warps=warps)
     launch(pairwise_bwd_dq_kernel, (B * H, tiles),
-        q, k, v, mask, segments, table, *norm, do, dq, rden, dden, dmixing, shares if normed else rden,
-        *_strides(q, k, v), s_mb, *_strides(do, dq),
+        q, k, v, mask, segments, table, *norm, do, dq, rden, dden, dmixing, *_norm_out(shares[0], dweights[0], rden),
+        counter, *_strides(q, k, v), s_mb, *_strides(do, dq),
         H, N, D, G, feature_eps, eps,
         BLOCK_G=block_g, **settings)
     launch(pairwise_bwd_dkv_kernel, (B * H, tiles),
         q, k, v, mask, segments, table, *norm, lepe.filters, do, rden, dden, dk, dv, dlepe if lepe.on else dv,
-        dq if normed else dv, shares if normed else rden, dq_weight if normed else rden,
-        *_strides(q, k, v), s_mb, *_strides(do, dk, dv, dq),
+        *_norm_out(shares[1], dweights[1], rden), counter,
+        *_strides(q, k, v), s_mb, *_strides(do, dk, dv),
         H, N, D, G, prefix, rows, cols, feature_eps,
         **{**settings, "BLOCK_N": spill_free_chunk(settings["BLOCK_N"], block_d)}, LEPE=lepe.on, KS=lepe.size)
     dmixing = dmixing.sum((0, 1))[:G, :G].to(mixing.dtype)
     lepe_grads = _lepe_gradients(dlepe, lepe_weight, B, H, D)
     if not normed:
         return dq, dk, dv, dmixing, q.new_empty((0,)), q.new_empty((0,)), *lepe_grads
-    dq_weight = dq_weight.view(B, H, tiles, D).sum((0, 2)).reshape(-1).to(q_weight.dtype)  # (dq: finished by the
-    dk, dk_weight = rms_heads_backward(k, dk, norm[1], k_weight)  # dk/dv kernel; dk by the norm's own kernel)
-    return dq, dk, dv, dmixing, dq_weight, dk_weight, *lepe_grads
+    dq_weight, dk_weight = dweights.sum(1)  # (each tile's part, in a fixed order)
+    return dq, dk, dv, dmixing, dq_weight.to(q_weight.dtype), dk_weight.to(k_weight.dtype), *lepe_grads
+
+
+def _norm_out(shares: torch.Tensor, dweight: torch.Tensor, placeholder: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The norm's (shares, dw parts) arguments of a backward kernel: placeholders without the norm."""
+    return (shares, dweight) if shares.numel() else (placeholder, placeholder)
 
 
 def _lepe_gradients(partial: torch.Tensor, weight: Optional[torch.Tensor], B: int, H: int,
                     D: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dweight (C, 1, KS, KS), dbias (C,)) float32 of LePE from the dk/dv programs' parts (B·H, tiles, KS·KS + 1,
-    D), summed in a fixed order; empty without LePE."""
+    """(dweight (C, 1, KS, KS), dbias (C,)) float32 of LePE from the dk/dv kernel's, one (KS·KS + 1, D) per
+    batch·head, summed over the batch in a fixed order; empty without LePE."""
     if weight is None:
         return partial.new_empty((0,)), partial.new_empty((0,))
-    summed = partial.view(B, H, -1, *partial.shape[2:]).sum((0, 2))  # (H, KS·KS + 1, D)
+    summed = partial.view(B, H, *partial.shape[1:]).sum(0)  # (H, KS·KS + 1, D)
     return summed[:, :-1].transpose(1, 2).reshape(weight.shape), summed[:, -1].reshape(-1)
-
-
-def rms_heads_backward(x: torch.Tensor, grad: torch.Tensor, rstd: torch.Tensor,
-                       weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dweight) of MHLA's RMSNorm over heads of (B, H, N, d) ``x`` from ``grad``, the gradient of its output
-    (laid out (B, N, H, d), as the kernels write it), and ``rstd`` (B, N) float32: one kernel reading x and grad
-    and writing dx (laid out as grad), each program's part of dweight summed here."""
-    from .kernels import rms_heads_bwd_kernel  # lazy: start-up time
-
-    B, H, N, D = x.shape
-    C = H * D
-    rows, grad_rows = x.transpose(1, 2).reshape(B, N, C), grad.transpose(1, 2).reshape(B, N, C)  # views here
-    rows, grad_rows = unit_rows(rows), unit_rows(grad_rows)
-    block_c = triton_next_power_of_2(C)
-    block_t = max(1, min(64, 8192 // block_c))
-    tiles = -(-N // block_t)
-    dx = torch.empty((B, N, C), dtype=x.dtype, device=x.device)
-    dweight = x.new_empty((B * tiles, C), dtype=torch.float32)
-    launch(rms_heads_bwd_kernel, (B, tiles),
-        rows, grad_rows, rstd, weight.to(torch.float32).contiguous(), dx, dweight,
-        rows.stride(0), rows.stride(1), grad_rows.stride(0), grad_rows.stride(1), dx.stride(0), dx.stride(1),
-        N, C,
-        BLOCK_T=block_t, BLOCK_C=block_c, BLOCK_N=block_t, BLOCK_D=block_c, **tile_args(x), num_warps=8)
-    return dx.view(B, N, H, D).transpose(1, 2), dweight.sum(0).to(weight.dtype)
 
 
 pairwise_attention_backward = torch.library.custom_op("vitconvert::pairwise_attention_backward", mutates_args=())(
