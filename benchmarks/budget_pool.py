@@ -34,8 +34,11 @@ def _raise_stopped(signum: int, frame: Any) -> None:
     raise WorkerStopped(f"stopped by {name}", name)
 
 
-def _worker(fn: Callable[..., dict[str, Any]], tasks: Any, events: Any) -> None:
-    """Runs until the tasks end or one run stops or fails; then this process ends (never takes another run)."""
+def _worker(fn: Callable[..., dict[str, Any]], tasks: Any, events: Any, stopping: Any) -> None:
+    """Runs until the tasks end, the sweep is stopping, or one run stops or fails; then this process ends.
+
+    ``stopping`` covers a signal the trainer took after its last step: the run ends normally (its handler had
+    no step left to stop after) and the worker must still take no further run."""
     from vitconvert.distill import TrainingStopped
     from vitconvert.errors import first_line
 
@@ -43,7 +46,7 @@ def _worker(fn: Callable[..., dict[str, Any]], tasks: Any, events: Any) -> None:
         signal.signal(sig, _raise_stopped)
     task = None
     try:
-        while (task := tasks.get()) is not None:
+        while not stopping.is_set() and (task := tasks.get()) is not None:
             events.put(("done", os.getpid(), task, fn(*task)))
     except (TrainingStopped, WorkerStopped) as e:
         _ignore_stops()
@@ -66,12 +69,13 @@ def run_pool(fn: Callable[..., dict[str, Any]], runs: list[tuple], jobs: int,
     None when all finished, else (exit code, one line) of the stop (128 + signal) or failure (1) that ended it.
     ``start``: spawn, as budget.py runs (never fork a process that may hold torch's threads); the tests fork."""
     context = mp.get_context(start)
-    tasks, events = context.Queue(), context.Queue()
+    tasks, events, stopping = context.Queue(), context.Queue(), context.Event()
     for run in runs:
         tasks.put(run)
     for _ in range(jobs):
         tasks.put(None)
-    workers = [context.Process(target=_worker, args=(fn, tasks, events), name=f"budget-{n}") for n in range(jobs)]
+    workers = [context.Process(target=_worker, args=(fn, tasks, events, stopping), name=f"budget-{n}")
+               for n in range(jobs)]
     for w in workers:
         w.start()
     ended: Optional[tuple[int, str]] = None
@@ -80,6 +84,7 @@ def run_pool(fn: Callable[..., dict[str, Any]], runs: list[tuple], jobs: int,
     def stop_all(signum: int, frame: Any = None) -> None:
         nonlocal ended
         ended = ended or (128 + signum, f"stopped by {signal.Signals(signum).name}")
+        stopping.set()
         for w in workers:
             if w.is_alive() and w.pid is not None and w.pid not in reported:
                 os.kill(w.pid, signal.SIGTERM)  # the trainer saves its checkpoint and stops after its step

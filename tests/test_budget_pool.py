@@ -24,11 +24,14 @@ import budget  # noqa: E402  (scripts beside the package, not modules of it)
 import budget_pool  # noqa: E402
 
 
-def stand_in(name: str, marks: str) -> dict:
+def stand_in(name: str, marks: str, last_step: bool = False) -> dict:
+    """``last_step``: the signal lands after the last step, so the run ends normally (as the trainer's does)."""
     Path(marks, name).write_text(str(os.getpid()))  # started, and by whom
     with StopRequest() as stop:
         for step in range(600):
             time.sleep(0.05)
+            if stop.requested and last_step:
+                return {"name": name}
             if stop.requested:
                 Path(marks, f"{name}.stopped").touch()
                 raise TrainingStopped(f"stopped by {stop.requested} at step {step}", stop.requested)
@@ -66,6 +69,15 @@ def test_a_sigterm_to_the_sweep_reaches_its_worker(tmp_path):
     assert ended == (128 + signal.SIGTERM, "stopped by SIGTERM")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "a.stopped"]  # stopped at a step; b never started
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the sweep's handlers are put back
+
+
+def test_a_signal_after_a_runs_last_step_still_ends_the_sweep(tmp_path):
+    runs = [("a", str(tmp_path), True), ("b", str(tmp_path), True)]
+    done = []
+    when_started(tmp_path, ["a"], lambda pids: os.kill(os.getpid(), signal.SIGTERM))
+    ended = budget_pool.run_pool(stand_in, runs, 1, lambda run, record: done.append(record), start="fork")
+    assert ended == (128 + signal.SIGTERM, "stopped by SIGTERM")
+    assert done == [{"name": "a"}] and sorted(p.name for p in tmp_path.iterdir()) == ["a"]  # b never started
 
 
 def test_a_stopped_run_keeps_its_checkpoint_and_resumes(tmp_path, monkeypatch):
