@@ -16,7 +16,9 @@ acts; ``--results``/``--block`` put a sweep in its own file and docs block (each
 
 Runs go one at a time by default (the machine is shared; ``--jobs 2`` runs two single-threaded ones), seed by
 seed, and are appended to benchmarks/results/budget.jsonl as they finish; a rerun skips the runs already
-recorded, so an interrupted sweep continues where it stopped. Transfer records carry the source teacher's
+recorded, so an interrupted sweep continues where it stopped. A SIGTERM or Ctrl-C (to the sweep or to one of its
+workers) stops every training at its step with a checkpoint and ends the sweep; the same command resumes each
+stopped run from its checkpoint (budget_pool.py). Transfer records carry the source teacher's
 fingerprint: a retrained source teacher (benchmarks/results/transfer/ is not committed) starts them afresh.
 """
 
@@ -36,7 +38,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from budget_pool import run_pool  # noqa: E402
-from budget_schedules import SCHEDULES  # noqa: E402
+from budget_schedules import BASE, SCHEDULES  # noqa: E402
 from reproduce import (  # noqa: E402  (a sibling script, not a package)
     DOC,
     OPTIONS,
@@ -105,7 +107,7 @@ def run_one(variant: str, schedule: str, epochs: int, seed: int, regime: str,
     if regime in TASKS:
         source, target = task_folders(regime)
         spec, extra, heads = str(source), {"data": str(target), "img_size": None}, len(TASKS[regime][1])
-    overrides = {"epochs": epochs, "seed": seed, **extra, **SCHEDULES[schedule][1](epochs, regime)}
+    overrides = {"epochs": epochs, "seed": seed, **BASE, **extra, **SCHEDULES[schedule][1](epochs, regime)}
     record = {"variant": variant, "schedule": schedule, "epochs": epochs, "seed": seed, "regime": regime,
               "teacher": teacher_id(regime), "overrides": overrides}
     if variant == CEILING:
