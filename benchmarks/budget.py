@@ -16,7 +16,9 @@ acts; ``--results``/``--block`` put a sweep in its own file and docs block (each
 
 Runs go one at a time by default (the machine is shared; ``--jobs 2`` runs two single-threaded ones), seed by
 seed, and are appended to benchmarks/results/budget.jsonl as they finish; a rerun skips the runs already
-recorded, so an interrupted sweep continues where it stopped. Transfer records carry the source teacher's
+recorded, so an interrupted sweep continues where it stopped. A SIGTERM or Ctrl-C (to the sweep or to one of its
+workers) stops every training at its step with a checkpoint and ends the sweep; the same command resumes each
+stopped run from its checkpoint (budget_pool.py). Transfer records carry the source teacher's
 fingerprint: a retrained source teacher (benchmarks/results/transfer/ is not committed) starts them afresh.
 """
 
@@ -31,12 +33,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from budget_schedules import SCHEDULES  # noqa: E402
+from budget_pool import run_pool  # noqa: E402
+from budget_schedules import BASE, SCHEDULES  # noqa: E402
 from reproduce import (  # noqa: E402  (a sibling script, not a package)
     DOC,
     OPTIONS,
@@ -80,9 +82,19 @@ def teacher_id(regime: str) -> str:
     return hashlib.sha256((source / "model.safetensors").read_bytes()).hexdigest()[:12]
 
 
-def run_one(variant: str, schedule: str, epochs: int, seed: int, regime: str) -> dict[str, Any]:
+def work_folder(results: Path, run: tuple) -> Path:
+    """Where a run trains: one folder per results file and run, kept when the run is stopped (its checkpoint) and
+    removed when it is recorded."""
+    return Path(tempfile.gettempdir()) / "vitconvert-budget" / results.stem / "-".join(map(str, run))
+
+
+def run_one(variant: str, schedule: str, epochs: int, seed: int, regime: str,
+            work: Optional[Path] = None) -> dict[str, Any]:
     """convert (default recipe) -> save -> distill with the schedule's overrides -> final val top-1 (the
-    ceiling: the softmax source fine-tuned by the same recipe); one CPU thread, as quickstart's workers."""
+    ceiling: the softmax source fine-tuned by the same recipe); one CPU thread, as quickstart's workers.
+
+    In ``work`` a stopped run (SIGTERM, Ctrl-C: the trainer saves checkpoint-last and raises TrainingStopped)
+    keeps its folder and the CPU-seconds it spent, and the next call resumes it from its checkpoint."""
     import torch
 
     from vitconvert import convert, save
@@ -95,24 +107,35 @@ def run_one(variant: str, schedule: str, epochs: int, seed: int, regime: str) ->
     if regime in TASKS:
         source, target = task_folders(regime)
         spec, extra, heads = str(source), {"data": str(target), "img_size": None}, len(TASKS[regime][1])
-    overrides = {"epochs": epochs, "seed": seed, **extra, **SCHEDULES[schedule][1](epochs, regime)}
+    overrides = {"epochs": epochs, "seed": seed, **BASE, **extra, **SCHEDULES[schedule][1](epochs, regime)}
     record = {"variant": variant, "schedule": schedule, "epochs": epochs, "seed": seed, "regime": regime,
               "teacher": teacher_id(regime), "overrides": overrides}
     if variant == CEILING:
         metrics = finetune_softmax(spec, overrides, heads)
         return {**record, "top1": metrics["top1"], "loss": metrics["loss"], "seconds": round(metrics["seconds"], 2),
                 "cpu_seconds": round(time.process_time() - cpu, 2)}
-    student, _ = convert(load_source(spec).model, to=variant, seed=seed, options=OPTIONS.get(variant), source=spec,
-                         num_classes=heads)
-    torch.manual_seed(seed)
-    work = Path(tempfile.mkdtemp(prefix=f"budget-{variant}-{schedule}-{epochs}-{seed}-"))
-    try:
-        start = save(student, work / "init", pretrained=True)
-        result = distill(start, work / "run", recipe="quickstart", overrides=overrides, show=False, device="cpu")
-    finally:
+    work = work or Path(tempfile.mkdtemp(prefix=f"budget-{variant}-{schedule}-{epochs}-{seed}-"))
+    spent = work / "cpu_seconds.json"  # what the stopped part of a resumed run cost
+    resume = (work / "run" / "checkpoint-last").is_dir()
+    before = json.loads(spent.read_text()) if resume and spent.is_file() else {"cpu": 0.0, "seconds": 0.0}
+    if not resume:
         shutil.rmtree(work, ignore_errors=True)
+        student, _ = convert(load_source(spec).model, to=variant, seed=seed, options=OPTIONS.get(variant),
+                             source=spec, num_classes=heads)
+        torch.manual_seed(seed)
+        save(student, work / "init", pretrained=True)
+    started = time.perf_counter()
+    try:
+        result = distill(work / "init", work / "run", recipe="quickstart", overrides=overrides, show=False,
+                         device="cpu", resume=resume)
+    except BaseException:
+        spent.write_text(json.dumps({"cpu": before["cpu"] + time.process_time() - cpu,
+                                     "seconds": before["seconds"] + time.perf_counter() - started}))
+        raise
+    shutil.rmtree(work, ignore_errors=True)
     return {**record, "top1": result.metrics["top1"], "loss": result.metrics["loss"],
-            "seconds": round(result.seconds, 2), "cpu_seconds": round(time.process_time() - cpu, 2)}
+            "seconds": round(before["seconds"] + result.seconds, 2),
+            "cpu_seconds": round(before["cpu"] + time.process_time() - cpu, 2), **({"resumed": True} if resume else {})}
 
 
 def read_records(results: Path = RESULTS) -> list[dict[str, Any]]:
@@ -154,23 +177,27 @@ def planned(variants: list[str], schedules: list[str], budgets: list[int], seeds
 
 
 def run_all(runs: list[tuple], results: Path = RESULTS, jobs: int = 1) -> None:
+    """Every run not yet recorded, ``jobs`` at a time, each record appended as it comes; a stop signal (to this
+    process or a worker) saves each training's checkpoint and ends the sweep: the same command resumes it."""
     done = {_key(r) for r in current(read_records(results))}
     todo = [r for r in runs if r not in done]
     print(f"{len(todo)} runs to do ({len(runs) - len(todo)} already recorded), {jobs} at a time", flush=True)
     for regime in sorted({r[4] for r in todo} & set(TASKS)):
         task_folders(regime)
     results.parent.mkdir(parents=True, exist_ok=True)
-    with ProcessPoolExecutor(max_workers=jobs) as pool:  # map keeps the order; each record is written as it comes
-        for i, (args, record) in enumerate(zip(todo, pool.map(_run, todo), strict=True), 1):
-            with results.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-            print(f"[{i}/{len(todo)}] {args[4]:8s} {args[0]:7s} {args[1]:9s} {args[2]:2d} ep seed {args[3]}: "
-                  f"top-1 {100 * record['top1']:.2f}% ({record['seconds']:.0f}s, {record['cpu_seconds']:.0f} CPU-s)",
-                  flush=True)
+    count = iter(range(1, len(todo) + 1))
 
+    def record(args: tuple, rec: dict[str, Any]) -> None:
+        with results.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        print(f"[{next(count)}/{len(todo)}] {args[4]:8s} {args[0]:7s} {args[1]:9s} {args[2]:2d} ep seed {args[3]}: "
+              f"top-1 {100 * rec['top1']:.2f}% ({rec['seconds']:.0f}s, {rec['cpu_seconds']:.0f} CPU-s)", flush=True)
 
-def _run(args: tuple) -> dict[str, Any]:
-    return run_one(*args)
+    ended = run_pool(run_one, [(*r, work_folder(results, r)) for r in todo], jobs, lambda a, rec: record(a[:5], rec))
+    if ended is not None:
+        code, line = ended
+        print(f"{line}; the stopped runs keep their checkpoints: run the same command again to resume", flush=True)
+        raise SystemExit(code)
 
 
 # -- the report --------------------------------------------------------------------------------------

@@ -129,6 +129,8 @@ BLOCKS = [
           "quickstart-sweep.jsonl"),
     Block(RESULTS_DOC, "budget-reheaded", lambda: budget_block("budget-reheaded", "budget-reheaded.jsonl"),
           "budget-reheaded.jsonl"),
+    Block(RESULTS_DOC, "quickstart-fast", lambda: budget_block("quickstart-fast", "quickstart-fast.jsonl"),
+          "quickstart-fast.jsonl"),
 ]
 
 

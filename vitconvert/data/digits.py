@@ -57,6 +57,12 @@ class DigitsDataset(Dataset):
         """Image ``i`` as RGB PIL, the form timm's transforms take."""
         return Image.fromarray(self.images[i]).convert("RGB")
 
+    def uint8_images(self, indices: list[int]) -> tuple[np.ndarray, list[int]]:
+        """Images ``indices`` as (B, 8, 8, 3) uint8 RGB (the grey level in each channel, as ``image`` makes them)
+        and their labels: what a batch transform takes (data/batched.py)."""
+        grey = self.images[indices]
+        return np.repeat(grey[..., None], 3, axis=-1), [self.targets[i] for i in indices]
+
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         img, target = self.image(i), self.targets[i]
         if self.transform is not None:

@@ -19,16 +19,22 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from ..errors import VitconvertError, param, plural
 from ..recipes import Recipe
+from .batched import Unsupported, batch_transform
 from .datasets import check_classes, class_names, dataset_classes, open_dataset
 from .image_folder import upright
 from .transforms import InputConfig, eval_transform, mixup_for, train_transform
 
 
 # -- reproducible augmentation and order --------------------------------------------------------------
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of one image's augmentation in one epoch (its random streams: sample_rng, batched.SampleDraws)."""
+    return (((seed * 1_000_003) + epoch) * 1_000_003 + index) % (2 ** 32)
+
+
 @contextmanager
 def sample_rng(seed: int, epoch: int, index: int) -> Iterator[None]:
     """Seed python, numpy and torch's CPU generator for one image, then restore them: augmentation = f(seed,
@@ -36,7 +42,7 @@ def sample_rng(seed: int, epoch: int, index: int) -> Iterator[None]:
     for every accelerator torch was built for, formatting the call stack each time on a machine without one,
     which was half the CPU time of a quickstart training."""
     state = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    mixed = (((seed * 1_000_003) + epoch) * 1_000_003 + index) % (2 ** 32)
+    mixed = sample_seed(seed, epoch, index)
     random.seed(mixed)
     np.random.seed(mixed)
     torch.default_generator.manual_seed(mixed)  # what torch.manual_seed does to the CPU stream
@@ -62,8 +68,20 @@ def to_rgb(image: Any) -> Any:
     return image.convert("RGB")
 
 
+def uint8_source(base: Dataset) -> Optional[Callable[[list[int]], tuple[np.ndarray, list[int]]]]:
+    """``base.uint8_images`` (images held as arrays: the digits), also through a Subset of such a base."""
+    if isinstance(base, Subset):
+        inner = uint8_source(base.dataset)
+        return None if inner is None else (lambda indices: inner([base.indices[i] for i in indices]))  # type: ignore
+    found = getattr(base, "uint8_images", None)
+    return found if callable(found) else None
+
+
 class TransformedDataset(Dataset):
-    """A base dataset's images through ``transform``; seeded per image when ``seed`` is given (training)."""
+    """A base dataset's images through ``transform``; seeded per image when ``seed`` is given (training).
+
+    A base that holds its images as uint8 arrays (``uint8_images``: the digits) is transformed a batch at a time
+    where the transform has a batch form (batched.py): the same images, without a PIL round trip per image."""
 
     def __init__(self, base: Dataset, transform: Callable[[Any], torch.Tensor], seed: Optional[int] = None):
         for attr in ("transform", "target_transform"):
@@ -71,6 +89,8 @@ class TransformedDataset(Dataset):
                 setattr(base, attr, None)  # we apply the transform; the base yields PIL images
         self.base, self.transform, self.seed = base, transform, seed
         self.epoch = 0
+        self.arrays = uint8_source(base)
+        self.batched = batch_transform(transform) if self.arrays is not None else None
 
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]
@@ -85,6 +105,21 @@ class TransformedDataset(Dataset):
             return self.transform(image), target
         with sample_rng(self.seed, self.epoch, index):
             return self.transform(image), target
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, int]]:
+        """A batch (what DataLoader asks for): transformed at once where it can be, else image by image."""
+        if self.batched is not None:
+            try:
+                return self._batch(indices)
+            except Unsupported:
+                self.batched = None  # an image this batch form cannot take: the per-image path from now on
+        return [self[i] for i in indices]
+
+    def _batch(self, indices: list[int]) -> list[tuple[torch.Tensor, int]]:
+        images, targets = self.arrays([max(i, 0) for i in indices])  # type: ignore[misc]
+        seeds = None if self.seed is None else [sample_seed(self.seed, self.epoch, i) for i in indices]
+        batch = self.batched(images, seeds)  # type: ignore[misc]
+        return [(image, int(t) if i >= 0 else -1) for image, t, i in zip(batch, targets, indices, strict=True)]
 
 
 class EpochBatchSampler(Sampler[list[int]]):
