@@ -19,8 +19,9 @@ from . import helpers
 from .helpers import rel_error
 
 DEVICE = helpers.kernels_device()
-KERNELS = ("inner_sums_kernel", "swiglu_readout_kernel")
-BACKWARD_KERNELS = ("swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel")
+KERNELS = ("inner_sums_kernel", "swiglu_readout_kernel", "ttt_fwd_kernel")  # (ops/ttt/kernels.py)
+BACKWARD_KERNELS = ("swiglu_readout_bwd_kernel", "ttt_readout_bwd_kernel", "inner_sums_bwd_kernel",  # (backward_
+                    "ttt_bwd_kernel")                                                                   # kernels.py)
 
 
 @pytest.fixture(autouse=True)
@@ -79,13 +80,14 @@ def test_where_the_sums_backward_fits_no_settings_two_kernels_take_its_place(d, 
     no settings (benchmarks/kernel_resources.py --arch sm_89). Then a kernel for dk, dW1, dW2 and one for dv, dW3
     take its place: the same gradients against float64, no warning, TTT's kernels stay on, and the one kernel is
     not tried again."""
-    from vitconvert.attention.ops.ttt import kernels as ttt_kernels
+    from vitconvert.attention.ops.ttt import backward_kernels as ttt_kernels
 
     dispatch.current().programs = programs
     dispatch.current().unavailable.clear()
     dispatch.current().settled.clear()
     one_kernel = helpers.Cramped(ttt_kernels.inner_sums_bwd_kernel, lambda settings: False)
     monkeypatch.setattr(ttt_kernels, "inner_sums_bwd_kernel", one_kernel)
+    monkeypatch.setattr(ttt_kernels, "ttt_bwd_kernel", helpers.Unbuildable())  # (it holds as many: not there either)
     inputs, mask = step_inputs(N=70, d=d, masked=masked)
     with helpers.no_warnings():
         errors = against_float64(inputs, mask, lr=0.7)
@@ -100,7 +102,7 @@ def test_where_the_sums_backward_fits_no_settings_two_kernels_take_its_place(d, 
 def test_the_two_sums_backward_kernels_on_bf16_are_the_one_kernel(monkeypatch):
     """bf16 at head dim 64 (DeiT's), 16-bit tiles: the two kernels' gradients are the one kernel's (the same
     products, in the same order, on the same roundings)."""
-    from vitconvert.attention.ops.ttt import kernels as ttt_kernels
+    from vitconvert.attention.ops.ttt import backward_kernels as ttt_kernels
 
     inputs, mask = step_inputs(N=70, d=64, dtype=torch.bfloat16, masked=True)
     inputs[3] = inputs[3].detach().float().requires_grad_()
@@ -141,7 +143,7 @@ def test_the_op_at_vit_sizes():  # (4 s in the interpreter)
     assert max(errors) < 5e-6, errors
 
 
-@pytest.mark.parametrize("head_dim,dtype,launches", [(64, torch.bfloat16, 4), (96, torch.bfloat16, 0),
+@pytest.mark.parametrize("head_dim,dtype,launches", [(64, torch.bfloat16, 2), (96, torch.bfloat16, 0),
                                                      (64, torch.float32, 0)], ids=["d64-bf16", "d96-bf16", "d64-fp32"])
 def test_wide_heads_and_float32_inputs_take_the_torch_step(head_dim, dtype, launches, monkeypatch):
     """Above head dim 64, or on float32 inputs, TTT's kernels do not fit an sm_90 GPU (224–456 KB of shared
@@ -206,19 +208,25 @@ def test_module_on_the_kernels_matches_its_reference(head_dim, grid, num_prefix,
     assert max(errors.values()) < 1e-4, errors
 
 
-def test_the_op_keeps_q_k_v_and_d_by_d_weights_only():
-    """No token-sized intermediate: q, k, v, W and W' (which backward reads instead of summing again). In the
-    module the step is checkpointed, so not even these are kept (test_fused.py's budget against softmax)."""
+def test_the_op_keeps_q_k_v_the_weights_and_the_key_statistics_only():
+    """No token-sized intermediate, not even W' (backward recomputes it): q, k, v, the fast weights as given, and
+    with the key conv in the op the keys' float32 statistics (2, B, H, d); the convs' filters."""
     inputs, _ = step_inputs()
     out = fused_ttt.call_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 1.0)
-    saved = [t for t in out.grad_fn.saved_tensors if t is not None]
-    assert [tuple(t.shape) for t in saved] == [(2, 2, 70, 32)] * 3 + [(3, 2, 32, 32), (2, 2, 3, 32, 32)]
+    saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors if t is not None and t.numel()]
+    assert saved == [(2, 2, 70, 32)] * 3 + [(2, 32, 32)] * 3
+    q, k, v = (t.detach()[..., :65, :].requires_grad_() for t in inputs[:3])  # a class token and an 8×8 grid
+    filters = [torch.randn(64, 1, 3, 3, device=DEVICE) * 0.1 for _ in range(2)]
+    out = fused_ttt.call_step(q, k, v, None, inputs[3], 32 ** -0.5, 1.0, filters[0], None, (8, 8, 1), filters[1],
+                              None, 1.0)
+    saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors if t is not None and t.numel()]
+    assert saved == [(2, 2, 65, 32)] * 3 + [(2, 32, 32)] * 3 + [(2, 2, 2, 32)] + [(64, 1, 3, 3)] * 2
 
 
 def test_the_op_passes_torch_library_checks_and_compiles_as_one_graph():
     inputs, mask = step_inputs(N=40)
     tests = ("test_schema", "test_faketensor", "test_autograd_registration")
-    torch.library.opcheck(fused_ttt.ttt_step, (*inputs[:3], mask, inputs[3], 32 ** -0.5, 1.0), test_utils=tests)
+    torch.library.opcheck(fused_ttt.ttt_step, (*inputs[:3], mask, *inputs[3], 32 ** -0.5, 1.0), test_utils=tests)
     torch._dynamo.reset()
     module = helpers.make_module("ttt", 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
@@ -234,7 +242,7 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, 
     """Forward: the module runs its torch step. Backward (the forward ran on the kernels): this step's gradients
     from the op's eager form. Either way one warning, and TTT's kernels off for the process (the other ops keep
     theirs)."""
-    from vitconvert.attention.ops.ttt import kernels as ttt_kernels
+    from vitconvert.attention.ops.ttt import backward_kernels, kernels
 
     module = helpers.make_module("ttt", 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
@@ -244,8 +252,10 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, 
     dispatch.current().unavailable.clear()
     if stage == "backward":
         out = module(x)
-    for kernel in (KERNELS if stage == "forward" else ()) + BACKWARD_KERNELS:  # (backward's recomputed forward
-        monkeypatch.setattr(ttt_kernels, kernel, helpers.Unbuildable())                 # runs the kernels it built)
+    for kernel in BACKWARD_KERNELS:  # (backward recomputes W' with the forward's kernels where heads split)
+        monkeypatch.setattr(backward_kernels, kernel, helpers.Unbuildable())
+    for kernel in KERNELS if stage == "forward" else ():
+        monkeypatch.setattr(kernels, kernel, helpers.Unbuildable())
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU .*OutOfResources.*VITCONVERT_FUSED=0"):
         if stage == "forward":
             out = module(x)
@@ -266,7 +276,7 @@ def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, mon
     from helpers import image_batch, tiny_model
 
     import vitconvert
-    from vitconvert.attention.ops.ttt import kernels as ttt_kernels
+    from vitconvert.attention.ops.ttt import backward_kernels as ttt_kernels
 
     source = tiny_model(family)
     student, _ = vitconvert.convert(source, "ttt")

@@ -207,14 +207,22 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
 
 
 def _ttt(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
-    """TTT's step: the inner sums and the read-out each way (the step recomputed in backward when the layer
-    recomputes it); the convs and the key norm on the grid op."""
+    """TTT's step: where a program owns each head, one kernel each way (backward recomputes W'); where heads split
+    over token ranges, the partial sums, W' in torch and the read-out, and backward W' again, the read-out's and the
+    sums' backward. Where the layer has a grid and the grid op's kernels take the call, the key norm and the convs
+    are applied in the op's kernels (their backward on the grid op's kernel, its key statistics a reading pass) and
+    the op keeps what it recomputes; else they run in torch before the op and the layer's step is recomputed in
+    backward when the layer recomputes it."""
     plan = _geometry(plan, module, call, many_tiles=True)
     splits = dispatch.token_ranges(call.batch * module.num_heads, 1, call.tokens, call.programs)[0]
-    forward = ("inner_sums_kernel", "swiglu_readout_kernel")
-    again = forward if getattr(module, "recompute_step", False) else ()
-    return replace(plan, forward=forward, splits=splits, others=_grid_op(module, call),
-                   backward=(*again, "swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel"))
+    if splits == 1:
+        forward, backward = ("ttt_fwd_kernel",), ("ttt_bwd_kernel",)
+    else:
+        forward = ("inner_sums_kernel", "swiglu_readout_kernel")
+        backward = ("inner_sums_kernel", "swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel")
+    in_op = bool(_grid_op(module, call))
+    again = forward if getattr(module, "recompute_step", False) and not in_op else ()
+    return replace(plan, forward=forward, splits=splits, backward=(*again, *backward))
 
 
 PLANNERS: dict[str, Callable[[LinearAttention, Call, KernelPlan], KernelPlan]] = {
