@@ -89,7 +89,8 @@ def mixing_passes_block() -> str:
     lines += ["", footer(f"{now['model']} at {now['img_size']} px ({now['tokens']} tokens), {now['depth']} block, "
                          f"batch {now['batch']}, one bf16 training step on the GPU path (the kernels in Triton's "
                          "interpreter; no GPU)",
-                         ("benchmarks/op_traffic.py --passes --json benchmarks/results/op-traffic-passes.json",
+                         ("benchmarks/op_traffic.py --passes --depth 1 --batch 1 --json "
+                          "benchmarks/results/op-traffic-passes.json",
                           "benchmarks/saved_memory.py --depth 1 --batch 1 --json benchmarks/results/saved-memory.json"),
                          "the earlier count: benchmarks/results/op-traffic-passes-before.json, main before issue 37's "
                          "fusions")]

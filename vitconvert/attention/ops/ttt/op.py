@@ -225,8 +225,12 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     grads = [dq, dk, dv, dweights, *(q.new_empty((0,)) for _ in range(4))]  # (outputs of their own: no aliases)
     for at, t, filters, bias, norm in ((0, q, q_filter, q_bias, False), (1, k, k_filter, k_bias, True)):
         if filters is not None:
-            grads[at], d_filter, d_bias = run_grid_conv_backward(t, filters, key_valid, stats, grads[at], rows, cols,
-                                                                 prefix, True, norm)
+            try:
+                grads[at], d_filter, d_bias = run_grid_conv_backward(t, filters, key_valid, stats, grads[at], rows,
+                                                                     cols, prefix, True, norm)
+            except KernelUnavailable as e:
+                e.op = "grid_conv"  # (the grid op's kernel: that op goes off, the step keeps its kernels)
+                raise
             grads[4 + 2 * at] = d_filter.to(filters.dtype)
             if bias is not None:
                 grads[5 + 2 * at] = d_bias.to(bias.dtype)
@@ -310,8 +314,9 @@ def _backward(ctx, do, _):  # (the statistics are for backward only: nothing flo
         dw1, dw2, dw3 = dweights.unbind(0)
     except KernelUnavailable as e:
         inputs = (q, k, v, key_valid, w1, w2, w3, *convs)
-        dq, dk, dv, _, dw1, dw2, dw3, *d_convs = _eager_gradients(e, "ttt_step", _ttt_eager_inputs_first, inputs,
-                                                                  (do,), *ctx.args, ctx.eps, *ctx.grid)
+        dq, dk, dv, _, dw1, dw2, dw3, *d_convs = _eager_gradients(e, getattr(e, "op", "ttt_step"),
+                                                                  _ttt_eager_inputs_first, inputs, (do,), *ctx.args,
+                                                                  ctx.eps, *ctx.grid)
     d_convs = [None if t is None else g for t, g in zip(convs, d_convs, strict=True)]
     return (dq, dk, dv, None, dw1, dw2, dw3, None, None, *d_convs, None, None, None, None)
 
