@@ -205,7 +205,8 @@ def op_calls(d: int, device: torch.device, side: int = 16,
                                                                    1e-6, 1e-6, *norms, 1e-6, filters[5], bias,
                                                                    (side, side), 1),  # (LePE in its epilogues)
         "ttt_step": lambda: fused_ttt.call_step(*qkv(), mask, weights, d ** -0.5, 1.0, filters[3], bias,
-                                                (side, side, 1)),  # (q's conv in the op, as TTT runs it)
+                                                (side, side, 1), filters[3], bias, 1.0),  # (the key norm and
+        # both convs in the op, as TTT runs it)
         # TTT's key norm and 3×3 conv (the norm's backward: two launches), and MHLA's 5×5 LePE added to o
         "grid_conv ttt": lambda: fused_grid.conv_on_grid(qkv()[0], None, filters[3], bias, mask, (side, side), 1,
                                                          1.0),
@@ -214,21 +215,23 @@ def op_calls(d: int, device: torch.device, side: int = 16,
 
 
 OPS = ("linear_attention elu", "linear_attention inline", "blocked_attention mhla", "pairwise_attention mhla",
-       "ttt_step", "grid_conv ttt", "grid_conv lepe", "linear_attention elu split")  # (measure's)
+       "ttt_step", "grid_conv ttt", "grid_conv lepe", "linear_attention elu split", "ttt_step split")  # (measure's)
 
 
 def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Optional[tuple[str, ...]] = None,
             arch: Optional[str] = None, dtype: torch.dtype = torch.bfloat16) -> list[dict[str, Any]]:
     """The builds of each op (all, or those named in ``ops``) at each head dim, on ``device`` or, with ``arch``,
-    compiled for that GPU generation (:class:`CrossBuilds`); "linear_attention elu split" is ELU with heads split
-    over token ranges (the state and read-out kernels the other ops launch too). TTT above its head-dim bound
+    compiled for that GPU generation (:class:`CrossBuilds`); "linear_attention elu split" and "ttt_step split" are
+    ELU and TTT with heads split over token ranges (the state and read-out kernels the other ops launch too; TTT's
+    partial sums, W' in torch and its read-out, where one program a head fuses them). TTT above its head-dim bound
     and on float32 inputs runs its torch step (dispatch.TTT_MAX_HEAD_DIM, TTT_DTYPES): its kernels are not built."""
     rows: list[dict[str, Any]] = []
     for d in head_dims:
         calls = op_calls(d, device, side, dtype)
         calls["linear_attention elu split"] = calls["linear_attention elu"]
+        calls["ttt_step split"] = calls["ttt_step"]
         for op, call in calls.items():
-            if (ops is not None and op not in ops) or (op == "ttt_step" and (
+            if (ops is not None and op not in ops) or (op.startswith("ttt_step") and (
                     d > dispatch.TTT_MAX_HEAD_DIM or dtype not in dispatch.TTT_DTYPES)):
                 continue
             programs = 1 << 20 if op.endswith("split") else None  # (heads over token ranges)

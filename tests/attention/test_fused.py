@@ -276,7 +276,7 @@ def expanded_gradient_calls():
     segments = torch.tensor([0, 1, 2] * 13 + [2], dtype=torch.int32, device=DEVICE)
     mixing = torch.rand(3, 3, device=DEVICE) + 0.5
     index = torch.arange(40, dtype=torch.int32, device=DEVICE).view(2, 20)
-    weights = torch.randn(2, 3, 32, 32, device=DEVICE) * 0.1
+    weights = torch.randn(3, 2, 32, 32, device=DEVICE) * 0.1  # (TTT's W1, W2, W3 of two heads)
     return {
         "elu": lambda q, k, v: fused.attention(q, k, v, None, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False),
         "inline": lambda q, k, v: fused.attention(q, k, v, None, fused.IDENTITY, 0.0, 0.0, 0.125, True),

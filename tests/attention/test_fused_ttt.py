@@ -19,8 +19,9 @@ from . import helpers
 from .helpers import rel_error
 
 DEVICE = helpers.kernels_device()
-KERNELS = ("inner_sums_kernel", "swiglu_readout_kernel")
-BACKWARD_KERNELS = ("swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel")
+KERNELS = ("inner_sums_kernel", "swiglu_readout_kernel", "ttt_fwd_kernel")  # (ops/ttt/kernels.py)
+BACKWARD_KERNELS = ("swiglu_readout_bwd_kernel", "ttt_readout_bwd_kernel", "inner_sums_bwd_kernel",  # (backward_
+                    "ttt_bwd_kernel")                                                                   # kernels.py)
 
 
 @pytest.fixture(autouse=True)
@@ -71,6 +72,30 @@ def test_the_op_is_the_closed_form_step_values_and_gradients(d, programs, masked
     assert max(errors) < 2e-6, errors
 
 
+@pytest.mark.parametrize("programs,masked", [(1, True), (64, False)],
+                         ids=["head-per-program-masked", "split-heads-all"])
+def test_the_op_on_raw_keys_applies_the_key_norm_and_both_convs(programs, masked):
+    """With the key conv's filters the op takes the raw keys: their instance norm and both residual convs are
+    applied as its kernels load the tiles, and backward goes through them into q, k and the filters. Against the
+    eager step in float64 (the grid op's eager form for the norm and convs): the output and every gradient, in one
+    program a head (the fused kernels) and with heads split over token ranges (partial sums)."""
+    dispatch.current().programs = programs
+    inputs, mask = step_inputs(N=70, d=32, masked=masked)  # (6 prefix tokens and an 8×8 grid)
+    g = torch.Generator().manual_seed(7)
+    convs = [(torch.randn(shape, generator=g) * scale).to(DEVICE).requires_grad_()
+             for shape, scale in (((64, 1, 3, 3), 0.3), ((64,), 0.1)) * 2]  # (q's filters and bias, then k's)
+    grid = (8, 8, 6)
+    out = fused_ttt.call_step(*inputs[:3], mask, inputs[3], 32 ** -0.5, 0.7, *convs[:2], grid, *convs[2:], 1.0)
+    copies = [t.detach().double().requires_grad_() for t in inputs + convs]
+    expected = fused_ttt.ttt_eager(*copies[:3], mask, copies[3], 32 ** -0.5, 0.7, *copies[4:6], *grid, *copies[6:],
+                                   1.0)
+    probe = torch.randn(expected.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    got = torch.autograd.grad(out, inputs + convs, probe.to(out))
+    want = torch.autograd.grad(expected, copies, probe)
+    errors = [rel_error(out, expected), *(rel_error(a, b) for a, b in zip(got, want, strict=True))]
+    assert max(errors) < 5e-6, errors
+
+
 @pytest.mark.parametrize("d,programs,masked", OP_CASES,
                          ids=[f"d{d}-{'split-heads' if p > 1 else 'head-per-program'}-{'masked' if m else 'all'}"
                               for d, p, m in OP_CASES])
@@ -83,7 +108,8 @@ def test_where_the_sums_backward_fits_no_settings_two_kernels_take_its_place(d, 
     dispatch.current().programs = programs
     dispatch.current().unavailable.clear()
     dispatch.current().settled.clear()
-    one_kernel = helpers.cramped(["inner_sums_bwd_kernel"])
+    one_kernel = helpers.cramped(["inner_sums_bwd_kernel", "ttt_bwd_kernel"])  # (the one-kernel backward holds as
+    # many operands: it does not fit either)
     inputs, mask = step_inputs(N=70, d=d, masked=masked)
     with helpers.no_warnings():
         errors = against_float64(inputs, mask, lr=0.7)
@@ -138,7 +164,7 @@ def test_the_op_at_vit_sizes():  # (4 s in the interpreter)
     assert max(errors) < 5e-6, errors
 
 
-@pytest.mark.parametrize("head_dim,dtype,launches", [(64, torch.bfloat16, 4), (96, torch.bfloat16, 0),
+@pytest.mark.parametrize("head_dim,dtype,launches", [(64, torch.bfloat16, 2), (96, torch.bfloat16, 0),
                                                      (64, torch.float32, 0)], ids=["d64-bf16", "d96-bf16", "d64-fp32"])
 def test_wide_heads_and_float32_inputs_take_the_torch_step(head_dim, dtype, launches, monkeypatch):
     """Above head dim 64, or on float32 inputs, TTT's kernels do not fit an sm_90 GPU (224–456 KB of shared
@@ -203,19 +229,25 @@ def test_module_on_the_kernels_matches_its_reference(head_dim, grid, num_prefix,
     assert max(errors.values()) < 1e-4, errors
 
 
-def test_the_op_keeps_q_k_v_and_d_by_d_weights_only():
-    """No token-sized intermediate: q, k, v, W and W' (which backward reads instead of summing again). In the
-    module the step is checkpointed, so not even these are kept (test_fused.py's budget against softmax)."""
+def test_the_op_keeps_q_k_v_the_weights_and_the_key_statistics_only():
+    """No token-sized intermediate, not even W' (backward recomputes it): q, k, v, the fast weights as given, and
+    with the key conv in the op the keys' float32 statistics (2, B, H, d); the convs' filters."""
     inputs, _ = step_inputs()
     out = fused_ttt.call_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 1.0)
-    saved = [t for t in out.grad_fn.saved_tensors if t is not None]
-    assert [tuple(t.shape) for t in saved] == [(2, 2, 70, 32)] * 3 + [(3, 2, 32, 32), (2, 2, 3, 32, 32)]
+    saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors if t is not None and t.numel()]
+    assert saved == [(2, 2, 70, 32)] * 3 + [(2, 32, 32)] * 3
+    q, k, v = (t.detach()[..., :65, :].requires_grad_() for t in inputs[:3])  # a class token and an 8×8 grid
+    filters = [torch.randn(64, 1, 3, 3, device=DEVICE) * 0.1 for _ in range(2)]
+    out = fused_ttt.call_step(q, k, v, None, inputs[3], 32 ** -0.5, 1.0, filters[0], None, (8, 8, 1), filters[1],
+                              None, 1.0)
+    saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors if t is not None and t.numel()]
+    assert saved == [(2, 2, 65, 32)] * 3 + [(2, 32, 32)] * 3 + [(2, 2, 2, 32)] + [(64, 1, 3, 3)] * 2
 
 
 def test_the_op_passes_torch_library_checks_and_compiles_as_one_graph():
     inputs, mask = step_inputs(N=40)
     tests = ("test_schema", "test_faketensor", "test_autograd_registration")
-    torch.library.opcheck(fused_ttt.ttt_step, (*inputs[:3], mask, inputs[3], 32 ** -0.5, 1.0), test_utils=tests)
+    torch.library.opcheck(fused_ttt.ttt_step, (*inputs[:3], mask, *inputs[3], 32 ** -0.5, 1.0), test_utils=tests)
     torch._dynamo.reset()
     module = helpers.make_module("ttt", 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)

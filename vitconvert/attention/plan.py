@@ -229,15 +229,23 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
 
 
 def _ttt(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
-    """TTT's step: the inner sums and the read-out each way (the step recomputed in backward when the layer
-    recomputes it); the convs and the key norm on the grid op."""
+    """TTT's step: where a program owns each head, one kernel each way (backward recomputes W'); where heads split
+    over token ranges, the partial sums, W' in torch and the read-out, and backward W' again, the read-out's and the
+    sums' backward. Where the layer has a grid and the grid op's kernels take the call, the key norm and the convs
+    are applied in the op's kernels (their backward on the grid op's kernel, its key statistics a reading pass) and
+    the op keeps what it recomputes; else they run in torch before the op and the layer's step is recomputed in
+    backward when the layer recomputes it."""
     # (the step's chunk, warps and token ranges as ops/ttt/op.py's launches take them; no num_stages given)
     plan = replace(_launches(plan, module, call, 1, call.tokens, False, many_tiles=True), stages=0, launches=None)
-    forward = ("inner_sums_kernel", "swiglu_readout_kernel")
-    again = forward if getattr(module, "recompute_step", False) else ()
     half = f" ({launch_plan.HALF_TILES[call.dtype]} tiles)" if call.dtype in launch_plan.HALF_TILES else ""
-    return replace(plan, forward=forward, others=_grid_op(module, call),  # (backward: 16-bit tiles, dispatch.tile_args)
-                   backward=(*again, f"swiglu_readout_bwd_kernel{half}", f"inner_sums_bwd_kernel{half}"))
+    if plan.splits == 1:  # (backward: 16-bit tiles, dispatch.tile_args)
+        forward, backward = ("ttt_fwd_kernel",), (f"ttt_bwd_kernel{half}",)
+    else:
+        forward = ("inner_sums_kernel", "swiglu_readout_kernel")
+        backward = ("inner_sums_kernel", f"swiglu_readout_bwd_kernel{half}", f"inner_sums_bwd_kernel{half}")
+    others = _grid_op(module, call)
+    again = forward if getattr(module, "recompute_step", False) and not others else ()
+    return replace(plan, forward=forward, others=others, backward=(*again, *backward))
 
 
 PLANNERS: dict[str, Callable[[LinearAttention, Call, KernelPlan], KernelPlan]] = {

@@ -19,8 +19,8 @@ Choices beyond the reference (which has no class token, no padding mask and a sq
   as zeros (like the grid border), so nothing of an invalid token reaches a valid token's output.
 - Full-batch only: neither the reference nor ViT³ has a mini-batch (chunked) form for this non-causal layer.
 
-The closed form's torch functions are in :mod:`.ops.ttt.closed_form`; on CUDA the step after the key norm and the
-convs is one Triton op (:mod:`.ops.ttt.op`).
+The closed form's torch functions are in :mod:`.ops.ttt.closed_form`; on CUDA the step is one Triton op
+(:mod:`.ops.ttt.op`), the key norm and the convs applied as its kernels load the tiles.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from torch.utils.checkpoint import checkpoint
 
 from .base import Grid, LinearAttention
 from .ops import dispatch
-from .ops.grid import op as fused_grid
 from .ops.linear import op as fused
 from .ops.norms.lean import key_instance_norm
 from .ops.ttt import op as fused_ttt
@@ -153,15 +152,18 @@ class TTTAttention(LinearAttention):
         the inner gradients' chain, the read-out); recomputed, it keeps q, k, v (views of the qkv projection's
         output, which softmax attention keeps too), for one more step forward per training step. Non-reentrant,
         so DDP, FSDP, timm's own block checkpointing and torch.compile take it; the step draws no random numbers,
-        so no RNG state is stashed. Tracing for export or TorchScript records the plain step.
+        so no RNG state is stashed. Tracing for export or TorchScript records the plain step. On the kernels with
+        the key norm and the convs in the op (a grid, and ops/grid's kernels buildable), the op itself keeps only
+        q, k, v and the keys' statistics and recomputes in its backward: no checkpoint, and no second forward.
         """
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             on_kernels = self.fused_kernels and fused.can_run(v, "ttt_step")
             recompute = self.recompute_step and records_for_backward()
             if on_kernels:  # a kernel Triton cannot build: turned off, and the step again from the start
                 kernel_convs = grid is not None and fused.can_run(v, "grid_conv")
-                out = fused.attempt("ttt_step", self.run_step, q, k, v, key_valid, grid, True, recompute,
-                                    kernel_convs)
+                # (the op on the raw keys keeps only q, k, v and recomputes in its backward: no checkpoint)
+                out = fused.attempt("ttt_step", self.run_step, q, k, v, key_valid, grid, True,
+                                    recompute and not kernel_convs, kernel_convs)
                 if out is not None:
                     return out
             return self.run_step(q, k, v, key_valid, grid, False, recompute)
@@ -201,29 +203,21 @@ class TTTAttention(LinearAttention):
 
     def fused_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                    grid: Grid, kernel_convs: bool = False) -> torch.Tensor:
-        """The step on the Triton kernels (ops/ttt/op.py): with ``kernel_convs`` the key norm (float32
-        statistics) and k's conv in one kernel (ops/grid/op.py) and q's conv inside the step op (applied as
-        its read-out loads q), else torch ops, in v's dtype; the inner sums, the update and the
-        read-out in the op, whose token-sized work stays in float32 registers, and the fast weights float32
-        throughout. A grid kernel Triton cannot build turns that op off; the convs then run in torch."""
+        """The step on the Triton kernels (ops/ttt/op.py), in v's dtype: with ``kernel_convs`` the op takes the raw
+        keys and applies the key norm (float32 statistics) and both convs as its kernels load the tiles, else the
+        norm and the convs run as torch ops before it. The inner sums, the update and the read-out are the op's,
+        whose token-sized work stays in float32 registers, and the fast weights float32 throughout, read as the
+        parameters are."""
         dtype = v.dtype
-        k_conv = (dispatch.attempt("grid_conv", self.kernel_key_conv, k.to(dtype), key_valid, grid)
-                  if kernel_convs and grid is not None else None)
-        weights = torch.stack((self.fast_w1, self.fast_w2, self.fast_w3)).float()  # (3, H, d, d): contiguous grads
-        if k_conv is None:
-            k = key_instance_norm(k, key_valid, self.key_norm_eps, dtype)
-            q = self.local_conv(q.to(dtype), self.q_conv.weight, self.q_conv.bias, grid, key_valid)
-            k = self.local_conv(k, self.k_conv.weight, self.k_conv.bias, grid, key_valid)
-            return fused_ttt.call_step(q, k, v, key_valid, weights, self.scale, self.inner_lr)
-        return fused_ttt.call_step(q.to(dtype), k_conv, v, key_valid, weights, self.scale, self.inner_lr,
-                                   self.q_conv.weight, self.q_conv.bias, (*grid, self.num_prefix_tokens))
-
-    def kernel_key_conv(self, k: torch.Tensor, key_valid: Optional[torch.Tensor],
-                        grid: tuple[int, int]) -> torch.Tensor:
-        """k̂ + conv(k̂) on the grid op (k̂: the keys' instance norm), for :meth:`fused_step` (q's conv is the step
-        op's own, applied as its read-out loads q)."""
-        return fused_grid.conv_on_grid(k, None, self.k_conv.weight, self.k_conv.bias, key_valid, grid,
-                                       self.num_prefix_tokens, self.key_norm_eps)
+        weights = (self.fast_w1, self.fast_w2, self.fast_w3)
+        if kernel_convs and grid is not None:
+            return fused_ttt.call_step(q.to(dtype), k.to(dtype), v, key_valid, weights, self.scale, self.inner_lr,
+                                       self.q_conv.weight, self.q_conv.bias, (*grid, self.num_prefix_tokens),
+                                       self.k_conv.weight, self.k_conv.bias, self.key_norm_eps)
+        k = key_instance_norm(k, key_valid, self.key_norm_eps, dtype)
+        q = self.local_conv(q.to(dtype), self.q_conv.weight, self.q_conv.bias, grid, key_valid)
+        k = self.local_conv(k, self.k_conv.weight, self.k_conv.bias, grid, key_valid)
+        return fused_ttt.call_step(q, k, v, key_valid, weights, self.scale, self.inner_lr)
 
     def bf16_mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                  grid: Grid) -> torch.Tensor:

@@ -1,32 +1,39 @@
-"""TTT's closed-form step on the GPU: the Triton kernels of :mod:`.kernels` as one PyTorch custom op.
+"""TTT's closed-form step on the GPU: the Triton kernels of :mod:`.kernels` and :mod:`.backward_kernels` as one
+PyTorch custom op.
 
-``vitconvert::ttt_step``  (q, k, v, W, w_q, b_q) -> (o, W')    W: the (3, H, d, d) float32 fast weights [W1, W2, W3]
+``vitconvert::ttt_step``  (q, k, v, W1, W2, W3, w_q, b_q, w_k, b_k) -> (o, statistics)
 
-on the normalised and convolved k (made by the grid op, :mod:`..grid.op`, or torch ops) and q, convolved by
-the op itself when its conv's filters w_q, b_q are given (as its tiles load in the read-out and the read-out's
-backward: the convolved q never crosses memory; its conv's backward is the grid op's kernel, in this op's). The
-inner gradients' d×d sums, the update W' = W − lr·∇L (on d×d matrices, in torch) and the read-out
-f_{W'}(q) in two kernels; backward in two (the read-out's backward, the sums' backward; the latter split in two
-on GPUs with 99 KB of shared memory a block: :func:`_sums_backward`) from q, k, v and W' (B, H, 3, d, d):
-autograd keeps no token-sized intermediate, and TTT's checkpoint keeps not even W' (it is recomputed with the
-step, and the recomputation is what backward reads). Registered like the linear-attention
-ops (:mod:`.fused`): torch.compile and torch.export see one op, and a plain eager call skips the dispatcher
-(:func:`.dispatch.direct`). A backward kernel Triton cannot build in any form turns TTT's kernels off and takes
-that step's gradients from the op's eager form.
+W1, W2, W3: the (H, d, d) fast weights, read as the module holds them (no stacked copy). With the key conv's
+filters w_k, b_k, k is the raw keys: their instance norm (its statistics, (2, B, H, d) float32, are the second
+output, kept for backward) and residual conv are applied as the kernels load each tile, so neither the normalised
+nor the convolved keys cross memory; without them k is taken as it is. q likewise, convolved as it loads when w_q
+is given. Where one program owns a head's tokens the inner sums, W' = W − lr·∇L and the read-out are one kernel
+(W' stays in registers); where heads split over token ranges, partial sums, W' in torch and the read-out.
+Backward keeps q, k, v and the statistics only: it recomputes W' (with the read-out's backward in one kernel where
+a program owns a head), then the sums' backward (one kernel, or two on GPUs with 99 KB of shared memory a block:
+:func:`_sums_backward`), then the convs' backward (ops/grid's kernel: q's, and k's through its norm). Registered
+like the linear-attention ops: torch.compile and torch.export see one op, and a plain eager call skips the
+dispatcher (:func:`.dispatch.direct`). A backward kernel Triton cannot build in any form turns TTT's kernels off
+and takes that step's gradients from the op's eager form.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Optional, Union
 
 import torch
 
 from ..calls import _direct_function, _eager_gradients, call_op
 from ..dispatch import KernelUnavailable, direct, fits, launch, tile_args, too_big
-from ..grid.op import grid_conv_eager, run_grid_conv_backward
+from ..grid.op import grid_conv_eager, run_grid_conv_backward, statistics
 from ..launch_plan import linear_launches
 from ..layout import _mask_arg, _output_like, _total, unit_rows, valid_keys
 from .closed_form import stepped_readout
+
+ONE_PASS = "ttt_step: the sums' backward in one kernel"  # (dispatch.fits: where it does not, two kernels)
+ONE_PROGRAM = "ttt_step: a head's step in one program"  # (where it does not fit: partial sums, W' in torch)
+ONE_KERNEL = "ttt_step: a head's backward in one kernel"  # (where it does not fit: the read-out's, then the sums')
 
 
 def _step_size(key_valid: Optional[torch.Tensor], tokens: int, scale: float,
@@ -53,112 +60,180 @@ def _step_args(step: Union[float, torch.Tensor], like: torch.Tensor) -> tuple[to
     return step.reshape(-1).contiguous(), 0.0
 
 
-def run_inner_sums(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], weights: torch.Tensor,
-                   step: Union[float, torch.Tensor]) -> torch.Tensor:
-    """W' = W + step·Ĝ (B, H, 3, d, d) float32, Ĝ = [Ĝ1, Ĝ2, Ĝ3] the inner gradients before their −s/n factor: in
-    the kernel's epilogue when one program sums a head's tokens (W' is then the one d×d tensor written), else from
-    the programs' partial sums in one torch op."""
-    from .kernels import inner_sums_kernel  # lazy: start-up time (triton loads only when a kernel runs)
-
-    k, v = unit_rows(k), unit_rows(v)
-    B, H, N, D, splits, per, block_n, block_d, warps = _geometry(k)
-    # partial sums (linear/launches._total), or with one range W' itself (the same layout: an output, not a view)
-    G = k.new_empty((B * H, 3, splits, D, D) if splits > 1 else (B, H, 3, D, D), dtype=torch.float32)
-    mask, s_mb = _mask_arg(key_valid, k)
-    steps, scalar = _step_args(step, G)
-    launch(inner_sums_kernel, (B * H, splits),
-        k, v, mask, weights, G, steps,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb, scalar,
-        H, N, D, splits, per,
-        UPDATE=splits == 1, HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(k),
-        num_warps=warps)
-    if splits == 1:
-        return G
-    # W (H, 3, d, d) as W' holds it (each head's three together), into a contiguous W' (the kernels' layout)
-    sums, initial, updated = _total(G, B, H), weights.transpose(0, 1), G.new_empty((B, H, 3, D, D))
-    if isinstance(step, float):
-        return torch.add(initial, sums, alpha=step, out=updated)
-    return torch.addcmul(initial, sums, step, out=updated)
+def _filters(weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+             like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (H·d, 1, 3, 3) depthwise conv as the kernels read it: (H·d, 9) float32 filters and bias (placeholders)."""
+    filters = like if weight is None else weight.reshape(weight.shape[0], -1).to(torch.float32).contiguous()
+    return filters, like if bias is None else bias.to(torch.float32).contiguous()
 
 
-def _q_conv(q: torch.Tensor, key_valid: Optional[torch.Tensor], q_filter: Optional[torch.Tensor],
-            q_bias: Optional[torch.Tensor], grid: tuple[int, int, int]) -> tuple[tuple, dict]:
-    """The read-out kernels' arguments of q's conv (filters, bias, mask, its stride, prefix, rows, cols) and their
-    settings (CONV, HAS_BIAS, HAS_MASK): placeholders (q) without it."""
-    if q_filter is None:
-        return (q, q, q, 0, 0, 1, 1), dict(CONV=False, HAS_BIAS=False, HAS_MASK=False)
-    mask, s_mb = _mask_arg(key_valid, q)
-    rows, cols, prefix = grid
-    bias = q if q_bias is None else q_bias.to(torch.float32).contiguous()
-    return ((q_filter.reshape(q_filter.shape[0], -1).to(torch.float32).contiguous(), bias, mask, s_mb, prefix, rows,
-             cols), dict(CONV=True, HAS_BIAS=q_bias is not None, HAS_MASK=key_valid is not None))
+class _Step:
+    """One call's launch arguments: the keys' side (k, v, mask, W, the key conv's filters and the statistics), the
+    queries' (q, its conv's filters), the grid and the settings every TTT kernel takes."""
+
+    def __init__(self, q, k, v, key_valid, weights: Sequence[torch.Tensor], scale, lr, q_filter, q_bias, k_filter,
+                 k_bias, stats, rows, cols, prefix) -> None:
+        self.q, self.k, self.v = q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
+        self.weights = tuple(w.contiguous() for w in weights)
+        self.geometry = _geometry(q)
+        B, H, N, D, _, _, block_n, block_d, warps = self.geometry
+        mask, s_mb = _mask_arg(key_valid, k)
+        self.step = _step_size(key_valid, N, scale, lr)
+        self.steps, self.scalar = _step_args(self.step, k)
+        self.stats = stats if k_filter is not None else k  # (a placeholder: K_CONV off)
+        self.keys = (k, v, mask, *self.weights, *_filters(k_filter, k_bias, k), self.stats)
+        self.key_strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb)
+        self.queries = (q, *_filters(q_filter, q_bias, q))
+        self.sizes = (B, H, N, D)
+        self.grid = (prefix, rows, cols)
+        self.blocks = dict(HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps)
+        self.key_flags = dict(K_CONV=k_filter is not None, K_BIAS=k_bias is not None)
+        self.q_flags = dict(CONV=q_filter is not None, HAS_BIAS=q_bias is not None)
+
+    def one_program(self) -> bool:
+        """Whether one program owns each head's tokens (:func:`_one_program`'s fused kernels apply)."""
+        return self.geometry[4] == 1
+
+    def partial_sums(self) -> torch.Tensor:
+        """Ĝ (B, H, 3, d, d) float32 from the programs' partial sums over the token ranges."""
+        from .kernels import inner_sums_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+
+        B, H, N, D, splits, per, *_ = self.geometry
+        G = self.k.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
+        launch(inner_sums_kernel, (B * H, splits), *self.keys, G, *self.key_strides, B, H, N, D, splits, per,
+               *self.grid, **self.key_flags, **self.blocks, **tile_args(self.k))
+        return _total(G, B, H)
+
+    def updated(self) -> torch.Tensor:
+        """W' = W + step·Ĝ (B, H, 3, d, d) float32 (contiguous: the read-out kernels' layout)."""
+        sums, (B, H, _, D) = self.partial_sums(), self.sizes
+        initial = torch.stack(self.weights, dim=1).float()  # (H, 3, d, d)
+        out = sums.new_empty((B, H, 3, D, D))
+        if isinstance(self.step, float):
+            return torch.add(initial, sums, alpha=self.step, out=out)
+        return torch.addcmul(initial, sums, self.step, out=out)
 
 
-def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-            weights: torch.Tensor, scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
-            q_bias: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0,
+def _one_program(form: str, fused_launch: Callable[[], None], otherwise: Callable[[], None], step: _Step) -> None:
+    """``fused_launch`` where one program owns each head and ``form`` fits this GPU, else ``otherwise``: a fused
+    kernel that fits no settings is not tried again (:func:`.dispatch.too_big`)."""
+    if step.one_program() and fits(form):
+        try:
+            return fused_launch()
+        except KernelUnavailable as e:
+            if not e.resources:
+                raise
+            too_big(form, e)
+    return otherwise()
+
+
+def _key_gradient_strides(dk: torch.Tensor, dv: torch.Tensor) -> tuple[int, ...]:
+    return dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2)
+
+
+def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], w1: torch.Tensor,
+            w2: torch.Tensor, w3: torch.Tensor, scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
+            q_bias: Optional[torch.Tensor] = None, k_filter: Optional[torch.Tensor] = None,
+            k_bias: Optional[torch.Tensor] = None, key_norm_eps: float = 1.0, rows: int = 0, cols: int = 0,
             prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, W'): out_i = f_{W'}(q_i) after one inner step on (k, v), for (B, H, N, d) q, k, v and (3, H, d, d)
-    float32 W; W' (B, H, 3, d, d) float32 is an output for backward, which reads it instead of summing again
-    (under TTT's checkpoint it is not kept but recomputed with the step, as every saved tensor is). With
-    ``q_filter`` (the (H·d, 1, 3, 3) depthwise conv, ``q_bias`` its bias) q is first q + conv(q) on the
-    rows × cols grid after ``prefix`` tokens, applied as the read-out loads q."""
-    from .kernels import swiglu_readout_kernel  # lazy: start-up time
+    """(out, statistics): out_i = f_{W'}(q_i) after one inner step on (k, v), for (B, H, N, d) q, k, v and (H, d, d)
+    W1, W2, W3 (module docstring); the keys' statistics (empty without ``k_filter``) are for backward. The convs run
+    on the rows × cols grid after ``prefix`` tokens."""
+    from .kernels import swiglu_readout_kernel, ttt_fwd_kernel  # lazy: start-up time
 
-    q = unit_rows(q)
-    updated = run_inner_sums(k, v, key_valid, weights, _step_size(key_valid, k.shape[2], scale, lr))
-    B, H, N, D, splits, per, block_n, block_d, warps = _geometry(q)
-    (filters, bias, mask, s_mb, *geometry), conv = _q_conv(q, key_valid, q_filter, q_bias, (rows, cols, prefix))
+    stats = (statistics(unit_rows(k), key_valid, key_norm_eps) if k_filter is not None
+             else k.new_empty((0,), dtype=torch.float32))
+    step = _Step(q, k, v, key_valid, (w1, w2, w3), scale, lr, q_filter, q_bias, k_filter, k_bias, stats, rows, cols,
+                 prefix)
+    q = step.q
+    B, H, N, D, splits, per, *_ = step.geometry
     o = _output_like(q)
-    launch(swiglu_readout_kernel, (B * H, splits),
-        q, filters, bias, mask, updated, o,
-        q.stride(0), q.stride(1), q.stride(2), s_mb, o.stride(0), o.stride(1), o.stride(2),
-        H, N, D, per, *geometry,
-        **conv, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q), num_warps=warps)
-    return o, updated
+    q_strides = (q.stride(0), q.stride(1), q.stride(2))
+    o_strides = (o.stride(0), o.stride(1), o.stride(2))
+
+    def fused_launch() -> None:
+        launch(ttt_fwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, o, *step.key_strides, step.scalar,
+               *q_strides, *o_strides, B, H, N, D, *step.grid, **step.key_flags, **step.q_flags, **step.blocks,
+               **tile_args(q))
+
+    def split_launches() -> None:
+        launch(swiglu_readout_kernel, (B * H, splits), *step.queries, step.keys[2], step.updated(), o, *q_strides,
+               step.key_strides[-1], *o_strides, H, N, D, per, *step.grid, **step.q_flags, **step.blocks,
+               **tile_args(q))
+
+    _one_program(ONE_PROGRAM, fused_launch, split_launches, step)
+    return o, stats
 
 
 ttt_step = torch.library.custom_op("vitconvert::ttt_step", mutates_args=())(run_ttt)
 
 
 @ttt_step.register_fake
-def _(q, k, v, key_valid, weights, scale, lr, q_filter=None, q_bias=None, rows=0, cols=0, prefix=0):
+def _(q, k, v, key_valid, w1, w2, w3, scale, lr, q_filter=None, q_bias=None, k_filter=None, k_bias=None,
+      key_norm_eps=1.0, rows=0, cols=0, prefix=0):
     B, H, _, D = q.shape
-    return _output_like(q), q.new_empty((B, H, 3, D, D), dtype=torch.float32)
+    return _output_like(q), q.new_empty((2, B, H, D) if k_filter is not None else (0,), dtype=torch.float32)
 
 
 def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
-                     key_valid: Optional[torch.Tensor], weights: torch.Tensor, updated: torch.Tensor, scale: float,
-                     lr: float, q_filter: Optional[torch.Tensor] = None, q_bias: Optional[torch.Tensor] = None,
-                     rows: int = 0, cols: int = 0, prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                              torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv, dW, dw_q, db_q of :func:`ttt_step` given its W': the read-out's backward (dq, dW'; q convolved
-    as it loads), then the sums' (dĜ = step·dW', dk, dv and the chain's dW); dW = Σ_batch (dW' + the chain's);
-    with q's conv, its backward (the grid op's kernel: dq, dw_q, db_q; else the last two empty)."""
-    from .kernels import swiglu_readout_bwd_kernel  # lazy: start-up time
+                     key_valid: Optional[torch.Tensor], w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
+                     stats: torch.Tensor, scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
+                     q_bias: Optional[torch.Tensor] = None, k_filter: Optional[torch.Tensor] = None,
+                     k_bias: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0,
+                     prefix: int = 0) -> list[torch.Tensor]:
+    """[dq, dk, dv, dW (3, H, d, d), dw_q, db_q, dw_k, db_k] of :func:`ttt_step` (the conv's empty where absent):
+    W' recomputed and the read-out's backward (dq, dW'), the sums' (dĜ = step·dW': dk, dv and the chain's dW),
+    dW = Σ_batch (dW' + the chain's), then the convs' backward."""
+    from .backward_kernels import swiglu_readout_bwd_kernel, ttt_bwd_kernel, ttt_readout_bwd_kernel  # lazy
 
-    q, k, v, do = unit_rows(q), unit_rows(k), unit_rows(v), unit_rows(do)
-    step = _step_size(key_valid, k.shape[2], scale, lr)
-    geometry = _geometry(q)
-    B, H, N, D, splits, per, block_n, block_d, warps = geometry
-    (filters, bias, mask, s_mb, *grid), conv = _q_conv(q, key_valid, q_filter, q_bias, (rows, cols, prefix))
+    step = _Step(q, k, v, key_valid, (w1, w2, w3), scale, lr, q_filter, q_bias, k_filter, k_bias, stats, rows, cols,
+                 prefix)
+    q, do = step.q, unit_rows(do)
+    B, H, N, D, splits, per, *_ = step.geometry
     dq = _output_like(q)  # (tokens-major, as the forward's o: the convs' backward then reads a view of it, no copy)
-    d_updated = q.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
-    launch(swiglu_readout_bwd_kernel, (B * H, splits),
-        q, filters, bias, mask, updated, do, dq, d_updated,
-        q.stride(0), q.stride(1), q.stride(2), s_mb, do.stride(0), do.stride(1), do.stride(2),
-        dq.stride(0), dq.stride(1), dq.stride(2),
-        H, N, D, splits, per, *grid,
-        **conv, BLOCK_N=block_n, BLOCK_D=block_d, **tile_args(q, half_tiles=True), num_warps=warps)
-    d_updated = _total(d_updated, B, H)
-    dk, dv, d_chain = _sums_backward(k, v, key_valid, weights, d_updated, step, geometry)
-    dweights = _batch_total(d_chain, B, H).to(weights.dtype)
-    if q_filter is None:
-        return dq, dk, dv, dweights, q.new_empty((0,)), q.new_empty((0,))
-    dq, d_filter, d_bias = run_grid_conv_backward(q, q_filter, key_valid, q.new_empty((0,), dtype=torch.float32),
-                                                  dq, rows, cols, prefix, True, False)
-    return dq, dk, dv, dweights, d_filter.to(q_filter.dtype), (q.new_empty((0,)) if q_bias is None
-                                                                 else d_bias.to(q_bias.dtype))
+    dk, dv = _output_like(step.k), _output_like(step.v)
+    d_chain = _partials(step.k, B, H, splits, D)
+    strides = (q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2), dq.stride(0),
+               dq.stride(1), dq.stride(2))
+    tiles = tile_args(q, half_tiles=True)
+    d_updated = q.new_empty((B * H, 3, 1, D, D), dtype=torch.float32)
+
+    def whole() -> None:
+        launch(ttt_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, dk, dv, d_chain,
+               *step.key_strides, step.scalar, *strides, *_key_gradient_strides(dk, dv), B, H, N, D, *step.grid,
+               **step.key_flags, **step.q_flags, **step.blocks, **tiles)
+
+    def fused_launch() -> None:
+        launch(ttt_readout_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, d_updated,
+               *step.key_strides, step.scalar, *strides, B, H, N, D, *step.grid, **step.key_flags, **step.q_flags,
+               **step.blocks, **tiles)
+
+    def split_launches() -> None:
+        nonlocal d_updated
+        d_updated = q.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
+        launch(swiglu_readout_bwd_kernel, (B * H, splits), *step.queries, step.keys[2], step.updated(), do, dq,
+               d_updated, *strides[:3], step.key_strides[-1], *strides[3:], H, N, D, splits, per, *step.grid,
+               **step.q_flags, **step.blocks, **tiles)
+
+    def in_parts() -> None:  # the read-out's backward, then the sums' from dW' in memory
+        _one_program(ONE_PROGRAM, fused_launch, split_launches, step)
+        _sums_backward(step, _total(d_updated, B, H), dk, dv, d_chain)
+
+    _one_program(ONE_KERNEL, whole, in_parts, step)
+    dweights = _batch_total(d_chain, B, H).to(w1.dtype)
+    grads = [dq, dk, dv, dweights, *(q.new_empty((0,)) for _ in range(4))]  # (outputs of their own: no aliases)
+    for at, t, filters, bias, norm in ((0, q, q_filter, q_bias, False), (1, k, k_filter, k_bias, True)):
+        if filters is not None:
+            try:
+                grads[at], d_filter, d_bias = run_grid_conv_backward(t, filters, key_valid, stats, grads[at], rows,
+                                                                     cols, prefix, True, norm)
+            except KernelUnavailable as e:
+                e.op = "grid_conv"  # (the grid op's kernel: that op goes off, the step keeps its kernels)
+                raise
+            grads[4 + 2 * at] = d_filter.to(filters.dtype)
+            if bias is not None:
+                grads[5 + 2 * at] = d_bias.to(bias.dtype)
+    return grads
 
 
 def _batch_total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
@@ -177,112 +252,110 @@ def _partials(like: torch.Tensor, batch: int, heads: int, splits: int, D: int) -
     return like.new_empty(shape, dtype=torch.float32)
 
 
-ONE_PASS = "ttt_step: the sums' backward in one kernel"  # (dispatch.fits: where it does not, two kernels)
-
-
-def _sums_backward(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], weights: torch.Tensor,
-                   d_updated: torch.Tensor, step: Union[float, torch.Tensor],
-                   geometry: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sums_backward(step: _Step, d_updated: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                   d_chain: torch.Tensor) -> None:
     """dk, dv and the partial dW (3, B·H, splits, d, d; with dW' in the first range's part) of the inner sums from
     dW' (B, H, 3, d, d), their gradient dĜ = step·dW' formed as the kernels load it: one kernel, or where its
     twelve d×d operands do not fit the GPU's shared memory (an L40 or RTX 4090 gives a block 99 KB, it needs 106
     at its leanest; benchmarks/kernel_resources.py --arch sm_89), a kernel for dk and dW1, dW2 and one for dv and
-    dW3 (ten and six operands), each recomputing the forward's token-sized values.
-    ``geometry``: the launch's, as :func:`_geometry` gives it."""
-    from .kernels import (  # lazy: start-up time
+    dW3 (ten and seven operands), each recomputing the forward's token-sized values."""
+    from .backward_kernels import (  # lazy: start-up time
         inner_sums_bwd_kernel,
         inner_sums_bwd_keys_kernel,
         inner_sums_bwd_values_kernel,
     )
 
-    B, H, N, D, splits, per, block_n, block_d, warps = geometry  # (the backward's: _geometry)
-    dk, dv = _output_like(k), _output_like(v)
-    d_chain = _partials(k, B, H, splits, D)
-    mask, s_mb = _mask_arg(key_valid, k)
-    steps, scalar = _step_args(step, d_chain)
-    d_sums = (d_updated.contiguous(), steps)
-    strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb, scalar)
-    settings = dict(HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d,
-                    **tile_args(k, half_tiles=True), num_warps=warps)
+    B, H, N, D, splits, per, *_ = step.geometry
+
+    def run(kernel, gradient_k: torch.Tensor, gradient_v: torch.Tensor) -> None:
+        launch(kernel, (B * H, splits), *step.keys, d_updated.contiguous(), step.steps, gradient_k, gradient_v,
+               d_chain, *step.key_strides, step.scalar, *_key_gradient_strides(dk, dv), B, H, N, D, splits, per,
+               *step.grid, **step.key_flags, **step.blocks, **tile_args(step.k, half_tiles=True))
+
     if fits(ONE_PASS):
         try:
-            launch(inner_sums_bwd_kernel, (B * H, splits),
-                k, v, mask, weights, *d_sums, dk, dv, d_chain,
-                *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-                H, N, D, splits, per,
-                **settings)
-            return dk, dv, d_chain
+            return run(inner_sums_bwd_kernel, dk, dv)
         except KernelUnavailable as e:
             if not e.resources:
                 raise
             too_big(ONE_PASS, e)
-    launch(inner_sums_bwd_keys_kernel, (B * H, splits),
-        k, v, mask, weights, *d_sums, dk, d_chain,
-        *strides, dk.stride(0), dk.stride(1), dk.stride(2),
-        H, N, D, splits, per, **settings)
-    launch(inner_sums_bwd_values_kernel, (B * H, splits),
-        k, v, mask, weights, *d_sums, dv, d_chain,
-        *strides, dv.stride(0), dv.stride(1), dv.stride(2),
-        H, N, D, splits, per, **settings)
-    return dk, dv, d_chain
+    run(inner_sums_bwd_keys_kernel, dk, dk)  # (each kernel's other gradient: a placeholder, unread)
+    run(inner_sums_bwd_values_kernel, dv, dv)
 
 
 ttt_step_backward = torch.library.custom_op("vitconvert::ttt_step_backward", mutates_args=())(run_ttt_backward)
 
 
 @ttt_step_backward.register_fake
-def _(q, k, v, do, key_valid, weights, updated, scale, lr, q_filter=None, q_bias=None, rows=0, cols=0, prefix=0):
-    conv = [q.new_empty((0,)) if t is None or q_filter is None else torch.empty_like(t) for t in (q_filter, q_bias)]
-    return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(weights), *conv)
+def _(q, k, v, do, key_valid, w1, w2, w3, stats, scale, lr, q_filter=None, q_bias=None, k_filter=None, k_bias=None,
+      rows=0, cols=0, prefix=0):
+    conv = [q.new_empty((0,)) if t is None else torch.empty_like(t) for t in (q_filter, q_bias, k_filter, k_bias)]
+    return [*(_output_like(t) for t in (q, k, v)), w1.new_empty((3, *w1.shape)), *conv]
 
 
 def _setup(ctx, inputs, output) -> None:
-    q, k, v, key_valid, weights, scale, lr, q_filter, q_bias, rows, cols, prefix = inputs
-    ctx.save_for_backward(q, k, v, key_valid, weights, output[1], q_filter, q_bias)
+    q, k, v, key_valid, w1, w2, w3, scale, lr, q_filter, q_bias, k_filter, k_bias, eps, rows, cols, prefix = inputs
+    ctx.save_for_backward(q, k, v, key_valid, w1, w2, w3, output[1], q_filter, q_bias, k_filter, k_bias)
     ctx.args = (scale, lr)
     ctx.grid = (rows, cols, prefix)
-    ctx.set_materialize_grads(False)  # W' gets no gradient: not a (B, H, 3, d, d) float32 zero tensor per step
+    ctx.eps = eps
+    ctx.set_materialize_grads(False)  # the statistics get no gradient: no zero tensor for them
 
 
-def _backward(ctx, do, _):  # (W' is for backward only: nothing flows back through it)
+def _backward(ctx, do, _):  # (the statistics are for backward only: nothing flows back through them)
     if do is None:
-        return (None,) * 12
-    q, k, v, key_valid, weights, updated, q_filter, q_bias = ctx.saved_tensors
+        return (None,) * 17
+    q, k, v, key_valid, w1, w2, w3, stats, q_filter, q_bias, k_filter, k_bias = ctx.saved_tensors
+    convs = (q_filter, q_bias, k_filter, k_bias)
     try:
-        dq, dk, dv, dweights, d_filter, d_bias = (run_ttt_backward if direct(do) else ttt_step_backward)(
-            q, k, v, do, key_valid, weights, updated, *ctx.args, q_filter, q_bias, *ctx.grid)
+        dq, dk, dv, dweights, *d_convs = (run_ttt_backward if direct(do) else ttt_step_backward)(
+            q, k, v, do, key_valid, w1, w2, w3, stats, *ctx.args, *convs, *ctx.grid)
+        dw1, dw2, dw3 = dweights.unbind(0)
     except KernelUnavailable as e:
-        inputs = (q, k, v, key_valid, weights, q_filter, q_bias)
-        dq, dk, dv, _, dweights, d_filter, d_bias = _eager_gradients(e, "ttt_step", _ttt_eager_inputs_first, inputs,
-                                                                     (do,), *ctx.args, *ctx.grid)
-    d_filter = None if q_filter is None else d_filter
-    d_bias = None if q_bias is None else d_bias
-    return dq, dk, dv, None, dweights, None, None, d_filter, d_bias, None, None, None
+        inputs = (q, k, v, key_valid, w1, w2, w3, *convs)
+        dq, dk, dv, _, dw1, dw2, dw3, *d_convs = _eager_gradients(e, getattr(e, "op", "ttt_step"),
+                                                                  _ttt_eager_inputs_first, inputs, (do,), *ctx.args,
+                                                                  ctx.eps, *ctx.grid)
+    d_convs = [None if t is None else g for t, g in zip(convs, d_convs, strict=True)]
+    return (dq, dk, dv, None, dw1, dw2, dw3, None, None, *d_convs, None, None, None, None)
 
 
 ttt_step.register_autograd(_backward, setup_context=_setup)
 _DirectStep = _direct_function("DirectTTTStep", run_ttt, _setup, _backward)
 
 
-def _ttt_eager_inputs_first(q, k, v, key_valid, weights, q_filter, q_bias, scale, lr, rows, cols, prefix):
-    return ttt_eager(q, k, v, key_valid, weights, scale, lr, q_filter, q_bias, rows, cols, prefix)
+def _ttt_eager_inputs_first(q, k, v, key_valid, w1, w2, w3, q_filter, q_bias, k_filter, k_bias, scale, lr, eps, rows,
+                            cols, prefix):
+    return ttt_eager(q, k, v, key_valid, (w1, w2, w3), scale, lr, q_filter, q_bias, rows, cols, prefix, k_filter,
+                     k_bias, eps)
 
 
 def ttt_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-              weights: torch.Tensor, scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
-              q_bias: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0, prefix: int = 0) -> torch.Tensor:
-    """:func:`ttt_step` in torch, float32 (its backward's fallback and the tests' oracle of the op)."""
+              weights: Sequence[torch.Tensor], scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
+              q_bias: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0, prefix: int = 0,
+              k_filter: Optional[torch.Tensor] = None, k_bias: Optional[torch.Tensor] = None,
+              key_norm_eps: float = 1.0) -> torch.Tensor:
+    """:func:`ttt_step`'s output in torch, float32 (its backward's fallback and the tests' oracle of the op);
+    ``weights``: W1, W2, W3 (a (3, H, d, d) tensor unpacks to them)."""
     if q_filter is not None:
         q = grid_conv_eager(q, None, q_filter, q_bias, key_valid, rows, cols, prefix)
-    dtype, acc = q.dtype, torch.promote_types(weights.dtype, torch.float32)
-    q, k, v, weights = q.to(acc), k.to(acc), v.to(acc), weights.to(acc)
-    return stepped_readout(q, k, v, key_valid, weights[0], weights[1], weights[2], scale, lr).to(dtype)
+    if k_filter is not None:
+        k = grid_conv_eager(k, None, k_filter, k_bias, key_valid, rows, cols, prefix, key_norm_eps)
+    w1, w2, w3 = weights
+    dtype, acc = q.dtype, torch.promote_types(w1.dtype, torch.float32)
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    return stepped_readout(q, k, v, key_valid, w1.to(acc), w2.to(acc), w3.to(acc), scale, lr).to(dtype)
 
 
 def call_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-              weights: torch.Tensor, scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
-              q_bias: Optional[torch.Tensor] = None, grid: tuple[int, int, int] = (0, 0, 0)) -> torch.Tensor:
-    """The op's output, called direct where it may (:func:`..calls.call_op`);
-    ``grid`` (rows, cols, prefix tokens) of q's conv when ``q_filter`` is given."""
-    args = (q, k, v, key_valid, weights, scale, lr, q_filter, q_bias, *grid)
-    return call_op(ttt_step, _DirectStep, run_ttt, args, (q, k, v, weights, q_filter, q_bias))[0]
+              weights: Sequence[torch.Tensor], scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
+              q_bias: Optional[torch.Tensor] = None, grid: tuple[int, int, int] = (0, 0, 0),
+              k_filter: Optional[torch.Tensor] = None, k_bias: Optional[torch.Tensor] = None,
+              key_norm_eps: float = 1.0) -> torch.Tensor:
+    """The op's output, called direct where it may (:func:`..calls.call_op`); ``weights``: W1, W2, W3 (a (3, H, d,
+    d) tensor unpacks to them); ``grid`` (rows, cols, prefix tokens) of the convs where ``q_filter`` or
+    ``k_filter`` is given (``k_filter``: k is the raw keys, normalised and convolved in the op)."""
+    w1, w2, w3 = weights
+    args = (q, k, v, key_valid, w1, w2, w3, scale, lr, q_filter, q_bias, k_filter, k_bias, key_norm_eps, *grid)
+    return call_op(ttt_step, _DirectStep, run_ttt, args, (q, k, v, w1, w2, w3, q_filter, q_bias, k_filter,
+                                                          k_bias))[0]

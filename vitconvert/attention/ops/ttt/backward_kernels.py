@@ -1,0 +1,288 @@
+"""Triton kernels of the backward of TTT's closed-form step (:mod:`.kernels` holds the forward and the notation).
+
+The read-out's backward gives dq and dW' from q, do and W'; where one program owns a head's tokens,
+:func:`ttt_readout_bwd_kernel` first recomputes W' from the keys in registers (the forward's
+:func:`.kernels.updated_weights`), so W' is neither kept nor written. The sums' backward then gives dk, dv and
+the chain's dW from k, v, W and dĜ = step·dW', recomputing the forward's token-sized values (a, b, silu, u) from
+k and v: a training step keeps nothing N-sized beyond q, k and v. With ``K_CONV`` (the op took the raw keys) k is
+normalised and convolved as it loads and dk is the convolved keys' gradient, which the caller takes through the
+conv and the norm (ops/grid's backward kernel); with ``CONV`` q is convolved as it loads, and dq is likewise the
+convolved q's.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..grid.kernels import _statistics
+from ..linear.kernel_parts import _dot, _store_square
+from .kernels import (
+    _chunk,
+    _initial,
+    _key_chunk,
+    _program,
+    _put_partials,
+    _queries,
+    _rows,
+    _step_of,
+    _swiglu_parts,
+    _three,
+    updated_weights,
+)
+
+
+@triton.jit
+def _read_out_backward(q_base, g_base, dq_base, s_qn, s_gn, s_dqn, QW, QB, MASK, s_mb, b_, h, N, D, P, ROWS, COLS,
+                       begin, end, d, d_ok, w1, w2, w3, CONV: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+                       PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """dq of the queries begin..end (stored) and their dW1', dW2', dW3' (returned) from W' (float32):
+    dh = do W3'ᵀ, da = dh ⊙ b ⊙ silu'(a), db = dh ⊙ silu(a), dq = da W1'ᵀ + db W2'ᵀ, dW1' = Σ qᵀda,
+    dW2' = Σ qᵀdb, dW3' = Σ hᵀdo."""
+    w1_t, w2_t, w3_t = tl.trans(w1).to(TILE), tl.trans(w2).to(TILE), tl.trans(w3).to(TILE)
+    w1, w2 = w1.to(TILE), w2.to(TILE)
+    dw1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    dw2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    dw3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    for start in range(begin, end, BLOCK_N):
+        tok, _, tile = _chunk(start, end, MASK, d_ok, BLOCK_N, False)
+        q = _queries(q_base, tok, tile, d, d_ok, s_qn, QW, QB, MASK, s_mb, b_, h, N, D, P, ROWS, COLS, CONV, HAS_BIAS,
+                     HAS_MASK, BLOCK_N, BLOCK_D)
+        g = _rows(g_base, tok, tile, d, s_gn).to(TILE)
+        _, b, _, act, dsilu = _swiglu_parts(q, w1, w2, TILE, PRECISION, EMULATE)
+        dh = _dot(g, w3_t, PRECISION, EMULATE)
+        da = (dh * b * dsilu).to(TILE)
+        db = (dh * act).to(TILE)
+        dq = _dot(da, w1_t, PRECISION, EMULATE) + _dot(db, w2_t, PRECISION, EMULATE)
+        tl.store(dq_base + tok[:, None] * s_dqn + d[None, :], dq.to(dq_base.dtype.element_ty), mask=tile)
+        qt = tl.trans(q.to(TILE))
+        dw1 += _dot(qt, da, PRECISION, EMULATE)
+        dw2 += _dot(qt, db, PRECISION, EMULATE)
+        dw3 += _dot(tl.trans((act * b).to(TILE)), g, PRECISION, EMULATE)
+    return dw1, dw2, dw3
+
+
+@triton.jit
+def swiglu_readout_bwd_kernel(
+    Q, QW, QB, MASK, W, DO, DQ, DW,
+    s_qb, s_qh, s_qn, s_mb, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
+    H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
+    CONV: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
+    """dq of the queries of one (batch·head, token range) and its partial dW1', dW2', dW3' (DW: (BH, 3, SPLITS, D,
+    D)) from W' (BH, 3, D, D) float32 (:func:`_read_out_backward`)."""
+    bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
+    w1, w2, w3 = _three(W, bh * 3, d, d_ok, D)
+    dw1, dw2, dw3 = _read_out_backward(Q + b_ * s_qb + h * s_qh, DO + b_ * s_gb + h * s_gh, DQ + b_ * s_dqb + h * s_dqh,
+                                       s_qn, s_gn, s_dqn, QW, QB, MASK, s_mb, b_, h, N, D, P, ROWS, COLS, begin, end,
+                                       d, d_ok, w1, w2, w3, CONV, HAS_BIAS, HAS_MASK, BLOCK_N, BLOCK_D, TILE,
+                                       PRECISION, EMULATE)
+    _put_partials(DW, bh, split, SPLITS, dw1, dw2, dw3, d, d_ok, D)
+
+
+@triton.jit
+def ttt_readout_bwd_kernel(
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, Q, QW, QB, DO, DQ, DW,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_qb, s_qh, s_qn, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
+    B, H, N, D, P, ROWS, COLS,
+    K_CONV: tl.constexpr, K_BIAS: tl.constexpr, CONV: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """:func:`swiglu_readout_bwd_kernel` of one (batch, head) in one program, W' recomputed from its keys first
+    (grid: (B·H,); DW: (BH, 3, 1, D, D))."""
+    bh, _, b_, h, d, d_ok, _, _ = _program(H, N, D, N, BLOCK_D)
+    w1, w2, w3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+                                 s_mb, step, B, H, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV, K_BIAS, HAS_MASK,
+                                 BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
+    dw1, dw2, dw3 = _read_out_backward(Q + b_ * s_qb + h * s_qh, DO + b_ * s_gb + h * s_gh, DQ + b_ * s_dqb + h * s_dqh,
+                                       s_qn, s_gn, s_dqn, QW, QB, MASK, s_mb, b_, h, N, D, P, ROWS, COLS, 0, N, d,
+                                       d_ok, w1, w2, w3, CONV, HAS_BIAS, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION,
+                                       EMULATE)
+    _put_partials(DW, bh, 0, 1, dw1, dw2, dw3, d, d_ok, D)
+
+
+@triton.jit
+def _at_a_and_b(d_da, d_db, d_h, a, b, sig, act, dsilu, u, TILE: tl.constexpr):
+    """The gradients at a = kW1 and b = kW2 (silu''(a) = σ(1 − σ)(2 + a(1 − 2σ))), as TILE operands."""
+    d_b = d_da * u * dsilu + d_h * act
+    d_act = d_db * u + d_h * b
+    d_a = d_act * dsilu + d_da * u * b * (sig * (1.0 - sig) * (2.0 + a * (1.0 - 2.0 * sig)))
+    return d_a.to(TILE), d_b.to(TILE)
+
+
+@triton.jit
+def _key_gradient(u, b, act, dsilu, d_a, d_b, dg1_t, dg2_t, w1_t, w2_t, TILE: tl.constexpr, PRECISION: tl.constexpr,
+                  EMULATE: tl.constexpr):
+    """dk: through da = u⊙b⊙silu'(a) and db = u⊙act into Ĝ1 = kᵀda, Ĝ2 = kᵀdb, and through a = kW1, b = kW2."""
+    return (_dot((u * b * dsilu).to(TILE), dg1_t, PRECISION, EMULATE) + _dot((u * act).to(TILE), dg2_t, PRECISION,
+                                                                             EMULATE)
+            + _dot(d_a, w1_t, PRECISION, EMULATE) + _dot(d_b, w2_t, PRECISION, EMULATE))
+
+
+@triton.jit
+def _store_key_rows(base, tok, tile, end, d, d_ok, stride, x):
+    """A chunk's gradient rows; masked keys get a zero gradient, written."""
+    store = (tok < end)[:, None] & d_ok[None, :]
+    tl.store(base + tok[:, None] * stride + d[None, :], tl.where(tile, x, 0.0).to(base.dtype.element_ty), mask=store)
+
+
+@triton.jit
+def _sums_backward_start(W1, W2, W3, DG, STEPS, STATS, step, B, H, N, D, tokens_per_split, K_CONV: tl.constexpr,
+                         HAS_MASK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """What the sums' backward kernels share: their program (:func:`.kernels._program`), W1, W2, W3, dĜ = step·dW'
+    (DG: dW', (BH, 3, D, D)), dW' in the first range's part of dW, zero in the others (the ranges' and the batch's
+    sum of the parts is then dW = dW' + the chain's), all float32, and the keys' statistics (μ, r)."""
+    bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
+    w1, w2, w3 = _initial(W1, W2, W3, h, d, d_ok, D)
+    du1, du2, du3 = _three(DG, bh * 3, d, d_ok, D)
+    s = _step_of(STEPS, b_, step, HAS_MASK)
+    leading = tl.where(split == 0, 1.0, 0.0)
+    mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
+    return (bh, split, b_, h, d, d_ok, begin, end, w1, w2, w3, du1 * s, du2 * s, du3 * s, du1 * leading,
+            du2 * leading, du3 * leading, mean, rstd)
+
+
+@triton.jit
+def _through_the_sums(K, V, MASK, KW, KB, DK, DV, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb, s_dkh, s_dkn, s_dvb,
+                      s_dvh, s_dvn, b_, h, N, D, P, ROWS, COLS, begin, end, d, d_ok, w1, w2, w3, dg1, dg2, dg3, dw1,
+                      dw2, dw3, mean, rstd, K_CONV: tl.constexpr, K_BIAS: tl.constexpr, KEYS: tl.constexpr,
+                      VALUES: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                      TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """dk (``KEYS``) and dv (``VALUES``) of the keys begin..end (stored), and dW1, dW2 (``KEYS``), dW3 (``VALUES``)
+    (returned, added to ``dw1``–``dw3``), from W and dĜ = step·dW' (float32), through da = u⊙b⊙silu'(a),
+    db = u⊙act, h = act⊙b, u = vW3ᵀ, a = kW1, b = kW2. Both hold twelve d×d operands (W1–W3, dĜ1–dĜ3, both ways
+    round), ``KEYS`` ten, ``VALUES`` seven."""
+    w1_t, w2_t, w3_t = tl.trans(w1).to(TILE), tl.trans(w2).to(TILE), tl.trans(w3).to(TILE)
+    w1, w2, w3 = w1.to(TILE), w2.to(TILE), w3.to(TILE)
+    dg1_t, dg2_t, dg3_t = tl.trans(dg1).to(TILE), tl.trans(dg2).to(TILE), tl.trans(dg3).to(TILE)
+    dg1, dg2, dg3 = dg1.to(TILE), dg2.to(TILE), dg3.to(TILE)
+    k_base, v_base = K + b_ * s_kb + h * s_kh, V + b_ * s_vb + h * s_vh
+    dk_base, dv_base = DK + b_ * s_dkb + h * s_dkh, DV + b_ * s_dvb + h * s_dvh
+    for start in range(begin, end, BLOCK_N):
+        tok, tile, kt, vt, a, b, sig, act, dsilu, u = _key_chunk(k_base, v_base, MASK, s_mb, b_, h, start, end, d,
+                                                                 d_ok, s_kn, s_vn, w1, w2, w3_t, KW, KB, N, D, P,
+                                                                 ROWS, COLS, mean, rstd, K_CONV, K_BIAS, BLOCK_N,
+                                                                 BLOCK_D, HAS_MASK, TILE, PRECISION, EMULATE)
+        d_da = _dot(kt, dg1, PRECISION, EMULATE)
+        d_db = _dot(kt, dg2, PRECISION, EMULATE)
+        if KEYS:
+            d_h = _dot(vt, dg3_t, PRECISION, EMULATE)
+            d_a, d_b = _at_a_and_b(d_da, d_db, d_h, a, b, sig, act, dsilu, u, TILE)
+            dk = _key_gradient(u, b, act, dsilu, d_a, d_b, dg1_t, dg2_t, w1_t, w2_t, TILE, PRECISION, EMULATE)
+            dw1 += _dot(tl.trans(kt), d_a, PRECISION, EMULATE)
+            dw2 += _dot(tl.trans(kt), d_b, PRECISION, EMULATE)
+            _store_key_rows(dk_base, tok, tile, end, d, d_ok, s_dkn, dk)
+        if VALUES:
+            du = (d_da * b * dsilu + d_db * act).to(TILE)
+            dv = _dot((act * b).to(TILE), dg3, PRECISION, EMULATE) + _dot(du, w3, PRECISION, EMULATE)
+            dw3 += _dot(tl.trans(du), vt, PRECISION, EMULATE)
+            _store_key_rows(dv_base, tok, tile, end, d, d_ok, s_dvn, dv)
+    return dw1, dw2, dw3
+
+
+@triton.jit
+def _put_weight_partials(P, first, apart, dw1, dw2, dw3, d, d_ok, D, KEYS: tl.constexpr, VALUES: tl.constexpr):
+    """One program's partial dW1, dW2 (``KEYS``), dW3 (``VALUES``) into a (3, BH, SPLITS, D, D) float32 stack at
+    entry ``first`` (``apart`` = BH·SPLITS): summed over the batch and the ranges, (3, H, D, D)."""
+    if KEYS:
+        _store_square(P, first, dw1, d, d_ok, D)
+        _store_square(P, first + apart, dw2, d, d_ok, D)
+    if VALUES:
+        _store_square(P, first + 2 * apart, dw3, d, d_ok, D)
+
+
+@triton.jit
+def _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+                   s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS, tokens_per_split, P, ROWS,
+                   COLS, K_CONV: tl.constexpr, K_BIAS: tl.constexpr, KEYS: tl.constexpr, VALUES: tl.constexpr,
+                   HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+                   PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """:func:`_through_the_sums` of one (batch·head, token range) from dW' in memory (:func:`_sums_backward_start`),
+    its partial dW into DW (3, BH, SPLITS, D, D)."""
+    (bh, split, b_, h, d, d_ok, begin, end, w1, w2, w3, dg1, dg2, dg3, dw1, dw2, dw3, mean,
+     rstd) = _sums_backward_start(W1, W2, W3, DG, STEPS, STATS, step, B, H, N, D, tokens_per_split, K_CONV, HAS_MASK,
+                                  BLOCK_D)
+    dw1, dw2, dw3 = _through_the_sums(K, V, MASK, KW, KB, DK, DV, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb,
+                                      s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, b_, h, N, D, P, ROWS, COLS, begin, end, d,
+                                      d_ok, w1, w2, w3, dg1, dg2, dg3, dw1, dw2, dw3, mean, rstd, K_CONV, K_BIAS, KEYS,
+                                      VALUES, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
+    _put_weight_partials(DW, bh * SPLITS + split, tl.num_programs(0) * SPLITS, dw1, dw2, dw3, d, d_ok, D, KEYS, VALUES)
+
+
+@triton.jit
+def inner_sums_bwd_kernel(
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
+    B, H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
+    K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """dk, dv and the partial dW of one (batch·head, token range) (:func:`_sums_backward`); where its twelve d×d
+    operands do not fit a GPU's shared memory, :func:`inner_sums_bwd_keys_kernel` and
+    :func:`inner_sums_bwd_values_kernel` take its place."""
+    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+                   s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS, tokens_per_split, P, ROWS,
+                   COLS, K_CONV, K_BIAS, True, True, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
+
+
+@triton.jit
+def inner_sums_bwd_keys_kernel(
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
+    B, H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
+    K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """:func:`inner_sums_bwd_kernel`'s dk and partial dW1, dW2, on ten d×d operands (DV unread)."""
+    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+                   s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS, tokens_per_split, P, ROWS,
+                   COLS, K_CONV, K_BIAS, True, False, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
+
+
+@triton.jit
+def inner_sums_bwd_values_kernel(
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
+    B, H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
+    K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """:func:`inner_sums_bwd_kernel`'s dv and partial dW3, on seven d×d operands (DK unread)."""
+    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+                   s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS, tokens_per_split, P, ROWS,
+                   COLS, K_CONV, K_BIAS, False, True, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
+
+
+@triton.jit
+def ttt_bwd_kernel(
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, Q, QW, QB, DO, DQ, DK, DV, DW,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_qb, s_qh, s_qn, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
+    s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
+    B, H, N, D, P, ROWS, COLS,
+    K_CONV: tl.constexpr, K_BIAS: tl.constexpr, CONV: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+):
+    """The whole backward of one (batch, head) in one program (grid: (B·H,)): W' recomputed from the keys, the
+    read-out's backward (dq, and dW' kept in registers), then the sums' (dk, dv, and dW = dW' + the chain's into DW,
+    (3, BH, 1, D, D)): neither W' nor dW' crosses memory, and the fast weights are read once."""
+    bh, _, b_, h, d, d_ok, _, _ = _program(H, N, D, N, BLOCK_D)
+    u1, u2, u3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+                                 s_mb, step, B, H, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV, K_BIAS, HAS_MASK,
+                                 BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
+    du1, du2, du3 = _read_out_backward(Q + b_ * s_qb + h * s_qh, DO + b_ * s_gb + h * s_gh, DQ + b_ * s_dqb + h * s_dqh,
+                                       s_qn, s_gn, s_dqn, QW, QB, MASK, s_mb, b_, h, N, D, P, ROWS, COLS, 0, N, d,
+                                       d_ok, u1, u2, u3, CONV, HAS_BIAS, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION,
+                                       EMULATE)
+    s = _step_of(STEPS, b_, step, HAS_MASK)
+    w1, w2, w3 = _initial(W1, W2, W3, h, d, d_ok, D)
+    mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
+    dw1, dw2, dw3 = _through_the_sums(K, V, MASK, KW, KB, DK, DV, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb,
+                                      s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, b_, h, N, D, P, ROWS, COLS, 0, N, d, d_ok, w1,
+                                      w2, w3, du1 * s, du2 * s, du3 * s, du1, du2, du3, mean, rstd, K_CONV, K_BIAS,
+                                      True, True, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
+    _put_weight_partials(DW, bh, tl.num_programs(0), dw1, dw2, dw3, d, d_ok, D, True, True)
