@@ -121,12 +121,14 @@ def test_the_plan_names_the_kernels_that_launch(variant, programs, form):
     assert expected.on_kernels, expected
     assert list(dict.fromkeys(names(forward))) == list(expected.forward)
     assert set(names(backward)) == {k.split(" ")[0] for k in expected.backward}
-    assert any(name.startswith("grid_conv") for name, *_ in forward) == bool(expected.others)
+    assert any(name.startswith(("grid_conv", "key_moments")) for name, *_ in forward + backward) == \
+        bool(expected.others)
     first = next(launch for launch in forward if launch[0] == expected.forward[0])
     assert first[1:3] == (expected.block_n, expected.warps)
     assert first[3] == (expected.stages or None)  # (0: the launch passes none, Triton's default)
     if variant == "ttt":  # (the step's kernels: the plan's chunk, warps and token ranges each way)
-        steps = {launch[1:3] + launch[4:5] for launch in forward + backward if launch[0].split("_")[0] in TTT_STEP}
+        steps = {(*launch[1:3], launch[4] or 1) for launch in forward + backward  # (one program a head: a 1-D grid)
+                 if launch[0].split("_")[0] in TTT_STEP}
         assert steps == {(expected.block_n, expected.warps, expected.splits)}
     elif expected.op == "pairwise_attention":  # (the backward's chunk and warps, as its names say)
         named = {name.split(" ")[0]: name for name in expected.backward}
@@ -144,7 +146,7 @@ def taken(kernel: str, launches: launch_plan.LinearLaunches) -> tuple:
     return (block_n, launches.warps, launches.stages, splits, launch_plan.tile_kwargs(launches.tile)["TILE"])
 
 
-TTT_STEP = ("inner", "swiglu")  # (TTT's step kernels: inner_sums*, swiglu_readout*)
+TTT_STEP = ("inner", "swiglu", "ttt")  # (TTT's step kernels: inner_sums*, swiglu_readout*, ttt_fwd/bwd)
 TAKES = {  # kernel -> (its BLOCK_N, its programs over tokens) by the plan
     "state_fwd_kernel": lambda p: (p.block_n, p.splits), "readout_fwd_kernel": lambda p: (p.block_n, p.read_splits),
     "readout_bwd_kernel": lambda p: (p.readout_bwd_block_n, p.splits),

@@ -243,8 +243,9 @@ def _ttt(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
     else:
         forward = ("inner_sums_kernel", "swiglu_readout_kernel")
         backward = ("inner_sums_kernel", f"swiglu_readout_bwd_kernel{half}", f"inner_sums_bwd_kernel{half}")
-    others = _grid_op(module, call)
-    again = forward if getattr(module, "recompute_step", False) and not others else ()
+    in_op = bool(_grid_op(module, call))  # (the key norm and convs inside the step's kernels: its statistics
+    others = ("key_moments_kernel", "grid_conv_bwd_kernel (the convs' backward)") if in_op else ()  # a pass first)
+    again = forward if getattr(module, "recompute_step", False) and not in_op else ()
     return replace(plan, forward=forward, others=others, backward=(*again, *backward))
 
 
