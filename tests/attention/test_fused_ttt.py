@@ -273,7 +273,7 @@ def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, mon
     student = student.to(DEVICE).train()
     layers = [m for m in student.modules() if hasattr(m, "recompute_step")]
     assert len(layers) == 2 and all(m.recompute_step for m in layers)
-    x = image_batch(source).to(DEVICE)
+    x = image_batch(source, batch=1).to(DEVICE)  # (the interpreter runs a program per image and head)
 
     def step(fused_on: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         for m in layers:
