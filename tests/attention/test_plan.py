@@ -159,7 +159,7 @@ def test_a_training_step_reads_no_environment_after_the_model_is_built(variant, 
     monkeypatch.setattr(os, "environ", counted)
     module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.bfloat16).to(DEVICE)
     assert counted.reads >= 4  # (the four settings, checked where a bad one is a one-line error)
-    x = torch.randn(2, 17, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(1, 17, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)  # (one image: interpreter)
     module(x).float().sum().backward()  # (the first call: what is read once, on first use)
     counted.reads = 0
     module(x).float().sum().backward()
