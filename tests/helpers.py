@@ -24,8 +24,10 @@ runner = CliRunner()
 @functools.cache
 def load_benchmark(name: str) -> types.ModuleType:
     """benchmarks/<name>.py as a module (benchmarks/ is not a package), loaded once per process and registered in
-    sys.modules first, as its dataclasses need."""
+    sys.modules first, as its dataclasses need; its folder on sys.path, as when it runs, for the modules beside it."""
     path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

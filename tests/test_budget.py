@@ -1,5 +1,6 @@
 """benchmarks/budget.py end to end (a real process): one variant, one 1-epoch budget, one seed on the digits;
-the run is recorded, a rerun skips it, and the table lands between the budget markers without touching the rest."""
+the run is recorded, a rerun skips it, and the table lands between the budget markers without touching the rest.
+The rerun and the refusal of a wrong flag call the script's main() in this process (the first run is its process)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,30 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "budget.py"
 
 
+def argv(tmp_path: Path, *extra: str) -> list[str]:
+    return [str(SCRIPT), "--variants", "relu", "--schedules", "paper", "--epochs", "1", "--seeds", "0", "--regimes",
+            "same", "--results", str(tmp_path / "budget.jsonl"), "--doc", str(tmp_path / "results.md"), *extra]
+
+
 def budget(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, str(SCRIPT), "--variants", "relu", "--schedules", "paper", "--epochs", "1", "--seeds", "0",
-            "--regimes", "same", "--results", str(tmp_path / "budget.jsonl"), "--doc", str(tmp_path / "results.md"),
-            *extra]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    return subprocess.run([sys.executable, *argv(tmp_path, *extra)], capture_output=True, text=True, timeout=900)
 
 
-def test_one_run_is_recorded_reported_and_not_repeated(tmp_path):
+def budget_here(tmp_path: Path, monkeypatch, *extra: str) -> None:
+    """The script's main() in this process, with the command line ``budget`` gives it."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import budget as script
+
+    monkeypatch.setattr(sys, "argv", argv(tmp_path, *extra))
+    script.main()
+
+
+def test_one_run_is_recorded_reported_and_not_repeated(tmp_path, monkeypatch, capsys):
     (tmp_path / "results.md").write_text("# Results\n\nprose above\n")
     done = budget(tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -32,15 +46,18 @@ def test_one_run_is_recorded_reported_and_not_repeated(tmp_path):
     assert f"| paper | relu | {100 * record['top1']:.1f} (1) |" in block
     assert (tmp_path / "results-budget.png").stat().st_size > 0
 
-    again = budget(tmp_path)  # resumable: the recorded run is skipped, the report rewritten in place
-    assert again.returncode == 0 and "0 runs to do (1 already recorded)" in again.stdout
+    budget_here(tmp_path, monkeypatch)  # resumable: the recorded run is skipped, the report rewritten in place
+    assert "0 runs to do (1 already recorded)" in capsys.readouterr().out
     assert len((tmp_path / "budget.jsonl").read_text().splitlines()) == 1
     assert (tmp_path / "results.md").read_text().count("<!-- budget:begin -->") == 1
 
 
-def test_an_unknown_schedule_is_one_line_and_exit_nonzero(tmp_path):
-    done = budget(tmp_path, "--schedules", "warp")
-    assert done.returncode != 0 and "unknown schedule warp" in done.stderr
+def test_an_unknown_schedule_is_one_line_and_exit_nonzero(tmp_path, monkeypatch):
+    """SystemExit with a message: a process prints it as one line on stderr and exits 1."""
+    with pytest.raises(SystemExit) as stopped:
+        budget_here(tmp_path, monkeypatch, "--schedules", "warp")
+    message = stopped.value.code
+    assert isinstance(message, str) and "unknown schedule warp" in message and "\n" not in message
     assert not (tmp_path / "budget.jsonl").exists()
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import timm
 import torch
-from helpers import image_batch, tiny_model
+from helpers import image_batch, invoke, tiny_model
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -208,12 +208,8 @@ def test_transformers_after_import_refuses_a_config_that_disagrees_with_the_weig
 
 def test_a_student_timm_saved_loads_in_transformers_after_vitconvert_upgrade(tmp_path):
     """A student fine-tuned and saved with timm's own save_for_hf: timm and vitconvert.load read it, transformers
-    stops (num_classes given twice); `vitconvert upgrade` (the command, in its own process) makes it a folder
+    stops (num_classes given twice); `vitconvert upgrade` (the command, through typer's runner) makes it a folder
     AutoModelForImageClassification and pipeline load as vitconvert.load does, with the class names."""
-    import os
-    import subprocess
-    import sys
-
     from timm.models import save_for_hf
     from transformers import AutoModelForImageClassification, pipeline
 
@@ -225,10 +221,8 @@ def test_a_student_timm_saved_loads_in_transformers_after_vitconvert_upgrade(tmp
     with pytest.raises(TypeError, match="num_classes"):  # transformers' own limit with timm-written folders
         AutoModelForImageClassification.from_pretrained(str(folder))
 
-    env = {**os.environ, "PYTHONPATH": str(Path(vitconvert.__file__).parents[1])}
-    done = subprocess.run([sys.executable, "-m", "vitconvert", "upgrade", str(folder)], capture_output=True,
-                          text=True, env=env, timeout=300)
-    assert done.returncode == 0 and "upgraded" in done.stdout and "saved by timm" in done.stdout, done.stderr
+    done = invoke("upgrade", folder)
+    assert done.exit_code == 0 and "upgraded" in done.stdout and "saved by timm" in done.stdout, done.output
 
     reference = vitconvert.load(folder)
     x = image_batch(reference)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from helpers import tiny_model
+from helpers import invoke, tiny_model
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -147,19 +147,14 @@ def test_weights_resaved_without_the_mark_still_load_when_the_config_agrees(tmp_
 
 
 def test_a_students_weights_are_refused_as_a_softmax_source_and_teacher(tmp_path):
-    """`convert WEIGHTS --arch` (a subprocess, as a user runs it), a softmax config.json beside a student's
-    weights, and compare's teacher: the attention weights fit softmax modules, the mark says what they are."""
-    import os
-    import subprocess
-    import sys
-
+    """`convert WEIGHTS --arch` (typer's runner: the command's own exit code and stderr), a softmax config.json
+    beside a student's weights, and compare's teacher: the attention weights fit softmax modules, the mark says
+    what they are."""
     student, _ = vitconvert.convert(tiny_model("vit", num_classes=3), "elu", attn_init="copy")
     folder = vitconvert.save(student, tmp_path / "m")
-    env = {**os.environ, "PYTHONPATH": str(Path(vitconvert.__file__).parents[1])}
-    run = subprocess.run([sys.executable, "-m", "vitconvert", "convert", str(folder / "model.safetensors"), "--arch",
-                          "vit_tiny_patch16_224", "--to", "relu", "--out", str(tmp_path / "o")],
-                         capture_output=True, text=True, env=env)
-    assert run.returncode == 1 and not (tmp_path / "o").exists()
+    run = invoke("convert", folder / "model.safetensors", "--arch", "vit_tiny_patch16_224", "--to", "relu", "--out",
+                 tmp_path / "o")
+    assert run.exit_code == 1 and not (tmp_path / "o").exists()
     assert run.stderr.strip().splitlines() == [f"error: {folder / 'model.safetensors'} holds vitconvert's elu linear "
                                                "attention in layers [0, 1] (a converted model), not a softmax "
                                                "model's weights: give the softmax ViT it was converted from"]

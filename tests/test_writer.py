@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import hold_lock, tiny_model
+from helpers import hold_lock, invoke, tiny_model
 
 import vitconvert
 from vitconvert.errors import VitconvertError
@@ -72,8 +72,9 @@ KILLED_WRITER = textwrap.dedent("""
 """)
 
 
-def test_sigkill_mid_write_then_rerun_leaves_no_stale_sibling(tmp_path, umask):
-    """A convert killed while writing leaves `.m.tmp-HOST-PID-*`; the next convert of the same --out removes it."""
+def test_sigkill_mid_write_then_rerun_leaves_no_stale_sibling(tmp_path, umask, monkeypatch):
+    """A convert killed while writing (a process) leaves `.m.tmp-HOST-PID-*`; the next convert of the same --out
+    (typer's runner, in this process) removes it."""
     umask(0o022)
     student, _ = vitconvert.convert(tiny_model("vit"), "elu")
     import timm
@@ -93,9 +94,9 @@ def test_sigkill_mid_write_then_rerun_leaves_no_stale_sibling(tmp_path, umask):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert (tmp_path / stale[0]).exists() and not (tmp_path / "m").exists()
-    rerun = subprocess.run([sys.executable, "-m", "vitconvert", "convert", *args], capture_output=True, text=True,
-                           env=env, cwd=tmp_path)
-    assert rerun.returncode == 0, rerun.stderr
+    monkeypatch.chdir(tmp_path)
+    rerun = invoke("convert", *args)
+    assert rerun.exit_code == 0, rerun.output
     assert sorted(p.name for p in tmp_path.iterdir()) == [".vitconvert", "m", "src"]
     assert modes(tmp_path / "m") == {(".", 0o755), ("config.json", 0o644), ("model.safetensors", 0o644),
                                      ("README.md", 0o644)}

@@ -250,8 +250,8 @@ def test_the_op_passes_torch_library_checks_and_compiles_as_one_graph():
     torch.library.opcheck(fused_ttt.ttt_step, (*inputs[:3], mask, *inputs[3], 32 ** -0.5, 1.0), test_utils=tests)
     torch._dynamo.reset()
     module = helpers.make_module("ttt", 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
-    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
-    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    x = torch.randn(1, 17, 64, device=DEVICE, requires_grad=True)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")  # (one image: the interpreter is slow)
     out = compiled(x)
     torch.testing.assert_close(out, module(x), atol=1e-5, rtol=1e-5)
     (grad,) = torch.autograd.grad(out.sum(), x)
@@ -265,8 +265,8 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, 
     theirs)."""
 
     module = helpers.make_module("ttt", 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
-    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
-    grad = torch.randn(2, 17, 64, device=DEVICE)
+    x = torch.randn(1, 17, 64, device=DEVICE, requires_grad=True)  # (one image: the interpreter is slow)
+    grad = torch.randn(1, 17, 64, device=DEVICE)
     out = module(x)
     want = torch.autograd.grad(out, [x, *module.parameters()], grad)
     dispatch.current().unavailable.clear()
@@ -300,7 +300,7 @@ def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, mon
     student = student.to(DEVICE).train()
     layers = [m for m in student.modules() if hasattr(m, "recompute_step")]
     assert len(layers) == 2 and all(m.recompute_step for m in layers)
-    x = image_batch(source).to(DEVICE)
+    x = image_batch(source, batch=1).to(DEVICE)  # (the interpreter runs a program per image and head)
 
     def step(fused_on: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         for m in layers:

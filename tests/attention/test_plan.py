@@ -202,7 +202,7 @@ def test_a_training_step_reads_no_environment_after_the_model_is_built(variant, 
     monkeypatch.setattr(os, "environ", counted)
     module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.bfloat16).to(DEVICE)
     assert counted.reads >= 4  # (the four settings, checked where a bad one is a one-line error)
-    x = torch.randn(2, 17, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(1, 17, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)  # (one image: interpreter)
     module(x).float().sum().backward()  # (the first call: what is read once, on first use)
     counted.reads = 0
     module(x).float().sum().backward()
@@ -210,8 +210,9 @@ def test_a_training_step_reads_no_environment_after_the_model_is_built(variant, 
 
 
 def test_info_kernels_prints_each_layers_plan(tmp_path):
-    """Through the console script, in a pipe: plain text, one row a layer; --json the plans as values."""
-    from helpers import tiny_model
+    """Through the console script, in a pipe: plain text, one row a layer, and a wrong --gpu one line; --json the
+    plans as values (typer's runner: the same command in this process)."""
+    from helpers import invoke, tiny_model
 
     import vitconvert
 
@@ -223,8 +224,8 @@ def test_info_kernels_prints_each_layers_plan(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "NVIDIA H200" in done.stdout and "blocks.0.attn" in done.stdout and "linear_attention" in done.stdout
     assert "\x1b[" not in done.stdout  # (a pipe: no colour codes)
-    as_json = subprocess.run([*command, "--dtype", "float32", "--json"], capture_output=True, text=True, env=env,
-                             timeout=300)
+    as_json = invoke(*command[3:], "--dtype", "float32", "--json")
+    assert as_json.exit_code == 0, as_json.output
     layers = json.loads(as_json.stdout)["layers"]
     assert layers and all(row["op"] == "linear_attention" and row["tile"] in ("tf32", "fp32") for row in layers)
     bad = subprocess.run([*command[:-1], "h300"], capture_output=True, text=True, env=env, timeout=300)

@@ -29,16 +29,16 @@ from distill.helpers import make_images, make_student, make_teacher
 from helpers import runner
 
 from vitconvert.cli import app
+from vitconvert.cli.common import HEARTBEAT_LINE
 from vitconvert.recipes import FIELDS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "bad-input.md"
-HEARTBEAT = re.compile(r"^.+\.\.\. \(\d+s\)$")  # common.still_working's line: work ran past its mark, not the error
 
 
 def error_lines(stderr: str) -> list[str]:
     """stderr's lines without still_working's heartbeat, which a loaded machine prints before a late refusal: the
     error itself must still be one line."""
-    return [line for line in stderr.strip().splitlines() if not HEARTBEAT.match(line)]
+    return [line for line in stderr.strip().splitlines() if not HEARTBEAT_LINE.match(line)]
 
 
 # -- the workspace every case reads ----------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""`vitconvert distill` under a stray or half-started torchrun environment, run as a user runs it (a subprocess):
-one error line, nothing written, never a silent run or an endless wait."""
+"""`vitconvert distill` under a stray or half-started torchrun environment: one error line, nothing written, never
+a silent run or an endless wait. A missing process is waited for as a user runs it (a subprocess, where torch's
+rendezvous runs); the settings refused before any rendezvous go through typer's runner."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 
 import pytest
 from distill.helpers import make_images, make_student
+from helpers import invoke
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +37,18 @@ def distill(workspace, cwd, **env):
     return done, time.monotonic() - start
 
 
-def test_a_rank_past_the_world_size_is_refused(workspace, tmp_path):
-    done, _ = distill(workspace, tmp_path, WORLD_SIZE="1", RANK="3")
-    assert done.returncode == 1 and done.stdout == ""
+def distill_here(workspace, cwd, monkeypatch, **env):
+    """The same command and environment as ``distill``, in this process."""
+    student, images = workspace
+    monkeypatch.chdir(cwd)
+    for name, value in {"HF_HUB_OFFLINE": "1", **env}.items():
+        monkeypatch.setenv(name, value)
+    return invoke("distill", student, "--data", images, "--epochs", "1", "--out", "run")
+
+
+def test_a_rank_past_the_world_size_is_refused(workspace, tmp_path, monkeypatch):
+    done = distill_here(workspace, tmp_path, monkeypatch, WORLD_SIZE="1", RANK="3")
+    assert done.exit_code == 1 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [
         "error: the environment variable RANK=3 is not below WORLD_SIZE=1 (ranks run from 0 to 0): these are "
         "torchrun's to set; unset RANK and WORLD_SIZE to run one process"]
@@ -63,10 +74,10 @@ def test_a_missing_process_is_named_and_timed_out(workspace, tmp_path, rank):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_timeout_that_is_no_number_is_refused(workspace, tmp_path):
-    done, _ = distill(workspace, tmp_path, WORLD_SIZE="2", RANK="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(free_port()), VITCONVERT_DIST_TIMEOUT="soon")
-    assert done.returncode == 1
+def test_a_timeout_that_is_no_number_is_refused(workspace, tmp_path, monkeypatch):
+    done = distill_here(workspace, tmp_path, monkeypatch, WORLD_SIZE="2", RANK="1", MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(free_port()), VITCONVERT_DIST_TIMEOUT="soon")
+    assert done.exit_code == 1
     assert done.stderr.strip().splitlines() == [
         "error: VITCONVERT_DIST_TIMEOUT='soon': expected the seconds the processes of a torchrun may take to meet, "
         "a positive number (default 300)"]

@@ -67,15 +67,41 @@ def test_every_command_module_is_in_the_table():
     assert modules == {module for module, _, _ in COMMANDS.values()}
 
 
+HELP_PROBE = """
+import contextlib, io, json, sys
+from vitconvert.cli import main
+shown = {{}}
+for name in sys.argv[1:]:  # each command's --help in turn, as the console script runs it
+    sys.argv, out, code = ["vitconvert", name, "--help"], io.StringIO(), 0
+    with contextlib.redirect_stdout(out):
+        try:
+            main()
+        except SystemExit as e:
+            code = e.code or 0
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r})  # (so far: the first to import one shows)
+    shown[name] = {{"code": code, "stdout": out.getvalue(), "heavy": heavy}}
+print(json.dumps(shown))
+"""
+
+
+@pytest.fixture(scope="module")
+def every_help(tmp_path_factory) -> tuple[dict, set[str]]:
+    """Every command's --help in one process: torch and timm, once imported, stay, so none imported them if none
+    is there after the last one."""
+    script = tmp_path_factory.mktemp("help") / "vitconvert"
+    script.write_text(HELP_PROBE.format(heavy=sorted(HEAVY)))
+    done, names = imported_modules([str(script), *COMMANDS])
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout), names
+
+
 @pytest.mark.parametrize("name", list(COMMANDS))
-def test_every_command_help_imports_neither_torch_nor_timm(tmp_path, name):
+def test_every_command_help_imports_neither_torch_nor_timm(every_help, name):
     """``vitconvert CMD --help`` is as quick as ``vitconvert --help``: it took 10-15 s when it imported torch."""
-    script = tmp_path / "vitconvert"
-    script.write_text("import sys\nfrom vitconvert.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
-                      f"print('heavy:', sorted(m for m in sys.modules if m.split('.')[0] in {sorted(HEAVY)!r}))\n")
-    done, names = imported_modules([str(script), name, "--help"])
-    assert done.returncode == 0 and f"vitconvert {name} [OPTIONS]" in " ".join(done.stdout.split()), done.stderr[-2000:]
-    assert "heavy: []" in done.stdout and not names & HEAVY, f"{name} --help imported {sorted(names & HEAVY)}"
+    shown, names = every_help
+    done = shown[name]
+    assert done["code"] == 0 and f"vitconvert {name} [OPTIONS]" in " ".join(done["stdout"].split()), done
+    assert done["heavy"] == [] and not names & HEAVY, f"{name} --help imported {done['heavy'] or sorted(names & HEAVY)}"
 
 
 def test_help_names_the_variants_the_registry_holds():

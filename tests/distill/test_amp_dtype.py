@@ -47,7 +47,7 @@ def test_a_run_trains_on_the_kernels_under_cudas_bf16_autocast(tmp_path, monkeyp
     def bf16_autocast(device, enabled=True, dtype="bfloat16"):
         return torch.autocast("cpu", dtype=getattr(torch, dtype), enabled=enabled)
 
-    student = make_student(tmp_path / "models", variant)
+    student = make_student(tmp_path / "models", variant, depth=1)  # one layer on the kernels: the interpreter is slow
     images = make_images(tmp_path / "images", per_class=2, val_per_class=1)  # two steps: the interpreter is slow
     monkeypatch.setattr(evaluate, "autocast_for", bf16_autocast)
     monkeypatch.setattr(task, "autocast_for", bf16_autocast)

@@ -191,6 +191,9 @@ def summary(e: BaseException, internal: bool = True) -> str:
 
 
 HEARTBEAT_AFTER_S, HEARTBEAT_EVERY_S = 10.0, 30.0
+HEARTBEAT = "{what}... ({seconds}s)"  # still_working's line: what runs, and for how many whole seconds so far
+HEARTBEAT_LINE = re.compile("^" + re.escape(HEARTBEAT).replace(r"\{what\}", "(?P<what>.+)")
+                            .replace(r"\{seconds\}", r"(?P<seconds>\d+)") + "$")  # (tests tell it from the error)
 
 
 @contextmanager
@@ -202,7 +205,7 @@ def still_working(what: str) -> Iterator[None]:
     def beat() -> None:
         wait = HEARTBEAT_AFTER_S
         while not done.wait(wait):
-            typer.echo(f"{what}... ({time.monotonic() - start:.0f}s)", err=True)
+            typer.echo(HEARTBEAT.format(what=what, seconds=round(time.monotonic() - start)), err=True)
             wait = HEARTBEAT_EVERY_S
 
     thread = threading.Thread(target=beat, daemon=True)
