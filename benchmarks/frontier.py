@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from budget_schedules import BASE  # (batch 64: the recipe every recorded run was made with)
 from doc_blocks import write_block
 
 from vitconvert import convert, save
@@ -68,7 +69,7 @@ def accuracy(variant: str, k: int, signal: str) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"frontier-{variant}-{k}-"))
     try:
         start = save(student, work / "init", pretrained=True)
-        result = distill(start, work / "run", recipe="quickstart", overrides={"epochs": EPOCHS, "seed": SEED},
+        result = distill(start, work / "run", recipe="quickstart", overrides={"epochs": EPOCHS, "seed": SEED, **BASE},
                          show=False, device="cpu")
     finally:
         shutil.rmtree(work, ignore_errors=True)

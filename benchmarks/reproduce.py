@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from budget_schedules import BASE  # (batch 64: the recipe every recorded run was made with)
 from doc_blocks import write_block, write_results
 
 from vitconvert.attention import VARIANTS as ALL_VARIANTS
@@ -133,8 +134,8 @@ def run_one(variant: str, config: Config, seed: int, epochs: int, threads: int,
     work = Path(tempfile.mkdtemp(prefix=f"reproduce-{variant}-{config.name}-{seed}-"))
     try:
         start = save(student, work / "init", pretrained=True)
-        overrides = {"epochs": epochs, "seed": seed, "attn_weight": 1.0 if config.distill else 0.0, "kd_weight": 0.0,
-                     **extra}
+        overrides = {"epochs": epochs, "seed": seed, **BASE, "attn_weight": 1.0 if config.distill else 0.0,
+                     "kd_weight": 0.0, **extra}
         result = distill(start, work / "run", recipe="quickstart", overrides=overrides, show=False, device="cpu")
     finally:
         shutil.rmtree(work, ignore_errors=True)

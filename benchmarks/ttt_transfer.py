@@ -28,6 +28,7 @@ from typing import Any, Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from budget_schedules import BASE  # noqa: E402  (batch 64: the recipe every recorded run was made with)
 from reproduce import TARGET_CLASSES, prepare_transfer  # noqa: E402
 
 
@@ -70,8 +71,9 @@ def train(args: argparse.Namespace, student: torch.nn.Module, target: Optional[P
     from vitconvert import save
     from vitconvert.distill import distill
 
-    overrides: dict[str, Any] = {"epochs": args.epochs, "seed": args.seed, "attn_weight": 1.0 if args.distill else 0.0,
-                                 "kd_weight": 0.0, "log_interval": 1, "compare_batches": 0}
+    overrides: dict[str, Any] = {"epochs": args.epochs, "seed": args.seed, **BASE,
+                                 "attn_weight": 1.0 if args.distill else 0.0, "kd_weight": 0.0, "log_interval": 1,
+                                 "compare_batches": 0}
     if target is not None:  # else the quickstart recipe's own data: the digits, all ten classes
         overrides.update({"data": str(target), "img_size": None})
     if args.clip_grad is not None:

@@ -39,6 +39,12 @@ if kind == "item37":
             raise failing("item 37 cannot be read")
         return getitem(self, index)
     data.TransformedDataset.__getitem__ = broken
+    whole = data.TransformedDataset._batch  # (the digits are transformed a batch at a time)
+    def broken_batch(self, indices):
+        if 37 in indices:
+            raise failing("item 37 cannot be read")
+        return whole(self, indices)
+    data.TransformedDataset._batch = broken_batch
 elif kind == "teacher":  # epoch 2 of 12 steps each
     from vitconvert import capture
     call = capture.TeacherTap.__call__

@@ -232,7 +232,8 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     lepe_grads = _lepe_gradients(dlepe, lepe_weight, B, H, D)
     if not normed:
         return dq, dk, dv, dmixing, q.new_empty((0,)), q.new_empty((0,)), *lepe_grads
-    dq_weight, dk_weight = dweights.sum(1)  # (each tile's part, in a fixed order)
+    dq_weight, dk_weight = (part.sum(0) for part in dweights)  # (each tile's part, in a fixed order; two tensors:
+    # an op's returns may not be views of one)
     return dq, dk, dv, dmixing, dq_weight.to(q_weight.dtype), dk_weight.to(k_weight.dtype), *lepe_grads
 
 

@@ -184,7 +184,11 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     """[dq, dk, dv, dW (3, H, d, d), dw_q, db_q, dw_k, db_k] of :func:`ttt_step` (the conv's empty where absent):
     W' recomputed and the read-out's backward (dq, dW'), the sums' (dĜ = step·dW': dk, dv and the chain's dW),
     dW = Σ_batch (dW' + the chain's), then the convs' backward."""
-    from .backward_kernels import swiglu_readout_bwd_kernel, ttt_bwd_kernel, ttt_readout_bwd_kernel  # lazy
+    from .backward_kernels import (  # lazy: start-up time
+        swiglu_readout_bwd_kernel,
+        ttt_bwd_kernel,
+        ttt_readout_bwd_kernel,
+    )
 
     step = _Step(q, k, v, key_valid, (w1, w2, w3), scale, lr, q_filter, q_bias, k_filter, k_bias, stats, rows, cols,
                  prefix)
