@@ -150,8 +150,8 @@ def render(variants: list[str]) -> str:
     if not points:
         raise SystemExit(f"no recorded frontier runs in {RESULTS}")
     return "\n".join([
-        f"Digits val top-1 (%) after {EPOCHS} epochs of the quickstart recipe (seed {SEED}; one image = 0.34 "
-        "points), the K softmax layers chosen by each signal; speed-ups of DeiT-Tiny with the same share of "
+        f"Digits val top-1 (%) after {EPOCHS} epochs of the quickstart recipe at batch 64 (seed {SEED}; one image = "
+        "0.34 points), the K softmax layers chosen by each signal; speed-ups of DeiT-Tiny with the same share of "
         "layers kept softmax, against its softmax source in the same process (1 thread, CPU clock). K = 4 is "
         "the softmax teacher. Written by `python benchmarks/frontier.py`.",
         "",

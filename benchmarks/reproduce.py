@@ -256,7 +256,8 @@ def render(regime: str = "same", epochs: int = 5) -> str:
     what = ("Target-task (digits 5-9) val top-1 (%)" if transfer else "Digits val top-1 (%)")
     return "\n".join([
         f"{what}, mean ± std over seeds {', '.join(map(str, seeds))}; {epochs} epochs per run, "
-        f"recipe `recipes/quickstart.yaml`; {len(records)} runs, {minutes:.0f} min of training in all "
+        f"recipe `recipes/quickstart.yaml` at batch 64 (as shipped until issue 38); {len(records)} runs, "
+        f"{minutes:.0f} min of training in all "
         f"({summary['environment']}). "
         f"Written by `python benchmarks/reproduce.py{' --regime transfer' if transfer else ''}`.",
         "",
