@@ -43,6 +43,15 @@ def test_a_training_batch_is_the_per_image_transform(interpolation, hflip):
     assert not torch.allclose(batched(ds, indices), got)  # another epoch, other crops
 
 
+def test_a_batch_of_one_image_is_the_per_image_transform():
+    """An epoch's last batch or an evaluation share can hold a single image."""
+    transform = create_transform(16, is_training=True, scale=(0.5, 1.0), color_jitter=0.0, mean=MEAN, std=STD)
+    ds = TransformedDataset(digits_dataset("train"), transform, seed=3)
+    got, want = batched(ds, [37]), per_image(ds, [37])
+    assert got.shape == want.shape == (1, 3, 16, 16)
+    assert torch.allclose(got, want, atol=1e-6)
+
+
 @pytest.mark.parametrize("size,crop_pct", [(16, 1.0), (12, 0.875), (6, 0.9)])
 def test_an_eval_batch_is_the_per_image_transform(size, crop_pct):
     ds = TransformedDataset(digits_dataset("val"), create_transform(size, crop_pct=crop_pct, mean=MEAN, std=STD))
