@@ -133,10 +133,10 @@ def test_older_triton_halves_the_chunk_of_the_backwards_it_spills_in(version, he
 
 
 @pytest.mark.parametrize("variant, kernel, chunk", [("elu", "attention_bwd_kernel", 32),
-                                                    ("mhla", "pairwise_bwd_dkv_kernel", 16)])
+                                                    ("mhla", "pairwise_bwd_kernel", 16)])
 def test_the_halved_backward_chunks_reach_the_kernels_and_give_the_same_gradients(variant, kernel, chunk,
                                                                                    monkeypatch):
-    """Under Triton before 3.8 (dispatch.spill_free_chunk) the one-launch backward and MHLA's pairwise dk/dv run
+    """Under Triton before 3.8 (dispatch.spill_free_chunk) the one-launch backward and MHLA's pairwise backward run
     on half the token chunk at head dim 64; their gradients are those of the whole chunk."""
     dispatch.current().settings = dispatch.KernelSettings(form="pairwise")
     module = make_module(variant, 64, (4, 4), 1)
@@ -271,7 +271,7 @@ def test_an_mhla_module_on_float32_takes_smaller_chunks_and_matches_its_referenc
     assert not {n: e for n, e in errors.items() if e >= {"block_mix": 1e-3}.get(n, 1e-4)}, errors
     launched = {n for n, count in refused.items() if count}
     assert launched >= ({"state_fwd_kernel", "readout_fwd_kernel", *SPLIT_BACKWARD_KERNELS} if form == "blocked" else
-                        {"pairwise_fwd_kernel", "pairwise_bwd_dq_kernel", "pairwise_bwd_dkv_kernel"})
+                        {"pairwise_fwd_kernel", "pairwise_bwd_kernel"})
     assert all(step == {"BLOCK_N": 16} for step in lean_launches().values())
 
 

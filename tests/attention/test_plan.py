@@ -130,14 +130,21 @@ def test_the_plan_names_the_kernels_that_launch(variant, programs, form):
         steps = {(*launch[1:3], launch[4] or 1) for launch in forward + backward  # (one program a head: a 1-D grid)
                  if launch[0].split("_")[0] in TTT_STEP}
         assert steps == {(expected.block_n, expected.warps, expected.splits)}
-    elif expected.op == "pairwise_attention":  # (the backward's chunk and warps, as its names say)
-        named = {name.split(" ")[0]: name for name in expected.backward}
-        assert all(f"BLOCK_N {block_n}, {warps} warps" in named[name]
-                   for name, block_n, warps, *_ in backward if name.startswith("pairwise"))
+    elif expected.op == "pairwise_attention":  # (each launch on the plan's chunk, warps and tile, as its names say)
+        assert {(name, *launch[:2], launch[-1]) for name, *launch in forward + backward} == pairwise_taken(expected)
     elif expected.launches is not None:
         ran = {launch[0] for launch in forward + backward} & TAKES.keys()
         assert {launch[1:] for launch in forward + backward if launch[0] in ran} == \
             {taken(name, expected.launches) for name in ran}
+
+
+def pairwise_taken(expected: plan.KernelPlan) -> set:
+    """(kernel, BLOCK_N, warps, operand tile) of MHLA's pairwise launches by the plan, as its backward's name says."""
+    found = expected.pairwise
+    assert f"BLOCK_N {found.backward_block_n}, {found.backward_warps} warps" in expected.backward[0]
+    tile = {name: launch_plan.tile_kwargs(name)["TILE"] for name in (found.tile, found.backward_tile)}
+    return {("pairwise_fwd_kernel", found.block_m, found.warps, tile[found.tile]),
+            ("pairwise_bwd_kernel", found.backward_block_n, found.backward_warps, tile[found.backward_tile])}
 
 
 def taken(kernel: str, launches: launch_plan.LinearLaunches) -> tuple:

@@ -25,7 +25,7 @@ from .base import LinearAttention
 from .blocks import segment_index
 from .ops import dispatch, launch_plan
 from .ops.grid.op import grid_tile
-from .ops.launch_plan import LinearLaunches
+from .ops.launch_plan import LinearLaunches, PairwiseLaunches
 from .ops.pairwise.op import pairwise_is_cheaper
 from .ops.settings import KernelSettings
 
@@ -79,6 +79,7 @@ class KernelPlan:
     splits: int = 1  # token ranges per head and segment (1: a program per head, one launch each way)
     others: tuple[str, ...] = ()  # the layer's other ops on kernels (the grid op: LePE, TTT's convs)
     launches: Optional[LinearLaunches] = None  # the state and read-out launches, as they take them (ops/launch_plan.py)
+    pairwise: Optional[PairwiseLaunches] = None  # MHLA's pairwise launches, as they take them (ops/launch_plan.py)
     reason: str = ""  # why eager
     note: str = ""  # what may change at the first launch (less shared memory than the settings were made for)
 
@@ -206,19 +207,14 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
     counts = module.block_counts
     segments = counts[0] * counts[1] + 1 if grid else 1
     if grid and pairwise_is_cheaper(call.tokens, segments, module.head_dim, call.dtype, call.settings.form):
-        block, warps = plan.block_n, plan.warps  # (ops/pairwise/op.py's _backward_geometry: from head dim 128
-        normed = getattr(module, "q_rmsnorm", None) is not None  # half the tile on 4 warps, else twice the warps
-        if plan.block_d >= 128:  # with the norm)
-            block, warps = block // 2, 4
-        elif normed:
-            warps *= 2
-        half = max(16, block // 2)
-        chunk = dispatch.backward_chunk(half, plan.block_d, call.settings.config is not None, call.older_triton)
-        how = f"{warps} warps, {launch_plan.HALF_TILES.get(call.dtype, plan.tile)} tiles"
-        return replace(plan, op="pairwise_attention", forward=("pairwise_fwd_kernel",),  # (q and k's RMSNorm
-                       backward=(f"pairwise_bwd_dq_kernel (BLOCK_N {half}, {how})",
-                                 f"pairwise_bwd_dkv_kernel (BLOCK_N {chunk}, {how})"))
-        # applied as the tiles load; its backward in the dq and dk/dv kernels' epilogues)
+        normed = getattr(module, "q_rmsnorm", None) is not None
+        found = launch_plan.decide_pairwise(module.head_dim, call.dtype, normed, call.settings, call.older_triton,
+                                            _tf32_matmuls(call))
+        return replace(plan, op="pairwise_attention", block_n=found.block_m, warps=found.warps, tile=found.tile,
+                       pairwise=found, forward=("pairwise_fwd_kernel",),  # (q and k's RMSNorm as the tiles load)
+                       backward=(f"pairwise_bwd_kernel (BLOCK_M {found.backward_block_m}, BLOCK_N "
+                                 f"{found.backward_block_n}, {found.backward_warps} warps, {found.backward_tile} "
+                                 "tiles)",))  # (a program per batch·head, the norm's backward in its epilogues)
     length = segment_index(grid, counts, module.num_prefix_tokens, torch.device("cpu")).shape[1] if grid else \
         call.tokens
     plan = _launches(plan, module, call, segments, length, False)

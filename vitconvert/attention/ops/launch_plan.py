@@ -131,3 +131,44 @@ def tile_kwargs(tile: str) -> dict:
 
     operands = {"tf32": tl.float32, "fp32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}[tile]
     return {"TILE": operands, "PRECISION": "tf32" if tile == "tf32" else "ieee", "EMULATE": interpreting()}
+
+
+@dataclass(frozen=True)
+class PairwiseLaunches:
+    """MHLA's pairwise launches (ops/pairwise/op.py), decided once per head dim, dtype, norm and settings: what the
+    forward and the backward kernel take instead of deciding it."""
+
+    block_m: int  # the forward's query tile (and key chunk)
+    block_d: int
+    warps: int  # the forward's
+    tile: str  # the forward's dots' operands (:func:`tile_kwargs`)
+    backward_block_m: int  # the backward's token tile, each side
+    backward_block_n: int  # the chunk the other side is walked in
+    backward_warps: int
+    backward_tile: str  # 16-bit for half inputs, as autocast's own backward multiplies them
+
+
+@lru_cache(maxsize=64)
+def decide_pairwise(head_dim: int, dtype: torch.dtype, normed: bool, settings: KernelSettings, older: bool,
+                    tf32_matmuls: bool) -> PairwiseLaunches:
+    """The pairwise launches. With the norm (a forward program per image takes every head, the backward's programs
+    their epilogues) twice the warps below head dim 128, where the kernels spill on the forward's; from head dim 128
+    the backward on half the tile on 4 warps, where it spills with the forward's tile on any warps; the backward walks
+    the other side in half its tile, halved again where Triton before 3.8 spills
+    (benchmarks/kernel_resources.py --arch sm_90, sm_89)."""
+    block, block_d, warps = launch_geometry(head_dim, settings.config)
+    doubled = 2 * warps if normed and block_d < 128 else warps
+    backward_block, backward_warps = (block // 2, 4) if block_d >= 128 else (block, doubled)
+    chunk = backward_chunk(max(16, backward_block // 2), block_d, settings.config is not None, older)
+    tile = tile_name(dtype, settings, False, tf32_matmuls)
+    return PairwiseLaunches(block, block_d, doubled, tile, backward_block, chunk, backward_warps,
+                            HALF_TILES.get(dtype, tile))
+
+
+def pairwise_launches(t: torch.Tensor, normed: bool) -> PairwiseLaunches:
+    """:func:`decide_pairwise` for a call on ``t`` (q) with what the context says (:func:`.dispatch.current`)."""
+    here = current()
+    older = older_triton() if here.older_triton is None else here.older_triton
+    tf32_matmuls = t.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    return decide_pairwise(t.shape[-1], t.dtype, normed, here.settings or environment_settings(), older,
+                           tf32_matmuls)

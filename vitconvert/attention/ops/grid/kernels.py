@@ -105,7 +105,7 @@ def conv_taps_backward(dy_at, s_gn, t, d, d_ok, WEIGHT, MASK, s_mb, b, h, N, D, 
                        HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """:func:`conv_taps`' backward (no norm) for tokens ``t``: returns m_t·Σ_tap w[tap]·dy_{t − off(tap)}, the
     gradient of x's tokens t as conv inputs (zero for prefix, masked and absent tokens): MHLA's LePE in the
-    epilogue of its pairwise dk/dv kernel, dy the attention's do (its dw and dbias: :func:`conv_weight_taps`)."""
+    key tiles of its pairwise backward, dy the attention's do (its dw and dbias: :func:`conv_weight_taps`)."""
     spatial, row, col = _position(t, P, N, COLS)
     valid = spatial
     if HAS_MASK:
@@ -122,14 +122,13 @@ def conv_taps_backward(dy_at, s_gn, t, d, d_ok, WEIGHT, MASK, s_mb, b, h, N, D, 
 
 
 @triton.jit
-def conv_weight_taps(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS, DW_AT, first, step,
+def conv_weight_taps(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS, DW_AT, DB_AT,
                      KS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dw of :func:`conv_taps` (no norm) at the taps ``first``, ``first + step``, …: Σ_t dy_t·(x·m)_{t + off(tap)}
-    over all N tokens of one (batch, head), tap KS·KS standing for dbias (Σ over grid tokens of dy), each a D
-    float32 row at DW_AT + tap·D. The programs of a (batch, head) share its taps out (``step`` of them, MHLA's
-    pairwise dk/dv kernel's key tiles): each row written once, whole, in a fixed order: nothing left to sum but the
-    batch."""
-    for tap in range(first, KS * KS + 1, step):
+    """dw of :func:`conv_taps` (no norm): Σ_t dy_t·(x·m)_{t + off(tap)} over all N tokens of one (batch, head), in
+    the weight's layout (D rows of KS·KS float32 at DW_AT), and dbias (Σ over grid tokens of dy, D float32 at
+    DB_AT), by the one program of MHLA's pairwise backward that owns the (batch, head): each sum in a fixed order,
+    nothing left to sum but the batch."""
+    for tap in range(0, KS * KS + 1):
         i, j = tap // KS, tap % KS
         total = tl.zeros((BLOCK_D,), dtype=tl.float32)
         for start in range(0, N, BLOCK_M):
@@ -143,7 +142,10 @@ def conv_weight_taps(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, R
                 total += tl.sum(dy * _normed(x_at, s_xn, src, ok, d, d_ok, 0.0, 0.0, False), axis=0)
             else:
                 total += tl.sum(tl.where(spatial[:, None], dy, 0.0), axis=0)
-        tl.store(DW_AT + tap * D + d, total, mask=d_ok)
+        if tap < KS * KS:
+            tl.store(DW_AT + d * (KS * KS) + tap, total, mask=d_ok)
+        else:
+            tl.store(DB_AT + d, total, mask=d_ok)
 
 
 @triton.jit

@@ -5,11 +5,11 @@
 The output of ``vitconvert::blocked_attention`` (:mod:`.fused`), A_ij = φ(q_i)·φ(k_j)·W̃[s(i), s(j)] summed over
 the keys tile by tile as FlashAttention sums softmax's, where the blocked form goes through per-segment d×d
 states. Which form a call takes is :func:`pairwise_is_cheaper`'s (``VITCONVERT_MHLA_FORM`` forces one). Like the
-blocked op it applies MHLA's RMSNorm to q and k itself, as their tiles load (each token's 1/rms of k from one
-reading pass over k, q's in the forward kernel: no normalised copy crosses memory, forward or backward; the
-norm's backward of q runs in the dq kernel's epilogue, k's in the dk/dv kernel's), and autograd keeps only the
-raw q, k and v (no output, no state: backward reads the forward out again), registered like the other ops:
-torch.compile and torch.export see one op, and a plain eager call skips the dispatcher (:func:`.dispatch.direct`).
+blocked op it applies MHLA's RMSNorm to q and k itself, as their tiles load (each token's 1/rms of q and k taken by
+the forward kernel, which reads every head's tiles: no normalised copy crosses memory, forward or backward; the
+norm's backward runs in the one backward kernel's epilogues), and autograd keeps only the raw q, k and v and the
+1/rms (no output, no state: backward reads the forward out again), registered like the other ops: torch.compile
+and torch.export see one op, and a plain eager call skips the dispatcher (:func:`.dispatch.direct`).
 """
 
 from __future__ import annotations
@@ -19,20 +19,11 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..calls import _direct_function, _eager_gradients, call_op
-from ..dispatch import (
-    KernelUnavailable,
-    block_sizes,
-    direct,
-    launch,
-    launch_settings,
-    spill_free_chunk,
-    tile_args,
-    triton_next_power_of_2,
-)
+from ..dispatch import KernelUnavailable, direct, launch, launch_settings, triton_next_power_of_2
 from ..grid.op import grid_conv_eager
+from ..launch_plan import pairwise_launches, tile_kwargs
 from ..layout import _mask_arg, _output_like, _strides, unit_rows
 from ..linear import eager as fused_eager
-from ..linear.launches import tickets
 from ..norms.lean import through_rms_pair
 
 MAX_SEGMENTS = 64  # W̃'s gradient is summed through one-hot dots of G padded to a power of two: 64 at most
@@ -65,54 +56,34 @@ def pairwise_is_cheaper(tokens: int, segments: int, head_dim: int, dtype: torch.
     return 4 * tokens * tokens * head_dim < FLOPS_PER_STATE_BYTE * 16 * segments * head_dim * (head_dim + 1)
 
 
-def _geometry(q: torch.Tensor, segments: int) -> tuple[int, ...]:
-    """B, H, N, d, the programs' token tiles (count, BLOCK_M: the forward's key chunk as well), BLOCK_D, warps and
-    BLOCK_G (W̃'s side padded to a dot's)."""
-    B, H, N, D = q.shape
-    block, block_d, warps = block_sizes(D)
-    return B, H, N, D, -(-N // block), block, block_d, warps, max(16, triton_next_power_of_2(segments))
+def _block_g(segments: int) -> int:
+    """W̃'s side padded to a dot's (the one-hot dots that sum its gradient)."""
+    return max(16, triton_next_power_of_2(segments))
 
 
-def _backward_geometry(q: torch.Tensor, segments: int, normed: bool) -> tuple[int, ...]:
-    """:func:`_geometry` of the two backward kernels: with the norm, twice the forward's warps (its rstd and weights
-    on the forward's spill at head dim 64); from head dim 128 (BLOCK_D), half the forward's token tile on 4 warps,
-    where the dq kernel spills with the forward's tile on any warps (benchmarks/kernel_resources.py --arch sm_90,
-    sm_89). The grid and the per-tile parts follow the tile; nothing else depends on it."""
-    B, H, N, D, tiles, block, block_d, warps, block_g = _geometry(q, segments)
-    if block_d >= 128:
-        block, warps = block // 2, 4
-        return B, H, N, D, -(-N // block), block, block_d, warps, block_g
-    return B, H, N, D, tiles, block, block_d, 2 * warps if normed else warps, block_g
-
-
-NormArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]
-
-
-def token_rstd(t: torch.Tensor, eps: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """(B, N) float32 1/rms of each token of (B, H, N, d) ``t`` over its H·d channels: one reading pass (a strided
-    reduction over q's or k's view of the qkv projection, no copy), as F.rms_norm's over heads."""
-    channels = t.shape[1] * t.shape[3]
-    norm = torch.linalg.vector_norm(t, dim=(1, 3), dtype=torch.float32)
-    return torch.rsqrt(norm.square_().div_(channels).add_(eps), out=out)
-
-
-def _rstd(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
-          eps: float) -> torch.Tensor:
-    """(2, B, N) float32 for the 1/rms of q's and k's tokens: k's here (:func:`token_rstd`), q's left for the
-    forward kernel, which reads every head's q tile anyway; an empty tensor without the norm."""
+def _rstd(q: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor]) -> torch.Tensor:
+    """What the forward keeps for backward besides q, k, v: (2·B·N + 2·B,) float32, the 1/rms over all heads of q's
+    and of k's tokens, which the forward kernel takes as it reads them, then the backward's two tickets per image
+    (int32, zeroed by the forward kernel: :func:`_norm_args`); an empty tensor without the norm."""
     if q_weight is None or k_weight is None:
         return q.new_empty((0,), dtype=torch.float32)
-    rstd = q.new_empty((2, q.shape[0], q.shape[2]), dtype=torch.float32)
-    token_rstd(k, eps, out=rstd[1])
-    return rstd
+    B, N = q.shape[0], q.shape[2]
+    return q.new_empty((2 * B * N + 2 * B,), dtype=torch.float32)
+
+
+NormArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]
 
 
 def _norm_args(q: torch.Tensor, k: torch.Tensor, rstd: torch.Tensor, q_weight: Optional[torch.Tensor],
                k_weight: Optional[torch.Tensor]) -> NormArgs:
-    """(q's rstd, k's rstd, q's weight, k's weight, NORM) of the kernels: placeholders (q) without the norm."""
+    """(q's rstd, k's rstd, q's weight, k's weight, the tickets, NORM) of the kernels, views of :func:`_rstd`'s
+    tensor: placeholders (q) without the norm."""
     if q_weight is None or k_weight is None:
-        return q, q, q, q, False
-    return rstd[0], rstd[1], q_weight.to(torch.float32).contiguous(), k_weight.to(torch.float32).contiguous(), True
+        return q, q, q, q, q, False
+    B, N = q.shape[0], q.shape[2]
+    table = rstd[:2 * B * N].view(2, B, N)
+    return (table[0], table[1], q_weight.to(torch.float32).contiguous(), k_weight.to(torch.float32).contiguous(),
+            rstd[2 * B * N:].view(torch.int32), True)
 
 
 def run_pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
@@ -124,25 +95,27 @@ def run_pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: O
     """(o, rstd): o_i = Σ_j A_ij v_j / (Σ_j A_ij + ε), A_ij = φ(q_i)·φ(k_j)·mixing[s(i), s(j)], for (B, H, N, d)
     q, k, v, ``segments`` the (N,) int32 segment of each token and ``mixing`` W̃ (G, G); q and k first get MHLA's
     RMSNorm over heads when their weights are given (applied as the kernel loads them), and rstd, each token's
-    1/rms of q (the kernel's) and of k ((2, B, N) float32, for backward; empty without the norm). With
+    1/rms of q and of k and the backward's tickets (:func:`_rstd`; empty without the norm). With
     ``lepe_weight`` (C, 1, KS, KS), o's grid tokens (the last rows × cols after ``prefix``) also get MHLA's LePE,
     the depthwise conv of the (masked) v on the grid, in the kernel's epilogue: no pass of its own."""
     from .kernels import pairwise_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
     lepe = _lepe_args(q, lepe_weight, lepe_bias, rows, cols, prefix)
-    rstd = _rstd(q, k, q_weight, k_weight, norm_eps)
+    rstd = _rstd(q, q_weight, k_weight)
     *norm, normed = _norm_args(q, k, rstd, q_weight, k_weight)
-    B, H, N, D, tiles, block, block_d, warps, _ = _geometry(q, mixing.shape[0])
+    plan = pairwise_launches(q, normed)  # (decided once per head dim, dtype, norm and settings)
+    B, H, N, D = q.shape
     o = _output_like(q)
     mask, s_mb = _mask_arg(key_valid, k)
-    launch(pairwise_fwd_kernel, (B * H, tiles),
+    launch(pairwise_fwd_kernel, (B if normed else B * H, -(-N // plan.block_m)),  # (with the norm, a program per
+        # image's query tile)
         q, k, v, mask, segments, _table(mixing), *norm, lepe.filters, lepe.bias, o,
         *_strides(q, k, v), s_mb, *_strides(o),
         H, N, D, mixing.shape[0], prefix, rows, cols, feature_eps, eps, norm_eps,
         FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, LEPE=lepe.on, KS=lepe.size,
-        HAS_LBIAS=lepe_bias is not None, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, **tile_args(q),
-        num_warps=warps)
+        HAS_LBIAS=lepe_bias is not None, BLOCK_M=plan.block_m, BLOCK_N=plan.block_m, BLOCK_D=plan.block_d,
+        **tile_kwargs(plan.tile), num_warps=plan.warps)
     return o, rstd
 
 
@@ -177,7 +150,7 @@ def _(q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight=
       lepe_weight=None, lepe_bias=None, rows=0, cols=0, prefix=0):
     B, _, N, _ = q.shape
     normed = q_weight is not None and k_weight is not None
-    return _output_like(q), q.new_empty((2, B, N) if normed else (0,), dtype=torch.float32)
+    return _output_like(q), q.new_empty((2 * B * N + 2 * B,) if normed else (0,), dtype=torch.float32)
 
 
 def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
@@ -187,69 +160,52 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
                           lepe_weight: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0, prefix: int = 0
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                      torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv, dW̃, dq_weight, dk_weight, dlepe_weight, dlepe_bias (float32) of :func:`pairwise_attention`:
-    the dq kernel (which reads the forward out again and sums W̃'s gradient per query tile), then the dk/dv kernel
-    (with LePE's backward in its epilogue), both normalising q and k as they load (with the forward's ``rstd``);
-    with the norm each also finishes its side's norm backward, in the last head program of each token tile (the
+    """dq, dk, dv, dW̃, dq_weight, dk_weight, dlepe_weight, dlepe_bias (float32) of :func:`pairwise_attention`: one
+    launch, a program per batch·head (:func:`.kernels.pairwise_bwd_kernel`: the query tiles, which read the forward
+    out again, then the key tiles, with LePE's backward and each side's norm backward), normalising q and k as they
+    load (with the forward's ``rstd``); what is left to torch is summing the weights' gradients over the batch (the
     weights' gradients empty without the norm or LePE)."""
-    from .kernels import (  # lazy: start-up time
-        pairwise_bwd_dkv_kernel,
-        pairwise_bwd_dq_kernel,
-    )
+    from .kernels import pairwise_bwd_kernel  # lazy: start-up time
 
     q, k, v, do = unit_rows(q), unit_rows(k), unit_rows(v), unit_rows(do)
     *norm, normed = _norm_args(q, k, rstd, q_weight, k_weight)
     G = mixing.shape[0]
-    B, H, N, D, tiles, block, block_d, warps, block_g = _backward_geometry(q, G, normed)
-    table = _table(mixing)
+    B, H, N, D = q.shape
+    plan = pairwise_launches(q, normed)
     dq, dk, dv = _output_like(q), _output_like(k), _output_like(v)
-    rden = q.new_empty((B * H, N), dtype=torch.float32)
-    dden = torch.empty_like(rden)
-    dmixing = q.new_empty((B * H, tiles, block_g, block_g), dtype=torch.float32)
-    # the norm's: each head's share of its sum per token, and each tile's part of dw, for q and for k
-    shares = q.new_empty((2, B * H, N) if normed else (2, 0), dtype=torch.float32)
-    dweights = q.new_empty((2, B * tiles, H * D) if normed else (2, 0), dtype=torch.float32)
+    den = q.new_empty((2, B * H, N), dtype=torch.float32)  # each query's 1/den and dden, for the key tiles
+    dmixing = q.new_empty((B * H, G, G), dtype=torch.float32)
+    dweights = [q.new_empty((B, H * D) if normed else (0,), dtype=torch.float32) for _ in range(2)]  # the norm's
     mask, s_mb = _mask_arg(key_valid, k)
     lepe = _lepe_args(q, lepe_weight, None, rows, cols, prefix)
-    counter = tickets(B * tiles, q.device)[:B * tiles] if normed else rden  # (the norm's: one per (image, tile))
-    dlepe = q.new_empty((B * H, lepe.size ** 2 + 1, D) if lepe.on else (0,), dtype=torch.float32)
-    # half the forward's key chunk and 16-bit tiles (as autocast's own backward multiplies them): with TF32 tiles
-    # or whole chunks both kernels spill at head dim 64 on sm_90 (benchmarks/kernel_resources.py --arch sm_90)
-    settings = dict(FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, BLOCK_M=block,
-                    BLOCK_N=max(16, block // 2), BLOCK_D=block_d, **tile_args(q, half_tiles=True), num_warps=warps)
-    launch(pairwise_bwd_dq_kernel, (B * H, tiles),
-        q, k, v, mask, segments, table, *norm, do, dq, rden, dden, dmixing, *_norm_out(shares[0], dweights[0], rden),
-        counter, *_strides(q, k, v), s_mb, *_strides(do, dq),
-        H, N, D, G, feature_eps, eps,
-        BLOCK_G=block_g, **settings)
-    launch(pairwise_bwd_dkv_kernel, (B * H, tiles),
-        q, k, v, mask, segments, table, *norm, lepe.filters, do, rden, dden, dk, dv, dlepe if lepe.on else dv,
-        *_norm_out(shares[1], dweights[1], rden), counter,
-        *_strides(q, k, v), s_mb, *_strides(do, dk, dv),
-        H, N, D, G, prefix, rows, cols, feature_eps,
-        **{**settings, "BLOCK_N": spill_free_chunk(settings["BLOCK_N"], block_d)}, LEPE=lepe.on, KS=lepe.size)
-    dmixing = dmixing.sum((0, 1))[:G, :G].to(mixing.dtype)
-    lepe_grads = _lepe_gradients(dlepe, lepe_weight, B, H, D)
+    dlepe = [q.new_empty((B, H * D, lepe.size ** 2) if lepe.on else (0,), dtype=torch.float32),
+             q.new_empty((B, H * D) if lepe.on else (0,), dtype=torch.float32)]
+    launch(pairwise_bwd_kernel, (B * H,),
+        q, k, v, mask, segments, _table(mixing), *norm, lepe.filters, do, dq, dk, dv, den, dmixing,
+        *(dlepe if lepe.on else (den, den)), *(dweights if normed else (den, den)),
+        *_strides(q, k, v), s_mb, *_strides(do, dq, dk, dv),
+        B, H, N, D, G, prefix, rows, cols, feature_eps, eps,
+        FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, LEPE=lepe.on, KS=lepe.size,
+        BLOCK_M=plan.backward_block_m, BLOCK_N=plan.backward_block_n, BLOCK_D=plan.block_d, BLOCK_G=_block_g(G),
+        BLOCK_H=triton_next_power_of_2(H), **tile_kwargs(plan.backward_tile), num_warps=plan.backward_warps)
+    dmixing = dmixing.sum(0).to(mixing.dtype)
+    lepe_grads = _lepe_gradients(*dlepe, lepe_weight)
     if not normed:
         return dq, dk, dv, dmixing, q.new_empty((0,)), q.new_empty((0,)), *lepe_grads
-    dq_weight, dk_weight = (part.sum(0) for part in dweights)  # (each tile's part, in a fixed order; two tensors:
-    # an op's returns may not be views of one)
+    dq_weight, dk_weight = (part.view(-1) if B == 1 else part.sum(0) for part in dweights)  # (each image's, in a
+    # fixed order)
     return dq, dk, dv, dmixing, dq_weight.to(q_weight.dtype), dk_weight.to(k_weight.dtype), *lepe_grads
 
 
-def _norm_out(shares: torch.Tensor, dweight: torch.Tensor, placeholder: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The norm's (shares, dw parts) arguments of a backward kernel: placeholders without the norm."""
-    return (shares, dweight) if shares.numel() else (placeholder, placeholder)
-
-
-def _lepe_gradients(partial: torch.Tensor, weight: Optional[torch.Tensor], B: int, H: int,
-                    D: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dweight (C, 1, KS, KS), dbias (C,)) float32 of LePE from the dk/dv kernel's, one (KS·KS + 1, D) per
-    batch·head, summed over the batch in a fixed order; empty without LePE."""
+def _lepe_gradients(dweight: torch.Tensor, dbias: torch.Tensor,
+                    weight: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dweight (C, 1, KS, KS), dbias (C,)) float32 of LePE from the kernel's, one (C, KS·KS) and (C,) per image in
+    the weight's layout: summed over the batch in a fixed order (one image: the kernel's own); empty without LePE."""
     if weight is None:
-        return partial.new_empty((0,)), partial.new_empty((0,))
-    summed = partial.view(B, H, *partial.shape[1:]).sum(0)  # (H, KS·KS + 1, D)
-    return summed[:, :-1].transpose(1, 2).reshape(weight.shape), summed[:, -1].reshape(-1)
+        return dweight, dbias
+    if dweight.shape[0] == 1:
+        return dweight.view(weight.shape), dbias.view(-1)
+    return dweight.sum(0).view(weight.shape), dbias.sum(0)
 
 
 pairwise_attention_backward = torch.library.custom_op("vitconvert::pairwise_attention_backward", mutates_args=())(
