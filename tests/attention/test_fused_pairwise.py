@@ -209,6 +209,21 @@ def test_a_forward_in_inference_mode_then_a_training_step(form, monkeypatch):
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
+def test_a_second_backward_of_the_same_step_finds_the_norms_tickets_at_zero():
+    """The backward's tickets (the last head program of each image finishes the norm's backward) live beside the
+    forward's 1/rms, zeroed by the forward kernel; the last program puts each back to zero, so a second backward of
+    the same graph (retain_graph) takes the same path and gives the same gradients."""
+    dispatch.current().settings = dispatch.KernelSettings(form="pairwise")
+    module = helpers.make_module("mhla", 1, (2, 2), dim=32, dtype=torch.float32, lepe_kernel=3).to(DEVICE)
+    x = torch.randn(2, 5, 32, device=DEVICE, requires_grad=True)
+    loss = module(x).square().sum()
+    weights = [x, module.q_rmsnorm.weight, module.k_rmsnorm.weight, module.lepe.weight]
+    first = torch.autograd.grad(loss, weights, retain_graph=True)
+    second = torch.autograd.grad(loss, weights)
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    assert all(g.abs().sum() > 0 for g in first)
+
+
 @pytest.mark.parametrize("tokens,segments,head_dim,pairwise", [
     (197, 5, 64, True),     # 224 px: 2×2 blocks of 7×7 and the class token
     (50, 2, 64, True),      # 112 px: one block
