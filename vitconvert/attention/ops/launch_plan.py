@@ -154,8 +154,8 @@ def decide_pairwise(head_dim: int, dtype: torch.dtype, normed: bool, settings: K
     """The pairwise launches. With the norm (a forward program per image takes every head, the backward's programs
     their epilogues) twice the warps below head dim 128, where the kernels spill on the forward's; from head dim 128
     the backward on half the tile on 4 warps, where it spills with the forward's tile on any warps; the backward walks
-    the other side in half its tile, halved again where Triton before 3.8 spills
-    (benchmarks/kernel_resources.py --arch sm_90, sm_89)."""
+    the other side in half its tile, halved again where an older Triton spills (:func:`.dispatch.backward_chunk`;
+    benchmarks/kernel_resources.py --arch sm_90, sm_89 says what each builds)."""
     block, block_d, warps = launch_geometry(head_dim, settings.config)
     doubled = 2 * warps if normed and block_d < 128 else warps
     backward_block, backward_warps = (block // 2, 4) if block_d >= 128 else (block, doubled)
