@@ -7,8 +7,6 @@ from typing import Any, Optional
 
 import torch
 
-from vitconvert.sources import load_source
-
 NOT_MEASURED = "—"
 
 
@@ -96,5 +94,7 @@ def with_sizes(plan: Plan, text: str) -> Plan:
 
 def softmax_source(plan: Plan, model: str, size: int, **kwargs: Any) -> torch.nn.Module:
     """The softmax model ``model`` (a timm name or alias) at ``size`` px with random weights."""
+    from vitconvert.sources import load_source  # lazy: gpu_check refuses bad arguments before timm loads
+
     depth = {"depth": plan.depth} if plan.depth else {}
     return load_source(model, pretrained=False, img_size=size, **depth, **kwargs).model
