@@ -52,21 +52,58 @@ import torch
 if __name__ == "__main__" and not torch.cuda.is_available():  # parity's kernels on a CPU: before timm imports triton
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import timm  # noqa: E402
-from rich.console import Console  # noqa: E402
-
-from vitconvert.attention import VARIANTS  # noqa: E402
-from vitconvert.attention.kernel import fla_enabled  # noqa: E402
-from vitconvert.attention.ops import dispatch  # noqa: E402
-from vitconvert.writer import write_text_atomic  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sections, one module each beside this one
-# (what tests and probe_kernels.py use from this module is imported here too: the names below are its API)
+from gpu_check_plan import FULL, QUICK, SECTIONS, Check, Plan, with_sizes  # noqa: E402  (torch only)
+
+
+def refuse(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def arguments(argv: Optional[list[str]]) -> tuple[argparse.Namespace, tuple[str, ...], torch.device, Plan]:
+    """(args, sections, device, plan) of the command line; bad input is one error line and exit 2."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", help="cuda (the check) or cpu (a dry run)")
+    parser.add_argument("--quick", action="store_true", help="toy sizes: the dry run of the test suite")
+    parser.add_argument("--budget-s", type=float, default=240.0,
+                        help="start no section after this many seconds (the default keeps a run near 6 minutes "
+                             "on one H200: op, speed, precision and distill take about 3, compiled rows 1–2 each)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/...; with "
+                                                                "--quick, the temporary folder)")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all, in that order)")
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated image sizes of the speed rows (default: the plan's, 224,512,1024,2048)")
+    args = parser.parse_args(argv)
+    sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown or not sections:
+        refuse(f"unknown section {unknown[0] if unknown else '(none)'!r}; valid: {', '.join(SECTIONS)}")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        refuse("--device cuda but no CUDA GPU is available (a dry run: --device cpu --quick)")
+    plan = QUICK if args.quick else FULL
+    if args.sizes:
+        try:
+            plan = with_sizes(plan, args.sizes)
+        except ValueError as e:
+            refuse(str(e))
+    return args, sections, device, plan
+
+
+if __name__ == "__main__":
+    arguments(None)  # bad input refused in a second or two, before timm and vitconvert load
+
+
+import timm  # noqa: E402
+
+# the sections, one module each beside this one (what tests and probe_kernels.py use from this module is imported
+# here too: the names below are its API)
 from gpu_check_cost import cost  # noqa: E402
 from gpu_check_distill import distill  # noqa: E402
 from gpu_check_op import mixer_step, op_level, token_mixers  # noqa: E402, F401
 from gpu_check_parity import parity, parity_verdict  # noqa: E402, F401
-from gpu_check_plan import FULL, QUICK, SECTIONS, Check, Plan, with_sizes  # noqa: E402
 from gpu_check_precision import precision  # noqa: E402
 from gpu_check_speed import (  # noqa: E402, F401
     FLA_ENV,
@@ -81,6 +118,12 @@ from gpu_check_speed import (  # noqa: E402, F401
     verdict,
 )
 from gpu_check_tables import print_tables  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from vitconvert.attention import VARIANTS  # noqa: E402
+from vitconvert.attention.kernel import fla_enabled  # noqa: E402
+from vitconvert.attention.ops import dispatch  # noqa: E402
+from vitconvert.writer import write_text_atomic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,29 +208,7 @@ def run_check(plan: Plan, device: torch.device, budget_s: float, log: Callable[[
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda", help="cuda (the check) or cpu (a dry run)")
-    parser.add_argument("--quick", action="store_true", help="toy sizes: the dry run of the test suite")
-    parser.add_argument("--budget-s", type=float, default=240.0,
-                        help="start no section after this many seconds (the default keeps a run near 6 minutes "
-                             "on one H200: op, speed, precision and distill take about 3, compiled rows 1–2 each)")
-    parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/...; with "
-                                                                "--quick, the temporary folder)")
-    parser.add_argument("--sections", default=",".join(SECTIONS),
-                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all, in that order)")
-    parser.add_argument("--sizes", default=None,
-                        help="comma-separated image sizes of the speed rows (default: the plan's, 224,512,1024,2048)")
-    args = parser.parse_args(argv)
-    sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
-    unknown = [s for s in sections if s not in SECTIONS]
-    if unknown or not sections:
-        print(f"error: unknown section {unknown[0] if unknown else '(none)'!r}; valid: {', '.join(SECTIONS)}",
-              file=sys.stderr)
-        return 2
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda but no CUDA GPU is available (a dry run: --device cpu --quick)", file=sys.stderr)
-        return 2
+    args, sections, device, plan = arguments(argv)
     console = Console(width=None if sys.stdout.isatty() else 180)
     log = lambda text: console.log(text)  # noqa: E731
     results = Path(tempfile.gettempdir()) if args.quick else ROOT / "benchmarks" / "results"  # no dry run in the tree
@@ -197,13 +218,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     def save(check: Check) -> None:  # whole or not at all: a reader never sees half a file
         write_text_atomic(out, json.dumps(asdict(check), indent=1))
 
-    plan = QUICK if args.quick else FULL
-    if args.sizes:
-        try:
-            plan = with_sizes(plan, args.sizes)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
     check = run_check(plan, device, args.budget_s, log, save, sections)
     print_tables(check, console)
     console.print(f"wrote {out}")

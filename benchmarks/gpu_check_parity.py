@@ -86,8 +86,9 @@ def parity(plan: Plan, device: torch.device) -> list[dict[str, Any]]:
         raise RuntimeError("no kernels to check here: no GPU, and TRITON_INTERPRET=1 was not set before triton "
                            "was imported")
     torch.manual_seed(0)  # 2 blocks (the dry run's plan: 1): parity needs no depth, and each launch shape is built once
+    width = dict(embed_dim=plan.parity_width[0], num_heads=plan.parity_width[1]) if plan.parity_width else {}
     softmax = load_source(plan.models[0], pretrained=False, img_size=plan.parity_size,
-                          depth=plan.depth or 2).model.to(device)
+                          depth=plan.depth or 2, **width).model.to(device)
     size = plan.parity_size
     x = torch.randn(plan.parity_batch, 3, size, size, generator=torch.Generator().manual_seed(0)).to(device)
     launches: list[Any] = []

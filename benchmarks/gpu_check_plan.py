@@ -7,8 +7,6 @@ from typing import Any, Optional
 
 import torch
 
-from vitconvert.sources import load_source
-
 NOT_MEASURED = "—"
 
 
@@ -42,6 +40,7 @@ class Plan:
     op_repeats: int = 10
     parity_size: int = 224  # px of the parity section's model (models[0], 2 blocks or the plan's depth)
     parity_batch: int = 2
+    parity_width: Optional[tuple[int, int]] = None  # (embed_dim, heads) of the parity model; None: models[0]'s own
 
 
 TARGETS_1024 = {"elu": 2.5, "relu": 2.5, "inline": 2.5, "mhla": 2.0, "ttt": 2.0}
@@ -55,7 +54,10 @@ QUICK = Plan(("deit_tiny",), (32, 64), {32: 1.0, 64: {**TARGETS_1024}}, {32: 2, 
              compile_backend="eager", compile_models=("deit_tiny",), compile_sizes=(32,), fla_models=("deit_tiny",),
              precision_size=64, distill_size=32, distill_batch=2, distill_steps=2, distill_compile=False, workers=0,
              threads=1, depth=1, op_tokens=(17, 65), op_shape=(2, 2, 16), op_targets={65: {"infer": 8.0, "train": 6.0}},
-             op_repeats=1, parity_size=32, parity_batch=1)
+             op_repeats=1, parity_size=32, parity_batch=1, parity_width=(64, 2))
+# parity_width: deit_tiny's 3 heads of 64 cost 26 CPU-s in the interpreter, 2 of 32 cost 19 (the interpreter's
+# time is per program, one per head); not 1 head, where TTT's output has size-1 dimensions whose strides its fake
+# gives otherwise
 MODEL_BATCH_SCALE = {"deit_tiny": 2.0, "deit_small": 1.0, "deit_base": 0.5}
 SECTIONS = ("parity", "op", "speed", "precision", "distill", "compiled", "fla", "models")
 
@@ -92,5 +94,7 @@ def with_sizes(plan: Plan, text: str) -> Plan:
 
 def softmax_source(plan: Plan, model: str, size: int, **kwargs: Any) -> torch.nn.Module:
     """The softmax model ``model`` (a timm name or alias) at ``size`` px with random weights."""
+    from vitconvert.sources import load_source  # lazy: gpu_check refuses bad arguments before timm loads
+
     depth = {"depth": plan.depth} if plan.depth else {}
     return load_source(model, pretrained=False, img_size=size, **depth, **kwargs).model

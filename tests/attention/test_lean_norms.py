@@ -138,7 +138,7 @@ def test_op_traffic_counts_cudas_fused_rmsnorm_as_one_op_each_way(capsys, monkey
     if not lean_norms.FUSED_RMS_BACKWARD:
         pytest.skip("this torch has no aten::_fused_rms_norm_backward")
     script = load_benchmark("op_traffic")
-    argv = ["--variant", "mhla", "--model", "vit_tiny_patch16_224", "--img-size", "32", "--depth", "1", "--batch",
+    argv = ["--variant", "mhla", "--model", "test_vit", "--img-size", "32", "--depth", "1", "--batch",
             "1", "--train"]
     counted = {}
     for flag in ([], ["--cuda-norms"]):

@@ -137,11 +137,13 @@ def test_import_vitconvert_is_the_same_whatever_the_command_line():
     assert "importlib" not in seen[0]["dir"] and "sys" not in seen[0]["dir"]
 
 
-@pytest.mark.parametrize("first", ["import timm, vitconvert", "import vitconvert.surgery",
-                                   "import vitconvert.sources", "from vitconvert.attention import VARIANTS"])
+@pytest.mark.parametrize("first", ["import timm, vitconvert", "import vitconvert.surgery, vitconvert.sources",
+                                   "from vitconvert.attention import VARIANTS"])
 def test_timm_knows_the_variants_whichever_is_imported_first(first):
     """``import vitconvert`` registers with timm when timm is imported, whoever imports it first (a vitconvert
-    module that imports timm itself included), and ``vitconvert.convert`` is the function, not a module."""
+    module that imports timm itself included: surgery imports ``timm.layers``, sources ``timm``; one process
+    for both, as they reach timm the same way, through vitconvert's import watch), and ``vitconvert.convert`` is
+    the function, not a module."""
     code = (f"{first}\nimport timm, vitconvert\nprint(timm.is_model('vitconvert_mhla'), callable(vitconvert.convert),"
             " type(vitconvert.hybrid).__name__)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -57,6 +57,7 @@ def create(family: str, model: str, **kwargs) -> torch.nn.Module:
     return timm.create_model(f"vitconvert_{model}", architecture=name, pretrained=False, **{**tiny, **kwargs})
 
 
+@functools.cache  # (a model built to read it: 75 ms, a dozen times per family and model otherwise)
 def input_size(family: str) -> tuple[int, int, int]:
     embed = getattr(create(family, "softmax"), "patch_embed", None)
     return (3, *embed.img_size) if embed is not None and getattr(embed, "img_size", None) else (3, 32, 32)
