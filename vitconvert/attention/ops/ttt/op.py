@@ -141,8 +141,8 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
     on the rows × cols grid after ``prefix`` tokens."""
     from .kernels import swiglu_readout_kernel, ttt_fwd_kernel  # lazy: start-up time
 
-    stats = (statistics(unit_rows(k), key_valid, key_norm_eps) if k_filter is not None
-             else k.new_empty((0,), dtype=torch.float32))
+    B, H, _, D = q.shape
+    stats = k.new_empty((2, B, H, D) if k_filter is not None else (0,), dtype=torch.float32)
     step = _Step(q, k, v, key_valid, (w1, w2, w3), scale, lr, q_filter, q_bias, k_filter, k_bias, stats, rows, cols,
                  prefix)
     q = step.q
@@ -153,10 +153,12 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
 
     def fused_launch() -> None:
         launch(ttt_fwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, o, *step.key_strides, step.scalar,
-               *q_strides, *o_strides, B, H, N, D, *step.grid, **step.key_flags, **step.q_flags, **step.blocks,
-               **tile_args(q))
+               *q_strides, *o_strides, key_norm_eps, B, H, N, D, *step.grid, **step.key_flags, **step.q_flags,
+               **step.blocks, **tile_args(q))
 
-    def split_launches() -> None:
+    def split_launches() -> None:  # (the statistics first: a reading pass over the keys, its programs' sums)
+        if k_filter is not None:
+            stats.copy_(statistics(step.k, key_valid, key_norm_eps))
         launch(swiglu_readout_kernel, (B * H, splits), *step.queries, step.keys[2], step.updated(), o, *q_strides,
                step.key_strides[-1], *o_strides, H, N, D, per, *step.grid, **step.q_flags, **step.blocks,
                **tile_args(q))
@@ -201,11 +203,18 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
                dq.stride(1), dq.stride(2))
     tiles = tile_args(q, half_tiles=True)
     d_updated = q.new_empty((B * H, 3, 1, D, D), dtype=torch.float32)
+    convs = q_filter is not None or k_filter is not None
+    d_filters = None  # the convs' (2, B·H, 10, D) rows where the one kernel gives them
 
-    def whole() -> None:
-        launch(ttt_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, dk, dv, d_chain,
-               *step.key_strides, step.scalar, *strides, *_key_gradient_strides(dk, dv), B, H, N, D, *step.grid,
-               **step.key_flags, **step.q_flags, **step.blocks, **tiles)
+    def whole() -> None:  # (with a conv, its backward too: a scratch of q's size, the filters' rows per program)
+        nonlocal d_filters
+        scratch = _output_like(q) if convs else dq  # (a placeholder without: unread)
+        rows = q.new_empty((2, B * H, 10, D), dtype=torch.float32) if convs else dq
+        launch(ttt_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, dk, dv, d_chain, scratch,
+               rows, *step.key_strides, step.scalar, *strides, *_key_gradient_strides(dk, dv), scratch.stride(0),
+               scratch.stride(1), scratch.stride(2), B, H, N, D, *step.grid, **step.key_flags, **step.q_flags,
+               **step.blocks, **tiles)
+        d_filters = rows if convs else None
 
     def fused_launch() -> None:
         launch(ttt_readout_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, d_updated,
@@ -227,7 +236,11 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     dweights = _batch_total(d_chain, B, H).to(w1.dtype)
     grads = [dq, dk, dv, dweights, *(q.new_empty((0,)) for _ in range(4))]  # (outputs of their own: no aliases)
     for at, t, filters, bias, norm in ((0, q, q_filter, q_bias, False), (1, k, k_filter, k_bias, True)):
-        if filters is not None:
+        if filters is not None and d_filters is not None:
+            grads[4 + 2 * at], d_bias = _filter_gradients(d_filters[at], filters, B, H)
+            if bias is not None:
+                grads[5 + 2 * at] = d_bias.to(bias.dtype)
+        elif filters is not None:
             try:
                 grads[at], d_filter, d_bias = run_grid_conv_backward(t, filters, key_valid, stats, grads[at], rows,
                                                                      cols, prefix, True, norm)
@@ -238,6 +251,14 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
             if bias is not None:
                 grads[5 + 2 * at] = d_bias.to(bias.dtype)
     return grads
+
+
+def _filter_gradients(rows: torch.Tensor, filters: torch.Tensor, batch: int,
+                      heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 3×3 depthwise conv's (H·d, 1, 3, 3) weight gradient in its dtype and its bias's (H·d,) float32 from the
+    one kernel's rows (B·H, 10, d) float32 (taps 0–8, then the bias): summed over the batch."""
+    total = rows.view(batch, heads, 10, -1).sum(0)
+    return total[:, :9].transpose(1, 2).reshape(filters.shape).to(filters.dtype), total[:, 9].reshape(-1)
 
 
 def _batch_total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
