@@ -106,7 +106,8 @@ def launched(module, x, programs: int, settings: KernelSettings) -> tuple[list, 
 def test_the_plan_names_the_kernels_that_launch(variant, programs, form):
     """The plan against the launches of one training step in the interpreter (bf16 inputs, as under autocast):
     the same kernels each way, on the plan's BLOCK_N, warps and stages; where it names the state and read-out
-    launches, each takes exactly the plan's chunk, token ranges and operand tile."""
+    launches, each takes exactly the plan's chunk, token ranges and operand tile; the grid op's launches (its
+    ``others``) its BLOCK_M and warps."""
     module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.bfloat16).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
     gpu = plan.Gpu("interpreter", (9, 0), programs // dispatch.PROGRAMS_PER_SM, 227 * 1024)
@@ -121,8 +122,10 @@ def test_the_plan_names_the_kernels_that_launch(variant, programs, form):
     assert expected.on_kernels, expected
     assert list(dict.fromkeys(names(forward))) == list(expected.forward)
     assert set(names(backward)) == {k.split(" ")[0] for k in expected.backward}
-    assert any(name.startswith(("grid_conv", "key_moments")) for name, *_ in forward + backward) == \
-        bool(expected.others)
+    on_grid = {launch[1:3] for launch in forward + backward if launch[0].startswith(("grid_conv", "key_moments"))}
+    assert on_grid == ({(expected.grid.block_m, expected.grid.warps)} if expected.others else set())
+    assert {name for name, *_ in forward + backward if name.startswith(("grid_conv", "key_moments"))} == \
+        {other.split(" ")[0] for other in expected.others}
     first = next(launch for launch in forward if launch[0] == expected.forward[0])
     assert first[1:3] == (expected.block_n, expected.warps)
     assert first[3] == (expected.stages or None)  # (0: the launch passes none, Triton's default)

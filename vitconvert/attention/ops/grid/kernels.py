@@ -126,19 +126,19 @@ def conv_weight_taps(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, R
                      KS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """:func:`filter_gradient` without the norm (MHLA's LePE in its pairwise dk/dv kernel)."""
     none = tl.zeros_like(d).to(tl.float32)
-    filter_gradient(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS, DW_AT, first, step, none,
-                    none, KS, False, HAS_MASK, BLOCK_M, BLOCK_D)
+    filter_gradient(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS, DW_AT, D, 1,
+                    DW_AT + KS * KS * D, first, step, none, none, KS, False, HAS_MASK, BLOCK_M, BLOCK_D)
 
 
 @triton.jit
-def filter_gradient(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS, DW_AT, first, step, mean,
-                    rstd, KS: tl.constexpr, NORM: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_D: tl.constexpr):
+def filter_gradient(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS, DW_AT, s_tap, s_chan, DB_AT,
+                    first, step, mean, rstd, KS: tl.constexpr, NORM: tl.constexpr, HAS_MASK: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """dw of :func:`conv_taps` at the taps ``first``, ``first + step``, …: Σ_t dy_t·(x̂·m)_{t + off(tap)} over all N
-    tokens of one (batch, head), tap KS·KS standing for dbias (Σ over grid tokens of dy), each a D float32 row at
-    DW_AT + tap·D. The programs of a (batch, head) share its taps out (``step`` of them: the grid op's token tiles,
-    MHLA's pairwise dk/dv kernel's key tiles; one: TTT's step kernel): each row written once, whole, in a fixed
-    order: nothing left to sum but the batch."""
+    tokens of one (batch, head), float32, channel c of tap i at DW_AT + i·s_tap + c·s_chan, tap KS·KS standing for
+    dbias (Σ over grid tokens of dy, a D row at DB_AT). The programs of a (batch, head) share its taps out
+    (``step`` of them: the grid op's token tiles, MHLA's pairwise dk/dv kernel's key tiles; one: TTT's step
+    kernel): each row written once, whole, in a fixed order: nothing left to sum but the batch."""
     for tap in range(first, KS * KS + 1, step):
         i, j = tap // KS, tap % KS
         total = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -153,7 +153,10 @@ def filter_gradient(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, RO
                 total += tl.sum(dy * _normed(x_at, s_xn, src, ok, d, d_ok, mean, rstd, NORM), axis=0)
             else:
                 total += tl.sum(tl.where(spatial[:, None], dy, 0.0), axis=0)
-        tl.store(DW_AT + tap * D + d, total, mask=d_ok)
+        if tap < KS * KS:
+            tl.store(DW_AT + tap * s_tap + d * s_chan, total, mask=d_ok)
+        else:
+            tl.store(DB_AT + d, total, mask=d_ok)
 
 
 @triton.jit
@@ -202,16 +205,17 @@ def _input_gradient(dy_at, s_gn, t, t_ok, d, d_ok, WEIGHT, MASK, s_mb, b, h, N, 
 
 @triton.jit
 def residual_conv_backward(x_at, s_xn, dy_at, s_gn, dx_at, s_dn, WEIGHT, MASK, s_mb, b, h, N, D, P, ROWS, COLS, mean,
-                           rstd, DW_AT, KS: tl.constexpr, NORM: tl.constexpr, HAS_MASK: tl.constexpr,
+                           rstd, DW_AT, DB_AT, KS: tl.constexpr, NORM: tl.constexpr, HAS_MASK: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """The whole backward of a residual conv y = x̂ + conv(x̂·m) of one (batch, head) in one program, dy in memory
-    (written by this program, behind a barrier): dw and dbias rows at DW_AT (:func:`filter_gradient`), and dx
+    (written by this program, behind a barrier): dw at DW_AT in the filters' own layout (D × KS·KS), dbias at DB_AT
+    (:func:`filter_gradient`), and dx
     stored at ``dx_at``; with ``NORM`` through the instance norm, whose sums over the tokens (Σ dx̂, Σ dx̂·x̂) take a
     pass of their own before dx's. TTT's convs in the program that made their dy: no launch, no partial sums."""
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
-    filter_gradient(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS, DW_AT, 0, 1, mean, rstd, KS,
-                    NORM, HAS_MASK, BLOCK_M, BLOCK_D)
+    filter_gradient(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS, DW_AT, 1, KS * KS, DB_AT, 0,
+                    1, mean, rstd, KS, NORM, HAS_MASK, BLOCK_M, BLOCK_D)
     s1 = tl.zeros((BLOCK_D,), dtype=tl.float32)
     s2 = tl.zeros((BLOCK_D,), dtype=tl.float32)
     count = tl.zeros((BLOCK_M,), dtype=tl.float32)

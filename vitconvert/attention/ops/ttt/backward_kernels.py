@@ -260,7 +260,7 @@ def inner_sums_bwd_values_kernel(
 
 @triton.jit
 def ttt_bwd_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, Q, QW, QB, DO, DQ, DK, DV, DW, S, DF,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, Q, QW, QB, DO, DQ, DK, DV, DW, S, DQW, DQB, DKW, DKB,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_qb, s_qh, s_qn, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
     s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, s_sb, s_sh, s_sn,
     B, H, N, D, P, ROWS, COLS,
@@ -271,29 +271,28 @@ def ttt_bwd_kernel(
     """The whole backward of one (batch, head) in one program (grid: (B·H,)): W' recomputed from the keys, the
     read-out's backward (dq, and dW' kept in registers), then the sums' (dk, dv, and dW = dW' + the chain's into DW,
     (3, BH, 1, D, D)): neither W' nor dW' crosses memory, and the fast weights are read once. With ``CONV`` and
-    ``K_CONV`` the convs' backward too (:func:`_through_the_conv`): the convolved q's and k's gradients go to S, a
-    q-sized scratch each uses in turn, and dq, dk, the filters' rows (DF: (2, BH, 10, D) float32, q's then k's)
-    come from it in this program."""
+    ``K_CONV`` the convs' backward too (:func:`_through_the_conv`), last: the convolved q's gradient waits in dk's
+    rows, the convolved k's in S (a q-sized scratch), and dq, dk and the filters' gradients of this (batch, head)
+    (DQW, DKW: (B, H·D, 9), DQB, DKB: (B, H·D) the biases', float32) come from them in this program."""
     bh, _, b_, h, d, d_ok, _, _ = _program(H, N, D, N, BLOCK_D)
     mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
     u1, u2, u3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
                                  s_mb, step, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV, K_BIAS, HAS_MASK,
                                  BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
     q_base, s_at = Q + b_ * s_qb + h * s_qh, S + b_ * s_sb + h * s_sh
-    dq_base = DQ + b_ * s_dqb + h * s_dqh
-    if CONV:  # (the convolved q's gradient, then dq from it)
-        du1, du2, du3 = _read_out_backward(q_base, DO + b_ * s_gb + h * s_gh, s_at, s_qn, s_gn, s_sn, QW, QB, MASK,
-                                           s_mb, b_, h, N, D, P, ROWS, COLS, 0, N, d, d_ok, u1, u2, u3, CONV,
-                                           HAS_BIAS, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
-        _through_the_conv(q_base, s_qn, s_at, s_sn, dq_base, s_dqn, QW, MASK, s_mb, b_, h, N, D, P, ROWS, COLS,
-                          mean, rstd, DF + bh * 10 * D, False, HAS_MASK, BLOCK_N, BLOCK_D)
+    dq_base, dk_base = DQ + b_ * s_dqb + h * s_dqh, DK + b_ * s_dkb + h * s_dkh
+    if CONV and K_CONV:  # (the convolved q's gradient waits in dk's rows, the convolved k's in S)
+        q_out, s_q_out = dk_base, s_dkn
+    elif CONV:
+        q_out, s_q_out = s_at, s_sn
     else:
-        du1, du2, du3 = _read_out_backward(q_base, DO + b_ * s_gb + h * s_gh, dq_base, s_qn, s_gn, s_dqn, QW, QB,
-                                           MASK, s_mb, b_, h, N, D, P, ROWS, COLS, 0, N, d, d_ok, u1, u2, u3, CONV,
-                                           HAS_BIAS, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
+        q_out, s_q_out = dq_base, s_dqn
+    du1, du2, du3 = _read_out_backward(q_base, DO + b_ * s_gb + h * s_gh, q_out, s_qn, s_gn, s_q_out, QW, QB, MASK,
+                                       s_mb, b_, h, N, D, P, ROWS, COLS, 0, N, d, d_ok, u1, u2, u3, CONV, HAS_BIAS,
+                                       HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
     s = _step_of(STEPS, b_, step, HAS_MASK)
     w1, w2, w3 = _initial(W1, W2, W3, h, d, d_ok, D)
-    if K_CONV:  # (the convolved k's gradient to S)
+    if K_CONV:
         KT, s_tb, s_th, s_tn = S, s_sb, s_sh, s_sn
     else:
         KT, s_tb, s_th, s_tn = DK, s_dkb, s_dkh, s_dkn
@@ -302,15 +301,17 @@ def ttt_bwd_kernel(
                                       w2, w3, du1 * s, du2 * s, du3 * s, du1, du2, du3, mean, rstd, K_CONV, K_BIAS,
                                       True, True, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
     _put_weight_partials(DW, bh, tl.num_programs(0), dw1, dw2, dw3, d, d_ok, D, True, True)
+    if CONV:  # (the convs' backward last, when nothing d×d is held: q's, then k's, whose rows q's reads first)
+        _through_the_conv(q_base, s_qn, q_out, s_q_out, dq_base, s_dqn, QW, MASK, s_mb, b_, h, N, D, P, ROWS, COLS,
+                          mean, rstd, DQW + bh * 9 * D, DQB + bh * D, False, HAS_MASK, BLOCK_N, BLOCK_D)
     if K_CONV:
-        _through_the_conv(K + b_ * s_kb + h * s_kh, s_kn, s_at, s_sn, DK + b_ * s_dkb + h * s_dkh, s_dkn, KW, MASK,
-                          s_mb, b_, h, N, D, P, ROWS, COLS, mean, rstd, DF + (B * H + bh) * 10 * D, True, HAS_MASK,
-                          BLOCK_N, BLOCK_D)
+        _through_the_conv(K + b_ * s_kb + h * s_kh, s_kn, s_at, s_sn, dk_base, s_dkn, KW, MASK, s_mb, b_, h, N, D, P,
+                          ROWS, COLS, mean, rstd, DKW + bh * 9 * D, DKB + bh * D, True, HAS_MASK, BLOCK_N, BLOCK_D)
 
 
 @triton.jit
 def _through_the_conv(x_at, s_xn, s_at, s_sn, dx_at, s_dn, WEIGHT, MASK, s_mb, b_, h, N, D, P, ROWS, COLS, mean, rstd,
-                      DF_AT, NORM: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
+                      DF_AT, DFB_AT, NORM: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr):
     """dx and the filter's rows of TTT's residual 3×3 conv (q's, or with ``NORM`` k's through its norm) from the
     convolved tokens' gradient this program has just written to its scratch rows (``s_at``): behind a barrier, as
@@ -318,5 +319,5 @@ def _through_the_conv(x_at, s_xn, s_at, s_sn, dx_at, s_dn, WEIGHT, MASK, s_mb, b
     (:func:`..grid.kernels.residual_conv_backward`)."""
     tl.debug_barrier()
     residual_conv_backward(x_at, s_xn, s_at, s_sn, dx_at, s_dn, WEIGHT, MASK, s_mb, b_, h, N, D, P, ROWS, COLS, mean,
-                           rstd, DF_AT, 3, NORM, HAS_MASK, BLOCK_N, BLOCK_D)
+                           rstd, DF_AT, DFB_AT, 3, NORM, HAS_MASK, BLOCK_N, BLOCK_D)
     tl.debug_barrier()

@@ -204,17 +204,17 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     tiles = tile_args(q, half_tiles=True)
     d_updated = q.new_empty((B * H, 3, 1, D, D), dtype=torch.float32)
     convs = q_filter is not None or k_filter is not None
-    d_filters = None  # the convs' (2, B·H, 10, D) rows where the one kernel gives them
+    d_filters = None  # the convs' gradients per image where the one kernel gives them
 
     def whole() -> None:  # (with a conv, its backward too: a scratch of q's size, the filters' rows per program)
         nonlocal d_filters
         scratch = _output_like(q) if convs else dq  # (a placeholder without: unread)
-        rows = q.new_empty((2, B * H, 10, D), dtype=torch.float32) if convs else dq
+        per_image = [q.new_empty(shape, dtype=torch.float32) if f is not None else dq  # (q's filters, bias, then
+                     for f in (q_filter, k_filter) for shape in ((B, H * D, 9), (B, H * D))]  # k's: theirs laid out)
         launch(ttt_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, dk, dv, d_chain, scratch,
-               rows, *step.key_strides, step.scalar, *strides, *_key_gradient_strides(dk, dv), scratch.stride(0),
-               scratch.stride(1), scratch.stride(2), B, H, N, D, *step.grid, **step.key_flags, **step.q_flags,
-               **step.blocks, **tiles)
-        d_filters = rows if convs else None
+               *per_image, *step.key_strides, step.scalar, *strides, *_key_gradient_strides(dk, dv),
+               *scratch.stride()[:3], B, H, N, D, *step.grid, **step.key_flags, **step.q_flags, **step.blocks, **tiles)
+        d_filters = per_image if convs else None
 
     def fused_launch() -> None:
         launch(ttt_readout_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, d_updated,
@@ -237,7 +237,8 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     grads = [dq, dk, dv, dweights, *(q.new_empty((0,)) for _ in range(4))]  # (outputs of their own: no aliases)
     for at, t, filters, bias, norm in ((0, q, q_filter, q_bias, False), (1, k, k_filter, k_bias, True)):
         if filters is not None and d_filters is not None:
-            grads[4 + 2 * at], d_bias = _filter_gradients(d_filters[at], filters, B, H)
+            d_filter, d_bias = (_batch_sum(part) for part in d_filters[2 * at:2 * at + 2])
+            grads[4 + 2 * at] = d_filter.view(filters.shape).to(filters.dtype)
             if bias is not None:
                 grads[5 + 2 * at] = d_bias.to(bias.dtype)
         elif filters is not None:
@@ -253,12 +254,9 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     return grads
 
 
-def _filter_gradients(rows: torch.Tensor, filters: torch.Tensor, batch: int,
-                      heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A 3×3 depthwise conv's (H·d, 1, 3, 3) weight gradient in its dtype and its bias's (H·d,) float32 from the
-    one kernel's rows (B·H, 10, d) float32 (taps 0–8, then the bias): summed over the batch."""
-    total = rows.view(batch, heads, 10, -1).sum(0)
-    return total[:, :9].transpose(1, 2).reshape(filters.shape).to(filters.dtype), total[:, 9].reshape(-1)
+def _batch_sum(per_image: torch.Tensor) -> torch.Tensor:
+    """(B, …) -> (…): the one kernel's filter gradients summed over the batch (one image's: a view)."""
+    return per_image[0] if per_image.shape[0] == 1 else per_image.sum(0)
 
 
 def _batch_total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
