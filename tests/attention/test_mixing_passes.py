@@ -9,11 +9,11 @@ import pytest
 from helpers import load_benchmark
 
 # Budgets of the fused paths at 224 px (197 tokens, head dim 64): what MHLA and TTT move after the fusions of
-# issue 37's item 4 (vit_small: 18.3 and 31.3, from 47.1 and 110.6; here, one head: 20.1 and 31.9; MHLA's RMSNorm,
-# its backward and LePE in the pairwise kernels; TTT's key norm and convs in its step kernels, W' and dW' in
-# registers, its backward recomputing without a checkpoint), each a little above, so a pass that comes back fails.
-# Softmax's is what SDPA moves: 12. Issue 37's targets (12, 7) are not met.
-BUDGETS = {"mhla": 21.0, "ttt": 33.0}
+# issue 37's item 4 (vit_small: 18.3 and 18.5, from 47.1 and 110.6; here, one head: 20.1 and 18.5; MHLA's RMSNorm,
+# its backward and LePE in the pairwise kernels; TTT's key norm, its statistics, the convs and their backward in its
+# step kernels, W' and dW' in registers, its backward recomputing without a checkpoint), each a little above, so a
+# pass that comes back fails. Softmax's is what SDPA moves: 12. Issue 37's targets (12, 7) are not met.
+BUDGETS = {"mhla": 21.0, "ttt": 19.5}
 
 
 @pytest.fixture(scope="module")

@@ -122,10 +122,7 @@ def test_the_plan_names_the_kernels_that_launch(variant, programs, form):
     assert expected.on_kernels, expected
     assert list(dict.fromkeys(names(forward))) == list(expected.forward)
     assert set(names(backward)) == {k.split(" ")[0] for k in expected.backward}
-    on_grid = {launch[1:3] for launch in forward + backward if launch[0].startswith(("grid_conv", "key_moments"))}
-    assert on_grid == ({(expected.grid.block_m, expected.grid.warps)} if expected.others else set())
-    assert {name for name, *_ in forward + backward if name.startswith(("grid_conv", "key_moments"))} == \
-        {other.split(" ")[0] for other in expected.others}
+    assert_the_grid_op_takes_the_plan(forward + backward, expected)
     first = next(launch for launch in forward if launch[0] == expected.forward[0])
     assert first[1:3] == (expected.block_n, expected.warps)
     assert first[3] == (expected.stages or None)  # (0: the launch passes none, Triton's default)
@@ -141,6 +138,14 @@ def test_the_plan_names_the_kernels_that_launch(variant, programs, form):
         ran = {launch[0] for launch in forward + backward} & TAKES.keys()
         assert {launch[1:] for launch in forward + backward if launch[0] in ran} == \
             {taken(name, expected.launches) for name in ran}
+
+
+def assert_the_grid_op_takes_the_plan(launches: list, expected: plan.KernelPlan) -> None:
+    """The grid op's launches (the key statistics' among them) are the plan's ``others``, on its grid's BLOCK_M and
+    warps."""
+    on_grid = [launch for launch in launches if launch[0].startswith(("grid_conv", "key_moments"))]
+    assert {name for name, *_ in on_grid} == {other.split(" ")[0] for other in expected.others}
+    assert {launch[1:3] for launch in on_grid} == ({(expected.grid.block_m, expected.grid.warps)} if on_grid else set())
 
 
 def taken(kernel: str, launches: launch_plan.LinearLaunches) -> tuple:

@@ -15,7 +15,9 @@ Backward is the transposed gather: dx̂_t = [base is x̂]·dy_t + m_t·Σ_tap w[
 per-program partial sums of dw (Σ dy_t·(x̂·m)_{t + off}) and dbias (MHLA's LePE: whole taps per program);
 through the norm it is LayerNorm's over the tokens, dx = r·(dx̂ − m·(Σ dx̂ + x̂·Σ dx̂·x̂)/n), whose two sums over all
 tokens need a first launch (``SUMS``) before the second writes dx (``WRITE_DX``); without the norm one launch does
-both. A program owns BLOCK_M tokens (the launch grid is made of them). The kernels take no dots: the settings
+both. TTT's step kernels take the pieces where a program owns a head: :func:`key_statistics` in its forward,
+:func:`residual_conv_backward` in its backward.
+A program owns BLOCK_M tokens (the launch grid is made of them). The kernels take no dots: the settings
 :func:`.dispatch.launch` passes every kernel and may make leaner (BLOCK_N, TILE, PRECISION, EMULATE) are accepted
 and unused, so the grid never depends on them.
 """

@@ -139,8 +139,8 @@ def run_grid_conv_backward(x: torch.Tensor, weight: torch.Tensor, key_valid: Opt
         SUMS=True, WRITE_DX=not norm, **settings)
     if norm:  # LayerNorm's backward over the tokens needs Σ dx̂ and Σ dx̂·x̂ of every token first
         summed = sums.view(2, B, H, tiles, D).sum(3).contiguous()
-        launch(grid_conv_bwd_kernel, (B * H, tiles),
-            x, dy, filters, mask, stats, summed, count, dx, dw, dbias, sums, *geometry,
+        launch(grid_conv_bwd_kernel, (B * H, tiles),  # (dw, dbias and the partial sums unread: dx in their place)
+            x, dy, filters, mask, stats, summed, count, dx, dx, dx, dx, *geometry,
             SUMS=False, WRITE_DX=True, **settings)
     dweight = dw.view(B, H, tiles, size * size, D).sum((0, 2)).transpose(1, 2).reshape(weight.shape)
     return dx, dweight, dbias.view(B, H, tiles, D).sum((0, 2)).reshape(-1)

@@ -5,9 +5,9 @@ The read-out's backward gives dq and dW' from q, do and W'; where one program ow
 :func:`.kernels.updated_weights`), so W' is neither kept nor written. The sums' backward then gives dk, dv and
 the chain's dW from k, v, W and dĜ = step·dW', recomputing the forward's token-sized values (a, b, silu, u) from
 k and v: a training step keeps nothing N-sized beyond q, k and v. With ``K_CONV`` (the op took the raw keys) k is
-normalised and convolved as it loads and dk is the convolved keys' gradient, which the caller takes through the
-conv and the norm (ops/grid's backward kernel); with ``CONV`` q is convolved as it loads, and dq is likewise the
-convolved q's.
+normalised and convolved as it loads and the sums' backward gives the convolved keys' gradient, which
+:func:`ttt_bwd_kernel` takes through the conv and the norm itself and the split kernels leave to the caller (ops/grid's
+backward kernel); with ``CONV`` q is convolved as it loads, and its gradient likewise.
 """
 
 from __future__ import annotations

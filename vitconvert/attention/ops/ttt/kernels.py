@@ -17,8 +17,9 @@ kernels' (ops/linear/kernel_parts.py: TILE operands, float32 accumulators). Wher
 memory); where heads split over token ranges, :func:`inner_sums_kernel` writes partial sums, the caller forms W',
 and :func:`swiglu_readout_kernel` reads it. Masked keys load as zero rows of k and v, which add nothing to any sum.
 
-The keys come raw (``K_CONV``: the keys' instance norm, its statistics (2, B, H, D) float32 from the caller, and
-their residual 3×3 depthwise conv applied as each tile loads, :func:`_keys`) or already normalised and convolved;
+The keys come raw (``K_CONV``: the keys' instance norm, its statistics (2, B, H, D) float32 formed by
+:func:`ttt_fwd_kernel` itself or, split, from the caller, and their residual 3×3 depthwise conv applied as each tile
+loads, :func:`_keys`) or already normalised and convolved;
 q's conv likewise (``CONV``, :func:`_queries`): neither convolved tensor crosses memory.
 """
 

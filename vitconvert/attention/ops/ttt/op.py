@@ -5,13 +5,15 @@ PyTorch custom op.
 
 W1, W2, W3: the (H, d, d) fast weights, read as the module holds them (no stacked copy). With the key conv's
 filters w_k, b_k, k is the raw keys: their instance norm (its statistics, (2, B, H, d) float32, are the second
-output, kept for backward) and residual conv are applied as the kernels load each tile, so neither the normalised
-nor the convolved keys cross memory; without them k is taken as it is. q likewise, convolved as it loads when w_q
+output, kept for backward; formed by the step kernel where a program owns a head, else a reading pass first) and
+residual conv are applied as the kernels load each tile, so neither the normalised nor the convolved keys cross
+memory; without them k is taken as it is. q likewise, convolved as it loads when w_q
 is given. Where one program owns a head's tokens the inner sums, W' = W − lr·∇L and the read-out are one kernel
 (W' stays in registers); where heads split over token ranges, partial sums, W' in torch and the read-out.
-Backward keeps q, k, v and the statistics only: it recomputes W' (with the read-out's backward in one kernel where
-a program owns a head), then the sums' backward (one kernel, or two on GPUs with 99 KB of shared memory a block:
-:func:`_sums_backward`), then the convs' backward (ops/grid's kernel: q's, and k's through its norm). Registered
+Backward keeps q, k, v and the statistics only: where a program owns a head, one kernel recomputes W' and runs the
+read-out's, the sums' and both convs' backward (from a q-sized scratch); else the read-out's backward, the sums' (one
+kernel, or two on GPUs with 99 KB of shared memory a block: :func:`_sums_backward`), then the convs' (ops/grid's
+kernel: q's, and k's through its norm). Registered
 like the linear-attention ops: torch.compile and torch.export see one op, and a plain eager call skips the
 dispatcher (:func:`.dispatch.direct`). A backward kernel Triton cannot build in any form turns TTT's kernels off
 and takes that step's gradients from the op's eager form.
