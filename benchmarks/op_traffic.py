@@ -284,9 +284,12 @@ def report(name: str, recorder: OpTraffic, layers: int, by_op: bool) -> None:
     mib = 2 ** 20
     mixing, whole = recorder.mixing, recorder.model
     line = f"  {name}: model {whole.ops} ops ({whole.token_sized} token-sized), {whole.bytes / mib:.1f} MiB"
-    if mixing.ops:  # (softmax has no token mixing of ours: SDPA is one op of the model)
+    launches = recorder.mixing_kernels
+    if mixing.ops or launches.ops:  # (softmax has no token mixing of ours: SDPA is one op of the model)
         line += (f"; token mixing's forward per layer {mixing.ops / layers:.0f} ops "
                  f"({mixing.token_sized / layers:.0f} token-sized), {mixing.bytes / layers / mib:.2f} MiB")
+        if launches.ops:  # (a fused op's launches: TTT's whole step is one)
+            line += f" and {launches.ops / layers:.0f} launches, {launches.bytes / layers / mib:.2f} MiB"
     print(line)
     kernels = recorder.kernels
     if kernels.ops:  # (inside the fused ops, which the line above counts by their inputs and outputs)

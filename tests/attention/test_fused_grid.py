@@ -159,15 +159,22 @@ def grid_launches(variant: str, x: torch.Tensor, module: torch.nn.Module) -> lis
     return ran
 
 
+def split_heads() -> None:
+    """Heads split over token ranges at 17 tokens (TTT's partial-sums path, where the grid op's kernels take the key
+    statistics and the convs' backward)."""
+    dispatch.current().split_round, dispatch.current().programs = 16, 64
+
+
 @pytest.mark.parametrize("variant,form", [("ttt", "auto"), ("mhla", "blocked"), ("mhla", "pairwise")])
 def test_the_variants_take_the_op(variant, form):
-    """TTT: none forward (its key norm and both convs are applied inside the step's kernels), and backward, run
-    by the step op: one for q, two for k (the norm's sums first). MHLA: LePE, one each way in its blocked form;
-    none in its pairwise form, whose kernels add LePE in their epilogues."""
+    """TTT: none where a program owns a head (its key norm, both convs and their backward are the step kernels';
+    where heads split, the grid op's backward kernel: test_a_grid_kernel_the_gpu_cannot_build_leaves_the_convs_to_
+    torch). MHLA: LePE, one each way in its blocked form; none in its pairwise form, whose kernels add LePE in their
+    epilogues."""
     dispatch.current().settings = dispatch.KernelSettings(form=form)
     module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
     ran = grid_launches(variant, torch.randn(2, 17, 64, device=DEVICE), module)
-    expected = {"ttt": (0, 3), "blocked": (1, 1), "pairwise": (0, 0)}["ttt" if variant == "ttt" else form]
+    expected = {"auto": (0, 0), "blocked": (1, 1), "pairwise": (0, 0)}[form]
     assert (ran.count("grid_conv_fwd_kernel"), ran.count("grid_conv_bwd_kernel")) == expected, ran
     assert ("pairwise_fwd_kernel" in ran) == (form == "pairwise"), ran
 
@@ -178,9 +185,11 @@ def test_a_grid_kernel_the_gpu_cannot_build_leaves_the_convs_to_torch(variant, s
     """Forward: the module's torch convs take over (TTT's step and MHLA's attention stay on their kernels).
     Backward (the forward ran on the grid kernel): that step's gradients from the op's eager form. One warning,
     and the grid op off for the process; the gradients those of the kernels' own. TTT's convs run inside its step
-    op, whose backward runs the grid backward kernel: that step's gradients come from the op's eager form, the grid
-    op goes off and the step keeps its kernels (with the convs in torch from then on)."""
-
+    op, whose backward runs the grid backward kernel where heads split over token ranges (in one program a head its
+    own kernel takes it): that step's gradients come from the op's eager form, the grid op goes off and the step
+    keeps its kernels (with the convs in torch from then on)."""
+    if variant == "ttt":
+        split_heads()
     module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
     grad = torch.randn(2, 17, 64, device=DEVICE)

@@ -164,12 +164,13 @@ def test_the_op_at_vit_sizes():  # (4 s in the interpreter)
     assert max(errors) < 5e-6, errors
 
 
-@pytest.mark.parametrize("head_dim,dtype,launches", [(64, torch.bfloat16, 2), (96, torch.bfloat16, 0),
+@pytest.mark.parametrize("head_dim,dtype,launches", [(64, torch.bfloat16, 1), (96, torch.bfloat16, 0),
                                                      (64, torch.float32, 0)], ids=["d64-bf16", "d96-bf16", "d64-fp32"])
 def test_wide_heads_and_float32_inputs_take_the_torch_step(head_dim, dtype, launches, monkeypatch):
     """Above head dim 64, or on float32 inputs, TTT's kernels do not fit an sm_90 GPU (224–456 KB of shared
     memory where a block may have 227; float32: 264 KB with TF32 on, thousands of spilled registers with it off:
-    benchmarks/kernel_resources.py --arch sm_90), so the module runs its torch step there; bf16 at 64 its kernels."""
+    benchmarks/kernel_resources.py --arch sm_90), so the module runs its torch step there; bf16 at 64 its kernels
+    (one launch: the key statistics in the step kernel)."""
     module = helpers.make_module("ttt", 1, (4, 4), dim=2 * head_dim, dtype=torch.float32).to(DEVICE)
     ran = []
 

@@ -106,7 +106,8 @@ def launched(module, x, programs: int, settings: KernelSettings) -> tuple[list, 
 def test_the_plan_names_the_kernels_that_launch(variant, programs, form):
     """The plan against the launches of one training step in the interpreter (bf16 inputs, as under autocast):
     the same kernels each way, on the plan's BLOCK_N, warps and stages; where it names the state and read-out
-    launches, each takes exactly the plan's chunk, token ranges and operand tile."""
+    launches, each takes exactly the plan's chunk, token ranges and operand tile; the grid op's launches (its
+    ``others``) its BLOCK_M and warps."""
     module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.bfloat16).to(DEVICE)
     x = torch.randn(2, 17, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
     gpu = plan.Gpu("interpreter", (9, 0), programs // dispatch.PROGRAMS_PER_SM, 227 * 1024)
@@ -121,8 +122,7 @@ def test_the_plan_names_the_kernels_that_launch(variant, programs, form):
     assert expected.on_kernels, expected
     assert list(dict.fromkeys(names(forward))) == list(expected.forward)
     assert set(names(backward)) == {k.split(" ")[0] for k in expected.backward}
-    assert any(name.startswith(("grid_conv", "key_moments")) for name, *_ in forward + backward) == \
-        bool(expected.others)
+    assert_the_grid_op_takes_the_plan(forward + backward, expected)
     first = next(launch for launch in forward if launch[0] == expected.forward[0])
     assert first[1:3] == (expected.block_n, expected.warps)
     assert first[3] == (expected.stages or None)  # (0: the launch passes none, Triton's default)
@@ -145,6 +145,14 @@ def pairwise_taken(expected: plan.KernelPlan) -> set:
     tile = {name: launch_plan.tile_kwargs(name)["TILE"] for name in (found.tile, found.backward_tile)}
     return {("pairwise_fwd_kernel", found.block_m, found.warps, tile[found.tile]),
             ("pairwise_bwd_kernel", found.backward_block_n, found.backward_warps, tile[found.backward_tile])}
+
+
+def assert_the_grid_op_takes_the_plan(launches: list, expected: plan.KernelPlan) -> None:
+    """The grid op's launches (the key statistics' among them) are the plan's ``others``, on its grid's BLOCK_M and
+    warps."""
+    on_grid = [launch for launch in launches if launch[0].startswith(("grid_conv", "key_moments"))]
+    assert {name for name, *_ in on_grid} == {other.split(" ")[0] for other in expected.others}
+    assert {launch[1:3] for launch in on_grid} == ({(expected.grid.block_m, expected.grid.warps)} if on_grid else set())
 
 
 def taken(kernel: str, launches: launch_plan.LinearLaunches) -> tuple:

@@ -102,8 +102,8 @@ def test_op_traffic_reports_softmax_the_model_and_its_token_mixing(train, capsys
 # Token-sized passes of TTT's step (more tokens than channels, so only the N-sized ops count). float32, the CPU's
 # eager form: the key norm (five sums-form passes), two convs and two concatenations with the prefix, v made
 # contiguous once, seven matmuls, a and b's sigmoid, silu, the silu' lerp and four products, the read-out's silu
-# and product (29 before the last cuts). bf16, the GPU path: none as torch ops; the fused op's two launches (the
-# keys' statistics, then the step with the key norm and both convs applied as it loads its tiles) are
+# and product (29 before the last cuts). bf16, the GPU path: none as torch ops; the fused op's launch (the step,
+# its keys' statistics taken first, with the key norm and both convs applied as it loads its tiles) is
 # test_mixing_passes.py's (8 torch ops before they moved into the op, 25 before the op).
 TOKEN_SIZED_PASSES = {"float32": 26, "bf16": 0}
 

@@ -24,7 +24,6 @@ from torch import nn
 from .base import LinearAttention
 from .blocks import segment_index
 from .ops import dispatch, launch_plan
-from .ops.grid.op import grid_tile
 from .ops.launch_plan import LinearLaunches, PairwiseLaunches
 from .ops.pairwise.op import pairwise_is_cheaper
 from .ops.settings import KernelSettings
@@ -78,6 +77,7 @@ class KernelPlan:
     tile: str = ""  # the dots' operands: "tf32", "bf16", "fp16" or "fp32"
     splits: int = 1  # token ranges per head and segment (1: a program per head, one launch each way)
     others: tuple[str, ...] = ()  # the layer's other ops on kernels (the grid op: LePE, TTT's convs)
+    grid: Optional[launch_plan.GridLaunches] = None  # the grid op's launches, as they take them (with ``others``)
     launches: Optional[LinearLaunches] = None  # the state and read-out launches, as they take them (ops/launch_plan.py)
     pairwise: Optional[PairwiseLaunches] = None  # MHLA's pairwise launches, as they take them (ops/launch_plan.py)
     reason: str = ""  # why eager
@@ -190,12 +190,17 @@ def _linear(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan
                    backward=one_launch if found.one_launch_backward else split_backward)
 
 
-def _grid_op(module: LinearAttention, call: Call) -> tuple[str, ...]:
-    """The grid op where the layer has a grid and the op's kernels take the call."""
+def _grid_op(module: LinearAttention, call: Call) -> Optional[launch_plan.GridLaunches]:
+    """The grid op's launches where the layer has a grid and the op's kernels take the call."""
     if module.grid_size is None or _eager_reason(module, call, "grid_conv"):
-        return ()
-    block, _, warps = grid_tile(module.head_dim, call.settings.config)
-    return (f"grid_conv (BLOCK_M {block}, {warps} warps)",)
+        return None
+    return launch_plan.decide_grid(module.head_dim, call.settings.config)
+
+
+def _on_the_grid_op(plan: KernelPlan, grid: launch_plan.GridLaunches, *kernels: str) -> KernelPlan:
+    """``plan`` with the grid op's ``kernels`` as its others, on ``grid``'s launches."""
+    how = f" (BLOCK_M {grid.block_m}, {grid.warps} warps)"
+    return replace(plan, others=tuple(kernel + how for kernel in kernels), grid=grid)
 
 
 def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
@@ -203,7 +208,6 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
     then read; LePE on the grid op), whichever moves less."""
     plan = _geometry(plan, module, call)
     grid, lepe = module.grid_size, getattr(module, "lepe", None) is not None
-    others = _grid_op(module, call) if lepe else ()
     counts = module.block_counts
     segments = counts[0] * counts[1] + 1 if grid else 1
     if grid and pairwise_is_cheaper(call.tokens, segments, module.head_dim, call.dtype, call.settings.form):
@@ -220,17 +224,20 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
     plan = _launches(plan, module, call, segments, length, False)
     again = ("readout_fwd_kernel",) if lepe and grid else ()  # (o read out again: the op does not keep it)
     readout_bwd = _chunked("readout_bwd_kernel", plan.launches.readout_bwd_block_n, plan)
-    return replace(plan, forward=("state_fwd_kernel", "readout_fwd_kernel"), others=others,
+    plan = replace(plan, forward=("state_fwd_kernel", "readout_fwd_kernel"),
                    backward=("state_fwd_kernel", *again, readout_bwd, "state_bwd_kernel"))
+    on_grid = _grid_op(module, call) if lepe else None
+    return _on_the_grid_op(plan, on_grid, "grid_conv_fwd_kernel", "grid_conv_bwd_kernel") if on_grid else plan
 
 
 def _ttt(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
     """TTT's step: where a program owns each head, one kernel each way (backward recomputes W'); where heads split
     over token ranges, the partial sums, W' in torch and the read-out, and backward W' again, the read-out's and the
     sums' backward. Where the layer has a grid and the grid op's kernels take the call, the key norm and the convs
-    are applied in the op's kernels (their backward on the grid op's kernel, its key statistics a reading pass) and
-    the op keeps what it recomputes; else they run in torch before the op and the layer's step is recomputed in
-    backward when the layer recomputes it."""
+    are applied in the op's kernels and the op keeps what it recomputes: in one program a head, the key statistics
+    and the convs' backward are the step kernels' too; split, the statistics are the grid op's reading pass and the
+    convs' backward its kernel. Else they run in torch before the op and the layer's step is recomputed in backward
+    when the layer recomputes it."""
     # (the step's chunk, warps and token ranges as ops/ttt/op.py's launches take them; no num_stages given)
     plan = replace(_launches(plan, module, call, 1, call.tokens, False, many_tiles=True), stages=0, launches=None)
     half = f" ({launch_plan.HALF_TILES[call.dtype]} tiles)" if call.dtype in launch_plan.HALF_TILES else ""
@@ -239,10 +246,12 @@ def _ttt(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
     else:
         forward = ("inner_sums_kernel", "swiglu_readout_kernel")
         backward = ("inner_sums_kernel", f"swiglu_readout_bwd_kernel{half}", f"inner_sums_bwd_kernel{half}")
-    in_op = bool(_grid_op(module, call))  # (the key norm and convs inside the step's kernels: its statistics
-    others = ("key_moments_kernel", "grid_conv_bwd_kernel (the convs' backward)") if in_op else ()  # a pass first)
-    again = forward if getattr(module, "recompute_step", False) and not in_op else ()
-    return replace(plan, forward=forward, others=others, backward=(*again, *backward))
+    on_grid = _grid_op(module, call)
+    again = forward if getattr(module, "recompute_step", False) and not on_grid else ()
+    plan = replace(plan, forward=forward, backward=(*again, *backward))
+    if on_grid is None or plan.splits == 1:
+        return plan
+    return _on_the_grid_op(plan, on_grid, "key_moments_kernel", "grid_conv_bwd_kernel")
 
 
 PLANNERS: dict[str, Callable[[LinearAttention, Call, KernelPlan], KernelPlan]] = {

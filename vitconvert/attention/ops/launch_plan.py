@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Optional
 
 import torch
 
@@ -27,6 +28,7 @@ from .dispatch import (
     older_triton,
     programs_wanted,
     token_ranges,
+    triton_next_power_of_2,
 )
 from .settings import KernelSettings
 
@@ -34,6 +36,10 @@ from .settings import KernelSettings
 # form runs (what each builds to: benchmarks/kernel_resources.py --arch sm_90 --ops "linear_attention elu").
 ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM = 64
 HALF_TILES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+# A grid-op program's tokens × head channels. Every tap is a shifted load of the tile, and Triton keeps several in
+# flight: the attention kernels' 64 × 64 tile on 4 warps does not fit LePE's 5×5 forward for sm_90 as 32 × 64 on 8
+# warps does (benchmarks/kernel_resources.py --arch sm_90 --ops "grid_conv lepe"). Their speed is not measured.
+GRID_TILE_ELEMENTS = 2048
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,31 @@ def linear_launches(t: torch.Tensor, heads: int, segments: int, length: int, bf1
     return decide(heads, segments, math.ceil(length / here.split_round), t.shape[-1], t.dtype,
                   programs_wanted(t.device), here.split_round, here.settings or environment_settings(), older,
                   tf32_matmuls, bf16_tiles, many_tiles)
+
+
+@dataclass(frozen=True)
+class GridLaunches:
+    """The grid op's launches (ops/grid: LePE's conv, TTT's key statistics and convs' backward where its step kernels
+    do not take them): each program's tokens, head channels and warps."""
+
+    block_m: int
+    block_d: int
+    warps: int
+
+
+@lru_cache(maxsize=64)
+def decide_grid(head_dim: int, config: Optional[tuple[int, int, int]]) -> GridLaunches:
+    """Tiles of :data:`GRID_TILE_ELEMENTS` on 8 warps, or ``config``'s (``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps``,
+    for sweeps): a pure function of the head dim and the settings, cached, asked by the launches and the plan."""
+    block_d = max(16, triton_next_power_of_2(head_dim))
+    block, warps = (config or (max(16, GRID_TILE_ELEMENTS // block_d), 8))[:2]
+    return GridLaunches(block, block_d, warps)
+
+
+def grid_launches(head_dim: int) -> GridLaunches:
+    """:func:`decide_grid` with the context's settings (:func:`.dispatch.current`)."""
+    here = current()
+    return decide_grid(head_dim, (here.settings or environment_settings()).config)
 
 
 @lru_cache(maxsize=8)

@@ -15,7 +15,9 @@ Backward is the transposed gather: dx̂_t = [base is x̂]·dy_t + m_t·Σ_tap w[
 per-program partial sums of dw (Σ dy_t·(x̂·m)_{t + off}) and dbias (MHLA's LePE: whole taps per program);
 through the norm it is LayerNorm's over the tokens, dx = r·(dx̂ − m·(Σ dx̂ + x̂·Σ dx̂·x̂)/n), whose two sums over all
 tokens need a first launch (``SUMS``) before the second writes dx (``WRITE_DX``); without the norm one launch does
-both. A program owns BLOCK_M tokens (the launch grid is made of them). The kernels take no dots: the settings
+both. TTT's step kernels take the pieces where a program owns a head: :func:`key_statistics` in its forward,
+:func:`residual_conv_backward` in its backward.
+A program owns BLOCK_M tokens (the launch grid is made of them). The kernels take no dots: the settings
 :func:`.dispatch.launch` passes every kernel and may make leaner (BLOCK_N, TILE, PRECISION, EMULATE) are accepted
 and unused, so the grid never depends on them.
 """
@@ -124,10 +126,22 @@ def conv_taps_backward(dy_at, s_gn, t, d, d_ok, WEIGHT, MASK, s_mb, b, h, N, D, 
 @triton.jit
 def conv_weight_taps(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS, DW_AT, DB_AT,
                      KS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dw of :func:`conv_taps` (no norm): Σ_t dy_t·(x·m)_{t + off(tap)} over all N tokens of one (batch, head), in
-    the weight's layout (D rows of KS·KS float32 at DW_AT), and dbias (Σ over grid tokens of dy, D float32 at
-    DB_AT), by the one program of MHLA's pairwise backward that owns the (batch, head): each sum in a fixed order,
-    nothing left to sum but the batch."""
+    """dw of :func:`conv_taps` (no norm) in the weight's layout (D rows of KS·KS float32 at DW_AT) and dbias (D
+    float32 at DB_AT), by the one program of MHLA's pairwise backward that owns the (batch, head): each sum in a fixed
+    order, nothing left to sum but the batch (:func:`filter_gradient` over every tap)."""
+    none = tl.zeros_like(d).to(tl.float32)
+    filter_gradient(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS, DW_AT, 1, KS * KS, DB_AT,
+                    none, none, KS, False, HAS_MASK, BLOCK_M, BLOCK_D)
+
+
+@triton.jit
+def filter_gradient(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS, DW_AT, s_tap, s_chan, DB_AT,
+                    mean, rstd, KS: tl.constexpr, NORM: tl.constexpr, HAS_MASK: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dw of :func:`conv_taps`: Σ_t dy_t·(x̂·m)_{t + off(tap)} over all N tokens of one (batch, head), float32,
+    channel c of tap i at DW_AT + i·s_tap + c·s_chan, and dbias (Σ over grid tokens of dy, a D row at DB_AT), by the
+    one program that owns the (batch, head) (MHLA's pairwise backward, TTT's step kernel): each row written once,
+    whole, in a fixed order: nothing left to sum but the batch."""
     for tap in range(0, KS * KS + 1):
         i, j = tap // KS, tap % KS
         total = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -139,13 +153,96 @@ def conv_weight_taps(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, R
             if tap < KS * KS:
                 r_out, out_ok = _row(spatial, row, i - KS // 2, ROWS)  # (the tokens these read as conv outputs)
                 src, ok = _source(MASK, b, s_mb, r_out, out_ok, col, j - KS // 2, P, COLS, HAS_MASK)
-                total += tl.sum(dy * _normed(x_at, s_xn, src, ok, d, d_ok, 0.0, 0.0, False), axis=0)
+                total += tl.sum(dy * _normed(x_at, s_xn, src, ok, d, d_ok, mean, rstd, NORM), axis=0)
             else:
                 total += tl.sum(tl.where(spatial[:, None], dy, 0.0), axis=0)
         if tap < KS * KS:
-            tl.store(DW_AT + d * (KS * KS) + tap, total, mask=d_ok)
+            tl.store(DW_AT + tap * s_tap + d * s_chan, total, mask=d_ok)
         else:
             tl.store(DB_AT + d, total, mask=d_ok)
+
+
+@triton.jit
+def _stat_rows(MASK, b, s_mb, t, t_ok, HAS_MASK: tl.constexpr):
+    """Which of tokens ``t`` the keys' statistics are over: the real ones, valid under the mask."""
+    rows = t_ok
+    if HAS_MASK:
+        rows = rows & (tl.load(MASK + b * s_mb + t, mask=t_ok, other=0) != 0)
+    return rows
+
+
+@triton.jit
+def key_statistics(x_at, s_xn, MASK, s_mb, b, N, d, d_ok, eps, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """(μ, r = 1/√(var + ε)) per channel of one (batch, head)'s tokens (the valid ones), float32, biased variance:
+    TTT's key norm in the program that then reads the keys (two passes over the head's rows, the second from the
+    cache: the centred sum, as torch's, not Σx² − μ²)."""
+    total = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    count = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for start in range(0, N, BLOCK_M):
+        t = start + tl.arange(0, BLOCK_M)
+        rows = _stat_rows(MASK, b, s_mb, t, t < N, HAS_MASK)
+        none = tl.zeros_like(d).to(tl.float32)
+        total += tl.sum(_normed(x_at, s_xn, t, rows, d, d_ok, none, none, False), axis=0)
+        count += tl.where(rows, 1.0, 0.0)
+    n = tl.maximum(tl.sum(count, axis=0), 1.0)
+    mean = total / n
+    square = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for start in range(0, N, BLOCK_M):
+        t = start + tl.arange(0, BLOCK_M)
+        rows = _stat_rows(MASK, b, s_mb, t, t < N, HAS_MASK)
+        x = tl.load(x_at + t[:, None] * s_xn + d[None, :], mask=rows[:, None] & d_ok[None, :], other=0.0)
+        centred = tl.where(rows[:, None] & d_ok[None, :], x.to(tl.float32) - mean[None, :], 0.0)
+        square += tl.sum(centred * centred, axis=0)
+    return mean, 1.0 / tl.sqrt(square / n + eps)
+
+
+@triton.jit
+def _input_gradient(dy_at, s_gn, t, t_ok, d, d_ok, WEIGHT, MASK, s_mb, b, h, N, D, P, ROWS, COLS, KS: tl.constexpr,
+                    HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dx̂ of tokens ``t`` of a residual conv (y = x̂ + conv(x̂·m)): dy_t + m_t·Σ_tap w[tap]·dy_{t − off(tap)}."""
+    dy = tl.load(dy_at + t[:, None] * s_gn + d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+    return dy.to(tl.float32) + conv_taps_backward(dy_at, s_gn, t, d, d_ok, WEIGHT, MASK, s_mb, b, h, N, D, P, ROWS,
+                                                  COLS, KS, HAS_MASK, BLOCK_M, BLOCK_D)
+
+
+@triton.jit
+def residual_conv_backward(x_at, s_xn, dy_at, s_gn, dx_at, s_dn, WEIGHT, MASK, s_mb, b, h, N, D, P, ROWS, COLS, mean,
+                           rstd, DW_AT, DB_AT, KS: tl.constexpr, NORM: tl.constexpr, HAS_MASK: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The whole backward of a residual conv y = x̂ + conv(x̂·m) of one (batch, head) in one program, dy in memory
+    (written by this program, behind a barrier): dw at DW_AT in the filters' own layout (D × KS·KS), dbias at DB_AT
+    (:func:`filter_gradient`), and dx
+    stored at ``dx_at``; with ``NORM`` through the instance norm, whose sums over the tokens (Σ dx̂, Σ dx̂·x̂) take a
+    pass of their own before dx's. TTT's convs in the program that made their dy: no launch, no partial sums."""
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    filter_gradient(x_at, s_xn, dy_at, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS, DW_AT, 1, KS * KS, DB_AT,
+                    mean, rstd, KS, NORM, HAS_MASK, BLOCK_M, BLOCK_D)
+    s1 = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    s2 = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    count = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if NORM:
+        for start in range(0, N, BLOCK_M):
+            t = start + tl.arange(0, BLOCK_M)
+            dx_hat = _input_gradient(dy_at, s_gn, t, t < N, d, d_ok, WEIGHT, MASK, s_mb, b, h, N, D, P, ROWS, COLS,
+                                     KS, HAS_MASK, BLOCK_M, BLOCK_D)
+            x_hat = _normed(x_at, s_xn, t, t < N, d, d_ok, mean, rstd, NORM)
+            s1 += tl.sum(dx_hat, axis=0)
+            s2 += tl.sum(dx_hat * x_hat, axis=0)
+            count += tl.where(_stat_rows(MASK, b, s_mb, t, t < N, HAS_MASK), 1.0, 0.0)
+    n = tl.maximum(tl.sum(count, axis=0), 1.0)
+    for start in range(0, N, BLOCK_M):
+        t = start + tl.arange(0, BLOCK_M)
+        t_ok = t < N
+        dx = _input_gradient(dy_at, s_gn, t, t_ok, d, d_ok, WEIGHT, MASK, s_mb, b, h, N, D, P, ROWS, COLS, KS,
+                             HAS_MASK, BLOCK_M, BLOCK_D)
+        if NORM:
+            x_hat = _normed(x_at, s_xn, t, t_ok, d, d_ok, mean, rstd, NORM)
+            share = tl.where(_stat_rows(MASK, b, s_mb, t, t_ok, HAS_MASK), 1.0, 0.0) / n
+            dx = rstd[None, :] * (dx - share[:, None] * (s1[None, :] + x_hat * s2[None, :]))
+        tl.store(dx_at + t[:, None] * s_dn + d[None, :], dx.to(dx_at.dtype.element_ty),
+                 mask=t_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit

@@ -21,14 +21,10 @@ from torch.nn import functional as F
 
 from ...tensors import from_grid, split_prefix, to_grid
 from ..calls import _direct_function, _eager_gradients, call_op
-from ..dispatch import KernelUnavailable, direct, launch, launch_settings, tile_args, triton_next_power_of_2
+from ..dispatch import KernelUnavailable, direct, launch, tile_args
+from ..launch_plan import grid_launches
 from ..layout import _mask_arg, _output_like, unit_rows, valid_keys
 from ..ttt.closed_form import normalize_keys, valid_key_moments
-
-# A program's tokens × head channels. Every tap is a shifted load of the tile, and Triton keeps several in flight:
-# the attention kernels' 64 × 64 tile on 4 warps does not fit LePE's 5×5 forward for sm_90 as 32 × 64 on 8 warps
-# does (benchmarks/kernel_resources.py --arch sm_90 --ops "grid_conv lepe"). Their speed is not measured.
-TILE_ELEMENTS = 2048
 
 
 def statistics(x: torch.Tensor, key_valid: Optional[torch.Tensor], eps: float) -> torch.Tensor:
@@ -70,19 +66,11 @@ def _filters(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _geometry(x: torch.Tensor) -> tuple[int, ...]:
-    """B, H, N, d, BLOCK_M (the programs' token tiles), their count, BLOCK_D and warps: tiles of
-    :data:`TILE_ELEMENTS` on 8 warps (``VITCONVERT_FUSED_CONFIG=BLOCK_N,num_warps`` overrides, for sweeps)."""
+    """B, H, N, d, BLOCK_M (the programs' token tiles), their count, BLOCK_D and warps, as the kernel plan decides
+    them (:func:`..launch_plan.grid_launches`)."""
     B, H, N, D = x.shape
-    block, block_d, warps = grid_tile(D, launch_settings().config)
-    return B, H, N, D, block, -(-N // block), block_d, warps
-
-
-def grid_tile(head_dim: int, config: Optional[tuple[int, int, int]]) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_D, num_warps) of the grid kernels: tiles of :data:`TILE_ELEMENTS` on 8 warps, or ``config``'s
-    (``VITCONVERT_FUSED_CONFIG``)."""
-    block_d = max(16, triton_next_power_of_2(head_dim))
-    block, warps = (config or (max(16, TILE_ELEMENTS // block_d), 8))[:2]
-    return block, block_d, warps
+    found = grid_launches(D)
+    return B, H, N, D, found.block_m, -(-N // found.block_m), found.block_d, found.warps
 
 
 def run_grid_conv(x: torch.Tensor, base: Optional[torch.Tensor], weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -151,8 +139,8 @@ def run_grid_conv_backward(x: torch.Tensor, weight: torch.Tensor, key_valid: Opt
         SUMS=True, WRITE_DX=not norm, **settings)
     if norm:  # LayerNorm's backward over the tokens needs Σ dx̂ and Σ dx̂·x̂ of every token first
         summed = sums.view(2, B, H, tiles, D).sum(3).contiguous()
-        launch(grid_conv_bwd_kernel, (B * H, tiles),
-            x, dy, filters, mask, stats, summed, count, dx, dw, dbias, sums, *geometry,
+        launch(grid_conv_bwd_kernel, (B * H, tiles),  # (dw, dbias and the partial sums unread: dx in their place)
+            x, dy, filters, mask, stats, summed, count, dx, dx, dx, dx, *geometry,
             SUMS=False, WRITE_DX=True, **settings)
     dweight = dw.view(B, H, tiles, size * size, D).sum((0, 2)).transpose(1, 2).reshape(weight.shape)
     return dx, dweight, dbias.view(B, H, tiles, D).sum((0, 2)).reshape(-1)

@@ -5,9 +5,9 @@ The read-out's backward gives dq and dW' from q, do and W'; where one program ow
 :func:`.kernels.updated_weights`), so W' is neither kept nor written. The sums' backward then gives dk, dv and
 the chain's dW from k, v, W and dĜ = step·dW', recomputing the forward's token-sized values (a, b, silu, u) from
 k and v: a training step keeps nothing N-sized beyond q, k and v. With ``K_CONV`` (the op took the raw keys) k is
-normalised and convolved as it loads and dk is the convolved keys' gradient, which the caller takes through the
-conv and the norm (ops/grid's backward kernel); with ``CONV`` q is convolved as it loads, and dq is likewise the
-convolved q's.
+normalised and convolved as it loads and the sums' backward gives the convolved keys' gradient, which
+:func:`ttt_bwd_kernel` takes through the conv and the norm itself and the split kernels leave to the caller (ops/grid's
+backward kernel); with ``CONV`` q is convolved as it loads, and its gradient likewise.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..grid.kernels import _statistics
+from ..grid.kernels import _statistics, residual_conv_backward
 from ..linear.kernel_parts import _dot, _store_square
 from .kernels import (
     _chunk,
@@ -95,8 +95,9 @@ def ttt_readout_bwd_kernel(
     """:func:`swiglu_readout_bwd_kernel` of one (batch, head) in one program, W' recomputed from its keys first
     (grid: (B·H,); DW: (BH, 3, 1, D, D))."""
     bh, _, b_, h, d, d_ok, _, _ = _program(H, N, D, N, BLOCK_D)
-    w1, w2, w3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
-                                 s_mb, step, B, H, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV, K_BIAS, HAS_MASK,
+    mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
+    w1, w2, w3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+                                 s_mb, step, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV, K_BIAS, HAS_MASK,
                                  BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
     dw1, dw2, dw3 = _read_out_backward(Q + b_ * s_qb + h * s_qh, DO + b_ * s_gb + h * s_gh, DQ + b_ * s_dqb + h * s_dqh,
                                        s_qn, s_gn, s_dqn, QW, QB, MASK, s_mb, b_, h, N, D, P, ROWS, COLS, 0, N, d,
@@ -259,9 +260,9 @@ def inner_sums_bwd_values_kernel(
 
 @triton.jit
 def ttt_bwd_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, Q, QW, QB, DO, DQ, DK, DV, DW,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, Q, QW, QB, DO, DQ, DK, DV, DW, S, DQW, DQB, DKW, DKB,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_qb, s_qh, s_qn, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
-    s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
+    s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, s_sb, s_sh, s_sn,
     B, H, N, D, P, ROWS, COLS,
     K_CONV: tl.constexpr, K_BIAS: tl.constexpr, CONV: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
@@ -269,20 +270,54 @@ def ttt_bwd_kernel(
 ):
     """The whole backward of one (batch, head) in one program (grid: (B·H,)): W' recomputed from the keys, the
     read-out's backward (dq, and dW' kept in registers), then the sums' (dk, dv, and dW = dW' + the chain's into DW,
-    (3, BH, 1, D, D)): neither W' nor dW' crosses memory, and the fast weights are read once."""
+    (3, BH, 1, D, D)): neither W' nor dW' crosses memory, and the fast weights are read once. With ``CONV`` and
+    ``K_CONV`` the convs' backward too (:func:`_through_the_conv`), last: the convolved q's gradient waits in dk's
+    rows, the convolved k's in S (a q-sized scratch), and dq, dk and the filters' gradients of this (batch, head)
+    (DQW, DKW: (B, H·D, 9), DQB, DKB: (B, H·D) the biases', float32) come from them in this program."""
     bh, _, b_, h, d, d_ok, _, _ = _program(H, N, D, N, BLOCK_D)
-    u1, u2, u3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
-                                 s_mb, step, B, H, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV, K_BIAS, HAS_MASK,
+    mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
+    u1, u2, u3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+                                 s_mb, step, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV, K_BIAS, HAS_MASK,
                                  BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
-    du1, du2, du3 = _read_out_backward(Q + b_ * s_qb + h * s_qh, DO + b_ * s_gb + h * s_gh, DQ + b_ * s_dqb + h * s_dqh,
-                                       s_qn, s_gn, s_dqn, QW, QB, MASK, s_mb, b_, h, N, D, P, ROWS, COLS, 0, N, d,
-                                       d_ok, u1, u2, u3, CONV, HAS_BIAS, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION,
-                                       EMULATE)
+    q_base, s_at = Q + b_ * s_qb + h * s_qh, S + b_ * s_sb + h * s_sh
+    dq_base, dk_base = DQ + b_ * s_dqb + h * s_dqh, DK + b_ * s_dkb + h * s_dkh
+    if CONV and K_CONV:  # (the convolved q's gradient waits in dk's rows, the convolved k's in S)
+        q_out, s_q_out = dk_base, s_dkn
+    elif CONV:
+        q_out, s_q_out = s_at, s_sn
+    else:
+        q_out, s_q_out = dq_base, s_dqn
+    du1, du2, du3 = _read_out_backward(q_base, DO + b_ * s_gb + h * s_gh, q_out, s_qn, s_gn, s_q_out, QW, QB, MASK,
+                                       s_mb, b_, h, N, D, P, ROWS, COLS, 0, N, d, d_ok, u1, u2, u3, CONV, HAS_BIAS,
+                                       HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
     s = _step_of(STEPS, b_, step, HAS_MASK)
     w1, w2, w3 = _initial(W1, W2, W3, h, d, d_ok, D)
-    mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
-    dw1, dw2, dw3 = _through_the_sums(K, V, MASK, KW, KB, DK, DV, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb,
-                                      s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, b_, h, N, D, P, ROWS, COLS, 0, N, d, d_ok, w1,
+    if K_CONV:
+        KT, s_tb, s_th, s_tn = S, s_sb, s_sh, s_sn
+    else:
+        KT, s_tb, s_th, s_tn = DK, s_dkb, s_dkh, s_dkn
+    dw1, dw2, dw3 = _through_the_sums(K, V, MASK, KW, KB, KT, DV, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_tb,
+                                      s_th, s_tn, s_dvb, s_dvh, s_dvn, b_, h, N, D, P, ROWS, COLS, 0, N, d, d_ok, w1,
                                       w2, w3, du1 * s, du2 * s, du3 * s, du1, du2, du3, mean, rstd, K_CONV, K_BIAS,
                                       True, True, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
     _put_weight_partials(DW, bh, tl.num_programs(0), dw1, dw2, dw3, d, d_ok, D, True, True)
+    if CONV:  # (the convs' backward last, when nothing d×d is held: q's, then k's, whose rows q's reads first)
+        _through_the_conv(q_base, s_qn, q_out, s_q_out, dq_base, s_dqn, QW, MASK, s_mb, b_, h, N, D, P, ROWS, COLS,
+                          mean, rstd, DQW + bh * 9 * D, DQB + bh * D, False, HAS_MASK, BLOCK_N, BLOCK_D)
+    if K_CONV:
+        _through_the_conv(K + b_ * s_kb + h * s_kh, s_kn, s_at, s_sn, dk_base, s_dkn, KW, MASK, s_mb, b_, h, N, D, P,
+                          ROWS, COLS, mean, rstd, DKW + bh * 9 * D, DKB + bh * D, True, HAS_MASK, BLOCK_N, BLOCK_D)
+
+
+@triton.jit
+def _through_the_conv(x_at, s_xn, s_at, s_sn, dx_at, s_dn, WEIGHT, MASK, s_mb, b_, h, N, D, P, ROWS, COLS, mean, rstd,
+                      DF_AT, DFB_AT, NORM: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_D: tl.constexpr):
+    """dx and the filter's rows of TTT's residual 3×3 conv (q's, or with ``NORM`` k's through its norm) from the
+    convolved tokens' gradient this program has just written to its scratch rows (``s_at``): behind a barrier, as
+    each thread reads others' rows, and another after, before the scratch is written again
+    (:func:`..grid.kernels.residual_conv_backward`)."""
+    tl.debug_barrier()
+    residual_conv_backward(x_at, s_xn, s_at, s_sn, dx_at, s_dn, WEIGHT, MASK, s_mb, b_, h, N, D, P, ROWS, COLS, mean,
+                           rstd, DF_AT, DFB_AT, 3, NORM, HAS_MASK, BLOCK_N, BLOCK_D)
+    tl.debug_barrier()

@@ -17,8 +17,9 @@ kernels' (ops/linear/kernel_parts.py: TILE operands, float32 accumulators). Wher
 memory); where heads split over token ranges, :func:`inner_sums_kernel` writes partial sums, the caller forms W',
 and :func:`swiglu_readout_kernel` reads it. Masked keys load as zero rows of k and v, which add nothing to any sum.
 
-The keys come raw (``K_CONV``: the keys' instance norm, its statistics (2, B, H, D) float32 from the caller, and
-their residual 3×3 depthwise conv applied as each tile loads, :func:`_keys`) or already normalised and convolved;
+The keys come raw (``K_CONV``: the keys' instance norm, its statistics (2, B, H, D) float32 formed by
+:func:`ttt_fwd_kernel` itself or, split, from the caller, and their residual 3×3 depthwise conv applied as each tile
+loads, :func:`_keys`) or already normalised and convolved;
 q's conv likewise (``CONV``, :func:`_queries`): neither convolved tensor crosses memory.
 """
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..grid.kernels import _statistics, conv_taps
+from ..grid.kernels import _statistics, conv_taps, key_statistics
 from ..linear.kernel_parts import _dot, _load_square, _store_square
 
 
@@ -144,14 +145,14 @@ def _key_chunk(k_base, v_base, MASK, s_mb, b_, h, start, end, d, d_ok, s_kn, s_v
 
 
 @triton.jit
-def key_sums(K, V, MASK, W1, W2, W3, KW, KB, STATS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, B, H, N, D, P, ROWS,
+def key_sums(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, N, D, P, ROWS,
              COLS, b_, h, d, d_ok, begin, end, K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
              EMULATE: tl.constexpr):
-    """Ĝ1, Ĝ2, Ĝ3 (float32) over the keys begin..end of batch b_, head h."""
+    """Ĝ1, Ĝ2, Ĝ3 (float32) over the keys begin..end of batch b_, head h (``mean``, ``rstd``: the keys'
+    statistics with ``K_CONV``)."""
     w1, w2, w3 = _initial(W1, W2, W3, h, d, d_ok, D)
     w1, w2, w3_t = w1.to(TILE), w2.to(TILE), tl.trans(w3).to(TILE)
-    mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
     g1 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     g2 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     g3 = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
@@ -169,13 +170,13 @@ def key_sums(K, V, MASK, W1, W2, W3, KW, KB, STATS, s_kb, s_kh, s_kn, s_vb, s_vh
 
 
 @triton.jit
-def updated_weights(K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, B,
-                    H, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV: tl.constexpr, K_BIAS: tl.constexpr,
+def updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb,
+                    step, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV: tl.constexpr, K_BIAS: tl.constexpr,
                     HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
                     PRECISION: tl.constexpr, EMULATE: tl.constexpr):
     """W' = W + step·Ĝ (float32) of batch b_, head h from all its keys: one program's (:func:`_step_of`)."""
-    g1, g2, g3 = key_sums(K, V, MASK, W1, W2, W3, KW, KB, STATS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, B, H, N,
-                          D, P, ROWS, COLS, b_, h, d, d_ok, 0, N, K_CONV, K_BIAS, HAS_MASK, BLOCK_N, BLOCK_D, TILE,
+    g1, g2, g3 = key_sums(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, N, D,
+                          P, ROWS, COLS, b_, h, d, d_ok, 0, N, K_CONV, K_BIAS, HAS_MASK, BLOCK_N, BLOCK_D, TILE,
                           PRECISION, EMULATE)
     s = _step_of(STEPS, b_, step, HAS_MASK)
     w1, w2, w3 = _initial(W1, W2, W3, h, d, d_ok, D)  # (float32 again: the TILE copies may be rounded)
@@ -192,8 +193,9 @@ def inner_sums_kernel(
 ):
     """Partial Ĝ1, Ĝ2, Ĝ3 of one (batch·head, token range) into G: (BH, 3, SPLITS, D, D) float32."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
-    g1, g2, g3 = key_sums(K, V, MASK, W1, W2, W3, KW, KB, STATS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, B, H, N,
-                          D, P, ROWS, COLS, b_, h, d, d_ok, begin, end, K_CONV, K_BIAS, HAS_MASK, BLOCK_N, BLOCK_D,
+    mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
+    g1, g2, g3 = key_sums(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, N, D,
+                          P, ROWS, COLS, b_, h, d, d_ok, begin, end, K_CONV, K_BIAS, HAS_MASK, BLOCK_N, BLOCK_D,
                           TILE, PRECISION, EMULATE)
     _put_partials(G, bh, split, SPLITS, g1, g2, g3, d, d_ok, D)
 
@@ -231,19 +233,38 @@ def swiglu_readout_kernel(
 
 
 @triton.jit
+def key_norm(K, MASK, STATS, s_kb, s_kh, s_kn, s_mb, eps, B, H, N, D, b_, h, d, d_ok, K_CONV: tl.constexpr,
+             HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The keys' (μ, r) of batch b_, head h with ``K_CONV`` (zeros without), formed from its keys in this program
+    (:func:`..grid.kernels.key_statistics`) and stored into STATS (2, B, H, D) float32 for backward: no pass of its
+    own over the keys."""
+    if K_CONV:
+        mean, rstd = key_statistics(K + b_ * s_kb + h * s_kh, s_kn, MASK, s_mb, b_, N, d, d_ok, eps, HAS_MASK,
+                                    BLOCK_N, BLOCK_D)
+        at = STATS + (b_ * H + h) * D + d
+        tl.store(at, mean, mask=d_ok)
+        tl.store(at + B * H * D, rstd, mask=d_ok)
+    else:
+        mean, rstd = tl.zeros_like(d).to(tl.float32), tl.zeros_like(d).to(tl.float32)
+    return mean, rstd
+
+
+@triton.jit
 def ttt_fwd_kernel(
     K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, Q, QW, QB, O,
-    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_qb, s_qh, s_qn, s_ob, s_oh, s_on,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_qb, s_qh, s_qn, s_ob, s_oh, s_on, eps,
     B, H, N, D, P, ROWS, COLS,
     K_CONV: tl.constexpr, K_BIAS: tl.constexpr, CONV: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """The step of one (batch, head) in one program: W' from all its keys (:func:`updated_weights`), kept in
-    registers, then every query's o (grid: (B·H,))."""
+    """The step of one (batch, head) in one program: the keys' statistics (``K_CONV``: :func:`key_norm`, written
+    out), W' from all its keys (:func:`updated_weights`), kept in registers, then every query's o (grid: (B·H,))."""
     bh, _, b_, h, d, d_ok, _, _ = _program(H, N, D, N, BLOCK_D)
-    w1, w2, w3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
-                                 s_mb, step, B, H, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV, K_BIAS, HAS_MASK,
+    mean, rstd = key_norm(K, MASK, STATS, s_kb, s_kh, s_kn, s_mb, eps, B, H, N, D, b_, h, d, d_ok, K_CONV, HAS_MASK,
+                          BLOCK_N, BLOCK_D)
+    w1, w2, w3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+                                 s_mb, step, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV, K_BIAS, HAS_MASK,
                                  BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
     _read_out(Q + b_ * s_qb + h * s_qh, O + b_ * s_ob + h * s_oh, s_qn, s_on, QW, QB, MASK, s_mb, b_, h, N, D, P,
               ROWS, COLS, 0, N, d, d_ok, w1.to(TILE), w2.to(TILE), w3.to(TILE), CONV, HAS_BIAS, HAS_MASK, BLOCK_N,

@@ -5,13 +5,15 @@ PyTorch custom op.
 
 W1, W2, W3: the (H, d, d) fast weights, read as the module holds them (no stacked copy). With the key conv's
 filters w_k, b_k, k is the raw keys: their instance norm (its statistics, (2, B, H, d) float32, are the second
-output, kept for backward) and residual conv are applied as the kernels load each tile, so neither the normalised
-nor the convolved keys cross memory; without them k is taken as it is. q likewise, convolved as it loads when w_q
+output, kept for backward; formed by the step kernel where a program owns a head, else a reading pass first) and
+residual conv are applied as the kernels load each tile, so neither the normalised nor the convolved keys cross
+memory; without them k is taken as it is. q likewise, convolved as it loads when w_q
 is given. Where one program owns a head's tokens the inner sums, W' = W − lr·∇L and the read-out are one kernel
 (W' stays in registers); where heads split over token ranges, partial sums, W' in torch and the read-out.
-Backward keeps q, k, v and the statistics only: it recomputes W' (with the read-out's backward in one kernel where
-a program owns a head), then the sums' backward (one kernel, or two on GPUs with 99 KB of shared memory a block:
-:func:`_sums_backward`), then the convs' backward (ops/grid's kernel: q's, and k's through its norm). Registered
+Backward keeps q, k, v and the statistics only: where a program owns a head, one kernel recomputes W' and runs the
+read-out's, the sums' and both convs' backward (from a q-sized scratch); else the read-out's backward, the sums' (one
+kernel, or two on GPUs with 99 KB of shared memory a block: :func:`_sums_backward`), then the convs' (ops/grid's
+kernel: q's, and k's through its norm). Registered
 like the linear-attention ops: torch.compile and torch.export see one op, and a plain eager call skips the
 dispatcher (:func:`.dispatch.direct`). A backward kernel Triton cannot build in any form turns TTT's kernels off
 and takes that step's gradients from the op's eager form.
@@ -141,8 +143,8 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
     on the rows × cols grid after ``prefix`` tokens."""
     from .kernels import swiglu_readout_kernel, ttt_fwd_kernel  # lazy: start-up time
 
-    stats = (statistics(unit_rows(k), key_valid, key_norm_eps) if k_filter is not None
-             else k.new_empty((0,), dtype=torch.float32))
+    B, H, _, D = q.shape
+    stats = k.new_empty((2, B, H, D) if k_filter is not None else (0,), dtype=torch.float32)
     step = _Step(q, k, v, key_valid, (w1, w2, w3), scale, lr, q_filter, q_bias, k_filter, k_bias, stats, rows, cols,
                  prefix)
     q = step.q
@@ -153,10 +155,12 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
 
     def fused_launch() -> None:
         launch(ttt_fwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, o, *step.key_strides, step.scalar,
-               *q_strides, *o_strides, B, H, N, D, *step.grid, **step.key_flags, **step.q_flags, **step.blocks,
-               **tile_args(q))
+               *q_strides, *o_strides, key_norm_eps, B, H, N, D, *step.grid, **step.key_flags, **step.q_flags,
+               **step.blocks, **tile_args(q))
 
-    def split_launches() -> None:
+    def split_launches() -> None:  # (the statistics first: a reading pass over the keys, its programs' sums)
+        if k_filter is not None:
+            stats.copy_(statistics(step.k, key_valid, key_norm_eps))
         launch(swiglu_readout_kernel, (B * H, splits), *step.queries, step.keys[2], step.updated(), o, *q_strides,
                step.key_strides[-1], *o_strides, H, N, D, per, *step.grid, **step.q_flags, **step.blocks,
                **tile_args(q))
@@ -201,11 +205,18 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
                dq.stride(1), dq.stride(2))
     tiles = tile_args(q, half_tiles=True)
     d_updated = q.new_empty((B * H, 3, 1, D, D), dtype=torch.float32)
+    convs = q_filter is not None or k_filter is not None
+    d_filters = None  # the convs' gradients per image where the one kernel gives them
 
-    def whole() -> None:
-        launch(ttt_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, dk, dv, d_chain,
-               *step.key_strides, step.scalar, *strides, *_key_gradient_strides(dk, dv), B, H, N, D, *step.grid,
-               **step.key_flags, **step.q_flags, **step.blocks, **tiles)
+    def whole() -> None:  # (with a conv, its backward too: a scratch of q's size, the filters' rows per program)
+        nonlocal d_filters
+        scratch = _output_like(q) if convs else dq  # (a placeholder without: unread)
+        per_image = [q.new_empty(shape, dtype=torch.float32) if f is not None else dq  # (q's filters, bias, then
+                     for f in (q_filter, k_filter) for shape in ((B, H * D, 9), (B, H * D))]  # k's: theirs laid out)
+        launch(ttt_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, dk, dv, d_chain, scratch,
+               *per_image, *step.key_strides, step.scalar, *strides, *_key_gradient_strides(dk, dv),
+               *scratch.stride()[:3], B, H, N, D, *step.grid, **step.key_flags, **step.q_flags, **step.blocks, **tiles)
+        d_filters = per_image if convs else None
 
     def fused_launch() -> None:
         launch(ttt_readout_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, d_updated,
@@ -227,7 +238,12 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     dweights = _batch_total(d_chain, B, H).to(w1.dtype)
     grads = [dq, dk, dv, dweights, *(q.new_empty((0,)) for _ in range(4))]  # (outputs of their own: no aliases)
     for at, t, filters, bias, norm in ((0, q, q_filter, q_bias, False), (1, k, k_filter, k_bias, True)):
-        if filters is not None:
+        if filters is not None and d_filters is not None:
+            d_filter, d_bias = (_batch_sum(part) for part in d_filters[2 * at:2 * at + 2])
+            grads[4 + 2 * at] = d_filter.view(filters.shape).to(filters.dtype)
+            if bias is not None:
+                grads[5 + 2 * at] = d_bias.to(bias.dtype)
+        elif filters is not None:
             try:
                 grads[at], d_filter, d_bias = run_grid_conv_backward(t, filters, key_valid, stats, grads[at], rows,
                                                                      cols, prefix, True, norm)
@@ -238,6 +254,11 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
             if bias is not None:
                 grads[5 + 2 * at] = d_bias.to(bias.dtype)
     return grads
+
+
+def _batch_sum(per_image: torch.Tensor) -> torch.Tensor:
+    """(B, …) -> (…): the one kernel's filter gradients summed over the batch (one image's: a view)."""
+    return per_image[0] if per_image.shape[0] == 1 else per_image.sum(0)
 
 
 def _batch_total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
