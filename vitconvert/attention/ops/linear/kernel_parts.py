@@ -243,30 +243,33 @@ def _denominator(phi_q, rz, rz_cols, PRECISION: tl.constexpr, EMULATE: tl.conste
 
 @triton.jit
 def _row_products(a, b, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """Σ_k a_ik b_ik per row of two tiles as loaded: up to :data:`DOT_SUMS_MAX` the products rounded to TILE (as a
-    bf16 o's entries are) summed by :func:`_row_dot` with columns of ones, above in float32."""
-    if a.shape[1] <= DOT_SUMS_MAX:
-        if EMULATE:  # (the interpreter's 16-bit products are wrong: float32's, rounded, are the GPU's)
-            ab = (a.to(tl.float32) * b.to(tl.float32)).to(TILE)
-        else:
-            ab = a.to(TILE) * b.to(TILE)
-        total = _row_dot(ab, _columns(tl.full((a.shape[1],), 1.0, tl.float32), TILE), PRECISION, EMULATE)
+    """Σ_k a_ik b_ik per row of two tiles as loaded: the products rounded to TILE (as a bf16 o's entries are) summed
+    by :func:`_row_dot` with columns of ones."""
+    if EMULATE:  # (the interpreter's 16-bit products are wrong: float32's, rounded, are the GPU's)
+        ab = (a.to(tl.float32) * b.to(tl.float32)).to(TILE)
     else:
-        total = tl.sum(a.to(tl.float32) * b.to(tl.float32), axis=1)
-    return total
+        ab = a.to(TILE) * b.to(TILE)
+    return _row_dot(ab, _columns(tl.full((a.shape[1],), 1.0, tl.float32), TILE), PRECISION, EMULATE)
 
 
 @triton.jit
-def _query_sums(phi_q, g, o, rz, rz_cols, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """The read-out backward's sums per query, φ(q)·r and do·o: on 16-bit tiles :func:`_denominator` and
-    :func:`_row_products`, on float32 (TF32) tiles float32 sums (fewer registers than float32 dot operands)."""
-    if TILE == tl.float32:
-        den = tl.sum(phi_q * rz[None, :], axis=1)
-        g_o = tl.sum(g.to(tl.float32) * o.to(tl.float32), axis=1)
+def _query_terms(q, g, o, tile, rz, rz_cols, feature_eps, FEATURE: tl.constexpr, FULL: tl.constexpr,
+                 TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """(φ(q), φ(q)·r, do·o) per query of the read-out backward. On 16-bit tiles up to :data:`DOT_SUMS_MAX`: φ(q)
+    the read-out's operand tile and both sums dots (the forward's :func:`_denominator`, :func:`_row_products`); on
+    float32 (TF32) tiles or wider heads φ(q) and the sums in float32 (fewer registers than the dots' operands)."""
+    WIDE: tl.constexpr = TILE == tl.float32 or q.shape[1] > DOT_SUMS_MAX
+    if WIDE:
+        phi_q = _phi(q.to(tl.float32), FEATURE, feature_eps)
     else:
-        den = _denominator(phi_q, rz, rz_cols, PRECISION, EMULATE)
-        g_o = _row_products(g, o, TILE, PRECISION, EMULATE)
-    return den, g_o
+        phi_q = _phi_tile(q, FEATURE, feature_eps, TILE, EMULATE)
+    if not FULL:
+        phi_q = tl.where(tile, phi_q, 0.0)
+    if WIDE:
+        den, g_o = tl.sum(phi_q * rz[None, :], axis=1), tl.sum(g.to(tl.float32) * o.to(tl.float32), axis=1)
+    else:
+        den, g_o = _row_dot(phi_q, rz_cols, PRECISION, EMULATE), _row_products(g, o, TILE, PRECISION, EMULATE)
+    return phi_q, den, g_o
 
 
 @triton.jit
@@ -332,7 +335,7 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
 
     normalised: dq = φ'(q) ⊙ (do Rᵀ − (do·o) r) / den, dRᵀ = Σ doᵀ (φq/den), dr = −Σ (φq/den)(do·o). φq is the
     read-out's operand tile (:func:`_phi_tile`) and, on 16-bit tiles, den the read-out's; there den and do·o are
-    dots on tensor cores (:func:`_query_sums`), so every per-query factor is made in the dots' layout and dq is
+    dots on tensor cores (:func:`_query_terms`), so every per-query factor is made in the dots' layout and dq is
     formed there without moving a float32 tile through shared memory. do enters
     the dots as loaded; the 1/den goes on φq's copy for dRᵀ (the B operand, so the transposed operand is do, read
     from its staged tile), and φ'/den comes from that product (:func:`_phi_grad_rows`).
@@ -342,11 +345,8 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
     g = _load(g_base, tok, d, s_gn, tile, FULL)
     grad = _dot(g.to(TILE), r_t, PRECISION, EMULATE)
     if NORMALISE:
-        phi_q = _phi_tile(q, FEATURE, feature_eps, TILE, EMULATE)
-        if not FULL:
-            phi_q = tl.where(tile, phi_q, 0.0)
-        den, g_o = _query_sums(phi_q, g, _load(o_base, tok, d, s_on, tile, FULL), rz, rz_cols, TILE, PRECISION,
-                               EMULATE)
+        phi_q, den, g_o = _query_terms(q, g, _load(o_base, tok, d, s_on, tile, FULL), tile, rz, rz_cols, feature_eps,
+                                       FEATURE, FULL, TILE, PRECISION, EMULATE)
         inv_den = 1.0 / (den + eps)
         p = phi_q.to(tl.float32) * inv_den[:, None]
         dr += _dot(tl.trans(g.to(TILE)), p.to(TILE), PRECISION, EMULATE)
