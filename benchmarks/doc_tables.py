@@ -54,16 +54,21 @@ def gpu_block() -> str:
 
 
 def kernel_instructions_block() -> str:
-    """Instructions per element moved, summed over each direction's loops: the earlier count → the current one."""
+    """Instructions per element moved, summed over each direction's loops: the earlier count → the current one; and
+    the range of each main loop's own ratio."""
     now, before = _json("kernel-instructions.json"), _json("kernel-instructions-before.json")
     paths = ("one launch forward", "one launch backward", "split forward", "split backward")
-    lines = [f"| variant | {' | '.join(paths)} |", "|---|" + "---|" * len(paths)]
+    lines = [f"| variant | {' | '.join(paths)} | each main loop |", "|---|" + "---|" * (len(paths) + 1)]
+    was = {(r["variant"], r["path"], r["kernel"], r["loop"]): r["per_element"] for r in before["rows"]}
     for variant in dict.fromkeys(key.split()[0] for key in now["totals"]):
         cells = []
         for path in paths:
             new, old = now["totals"][f"{variant} {path}"]["per_element"], \
                 before["totals"][f"{variant} {path}"]["per_element"]
             cells.append(f"{old:.2f} → {new:.2f} ({new / old:.2f}×)")
+        loops = [r["per_element"] / was[(r["variant"], r["path"], r["kernel"], r["loop"])] for r in now["rows"]
+                 if r["main"] and r["variant"] == variant]
+        cells.append(f"{min(loops):.2f}–{max(loops):.2f}×")
         lines.append(f"| {variant} | {' | '.join(cells)} |")
     lines += ["", footer(f"Built for {now['arch']} by Triton {now['triton']} (no GPU: PTX counted), head dim "
                          f"{now['head_dim']}, {now['tokens']} tokens, {now['dtype']}",

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Optional
 
+import pair_features
 import torch
 from gpu_check_plan import Plan
 
@@ -80,8 +81,10 @@ def form_label(name: str, form: Optional[str]) -> str:
 def parity(plan: Plan, device: torch.device) -> list[dict[str, Any]]:
     """Per variant: the fused step against the eager one in float32 (where the kernels take float32: not TTT's) and
     in bf16 autocast (against the eager float32 step, next to the eager bf16 step's own error), the kernels' launches
-    counted and each op's output checked against its fake. On a CPU the kernels run in Triton's interpreter where
-    it is on (TRITON_INTERPRET=1, set by this script without a GPU); without it there is nothing to compare."""
+    counted and each op's output checked against its fake. First of all, on a GPU, ELU's and ReLU's φ on bf16 pairs
+    (inline PTX, which nothing else runs) against their float32 form over every bf16 value (pair_features.py): a
+    value that differs fails that variant's row. On a CPU the kernels run in Triton's interpreter where it is on
+    (TRITON_INTERPRET=1, set by this script without a GPU); without it there is nothing to compare."""
     if device.type != "cuda" and not dispatch.interpreting():
         raise RuntimeError("no kernels to check here: no GPU, and TRITON_INTERPRET=1 was not set before triton "
                            "was imported")
@@ -97,22 +100,23 @@ def parity(plan: Plan, device: torch.device) -> list[dict[str, Any]]:
         launches.append(kernel)
         dispatch.build_and_run(kernel, grid, *args, **kwargs)
 
+    pairs = pair_features.mismatches(device)
     rows = []
     with dispatch.launches_through(counted, device.type), float32_matmuls():
         for name, form in PARITY_FORMS:
             with mhla_form(form):
-                rows.append(parity_row(name, form, softmax, x, plan, launches))
+                rows.append(parity_row(name, form, softmax, x, plan, launches, pairs.get(name)))
     return rows
 
 
 def parity_row(name: str, form: Optional[str], softmax: torch.nn.Module, x: torch.Tensor, plan: Plan,
-               launches: list[Any]) -> dict[str, Any]:
+               launches: list[Any], pair_mismatches: Optional[int] = None) -> dict[str, Any]:
     """One variant's parity (``form``: MHLA's kernels forced into it): its fused steps (float32, bf16) against its
-    eager ones, the launches counted."""
+    eager ones, the launches counted; ``pair_mismatches``: bf16 values its φ on pairs gets wrong (None: unchecked)."""
     model = linear_copy(softmax, name).to(x.device).train()
     eager32 = training_step(model, x, False, None)
     row: dict[str, Any] = {"model": form_label(name, form), "source": plan.models[0],
-                           "img_size": plan.parity_size}
+                           "img_size": plan.parity_size, "pair_mismatches": pair_mismatches}
     launches.clear()
     fused32 = training_step(model, x, True, None)
     row["fp32_launches"] = len(launches)
@@ -130,9 +134,11 @@ def parity_row(name: str, form: Optional[str], softmax: torch.nn.Module, x: torc
 
 
 def parity_verdict(row: dict[str, Any]) -> str:
-    """'pass', or what failed: no kernels ran, float32 beyond PARITY_FP32, bf16 beyond PARITY_BF16 × eager's (with a
-    floor of 1e-3: both near exact), an op's output unlike its fake."""
+    """'pass', or what failed: φ on bf16 pairs, no kernels ran, float32 beyond PARITY_FP32, bf16 beyond PARITY_BF16 ×
+    eager's (with a floor of 1e-3: both near exact), an op's output unlike its fake."""
     failed = []
+    if row.get("pair_mismatches"):
+        failed.append(f"φ on bf16 pairs ({row['pair_mismatches']} values)")
     if not row["bf16_launches"]:
         failed.append("no kernels ran")
     if row["fp32_output_error"] is not None and max(row["fp32_output_error"], row["fp32_grad_error"]) > PARITY_FP32:

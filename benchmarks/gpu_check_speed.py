@@ -14,7 +14,7 @@ from gpu_check_plan import MODEL_BATCH_SCALE, NOT_MEASURED, Plan, Targets, softm
 
 from vitconvert.attention import VARIANTS
 from vitconvert.attention.kernel import KernelAttention
-from vitconvert.attention.ops.linear import op as fused
+from vitconvert.attention.ops import dispatch
 from vitconvert.bench import SOFTMAX, benchmark
 
 FLA_ENV = "VITCONVERT_FLA"
@@ -108,7 +108,7 @@ def fla_version() -> Optional[str]:
 def fla_path(on: bool) -> Iterator[None]:
     """VITCONVERT_FLA set for the models built and run inside, whatever the caller's environment says; with it
     on, the fused kernels off (VITCONVERT_FUSED=0: they would take the call before the fla state is reached)."""
-    settings = {FLA_ENV: "1" if on else "0", fused.ENV: "0" if on else os.environ.get(fused.ENV)}
+    settings = {FLA_ENV: "1" if on else "0", dispatch.ENV: "0" if on else os.environ.get(dispatch.ENV)}
     before = {name: os.environ.get(name) for name in settings}
     for name, value in settings.items():
         os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)

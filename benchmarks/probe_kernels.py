@@ -5,6 +5,9 @@
 
 Every row is appended to ``--out`` (JSON lines) and printed the moment it is measured, so a run killed at its
 limit keeps everything before that point. Sections, in order:
+  parity   before any timing, the kernels against the float32 forms (probe_parity.py): ELU's and ReLU's φ on bf16
+           pairs (inline PTX that only a GPU runs) over every bf16 value, then ELU's, ReLU's and InLine's mixing on
+           bf16 q, k, v, a head in one program and heads split, against float32 (output and gradients);
   ceiling  a 3-in/1-out elementwise op (addcmul, bf16) over 4 × 256 MiB: the bytes per second this GPU's memory
            gives a kernel that does nothing but stream, the yardstick of every ``frac`` below;
   layers   SDPA softmax (FlashAttention) and each variant's token mixing on bf16 q, k, v (B=16, H=6, d=64:
@@ -37,13 +40,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import environment, first_line, mixer_step, token_mixers  # noqa: E402
+from probe_parity import parity  # noqa: E402
 
 from vitconvert.attention.ops import (
     dispatch,  # noqa: E402
     settings,  # noqa: E402
 )
 
-SECTIONS = ("ceiling", "layers", "tiles", "top")
+SECTIONS = ("parity", "ceiling", "layers", "tiles", "top")
 Step = Callable[[], None]
 
 
@@ -297,6 +301,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     plan = QUICK if args.quick else FULL
     probe = Probe(args.out, args.budget_s, device)
     probe.row("environment", **environment(device), plan="quick" if args.quick else "full")
+    if "parity" in sections:
+        parity(probe, plan)
     rate = ceiling(probe, plan) if "ceiling" in sections else None
     for name, work in (("layers", lambda: layers(probe, plan, rate)), ("tiles", lambda: tiles(probe, plan, rate)),
                        ("top", lambda: top_kernels(probe, plan))):

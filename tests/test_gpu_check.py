@@ -174,6 +174,7 @@ def test_dry_run_checks_the_kernels_against_the_eager_forms(dry_run):
     assert rows.keys() == set(VARIANTS) - {"mhla"} | {"mhla (pairwise)", "mhla (blocked)"}  # each of its forms
     for name, r in rows.items():
         assert r["verdict"] == "pass" and r["bf16_launches"] > 0 and r["fakes_differ"] == [], r
+        assert r["pair_mismatches"] is None  # (the PTX on bf16 pairs: a GPU's check, the interpreter runs none)
         assert (r["fp32_launches"] > 0) == (name != "ttt"), r
         if name != "ttt":
             assert r["fp32_output_error"] < 1e-4 and r["fp32_grad_error"] < 1e-4, r
@@ -191,3 +192,5 @@ def test_parity_fails_a_kernel_that_computes_something_else():
     assert verdict({**good, "bf16_output_error": 0.3}) == "FAIL: bf16 output"
     assert verdict({**good, "bf16_grad_error": 2.5e-2}) == "FAIL: bf16 grad"  # more than 2× the eager step's
     assert verdict({**good, "fakes_differ": ["blocked_attention"]}) == "FAIL: fake"
+    assert verdict({**good, "pair_mismatches": 0}) == "pass"  # (ELU's and ReLU's φ on bf16 pairs: pair_features.py)
+    assert verdict({**good, "pair_mismatches": 3}) == "FAIL: φ on bf16 pairs (3 values)"

@@ -40,6 +40,19 @@ def test_every_section_writes_its_rows_on_a_cpu(probe, tmp_path):
     assert {r["config"] for r in by["tiles"]} == set(plan.tile_settings)
     assert {r["model"] for r in by["top"]} == models
     assert all(r["kernels"] and r["kernels"][0]["us"] > 0 for r in by["top"])
+    assert [r["section"] for r in found][1] == "parity"  # (first: φ on bf16 pairs, then the kernels vs float32)
+    assert_parity_rows(by["parity"])
+
+
+def assert_parity_rows(parity: list[dict]) -> None:
+    """φ on bf16 pairs unchecked (no PTX on a CPU), and each variant on each path: eager bf16 against float32."""
+    pairs = [r for r in parity if r["check"] == "φ on bf16 pairs"]
+    assert {r["model"] for r in pairs} == {"elu", "relu"} and all(r["mismatches"] is None for r in pairs)
+    mixing = [r for r in parity if r["check"] == "bf16 kernels vs float32"]
+    assert {(r["model"], r["path"]) for r in mixing} == {(m, p) for m in ("elu", "relu", "inline")
+                                                        for p in ("one launch", "split")}
+    for r in mixing:  # (a CPU runs the eager forms: bf16 against float32, within bf16's rounding)
+        assert r["verdict"] == "eager (no GPU)" and 0 < r["output_error"] < 1e-2 and 0 < r["grad_error"] < 1e-2, r
 
 
 def test_rows_past_the_budget_are_recorded_as_skipped(probe, tmp_path):

@@ -186,10 +186,10 @@ def test_one_launch_and_split_heads_give_the_same_values_and_gradients(name, mas
         grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
         return (out, *torch.autograd.grad(out, (q, k, v), grad))
 
-    assert fused.split_tokens(4, 1, 150, torch.device(DEVICE)) == (3, 64)  # the split form, at 64 programs
+    assert dispatch.split_tokens(4, 1, 150, torch.device(DEVICE)) == (3, 64)  # the split form, at 64 programs
     split = run(64)
     dispatch.current().split_round = 256
-    assert fused.split_tokens(4, 1, 150, torch.device(DEVICE))[0] == 1
+    assert dispatch.split_tokens(4, 1, 150, torch.device(DEVICE))[0] == 1
     whole = run(64)
     for a, b in zip(whole, split, strict=True):
         assert rel_error(a, b) < 1e-6

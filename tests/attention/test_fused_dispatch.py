@@ -31,12 +31,12 @@ from .fused_cases import (
 def test_dispatch_is_eager_where_the_kernels_cannot_go():
     """CPU tensors (outside these tests), head dims outside 16..128, int tensors, ONNX export: the eager form."""
     with dispatch.kernels_on(devices=("cuda",)):
-        assert not fused.can_run(torch.zeros(1, 1, 4, 64), "linear_attention")
+        assert not dispatch.can_run(torch.zeros(1, 1, 4, 64), "linear_attention")
     with dispatch.kernels_on("cpu"):
-        assert fused.can_run(torch.zeros(1, 1, 4, 64), "linear_attention")
-    assert not fused.can_run(torch.zeros(1, 1, 4, 8), "linear_attention")
-    assert not fused.can_run(torch.zeros(1, 1, 4, 256), "linear_attention")
-    assert not fused.can_run(torch.zeros(1, 1, 4, 64, dtype=torch.float64), "linear_attention")
+        assert dispatch.can_run(torch.zeros(1, 1, 4, 64), "linear_attention")
+    assert not dispatch.can_run(torch.zeros(1, 1, 4, 8), "linear_attention")
+    assert not dispatch.can_run(torch.zeros(1, 1, 4, 256), "linear_attention")
+    assert not dispatch.can_run(torch.zeros(1, 1, 4, 64, dtype=torch.float64), "linear_attention")
 
 
 @pytest.mark.parametrize("generation,fused_here", [((7, 0), False), ((7, 5), False), ((8, 0), True), ((8, 9), True),
@@ -48,15 +48,15 @@ def test_gpus_before_ampere_run_the_eager_form(generation, fused_here, monkeypat
     x = torch.zeros(1, 1, 4, 64, device=DEVICE)
     dispatch.current().generation_checked = (x.device.type,)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: generation)
-    assert fused.can_run(x, "linear_attention") is fused_here
+    assert dispatch.can_run(x, "linear_attention") is fused_here
     with dispatch.kernels_on(ttt_dtypes=(torch.float32,)):
-        assert fused.can_run(x, "ttt_step") is fused_here
+        assert dispatch.can_run(x, "ttt_step") is fused_here
 
 
 def test_the_switch_is_read_once_at_construction(monkeypatch):
-    monkeypatch.setenv(fused.ENV, "0")
+    monkeypatch.setenv(dispatch.ENV, "0")
     off = make_module("elu", 32, (4, 4), 1)
-    monkeypatch.setenv(fused.ENV, "1")
+    monkeypatch.setenv(dispatch.ENV, "1")
     on = make_module("elu", 32, (4, 4), 1)
     assert not off.fused_kernels and on.fused_kernels
     calls = []
@@ -69,7 +69,7 @@ def test_the_switch_is_read_once_at_construction(monkeypatch):
 @pytest.mark.parametrize("value, on", [("0", False), ("off", False), ("False", False), ("no", False), ("1", True),
                                        ("on", True), ("TRUE", True), ("", True), (" 0 ", False)])
 def test_the_switch_takes_the_usual_spellings(monkeypatch, value, on):
-    monkeypatch.setenv(fused.ENV, value)
+    monkeypatch.setenv(dispatch.ENV, value)
     assert make_module("elu", 32, (4, 4), 1).fused_kernels is on
 
 
@@ -238,7 +238,7 @@ def test_backward_kernels_too_big_for_the_gpu_run_lean_within_the_bf16_bar(name,
             out = fused.attention(q, k, v, mask, feature, 0.0, 1e-6, 1.0, False)
             assert_matches_oracle(out, (q, k, v), lambda q, k, v: kernel_attention_reference(
                 phi(q), phi(k), v, mask, 1e-6), TOL[torch.bfloat16])
-    assert fused.can_run(q, "linear_attention")  # nothing turned off
+    assert dispatch.can_run(q, "linear_attention")  # nothing turned off
     # the first launch of each tried 64- and 32-token chunks on bf16 tiles (bf16 inputs' default for these kernels:
     # launch_plan.tile_name; the one-launch backward starts at 32 under a Triton older than 3.8:
     # dispatch.spill_free_chunk); the rest took what fitted
@@ -282,6 +282,6 @@ def test_a_kernel_that_fits_no_settings_still_falls_back_to_eager_once(monkeypat
     out = fused.attention(q, k, v, None, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False)
     with pytest.warns(RuntimeWarning, match="OutOfResources"):
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
-    assert not fused.can_run(q, "linear_attention")
+    assert not dispatch.can_run(q, "linear_attention")
     # bf16 inputs start on 16-bit tiles (launch_plan.tile_name), so the ladder is 64, 32, 16: one kernel
     assert sum(refused.values()) == 3

@@ -117,7 +117,7 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_form_once(name, m
         out = module(x)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     op, other = OPS[name]
-    assert not fused.can_run(x, op) and fused.can_run(x, other)  # that op's off: no second warning or try
+    assert not dispatch.can_run(x, op) and dispatch.can_run(x, other)  # that op's off: no second warning or try
 
     with helpers.no_warnings():
         module(x)
@@ -142,7 +142,7 @@ def test_a_backward_kernel_the_gpu_cannot_build_falls_back_to_the_eager_gradient
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
     op, other = OPS[name]
-    assert not fused.can_run(x, op) and fused.can_run(x, other)  # that op's next step runs eager, unwarned
+    assert not dispatch.can_run(x, op) and dispatch.can_run(x, other)  # that op's next step runs eager, unwarned
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from vitconvert.attention.ops import dispatch
-from vitconvert.attention.ops.linear import op as fused
 from vitconvert.attention.ops.ttt import op as fused_ttt
 
 from . import helpers
@@ -67,7 +66,7 @@ def test_the_op_is_the_closed_form_step_values_and_gradients(d, programs, masked
     dispatch.current().programs = programs
     inputs, mask = step_inputs(N=70, d=d, masked=masked)
     if programs == 64:
-        assert fused.split_tokens(4, 1, 70, torch.device(DEVICE))[0] == 2  # two ranges per head, partial sums
+        assert dispatch.split_tokens(4, 1, 70, torch.device(DEVICE))[0] == 2  # two ranges per head, partial sums
     errors = against_float64(inputs, mask, lr=0.7)
     assert max(errors) < 2e-6, errors
 
@@ -116,7 +115,7 @@ def test_where_the_sums_backward_fits_no_settings_two_kernels_take_its_place(d, 
         assert max(errors) < 2e-6, errors
         tries = one_kernel.refused["inner_sums_bwd_kernel"]  # (BLOCK_N 64 or 32, down to 16: float32 keeps its tiles)
         assert tries == (3 if d == 32 else 2)
-        assert not dispatch.fits(fused_ttt.ONE_PASS) and fused.can_run(inputs[0], "ttt_step")
+        assert not dispatch.fits(fused_ttt.ONE_PASS) and dispatch.can_run(inputs[0], "ttt_step")
         against_float64(inputs, mask, lr=0.7)
     assert one_kernel.refused["inner_sums_bwd_kernel"] == tries
 
@@ -281,7 +280,7 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, 
         got = torch.autograd.grad(out, [x, *module.parameters()], grad)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
-    assert not fused.can_run(x, "ttt_step") and fused.can_run(x, "linear_attention")  # that op's kernels off
+    assert not dispatch.can_run(x, "ttt_step") and dispatch.can_run(x, "linear_attention")  # that op's kernels off
     with helpers.no_warnings():
         module(x)
 

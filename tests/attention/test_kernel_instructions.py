@@ -59,8 +59,8 @@ def test_the_main_loops_take_fewer_instructions_per_element_than_before(tmp_path
     (three per one-launch backward), moves what it should per thread and tile (64 tokens × 64 of k and v, or of q
     and o, over 128 threads; the backward's loads and stores), and — against the kernels before issue 37 (zv summed
     for every variant, z and zv reduced across warps per tile, masks on every tile, a division per entry) — the
-    forward's and the backward's instructions per element are fewer by the factors measured (docs/performance.md),
-    the state loops take fewer barriers, and no loop takes more instructions than before. The split kernels' last
+    forward's and the backward's instructions per element, and each main loop's, are at most 0.65× (InLine's 0.5×)
+    what they were (docs/performance.md), and the state loops take fewer barriers. The split kernels' last
     program's loops over the partial sums are listed apart (once a head, not a tile)."""
     out = tmp_path / "instructions.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -73,12 +73,14 @@ def test_the_main_loops_take_fewer_instructions_per_element_than_before(tmp_path
     if now["triton"] != before["triton"]:
         pytest.skip(f"the baseline was built by Triton {before['triton']}, this is {now['triton']}")
     was = {(r["variant"], r["path"], r["kernel"], r["loop"]): r for r in before["rows"]}
+    bound = {"elu": 0.65, "relu": 0.65, "inline": 0.5}  # (issue 37: at most 0.65× the earlier count)
+    over = {key: round(row["per_element"] / was[key]["per_element"], 3) for key, row in rows.items()
+            if row["per_element"] > bound[key[0]] * was[key]["per_element"]}
+    assert over == {}  # (every main loop, not only each direction's sum)
     for key, row in rows.items():
-        assert row["per_element"] <= 1.1 * was[key]["per_element"], key  # (ELU's one-launch read-out backward: 1.05×)
         if key[3] == "state":
             assert row["bar_sync"] < was[key]["bar_sync"], key
     ratio = {key: total["per_element"] / before["totals"][key]["per_element"] for key, total in now["totals"].items()}
-    bound = {"elu": 0.65, "relu": 0.65, "inline": 0.5}  # (issue 37: at most 0.65× the earlier count)
     assert {key: r for key, r in ratio.items() if r > bound[key.split()[0]]} == {}
     assert dispatch.MIN_HEAD_DIM <= now["head_dim"] == 64
 

@@ -3,6 +3,7 @@ their names wherever their files move (saved programs, torch.export and torch.co
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -63,3 +64,67 @@ def test_what_every_op_shares_has_one_home_in_ops():
     for folder in ("pairwise", "grid", "ttt"):
         for path in (OPS / folder).glob("*.py"):
             assert not re.search(r"from \.\.linear(\.op|\.launches)? import (op|launches|_)", path.read_text()), path
+
+
+ROOT = OPS.parents[2]  # (the repository: vitconvert/, benchmarks/, tests/)
+OP_FOLDERS = {"linear", "pairwise", "grid", "ttt"}
+
+
+def top_level_names(tree: ast.Module) -> set[str]:
+    """What a module offers: its definitions and what it imports by name (dispatch offers the settings' too)."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            names |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def op_module_aliases(tree: ast.Module) -> set[str]:
+    """The names a module binds to an op's module (``from ….ops.linear import op as fused``, ``from .linear import
+    op``)."""
+    return {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            and (node.module or "").rsplit(".", 1)[-1] in OP_FOLDERS for alias in node.names if alias.name == "op"}
+
+
+def dispatch_names() -> set[str]:
+    names = top_level_names(ast.parse((OPS / "dispatch.py").read_text()))
+    assert {"can_run", "attempt", "ENV", "split_tokens"} <= names
+    return names
+
+
+def test_no_op_module_imports_a_dispatch_name_it_does_not_use():
+    """can_run, attempt, the settings' names, split_tokens…: what dispatch.py offers is read from dispatch, and no
+    module under ops/ re-exports it (ops/linear/op.py once re-exported a dozen for the variants)."""
+    for path in sorted(OPS.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and (node.module or "").endswith("dispatch") for alias in node.names}
+        used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        assert imported <= used, (path.relative_to(OPS).as_posix(), sorted(imported - used))
+
+
+def reached_through_an_op(path: Path, names: set[str]) -> list[str]:
+    """``alias.name`` in ``path`` where ``alias`` is an op's module and ``name`` one of ``names``."""
+    text = path.read_text()
+    if " import op" not in text:
+        return []
+    tree = ast.parse(text)
+    aliases = op_module_aliases(tree)
+    return [f"{path.relative_to(ROOT).as_posix()}:{node.lineno}: {node.value.id}.{node.attr}"
+            for node in ast.walk(tree) if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+            and node.value.id in aliases and node.attr in names]
+
+
+def test_no_module_reaches_dispatch_through_an_op():
+    """The package, the benchmarks and the tests ask dispatch (``dispatch.can_run``), not an op's module
+    (``fused.can_run``)."""
+    names = dispatch_names()
+    reached = [line for folder in ("vitconvert", "benchmarks", "tests")
+               for path in sorted((ROOT / folder).rglob("*.py")) for line in reached_through_an_op(path, names)]
+    assert not reached, "ask dispatch, not an op's module:\n" + "\n".join(reached)

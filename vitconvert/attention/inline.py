@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .base import Grid, LinearAttention
+from .ops import dispatch
 from .ops.linear import op as fused
 from .ops.linear.reference import inline_weights
 from .options import Option, flag
@@ -165,8 +166,8 @@ class InLineAttention(LinearAttention):
         """O(N·d²) InLine attention, sums in float32 at least, plus the local residual if enabled."""
         kernels = self._kernels_for(grid, local_kernels)
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
-            if self.fused_kernels and fused.can_run(v, "linear_attention"):
-                out = fused.attempt("linear_attention", fused.attention, q.to(v.dtype), k.to(v.dtype), v,
+            if self.fused_kernels and dispatch.can_run(v, "linear_attention"):
+                out = dispatch.attempt("linear_attention", fused.attention, q.to(v.dtype), k.to(v.dtype), v,
                                     key_valid, fused.IDENTITY, 0.0, 0.0, self.scale, True)
                 if out is not None:
                     if kernels is not None and grid is not None:

@@ -28,6 +28,7 @@ import torch
 from torch.nn import functional as F
 
 from .base import Grid, LinearAttention
+from .ops import dispatch
 from .ops.linear import op as fused
 from .ops.linear.reference import kernel_attention_reference
 from .options import Option, number, positive
@@ -156,8 +157,8 @@ class KernelAttention(LinearAttention):
             extra: Optional[torch.Tensor] = None) -> torch.Tensor:
         """φ on q and k together: fewer passes, and for batches the stacked copy is the layout bmm needs."""
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
-            if self.fused_kernels and fused.can_run(v, "linear_attention"):
-                out = fused.attempt("linear_attention", fused.attention, q.to(v.dtype), k.to(v.dtype), v,
+            if self.fused_kernels and dispatch.can_run(v, "linear_attention"):
+                out = dispatch.attempt("linear_attention", fused.attention, q.to(v.dtype), k.to(v.dtype), v,
                                     key_valid, self.phi_code, 0.0, self.eps, 1.0, False)
                 if out is not None:
                     return out

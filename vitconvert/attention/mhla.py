@@ -213,7 +213,7 @@ class MHLAttention(LinearAttention):
 
     def _fused_here(self, t: torch.Tensor) -> bool:
         """Whether this call runs on the kernels (``t`` with q's last dimension: can_run checks the head dim)."""
-        return self.fused_kernels and not self.official_denominator and fused.can_run(t, "blocked_attention")
+        return self.fused_kernels and not self.official_denominator and dispatch.can_run(t, "blocked_attention")
 
     # -- shared by mix and reference ----------------------------------------------------------------
     def features(self, q: torch.Tensor, k: torch.Tensor, key_valid: Optional[torch.Tensor]):
@@ -247,7 +247,7 @@ class MHLAttention(LinearAttention):
         """Blocked states, mixed by W, read by each query; reshapes/gathers, no loops; sums in float32 at least."""
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             if self._fused_here(v):
-                out = fused.attempt("blocked_attention", self._fused_mix, q, k, v, key_valid, grid)
+                out = dispatch.attempt("blocked_attention", self._fused_mix, q, k, v, key_valid, grid)
                 if out is not None:
                     return out
         dtype = v.dtype
@@ -289,7 +289,7 @@ class MHLAttention(LinearAttention):
                 and dispatch.fits("pairwise_attention")):  # (where its kernels cannot build: the blocked form)
             segments = token_segments(grid, self.block_counts, self.num_prefix_tokens, q.device)
             lepe = (None, None) if self.lepe is None else (self.lepe.weight, self.lepe.bias)
-            out = fused.attempt("pairwise_attention", fused_pairwise.pairwise, q, k, v, key_valid, segments, mixing,
+            out = dispatch.attempt("pairwise_attention", fused_pairwise.pairwise, q, k, v, key_valid, segments, mixing,
                                 fused.RELU_PLUS_EPS, self.eps, self.eps, *norms, *lepe, grid, self.num_prefix_tokens)
             if out is not None:
                 return out
@@ -299,7 +299,7 @@ class MHLAttention(LinearAttention):
                                             self.eps, *norms, self.lepe is not None)
         if self.lepe is None:
             return out
-        if fused.can_run(v, "grid_conv"):  # out + LePE in one kernel (ops/grid/op.py), else in torch
+        if dispatch.can_run(v, "grid_conv"):  # out + LePE in one kernel (ops/grid/op.py), else in torch
             summed = dispatch.attempt("grid_conv", fused_grid.conv_on_grid, v, out, self.lepe.weight, self.lepe.bias,
                                       key_valid, grid, self.num_prefix_tokens)
             if summed is not None:

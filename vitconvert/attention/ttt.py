@@ -34,7 +34,6 @@ from torch.utils.checkpoint import checkpoint
 
 from .base import Grid, LinearAttention
 from .ops import dispatch
-from .ops.linear import op as fused
 from .ops.norms.lean import key_instance_norm
 from .ops.ttt import op as fused_ttt
 from .ops.ttt.closed_form import inner_gradients, inner_model, normalize_keys, stepped_readout, swiglu_readout
@@ -157,12 +156,12 @@ class TTTAttention(LinearAttention):
         q, k, v and the keys' statistics and recomputes in its backward: no checkpoint, and no second forward.
         """
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
-            on_kernels = self.fused_kernels and fused.can_run(v, "ttt_step")
+            on_kernels = self.fused_kernels and dispatch.can_run(v, "ttt_step")
             recompute = self.recompute_step and records_for_backward()
             if on_kernels:  # a kernel Triton cannot build: turned off, and the step again from the start
-                kernel_convs = grid is not None and fused.can_run(v, "grid_conv")
+                kernel_convs = grid is not None and dispatch.can_run(v, "grid_conv")
                 # (the op on the raw keys keeps only q, k, v and recomputes in its backward: no checkpoint)
-                out = fused.attempt("ttt_step", self.run_step, q, k, v, key_valid, grid, True,
+                out = dispatch.attempt("ttt_step", self.run_step, q, k, v, key_valid, grid, True,
                                     recompute and not kernel_convs, kernel_convs)
                 if out is not None:
                     return out

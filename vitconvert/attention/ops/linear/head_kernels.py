@@ -128,16 +128,16 @@ def attention_fwd_kernel(
 
 
 @triton.jit
-def _read_chunk_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on, s_gn, s_dqn, r_t, bias, dr, drz,
-                         feature_eps, eps, FEATURE: tl.constexpr, INLINE: tl.constexpr, FULL: tl.constexpr,
+def _read_chunk_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on, s_gn, s_dqn, r_t, bias, rz_cols,
+                         dr, drz, feature_eps, eps, FEATURE: tl.constexpr, INLINE: tl.constexpr, FULL: tl.constexpr,
                          TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
     """:func:`_read_out_backward` of one chunk, affine for InLine, normalised for kernel attention."""
     if INLINE:
         dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on, s_gn, s_dqn, r_t, bias,
-                                     dr, drz, feature_eps, eps, FEATURE, False, FULL, TILE, PRECISION, EMULATE)
+                                     rz_cols, dr, drz, feature_eps, eps, FEATURE, False, FULL, TILE, PRECISION, EMULATE)
     else:
         dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on, s_gn, s_dqn, r_t, bias,
-                                     dr, drz, feature_eps, eps, FEATURE, True, FULL, TILE, PRECISION, EMULATE)
+                                     rz_cols, dr, drz, feature_eps, eps, FEATURE, True, FULL, TILE, PRECISION, EMULATE)
     return dr, drz
 
 
@@ -171,6 +171,7 @@ def attention_bwd_kernel(
                                          FEATURE, INLINE, HAS_MASK, EVEN_D, BLOCK_N, BLOCK_N, BLOCK_D, TILE, PRECISION,
                                          EMULATE)
     r_t = tl.trans(r_mat).to(TILE)
+    rz_cols = _columns(bias, TILE)
     dr = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     drz = _row_sums_init(1, BLOCK_D)
     q_base, o_base, g_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh, DO + b * s_gb + h * s_gh
@@ -180,19 +181,19 @@ def attention_bwd_kernel(
         for start in range(0, full_end, BLOCK_N):
             tok, inside = _tokens(Q, 0, N, N, start, BLOCK_N, False)
             dr, drz = _read_chunk_backward(q_base, o_base, g_base, dq_base, tok, inside[:, None], d, s_qn, s_on, s_gn,
-                                           s_dqn, r_t, bias, dr, drz, feature_eps, eps, FEATURE, INLINE, True, TILE,
-                                           PRECISION, EMULATE)
+                                           s_dqn, r_t, bias, rz_cols, dr, drz, feature_eps, eps, FEATURE, INLINE, True,
+                                           TILE, PRECISION, EMULATE)
         if full_end < N:
             tok, inside = _tokens(Q, 0, N, N, full_end, BLOCK_N, False)
             dr, drz = _read_chunk_backward(q_base, o_base, g_base, dq_base, tok, inside[:, None] & d_ok[None, :], d,
-                                           s_qn, s_on, s_gn, s_dqn, r_t, bias, dr, drz, feature_eps, eps, FEATURE,
-                                           INLINE, False, TILE, PRECISION, EMULATE)
+                                           s_qn, s_on, s_gn, s_dqn, r_t, bias, rz_cols, dr, drz, feature_eps, eps,
+                                           FEATURE, INLINE, False, TILE, PRECISION, EMULATE)
     else:
         for start in range(0, N, BLOCK_N):
             tok, inside = _tokens(Q, 0, N, N, start, BLOCK_N, False)
             dr, drz = _read_chunk_backward(q_base, o_base, g_base, dq_base, tok, inside[:, None] & d_ok[None, :], d,
-                                           s_qn, s_on, s_gn, s_dqn, r_t, bias, dr, drz, feature_eps, eps, FEATURE,
-                                           INLINE, False, TILE, PRECISION, EMULATE)
+                                           s_qn, s_on, s_gn, s_dqn, r_t, bias, rz_cols, dr, drz, feature_eps, eps,
+                                           FEATURE, INLINE, False, TILE, PRECISION, EMULATE)
     dr = tl.trans(dr)
     if INLINE:
         ds = dr * (scale / n)

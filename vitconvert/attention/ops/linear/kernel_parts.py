@@ -14,13 +14,15 @@ mixing by the caller, in torch: a d×d affair):
     affine:      o_i = q_iᵀ R_a + b_a                         (InLine)
 
 A program walks its tokens in chunks of BLOCK_N: loads are bf16/fp16 tiles, the feature map is made in the dots'
-operand dtype (ELU's on bf16 pairs: :func:`_elu_plus_one_pairs`) or in float32 where float32 reads it, the
+operand dtype (ELU's and ReLU's on bf16 pairs: :func:`_phi_tile`) or in float32 where float32 reads it, the
 reciprocal of the normaliser in float32, and the dots run on tensor cores with float32 accumulators on TILE
 operands: bf16 for bf16 inputs of ELU, ReLU and InLine (launches.kernel_tiles: a third fewer instructions, the
 tests' bf16 bars held), float32 as TF32 for the other half inputs (φ(k), R and φ(q) keep 3 more bits than in
 bf16; float16's range is too short for a long sequence's sums), or float32 inputs as torch's TF32 switch says.
 Sums over a chunk's tokens that would otherwise be reduced across warps every chunk (ELU's z, the normaliser
-φ(q)·r) are dots on the operand already made (each φ made once), the others wait in registers until after the loop;
+φ(q)·r, the read-out backward's do·o) are dots on the operand already made (each φ made once; per-query factors
+come out in the dots' layout, so no float32 tile changes layout through shared memory), the others wait in
+registers until after the loop;
 whole chunks run without bounds masks (FULL). Backward recomputes φ from q and k, so nothing N-sized beyond q, k, v
 and the output is kept. The instructions each main loop costs:
 benchmarks/kernel_instructions.py.
@@ -33,6 +35,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from .bf16_pairs import _elu_plus_one_pairs, _relu_pairs
 
 IDENTITY, ELU_PLUS_ONE, RELU, RELU_PLUS_EPS = 0, 1, 2, 3  # FEATURE: φ of each variant
 COLS = tl.constexpr(16)  # a tensor-core dot's least N: sums over tokens as dots with COLS columns of ones
@@ -54,33 +58,14 @@ def _phi(x, FEATURE: tl.constexpr, feature_eps):
 
 
 @triton.jit
-def _elu_plus_one_pairs(x):
-    """elu(x) + 1 of a bf16 tile, in bf16, two entries a thread instruction: max(x + 1, exp(min(x, 0))) is φ
-    (eˣ ≥ x + 1), each side rounded once as float32's φ rounded to bf16 is (the same bits), eˣ from float32
-    exp2 of x·log2(e) as Triton's exp makes it; NaN stays NaN."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b32 m, lo, hi;
-        min.NaN.bf16x2 m, $1, $2;
-        shl.b32 lo, m, 16;
-        and.b32 hi, m, 0xFFFF0000;
-        mul.f32 lo, lo, 0f3FB8AA3B;
-        mul.f32 hi, hi, 0f3FB8AA3B;
-        ex2.approx.ftz.f32 lo, lo;
-        ex2.approx.ftz.f32 hi, hi;
-        cvt.rn.bf16x2.f32 m, hi, lo;
-        fma.rn.bf16x2 lo, $1, $3, $3;
-        max.NaN.bf16x2 $0, lo, m;
-        }""", "=r,r,r,r", [x, tl.full(x.shape, 0.0, tl.bfloat16), tl.full(x.shape, 1.0, tl.bfloat16)],
-        dtype=tl.bfloat16, is_pure=True, pack=2)
-
-
-@triton.jit
 def _phi_tile(x, FEATURE: tl.constexpr, feature_eps, TILE: tl.constexpr, EMULATE: tl.constexpr):
-    """φ(x) as a dot's operand, in the TILE dtype, from x as loaded: ELU's of bf16 on bf16 tiles by
-    :func:`_elu_plus_one_pairs` (compiled; the interpreter runs no PTX: float32's φ rounded, the same values)."""
+    """φ(x) as a dot's operand, in the TILE dtype, from x as loaded: ELU's and ReLU's of bf16 on bf16 tiles on pairs
+    of entries (:mod:`.bf16_pairs`; compiled: the interpreter runs no PTX, it takes float32's φ rounded, the same
+    values)."""
     if FEATURE == 1 and x.dtype == tl.bfloat16 and TILE == tl.bfloat16 and not EMULATE:
         y = _elu_plus_one_pairs(x)
+    elif FEATURE == 2 and x.dtype == tl.bfloat16 and TILE == tl.bfloat16 and not EMULATE:
+        y = _relu_pairs(x)
     else:
         y = _phi(x.to(tl.float32), FEATURE, feature_eps).to(TILE)
     return y
@@ -100,12 +85,14 @@ def _phi_grad(x, FEATURE: tl.constexpr):
 
 @triton.jit
 def _phi_grad_rows(q, p, rows, FEATURE: tl.constexpr):
-    """φ'(q) ⊙ ``rows`` (1/den, a (BLOCK_N, 1) factor per query from a reduction) in float32, given p = φ(q) ⊙ rows:
-    elu + 1's φ' is min(φ, 1), so min(p, rows) (no second eˣ, no product); relu's a select. With the reduction in
-    it, Triton converts the product to the dot's layout where it meets dq's dot, not recomputing φ' from q there."""
+    """φ'(q) ⊙ ``rows`` (1/den, a (BLOCK_N, 1) factor per query) in float32, given p = φ(q) ⊙ rows: elu + 1's φ' is
+    min(φ, 1), so min(p, rows) (no second eˣ, no product); relu's a select on p > 0 (φ > 0 where q > 0: no float32
+    q), relu + ε's on q > 0. Made from p, in the layout p is made in."""
     if FEATURE == 1:
         y = tl.minimum(p, rows)
-    elif FEATURE == 2 or FEATURE == 3:
+    elif FEATURE == 2:
+        y = tl.where(p > 0, rows, 0.0)
+    elif FEATURE == 3:
         y = tl.where(q > 0, rows, 0.0)
     else:
         y = rows + tl.zeros(q.shape, tl.float32)
@@ -243,6 +230,49 @@ def _columns(r, TILE: tl.constexpr):
 
 
 @triton.jit
+def _denominator(phi_q, rz, rz_cols, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """φ(q)·r per query from φ(q) as a tile: up to :data:`DOT_SUMS_MAX` :func:`_row_dot` (``rz_cols``: r as it
+    takes it), above a float32 sum. The read-out and its backward both take it: the backward's 1/den is the
+    forward's."""
+    if phi_q.shape[1] <= DOT_SUMS_MAX:
+        den = _row_dot(phi_q, rz_cols, PRECISION, EMULATE)
+    else:
+        den = tl.sum(phi_q.to(tl.float32) * rz[None, :], axis=1)
+    return den
+
+
+@triton.jit
+def _row_products(a, b, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """Σ_k a_ik b_ik per row of two tiles as loaded: the products rounded to TILE (as a bf16 o's entries are) summed
+    by :func:`_row_dot` with columns of ones."""
+    if EMULATE:  # (the interpreter's 16-bit products are wrong: float32's, rounded, are the GPU's)
+        ab = (a.to(tl.float32) * b.to(tl.float32)).to(TILE)
+    else:
+        ab = a.to(TILE) * b.to(TILE)
+    return _row_dot(ab, _columns(tl.full((a.shape[1],), 1.0, tl.float32), TILE), PRECISION, EMULATE)
+
+
+@triton.jit
+def _query_terms(q, g, o, tile, rz, rz_cols, feature_eps, FEATURE: tl.constexpr, FULL: tl.constexpr,
+                 TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+    """(φ(q), φ(q)·r, do·o) per query of the read-out backward. On 16-bit tiles up to :data:`DOT_SUMS_MAX`: φ(q)
+    the read-out's operand tile and both sums dots (the forward's :func:`_denominator`, :func:`_row_products`); on
+    float32 (TF32) tiles or wider heads φ(q) and the sums in float32 (fewer registers than the dots' operands)."""
+    WIDE: tl.constexpr = TILE == tl.float32 or q.shape[1] > DOT_SUMS_MAX
+    if WIDE:
+        phi_q = _phi(q.to(tl.float32), FEATURE, feature_eps)
+    else:
+        phi_q = _phi_tile(q, FEATURE, feature_eps, TILE, EMULATE)
+    if not FULL:
+        phi_q = tl.where(tile, phi_q, 0.0)
+    if WIDE:
+        den, g_o = tl.sum(phi_q * rz[None, :], axis=1), tl.sum(g.to(tl.float32) * o.to(tl.float32), axis=1)
+    else:
+        den, g_o = _row_dot(phi_q, rz_cols, PRECISION, EMULATE), _row_products(g, o, TILE, PRECISION, EMULATE)
+    return phi_q, den, g_o
+
+
+@triton.jit
 def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps, eps,
               FEATURE: tl.constexpr, NORMALISE: tl.constexpr, FULL: tl.constexpr, TILE: tl.constexpr,
               PRECISION: tl.constexpr, EMULATE: tl.constexpr):
@@ -254,11 +284,7 @@ def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, fea
         phi_q = tl.where(tile, phi_q, 0.0)
     num = _dot(phi_q, r_tile, PRECISION, EMULATE)
     if NORMALISE:
-        if phi_q.shape[1] <= DOT_SUMS_MAX:
-            den = _row_dot(phi_q, rz_cols, PRECISION, EMULATE)
-        else:
-            den = tl.sum(phi_q.to(tl.float32) * rz[None, :], axis=1)
-        o = num * (1.0 / (den + eps))[:, None]
+        o = num * (1.0 / (_denominator(phi_q, rz, rz_cols, PRECISION, EMULATE) + eps))[:, None]
     else:
         o = num + rz[None, :]
     _store(o_base, tok, d, s_on, o, tile, FULL)
@@ -300,37 +326,39 @@ def _row_sums(acc):
 
 
 @triton.jit
-def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on, s_gn, s_dqn, r_t, rz, dr, drz,
-                       feature_eps, eps, FEATURE: tl.constexpr, NORMALISE: tl.constexpr, FULL: tl.constexpr,
+def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on, s_gn, s_dqn, r_t, rz, rz_cols, dr,
+                       drz, feature_eps, eps, FEATURE: tl.constexpr, NORMALISE: tl.constexpr, FULL: tl.constexpr,
                        TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
     """One chunk of queries of the read-out's backward: dq stored, dR (as dRᵀ: ``dr``) and dr (``drz``,
-    :func:`_add_row_sums`' accumulator) summed on; ``r_t``: Rᵀ as a tile.
+    :func:`_add_row_sums`' accumulator) summed on; ``r_t``: Rᵀ as a tile, ``rz_cols``: r as :func:`_denominator`
+    takes it.
 
-    normalised, with 1/den and do·o per query (the chunk's only two reductions across threads):
-    dq = φ'(q) ⊙ (do Rᵀ − (do·o) r) / den, dRᵀ = Σ doᵀ (φq/den), dr = −Σ (φq/den)(do·o). do enters the dots as
-    loaded (no scaled copy), φq is made once, in one layout: the 1/den goes on its copy for dRᵀ (the B operand, so
-    the transposed operand is do, read from its staged tile), and φ'/den comes from that product
-    (:func:`_phi_grad_rows`), which Triton converts to the dot's layout rather than making φ again there.
+    normalised: dq = φ'(q) ⊙ (do Rᵀ − (do·o) r) / den, dRᵀ = Σ doᵀ (φq/den), dr = −Σ (φq/den)(do·o). φq is the
+    read-out's operand tile (:func:`_phi_tile`) and, on 16-bit tiles, den the read-out's; there den and do·o are
+    dots on tensor cores (:func:`_query_terms`), so every per-query factor is made in the dots' layout and dq is
+    formed there without moving a float32 tile through shared memory. do enters
+    the dots as loaded; the 1/den goes on φq's copy for dRᵀ (the B operand, so the transposed operand is do, read
+    from its staged tile), and φ'/den comes from that product (:func:`_phi_grad_rows`).
     affine: dq = do Rᵀ, dRᵀ = Σ doᵀ q, db = Σ do.
     """
-    q = _load(q_base, tok, d, s_qn, tile, FULL).to(tl.float32)
+    q = _load(q_base, tok, d, s_qn, tile, FULL)
     g = _load(g_base, tok, d, s_gn, tile, FULL)
-    phi_q = _phi(q, FEATURE, feature_eps)
-    if not FULL:
-        phi_q = tl.where(tile, phi_q, 0.0)
     grad = _dot(g.to(TILE), r_t, PRECISION, EMULATE)
     if NORMALISE:
-        o = _load(o_base, tok, d, s_on, tile, FULL).to(tl.float32)
-        inv_den = 1.0 / (tl.sum(phi_q * rz[None, :], axis=1) + eps)
-        g_o = tl.sum(g.to(tl.float32) * o, axis=1)
-        p = phi_q * inv_den[:, None]
+        phi_q, den, g_o = _query_terms(q, g, _load(o_base, tok, d, s_on, tile, FULL), tile, rz, rz_cols, feature_eps,
+                                       FEATURE, FULL, TILE, PRECISION, EMULATE)
+        inv_den = 1.0 / (den + eps)
+        p = phi_q.to(tl.float32) * inv_den[:, None]
         dr += _dot(tl.trans(g.to(TILE)), p.to(TILE), PRECISION, EMULATE)
         drz = _add_row_sums(drz, p, -g_o, TILE, PRECISION, EMULATE)
         dq = (grad - g_o[:, None] * rz[None, :]) * _phi_grad_rows(q, p, inv_den[:, None], FEATURE)
     else:
+        phi_q = _phi(q.to(tl.float32), FEATURE, feature_eps)
+        if not FULL:
+            phi_q = tl.where(tile, phi_q, 0.0)
         dr += _dot(tl.trans(g.to(TILE)), phi_q.to(TILE), PRECISION, EMULATE)
         drz = _add_row_sums(drz, g, tl.full((g.shape[0],), 1.0, tl.float32), TILE, PRECISION, EMULATE)
-        dq = grad * _phi_grad(q, FEATURE)
+        dq = grad * _phi_grad(q.to(tl.float32), FEATURE)
     _store(dq_base, tok, d, s_dqn, dq, tile, FULL)
     return dr, drz
 
@@ -370,13 +398,3 @@ def _load_square(P, which, d, d_ok, D):
 def _store_square(P, which, x, d, d_ok, D):
     tl.store(P + which * D * D + d[:, None] * D + d[None, :], x, mask=d_ok[:, None] & d_ok[None, :])
 
-
-@triton.jit
-def _load_row(P, which, d, d_ok, D):
-    """Entry ``which`` of a (…, D) float32 tensor, zero-padded to the head tile."""
-    return tl.load(P + which * D + d, mask=d_ok, other=0.0)
-
-
-@triton.jit
-def _store_row(P, which, x, d, d_ok, D):
-    tl.store(P + which * D + d, x, mask=d_ok)

@@ -15,10 +15,11 @@ recomputes its scores), so a training step holds no more than softmax's; the blo
 (read out again in backward) and apply MHLA's RMSNorm to q and k itself (recomputed in backward), keeping the
 raw q and k.
 
-When they run is :mod:`..dispatch`'s (re-exported here for the variants); how they are launched (chunk, warps,
-stages, tiles, one launch or split) is one value per shape bucket, :mod:`..launch_plan`'s, which the kernel plan
-prints. A backward kernel Triton cannot build turns that op's kernels off (as a forward one does) and that step's
-gradients come from the ops' eager forms (:mod:`.eager`), so training goes on.
+When they run is :mod:`..dispatch`'s (the variants ask it there: ``dispatch.can_run``, ``dispatch.attempt``);
+how they are launched (chunk, warps, stages, tiles, one launch or split) is one value per shape bucket,
+:mod:`..launch_plan`'s, which the kernel plan prints. A backward kernel Triton cannot build turns that op's kernels
+off (as a forward one does) and that step's gradients come from the ops' eager forms (:mod:`.eager`), so training
+goes on.
 """
 
 from __future__ import annotations
@@ -28,21 +29,7 @@ from typing import Optional
 import torch
 
 from ..calls import _direct_function, _eager_gradients, call_op
-from ..dispatch import (  # noqa: F401  (re-exported: the variants and tools reach dispatch through this module)
-    CONFIG_ENV,
-    ENV,
-    TILE_ENV,
-    KernelUnavailable,
-    attempt,
-    can_run,
-    current,
-    direct,
-    disable,
-    kernels_on,
-    launch,
-    split_tokens,
-    use_fused_kernels,
-)
+from ..dispatch import KernelUnavailable, direct, launch
 from ..launch_plan import linear_launches, tile_kwargs
 from ..layout import _mask_arg, _output_like, _strides, unit_rows, valid_keys
 from ..norms.lean import rms_pair, through_rms_pair

@@ -21,7 +21,6 @@ from .kernel_parts import (
     _columns,
     _full_end,
     _key_sums,
-    _load_row,
     _load_square,
     _read_out,
     _read_out_backward,
@@ -29,10 +28,20 @@ from .kernel_parts import (
     _row_sums_init,
     _state_backward,
     _state_step,
-    _store_row,
     _store_square,
     _tokens,
 )
+
+
+@triton.jit
+def _load_row(P, which, d, d_ok, D):
+    """Entry ``which`` of a (…, D) float32 tensor, zero-padded to the head tile."""
+    return tl.load(P + which * D + d, mask=d_ok, other=0.0)
+
+
+@triton.jit
+def _store_row(P, which, x, d, d_ok, D):
+    tl.store(P + which * D + d, x, mask=d_ok)
 
 
 @triton.jit
@@ -228,6 +237,7 @@ def readout_bwd_kernel(
     which = bh * SEGMENTS + seg
     r_t = tl.trans(_load_square(R, which, d, d_ok, D)).to(TILE)
     rz = _load_row(RZ, which, d, d_ok, D)
+    rz_cols = _columns(rz, TILE)
     dr = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     drz = _row_sums_init(BLOCK_N, BLOCK_D)
     q_base, o_base, g_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh, DO + b * s_gb + h * s_gh
@@ -239,19 +249,19 @@ def readout_bwd_kernel(
         for start in range(begin, full_end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None], d, s_qn, s_on, s_gn,
-                                         s_dqn, r_t, rz, dr, drz, feature_eps, eps, FEATURE, NORMALISE, True, TILE,
-                                         PRECISION, EMULATE)
+                                         s_dqn, r_t, rz, rz_cols, dr, drz, feature_eps, eps, FEATURE, NORMALISE, True,
+                                         TILE, PRECISION, EMULATE)
         if full_end < end:
             tok, ok = _tokens(IDX, seg, L, end, full_end, BLOCK_N, False)
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None] & d_ok[None, :], d, s_qn,
-                                         s_on, s_gn, s_dqn, r_t, rz, dr, drz, feature_eps, eps, FEATURE, NORMALISE,
-                                         False, TILE, PRECISION, EMULATE)
+                                         s_on, s_gn, s_dqn, r_t, rz, rz_cols, dr, drz, feature_eps, eps, FEATURE,
+                                         NORMALISE, False, TILE, PRECISION, EMULATE)
     else:
         for start in range(begin, end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None] & d_ok[None, :], d, s_qn,
-                                         s_on, s_gn, s_dqn, r_t, rz, dr, drz, feature_eps, eps, FEATURE, NORMALISE,
-                                         False, TILE, PRECISION, EMULATE)
+                                         s_on, s_gn, s_dqn, r_t, rz, rz_cols, dr, drz, feature_eps, eps, FEATURE,
+                                         NORMALISE, False, TILE, PRECISION, EMULATE)
     last, d_r, d_rz = _partials_summed(PART, COUNTER, which, split, SPLITS, D * D + D, tl.trans(dr), _row_sums(drz),
                                        d, d_ok, D)
     if last:

@@ -1,5 +1,6 @@
-"""ops/linear/kernel_parts.py's ELU feature map on bf16 pairs (_elu_plus_one_pairs): the PTX runs only on a GPU
-(Triton's interpreter runs none), so the identity it rests on is checked here over every bf16 value."""
+"""ops/linear/bf16_pairs.py's ELU feature map on bf16 pairs (_elu_plus_one_pairs): the PTX runs only on a GPU
+(Triton's interpreter runs none), so the identity it rests on is checked here over every bf16 value (the PTX itself:
+benchmarks/gpu_check_parity.py's first check on a GPU)."""
 
 from __future__ import annotations
 
