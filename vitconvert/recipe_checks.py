@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from .errors import VitconvertError, first_line
+from .errors import VitconvertError, first_line, plural
 
 STAGES = ("joint", "attn", "finetune")
 CLIP_MODES = ("norm", "value", "agc")  # timm.utils.dispatch_clip_grad
@@ -147,7 +147,7 @@ def parse_stages(stages: str, epochs: int) -> tuple[StagePart, ...]:
     in_epochs = sum(c for _, c, steps in named if c is not None and not steps)
     if any(steps for *_, steps in named):
         if in_epochs >= epochs:
-            raise VitconvertError(f"stages {stages!r} do not fit in {epochs} epochs")
+            raise VitconvertError(f"stages {stages!r} do not fit in {plural(epochs, 'epoch')}")
     else:
         stage_steps(stages, named, epochs, 1)
     return named
@@ -160,7 +160,7 @@ def stage_steps(stages: str, named: Sequence[StagePart], epochs: int, updates: i
     unit = updates if whole else 1
     free = [i for i, (_, c, _) in enumerate(named) if c is None]
     rest = (total - sum(c * (1 if steps else updates) for _, c, steps in named if c is not None)) // unit
-    where = f"{epochs} epochs" if whole else f"{epochs} epochs of {updates} optimizer steps ({total} steps)"
+    where = plural(epochs, "epoch") + ("" if whole else f" of {plural(updates, 'optimizer step')} ({total} steps)")
     if (free and rest < len(free)) or (not free and rest != 0):
         raise VitconvertError(f"stages {stages!r} do not fit in {where}")
     plan = [(n, (c * (1 if steps else updates)) if c is not None else 0) for n, c, steps in named]
