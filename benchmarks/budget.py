@@ -12,7 +12,7 @@ acts; ``--results``/``--block`` put a sweep in its own file and docs block (each
 
     python benchmarks/budget.py                                   # paper + new10, 1-20 epochs, 3 seeds
     python benchmarks/budget.py --schedules paper,tf-stage --epochs 1,2 --seeds 0 --variants elu,mhla
-    python benchmarks/budget.py --report-only
+    python benchmarks/budget.py --report-only --versus paper,b32  # also each b32-* schedule against b32
 
 Runs go one at a time by default (the machine is shared; ``--jobs 2`` runs two single-threaded ones), seed by
 seed, and are appended to benchmarks/results/budget.jsonl as they finish; a rerun skips the runs already
@@ -227,14 +227,15 @@ def paired_deltas(records: list[dict[str, Any]], base: str = "paper") -> dict[tu
     return out
 
 
-def verdict_table(records: list[dict[str, Any]]) -> str:
-    """Each candidate against ``paper`` on the same seeds: mean difference and seeds won, per cell; a candidate
-    is kept only where every cell of both regimes is a win on every seed."""
-    deltas = paired_deltas(records)
+def verdict_table(records: list[dict[str, Any]], base: str = "paper") -> str:
+    """Each candidate against ``base`` on the same seeds (against any other base than ``paper``: the schedules
+    named ``base-*``, what adds to it): mean difference and seeds won, per cell; a candidate is kept only where
+    every cell of both regimes is a win on every seed."""
+    deltas = {k: d for k, d in paired_deltas(records, base).items() if base == "paper" or k[0].startswith(base + "-")}
     if not deltas:
         return ""
     variants = [v for v in VARIANTS if any(k[3] == v for k in deltas)]
-    out = ["**Each candidate against `paper`, same seeds** (mean difference in points; seeds where the candidate "
+    out = [f"**Each candidate against `{base}`, same seeds** (mean difference in points; seeds where the candidate "
            "is higher / seeds run)", "", "| schedule | regime | budget | " + " | ".join(variants) + " |",
            "|---|---|---:|" + "---:|" * len(variants)]
     for schedule, regime, epochs in sorted({k[:3] for k in deltas}, key=lambda k: (list(SCHEDULES).index(k[0]),
@@ -311,9 +312,10 @@ def plot(stats: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(results: Path = RESULTS, doc: Path = DOC, name: str = "budget") -> None:
+def write_report(results: Path = RESULTS, doc: Path = DOC, name: str = "budget",
+                 versus: tuple[str, ...] = ("paper",)) -> None:
     """The tables into ``doc`` between the ``name`` markers, the plot beside it (results-budget.png, or
-    results-NAME.png for another block)."""
+    results-NAME.png for another block); a paired table against each schedule of ``versus``."""
     records = current(read_records(results))
     if not records:
         raise SystemExit(f"no recorded runs in {results}")
@@ -327,9 +329,9 @@ def write_report(results: Path = RESULTS, doc: Path = DOC, name: str = "budget")
         f"<!-- {name}:begin -->",
         f"Final val top-1 (%), mean ± std (runs) per epoch budget; default convert (MLPs copied, attention "
         f"Mimetic), recipe `quickstart` plus the schedule's overrides; {len(records)} runs, {minutes:.0f} min "
-        f"of training. Written by `python benchmarks/budget.py{_flags(results, name)}` (the runs: "
+        f"of training. Written by `python benchmarks/budget.py{_flags(results, name, versus)}` (the runs: "
         f"benchmarks/results/{results.name}).",
-        "", legend, "", markdown_tables(stats), verdict_table(records),
+        "", legend, "", markdown_tables(stats), *(verdict_table(records, base) for base in versus),
         f"![val top-1 against epoch budget]({figure.name})", f"<!-- {name}:end -->",
     ])
     text = doc.read_text() if doc.is_file() else "# Results\n"
@@ -347,9 +349,10 @@ def _cpu(records: list[dict[str, Any]], schedule: str) -> str:
     return f" ({statistics.mean(cpu):.1f} CPU-s per run, mean of {len(cpu)})" if cpu else ""
 
 
-def _flags(results: Path, name: str) -> str:
+def _flags(results: Path, name: str, versus: tuple[str, ...] = ("paper",)) -> str:
     """The flags that write this block again: none for the default block and file."""
     flags = "" if results.name == RESULTS.name else f" --results benchmarks/results/{results.name}"
+    flags += "" if versus == ("paper",) else f" --versus {','.join(versus)}"
     return flags + ("" if name == "budget" else f" --block {name}")
 
 
@@ -369,17 +372,19 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS, help="the JSONL of runs (read and appended)")
     parser.add_argument("--doc", type=Path, default=DOC, help="the markdown file the tables go into")
     parser.add_argument("--block", default="budget", help="the doc block the tables go into (budget-NAME for another)")
+    parser.add_argument("--versus", default="paper", help="paired tables: every candidate against paper, and each "
+                        "other schedule X named here against its derivatives X-*")
     args = parser.parse_args()
     schedules, regimes = _list(args.schedules), _list(args.regimes)
     for name, allowed in (("schedule", SCHEDULES), ("regime", (*REGIMES, *TASKS)), ("variant", (*VARIANTS, CEILING))):
-        bad = [x for x in {"schedule": schedules, "regime": regimes, "variant": _list(args.variants)}[name]
-               if x not in allowed]
+        given = {"schedule": schedules + _list(args.versus), "regime": regimes, "variant": _list(args.variants)}[name]
+        bad = [x for x in given if x not in allowed]
         if bad:
             raise SystemExit(f"error: unknown {name} {', '.join(bad)} (choose from {', '.join(allowed)})")
     if not args.report_only:
         runs = planned(_list(args.variants), schedules, _list(args.epochs, int), _list(args.seeds, int), regimes)
         run_all(runs, args.results, args.jobs)
-    write_report(args.results, args.doc, args.block)
+    write_report(args.results, args.doc, args.block, tuple(_list(args.versus)))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,17 @@ def _attn_stage(epochs: int) -> Overrides:
     return {"attn_target": "teacher-forced", "stages": f"attn:{max(1, epochs // 5)},finetune"}
 
 
+# optimizer steps an epoch at batch 32: 1500 train images in the same task, 747 in the transfer target (digits 5-9)
+STEPS_B32 = {"same": 1500 // 32, "transfer": 747 // 32}
+
+
+def _attn_steps(epochs: int, regime: str, share: float) -> Overrides:
+    """Batch 32, a teacher-forced attention stage of ``share`` of the run's optimizer steps (counted in steps, at
+    least one), then end-to-end: LoLCATs' attention transfer as a fixed fraction of any budget."""
+    steps = max(1, round(share * epochs * STEPS_B32[regime]))
+    return {"batch_size": 32, "attn_target": "teacher-forced", "stages": f"attn:{steps}steps,finetune"}
+
+
 def _kd(regime: str) -> Overrides:
     """Logit KD needs the teacher's classes: same task only (a transfer student's 5 classes are other digits)."""
     return {"kd_weight": 1.0} if regime == "same" else {}
@@ -52,4 +63,9 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
     "head10": ("joint, a fresh head at 10× lr", lambda e, r: {"new_params": {"head_lr_scale": 10}}),
     "lr4-w0": ("peak lr 4e-3 from the first step (no warm-up)", lambda e, r: {"lr": 4e-3, "warmup_epochs": 0}),
     "lr4-crop1": ("peak lr 4e-3, crops of the whole image (scale 1)", lambda e, r: {"lr": 4e-3, "scale": [1, 1]}),
+    "b32-tf10": ("batch 32, a teacher-forced attention stage of 1/10 of the optimizer steps, then end-to-end",
+                 lambda e, r: _attn_steps(e, r, 0.1)),
+    "b32-tf20": ("batch 32, a teacher-forced attention stage of 1/5 of the optimizer steps, then end-to-end",
+                 lambda e, r: _attn_steps(e, r, 0.2)),
+    "b32-new3": ("batch 32, fresh parameters at 3× lr", lambda e, r: {"batch_size": 32, "new_params": {"lr_scale": 3}}),
 }

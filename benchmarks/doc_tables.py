@@ -102,14 +102,14 @@ def mixing_passes_block() -> str:
     return "\n".join(lines)
 
 
-def budget_block(name: str = "budget", results: str = "budget.jsonl") -> str:
+def budget_block(name: str = "budget", results: str = "budget.jsonl", versus: tuple[str, ...] = ("paper",)) -> str:
     """budget.py writes its block with its plot: here into a copy of the doc, without the plot (the block only
     names the figure), through budget.py's own write_report."""
     budget = _module("budget")
     with tempfile.TemporaryDirectory() as tmp, patch.object(budget, "plot", lambda *args: None):
         doc = Path(tmp) / RESULTS_DOC.name
         shutil.copy(RESULTS_DOC, doc)
-        budget.write_report(RESULTS / results, doc, name)
+        budget.write_report(RESULTS / results, doc, name, versus)
         return read_block(doc.read_text(), name) or ""
 
 
@@ -129,7 +129,7 @@ BLOCKS = [
     Block(RESULTS_DOC, "reproduce-transfer", lambda: _module("reproduce").render("transfer"),
           "reproduce.jsonl, reproduce-transfer-summary.json"),
     Block(RESULTS_DOC, "frontier", lambda: _module("frontier").render(["elu", "mhla"]), "frontier.jsonl"),
-    Block(RESULTS_DOC, "budget", budget_block, "budget.jsonl"),
+    Block(RESULTS_DOC, "budget", lambda: budget_block(versus=("paper", "b32")), "budget.jsonl"),
     Block(RESULTS_DOC, "quickstart-sweep", lambda: budget_block("quickstart-sweep", "quickstart-sweep.jsonl"),
           "quickstart-sweep.jsonl"),
     Block(RESULTS_DOC, "budget-reheaded", lambda: budget_block("budget-reheaded", "budget-reheaded.jsonl"),

@@ -78,3 +78,21 @@ def test_the_softmax_ceiling_trains_the_softmax_model_by_the_recipe():
     assert 0.5 < metrics["top1"] <= 1.0 and metrics["n"] == 297  # the trained teacher stays a good model
     again = finetune_softmax("digits", {"epochs": 1, "seed": 0, "batch_size": 256}, None)
     assert again["top1"] == metrics["top1"] and again["loss"] == metrics["loss"]  # seeded: the same run twice
+
+
+def test_a_derived_schedule_is_paired_with_its_base_seed_by_seed():
+    sys.path.insert(0, str(SCRIPT.parent))
+    from budget import verdict_table
+    from budget_schedules import SCHEDULES
+
+    def rec(schedule, seed, top1):
+        return {"variant": "elu", "schedule": schedule, "epochs": 2, "seed": seed, "regime": "same", "top1": top1}
+
+    records = [rec("paper", 0, 0.5), rec("paper", 1, 0.6), rec("b32", 0, 0.8), rec("b32", 1, 0.7),
+               rec("b32-tf10", 0, 0.9), rec("b32-tf10", 1, 0.6)]
+    assert "| b32 | same | 2 ep | +20.0 (2/2) |" in verdict_table(records)
+    against_b32 = verdict_table(records, "b32")
+    assert "| b32-tf10 | same | 2 ep | +0.0 (1/2) |" in against_b32 and "| paper |" not in against_b32
+    # a tenth of the run's optimizer steps at batch 32 (46 an epoch in the same task, 23 in transfer)
+    assert SCHEDULES["b32-tf10"][1](5, "same")["stages"] == "attn:23steps,finetune"
+    assert SCHEDULES["b32-tf10"][1](2, "transfer")["stages"] == "attn:5steps,finetune"

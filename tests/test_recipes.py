@@ -58,6 +58,10 @@ def test_unknown_key_is_named_with_a_suggestion(tmp_path):
     ({"batch_size": 10, "accum_steps": 4}, "not divisible by accum_steps"),
     ({"stages": "attn:5,finetune:5", "epochs": 3}, "do not fit in 3 epochs"),
     ({"stages": "warmup"}, "unknown stage 'warmup'"),
+    ({"stages": "attn:0steps,finetune"}, "needs at least one step"),
+    ({"stages": "attn:0,finetune"}, "needs at least one epoch"),
+    ({"stages": "attn:60stps,finetune"}, "whole number of epochs .attn:5. or of optimizer steps"),
+    ({"stages": "attn:10steps,finetune:3", "epochs": 3}, "do not fit in 3 epochs"),
     ({"lr": None}, "lr cannot be null"),
 ])
 def test_bad_values_are_refused(values, text):
@@ -71,15 +75,30 @@ def test_types_are_coerced():
     assert s.lr == 1.0 and isinstance(s.lr, float) and a.scale == (0.5, 1.0) and i.img_size == 8
 
 
-@pytest.mark.parametrize("stages,epochs,plan", [
-    ("joint", 4, [("joint", 4)]),
-    ("attn,finetune", 5, [("attn", 3), ("finetune", 2)]),
-    ("attn:1,finetune", 5, [("attn", 1), ("finetune", 4)]),
+@pytest.mark.parametrize("stages,epochs,updates,plan", [
+    ("joint", 4, 1, [("joint", 4)]),
+    ("attn,finetune", 5, 1, [("attn", 3), ("finetune", 2)]),
+    ("attn:1,finetune", 5, 1, [("attn", 1), ("finetune", 4)]),
+    ("attn,finetune", 5, 10, [("attn", 30), ("finetune", 20)]),  # whole epochs when every count is in epochs
+    ("attn:7steps,finetune", 2, 10, [("attn", 7), ("finetune", 13)]),
+    ("attn:1step,finetune", 1, 3, [("attn", 1), ("finetune", 2)]),
+    ("attn:5steps,finetune,joint", 2, 10, [("attn", 5), ("finetune", 8), ("joint", 7)]),  # the rest in steps
+    ("attn:5steps,finetune:1,joint", 2, 10, [("attn", 5), ("finetune", 10), ("joint", 5)]),
 ])
-def test_stage_plans(stages, epochs, plan):
+def test_stage_plans(stages, epochs, updates, plan):
     schedule = build_recipe({"stages": stages, "epochs": epochs, "warmup_epochs": 0}).schedule
-    assert schedule.stage_plan() == plan
-    assert [schedule.stage_at(e) for e in range(epochs)] == [s for s, n in plan for _ in range(n)]
+    assert schedule.stage_steps(updates) == tuple(plan)
+    assert schedule.stage_names() == tuple(name for name, _ in plan)
+
+
+@pytest.mark.parametrize("stages,epochs,updates,text", [
+    ("attn:25steps,finetune", 2, 10, r"do not fit in 2 epochs of 10 optimizer steps \(20 steps\)"),
+    ("attn:20steps,finetune", 2, 10, "do not fit"),  # the finetune stage would have no step
+])
+def test_a_count_in_steps_is_checked_against_the_runs_steps(stages, epochs, updates, text):
+    schedule = build_recipe({"stages": stages, "epochs": epochs, "warmup_epochs": 0}).schedule
+    with pytest.raises(VitconvertError, match=text):
+        schedule.stage_steps(updates)
 
 
 def test_overrides_are_stored_after_the_text_and_reload_to_the_same_recipe(tmp_path):
@@ -165,7 +184,6 @@ def test_the_stage_plan_is_parsed_once_and_travels_with_the_recipe(monkeypatch):
     recipe = build_recipe({"epochs": 4, "stages": "attn:1,finetune", "warmup_epochs": 0})
     monkeypatch.setattr(recipe_checks, "parse_stages", lambda *args: pytest.fail("parsed again"))
     s = recipe.schedule
-    assert [s.stage_at(e) for e in range(5)] == ["attn", "finetune", "finetune", "finetune", "finetune"]
-    assert s.stage_plan() == [("attn", 1), ("finetune", 3)]
+    assert s.stage_steps(2) == (("attn", 2), ("finetune", 6)) and s.stage_names() == ("attn", "finetune")
     copy = pickle.loads(pickle.dumps(recipe))  # a worker process gets the plan with the recipe
-    assert copy == recipe and copy.schedule.stage_plan() == s.stage_plan() and "_plan" not in str(recipe.to_dict())
+    assert copy == recipe and copy.schedule.stage_steps(2) == s.stage_steps(2) and "_plan" not in str(recipe.to_dict())

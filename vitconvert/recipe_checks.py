@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from .errors import VitconvertError, first_line
+from .errors import VitconvertError, first_line, plural
 
 STAGES = ("joint", "attn", "finetune")
 CLIP_MODES = ("norm", "value", "agc")  # timm.utils.dispatch_clip_grad
@@ -115,33 +115,55 @@ def check_augment(spec: str) -> None:
         random.setstate(state)
 
 
-def _named_stages(stages: str) -> list[tuple[str, Optional[int]]]:
-    """"attn:5,finetune" -> [("attn", 5), ("finetune", None)]: each stage with its epochs, None where unsaid."""
+StagePart = tuple[str, Optional[int], bool]  # (stage, its count or None where unsaid, counted in optimizer steps)
+
+
+def _named_stages(stages: str) -> list[StagePart]:
+    """"attn:60steps,finetune" -> [("attn", 60, True), ("finetune", None, False)]; a bare count is epochs."""
     parts = [p.strip() for p in stages.split(",") if p.strip()]
     if not parts:
-        raise VitconvertError("recipe stages is empty; use e.g. joint or attn:5,finetune")
-    named: list[tuple[str, Optional[int]]] = []
+        raise VitconvertError("recipe stages is empty; use e.g. joint, attn:5,finetune or attn:300steps,finetune")
+    named: list[StagePart] = []
     for part in parts:
         name, sep, count = part.partition(":")
         if name not in STAGES:
             raise VitconvertError(f"unknown stage {name!r} in {stages!r}; valid: {', '.join(STAGES)}")
+        number = count.removesuffix("steps").removesuffix("step")
         try:
-            named.append((name, int(count) if sep else None))
+            named.append((name, int(number) if sep else None, number != count))
         except ValueError:
-            raise VitconvertError(f"stage {part!r}: the epoch count must be an integer") from None
+            raise VitconvertError(f"stage {part!r}: the count must be a whole number of epochs (attn:5) or of "
+                                  "optimizer steps (attn:300steps)") from None
+        if sep and named[-1][1] < 1:  # type: ignore[operator]
+            raise VitconvertError(f"stage {part!r} needs at least one {'step' if named[-1][2] else 'epoch'}")
     return named
 
 
-def parse_stages(stages: str, epochs: int) -> tuple[tuple[str, int], ...]:
-    """((stage, epochs), ...) summing to ``epochs``; stages without a count share what the others leave."""
-    named = _named_stages(stages)
-    free = [i for i, (_, e) in enumerate(named) if e is None]
-    rest = epochs - sum(e for _, e in named if e is not None)
+def parse_stages(stages: str, epochs: int) -> tuple[StagePart, ...]:
+    """The stages, checked as far as the epochs alone allow: counted in epochs only, they must fill ``epochs``
+    exactly (a stage without a count taking at least one); a count in steps is checked against the run's steps
+    per epoch when the data is known (:func:`stage_steps`)."""
+    named = tuple(_named_stages(stages))
+    in_epochs = sum(c for _, c, steps in named if c is not None and not steps)
+    if any(steps for *_, steps in named):
+        if in_epochs >= epochs:
+            raise VitconvertError(f"stages {stages!r} do not fit in {plural(epochs, 'epoch')}")
+    else:
+        stage_steps(stages, named, epochs, 1)
+    return named
+
+
+def stage_steps(stages: str, named: Sequence[StagePart], epochs: int, updates: int) -> tuple[tuple[str, int], ...]:
+    """((stage, optimizer steps), ...) summing to ``epochs`` × ``updates`` (optimizer steps per epoch). Stages
+    without a count share what the others leave: in whole epochs when every count is in epochs, else in steps."""
+    total, whole = epochs * updates, not any(steps for *_, steps in named)
+    unit = updates if whole else 1
+    free = [i for i, (_, c, _) in enumerate(named) if c is None]
+    rest = (total - sum(c * (1 if steps else updates) for _, c, steps in named if c is not None)) // unit
+    where = plural(epochs, "epoch") + ("" if whole else f" of {plural(updates, 'optimizer step')} ({total} steps)")
     if (free and rest < len(free)) or (not free and rest != 0):
-        raise VitconvertError(f"stages {stages!r} do not fit in {epochs} epochs")
-    plan = [(n, e or 0) for n, e in named]
+        raise VitconvertError(f"stages {stages!r} do not fit in {where}")
+    plan = [(n, (c * (1 if steps else updates)) if c is not None else 0) for n, c, steps in named]
     for rank, i in enumerate(free):
-        plan[i] = (plan[i][0], rest // len(free) + (rank < rest % len(free)))
-    if any(e < 1 for _, e in plan):
-        raise VitconvertError(f"every stage in {stages!r} needs at least one epoch")
+        plan[i] = (plan[i][0], (rest // len(free) + (rank < rest % len(free))) * unit)
     return tuple(plan)

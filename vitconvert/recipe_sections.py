@@ -218,7 +218,7 @@ class Schedule(Section):
     """The run's length and its learning rate over time (timm.scheduler), and what each epoch trains."""
 
     epochs: int = 300
-    stages: str = "joint"  # e.g. "attn:5,finetune": epochs per stage; stages without a count share the rest
+    stages: str = "joint"  # "attn:5,finetune" (epochs) or "attn:300steps,finetune"; uncounted stages share the rest
     lr: float = 2e-3
     min_lr: float = 1e-6
     warmup_lr: float = 1e-6
@@ -246,18 +246,14 @@ class Schedule(Section):
         rules.check_scheduler(self.sched)
         object.__setattr__(self, "_plan", rules.parse_stages(self.stages, self.epochs))  # parsed once, here
 
-    def stage_plan(self) -> list[tuple[str, int]]:
-        """[(stage, epochs)] summing to ``epochs``: "attn:5,finetune" -> [("attn", 5), ("finetune", epochs-5)]."""
-        return list(self._plan)  # type: ignore[attr-defined]
+    def stage_names(self) -> tuple[str, ...]:
+        """The stages in order: "attn:5,finetune" -> ("attn", "finetune")."""
+        return tuple(name for name, *_ in self._plan)  # type: ignore[attr-defined]
 
-    def stage_at(self, epoch: int) -> str:
-        """The stage that trains epoch ``epoch`` (0-based)."""
-        end = 0
-        for name, epochs in self._plan:  # type: ignore[attr-defined]
-            end += epochs
-            if epoch < end:
-                return name
-        return self._plan[-1][0]  # type: ignore[attr-defined]
+    def stage_steps(self, updates_per_epoch: int) -> tuple[tuple[str, int], ...]:
+        """((stage, optimizer steps), ...) summing to the run's steps: "attn:60steps,finetune" at 5 epochs of 46
+        steps -> (("attn", 60), ("finetune", 170)); an error when the counts in steps do not fit."""
+        return rules.stage_steps(self.stages, self._plan, self.epochs, updates_per_epoch)  # type: ignore[attr-defined]
 
 
 def check_warmup(name: str, warmup: Optional[int], epochs: int) -> None:

@@ -63,17 +63,18 @@ def test_distill_defaults_to_the_last_convert_and_writes_a_run_folder(setup, tmp
     assert first_of_second["lr"] > 1e-4  # the new 2-epoch cosine, not the old one that ended at min_lr
 
 
-def test_stages_train_attention_first(setup, tmp_path):
+@pytest.mark.parametrize("stages,attn_steps", [("attn:1,finetune", 3), ("attn:4steps,finetune", 4)])
+def test_stages_train_attention_first(setup, tmp_path, stages, attn_steps):
     student, images, _ = setup
-    result = invoke("distill", student, "--data", images, *QUICK, "--epochs", "2", "--stages", "attn:1,finetune",
+    result = invoke("distill", student, "--data", images, *QUICK, "--epochs", "2", "--stages", stages,
                     "--attn-target", "teacher-forced", "--attn-loss", "cosine", "--kd-weight", "0.5",
                     "--out", tmp_path / "run")
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    first = [r for r in records if r["kind"] == "step" and r["epoch"] == 1]
-    second = [r for r in records if r["kind"] == "step" and r["epoch"] == 2]
-    assert first and all(set(r) & {"task", "kd"} == set() and "attn" in r for r in first)
-    assert all({"task", "attn", "kd"} <= set(r) for r in second)
+    steps = [r for r in records if r["kind"] == "step"]  # one a step (log_interval 1), 3 steps an epoch
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    assert all(set(r) & {"task", "kd"} == set() and "attn" in r for r in steps[:attn_steps])
+    assert all({"task", "attn", "kd"} <= set(r) for r in steps[attn_steps:])
     assert [r["stage"] for r in records if r["kind"] == "epoch"] == ["attn", "finetune"]
 
 

@@ -1,5 +1,6 @@
 """The LoLCATs-style attention transfer stage through real runs: each student attention layer is fed the teacher's
-input to that layer, only the attention parameters move, and a run stopped inside the stage resumes bitwise."""
+input to that layer, only the attention parameters move, a stage counted in optimizer steps ends at its step (inside
+an epoch, whatever the accumulation), and a run stopped inside the stage resumes bitwise."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def job(student, out, data, resume=False, **extra):
     return DistillJob(student=str(student), recipe=recipe, out=out, recipe_text=text, resume=resume, show=False)
 
 
-def test_each_student_layer_is_fed_the_teachers_input_to_that_layer(deep_student, images, tmp_path):
+@pytest.mark.parametrize("stages,epochs", [("attn", 1), ("attn:3steps,finetune", 2)])
+def test_each_student_layer_is_fed_the_teachers_input_to_that_layer(deep_student, images, tmp_path, stages, epochs):
     seen: dict[str, list[list[torch.Tensor]]] = {"teacher": [], "student": []}
     hooks = []
 
@@ -52,7 +54,7 @@ def test_each_student_layer_is_fed_the_teachers_input_to_that_layer(deep_student
                 hooks.append(module.register_forward_pre_hook(keep))
 
     try:
-        run(job(deep_student, tmp_path / "run", images, epochs=1, stages="attn"), on_step=tap)
+        run(job(deep_student, tmp_path / "run", images, epochs=epochs, stages=stages), on_step=tap)
     finally:
         for h in hooks:
             h.remove()
@@ -82,15 +84,34 @@ def test_only_attention_parameters_move_in_the_attention_stage(deep_student, ima
     assert {n for n in start if not torch.equal(final[n], start[n])} - attention  # the finetune stage trains all
 
 
-def test_a_run_stopped_inside_the_attention_stage_resumes_bitwise(deep_student, images, tmp_path):
-    run(job(deep_student, tmp_path / "straight", images))
+def test_a_stage_counted_in_steps_switches_at_its_optimizer_step(deep_student, images, tmp_path):
+    start = {n: p.detach().clone() for n, p in vitconvert.load(deep_student).named_parameters()}
+    attention = {n for n in start if ".attn." in n}
+    before, seen = dict(start), []
+
+    def check(trainer):
+        params = {n: p.detach().clone() for n, p in trainer.task.model.named_parameters()}
+        moved = {n for n in params if not torch.equal(params[n], before[n])}
+        seen.append((trainer.pos.epoch, trainer.pos.step, trainer.task.stage, bool(moved - attention)))
+        before.update(params)
+
+    # 3 optimizer steps an epoch of 2 accumulated micro-batches: the stage ends at step 2, inside epoch 1
+    run(job(deep_student, tmp_path / "run", images, stages="attn:2steps,finetune", accum_steps=2), on_step=check)
+    assert seen == [(0, 1, "attn", False), (0, 2, "attn", False), (0, 3, "finetune", True),
+                    (1, 4, "finetune", True), (1, 5, "finetune", True), (1, 6, "finetune", True)]
+
+
+@pytest.mark.parametrize("stages,stop_at", [("attn:1,finetune", 2), ("attn:5steps,finetune", 4)])
+def test_a_run_stopped_inside_the_attention_stage_resumes_bitwise(deep_student, images, tmp_path, stages, stop_at):
+    run(job(deep_student, tmp_path / "straight", images, stages=stages))
 
     def stop_in_stage(trainer):
-        if trainer.pos.step == 2:  # epoch 1, the attention stage, between its steps
+        if trainer.pos.step == stop_at:  # inside the attention stage, between its steps
             signal.raise_signal(signal.SIGTERM)
 
-    with pytest.raises(TrainingStopped, match="SIGTERM at epoch 1, step 2"):
-        run(job(deep_student, tmp_path / "stopped", images), on_step=stop_in_stage)
-    run(job(deep_student, tmp_path / "stopped", images, resume=True))
+    epoch = 1 + (stop_at - 1) // 3
+    with pytest.raises(TrainingStopped, match=f"SIGTERM at epoch {epoch}, step {stop_at}"):
+        run(job(deep_student, tmp_path / "stopped", images, stages=stages), on_step=stop_in_stage)
+    run(job(deep_student, tmp_path / "stopped", images, stages=stages, resume=True))
     for name in ("model.safetensors", "checkpoint-last/model.safetensors", "checkpoint-last/optimizer.safetensors"):
         assert_same_tensors(load_file(tmp_path / "straight" / name), load_file(tmp_path / "stopped" / name))

@@ -8,7 +8,7 @@ from helpers import image_batch, tiny_model
 
 from vitconvert import convert
 from vitconvert.distill.models import attention_param_ids
-from vitconvert.distill.stages import plan_epochs
+from vitconvert.distill.stages import plan_stages
 from vitconvert.distill.task import DistillationTask
 from vitconvert.distributed import DistEnv
 from vitconvert.recipes import load_recipe
@@ -69,7 +69,7 @@ def test_the_task_owns_the_eval_copy_the_wrapper_and_the_ema():
 
 def test_entering_a_stage_trains_only_its_parameters():
     task, _ = make_task(stages="attn:1,finetune", epochs=2, warmup_epochs=0)
-    plan = plan_epochs(task.recipe, task.model, attention_param_ids(task.attention), set())
+    plan = plan_stages(task.recipe, task.model, attention_param_ids(task.attention), set(), 1).stages
     env = DistEnv(rank=0, world=1, local_rank=0, device=torch.device("cpu"))
     task.enter(plan[0], env, sharded=False)
     assert task.current is plan[0] and task.stage == "attn"

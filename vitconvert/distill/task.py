@@ -69,7 +69,10 @@ class DistillationTask:
 
     def enter(self, stage: Stage, env: D.DistEnv, sharded: bool) -> None:
         """Train ``stage``: its loss terms, and (unsharded) requires_grad on what it trains, so a held weight has
-        no gradient, no weight decay and no optimizer state; DDP is rebuilt over what trains."""
+        no gradient, no weight decay and no optimizer state; DDP is rebuilt over what trains. The stage being
+        trained already: nothing to do."""
+        if stage == self.current:
+            return
         self.current = stage
         self.set_stage(stage.name)
         if sharded:

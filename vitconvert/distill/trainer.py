@@ -1,8 +1,8 @@
 """The distill loop, as plain as timm's train.py: teacher forward, student forward, loss, step; repeat.
 
 The Trainer sets up, in its ``__init__`` and in this order, what the loop shares: the task (student, teacher,
-taps, wrapper, EMA, eval model), the stage of every epoch, the data, the run folder (or the checkpoint being
-resumed), the optimizer and the running sums; then ``fit`` runs. It saves at set moments: best/ when
+taps, wrapper, EMA, eval model), the data, the stage of every optimizer step, the run folder (or the checkpoint
+being resumed), the optimizer and the running sums; then ``fit`` runs. It saves at set moments: best/ when
 validation improves, checkpoint-last/ at each epoch end and on a stop signal, the run folder's model at the end.
 """
 
@@ -51,7 +51,7 @@ from .runfolder import (
     write_model_folder,
 )
 from .signals import StopRequest, TrainingStopped
-from .stages import plan_epochs
+from .stages import plan_stages
 from .sums import TERMS, RunningSums
 from .task import DistillationTask
 
@@ -68,9 +68,9 @@ class Trainer:
         self.num_classes = int(student.num_classes)
         self.channels_last = env.device.type == "cuda"
         self.task = self._setup_task(student, teacher)
-        self.stages = plan_epochs(r, self.task.model, models.attention_param_ids(self.task.attention),
-                                  groups.frozen_ids(self.task.model, r))
         self.feed = data.run_data(r, self.inp, self.num_classes, env.rank, env.world, env.device.type == "cuda")
+        self.stages = plan_stages(r, self.task.model, models.attention_param_ids(self.task.attention),
+                                  groups.frozen_ids(self.task.model, r), self.feed.updates_per_epoch)
         self.labels_checked = self.feed.labels_checked
         self.ckpt = self._setup_run_folder()
         self.pos = self.ckpt.position if self.ckpt is not None else Position()
@@ -100,7 +100,7 @@ class Trainer:
         models.check_kd(student, teacher, r.distillation.kd_weight)
         inp = data.input_config(student, r)
         models.check_sizes(student, teacher, inp.size)
-        if job.fsdp and (r.optimization.ema or "attn" in [s for s, _ in r.schedule.stage_plan()]
+        if job.fsdp and (r.optimization.ema or "attn" in r.schedule.stage_names()
                          or r.schedule.freeze_copied_epochs):
             raise VitconvertError(f"{param('fsdp', True)} trains every parameter without EMA: drop ema, the attn "
                                   f"stage and freeze_copied_epochs, or run without {param('fsdp')} (DDP)")
@@ -166,7 +166,7 @@ class Trainer:
         """Train every epoch left (all of them, or the rest after a resume), then write the final folder."""
         r, start = self.recipe, time.perf_counter()
         epochs = r.schedule.epochs
-        self.task.enter(self.stages[min(self.pos.epoch, epochs - 1)], self.env, sharded=self.job.fsdp)
+        self.task.enter(self.stages.at(self.pos.step), self.env, sharded=self.job.fsdp)
         self.bar.print(f"{'resuming' if self.ckpt is not None else 'distilling'} {self.job.student} from the teacher "
                        f"{self.teacher_spec} into {self.run_dir}")  # the student may not have been named
         for line in recipe_summary(r):
@@ -178,8 +178,6 @@ class Trainer:
             seed_everything(r.seed + self.env.rank)
         with StopRequest() as stop:
             for epoch in range(self.pos.epoch, epochs):
-                if self.stages[epoch] != self.task.current:
-                    self.task.enter(self.stages[epoch], self.env, sharded=self.job.fsdp)
                 self.train_epoch(epoch, stop, on_step)
                 self.end_epoch(epoch)
         return self.finish(time.perf_counter() - start)
@@ -190,12 +188,15 @@ class Trainer:
         data.set_epoch(self.feed.train, epoch, self.pos.batch)
         self.task.student.train()
         self.window_start = time.perf_counter()
+        self.task.enter(self.stages.at(self.pos.step), self.env, sharded=self.job.fsdp)
         self.bar.start(f"epoch {epoch + 1}/{r.schedule.epochs} {self.task.stage}", self.feed.updates_per_epoch,
                        self.pos.batch // accum)
         try:
             for images, targets in self.feed.train:
                 if self.pos.batch >= self.feed.micro_per_epoch:
                     break
+                if self.pos.batch % accum == 0:  # a stage counted in steps may end inside an epoch
+                    self.task.enter(self.stages.at(self.pos.step), self.env, sharded=self.job.fsdp)
                 sync = (self.pos.batch + 1) % accum == 0
                 sums = self.micro_step(images, targets, sync)
                 self.epoch_sums.add(sums)
