@@ -49,9 +49,9 @@ def render(record: dict[str, Any]) -> str:
     scratch = {r["variant"]: r["top1"] for r in result["scratch"]}
     lines = [f"`vitconvert quickstart` (defaults: all five variants, `recipes/quickstart.yaml`, {result['epochs']} "
              "epochs, seed 0) converts the teacher with convert's default recipe (MLPs, embeddings, norms and head "
-             "copied, attention Mimetic), distils each student (task loss + attention-output MSE), evaluates the "
-             "run folder, and trains a scratch twin of each (same linear architecture, every weight random, task "
-             "loss only, same epochs):", "",
+             "copied, attention Mimetic), distils each student (task loss + attention-output MSE), reports its "
+             "last validation (the weights of its run folder), and trains a scratch twin of each (same linear "
+             "architecture, every weight random, task loss only, same epochs):", "",
              "| variant | distilled student | scratch, same epochs | gain |", "|---|---:|---:|---:|",
              f"| softmax teacher | {100 * result['teacher']['top1']:.2f} | | |"]
     gains = []

@@ -42,12 +42,13 @@ def test_one_worker_or_two_give_the_same_numbers(quick, tmp_path):
 
 
 FAILING_TRAINING = """
-import os, time
+import os, sys, time
 from pathlib import Path
 if os.environ.get("QUICKSTART_FAIL_MARK"):  # every process, spawned workers included, trains with this
     from vitconvert.distill import trainer
     def broken(self, *args, **kwargs):
-        Path(os.environ["QUICKSTART_FAIL_MARK"]).write_text(str(time.time()))
+        forked = "quickstart" in sys.argv  # a forked worker has the command's argv, a spawned one Python's -c
+        Path(os.environ["QUICKSTART_FAIL_MARK"]).write_text(f"{time.time()} {forked}")
         raise RuntimeError("injected training failure")
     trainer.Trainer.train_epoch = broken
 """
@@ -76,7 +77,9 @@ def test_a_failing_training_ends_every_worker_with_one_line(tmp_path):
     assert left == [], f"processes left behind: {[(p, _cmdline(p)) for p in left]}"
     # the pool is torn down at the failure, not after the queue drains; 30 s leaves room for a loaded machine
     # (12 s seen under load 17, about 2 s on idle cores)
-    assert mark.is_file() and ended - float(mark.read_text()) < 30
+    failed_at, forked = mark.read_text().split()
+    assert ended - float(failed_at) < 30
+    assert forked == "True"  # the workers start with the parent's imports instead of importing torch again
     *stages, last = err.strip().splitlines()  # off a terminal each training's stages are logged first
     stage = re.compile(r"(elu|relu)(-scratch)?: (queued|converting|running, epoch 1/1)")
     assert proc.returncode == 1 and all(stage.fullmatch(line) for line in stages), err

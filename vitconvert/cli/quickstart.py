@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -59,6 +60,9 @@ def results_table(result: dict) -> Table:
     return table
 
 
+REDRAW_S = 0.5  # a running training's step count redraws the table at most this often (a redraw costs ~5 ms)
+
+
 class LiveTable:
     """One live table of every training (state, epoch, steps, val top-1) on a terminal; elsewhere a line as each
     one changes stage (queued, converting, each epoch) and as it finishes, so a log is never silent for long."""
@@ -66,6 +70,7 @@ class LiveTable:
     def __init__(self, console: Console):
         self.console = console
         self.rows: dict[str, Update] = {}
+        self.drawn = 0.0  # when the table was last redrawn (time.monotonic)
         self.said: dict[str, tuple[str, int]] = {}  # off a terminal: the last (state, epoch) printed per training
         self.live: Optional[Live] = Live(console=console, transient=True, auto_refresh=False) \
             if console.is_terminal else None
@@ -80,9 +85,12 @@ class LiveTable:
             self.live.stop()
 
     def __call__(self, update: Update) -> None:
-        self.rows[update.name] = update
+        previous, self.rows[update.name] = self.rows.get(update.name), update
         if self.live is not None:
-            self.live.update(self.render(), refresh=True)
+            moved = previous is None or (previous.state, previous.epoch) != (update.state, update.epoch)
+            if moved or time.monotonic() - self.drawn >= REDRAW_S:  # a new stage or epoch shows at once
+                self.live.update(self.render(), refresh=True)
+                self.drawn = time.monotonic()
         elif update.result is not None:
             row = update.result
             self.console.print(f"[green]{row.name}[/]: val top-1 {100 * row.top1:.2f}% in {row.seconds:.0f}s")

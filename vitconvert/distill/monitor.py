@@ -81,18 +81,18 @@ class Monitor:
 
 
 def plot_curves(run: Path) -> Optional[Path]:
-    """Training loss per step and validation top-1 per epoch as a PNG (only when matplotlib is installed)."""
-    try:
-        import matplotlib
+    """Training loss per step and validation top-1 per epoch as a PNG (only when matplotlib is installed).
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    A bare Figure, no pyplot: no GUI backend is chosen or switched in the caller's process."""
+    try:
+        from matplotlib.figure import Figure
     except ImportError:
         return None
     records = read_records(run / METRICS)
     steps = [r for r in records if r.get("kind") == "step"]
     epochs = [r for r in records if r.get("kind") == "epoch"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig = Figure(figsize=(10, 3.6), layout="constrained")  # a little cheaper than tight_layout's extra draw
+    left, right = fig.subplots(1, 2)
     for key in ("loss", "task", "attn", "kd"):
         points = [(r["step"], r[key]) for r in steps if key in r]
         if points:
@@ -109,10 +109,8 @@ def plot_curves(run: Path) -> Optional[Path]:
     right.set_ylabel("validation accuracy (%)")
     right.legend()
     fig.suptitle(run.name)
-    fig.tight_layout()
     out = run / CURVES
     fig.savefig(out, dpi=110)
-    plt.close(fig)
     return out
 
 

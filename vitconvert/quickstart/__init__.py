@@ -23,10 +23,10 @@ from ..sources import load_source
 from ..threads import torch_threads
 from ..writer import check_container
 from .jobs import DATA, DEFAULT_VARIANTS, RECIPE, Job, Progress, Result, Update, plan_jobs, train_one
-from .pool import run_jobs
+from .pool import JobPool
 
-__all__ = ["DATA", "DEFAULT_VARIANTS", "RECIPE", "Job", "Progress", "Quickstart", "Result", "Update", "check_out",
-           "parse_variants", "plan_jobs", "run_jobs", "run_quickstart", "train_one"]
+__all__ = ["DATA", "DEFAULT_VARIANTS", "RECIPE", "Job", "JobPool", "Progress", "Quickstart", "Result", "Update",
+           "check_out", "parse_variants", "plan_jobs", "run_quickstart", "train_one"]
 
 
 @dataclass
@@ -76,15 +76,16 @@ def run_quickstart(variants: Sequence[str] = DEFAULT_VARIANTS, out: Path = Path(
     planned = plan_jobs(variants, seed, epochs, scratch)
     recipe, _ = load_recipe(RECIPE, planned[0].overrides)  # validates --epochs before any work
     started = time.perf_counter()
-    with torch_threads(1):
-        metrics = evaluate(load_source(DATA).model, DATA, device=device)
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(planned)))
+    with JobPool(planned, out, device, force, workers) as pool:  # first: forked workers need a torch left unused
+        if progress:
+            for job in planned:
+                progress(Update(job.name, "queued", epochs=recipe.schedule.epochs))
+        with torch_threads(1):
+            metrics = evaluate(load_source(DATA).model, DATA, device=device)
+        rows = pool.results(progress)
     result = Quickstart(Result("teacher (softmax)", "teacher", None, metrics["top1"], metrics["top5"],
                                metrics["loss"], 0.0, "digits"), epochs=recipe.schedule.epochs)
-    if progress:
-        for job in planned:
-            progress(Update(job.name, "queued", epochs=recipe.schedule.epochs))
-    workers = max(1, min(jobs or os.cpu_count() or 1, len(planned)))
-    rows = run_jobs(planned, out, device, force, workers, progress)
     for job in planned:
         (result.scratch if rows[job.name].kind == "scratch" else result.students).append(rows[job.name])
     result.seconds = time.perf_counter() - started

@@ -10,7 +10,6 @@ from typing import Any, Optional
 from ..attention import VARIANTS
 from ..conversion import convert
 from ..distill import DistillJob, run
-from ..evaluate import evaluate
 from ..folder import save
 from ..recipes import load_recipe
 from ..sources import load_source
@@ -66,7 +65,9 @@ Progress = Callable[[Update], None]
 
 
 def train_one(job: Job, out: Path, device: Optional[str], force: bool, progress: Optional[Progress] = None) -> Result:
-    """convert (init per ``job.init``) -> save -> distill per the quickstart recipe -> eval of the run folder."""
+    """convert (init per ``job.init``) -> save -> distill per the quickstart recipe. The row is the run's last
+    validation: the weights its folder holds, on the same images (``vitconvert eval`` of the folder gives the
+    same top-1), so the folder is not read back and evaluated a second time."""
     if progress is not None:
         progress(Update(job.name, "converting"))
     teacher = load_source(DATA).model
@@ -81,7 +82,7 @@ def train_one(job: Job, out: Path, device: Optional[str], force: bool, progress:
 
     result = run(DistillJob(student=str(start), recipe=recipe, out=out / job.name, recipe_text=text, device=device,
                             force=force, show=False), on_step=on_step)
-    metrics = evaluate(str(result.folder), DATA, device=device)
+    metrics = result.metrics
     kind = "scratch" if job.init.get("mlp_init") == "random" else "student"
     return Result(job.name, kind, job.variant, metrics["top1"], metrics["top5"], metrics["loss"], result.seconds,
                   str(result.folder))
