@@ -9,6 +9,7 @@ import torch
 from helpers import load_benchmark
 
 from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.calls import _check_fake
 from vitconvert.attention.ops.linear import op as fused
 
 from . import helpers
@@ -237,3 +238,16 @@ def test_a_training_forward_keeps_no_more_than_its_budget_against_softmax():
     ratios = {name: saved_mib(vitconvert.convert(source, name)[0], images) / softmax for name in SAVED_VS_SOFTMAX}
     over = {name: round(r, 3) for name, r in ratios.items() if r > SAVED_VS_SOFTMAX[name] + 0.005}
     assert not over, (over, ratios)
+
+
+def test_a_fake_is_held_to_the_strides_that_place_elements():
+    """The fake check (gpu_check's parity section) ignores the stride of a dimension of size 1, which places nothing
+    (TTT's step at one head and one token: (64, 128, 128, 1) against its fake's (64, 64, 64, 1)), and still
+    catches a real layout difference."""
+    x = torch.randn(2, 1, 1, 4)
+    same, other = [], []
+    _check_fake(torch.ops.aten.clone.default, (x,), torch.empty(2, 1, 1, 4).as_strided(x.shape, (4, 8, 8, 1)),
+                      same)
+    y = torch.randn(2, 4)
+    _check_fake(torch.ops.aten.clone.default, (y,), torch.empty(4, 2).t(), other)
+    assert same == [] and len(other) == 1 and other[0][1][2] != other[0][2][2]

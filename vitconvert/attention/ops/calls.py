@@ -46,15 +46,17 @@ def call_op(op, function: type[torch.autograd.Function], body, args: tuple, diff
 
 
 def _check_fake(op, args: tuple, out, differ: list) -> None:
-    """Appends (op, real, fake) (dtype, shape, strides) to ``differ`` where ``op``'s fake on ``args`` says other
-    than ``out``."""
+    """Appends (op, real, fake) (dtype, shape, strides of the dimensions above size 1) to ``differ`` where ``op``'s
+    fake on ``args`` says other than ``out``."""
     from torch._subclasses.fake_tensor import FakeTensorMode  # lazy: start-up time (a diagnostic's)
     from torch.utils._pytree import tree_leaves  # lazy: start-up time
 
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
     for real, faked in zip(tree_leaves(out), tree_leaves(fake), strict=True):
-        meta = [(t.dtype, tuple(t.shape), t.stride()) for t in (real, faked)]
+        # (a dimension of size 1 may have any stride: only the others say where an element is)
+        meta = [(t.dtype, tuple(t.shape), tuple(s for s, n in zip(t.stride(), t.shape, strict=True) if n > 1))
+                for t in (real, faked)]
         if meta[0] != meta[1]:
             differ.append((str(op), *meta))
 
