@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from budget_pool import run_pool  # noqa: E402
-from budget_schedules import BASE, SCHEDULES  # noqa: E402
+from budget_schedules import BASE, CONVERT_OPTIONS, SCHEDULES  # noqa: E402
 from reproduce import (  # noqa: E402  (a sibling script, not a package)
     DOC,
     OPTIONS,
@@ -120,7 +120,8 @@ def run_one(variant: str, schedule: str, epochs: int, seed: int, regime: str,
     before = json.loads(spent.read_text()) if resume and spent.is_file() else {"cpu": 0.0, "seconds": 0.0}
     if not resume:
         shutil.rmtree(work, ignore_errors=True)
-        student, _ = convert(load_source(spec).model, to=variant, seed=seed, options=OPTIONS.get(variant),
+        options = {**OPTIONS.get(variant, {}), **CONVERT_OPTIONS.get(schedule, {})} or None
+        student, _ = convert(load_source(spec).model, to=variant, seed=seed, options=options,
                              source=spec, num_classes=heads)
         torch.manual_seed(seed)
         save(student, work / "init", pretrained=True)

@@ -1,5 +1,6 @@
 """The schedules benchmarks/budget.py compares: each a name, what it does, and the recipe overrides it adds to the
-quickstart recipe for an epoch budget and a regime ("paper" adds none: quickstart as shipped)."""
+quickstart recipe for an epoch budget and a regime ("paper" adds none: quickstart as shipped); a few also convert
+with other variant options (CONVERT_OPTIONS)."""
 
 from __future__ import annotations
 
@@ -68,4 +69,11 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
     "b32-tf20": ("batch 32, a teacher-forced attention stage of 1/5 of the optimizer steps, then end-to-end",
                  lambda e, r: _attn_steps(e, r, 0.2)),
     "b32-new3": ("batch 32, fresh parameters at 3× lr", lambda e, r: {"batch_size": 32, "new_params": {"lr_scale": 3}}),
+    "b32-hedgehog": ("batch 32, converted with Hedgehog's learned feature map (feature_map=hedgehog; elu, relu)",
+                     lambda e, r: {"batch_size": 32}),
+    "b32-affine": ("batch 32, converted with the variant's φ after a learned identity-initialised map "
+                   "(feature_map=affine; elu, relu)", lambda e, r: {"batch_size": 32}),
 }
+# schedule -> the variant options it converts with, on top of the variant's own (benchmarks/reproduce.py OPTIONS)
+CONVERT_OPTIONS: dict[str, Overrides] = {"b32-hedgehog": {"feature_map": "hedgehog"},
+                                         "b32-affine": {"feature_map": "affine"}}

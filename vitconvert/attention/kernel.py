@@ -28,10 +28,11 @@ import torch
 from torch.nn import functional as F
 
 from .base import Grid, LinearAttention
+from .feature_maps import FEATURE_MAPS, HeadwiseLinear, hedgehog_features, hedgehog_features_literal
 from .ops import dispatch
 from .ops.linear import op as fused
 from .ops.linear.reference import kernel_attention_reference
-from .options import Option, number, positive
+from .options import Option, choice, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, full_precision
 
@@ -137,6 +138,8 @@ class KernelAttention(LinearAttention):
     declared_options = (
         Option("eps", 1e-6, "added to the normaliser φ(q_i)ᵀ Σ_j φ(k_j) (keeps rows with all-zero features finite)",
                number, positive),
+        Option("feature_map", "fixed", "φ: " + "; ".join(f"{k}: {v}" for k, v in FEATURE_MAPS.items()) +
+               " (feature_maps.py; a learned map runs the eager form)", choice(*FEATURE_MAPS)),
     )
     phi_code: ClassVar[int]  # φ in the fused kernels (ops/linear/op.py)
 
@@ -144,6 +147,26 @@ class KernelAttention(LinearAttention):
         super().__init__(dim, num_heads, **kwargs)
         self.eps: float = self.options["eps"]
         self.fla: bool = use_fla()  # the fast choice beside fused_kernels, made once
+        # a learned φ (feature_maps.py): one map for the queries, one for the keys, per head; no kernels for it
+        self.hedgehog: bool = self.options["feature_map"] == "hedgehog"
+        self.feature_map_q = None  # Optional[HeadwiseLinear], unannotated: TorchScript warns on the annotation
+        self.feature_map_k = None
+        if self.options["feature_map"] != "fixed":
+            factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
+            self.feature_map_q = HeadwiseLinear(self.num_heads, self.head_dim, **factory)
+            self.feature_map_k = HeadwiseLinear(self.num_heads, self.head_dim, **factory)
+            if not self.building_on_meta:
+                self.reset_extra_parameters()
+
+    def reset_extra_parameters(self) -> None:
+        """A learned map's default init: the identity (Hedgehog's)."""
+        for learned in (self.feature_map_q, self.feature_map_k):
+            if learned is not None:
+                learned.reset_parameters()
+
+    def learned_phi(self, y: torch.Tensor) -> torch.Tensor:
+        """φ of a learned map, on its affine output y = xW + b."""
+        return hedgehog_features(y) if self.hedgehog else self.phi(y)
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:
         """φ, the fast form (a method: TorchScript calls methods, not class attributes)."""
@@ -156,6 +179,9 @@ class KernelAttention(LinearAttention):
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
             extra: Optional[torch.Tensor] = None) -> torch.Tensor:
         """φ on q and k together: fewer passes, and for batches the stacked copy is the layout bmm needs."""
+        if self.feature_map_q is not None and self.feature_map_k is not None:  # a learned φ: the eager form
+            phi_q, phi_k = self.learned_phi(self.feature_map_q(q)), self.learned_phi(self.feature_map_k(k))
+            return kernel_attention(phi_q, phi_k, v, key_valid, self.eps, self.fla)
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             if self.fused_kernels and dispatch.can_run(v, "linear_attention"):
                 out = dispatch.attempt("linear_attention", fused.attention, q.to(v.dtype), k.to(v.dtype), v,
@@ -170,6 +196,10 @@ class KernelAttention(LinearAttention):
         return kernel_attention(phi_q, phi_k, v, key_valid, self.eps, self.fla)
 
     def reference(self, q, k, v, key_valid, grid: Grid):
+        if self.feature_map_q is not None and self.feature_map_k is not None:
+            phi = hedgehog_features_literal if self.hedgehog else self.phi_literal
+            q, k = phi(self.feature_map_q(q)), phi(self.feature_map_k(k))
+            return kernel_attention_reference(q, k, v, key_valid, self.eps)
         return kernel_attention_reference(self.phi_literal(q), self.phi_literal(k), v, key_valid, self.eps)
 
 

@@ -1,0 +1,55 @@
+"""Learned feature maps for kernel attention (the ``feature_map`` option of ``elu`` and ``relu``).
+
+Hedgehog (Zhang et al., ICLR 2024, "The Hedgehog & the Porcupine: Expressive Linear Attentions with Softmax
+Mimicry", arXiv:2402.04347) replaces a fixed φ by a small trained one, per head and separately for queries and
+keys: φ(x) = [softmax(xW + b), softmax(−(xW + b))] over the feature dimension (2d features from d), W
+initialised to the identity and b to zero. Spiky (softmax) and monotonic (the ± pair) is what the paper found a
+feature map needs to mimic softmax attention's weights. LoLCATs (Zhang et al. 2024) trains the same map on an
+attention-output MSE, which is the loss our distillation already has.
+
+``affine`` keeps the variant's own φ after the same identity-initialised per-head map, φ(xW + b): the paper's
+ablation of the activation, and a student that starts exactly where the fixed map's starts.
+
+No fused kernel computes a learned map: a layer with one runs the eager form (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# name -> what it computes (the option's choices, in the order users see them)
+FEATURE_MAPS: dict[str, str] = {
+    "fixed": "the variant's own φ (elu + 1, relu), no parameters",
+    "hedgehog": "Hedgehog's trained map [softmax(xW + b), softmax(−xW − b)] per head, q and k apart, W = I, b = 0",
+    "affine": "the variant's φ after a trained per-head map xW + b (W = I, b = 0): starts as the fixed map",
+}
+
+
+class HeadwiseLinear(nn.Module):
+    """xW_h + b_h for each head h of a (B, H, N, d) tensor; W_h (d×d) starts as the identity, b_h at zero."""
+
+    def __init__(self, heads: int, dim: int, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(heads, dim, dim, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(heads, dim, device=device, dtype=dtype))
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The method's default init: the identity map, so training starts from the features the map is given."""
+        self.weight.copy_(torch.eye(self.weight.shape[-1], dtype=self.weight.dtype).expand_as(self.weight))
+        self.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(x, self.weight.to(x.dtype)) + self.bias.to(x.dtype)[:, None, :]
+
+
+def hedgehog_features(y: torch.Tensor) -> torch.Tensor:
+    """[softmax(y), softmax(−y)] over the last dimension: d -> 2d non-negative features."""
+    return torch.cat((torch.softmax(y, dim=-1), torch.softmax(-y, dim=-1)), dim=-1)
+
+
+def hedgehog_features_literal(y: torch.Tensor) -> torch.Tensor:
+    """The same, with each softmax written as exp over its sum (the reference's)."""
+    up, down = torch.exp(y - y.amax(-1, keepdim=True)), torch.exp(-y - (-y).amax(-1, keepdim=True))
+    return torch.cat((up / up.sum(-1, keepdim=True), down / down.sum(-1, keepdim=True)), dim=-1)
