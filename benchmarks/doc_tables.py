@@ -136,6 +136,8 @@ BLOCKS = [
           "budget-reheaded.jsonl"),
     Block(RESULTS_DOC, "quickstart-fast", lambda: budget_block("quickstart-fast", "quickstart-fast.jsonl"),
           "quickstart-fast.jsonl"),
+    Block(RESULTS_DOC, "budget-hedgehog", lambda: budget_block("budget-hedgehog", "budget-hedgehog.jsonl", ("b32",)),
+          "budget-hedgehog.jsonl"),
 ]
 
 

@@ -1,5 +1,6 @@
-"""Learned feature maps of ELU/ReLU attention (``feature_map=hedgehog|affine``): the layer against Hedgehog's
-formula written out, the identity init, the gradient reaching the map, masks, and the model folder round trip."""
+"""Other feature maps of ELU/ReLU attention (``feature_map=hedgehog|affine|softmax-pair``): the layer against
+Hedgehog's formula written out, the identity init, the gradient reaching the map, masks, and the model folder
+round trip."""
 
 from __future__ import annotations
 
@@ -14,31 +15,33 @@ from vitconvert.errors import BadValue
 
 from .helpers import assert_masked_tokens_reach_no_valid_output, literal, make_module, random_mask, random_tensors
 
-CASES = [("elu", "hedgehog"), ("relu", "hedgehog"), ("elu", "affine"), ("relu", "affine")]
+CASES = [("elu", "hedgehog"), ("relu", "hedgehog"), ("elu", "affine"), ("relu", "affine"), ("elu", "softmax-pair")]
 IDS = [f"{v}-{m}" for v, m in CASES]
 FIXED_PHI = {"elu": lambda x: torch.nn.functional.elu(x) + 1, "relu": torch.relu}
 
 
 def learned_module(variant: str, feature_map: str):
-    """A converted layer whose maps are moved off the identity, so that a wrong W, b or q/k swap shows."""
+    """A converted layer whose maps (if it has any) are moved off the identity, so a wrong W, b or q/k swap shows."""
     mod = make_module(variant, feature_map=feature_map)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for p in (*mod.feature_map_q.parameters(), *mod.feature_map_k.parameters()):
-            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+        for name, p in mod.named_parameters():
+            if name.startswith("feature_map_"):
+                p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
     return mod
 
 
 def written_out(mod, x: torch.Tensor, variant: str, feature_map: str, key_valid=None) -> torch.Tensor:
     """Zhang et al. 2024 (Hedgehog), token by token from the weights alone: per head h,
     φ_q(q) = [e^{y}/Σe^{y}, e^{−y}/Σe^{−y}] with y = q W_q^h + b_q^h (affine: the variant's φ(y)), the same for keys
-    with W_k, b_k; out_i = Σ_j φ_q(q_i)·φ_k(k_j) v_j / (Σ_j φ_q(q_i)·φ_k(k_j) + ε), then the output projection."""
+    with W_k, b_k (softmax-pair: y = q, no map); out_i = Σ_j φ_q(q_i)·φ_k(k_j) v_j / (Σ_j φ_q(q_i)·φ_k(k_j) + ε),
+    then the output projection."""
     B, N, C = x.shape
     H, d = mod.num_heads, C // mod.num_heads
     q, k, v = ((x @ mod.qkv.weight.T + mod.qkv.bias).reshape(B, N, 3, H, d)).unbind(2)
 
     def phi(t, lin, h):
-        y = t @ lin.weight[h] + lin.bias[h]
+        y = t if lin is None else t @ lin.weight[h] + lin.bias[h]
         if feature_map == "affine":
             return FIXED_PHI[variant](y)
         return torch.cat([y.exp() / y.exp().sum(), (-y).exp() / (-y).exp().sum()])
@@ -91,8 +94,8 @@ def test_masked_tokens_do_not_reach_valid_outputs():
 
 def test_the_plan_says_eager_and_a_bad_name_is_one_line():
     reason = plan_layer(make_module("elu", dim=64, feature_map="hedgehog"), GPUS["h100"], torch.bfloat16, 8).reason
-    assert "learned feature map" in reason
-    with pytest.raises(BadValue, match="feature_map takes one of fixed, hedgehog, affine"):
+    assert reason == "feature_map=hedgehog (no kernels compute that φ)"
+    with pytest.raises(BadValue, match="feature_map takes one of fixed, hedgehog, affine, softmax-pair"):
         make_module("relu", feature_map="softmax")
 
 

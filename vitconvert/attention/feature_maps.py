@@ -8,7 +8,10 @@ feature map needs to mimic softmax attention's weights. LoLCATs (Zhang et al. 20
 attention-output MSE, which is the loss our distillation already has.
 
 ``affine`` keeps the variant's own φ after the same identity-initialised per-head map, φ(xW + b): the paper's
-ablation of the activation, and a student that starts exactly where the fixed map's starts.
+ablation of the activation, and a student that starts exactly where the fixed map's starts. ``softmax-pair`` is
+Hedgehog's φ without the trained map. Where the q/k projections train too (as our distillation trains them), xW + b
+adds no function the projections could not give: (x_in W_q + b_q) W + b is another projection. Hedgehog and LoLCATs
+freeze (or LoRA-tune) q and k, which is where the map's own training counts; ``softmax-pair`` measures that here.
 
 No fused kernel computes a learned map: a layer with one runs the eager form (docs/performance.md).
 """
@@ -23,6 +26,7 @@ FEATURE_MAPS: dict[str, str] = {
     "fixed": "the variant's own φ (elu + 1, relu), no parameters",
     "hedgehog": "Hedgehog's trained map [softmax(xW + b), softmax(−xW − b)] per head, q and k apart, W = I, b = 0",
     "affine": "the variant's φ after a trained per-head map xW + b (W = I, b = 0): starts as the fixed map",
+    "softmax-pair": "Hedgehog's φ without its trained map: [softmax(x), softmax(−x)], no parameters",
 }
 
 

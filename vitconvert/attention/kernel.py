@@ -139,7 +139,7 @@ class KernelAttention(LinearAttention):
         Option("eps", 1e-6, "added to the normaliser φ(q_i)ᵀ Σ_j φ(k_j) (keeps rows with all-zero features finite)",
                number, positive),
         Option("feature_map", "fixed", "φ: " + "; ".join(f"{k}: {v}" for k, v in FEATURE_MAPS.items()) +
-               " (feature_maps.py; a learned map runs the eager form)", choice(*FEATURE_MAPS)),
+               " (feature_maps.py; any but fixed runs the eager form)", choice(*FEATURE_MAPS)),
     )
     phi_code: ClassVar[int]  # φ in the fused kernels (ops/linear/op.py)
 
@@ -147,11 +147,13 @@ class KernelAttention(LinearAttention):
         super().__init__(dim, num_heads, **kwargs)
         self.eps: float = self.options["eps"]
         self.fla: bool = use_fla()  # the fast choice beside fused_kernels, made once
-        # a learned φ (feature_maps.py): one map for the queries, one for the keys, per head; no kernels for it
-        self.hedgehog: bool = self.options["feature_map"] == "hedgehog"
+        # another φ (feature_maps.py), trained or not: no kernels compute it, so such a layer runs the eager form
+        feature_map = self.options["feature_map"]
+        self.eager_phi: bool = feature_map != "fixed"
+        self.hedgehog: bool = feature_map in ("hedgehog", "softmax-pair")
         self.feature_map_q = None  # Optional[HeadwiseLinear], unannotated: TorchScript warns on the annotation
         self.feature_map_k = None
-        if self.options["feature_map"] != "fixed":
+        if feature_map in ("hedgehog", "affine"):  # trained: one map for the queries, one for the keys, per head
             factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
             self.feature_map_q = HeadwiseLinear(self.num_heads, self.head_dim, **factory)
             self.feature_map_k = HeadwiseLinear(self.num_heads, self.head_dim, **factory)
@@ -164,9 +166,14 @@ class KernelAttention(LinearAttention):
             if learned is not None:
                 learned.reset_parameters()
 
-    def learned_phi(self, y: torch.Tensor) -> torch.Tensor:
-        """φ of a learned map, on its affine output y = xW + b."""
-        return hedgehog_features(y) if self.hedgehog else self.phi(y)
+    def other_phi(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """φ(q), φ(k) of the ``feature_map`` option: the trained maps' xW + b (where there are), then Hedgehog's
+        softmax pair or the variant's φ."""
+        if self.feature_map_q is not None and self.feature_map_k is not None:
+            q, k = self.feature_map_q(q), self.feature_map_k(k)
+        if self.hedgehog:
+            return hedgehog_features(q), hedgehog_features(k)
+        return self.phi(q), self.phi(k)
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:
         """φ, the fast form (a method: TorchScript calls methods, not class attributes)."""
@@ -179,8 +186,8 @@ class KernelAttention(LinearAttention):
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
             extra: Optional[torch.Tensor] = None) -> torch.Tensor:
         """φ on q and k together: fewer passes, and for batches the stacked copy is the layout bmm needs."""
-        if self.feature_map_q is not None and self.feature_map_k is not None:  # a learned φ: the eager form
-            phi_q, phi_k = self.learned_phi(self.feature_map_q(q)), self.learned_phi(self.feature_map_k(k))
+        if self.eager_phi:  # a φ of the feature_map option: the eager form
+            phi_q, phi_k = self.other_phi(q, k)
             return kernel_attention(phi_q, phi_k, v, key_valid, self.eps, self.fla)
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             if self.fused_kernels and dispatch.can_run(v, "linear_attention"):
@@ -197,10 +204,9 @@ class KernelAttention(LinearAttention):
 
     def reference(self, q, k, v, key_valid, grid: Grid):
         if self.feature_map_q is not None and self.feature_map_k is not None:
-            phi = hedgehog_features_literal if self.hedgehog else self.phi_literal
-            q, k = phi(self.feature_map_q(q)), phi(self.feature_map_k(k))
-            return kernel_attention_reference(q, k, v, key_valid, self.eps)
-        return kernel_attention_reference(self.phi_literal(q), self.phi_literal(k), v, key_valid, self.eps)
+            q, k = self.feature_map_q(q), self.feature_map_k(k)
+        phi = hedgehog_features_literal if self.hedgehog else self.phi_literal
+        return kernel_attention_reference(phi(q), phi(k), v, key_valid, self.eps)
 
 
 @register_variant
