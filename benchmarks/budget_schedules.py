@@ -71,12 +71,6 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
     "b32-new3": ("batch 32, fresh parameters at 3× lr", lambda e, r: {"batch_size": 32, "new_params": {"lr_scale": 3}}),
     "b32-hedgehog": ("batch 32, converted with Hedgehog's learned feature map (feature_map=hedgehog; elu, relu)",
                      lambda e, r: {"batch_size": 32}),
-    "b32-affine": ("batch 32, converted with the variant's φ after a learned identity-initialised map "
-                   "(feature_map=affine; elu, relu)", lambda e, r: {"batch_size": 32}),
-    "b32-softmax-pair": ("batch 32, converted with Hedgehog's φ without its trained map (feature_map=softmax-pair; "
-                         "elu, relu)", lambda e, r: {"batch_size": 32}),
 }
 # schedule -> the variant options it converts with, on top of the variant's own (benchmarks/reproduce.py OPTIONS)
-CONVERT_OPTIONS: dict[str, Overrides] = {"b32-hedgehog": {"feature_map": "hedgehog"},
-                                         "b32-affine": {"feature_map": "affine"},
-                                         "b32-softmax-pair": {"feature_map": "softmax-pair"}}
+CONVERT_OPTIONS: dict[str, Overrides] = {"b32-hedgehog": {"feature_map": "hedgehog"}}

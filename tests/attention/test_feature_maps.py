@@ -1,6 +1,5 @@
-"""Other feature maps of ELU/ReLU attention (``feature_map=hedgehog|affine|softmax-pair``): the layer against
-Hedgehog's formula written out, the identity init, the gradient reaching the map, masks, and the model folder
-round trip."""
+"""Hedgehog's feature map on ELU/ReLU attention (``feature_map=hedgehog``): the layer against Hedgehog's formula
+written out, the identity init, the gradient reaching the maps, masks, the plan, and the model folder round trip."""
 
 from __future__ import annotations
 
@@ -15,14 +14,12 @@ from vitconvert.errors import BadValue
 
 from .helpers import assert_masked_tokens_reach_no_valid_output, literal, make_module, random_mask, random_tensors
 
-CASES = [("elu", "hedgehog"), ("relu", "hedgehog"), ("elu", "affine"), ("relu", "affine"), ("elu", "softmax-pair")]
-IDS = [f"{v}-{m}" for v, m in CASES]
-FIXED_PHI = {"elu": lambda x: torch.nn.functional.elu(x) + 1, "relu": torch.relu}
+VARIANTS = ["elu", "relu"]  # the same layer under either name: Hedgehog's φ replaces the variant's
 
 
-def learned_module(variant: str, feature_map: str):
-    """A converted layer whose maps (if it has any) are moved off the identity, so a wrong W, b or q/k swap shows."""
-    mod = make_module(variant, feature_map=feature_map)
+def learned_module(variant: str):
+    """A converted layer whose maps are moved off the identity, so that a wrong W, b or q/k swap shows."""
+    mod = make_module(variant, feature_map="hedgehog")
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in mod.named_parameters():
@@ -31,19 +28,16 @@ def learned_module(variant: str, feature_map: str):
     return mod
 
 
-def written_out(mod, x: torch.Tensor, variant: str, feature_map: str, key_valid=None) -> torch.Tensor:
+def written_out(mod, x: torch.Tensor, key_valid=None) -> torch.Tensor:
     """Zhang et al. 2024 (Hedgehog), token by token from the weights alone: per head h,
-    φ_q(q) = [e^{y}/Σe^{y}, e^{−y}/Σe^{−y}] with y = q W_q^h + b_q^h (affine: the variant's φ(y)), the same for keys
-    with W_k, b_k (softmax-pair: y = q, no map); out_i = Σ_j φ_q(q_i)·φ_k(k_j) v_j / (Σ_j φ_q(q_i)·φ_k(k_j) + ε),
-    then the output projection."""
+    φ_q(q) = [e^{y}/Σe^{y}, e^{−y}/Σe^{−y}] with y = q W_q^h + b_q^h, the same for keys with W_k, b_k;
+    out_i = Σ_j φ_q(q_i)·φ_k(k_j) v_j / (Σ_j φ_q(q_i)·φ_k(k_j) + ε), then the output projection."""
     B, N, C = x.shape
     H, d = mod.num_heads, C // mod.num_heads
     q, k, v = ((x @ mod.qkv.weight.T + mod.qkv.bias).reshape(B, N, 3, H, d)).unbind(2)
 
     def phi(t, lin, h):
-        y = t if lin is None else t @ lin.weight[h] + lin.bias[h]
-        if feature_map == "affine":
-            return FIXED_PHI[variant](y)
+        y = t @ lin.weight[h] + lin.bias[h]
         return torch.cat([y.exp() / y.exp().sum(), (-y).exp() / (-y).exp().sum()])
 
     out = torch.zeros(B, N, H, d, dtype=x.dtype)
@@ -59,43 +53,38 @@ def written_out(mod, x: torch.Tensor, variant: str, feature_map: str, key_valid=
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
-@pytest.mark.parametrize("variant,feature_map", CASES, ids=IDS)
-def test_layer_equals_the_formula_written_out(variant, feature_map, masked):
-    mod = learned_module(variant, feature_map)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_layer_equals_the_formula_written_out(variant, masked):
+    mod = learned_module(variant)
     (x,) = random_tensors((2, 17, mod.dim))
     key_valid = random_mask(2, 17) if masked else None
     attn_mask = key_valid[:, None, None, :] if masked else None
-    want = written_out(mod, x, variant, feature_map, key_valid)
+    want = written_out(mod, x, key_valid)
     torch.testing.assert_close(mod(x, attn_mask=attn_mask), want, atol=1e-12, rtol=0)
     torch.testing.assert_close(literal(mod, x, attn_mask=attn_mask), want, atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize("feature_map", ["hedgehog", "affine"])
-def test_maps_start_at_the_identity_and_train(feature_map):
-    """Hedgehog's init (W = I, b = 0): ``affine`` starts exactly as the fixed map does; the task's gradient reaches
-    both maps."""
-    mod, fixed = make_module("elu", feature_map=feature_map), make_module("elu")
+def test_maps_start_at_the_identity_and_train():
+    """Hedgehog's init (W = I, b = 0); a loss's gradient reaches both maps."""
+    mod = make_module("elu", feature_map="hedgehog")
     for lin in (mod.feature_map_q, mod.feature_map_k):
         assert torch.equal(lin.weight, torch.eye(mod.head_dim, dtype=lin.weight.dtype).expand_as(lin.weight))
         assert not lin.bias.any()
     (x,) = random_tensors((2, 17, mod.dim))
-    out = mod(x)
-    if feature_map == "affine":
-        torch.testing.assert_close(out, fixed(x), atol=1e-12, rtol=0)
-    out.square().sum().backward()
+    mod(x).square().sum().backward()
     names = mod.extra_parameter_names()
     assert names == ["feature_map_q.weight", "feature_map_q.bias", "feature_map_k.weight", "feature_map_k.bias"]
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in mod.named_parameters() if n in names)
 
 
 def test_masked_tokens_do_not_reach_valid_outputs():
-    assert_masked_tokens_reach_no_valid_output(learned_module("relu", "hedgehog"))
+    assert_masked_tokens_reach_no_valid_output(learned_module("relu"))
 
 
 def test_the_plan_says_eager_and_a_bad_name_is_one_line():
     reason = plan_layer(make_module("elu", dim=64, feature_map="hedgehog"), GPUS["h100"], torch.bfloat16, 8).reason
-    assert reason == "feature_map=hedgehog (no kernels compute that φ)"
-    with pytest.raises(BadValue, match="feature_map takes one of fixed, hedgehog, affine, softmax-pair"):
+    assert reason == "feature_map=hedgehog (no kernels compute a trained φ)"
+    with pytest.raises(BadValue, match="feature_map takes one of fixed, hedgehog"):
         make_module("relu", feature_map="softmax")
 
 

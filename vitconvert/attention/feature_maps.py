@@ -1,4 +1,4 @@
-"""Learned feature maps for kernel attention (the ``feature_map`` option of ``elu`` and ``relu``).
+"""Hedgehog's learned feature map for kernel attention (the ``feature_map`` option of ``elu`` and ``relu``).
 
 Hedgehog (Zhang et al., ICLR 2024, "The Hedgehog & the Porcupine: Expressive Linear Attentions with Softmax
 Mimicry", arXiv:2402.04347) replaces a fixed φ by a small trained one, per head and separately for queries and
@@ -7,13 +7,12 @@ initialised to the identity and b to zero. Spiky (softmax) and monotonic (the ±
 feature map needs to mimic softmax attention's weights. LoLCATs (Zhang et al. 2024) trains the same map on an
 attention-output MSE, which is the loss our distillation already has.
 
-``affine`` keeps the variant's own φ after the same identity-initialised per-head map, φ(xW + b): the paper's
-ablation of the activation, and a student that starts exactly where the fixed map's starts. ``softmax-pair`` is
-Hedgehog's φ without the trained map. Where the q/k projections train too (as our distillation trains them), xW + b
-adds no function the projections could not give: (x_in W_q + b_q) W + b is another projection. Hedgehog and LoLCATs
-freeze (or LoRA-tune) q and k, which is where the map's own training counts; ``softmax-pair`` measures that here.
+With the q/k projections trained too, as our distillation trains them, xW + b adds no function they could not
+give ((x W_q + b_q) W + b is another projection): what it changes is the training. Measured on the digits, the
+trained map beat the same softmax pair without it, and the variant's own φ after the same map did not win
+reliably (docs/results.md, "Learned feature maps (Hedgehog, issue 38)"); both were dropped.
 
-No fused kernel computes a learned map: a layer with one runs the eager form (docs/performance.md).
+No fused kernel computes a trained φ: a layer with one runs the eager form (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -25,8 +24,6 @@ from torch import nn
 FEATURE_MAPS: dict[str, str] = {
     "fixed": "the variant's own φ (elu + 1, relu), no parameters",
     "hedgehog": "Hedgehog's trained map [softmax(xW + b), softmax(−xW − b)] per head, q and k apart, W = I, b = 0",
-    "affine": "the variant's φ after a trained per-head map xW + b (W = I, b = 0): starts as the fixed map",
-    "softmax-pair": "Hedgehog's φ without its trained map: [softmax(x), softmax(−x)], no parameters",
 }
 
 

@@ -139,7 +139,7 @@ class KernelAttention(LinearAttention):
         Option("eps", 1e-6, "added to the normaliser φ(q_i)ᵀ Σ_j φ(k_j) (keeps rows with all-zero features finite)",
                number, positive),
         Option("feature_map", "fixed", "φ: " + "; ".join(f"{k}: {v}" for k, v in FEATURE_MAPS.items()) +
-               " (feature_maps.py; any but fixed runs the eager form)", choice(*FEATURE_MAPS)),
+               " (feature_maps.py; hedgehog runs the eager form)", choice(*FEATURE_MAPS)),
     )
     phi_code: ClassVar[int]  # φ in the fused kernels (ops/linear/op.py)
 
@@ -147,13 +147,11 @@ class KernelAttention(LinearAttention):
         super().__init__(dim, num_heads, **kwargs)
         self.eps: float = self.options["eps"]
         self.fla: bool = use_fla()  # the fast choice beside fused_kernels, made once
-        # another φ (feature_maps.py), trained or not: no kernels compute it, so such a layer runs the eager form
-        feature_map = self.options["feature_map"]
-        self.eager_phi: bool = feature_map != "fixed"
-        self.hedgehog: bool = feature_map in ("hedgehog", "softmax-pair")
+        # Hedgehog's trained φ (feature_maps.py), one map for the queries and one for the keys, per head; no kernels
+        # compute it, so such a layer runs the eager form
         self.feature_map_q = None  # Optional[HeadwiseLinear], unannotated: TorchScript warns on the annotation
         self.feature_map_k = None
-        if feature_map in ("hedgehog", "affine"):  # trained: one map for the queries, one for the keys, per head
+        if self.options["feature_map"] == "hedgehog":
             factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
             self.feature_map_q = HeadwiseLinear(self.num_heads, self.head_dim, **factory)
             self.feature_map_k = HeadwiseLinear(self.num_heads, self.head_dim, **factory)
@@ -161,19 +159,10 @@ class KernelAttention(LinearAttention):
                 self.reset_extra_parameters()
 
     def reset_extra_parameters(self) -> None:
-        """A learned map's default init: the identity (Hedgehog's)."""
+        """Hedgehog's default init of its maps: the identity."""
         for learned in (self.feature_map_q, self.feature_map_k):
             if learned is not None:
                 learned.reset_parameters()
-
-    def other_phi(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """φ(q), φ(k) of the ``feature_map`` option: the trained maps' xW + b (where there are), then Hedgehog's
-        softmax pair or the variant's φ."""
-        if self.feature_map_q is not None and self.feature_map_k is not None:
-            q, k = self.feature_map_q(q), self.feature_map_k(k)
-        if self.hedgehog:
-            return hedgehog_features(q), hedgehog_features(k)
-        return self.phi(q), self.phi(k)
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:
         """φ, the fast form (a method: TorchScript calls methods, not class attributes)."""
@@ -186,8 +175,8 @@ class KernelAttention(LinearAttention):
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
             extra: Optional[torch.Tensor] = None) -> torch.Tensor:
         """φ on q and k together: fewer passes, and for batches the stacked copy is the layout bmm needs."""
-        if self.eager_phi:  # a φ of the feature_map option: the eager form
-            phi_q, phi_k = self.other_phi(q, k)
+        if self.feature_map_q is not None and self.feature_map_k is not None:  # Hedgehog's φ: the eager form
+            phi_q, phi_k = hedgehog_features(self.feature_map_q(q)), hedgehog_features(self.feature_map_k(k))
             return kernel_attention(phi_q, phi_k, v, key_valid, self.eps, self.fla)
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             if self.fused_kernels and dispatch.can_run(v, "linear_attention"):
@@ -204,9 +193,10 @@ class KernelAttention(LinearAttention):
 
     def reference(self, q, k, v, key_valid, grid: Grid):
         if self.feature_map_q is not None and self.feature_map_k is not None:
-            q, k = self.feature_map_q(q), self.feature_map_k(k)
-        phi = hedgehog_features_literal if self.hedgehog else self.phi_literal
-        return kernel_attention_reference(phi(q), phi(k), v, key_valid, self.eps)
+            phi_q, phi_k = (hedgehog_features_literal(self.feature_map_q(q)),
+                            hedgehog_features_literal(self.feature_map_k(k)))
+            return kernel_attention_reference(phi_q, phi_k, v, key_valid, self.eps)
+        return kernel_attention_reference(self.phi_literal(q), self.phi_literal(k), v, key_valid, self.eps)
 
 
 @register_variant

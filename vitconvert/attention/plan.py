@@ -136,8 +136,8 @@ def _eager_reason(module: LinearAttention, call: Call, op: str) -> str:
     max_head_dim, dtypes = dispatch.op_bounds(op, dispatch.Dispatch())
     if call.gpu is None:
         return "the CPU: the eager form (the kernels run on CUDA GPUs)"
-    if getattr(module, "eager_phi", False):
-        return f"feature_map={module.options['feature_map']} (no kernels compute that φ)"
+    if getattr(module, "feature_map_q", None) is not None:
+        return "feature_map=hedgehog (no kernels compute a trained φ)"
     if not call.settings.fused or not module.fused_kernels:
         return f"{dispatch.ENV}=0 (or Triton is not installed)"
     if call.gpu.capability < dispatch.MIN_CAPABILITY:
