@@ -198,7 +198,7 @@ def test_a_forward_in_inference_mode_then_a_training_step(form, monkeypatch):
     blocks._cached_segment_index.cache_clear()
     blocks._cached_token_segments.cache_clear()
     module = helpers.make_module("mhla", 1, (5, 5), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
-    x = torch.randn(2, 26, 64, device=DEVICE)
+    x = torch.randn(1, 26, 64, device=DEVICE)  # (one image: the tables are per grid, not per batch)
     with torch.inference_mode():
         expected = module(x)
     x.requires_grad_()
@@ -268,7 +268,7 @@ def test_a_forward_kernel_the_gpu_cannot_build_leaves_mhla_on_its_blocked_kernel
 
     dispatch.current().settings = dispatch.KernelSettings(form="pairwise")  # (float32: auto takes the blocked form)
     module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
-    x = torch.randn(2, 17, 64, device=DEVICE)
+    x = torch.randn(1, 17, 64, device=DEVICE)  # (one image: the interpreter runs a program per image and head)
     expected = module(x)
     refusing = helpers.cramped(["pairwise_fwd_kernel"])
     blocked = []
@@ -291,8 +291,8 @@ def test_a_backward_kernel_the_gpu_cannot_build_takes_the_eager_gradients(monkey
 
     dispatch.current().settings = dispatch.KernelSettings(form="pairwise")
     module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
-    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
-    grad = torch.randn(2, 17, 64, device=DEVICE)
+    x = torch.randn(1, 17, 64, device=DEVICE, requires_grad=True)  # (one image, as above)
+    grad = torch.randn(1, 17, 64, device=DEVICE)
     want = torch.autograd.grad(module(x), [x, *module.parameters()], grad)
     out = module(x)
     helpers.cramped(["pairwise_bwd_kernel"])
