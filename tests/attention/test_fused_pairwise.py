@@ -48,9 +48,16 @@ def padding_mask(N: int) -> torch.Tensor:
     return mask.to(DEVICE)
 
 
-@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("N,d", [(150, 32), (70, 64), (40, 96)])  # 150: tiles of 64, the last partly filled
+FP32, BF16, FP16 = torch.float32, torch.bfloat16, torch.float16
+# (N, d, dtype, masked): each size and each dtype with and without a mask (150: tiles of 64, the last partly filled)
+OP_CASES = [
+    (150, 32, FP32, True), (150, 32, BF16, False), (150, 32, FP16, True),
+    (70, 64, FP32, False), (70, 64, BF16, True), (70, 64, FP16, False),
+    (40, 96, FP32, False), (40, 96, BF16, True), (40, 96, FP16, True)]
+
+
+@pytest.mark.parametrize("N,d,dtype,masked", OP_CASES, ids=[
+    f"{n}-{d}-{str(t).split('.')[-1]}-{'masked' if m else 'all'}" for n, d, t, m in OP_CASES])
 def test_the_op_matches_the_literal_n_by_n_form(N, d, dtype, masked):
     """Values and the gradients of q, k, v and W̃ against the formula in float64."""
     q, k, v, segments, mixing = inputs(N, d, 7, dtype)
