@@ -172,7 +172,7 @@ def test_the_variants_take_the_op(variant, form):
     epilogues."""
     dispatch.current().settings = dispatch.KernelSettings(form=form)
     module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
-    ran = grid_launches(variant, torch.randn(2, 17, 64, device=DEVICE), module)
+    ran = grid_launches(variant, torch.randn(1, 17, 64, device=DEVICE), module)  # (one image: the interpreter is slow)
     expected = {"auto": (0, 0), "blocked": (1, 1), "pairwise": (0, 0)}[form]
     assert (ran.count("grid_conv_fwd_kernel"), ran.count("grid_conv_bwd_kernel")) == expected, ran
     assert ("pairwise_fwd_kernel" in ran) == (form == "pairwise"), ran
@@ -190,8 +190,8 @@ def test_a_grid_kernel_the_gpu_cannot_build_leaves_the_convs_to_torch(variant, s
     if variant == "ttt":
         split_heads()
     module = helpers.make_module(variant, 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
-    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
-    grad = torch.randn(2, 17, 64, device=DEVICE)
+    x = torch.randn(1, 17, 64, device=DEVICE, requires_grad=True)  # (one image: the interpreter runs a program per
+    grad = torch.randn(1, 17, 64, device=DEVICE)                    # image, head and token range)
     want = torch.autograd.grad(module(x), [x, *module.parameters()], grad)
     dispatch.current().unavailable.clear()
     out = module(x) if stage == "backward" else None

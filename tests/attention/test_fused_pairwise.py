@@ -48,9 +48,16 @@ def padding_mask(N: int) -> torch.Tensor:
     return mask.to(DEVICE)
 
 
-@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("N,d", [(150, 32), (70, 64), (40, 96)])  # 150: tiles of 64, the last partly filled
+FP32, BF16, FP16 = torch.float32, torch.bfloat16, torch.float16
+# (N, d, dtype, masked): each size and each dtype with and without a mask (150: tiles of 64, the last partly filled)
+OP_CASES = [
+    (150, 32, FP32, True), (150, 32, BF16, False), (150, 32, FP16, True),
+    (70, 64, FP32, False), (70, 64, BF16, True), (70, 64, FP16, False),
+    (40, 96, FP32, False), (40, 96, BF16, True), (40, 96, FP16, True)]
+
+
+@pytest.mark.parametrize("N,d,dtype,masked", OP_CASES, ids=[
+    f"{n}-{d}-{str(t).split('.')[-1]}-{'masked' if m else 'all'}" for n, d, t, m in OP_CASES])
 def test_the_op_matches_the_literal_n_by_n_form(N, d, dtype, masked):
     """Values and the gradients of q, k, v and W̃ against the formula in float64."""
     q, k, v, segments, mixing = inputs(N, d, 7, dtype)
@@ -198,7 +205,7 @@ def test_a_forward_in_inference_mode_then_a_training_step(form, monkeypatch):
     blocks._cached_segment_index.cache_clear()
     blocks._cached_token_segments.cache_clear()
     module = helpers.make_module("mhla", 1, (5, 5), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
-    x = torch.randn(2, 26, 64, device=DEVICE)
+    x = torch.randn(1, 26, 64, device=DEVICE)  # (one image: the tables are per grid, not per batch)
     with torch.inference_mode():
         expected = module(x)
     x.requires_grad_()
@@ -268,7 +275,7 @@ def test_a_forward_kernel_the_gpu_cannot_build_leaves_mhla_on_its_blocked_kernel
 
     dispatch.current().settings = dispatch.KernelSettings(form="pairwise")  # (float32: auto takes the blocked form)
     module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
-    x = torch.randn(2, 17, 64, device=DEVICE)
+    x = torch.randn(1, 17, 64, device=DEVICE)  # (one image: the interpreter runs a program per image and head)
     expected = module(x)
     refusing = helpers.cramped(["pairwise_fwd_kernel"])
     blocked = []
@@ -291,8 +298,8 @@ def test_a_backward_kernel_the_gpu_cannot_build_takes_the_eager_gradients(monkey
 
     dispatch.current().settings = dispatch.KernelSettings(form="pairwise")
     module = helpers.make_module("mhla", 1, (4, 4), dim=64, dtype=torch.float32, blocks_per_side=2).to(DEVICE)
-    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
-    grad = torch.randn(2, 17, 64, device=DEVICE)
+    x = torch.randn(1, 17, 64, device=DEVICE, requires_grad=True)  # (one image, as above)
+    grad = torch.randn(1, 17, 64, device=DEVICE)
     want = torch.autograd.grad(module(x), [x, *module.parameters()], grad)
     out = module(x)
     helpers.cramped(["pairwise_bwd_kernel"])

@@ -51,7 +51,7 @@ def test_compiles_as_one_graph(form, monkeypatch):
     dispatch.current().settings = dispatch.KernelSettings(form=form)
     torch._dynamo.reset()
     module = make_module("mhla", 32, (4, 4), 1, blocks_per_side=2)
-    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
+    x = torch.randn(1, 17, 64, device=DEVICE, requires_grad=True)  # (one image: a program per image and head)
     compiled = torch.compile(module, fullgraph=True, backend="eager")
     out = compiled(x)
     torch.testing.assert_close(out, module(x), atol=1e-5, rtol=1e-5)
@@ -110,7 +110,7 @@ def blocked_form(name: str, monkeypatch) -> None:
 def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_form_once(name, monkeypatch):
     blocked_form(name, monkeypatch)
     module = make_module(name, 32, (4, 4), 1, **({"blocks_per_side": 2} if name == "mhla" else {}))
-    x = torch.randn(2, 17, 64, device=DEVICE)
+    x = torch.randn(1, 17, 64, device=DEVICE)  # (one image, as above)
     expected = module(x)
     dispatch.current().unavailable.clear()
     helpers.cramped(("attention_fwd_kernel", "state_fwd_kernel", "readout_fwd_kernel"))
@@ -132,8 +132,8 @@ def test_a_backward_kernel_the_gpu_cannot_build_falls_back_to_the_eager_gradient
     and this step's gradients (inputs and parameters, MHLA's W included) from the ops' eager forms."""
     blocked_form(name, monkeypatch)
     module = make_module(name, 32, (4, 4), 1, **({"blocks_per_side": 2} if name == "mhla" else {}))
-    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
-    grad = torch.randn(2, 17, 64, device=DEVICE)
+    x = torch.randn(1, 17, 64, device=DEVICE, requires_grad=True)  # (one image, as above)
+    grad = torch.randn(1, 17, 64, device=DEVICE)
     want = torch.autograd.grad(module(x), [x, *module.parameters()], grad)
     dispatch.current().unavailable.clear()
     out = module(x)  # forward on the kernels
@@ -169,8 +169,14 @@ def test_the_eager_forms_of_the_ops_compute_what_the_kernels_compute(masked):
                                    atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["vit", "eva02", "dinov2", "deit_distilled"])
-@pytest.mark.parametrize("name", FUSED_VARIANTS)
+FAMILIES = ("vit", "eva02", "dinov2", "deit_distilled")
+# MHLA's kernels take a family's prefix tokens as a count (a segment of their own): registers (DINOv2's five) stand
+# for the class and distillation tokens there; EVA-02 keeps its own path (rope, q and v biases: no fused LayerNorm)
+MODEL_CASES = [(family, name) for name in FUSED_VARIANTS for family in FAMILIES
+               if name != "mhla" or family in ("eva02", "dinov2")]
+
+
+@pytest.mark.parametrize("family,name", MODEL_CASES, ids=[f"{name}-{family}" for family, name in MODEL_CASES])
 def test_whole_timm_models_on_the_kernels_match_their_eager_form(family, name, monkeypatch):
     """Converted timm models as users run them (qkv layouts, rope, registers, distillation tokens), one
     training step: logits and every gradient of the fused model equal the eager model's."""
@@ -217,12 +223,14 @@ def saved_mib(model: torch.nn.Module, images: torch.Tensor) -> float:
 
 
 # a training step's memory against softmax's (SDPA keeps q, k, v, o and the log-sum-exp), measured as what
-# autograd saves: the same on any device. ELU/ReLU/InLine keep exactly softmax's. MHLA also its input LayerNorm's
-# input and the normalised q and k (1.51× before the lean RMSNorm and the one-op blocked attention, which keeps
-# no states; 1.15× before the RMSNorm moved into the op and the input LayerNorm was fused with the qkv projection,
-# which keeps the float32 qkv weight instead of a bf16 copy, hence below 1). TTT keeps q, k, v and recomputes its
-# closed-form step in backward (2.32× when autograd kept the step's intermediates).
-SAVED_VS_SOFTMAX = {"elu": 1.0, "relu": 1.0, "inline": 1.0, "mhla": 0.94, "ttt": 1.0}
+# autograd saves: the same on any device. At 32 px with 16-token ranges each head splits in two as at 224 px (the
+# state/read-out kernels, TTT's split sums), one block of width 96: weights weigh more against the activations than
+# at 224 px, so MHLA's ratio is lower there. ELU/ReLU/InLine keep exactly softmax's. MHLA also its input LayerNorm's
+# input and the normalised q and k (1.03× with the LayerNorm and the qkv projection as two ops; 1.53× with its
+# kernels off); fused, it keeps the float32 qkv weight instead of a bf16 copy, hence below 1. TTT keeps q, k, v and
+# the keys' float32 statistics (0.3% here) and recomputes its closed-form step in backward (1.52× when autograd kept
+# the step's intermediates). An extra q-sized copy in the linear-attention op reads 1.015×.
+SAVED_VS_SOFTMAX = {"elu": 1.0, "relu": 1.0, "inline": 1.0, "mhla": 0.87, "ttt": 1.0}
 
 
 def test_a_training_forward_keeps_no_more_than_its_budget_against_softmax():
@@ -231,9 +239,10 @@ def test_a_training_forward_keeps_no_more_than_its_budget_against_softmax():
     import vitconvert
 
     torch.manual_seed(0)
-    source = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64, patch_size=8, embed_dim=96,
-                               num_heads=3, depth=2, num_classes=10).to(DEVICE)
-    images = torch.randn(2, 3, 64, 64, device=DEVICE)
+    source = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=96,
+                               num_heads=3, depth=1, num_classes=10).to(DEVICE)
+    images = torch.randn(2, 3, 32, 32, device=DEVICE)
+    dispatch.current().split_round = 16  # (17 tokens: two ranges a head)
     softmax = saved_mib(source, images)
     ratios = {name: saved_mib(vitconvert.convert(source, name)[0], images) / softmax for name in SAVED_VS_SOFTMAX}
     over = {name: round(r, 3) for name, r in ratios.items() if r > SAVED_VS_SOFTMAX[name] + 0.005}

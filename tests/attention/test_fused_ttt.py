@@ -34,11 +34,11 @@ def kernels_here(monkeypatch):
 
 
 def step_inputs(N: int = 70, d: int = 32, dtype: torch.dtype = torch.float32, masked: bool = False,
-                seed: int = 0) -> tuple[list[torch.Tensor], Optional[torch.Tensor]]:
-    """q, k, v (2, 2, N, d) and fast weights (3, 2, d, d) large enough that the step moves the read-out."""
-    q, k, v = (t.to(DEVICE, dtype).requires_grad_() for t in helpers.random_qkv(2, 2, N, d, dtype=torch.float32))
+                seed: int = 0, batch: int = 2) -> tuple[list[torch.Tensor], Optional[torch.Tensor]]:
+    """q, k, v (batch, 2, N, d) and fast weights (3, 2, d, d) large enough that the step moves the read-out."""
+    q, k, v = (t.to(DEVICE, dtype).requires_grad_() for t in helpers.random_qkv(batch, 2, N, d, dtype=torch.float32))
     weights = (torch.randn(3, 2, d, d, generator=torch.Generator().manual_seed(seed)) * 2 * d ** -0.5)
-    mask = helpers.random_mask(2, N).to(DEVICE) if masked else None
+    mask = helpers.random_mask(batch, N).to(DEVICE) if masked else None
     return [q, k, v, weights.to(DEVICE).requires_grad_()], mask
 
 
@@ -79,7 +79,8 @@ def test_the_op_on_raw_keys_applies_the_key_norm_and_both_convs(programs, masked
     eager step in float64 (the grid op's eager form for the norm and convs): the output and every gradient, in one
     program a head (the fused kernels) and with heads split over token ranges (partial sums)."""
     dispatch.current().programs = programs
-    inputs, mask = step_inputs(N=70, d=32, masked=masked)  # (6 prefix tokens and an 8×8 grid)
+    inputs, mask = step_inputs(N=70, d=32, masked=masked, batch=1)  # (6 prefix tokens and an 8×8 grid; one image:
+    # the interpreter runs a program per image, head and token range)
     g = torch.Generator().manual_seed(7)
     convs = [(torch.randn(shape, generator=g) * scale).to(DEVICE).requires_grad_()
              for shape, scale in (((64, 1, 3, 3), 0.3), ((64,), 0.1)) * 2]  # (q's filters and bias, then k's)
@@ -158,7 +159,7 @@ def test_half_inputs_are_as_close_to_float64_as_autocast(dtype, d):
 
 def test_the_op_at_vit_sizes():  # (4 s in the interpreter)
     """512 px (1025 tokens) at head dim 64."""
-    inputs, mask = step_inputs(N=1025, d=64, masked=True)
+    inputs, mask = step_inputs(N=1025, d=64, masked=True, batch=1)  # (one image: the interpreter is slow)
     errors = against_float64(inputs, mask)
     assert max(errors) < 5e-6, errors
 
@@ -205,11 +206,13 @@ def test_masked_keys_take_no_part_and_get_zero_gradients():
     torch.testing.assert_close(again, out.detach())
 
 
-TTT_CASES = [(32, (6, 7), 1), (64, (4, 4), 0), (32, None, 1)]  # (head dim, grid, prefix tokens)
+# (head dim, grid, prefix tokens, masked): each grid's convs with and without a key mask across the two head dims;
+# without a grid, both
+TTT_CASES = [(32, (6, 7), 1, True), (64, (4, 4), 0, False), (32, None, 1, False), (32, None, 1, True)]
 
 
-@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
-@pytest.mark.parametrize("head_dim,grid,num_prefix", TTT_CASES, ids=["d32-6x7-p1", "d64-4x4-p0", "d32-nogrid-p1"])
+@pytest.mark.parametrize("head_dim,grid,num_prefix,masked", TTT_CASES,
+                         ids=["d32-6x7-p1-masked", "d64-4x4-p0-all", "d32-nogrid-p1-all", "d32-nogrid-p1-masked"])
 def test_module_on_the_kernels_matches_its_reference(head_dim, grid, num_prefix, masked, monkeypatch):
     """The whole TTT module (key norm, convs, the kernels' step, projections) against its literal form in
     float64 (autograd through the per-token inner loss): outputs, input gradients, every parameter gradient."""
@@ -285,17 +288,17 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, 
         module(x)
 
 
-@pytest.mark.parametrize("family", ["vit", "dinov2"])
-def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(family, monkeypatch):
-    """Converted timm models (class token, registers), one training step under the recomputation users get, and
-    one with the step recorded whole: logits and every gradient as the eager step's; then backward kernels Triton
-    cannot build: the earlier layer's recomputation still takes its forward's path, and the gradients are the
-    eager step's."""
+def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(monkeypatch):
+    """A converted timm model (DINOv2's class token and registers: the prefix is a count to the kernels, one class
+    token as in test_module_on_the_kernels_matches_its_reference), one training step under the recomputation users
+    get, and one with the step recorded whole: logits and every gradient as the eager step's; then backward kernels
+    Triton cannot build: the earlier layer's recomputation still takes its forward's path, and the gradients are
+    the eager step's."""
     from helpers import image_batch, tiny_model
 
     import vitconvert
 
-    source = tiny_model(family)
+    source = tiny_model("dinov2")
     student, _ = vitconvert.convert(source, "ttt")
     student = student.to(DEVICE).train()
     layers = [m for m in student.modules() if hasattr(m, "recompute_step")]
