@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from ..recipes import Recipe
 from .checkpoint import read_checkpoint
+from .teacher_cache import TeacherCache
 
 
 @dataclass
@@ -26,6 +27,10 @@ class DistillJob:
     fsdp: bool = False
     compile: bool = False
     show: bool = True  # epoch lines, and a progress bar on a terminal, on stderr
+    # False: a variant that recomputes part of its forward in backward to save memory (TTT's step) keeps those
+    # activations instead; the same gradients, bitwise, for ~25% less of that variant's training CPU time
+    recompute: bool = True
+    teacher_cache: Optional[TeacherCache] = None  # the teacher's outputs shared with runs of the same batches
 
 
 @dataclass

@@ -51,6 +51,14 @@ def set_drop_path(model: nn.Module, rate: float) -> None:
                 setattr(block, attr, DropPath(p) if p > 0 else nn.Identity())
 
 
+def set_recompute(model: nn.Module, recompute: bool) -> None:
+    """Whether attention layers that can recompute a step in backward (``recompute_step``: TTT) do. Off, autograd
+    keeps the step's activations: more memory, one step forward less per training step, the same gradients."""
+    for module in model.modules():
+        if hasattr(module, "recompute_step"):
+            module.recompute_step = recompute
+
+
 def attention_param_ids(attention: list[nn.Module]) -> set[int]:
     """The ids of the attention layers' parameters: the set the attention-only stage trains."""
     return {id(p) for m in attention for p in m.parameters()}

@@ -13,6 +13,7 @@ trainer around it handles data, accumulation, the optimizer and the run folder, 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -25,6 +26,7 @@ from ..evaluate import autocast_for
 from ..recipes import Recipe
 from .losses import DistillLoss, LossWeights
 from .stages import Stage
+from .teacher_cache import TeacherCache
 
 
 class DistillationTask:
@@ -35,7 +37,8 @@ class DistillationTask:
 
     def __init__(self, student: nn.Module, teacher: nn.Module, recipe: Recipe, device: torch.device,
                  to_teacher: Optional[Callable[[torch.Tensor], torch.Tensor]], mixup_active: bool,
-                 memory_format: torch.memory_format = torch.preserve_format):
+                 memory_format: torch.memory_format = torch.preserve_format,
+                 teacher_cache: Optional[TeacherCache] = None):
         mine, theirs = attention_pairs(student, teacher)
         self.recipe, self.device = recipe, device
         self.export = copy.deepcopy(student).eval()  # a CPU copy that folders are written from, never trained
@@ -50,6 +53,10 @@ class DistillationTask:
         self.attention = mine
         self.to_teacher = to_teacher
         self.loss = DistillLoss(recipe, mixup_active=mixup_active)
+        # (the cache, this run's key): the teacher's outputs another run with this recipe computed (a caller shares
+        # a cache only between runs of one teacher and data set); none where a batch is not the slot's alone (mixup)
+        shared = teacher_cache is not None and not self.forced and not mixup_active
+        self.teacher_cache = (teacher_cache, json.dumps(recipe.to_dict(), sort_keys=True)) if shared else None
         self.set_stage("joint")
 
     @property
@@ -103,17 +110,30 @@ class DistillationTask:
         self.run_student = not (stage == "attn" and self.forced)
         self.run_teacher = bool(self.weights.attn or self.weights.kd)
 
-    def __call__(self, images: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+    def __call__(self, images: torch.Tensor, targets: torch.Tensor, slot: Optional[int] = None) -> dict[str, Any]:
+        """``slot``: the micro-batch's place in the run (epoch * micro-batches per epoch + batch), for the cache."""
         o = self.recipe.optimization
         t_logits, t_outs, t_inputs = None, [], None
         if self.run_teacher:
-            with autocast_for(self.device, o.amp, o.amp_dtype):
-                t_logits, t_outs, t_inputs = self.teacher(self.to_teacher(images) if self.to_teacher else images)
+            t_logits, t_outs, t_inputs = self.run_teacher_on(images, slot)
         with autocast_for(self.device, o.amp, o.amp_dtype):
             logits, s_outs = self.runner(images, forced=t_inputs if self.forced else None,
                                          need_logits=self.run_student)
         loss, terms = self.loss(self.weights, logits, targets, s_outs, t_outs, t_logits)
         return {"loss": loss, **terms, "output": logits}
+
+    def run_teacher_on(self, images: torch.Tensor, slot: Optional[int]) -> tuple[Any, list[torch.Tensor], Any]:
+        """The teacher's logits, attention outputs and (teacher-forced) inputs; from the cache where it has them."""
+        cache, key = self.teacher_cache if self.teacher_cache is not None and slot is not None else (None, "")
+        cached = cache.get(key, slot) if cache is not None else None
+        if cached is not None:
+            return cached[0], cached[1], None
+        o = self.recipe.optimization
+        with autocast_for(self.device, o.amp, o.amp_dtype):
+            logits, outputs, inputs = self.teacher(self.to_teacher(images) if self.to_teacher else images)
+        if cache is not None:
+            cache.put(key, slot, logits, outputs)
+        return logits, outputs, inputs
 
     def gradient_sync(self, sync: bool) -> Any:
         """Skip the gradient all-reduce on accumulation micro-steps."""

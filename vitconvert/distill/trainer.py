@@ -100,17 +100,17 @@ class Trainer:
         models.check_kd(student, teacher, r.distillation.kd_weight)
         inp = data.input_config(student, r)
         models.check_sizes(student, teacher, inp.size)
-        if job.fsdp and (r.optimization.ema or "attn" in r.schedule.stage_names()
-                         or r.schedule.freeze_copied_epochs):
+        if job.fsdp and (r.optimization.ema or "attn" in r.schedule.stage_names() or r.schedule.freeze_copied_epochs):
             raise VitconvertError(f"{param('fsdp', True)} trains every parameter without EMA: drop ema, the attn "
                                   f"stage and freeze_copied_epochs, or run without {param('fsdp')} (DDP)")
         models.set_drop_path(student, r.optimization.resolved_drop_path(models.embed_width(student)))
+        models.set_recompute(student, job.recompute)
         return student, teacher, spec, inp
 
     def _setup_task(self, student: nn.Module, teacher: nn.Module) -> DistillationTask:
-        r, device = self.recipe, self.env.device
+        r, device, a = self.recipe, self.env.device, self.recipe.augmentation
         task = DistillationTask(student, teacher, r, device, data.teacher_normalizer(self.inp, teacher, device),
-                                mixup_active=r.augmentation.mixup > 0 or r.augmentation.cutmix > 0,
+                                mixup_active=a.mixup > 0 or a.cutmix > 0, teacher_cache=self.job.teacher_cache,
                                 memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
         models.export_config(task.export, self.inp)
         return task
@@ -235,7 +235,7 @@ class Trainer:
         if self.feed.mixup is not None:
             images, targets = self.feed.mixup(images, targets)
         with self.task.gradient_sync(sync and env.distributed):
-            out = self.task(images, targets)
+            out = self.task(images, targets, slot=self.pos.epoch * self.feed.micro_per_epoch + self.pos.batch)
             scaled = out["loss"] / self.recipe.optimization.accum_steps
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         return RunningSums.of_batch(out, images.shape[0], env.device)

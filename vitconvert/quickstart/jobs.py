@@ -10,6 +10,7 @@ from typing import Any, Optional
 from ..attention import VARIANTS
 from ..conversion import convert
 from ..distill import DistillJob, run
+from ..distill.teacher_cache import TeacherCache
 from ..folder import save
 from ..recipes import load_recipe
 from ..sources import load_source
@@ -64,10 +65,13 @@ class Update:
 Progress = Callable[[Update], None]
 
 
-def train_one(job: Job, out: Path, device: Optional[str], force: bool, progress: Optional[Progress] = None) -> Result:
+def train_one(job: Job, out: Path, device: Optional[str], force: bool, progress: Optional[Progress] = None,
+              teacher_cache: Optional[TeacherCache] = None) -> Result:
     """convert (init per ``job.init``) -> save -> distill per the quickstart recipe. The row is the run's last
     validation: the weights its folder holds, on the same images (``vitconvert eval`` of the folder gives the
-    same top-1), so the folder is not read back and evaluated a second time."""
+    same top-1), so the folder is not read back and evaluated a second time. These models are small enough that
+    nothing is recomputed in backward to save memory (``recompute=False``); ``teacher_cache`` holds the teacher's
+    outputs for the batches another student's run computed (all of them see the same batches)."""
     if progress is not None:
         progress(Update(job.name, "converting"))
     teacher = load_source(DATA).model
@@ -81,7 +85,7 @@ def train_one(job: Job, out: Path, device: Optional[str], force: bool, progress:
             progress(Update(job.name, "running", trainer.pos.step, steps, trainer.pos.epoch, recipe.schedule.epochs))
 
     result = run(DistillJob(student=str(start), recipe=recipe, out=out / job.name, recipe_text=text, device=device,
-                            force=force, show=False), on_step=on_step)
+                            force=force, show=False, recompute=False, teacher_cache=teacher_cache), on_step=on_step)
     metrics = result.metrics
     kind = "scratch" if job.init.get("mlp_init") == "random" else "student"
     return Result(job.name, kind, job.variant, metrics["top1"], metrics["top5"], metrics["loss"], result.seconds,

@@ -7,7 +7,8 @@ failure ends everything within a second and leaves no process behind. Progress t
 
 Workers are forked where that is safe (Linux, and no thread started in this process since it imported torch:
 no OpenMP pool a child would inherit half-alive), so they start with torch, timm and vitconvert already
-imported instead of importing them again (~6 CPU-seconds a worker); elsewhere they are spawned.
+imported instead of importing them again (~6 CPU-seconds a worker), and share one TeacherCache (the teacher's
+outputs, computed by the first student to reach a batch); elsewhere they are spawned and share nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..distill.teacher_cache import TeacherCache
 from ..errors import VitconvertError, first_line
 from ..threads import torch_threads
 from .jobs import Job, Progress, Result, Update, train_one
@@ -68,19 +70,23 @@ class JobPool:
         self.jobs, self.out, self.device, self.force, self.workers = jobs, out, device, force, workers
         self.processes: list[Any] = []
         self.done: dict[str, Result] = {}
+        self.teacher_cache: Optional[TeacherCache] = None
 
     def __enter__(self) -> JobPool:
         if self.workers <= 1:
+            self.teacher_cache = TeacherCache()
             return self
         if start_method() == "fork":
             for name in PRELOAD:
                 with contextlib.suppress(ImportError):
                     importlib.import_module(name)
         context = mp.get_context(start_method())  # asked again: an import that started a thread rules out fork
+        if context.get_start_method() == "fork":  # one memory for all workers (spawned ones would each copy it)
+            self.teacher_cache = TeacherCache(context.Lock())
         self.tasks: Any = context.Queue()
         self.events: Any = context.Queue()
         self.processes = [context.Process(target=_worker, args=(self.tasks, self.events, self.out, self.device,
-                                                                self.force), daemon=True,
+                                                                self.force, self.teacher_cache), daemon=True,
                                           name=f"vitconvert-quickstart-{n}") for n in range(self.workers)]
         for process in self.processes:
             process.start()
@@ -91,7 +97,7 @@ class JobPool:
     def results(self, progress: Optional[Progress] = None) -> dict[str, Result]:
         """name -> Result of every job, ``progress`` told as each one moves; a worker's failure raises here."""
         if not self.processes:
-            return _run_here(self.jobs, self.out, self.device, self.force, progress)
+            return _run_here(self.jobs, self.out, self.device, self.force, progress, self.teacher_cache)
         while len(self.done) < len(self.jobs):
             try:
                 kind, payload = self.events.get(timeout=1.0)
@@ -121,12 +127,12 @@ class JobPool:
         self.events.close()
 
 
-def _run_here(jobs: list[Job], out: Path, device: Optional[str], force: bool,
-              progress: Optional[Progress]) -> dict[str, Result]:
+def _run_here(jobs: list[Job], out: Path, device: Optional[str], force: bool, progress: Optional[Progress],
+              teacher_cache: Optional[TeacherCache]) -> dict[str, Result]:
     results = {}
     with torch_threads(1):
         for job in jobs:
-            results[job.name] = train_one(job, out, device, force, _every(progress, STEP_EVERY))
+            results[job.name] = train_one(job, out, device, force, _every(progress, STEP_EVERY), teacher_cache)
             if progress is not None:
                 progress(_done(results[job.name]))
     return results
@@ -148,7 +154,8 @@ def _every(progress: Optional[Progress], steps: int) -> Optional[Progress]:
     return forward
 
 
-def _worker(tasks: Any, events: Any, out: Path, device: Optional[str], force: bool) -> None:
+def _worker(tasks: Any, events: Any, out: Path, device: Optional[str], force: bool,
+            teacher_cache: Optional[TeacherCache]) -> None:
     """A worker's life: one thread, the terminal's Ctrl-C ignored, dead with its parent; jobs until None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
@@ -166,7 +173,7 @@ def _worker(tasks: Any, events: Any, out: Path, device: Optional[str], force: bo
     while (task := tasks.get()) is not None:
         _, job = task
         try:
-            events.put(("done", train_one(job, out, device, force, send)))
+            events.put(("done", train_one(job, out, device, force, send, teacher_cache)))
         except BaseException as e:  # noqa: BLE001 - reported to the parent as one line, which stops everything
             message = first_line(e)
             if not isinstance(e, VitconvertError) and message != type(e).__name__:
