@@ -42,13 +42,14 @@ from vitconvert.writer import write_text_atomic  # noqa: E402
 
 VARIANTS = {"elu": fused.ELU_PLUS_ONE, "relu": fused.RELU, "inline": None}
 PATHS = ("one launch", "split")
+SUMS = "partial sums"  # a split kernel's last program summing the token ranges' partials: once a head, not a tile
+TAIL = "partial chunk"  # a range's last chunk, short of BLOCK_N, with masks: a loop of one iteration at most
 # the loops of each kernel, in the order they appear in its source (and its PTX)
 LOOPS = {"attention_fwd_kernel": ("state", "read-out"),
          "attention_bwd_kernel": ("state", "read-out backward", "state backward"),
-         "state_fwd_kernel": ("state",), "readout_fwd_kernel": ("read-out",),
-         "readout_bwd_kernel": ("read-out backward",), "state_bwd_kernel": ("state backward",)}
+         "state_fwd_kernel": ("state",), "readout_fwd_kernel": ("read-out", TAIL),
+         "readout_bwd_kernel": ("read-out backward",), "state_bwd_kernel": ("state backward", TAIL)}
 BACKWARD = {"attention_bwd_kernel", "readout_bwd_kernel", "state_bwd_kernel"}
-SUMS = "partial sums"  # a split kernel's last program summing the token ranges' partials: once a head, not a tile
 
 _LABEL = re.compile(r"^(\$\w+):$")
 _BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$\w+);")
@@ -138,7 +139,8 @@ def measure(arch: str = "sm_90", d: int = 64, tokens: int = 4097) -> list[dict[s
                 names = LOOPS.get(kernel, ())
                 for i, loop in enumerate(found):  # (after the token loops: the last program's sums over partials)
                     rows.append({"variant": variant, "path": path, "kernel": kernel,
-                                 "loop": names[i] if i < len(names) else SUMS, "main": i < len(names),
+                                 "loop": names[i] if i < len(names) else SUMS,
+                                 "main": i < len(names) and names[i] != TAIL,
                                  "direction": "backward" if kernel in BACKWARD else "forward",
                                  "BLOCK_N": settings[kernel]["BLOCK_N"], "num_warps": settings[kernel]["num_warps"],
                                  "registers": settings[kernel]["registers"], "spills": settings[kernel]["spills"],

@@ -12,6 +12,7 @@ import torch
 from vitconvert.attention.ops import dispatch
 from vitconvert.attention.ops.grid import op as fused_grid
 from vitconvert.attention.ops.grid.reference import grid_conv_reference
+from vitconvert.attention.ops.ttt import op as fused_ttt
 
 from . import helpers
 from .helpers import rel_error
@@ -111,6 +112,34 @@ def test_bf16_is_as_close_to_float64_as_the_torch_convs(case):
 
     torch_errors = against_float64(inputs, mask, grid, prefix, norm_eps, form=torch_form)
     assert all(e <= t for e, t in zip(errors, torch_errors, strict=True)) and max(errors) < 5e-3, (errors, torch_errors)
+
+
+def test_the_key_statistics_hold_a_small_variance_beside_a_large_mean():
+    """TTT's key statistics, a program a tile (the grid op's, merged by the last program) and a program a head (the
+    step kernel's), within 1e-5 of float64 on float16 keys of mean 2048 and variance 16, where float32's
+    Σx²/n − μ² is off by whole units (each path merges tiles' centred moments in token order)."""
+    g = torch.Generator().manual_seed(0)
+    d, side, eps = 16, 12, 1e-5
+    N = 1 + side * side  # (tiles of 128 tokens, of 64 in the step kernel)
+    k = (2048 + 4 * torch.randn(2, 2, N, d, generator=g)).to(DEVICE, torch.float16)
+    mask = helpers.random_mask(2, N).to(DEVICE)
+
+    def assert_exact(stats: torch.Tensor, valid: torch.Tensor, keys: torch.Tensor = k) -> None:
+        m = valid[:, None, :, None].double()
+        mean = (keys.double().cpu() * m).sum(2) / m.sum(2)
+        var = ((keys.double().cpu() - mean[:, :, None]).square() * m).sum(2) / m.sum(2)
+        assert rel_error(stats[0].cpu(), mean) < 1e-6 and rel_error(stats[1].cpu(), torch.rsqrt(var + eps)) < 1e-5
+
+    assert_exact(fused_grid.statistics(k, None, eps), torch.ones(2, N, dtype=torch.bool))
+    assert_exact(fused_grid.statistics(k, mask, eps), mask.cpu())
+    weights = (0.1 * torch.randn(3, 2, d, d, generator=g)).to(DEVICE)
+    filters = (torch.randn(2 * d, 1, 3, 3, generator=g) / 3).to(DEVICE)
+    bias = torch.zeros(2 * d, device=DEVICE)
+    with torch.no_grad():
+        qv = torch.randn(1, 2, N, d, generator=g).to(DEVICE, torch.float16)
+        _, stats = fused_ttt.run_ttt(qv, k[:1], qv, None, *weights, d ** -0.5, 1.0, filters, bias, filters, bias,
+                                     eps, side, side, 1)
+    assert_exact(stats, torch.ones(1, N, dtype=torch.bool), k[:1])
 
 
 def test_the_op_keeps_its_input_and_the_filters_only():

@@ -90,7 +90,9 @@ def main_loops(now: dict, before: dict) -> dict:
     last program's loops over the partial sums listed apart."""
     sums = [r for r in now["rows"] if not r["main"]]
     assert {(r["kernel"], r["loop"]) for r in sums} == {("state_fwd_kernel", "partial sums"),
-                                                        ("readout_bwd_kernel", "partial sums")}
+                                                        ("readout_bwd_kernel", "partial sums"),
+                                                        ("readout_fwd_kernel", "partial chunk"),
+                                                        ("state_bwd_kernel", "partial chunk")}
     rows = {(r["variant"], r["path"], r["kernel"], r["loop"]): r for r in now["rows"] if r["main"]}
     assert len(rows) == len(before["rows"]) == 3 * (5 + 4)  # (each loop named)
     for (variant, _, kernel, loop), row in rows.items():

@@ -27,6 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..linear.split_kernels import _last_program, _ticket_back
+
 
 @triton.jit
 def _program(H, N, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -172,29 +174,41 @@ def _stat_rows(MASK, b, s_mb, t, t_ok, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
+def _tile_moments(x_at, s_xn, MASK, s_mb, b, N, t, d, d_ok, HAS_MASK: tl.constexpr):
+    """(count, mean, M2 = Σ(x − mean)²) per channel of the valid ones of tokens ``t``, float32, centred on the tile's
+    own mean (no Σx², which loses the variance to rounding where the mean is large beside it)."""
+    rows = _stat_rows(MASK, b, s_mb, t, t < N, HAS_MASK)
+    ok = rows[:, None] & d_ok[None, :]
+    x = tl.load(x_at + t[:, None] * s_xn + d[None, :], mask=ok, other=0.0).to(tl.float32)
+    count = tl.sum(tl.where(rows, 1.0, 0.0), axis=0)
+    mean = tl.sum(x, axis=0) / tl.maximum(count, 1.0)
+    centred = tl.where(ok, x - mean[None, :], 0.0)
+    return count, mean, tl.sum(centred * centred, axis=0)
+
+
+@triton.jit
+def _merged(n, mean, m2, n_t, mean_t, m2_t):
+    """(count, mean, M2) of two parts' union by Chan, Golub and LeVeque's parallel update: every path takes the key
+    statistics as tiles' moments merged in token order, so one program a head and a program a tile round alike."""
+    share = n_t / tl.maximum(n + n_t, 1.0)
+    delta = mean_t - mean
+    return n + n_t, mean + delta * share, m2 + m2_t + delta * delta * (n * share)
+
+
+@triton.jit
 def key_statistics(x_at, s_xn, MASK, s_mb, b, N, d, d_ok, eps, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_D: tl.constexpr):
     """(μ, r = 1/√(var + ε)) per channel of one (batch, head)'s tokens (the valid ones), float32, biased variance:
-    TTT's key norm in the program that then reads the keys (two passes over the head's rows, the second from the
-    cache: the centred sum, as torch's, not Σx² − μ²)."""
-    total = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    count = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    TTT's key norm in the program that then reads the keys, one pass of tiles' moments merged in order
+    (:func:`_merged`; :func:`key_moments_kernel` is the same where a program takes a tile)."""
+    n = tl.sum(tl.zeros((BLOCK_M,), dtype=tl.float32), axis=0)
+    mean = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    m2 = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for start in range(0, N, BLOCK_M):
-        t = start + tl.arange(0, BLOCK_M)
-        rows = _stat_rows(MASK, b, s_mb, t, t < N, HAS_MASK)
-        none = tl.zeros_like(d).to(tl.float32)
-        total += tl.sum(_normed(x_at, s_xn, t, rows, d, d_ok, none, none, False), axis=0)
-        count += tl.where(rows, 1.0, 0.0)
-    n = tl.maximum(tl.sum(count, axis=0), 1.0)
-    mean = total / n
-    square = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for start in range(0, N, BLOCK_M):
-        t = start + tl.arange(0, BLOCK_M)
-        rows = _stat_rows(MASK, b, s_mb, t, t < N, HAS_MASK)
-        x = tl.load(x_at + t[:, None] * s_xn + d[None, :], mask=rows[:, None] & d_ok[None, :], other=0.0)
-        centred = tl.where(rows[:, None] & d_ok[None, :], x.to(tl.float32) - mean[None, :], 0.0)
-        square += tl.sum(centred * centred, axis=0)
-    return mean, 1.0 / tl.sqrt(square / n + eps)
+        n_t, mean_t, m2_t = _tile_moments(x_at, s_xn, MASK, s_mb, b, N, start + tl.arange(0, BLOCK_M), d, d_ok,
+                                          HAS_MASK)
+        n, mean, m2 = _merged(n, mean, m2, n_t, mean_t, m2_t)
+    return mean, 1.0 / tl.sqrt(m2 / tl.maximum(n, 1.0) + eps)
 
 
 @triton.jit
@@ -336,17 +350,32 @@ def grid_conv_bwd_kernel(
 
 @triton.jit
 def key_moments_kernel(
-    X, SUMS,
-    s_xb, s_xh, s_xn,
-    B, H, N, D,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    X, MASK, PART, COUNTER, STATS,
+    s_xb, s_xh, s_xn, s_mb,
+    B, H, N, D, eps,
+    HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """Σ x and Σ x² over BLOCK_M tokens of one (batch, head), per channel, float32 (grid as the convs'): TTT's key
-    statistics in one reading pass of x as it is (SUMS: (2, B·H, tiles, D), each program's part)."""
+    """TTT's key statistics where a program takes BLOCK_M tokens of one (batch, head) (grid as the convs'): each
+    stores its tile's moments (:func:`_tile_moments`) as a row of PART (mean, M2, count: 2·D + 1 floats); the last
+    of a head's programs (an integer ticket) merges them in token order (:func:`_merged`, as :func:`key_statistics`
+    does) into STATS (2, B, H, D): μ and 1/√(var + ε)."""
     bh, tile, b, h, d, d_ok, t, t_ok = _program(H, N, D, BLOCK_M, BLOCK_D)
-    x = tl.load(X + b * s_xb + h * s_xh + t[:, None] * s_xn + d[None, :], mask=t_ok[:, None] & d_ok[None, :],
-                other=0.0).to(tl.float32)
-    at = SUMS + (bh * tl.num_programs(1) + tile) * D + d
-    tl.store(at, tl.sum(x, axis=0), mask=d_ok)
-    tl.store(at + B * H * tl.num_programs(1) * D, tl.sum(x * x, axis=0), mask=d_ok)
+    tiles = tl.num_programs(1)
+    x_at = X + b * s_xb + h * s_xh
+    n_t, mean_t, m2_t = _tile_moments(x_at, s_xn, MASK, s_mb, b, N, t, d, d_ok, HAS_MASK)
+    row = PART + (bh * tiles + tile) * (2 * D + 1)
+    tl.store(row + d, mean_t, mask=d_ok)
+    tl.store(row + D + d, m2_t, mask=d_ok)
+    tl.store(row + 2 * D, n_t)
+    if _last_program(COUNTER, bh, tiles):
+        n, mean, m2 = n_t * 0.0, tl.zeros_like(mean_t), tl.zeros_like(m2_t)
+        for i in range(0, tiles):
+            part = PART + (bh * tiles + i) * (2 * D + 1)
+            n, mean, m2 = _merged(n, mean, m2, tl.load(part + 2 * D, cache_modifier=".cg"),
+                                  tl.load(part + d, mask=d_ok, other=0.0, cache_modifier=".cg"),
+                                  tl.load(part + D + d, mask=d_ok, other=0.0, cache_modifier=".cg"))
+        at = STATS + bh * D + d
+        tl.store(at, mean, mask=d_ok)
+        tl.store(at + B * H * D, 1.0 / tl.sqrt(m2 / tl.maximum(n, 1.0) + eps), mask=d_ok)
+        _ticket_back(COUNTER, bh)

@@ -24,33 +24,27 @@ from ..calls import _direct_function, _eager_gradients, call_op
 from ..dispatch import KernelUnavailable, direct, launch, tile_args
 from ..launch_plan import grid_launches
 from ..layout import _mask_arg, _output_like, unit_rows, valid_keys
-from ..ttt.closed_form import normalize_keys, valid_key_moments
+from ..ttt.closed_form import normalize_keys
 
 
 def statistics(x: torch.Tensor, key_valid: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     """(2, B, H, d) float32: the mean and 1/√(var + ε) over the (valid) tokens of (B, H, N, d) ``x``, per channel
-    (TTT's key norm: biased variance). Without a mask in one reading pass of x as it is (no float32 copy: a
-    kernel's per-program Σx and Σx², summed here)."""
-    if key_valid is None:
-        mean, rstd = _moments(x, eps)
-    else:  # (the masked form as the torch step's: float32 copies)
-        mean, _, var = valid_key_moments(x.to(torch.float32), key_valid)
-        rstd = torch.rsqrt(var + eps)
-    return torch.cat((mean, rstd), dim=-2).movedim(-2, 0).contiguous()
-
-
-def _moments(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean, rstd) (B, H, 1, d) float32 of (B, H, N, d) ``x`` over its tokens from one kernel's Σx and Σx²."""
+    (TTT's key norm: biased variance), in one launch reading x as it is: each program a tile's moments, merged in
+    token order by the last of a head's programs, as TTT's step kernel merges them where it owns a head
+    (kernels.key_moments_kernel)."""
+    from ..linear.launches import tickets  # lazy: start-up time
     from .kernels import key_moments_kernel  # lazy: start-up time
 
     x = unit_rows(x)
     B, H, N, D, block, tiles, block_d, warps = _geometry(x)
-    sums = x.new_empty((2, B * H, tiles, D), dtype=torch.float32)
+    part = x.new_empty((B * H * tiles, 2 * D + 1), dtype=torch.float32)
+    stats = x.new_empty((2, B, H, D), dtype=torch.float32)
+    mask, s_mb = _mask_arg(key_valid, x)
     launch(key_moments_kernel, (B * H, tiles),
-        x, sums, x.stride(0), x.stride(1), x.stride(2), B, H, N, D,
-        BLOCK_M=block, BLOCK_D=block_d, BLOCK_N=block, **tile_args(x), num_warps=warps)
-    mean, mean_square = (sums.sum(2) / N).view(2, B, H, 1, D).unbind(0)
-    return mean, torch.rsqrt((mean_square - mean.square()).clamp(min=0.0) + eps)
+        x, mask, part, tickets(B * H, x.device), stats, x.stride(0), x.stride(1), x.stride(2), s_mb, B, H, N, D, eps,
+        HAS_MASK=key_valid is not None, BLOCK_M=block, BLOCK_D=block_d, BLOCK_N=block, **tile_args(x),
+        num_warps=warps)
+    return stats
 
 
 def _count(key_valid: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:

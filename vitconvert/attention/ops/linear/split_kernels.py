@@ -8,7 +8,10 @@ split over programs (:func:`.dispatch.split_tokens`); the one-launch kernels of 
 :mod:`.head_kernels`. Built from :mod:`.kernel_parts`' pieces.
 
 Without an index table and with a head that fills its tile (``EVEN_D``), each range's whole chunks run without
-bounds masks and the last, partial one with them (:func:`.kernel_parts._full_end`).
+bounds masks and the last, partial one with them (:func:`.kernel_parts._full_end`). The read-out's and the state
+backward's partial chunk is a loop of at most one iteration, not an ``if``: under an ``if`` ptxas kept the two copies
+of the body apart and spilled the d×d operands on GPUs whose dots read them from registers (sm_80, sm_86, sm_89,
+sm_120), and the read-out took more registers everywhere (benchmarks/kernel_resources.py --arch).
 """
 
 from __future__ import annotations
@@ -205,8 +208,8 @@ def readout_fwd_kernel(
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             _read_out(q_base, o_base, tok, ok[:, None], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps, eps, FEATURE,
                       NORMALISE, True, TILE, PRECISION, EMULATE)
-        if full_end < end:
-            tok, ok = _tokens(IDX, seg, L, end, full_end, BLOCK_N, False)
+        for start in range(full_end, end, BLOCK_N):
+            tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             _read_out(q_base, o_base, tok, ok[:, None] & d_ok[None, :], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps,
                       eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE)
     else:
@@ -308,8 +311,8 @@ def state_bwd_kernel(
             _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, HAS_DZV, True, TILE,
                             PRECISION, EMULATE)
-        if full_end < end:
-            tok, inside = _tokens(IDX, seg, L, end, full_end, BLOCK_N, False)
+        for start in range(full_end, end, BLOCK_N):
+            tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, HAS_DZV, False, TILE,
                             PRECISION, EMULATE)
