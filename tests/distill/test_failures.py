@@ -145,15 +145,31 @@ def run_failing(kind: str, args: list, tmp_path: Path) -> subprocess.CompletedPr
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
+def children() -> set[str]:
+    """This process's children that are still running (not zombies)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":  # (state, ppid, ...)
+            found.add(stat.parent.name)
+    return found
+
+
 def run_failing_here(kind: str, args: list, tmp_path: Path, monkeypatch) -> Result:
-    """``run_failing``'s command and checks in this process (typer's runner): for a failure no worker process sees,
-    where no process can be left behind and the exit is the CLI's own error funnel."""
+    """``run_failing``'s command and checks in this process (typer's runner; its loader workers are forked from
+    here and inherit the failure): the command's own error funnel, and its workers already ended when it returns,
+    so that a process's exit (``run_failing``) would have none to wait for."""
     mark = tmp_path / "failed-at"
     exec(INJECT, {"kind": kind, "mark": mark, "patch": monkeypatch.setattr})
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.chdir(tmp_path)
+    before = children()
     result = invoke(*args)
     ended = time.time()
+    assert children() <= before, f"worker processes left running: {children() - before}"
     assert mark.is_file(), f"the failure was never injected: {result.stderr}"
     assert ended - float(mark.read_text()) < 10, f"{ended - float(mark.read_text()):.1f} s from failure to exit"
     assert result.exit_code != 0
@@ -178,10 +194,15 @@ def failing_commands(setup, tmp_path: Path, workers: int) -> dict[str, list]:
     }
 
 
-def test_a_worker_exception_ends_distill_eval_and_compare(setup, tmp_path):
+def test_a_worker_exception_ends_distill_eval_and_compare(setup, tmp_path, monkeypatch):
+    """distill as a process: its exit once hung on a worker the exception left running. eval and compare take
+    their loaders from the same make_loader; in this process, their workers are gone when the command returns."""
     for command, args in failing_commands(setup, tmp_path, workers=2).items():
         (tmp_path / command).mkdir()
-        result = run_failing("item37", args, tmp_path / command)
+        if command == "distill":
+            result = run_failing("item37", args, tmp_path / command)
+        else:
+            result = run_failing_here("item37", args, tmp_path / command, monkeypatch)
         assert "item 37 cannot be read" in result.stderr, (command, result.stderr)
         assert "(in DataLoader worker process" in result.stderr, result.stderr
 
