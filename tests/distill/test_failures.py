@@ -223,14 +223,16 @@ def test_a_worker_exception_ends_quickstart(tmp_path):
 
 @pytest.mark.parametrize("kind", ["teacher", "hook", "save"])
 def test_a_failure_in_epoch_two_keeps_the_checkpoint_of_epoch_one(setup, tmp_path, monkeypatch, kind):
-    """The teacher's and the save's failures in a process with its loader workers alive (the teacher and a hook
-    fail the same way there: in the training step, workers running); the hook's in this process."""
+    """All with two loader workers. The teacher's failure as a process: the exit with workers alive mid-epoch.
+    A hook fails at the same point of the step, and the save after the epoch's loops: in this process, where
+    run_failing_here also checks that no worker outlives the command."""
     student, images = setup
     run = tmp_path / "run"
-    if kind == "hook":
-        result = run_failing_here(kind, distill_args(student, images, run, workers=0, epochs=2), tmp_path, monkeypatch)
+    args = distill_args(student, images, run, workers=2, epochs=2)
+    if kind == "teacher":
+        result = run_failing(kind, args, tmp_path)
     else:
-        result = run_failing(kind, distill_args(student, images, run, workers=2, epochs=2), tmp_path)
+        result = run_failing_here(kind, args, tmp_path, monkeypatch)
     assert {"teacher": "the teacher failed", "hook": "a hook failed", "save": "No space left"}[kind] in result.stderr
     meta = json.loads((run / "checkpoint-last" / "trainer.json").read_text())
     assert meta["position"]["epoch"] == 1 and meta["position"]["batch"] == 0
