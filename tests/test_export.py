@@ -102,25 +102,16 @@ def test_missing_onnx_packages_name_the_extra(folders, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("fmt", ["onnx", "pt2"])
 def test_the_exported_file_says_what_it_is(tmp_path, fmt):
-    """Variant, its options, linear layers, class names and preprocessing travel in the file (ONNX
-    metadata_props, .pt2 extra files), read back with onnx and torch.export.load and compared with the folder's
-    config.json and timm. The model: an inline hybrid with local residual, whose per-image conv once had
-    groups = batch × channels, which ONNX cannot take with a dynamic batch (the command's export, read back by
-    ONNX Runtime at a batch it never saw)."""
+    """Variant, linear layers, class names and preprocessing travel in the file (ONNX metadata_props, .pt2 extra
+    files), read back with onnx and torch.export.load and compared with the folder's config.json and timm."""
     import json
 
     torch.manual_seed(0)
     softmax = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
                                 depth=3, num_heads=2, num_classes=3)
     softmax.pretrained_cfg = {**softmax.pretrained_cfg, "num_classes": 3, "label_names": ["cat", "dog", "fox"]}
-    student, _ = vitconvert.convert(softmax, "inline", options={"local_residual": True}, layers=[0, 2])
-    folder = vitconvert.save(student, tmp_path / "hybrid")
-    if fmt == "onnx":
-        result = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "m.onnx")])
-        assert result.exit_code == 0, result.output
-        assert_onnx_runtime_reproduces_the_logits(tmp_path / "m.onnx", folder)
-    else:
-        export(folder, fmt, tmp_path / f"m.{fmt}")
+    folder = vitconvert.save(vitconvert.convert(softmax, "elu", layers=[0, 2])[0], tmp_path / "hybrid")
+    export(folder, fmt, tmp_path / f"m.{fmt}")
     keys = ["variant", "options", "linear_layers", "depth", "num_classes", "class_names", "preprocessing"]
     if fmt == "onnx":
         import onnx
@@ -131,8 +122,8 @@ def test_the_exported_file_says_what_it_is(tmp_path, fmt):
         torch.export.load(str(tmp_path / "m.pt2"), extra_files=props)
     config = json.loads((folder / "config.json").read_text())
     block = config["vitconvert"]
-    assert props["vitconvert_variant"] == block["variant"] == "inline"
-    assert json.loads(props["vitconvert_options"]) == block["options"] and block["options"]["local_residual"] is True
+    assert props["vitconvert_variant"] == block["variant"] == "elu"
+    assert json.loads(props["vitconvert_options"]) == block["options"]
     assert json.loads(props["vitconvert_linear_layers"]) == block["layers"] == [0, 2]
     assert props["vitconvert_depth"] == "3" and props["vitconvert_num_classes"] == "3"
     assert json.loads(props["vitconvert_class_names"]) == config["pretrained_cfg"]["label_names"]
@@ -150,3 +141,15 @@ def test_a_batch_past_the_old_4096_bound_exports_and_checks(folders, tmp_path):
                                  "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "batch 4097 and 4098" in result.stdout and out.is_file()
+
+
+def test_an_inline_hybrid_with_local_residual_exports_to_onnx(tmp_path):
+    """Its per-image conv had groups = batch × channels, which ONNX cannot take with a dynamic batch."""
+    torch.manual_seed(0)
+    softmax = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
+                                depth=2, num_heads=2, num_classes=5)
+    folder = vitconvert.save(vitconvert.convert(softmax, "inline", options={"local_residual": True}, layers=[1])[0],
+                             tmp_path / "hybrid")
+    result = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "m.onnx")])
+    assert result.exit_code == 0, result.output
+    assert_onnx_runtime_reproduces_the_logits(tmp_path / "m.onnx", folder)
