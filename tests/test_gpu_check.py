@@ -90,10 +90,15 @@ def test_cost_is_epochs_times_images_times_teacher_and_student_seconds():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_cuda_without_a_gpu_is_one_line_error(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "x.json")], capture_output=True,
-                          text=True, timeout=120)
+    """As a user runs it (a process): refused before timm and vitconvert load (seconds), with one line."""
+    done = subprocess.run([sys.executable, "-X", "importtime", str(SCRIPT), "--out", str(tmp_path / "x.json")],
+                          capture_output=True, text=True, timeout=120)
+    imported = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in done.stderr.splitlines()
+                if line.startswith("import time:") and line.count("|") == 2}
+    said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
     assert done.returncode == 2 and not (tmp_path / "x.json").exists()
-    assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1
+    assert len(said) == 1 and said[0].startswith("error: ") and "no CUDA GPU" in said[0], said
+    assert "torch" in imported and not imported & {"timm", "vitconvert"}, sorted(imported & {"timm", "vitconvert"})
 
 
 def test_spent_budget_skips_every_section_by_name_and_still_saves():
@@ -150,11 +155,13 @@ def test_only_the_sections_asked_for_run_and_each_is_saved_when_it_ends(monkeypa
     assert {r["verdict"] for r in check.op if r["tokens"] == 65 and r["model"] != "softmax"} == {"dry run"}
 
 
-def test_unknown_section_is_one_line_error(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--sections", "op,nosuch", "--out",
-                           str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and not (tmp_path / "x.json").exists()
-    assert "nosuch" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+def test_unknown_section_is_one_line_error(tmp_path, capsys):
+    """The script's main() in this process; the refusal's way out is the one a process takes (the test above)."""
+    with pytest.raises(SystemExit) as stopped:
+        load_script().main(["--device", "cpu", "--sections", "op,nosuch", "--out", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and not (tmp_path / "x.json").exists()
+    assert "nosuch" in err and err.startswith("error: ") and len(err.strip().splitlines()) == 1
 
 
 def test_sizes_choose_the_speed_rows_and_their_batches():

@@ -22,13 +22,16 @@ def ws(tmp_path_factory) -> Path:
     return make_workspace(tmp_path_factory.mktemp("dead-ends"))
 
 
+EPOCHS = 12  # the SIGINT lands after the first; the resume trains the rest (in this process)
+
+
 def test_ctrl_c_is_a_stop_and_the_run_folder_alone_resumes_it(ws, tmp_path):
     """A real SIGINT mid-run: exit 130 (not `error:`), the line says how to continue; that command — the run
     folder and nothing else, no recipe flags retyped — finishes the run."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "vitconvert", "distill", str(ws / "student-elu"), "--data",
-                             str(ws / "images"), "--epochs", "40", *CLI_FAST, "--out", "run"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             str(ws / "images"), "--epochs", str(EPOCHS), *CLI_FAST, "--out", "run"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.time() + 120
@@ -41,7 +44,7 @@ def test_ctrl_c_is_a_stop_and_the_run_folder_alone_resumes_it(ws, tmp_path):
     assert proc.returncode == 130 and last.startswith("stopped by SIGINT"), (proc.returncode, err)
     assert "error" not in err and "vitconvert distill --resume --out run" in last, err
     done = json.loads((tmp_path / "run" / "checkpoint-last" / "trainer.json").read_text())["position"]["epoch"]
-    assert 1 <= done < 40
+    assert 1 <= done < EPOCHS
 
     os.chdir(tmp_path)  # no STUDENT, no --data, no --epochs: the run says them
     try:
@@ -49,7 +52,7 @@ def test_ctrl_c_is_a_stop_and_the_run_folder_alone_resumes_it(ws, tmp_path):
     finally:
         os.chdir(REPO)
     assert resumed.exit_code == 0, resumed.output
-    assert json.loads((tmp_path / "run" / "config.json").read_text())["vitconvert"]["metrics"]["epochs"] == 40
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["vitconvert"]["metrics"]["epochs"] == EPOCHS
 
 
 def test_distill_after_a_failed_convert_names_the_folder_it_takes(ws, tmp_path, monkeypatch):

@@ -46,13 +46,6 @@ def test_version_and_help_import_neither_torch_nor_timm(tmp_path, entry, flag):
         assert all(name in done.stdout for name in COMMANDS)
 
 
-def test_import_vitconvert_still_registers_the_variants_with_timm():
-    """Outside the command, ``import vitconvert`` alone lets timm build the linear models (README's snippet)."""
-    done = subprocess.run([sys.executable, "-c", "import vitconvert, timm; print(timm.is_model('vitconvert_elu'), "
-                           "callable(vitconvert.convert))"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["True", "True"], done.stderr[-2000:]
-
-
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_the_table_summary_is_the_docstring_and_the_command_still_loads(name):
     module, function, summary = COMMANDS[name]
@@ -137,14 +130,59 @@ def test_import_vitconvert_is_the_same_whatever_the_command_line():
     assert "importlib" not in seen[0]["dir"] and "sys" not in seen[0]["dir"]
 
 
-@pytest.mark.parametrize("first", ["import timm, vitconvert", "import vitconvert.surgery, vitconvert.sources",
-                                   "from vitconvert.attention import VARIANTS"])
-def test_timm_knows_the_variants_whichever_is_imported_first(first):
+ORDER_PROBE = """
+import json, os, sys
+import torch, torchvision.ops  # what timm and vitconvert both import below them: loaded once, before the forks
+assert not {m.split(".")[0] for m in sys.modules} & {"timm", "vitconvert"}, "the orders must start from neither"
+shown = {}
+for code in json.loads(sys.argv[1]):  # each order in a fresh child: the first import of timm and vitconvert there
+    sys.stdout.flush()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.dup2(write, 1)
+        exec(compile(code, "<order>", "exec"), {"__name__": "__main__"})
+        sys.stdout.flush()
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as out:
+        printed = out.read()
+    shown[code] = {"exit": os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), "stdout": printed}
+print(json.dumps(shown))
+"""
+CHECK = ("import timm, vitconvert\nprint(timm.is_model('vitconvert_mhla'), callable(vitconvert.convert), "
+         "type(vitconvert.hybrid).__name__)")
+FIRSTS = ("import timm, vitconvert", "import vitconvert.surgery, vitconvert.sources",
+          "from vitconvert.attention import VARIANTS")
+# the first import of a process -> what the process runs
+ORDERS = {"import vitconvert, timm": "import vitconvert, timm\nprint(timm.is_model('vitconvert_elu'), "
+                                     "callable(vitconvert.convert))",
+          **{first: f"{first}\n{CHECK}" for first in FIRSTS}}
+
+
+@pytest.fixture(scope="module")
+def import_orders() -> dict[str, dict]:
+    """Each order of ORDERS in a process of its own that imported neither timm nor vitconvert before: one Python
+    imports torch and torchvision (seconds, and no part of the order) and forks a child per order."""
+    done = subprocess.run([sys.executable, "-c", ORDER_PROBE, json.dumps(list(ORDERS.values()))], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shown = json.loads(done.stdout)
+    return {first: {**shown[code], "stderr": done.stderr[-2000:]} for first, code in ORDERS.items()}
+
+
+def test_import_vitconvert_still_registers_the_variants_with_timm(import_orders):
+    """Outside the command, ``import vitconvert`` alone lets timm build the linear models (README's snippet)."""
+    done = import_orders["import vitconvert, timm"]
+    assert done["exit"] == 0 and done["stdout"].split() == ["True", "True"], done
+
+
+@pytest.mark.parametrize("first", FIRSTS)
+def test_timm_knows_the_variants_whichever_is_imported_first(import_orders, first):
     """``import vitconvert`` registers with timm when timm is imported, whoever imports it first (a vitconvert
     module that imports timm itself included: surgery imports ``timm.layers``, sources ``timm``; one process
     for both, as they reach timm the same way, through vitconvert's import watch), and ``vitconvert.convert`` is
     the function, not a module."""
-    code = (f"{first}\nimport timm, vitconvert\nprint(timm.is_model('vitconvert_mhla'), callable(vitconvert.convert),"
-            " type(vitconvert.hybrid).__name__)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["True", "True", "module"], done.stderr[-2000:]
+    done = import_orders[first]
+    assert done["exit"] == 0 and done["stdout"].split() == ["True", "True", "module"], done

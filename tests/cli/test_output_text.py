@@ -130,14 +130,6 @@ def test_an_unreachable_hub_is_one_line_at_once(hub_cache, tmp_path, monkeypatch
     assert "use --no-pretrained" in lines[0] and not (tmp_path / "s").exists()
 
 
-def test_quickstart_in_a_log_says_each_stage(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    result = invoke("quickstart", "--variants", "elu", "--epochs", "1", "--no-scratch", "--jobs", "1", "--out", "q")
-    assert result.exit_code == 0, result.output
-    lines = result.stderr.splitlines()
-    assert lines[:3] == ["elu: queued", "elu: converting", "elu: running, epoch 1/1"], lines
-
-
 def test_top_level_help_shows_version_as_a_flag():
     result = invoke("--help")
     assert result.exit_code == 0 and "--version" in result.output and "<bool>" not in result.output, result.output

@@ -30,12 +30,19 @@ def quick(tmp_path_factory):
 
 
 def test_one_worker_or_two_give_the_same_numbers(quick, tmp_path):
-    """Each training is pinned to one thread and seeded, so where it runs does not change what it learns."""
+    """Each training is pinned to one thread and seeded, so where it runs does not change what it learns; and off
+    a terminal (typer's runner) the log says each training's stages in turn."""
     parallel, _ = quick
     result = runner.invoke(app, ["quickstart", "--variants", "relu", "--epochs", "1", "--out", str(tmp_path / "q"),
                                  "--json", "--jobs", "1"])
     assert result.exit_code == 0, result.output
     here = json.loads(result.stdout)
+    said: dict[str, list[str]] = {}
+    for line in result.stderr.splitlines():
+        name, _, stage = line.partition(": ")
+        said.setdefault(name, []).append(stage)
+    for name in ("relu", "relu-scratch"):
+        assert said[name][:3] == ["queued", "converting", "running, epoch 1/1"], result.stderr
     for kind in ("students", "scratch"):
         assert [(r["name"], r["top1"], r["top5"], r["loss"]) for r in here[kind]] == \
             [(r["name"], r["top1"], r["top5"], r["loss"]) for r in parallel[kind]]

@@ -17,14 +17,15 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import invoke
+from typer.testing import Result
 
 from .helpers import FAST, make_images, make_student
 
-HARNESS = r"""
-import os, sys, time
+INJECT = r"""
+import time
 from pathlib import Path
 
-kind, mark = os.environ["FAIL_KIND"], Path(os.environ["FAIL_MARK"])
 calls = {"n": 0}
 
 def failing(message):
@@ -38,13 +39,13 @@ if kind == "item37":
         if index == 37:
             raise failing("item 37 cannot be read")
         return getitem(self, index)
-    data.TransformedDataset.__getitem__ = broken
+    patch(data.TransformedDataset, "__getitem__", broken)
     whole = data.TransformedDataset._batch  # (the digits are transformed a batch at a time)
     def broken_batch(self, indices):
         if 37 in indices:
             raise failing("item 37 cannot be read")
         return whole(self, indices)
-    data.TransformedDataset._batch = broken_batch
+    patch(data.TransformedDataset, "_batch", broken_batch)
 elif kind == "teacher":  # epoch 2 of 12 steps each
     from vitconvert import capture
     call = capture.TeacherTap.__call__
@@ -53,7 +54,7 @@ elif kind == "teacher":  # epoch 2 of 12 steps each
         if calls["n"] == 15:
             raise failing("the teacher failed")
         return call(self, images)
-    capture.TeacherTap.__call__ = broken
+    patch(capture.TeacherTap, "__call__", broken)
 elif kind == "hook":  # two attention hooks per training forward: step 15, in epoch 2
     from vitconvert import capture
     hook = capture.DistillStudent._hook
@@ -62,7 +63,7 @@ elif kind == "hook":  # two attention hooks per training forward: step 15, in ep
         if calls["n"] == 30:
             raise failing("a hook failed")
         return hook(self, module, args, output)
-    capture.DistillStudent._hook = broken
+    patch(capture.DistillStudent, "_hook", broken)
 elif kind == "save":  # the second checkpoint dies after its first file: a disk that filled up
     import safetensors.torch
     save_file = safetensors.torch.save_file
@@ -72,7 +73,7 @@ elif kind == "save":  # the second checkpoint dies after its first file: a disk 
             if calls["n"] == 2:
                 raise OSError(28, "No space left on device", filename) from failing("disk full")
         return save_file(tensors, filename, *args, **kwargs)
-    safetensors.torch.save_file = broken
+    patch(safetensors.torch, "save_file", broken)
 
 elif kind == "slow":  # not a failure: slow images, and a mark once the workers read them
     from vitconvert import data
@@ -82,8 +83,15 @@ elif kind == "slow":  # not a failure: slow images, and a mark once the workers 
             mark.write_text(str(time.time()))
         time.sleep(0.05)
         return getitem(self, index)
-    data.TransformedDataset.__getitem__ = slow
+    patch(data.TransformedDataset, "__getitem__", slow)
+"""
+# the failure patched in before the CLI starts, in a process of its own (``INJECT`` reads kind, mark and patch)
+HARNESS = r"""
+import os, sys
+from pathlib import Path
 
+kind, mark, patch = os.environ["FAIL_KIND"], Path(os.environ["FAIL_MARK"]), setattr
+""" + INJECT + r"""
 from vitconvert.cli import main
 sys.argv = ["vitconvert", *sys.argv[1:]]
 main()
@@ -137,26 +145,74 @@ def run_failing(kind: str, args: list, tmp_path: Path) -> subprocess.CompletedPr
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
+def children() -> set[str]:
+    """This process's children that are still running (not zombies)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":  # (state, ppid, ...)
+            found.add(stat.parent.name)
+    return found
+
+
+def run_failing_here(kind: str, args: list, tmp_path: Path, monkeypatch) -> Result:
+    """``run_failing``'s command and checks in this process (typer's runner; its loader workers are forked from
+    here and inherit the failure): the command's own error funnel, and its workers already ended when it returns,
+    so that a process's exit (``run_failing``) would have none to wait for."""
+    mark = tmp_path / "failed-at"
+    exec(INJECT, {"kind": kind, "mark": mark, "patch": monkeypatch.setattr})
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.chdir(tmp_path)
+    before = children()
+    result = invoke(*args)
+    ended = time.time()
+    assert children() <= before, f"worker processes left running: {children() - before}"
+    assert mark.is_file(), f"the failure was never injected: {result.stderr}"
+    assert ended - float(mark.read_text()) < 10, f"{ended - float(mark.read_text()):.1f} s from failure to exit"
+    assert result.exit_code != 0
+    lines = result.stderr.strip().splitlines()  # epoch lines may come first
+    assert lines[-1].startswith("error: ") and sum(line.startswith("error:") for line in lines) == 1, result.stderr
+    assert "Traceback" not in result.output + result.stderr
+    return result
+
+
 def distill_args(student: Path, images: Path, run: Path, workers: int, epochs: int = 1) -> list:
     sets = {**FAST, "epochs": epochs, "workers": workers, "compare_batches": 0}
     return ["distill", student, "--data", images, "--out", run,
             *[a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_worker_exception_ends_distill_eval_and_compare(setup, tmp_path, workers):
+def failing_commands(setup, tmp_path: Path, workers: int) -> dict[str, list]:
     student, images = setup
-    runs = {
-        "distill": distill_args(student, images, tmp_path / "run", workers),
+    return {
+        "distill": distill_args(student, images, tmp_path / "distill" / "run", workers),
         "eval": ["eval", student, "--data", images, "--batch-size", 4, "--workers", workers],
         "compare": ["compare", student, "--data", images, "--batches", 12, "--batch-size", 4, "--workers", workers],
     }
-    for command, args in runs.items():
+
+
+def test_a_worker_exception_ends_distill_eval_and_compare(setup, tmp_path, monkeypatch):
+    """distill as a process: its exit once hung on a worker the exception left running. eval and compare take
+    their loaders from the same make_loader; in this process, their workers are gone when the command returns."""
+    for command, args in failing_commands(setup, tmp_path, workers=2).items():
         (tmp_path / command).mkdir()
-        result = run_failing("item37", args, tmp_path / command)
+        if command == "distill":
+            result = run_failing("item37", args, tmp_path / command)
+        else:
+            result = run_failing_here("item37", args, tmp_path / command, monkeypatch)
         assert "item 37 cannot be read" in result.stderr, (command, result.stderr)
-        if workers:
-            assert "(in DataLoader worker process" in result.stderr, result.stderr
+        assert "(in DataLoader worker process" in result.stderr, result.stderr
+
+
+def test_an_exception_reading_an_image_without_workers_ends_distill_eval_and_compare(setup, tmp_path, monkeypatch):
+    """The same failure read in the command's own process (--workers 0)."""
+    for command, args in failing_commands(setup, tmp_path, workers=0).items():
+        (tmp_path / command).mkdir()
+        result = run_failing_here("item37", args, tmp_path / command, monkeypatch)
+        assert "item 37 cannot be read" in result.stderr, (command, result.stderr)
 
 
 def test_a_worker_exception_ends_quickstart(tmp_path):
@@ -166,10 +222,17 @@ def test_a_worker_exception_ends_quickstart(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["teacher", "hook", "save"])
-def test_a_failure_in_epoch_two_keeps_the_checkpoint_of_epoch_one(setup, tmp_path, kind):
+def test_a_failure_in_epoch_two_keeps_the_checkpoint_of_epoch_one(setup, tmp_path, monkeypatch, kind):
+    """All with two loader workers. The teacher's failure as a process: the exit with workers alive mid-epoch.
+    A hook fails at the same point of the step, and the save after the epoch's loops: in this process, where
+    run_failing_here also checks that no worker outlives the command."""
     student, images = setup
     run = tmp_path / "run"
-    result = run_failing(kind, distill_args(student, images, run, workers=2, epochs=2), tmp_path)
+    args = distill_args(student, images, run, workers=2, epochs=2)
+    if kind == "teacher":
+        result = run_failing(kind, args, tmp_path)
+    else:
+        result = run_failing_here(kind, args, tmp_path, monkeypatch)
     assert {"teacher": "the teacher failed", "hook": "a hook failed", "save": "No space left"}[kind] in result.stderr
     meta = json.loads((run / "checkpoint-last" / "trainer.json").read_text())
     assert meta["position"]["epoch"] == 1 and meta["position"]["batch"] == 0
