@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from budget_pool import run_pool  # noqa: E402
-from budget_schedules import BASE, CONVERT_OPTIONS, SCHEDULES  # noqa: E402
+from budget_schedules import BASE, CONVERT_OPTIONS, DERIVED_FROM, SCHEDULES  # noqa: E402
 from reproduce import (  # noqa: E402  (a sibling script, not a package)
     DOC,
     OPTIONS,
@@ -230,9 +230,10 @@ def paired_deltas(records: list[dict[str, Any]], base: str = "paper") -> dict[tu
 
 def verdict_table(records: list[dict[str, Any]], base: str = "paper") -> str:
     """Each candidate against ``base`` on the same seeds (against any other base than ``paper``: the schedules
-    named ``base-*``, what adds to it): mean difference and seeds won, per cell; a candidate is kept only where
-    every cell of both regimes is a win on every seed."""
-    deltas = {k: d for k, d in paired_deltas(records, base).items() if base == "paper" or k[0].startswith(base + "-")}
+    named ``base-*`` or derived from it in DERIVED_FROM): mean difference and seeds won, per cell; a candidate is
+    kept only where every cell of both regimes is a win on every seed."""
+    deltas = {k: d for k, d in paired_deltas(records, base).items()
+              if base == "paper" or k[0].startswith(base + "-") or DERIVED_FROM.get(k[0]) == base}
     if not deltas:
         return ""
     variants = [v for v in VARIANTS if any(k[3] == v for k in deltas)]

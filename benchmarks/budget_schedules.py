@@ -32,6 +32,11 @@ def _attn_steps(epochs: int, regime: str, share: float) -> Overrides:
     return {"batch_size": 32, "attn_target": "teacher-forced", "stages": f"attn:{steps}steps,finetune"}
 
 
+def _sqrt_lr(batch: int, lr: float = 2e-3, reference: int = 32) -> float:
+    """The square-root rule from b32's lr: lr × √(batch / 32), rounded to 3 significant digits."""
+    return float(f"{lr * (batch / reference) ** 0.5:.3g}")
+
+
 def _kd(regime: str) -> Overrides:
     """Logit KD needs the teacher's classes: same task only (a transfer student's 5 classes are other digits)."""
     return {"kd_weight": 1.0} if regime == "same" else {}
@@ -71,6 +76,16 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
     "b32-new3": ("batch 32, fresh parameters at 3× lr", lambda e, r: {"batch_size": 32, "new_params": {"lr_scale": 3}}),
     "b32-hedgehog": ("batch 32, converted with Hedgehog's learned feature map (feature_map=hedgehog; elu, relu)",
                      lambda e, r: {"batch_size": 32}),
+    "b16": ("joint, batch 16 (4× paper's optimizer steps), lr kept", lambda e, r: {"batch_size": 16}),
+    "b8": ("joint, batch 8 (8× paper's optimizer steps), lr kept", lambda e, r: {"batch_size": 8}),
+    "b16-sqrt": ("joint, batch 16, lr scaled from b32's by the square-root rule (2e-3 × √½ = 1.41e-3)",
+                 lambda e, r: {"batch_size": 16, "lr": _sqrt_lr(16)}),
+    "b8-sqrt": ("joint, batch 8, lr scaled from b32's by the square-root rule (2e-3 × √¼ = 1e-3)",
+                lambda e, r: {"batch_size": 8, "lr": _sqrt_lr(8)}),
 }
 # schedule -> the variant options it converts with, on top of the variant's own (benchmarks/reproduce.py OPTIONS)
 CONVERT_OPTIONS: dict[str, Overrides] = {"b32-hedgehog": {"feature_map": "hedgehog"}}
+
+# schedule -> the schedule it changes one thing of, beside the ``base-*`` names: the paired tables set each
+# against it (`--versus b32` compares b16 with b32 seed by seed)
+DERIVED_FROM: dict[str, str] = {"b16": "b32", "b8": "b32", "b16-sqrt": "b32", "b8-sqrt": "b32"}

@@ -85,10 +85,12 @@ def test_a_derived_schedule_is_paired_with_its_base_seed_by_seed():
         return {"variant": "elu", "schedule": schedule, "epochs": 2, "seed": seed, "regime": "same", "top1": top1}
 
     records = [rec("paper", 0, 0.5), rec("paper", 1, 0.6), rec("b32", 0, 0.8), rec("b32", 1, 0.7),
-               rec("b32-tf10", 0, 0.9), rec("b32-tf10", 1, 0.6)]
+               rec("b32-tf10", 0, 0.9), rec("b32-tf10", 1, 0.6), rec("b16", 0, 0.85), rec("b16", 1, 0.75)]
     assert "| b32 | same | 2 ep | +20.0 (2/2) |" in verdict_table(records)
     against_b32 = verdict_table(records, "b32")
     assert "| b32-tf10 | same | 2 ep | +0.0 (1/2) |" in against_b32 and "| paper |" not in against_b32
+    assert "| b16 | same | 2 ep | +5.0 (2/2) |" in against_b32  # not named b32-*, derived from it (DERIVED_FROM)
+    assert SCHEDULES["b8-sqrt"][1](2, "same") == {"batch_size": 8, "lr": 1e-3}  # 2e-3 × √(8/32)
     # a tenth of the run's optimizer steps at batch 32 (46 an epoch in the same task, 23 in transfer)
     assert SCHEDULES["b32-tf10"][1](5, "same")["stages"] == "attn:23steps,finetune"
     assert SCHEDULES["b32-tf10"][1](2, "transfer")["stages"] == "attn:5steps,finetune"
