@@ -82,6 +82,8 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
                  lambda e, r: {"batch_size": 16, "lr": _sqrt_lr(16)}),
     "b8-sqrt": ("joint, batch 8, lr scaled from b32's by the square-root rule (2e-3 × √¼ = 1e-3)",
                 lambda e, r: {"batch_size": 8, "lr": _sqrt_lr(8)}),
+    "b32-w0": ("batch 32, peak lr from the first step (no warm-up: at 2 epochs the warm-up is half the run)",
+               lambda e, r: {"batch_size": 32, "warmup_epochs": 0}),
 }
 # schedule -> the variant options it converts with, on top of the variant's own (benchmarks/reproduce.py OPTIONS)
 CONVERT_OPTIONS: dict[str, Overrides] = {"b32-hedgehog": {"feature_map": "hedgehog"}}
