@@ -14,6 +14,7 @@ the capacity is simply not cached. Under spawn nothing is shared, and the quicks
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import threading
 from typing import Any, Optional
@@ -48,7 +49,7 @@ class TeacherCache:
         return self.layout
 
     def _span(self, slot: int, layout: dict[str, Any]) -> Optional[tuple[int, int]]:
-        numel = sum(_numel(shape) for shape in layout["shapes"])
+        numel = sum(math.prod(shape) for shape in layout["shapes"])
         if slot >= SLOTS or (slot + 1) * numel * 4 > len(self.memory) - self.start:
             return None
         return slot * numel, (slot + 1) * numel
@@ -65,7 +66,7 @@ class TeacherCache:
             return None
         flat = self._data()[span[0]:span[1]]
         parts = [p.reshape(shape).clone() for p, shape in
-                 zip(flat.split([_numel(s) for s in layout["shapes"]]), layout["shapes"], strict=True)]
+                 zip(flat.split([math.prod(s) for s in layout["shapes"]]), layout["shapes"], strict=True)]
         return parts[0], parts[1:]
 
     def put(self, key: str, slot: int, logits: torch.Tensor, outputs: list[torch.Tensor]) -> None:
@@ -90,10 +91,3 @@ class TeacherCache:
         torch.cat([t.detach().reshape(-1) for t in tensors], out=self._data()[span[0]:span[1]])
         with self.lock:
             self._flags()[slot] = 1
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
