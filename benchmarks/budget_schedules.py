@@ -84,6 +84,12 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
                 lambda e, r: {"batch_size": 8, "lr": _sqrt_lr(8)}),
     "b32-w0": ("batch 32, peak lr from the first step (no warm-up: at 2 epochs the warm-up is half the run)",
                lambda e, r: {"batch_size": 32, "warmup_epochs": 0}),
+    "b32-lr3": ("batch 32, peak lr 3e-3 (1.5×)", lambda e, r: {"batch_size": 32, "lr": 3e-3}),
+    "b32-lr4": ("batch 32, peak lr 4e-3 (2×)", lambda e, r: {"batch_size": 32, "lr": 4e-3}),
+    "b16-lr3": ("batch 16, peak lr 3e-3 (1.5×)", lambda e, r: {"batch_size": 16, "lr": 3e-3}),
+    "b16-lr4": ("batch 16, peak lr 4e-3 (2×)", lambda e, r: {"batch_size": 16, "lr": 4e-3}),
+    "b16-new05": ("batch 16, fresh parameters (Mimetic attention, TTT's fast weights and convs) at 0.5× lr",
+                  lambda e, r: {"batch_size": 16, "new_params": {"lr_scale": 0.5}}),
 }
 # schedule -> the variant options it converts with, on top of the variant's own (benchmarks/reproduce.py OPTIONS)
 CONVERT_OPTIONS: dict[str, Overrides] = {"b32-hedgehog": {"feature_map": "hedgehog"}}

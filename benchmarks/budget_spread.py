@@ -5,6 +5,8 @@ budget.py gives one seed to both the conversion (Mimetic draws the attention wei
 training seed, one variant, schedule, budget and regime, and keeps each run's per-epoch curve (metrics.jsonl's
 epoch records: val top-1 and loss, the epoch's train losses), so a
 diverging run or a slow start shows. The diagonal repeats budget.py's runs of the cell (the same top-1).
+A TTT run also records its trained layers' state (``ttt_state``): per layer the fast weights' RMS (init 0.02) and
+the inner step's share of the attention output on 64 val images of digits 5-9, so a step grown too large shows.
 
     python benchmarks/budget_spread.py --variant elu --schedule b32 --epochs 5 --regime transfer
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -31,7 +34,7 @@ def run_crossed(variant: str, schedule: str, epochs: int, regime: str, convert_s
     """convert at ``convert_seed`` -> distill at ``train_seed`` -> the final top-1 and the per-epoch curve."""
     import torch
 
-    from vitconvert import convert, save
+    from vitconvert import convert, load, save
     from vitconvert.distill import distill
     from vitconvert.distill.monitor import METRICS, read_records
     from vitconvert.sources import load_source
@@ -52,9 +55,36 @@ def run_crossed(variant: str, schedule: str, epochs: int, regime: str, convert_s
         result = distill(work / "init", work / "run", recipe="quickstart", overrides=overrides, show=False,
                          device="cpu")
         records = read_records(work / "run" / METRICS)
+        state = ttt_state(load(work / "run")) if variant == "ttt" else None
     return {"variant": variant, "schedule": schedule, "epochs": epochs, "regime": regime,
             "convert_seed": convert_seed, "train_seed": train_seed, "top1": result.metrics["top1"],
-            "curve": _curve(records), "cpu_seconds": round(time.process_time() - cpu, 2)}
+            "curve": _curve(records), "cpu_seconds": round(time.process_time() - cpu, 2),
+            **({"ttt_state": state} if state else {})}
+
+
+def ttt_state(model: Any) -> list[dict[str, float]]:
+    """Per TTT layer: the fast weights' RMS and the inner step's share |out − out at inner_lr 0| / |out| of the
+    attention output, each layer fed its own input of a forward over 64 val images of digits 5-9."""
+    import torch
+    from ttt_transfer import target_batch
+
+    layers = [b.attn for b in model.blocks]
+    inputs: list[Any] = []
+    hooks = [m.register_forward_hook(lambda m, i, o: inputs.append(i[0])) for m in layers]
+    with torch.no_grad():
+        model.eval()(target_batch(model))
+        for h in hooks:
+            h.remove()
+        out = []
+        for m, x in zip(layers, inputs, strict=True):
+            stepped, lr = m(x), m.inner_lr
+            m.inner_lr = 0.0
+            unstepped = m(x)
+            m.inner_lr = lr
+            fast = torch.cat([w.flatten() for w in (m.fast_w1, m.fast_w2, m.fast_w3)])
+            out.append({"fast_rms": round(fast.pow(2).mean().sqrt().item(), 5),
+                        "step_share": round(((stepped - unstepped).norm() / stepped.norm()).item(), 5)})
+    return out
 
 
 def _curve(records: list[dict[str, Any]]) -> list[dict[str, float]]:
@@ -67,6 +97,56 @@ def _curve(records: list[dict[str, Any]]) -> list[dict[str, float]]:
         row["lr"] = max(lrs) if lrs else None
         out.append(row)
     return out
+
+
+def render(variant: str, schedules: list[str], epochs: int, regime: str, results: Path = RESULTS) -> str:
+    """Per schedule: the crossed top-1s (conversion seed × training seed) with their means, the mean per-epoch
+    curve, and for TTT each layer's mean fast-weight RMS and step share at the end."""
+    runs = [r for r in map(json.loads, results.read_text().splitlines())
+            if (r["variant"], r["epochs"], r["regime"]) == (variant, epochs, regime)]
+    out = []
+    for schedule in schedules:
+        mine = {(r["convert_seed"], r["train_seed"]): r for r in runs if r["schedule"] == schedule}
+        out += [f"**`{schedule}`**, {variant}, {regime}, {epochs} epochs: val top-1 (%)", "", *_crossed(mine),
+                "", _curves([r["curve"] for r in mine.values()]), *_state([r for r in mine.values()]), ""]
+    command = f"benchmarks/budget_spread.py --variant {variant} --epochs {epochs} --regime {regime} --schedule"
+    return "\n".join(out + ["Written by " + " and ".join(f"`python {command} {s}`" for s in schedules)
+                            + f" (benchmarks/results/{results.name})."])
+
+
+def _crossed(runs: dict[tuple[int, int], dict[str, Any]]) -> list[str]:
+    """The table: a row per conversion seed, a column per training seed, each with its mean; all runs' mean ± std."""
+    seeds = sorted({c for c, _ in runs})
+    top1 = {k: 100 * r["top1"] for k, r in runs.items()}
+    lines = ["| conversion seed ↓ / training seed → | " + " | ".join(map(str, seeds)) + " | mean |",
+             "|---|" + "---:|" * (len(seeds) + 1)]
+    for c in seeds:
+        row = [top1[(c, t)] for t in seeds]
+        lines.append(f"| {c} | " + " | ".join(f"{x:.2f}" for x in row) + f" | {statistics.mean(row):.2f} |")
+    columns = [statistics.mean(top1[(c, t)] for c in seeds) for t in seeds]
+    every = list(top1.values())
+    return lines + ["| mean | " + " | ".join(f"{x:.2f}" for x in columns) +
+                    f" | {statistics.mean(every):.2f} ± {statistics.stdev(every):.2f} ({len(every)}) |"]
+
+
+def _curves(curves: list[list[dict[str, float]]]) -> str:
+    epochs = range(len(curves[0]))
+    top1 = [statistics.mean(c[e]["val_top1"] for c in curves) for e in epochs]
+    loss = [statistics.mean(c[e]["val_loss"] for c in curves) for e in epochs]
+    return ("Mean over the runs, per epoch: val top-1 " + ", ".join(f"{x:.1f}" for x in top1) + "; val loss "
+            + ", ".join(f"{x:.3f}" for x in loss) + ".")
+
+
+def _state(runs: list[dict[str, Any]]) -> list[str]:
+    states = [r["ttt_state"] for r in runs if "ttt_state" in r]
+    if not states:
+        return []
+    layers = range(len(states[0]))
+    rms = [statistics.mean(s[i]["fast_rms"] for s in states) for i in layers]
+    share = [statistics.mean(s[i]["step_share"] for s in states) for i in layers]
+    return ["At the end, per layer (mean of the runs): fast-weight RMS " + ", ".join(f"{x:.4f}" for x in rms)
+            + " (init 0.02); the inner step's share of the attention output " + ", ".join(f"{x:.2f}" for x in share)
+            + "."]
 
 
 def main() -> None:
@@ -88,8 +168,10 @@ def main() -> None:
             rec = run_crossed(args.variant, args.schedule, args.epochs, args.regime, c, t)
             with args.results.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
+            state = [(s["fast_rms"], s["step_share"]) for s in rec.get("ttt_state", [])]
             print(f"convert seed {c}, train seed {t}: top-1 {100 * rec['top1']:.2f} "
-                  f"({rec['cpu_seconds']:.0f} CPU-s); per epoch {[e['val_top1'] for e in rec['curve']]}", flush=True)
+                  f"({rec['cpu_seconds']:.0f} CPU-s); per epoch {[e['val_top1'] for e in rec['curve']]}"
+                  + (f"; per layer (fast RMS, step share) {state}" if state else ""), flush=True)
 
 
 if __name__ == "__main__":

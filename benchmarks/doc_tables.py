@@ -138,6 +138,10 @@ BLOCKS = [
           "quickstart-fast.jsonl"),
     Block(RESULTS_DOC, "budget-hedgehog", lambda: budget_block("budget-hedgehog", "budget-hedgehog.jsonl", ("b32",)),
           "budget-hedgehog.jsonl"),
+    Block(RESULTS_DOC, "budget-pass5", lambda: budget_block("budget-pass5", "budget-pass5.jsonl", ("b32", "b16")),
+          "budget-pass5.jsonl"),
+    Block(RESULTS_DOC, "budget-spread-ttt",
+          lambda: _module("budget_spread").render("ttt", ["b16", "b32"], 5, "transfer"), "budget-spread.jsonl"),
 ]
 
 
