@@ -196,10 +196,11 @@ def source_result(family: str, check: str) -> str:
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_timm_model_contract(family, model, check):
-    failed = source_result(family, check)
+    failed = source_result(family, check)  # (the softmax row's check: it ran there, once)
     if failed:
         pytest.skip(f"the softmax source fails this check too ({failed})")
-    CHECKS[check](family, model)
+    if model != "softmax":
+        CHECKS[check](family, model)
 
 
 def test_the_sources_pass_what_timm_promises():
