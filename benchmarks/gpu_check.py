@@ -209,6 +209,8 @@ def run_check(plan: Plan, device: torch.device, budget_s: float, log: Callable[[
 
 def main(argv: Optional[list[str]] = None) -> int:
     args, sections, device, plan = arguments(argv)
+    if plan.threads:  # every section on the plan's threads (the dry run: one core; torch's default of one thread
+        torch.set_num_threads(plan.threads)  # per core only spins on the small steps of a shared machine)
     console = Console(width=None if sys.stdout.isatty() else 180)
     log = lambda text: console.log(text)  # noqa: E731
     results = Path(tempfile.gettempdir()) if args.quick else ROOT / "benchmarks" / "results"  # no dry run in the tree

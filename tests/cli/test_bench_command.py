@@ -44,10 +44,11 @@ def test_json_has_a_row_per_model_size_and_mode(timm_folder):
 
 
 def test_onnxruntime_backend_times_the_exported_models(timm_folder):
-    result = invoke("bench", str(timm_folder), "--to", "elu,ttt", "--backend", "onnxruntime", "--json", *FAST)
+    """The source and one variant (every variant's export runs in ONNX Runtime in tests/test_export.py)."""
+    result = invoke("bench", str(timm_folder), "--to", "elu", "--backend", "onnxruntime", "--json", *FAST)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["backend"] == "onnxruntime" and [r["model"] for r in report["results"]] == ["softmax", "elu", "ttt"]
+    assert report["backend"] == "onnxruntime" and [r["model"] for r in report["results"]] == ["softmax", "elu"]
     assert all(r["img_per_s"] > 0 and r["peak_mem_mb"] is None for r in report["results"])
 
 

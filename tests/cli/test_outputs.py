@@ -98,20 +98,19 @@ def test_export_never_writes_over_another_file(ws, args, text, tmp_path, monkeyp
 
 def test_export_replaces_its_own_file_with_force_and_refuses_one_being_written(ws, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = ["export", ws / "student-elu", "--format", "pt2", "--out", "m.pt2"]
-    assert invoke(*args).exit_code == 0
-    assert invoke(*args, "--force").exit_code == 0  # its own mark: --force may replace it
+    args = ["export", ws / "student-elu", "--format", "pt2", "--out", "new.pt2"]
     holder = hold_lock(tmp_path / "new.pt2")
     try:
-        busy = invoke("export", ws / "student-elu", "--format", "pt2", "--out", "new.pt2")
+        busy = invoke(*args)
     finally:
         holder.kill()
         holder.wait()
     assert_one_line_error(busy, f"new.pt2 is being written by another vitconvert command (pid {holder.pid}")
     assert not (tmp_path / "new.pt2").exists()
-    retry = invoke("export", ws / "student-elu", "--format", "pt2", "--out", "new.pt2")  # the dead holder's lock
+    retry = invoke(*args)  # the dead holder's lock
     assert retry.exit_code == 0, retry.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt2", "new.pt2"]  # no lock or temporary left
+    assert invoke(*args, "--force").exit_code == 0  # its own mark: --force may replace it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.pt2"]  # no lock or temporary left
 
 
 def test_two_distills_into_one_new_folder_do_not_mix(ws, tmp_path):

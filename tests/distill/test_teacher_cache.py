@@ -3,6 +3,10 @@ the next reads them, and trains to the same bits as a run that computed them its
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+
 import torch
 from safetensors.torch import load_file
 
@@ -57,3 +61,42 @@ def test_outputs_are_read_back_only_by_the_key_and_shapes_that_wrote_them():
     assert cache.get("recipe a", 2) is None
     cache.put("recipe a", 0, logits[:1], [o[:1] for o in outputs])  # another batch shape: not kept
     assert cache.get("recipe a", 0) is None
+
+
+class CountedLock:
+    """A process-shared lock that counts the waits for it."""
+
+    def __init__(self, lock):
+        self.lock, self.waits = lock, 0
+
+    def acquire(self, timeout=None):
+        self.waits += 1
+        return self.lock.acquire(timeout=timeout)
+
+    def release(self):
+        self.lock.release()
+
+
+def test_a_worker_killed_holding_the_lock_stalls_the_others_only_once_and_then_not_at_all():
+    """A run whose wait for the lock runs out stops using the cache: its reads miss (the run computes the teacher
+    itself, the same bits) and its writes keep nothing, and it never waits again."""
+    context = multiprocessing.get_context("fork")
+    lock = CountedLock(context.Lock())
+    cache = TeacherCache(lock, capacity=4 * 54, lock_wait_s=0.2)
+    logits, outputs = torch.randn(2, 3), [torch.randn(2, 4, 3), torch.randn(2, 4, 3)]
+    cache.put("recipe", 0, logits, outputs)
+    assert cache.get("recipe", 0) is not None
+    worker = context.Process(target=die_holding, args=(lock.lock,))
+    worker.start()
+    worker.join()
+    assert worker.exitcode == -signal.SIGKILL
+    waits = lock.waits
+    assert cache.get("recipe", 0) is None and cache.abandoned  # waited 0.2 s, then gave up: a miss
+    assert lock.waits == waits + 1
+    cache.put("recipe", 0, logits, outputs)
+    assert cache.get("recipe", 0) is None and lock.waits == waits + 1  # no second wait
+
+
+def die_holding(lock) -> None:
+    lock.acquire()
+    os.kill(os.getpid(), signal.SIGKILL)

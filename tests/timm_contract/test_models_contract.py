@@ -46,6 +46,9 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "naflex": deeper("naflex"),
 }
 MODELS = ["softmax", *vitconvert.VARIANTS]
+# The compiling checks (script, trace, fx) build one block: each block is the same module, so a model of one block
+# reaches every path a deeper one does, at about half the cost; depth 3 stays where the depth is the check's point.
+ONE_BLOCK = {"depth": 1}
 
 
 
@@ -117,7 +120,7 @@ def features_only(family: str, model: str) -> None:
 
 def torchscript_script(family: str, model: str) -> None:
     with set_scriptable(True):
-        net = create(family, model).eval()
+        net = create(family, model, **ONE_BLOCK).eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         scripted = torch.jit.script(net)
@@ -126,7 +129,7 @@ def torchscript_script(family: str, model: str) -> None:
 
 
 def torchscript_trace(family: str, model: str) -> None:
-    net = create(family, model).eval()
+    net = create(family, model, **ONE_BLOCK).eval()
     x = images(family)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -135,16 +138,17 @@ def torchscript_trace(family: str, model: str) -> None:
 
 
 def fx_forward_backward(family: str, model: str) -> None:
-    net = create(family, model).eval()
-    _, eval_nodes = get_graph_node_names(net)
+    """One extractor, traced in both modes (torchvision's DualGraphModule, as timm's own fx tests build it): its
+    eval graph gives the eager output, its train graph backpropagates to the parameters."""
+    net = create(family, model, **ONE_BLOCK).eval()
+    train_nodes, eval_nodes = get_graph_node_names(net)
+    assert train_nodes[-1] == eval_nodes[-1], (train_nodes[-1], eval_nodes[-1])  # the head, in either mode
     extractor = create_feature_extractor(net, return_nodes=[eval_nodes[-1]])
     x = images(family)
     torch.testing.assert_close(next(iter(extractor(x).values())), net(x))
-    train_net = create(family, model).train()
-    train_nodes, _ = get_graph_node_names(train_net)
-    traced = create_feature_extractor(train_net, return_nodes=[train_nodes[-1]])
-    next(iter(traced(images(family, batch=2)).values())).mean().backward()
-    assert any(p.grad is not None for p in train_net.parameters())
+    extractor.train()
+    next(iter(extractor(images(family, batch=2)).values())).mean().backward()
+    assert any(p.grad is not None for p in extractor.parameters())
 
 
 def grad_checkpointing(family: str, model: str) -> None:
@@ -196,10 +200,11 @@ def source_result(family: str, check: str) -> str:
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_timm_model_contract(family, model, check):
-    failed = source_result(family, check)
+    failed = source_result(family, check)  # (the softmax row's check: it ran there, once)
     if failed:
         pytest.skip(f"the softmax source fails this check too ({failed})")
-    CHECKS[check](family, model)
+    if model != "softmax":
+        CHECKS[check](family, model)
 
 
 def test_the_sources_pass_what_timm_promises():
