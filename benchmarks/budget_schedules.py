@@ -85,7 +85,8 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
                 lambda e, r: {"batch_size": 16, "attn_loss": "cosine"}),
     "b16-ema": ("batch 16, evaluated on an EMA of the weights (timm's ModelEmaV3, decay 0.99: ~1 epoch)",
                 lambda e, r: {"batch_size": 16, "ema": True, "ema_decay": 0.99}),
-    "b16-crop1": ("batch 16, crops of the whole image (scale 1)", lambda e, r: {"batch_size": 16, "scale": [1, 1]}),
+    "b16-crop1": ("batch 16, crops of the whole image (scale 1: on the 8×8 digits every crop is the whole image, so no "
+                  "augmentation is left)", lambda e, r: {"batch_size": 16, "scale": [1, 1]}),
     "b16-hedgehog": ("batch 16, converted with Hedgehog's learned feature map (feature_map=hedgehog; elu, relu)",
                      lambda e, r: {"batch_size": 16}),
     "b16": ("joint, batch 16 (4× paper's optimizer steps), lr kept", lambda e, r: {"batch_size": 16}),
