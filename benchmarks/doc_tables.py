@@ -138,6 +138,8 @@ BLOCKS = [
           "quickstart-fast.jsonl"),
     Block(RESULTS_DOC, "budget-hedgehog", lambda: budget_block("budget-hedgehog", "budget-hedgehog.jsonl", ("b32",)),
           "budget-hedgehog.jsonl"),
+    Block(RESULTS_DOC, "budget-levers", lambda: budget_block("budget-levers", "budget-levers.jsonl", ("b16",)),
+          "budget-levers.jsonl"),
 ]
 
 
