@@ -76,6 +76,19 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
     "b32-new3": ("batch 32, fresh parameters at 3× lr", lambda e, r: {"batch_size": 32, "new_params": {"lr_scale": 3}}),
     "b32-hedgehog": ("batch 32, converted with Hedgehog's learned feature map (feature_map=hedgehog; elu, relu)",
                      lambda e, r: {"batch_size": 32}),
+    # the fifth pass (issue 38, same task at 5 epochs): one lever each on top of b16, its curves read first (under-fit)
+    "b16-ls0": ("batch 16, no label smoothing (smoothing 0)", lambda e, r: {"batch_size": 16, "smoothing": 0.0}),
+    "b16-wd0": ("batch 16, no weight decay", lambda e, r: {"batch_size": 16, "weight_decay": 0.0}),
+    "b16-aw03": ("batch 16, attention loss weight 0.3", lambda e, r: {"batch_size": 16, "attn_weight": 0.3}),
+    "b16-aw3": ("batch 16, attention loss weight 3", lambda e, r: {"batch_size": 16, "attn_weight": 3.0}),
+    "b16-cos": ("batch 16, attention loss 1 − cosine instead of MSE",
+                lambda e, r: {"batch_size": 16, "attn_loss": "cosine"}),
+    "b16-ema": ("batch 16, evaluated on an EMA of the weights (timm's ModelEmaV3, decay 0.99: ~1 epoch)",
+                lambda e, r: {"batch_size": 16, "ema": True, "ema_decay": 0.99}),
+    "b16-crop1": ("batch 16, crops of the whole image (scale 1: on the 8×8 digits every crop is the whole image, so no "
+                  "augmentation is left)", lambda e, r: {"batch_size": 16, "scale": [1, 1]}),
+    "b16-hedgehog": ("batch 16, converted with Hedgehog's learned feature map (feature_map=hedgehog; elu, relu)",
+                     lambda e, r: {"batch_size": 16}),
     "b16": ("joint, batch 16 (4× paper's optimizer steps), lr kept", lambda e, r: {"batch_size": 16}),
     "b8": ("joint, batch 8 (8× paper's optimizer steps), lr kept", lambda e, r: {"batch_size": 8}),
     "b16-sqrt": ("joint, batch 16, lr scaled from b32's by the square-root rule (2e-3 × √½ = 1.41e-3)",
@@ -92,7 +105,8 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
                   lambda e, r: {"batch_size": 16, "new_params": {"lr_scale": 0.5}}),
 }
 # schedule -> the variant options it converts with, on top of the variant's own (benchmarks/reproduce.py OPTIONS)
-CONVERT_OPTIONS: dict[str, Overrides] = {"b32-hedgehog": {"feature_map": "hedgehog"}}
+CONVERT_OPTIONS: dict[str, Overrides] = {"b32-hedgehog": {"feature_map": "hedgehog"},
+                                         "b16-hedgehog": {"feature_map": "hedgehog"}}
 
 # schedule -> the schedule it changes one thing of, beside the ``base-*`` names: the paired tables set each
 # against it (`--versus b32` compares b16 with b32 seed by seed)

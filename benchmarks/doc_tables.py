@@ -142,6 +142,8 @@ BLOCKS = [
           "budget-pass5.jsonl"),
     Block(RESULTS_DOC, "budget-spread-ttt",
           lambda: _module("budget_spread").render("ttt", ["b16", "b32"], 5, "transfer"), "budget-spread.jsonl"),
+    Block(RESULTS_DOC, "budget-levers", lambda: budget_block("budget-levers", "budget-levers.jsonl", ("b16",)),
+          "budget-levers.jsonl"),
 ]
 
 

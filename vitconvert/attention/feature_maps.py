@@ -49,8 +49,3 @@ def hedgehog_features(y: torch.Tensor) -> torch.Tensor:
     """[softmax(y), softmax(−y)] over the last dimension: d -> 2d non-negative features."""
     return torch.cat((torch.softmax(y, dim=-1), torch.softmax(-y, dim=-1)), dim=-1)
 
-
-def hedgehog_features_literal(y: torch.Tensor) -> torch.Tensor:
-    """The same, with each softmax written as exp over its sum (the reference's)."""
-    up, down = torch.exp(y - y.amax(-1, keepdim=True)), torch.exp(-y - (-y).amax(-1, keepdim=True))
-    return torch.cat((up / up.sum(-1, keepdim=True), down / down.sum(-1, keepdim=True)), dim=-1)

@@ -28,10 +28,10 @@ import torch
 from torch.nn import functional as F
 
 from .base import Grid, LinearAttention
-from .feature_maps import FEATURE_MAPS, HeadwiseLinear, hedgehog_features, hedgehog_features_literal
+from .feature_maps import FEATURE_MAPS, HeadwiseLinear, hedgehog_features
 from .ops import dispatch
 from .ops.linear import op as fused
-from .ops.linear.reference import kernel_attention_reference
+from .ops.linear.reference import hedgehog_features_literal, kernel_attention_reference
 from .options import Option, choice, number, positive
 from .registry import register_variant
 from .tensors import accumulation_dtype, full_precision

@@ -1,5 +1,6 @@
 """The linear ops' N×N references: the output written out as its (B, H, N, N) weights times V, the slow literal
-form each kernel and eager path is checked against (the variants' ``reference()``, tests/attention/, benchmarks).
+form each kernel and eager path is checked against (the variants' ``reference()``, tests/attention/, benchmarks),
+and the literal form of a trained feature map's φ that such a reference takes.
 One home, so a test and a benchmark cannot check against two readings of the same formula."""
 
 from __future__ import annotations
@@ -30,3 +31,10 @@ def inline_weights(q: torch.Tensor, k: torch.Tensor, key_valid: Optional[torch.T
     k_bar = (k * valid[:, None, :, None].to(k.dtype)).sum(dim=-2, keepdim=True) / n
     w = (scale / n) * (q @ k.transpose(-2, -1)) - (scale / n) * (q @ k_bar.transpose(-2, -1)) + 1 / n
     return w * valid[:, None, None, :].to(w.dtype)
+
+
+def hedgehog_features_literal(y: torch.Tensor) -> torch.Tensor:
+    """Hedgehog's φ, [softmax(y), softmax(−y)] over the last dimension, with each softmax written as exp over its
+    sum: the reference's form of feature_maps.hedgehog_features."""
+    up, down = torch.exp(y - y.amax(-1, keepdim=True)), torch.exp(-y - (-y).amax(-1, keepdim=True))
+    return torch.cat((up / up.sum(-1, keepdim=True), down / down.sum(-1, keepdim=True)), dim=-1)
