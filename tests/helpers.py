@@ -10,6 +10,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -272,3 +273,21 @@ def cuda_autocast_policy():
                 lib.impl(name, _cuda_autocast_kernel(getattr(getattr(torch.ops.aten, base), overload or "default"),
                                                      policy), "AutocastCPU")
         yield
+
+
+def wait_until_torch_loads(proc: subprocess.Popen, limit_s: float = 60.0) -> None:
+    """Until torch's libraries are mapped in ``proc`` (its command's imports under way), or a fixed pause where
+    /proc is absent: a fixed pause alone can land inside Python's own start-up on a loaded machine, where SIGINT
+    is Python's fatal error and no program's to handle."""
+    maps = Path(f"/proc/{proc.pid}/maps")
+    if not maps.exists():
+        time.sleep(0.3)
+        return
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if "libtorch" in maps.read_text():
+                return
+        except OSError:
+            return
+        time.sleep(0.01)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from bad_input_cases import CASES, PREPARE, QUICK, Case, truncate
 from distill.helpers import make_images, make_student, make_teacher
-from helpers import runner
+from helpers import runner, wait_until_torch_loads
 
 from vitconvert.cli import app
 from vitconvert.cli.common import HEARTBEAT_LINE
@@ -308,24 +308,6 @@ def test_a_failed_start_leaves_no_run_folder_and_the_rerun_works(workspace, tmp_
     assert (tmp_path / "r" / "checkpoint-last").is_dir()
 
 
-def _wait_until_torch_loads(proc, limit_s: float = 60.0) -> None:
-    """Until torch's libraries are mapped in ``proc`` (its command's imports under way), or a fixed pause where
-    /proc is absent: a fixed pause alone can land inside Python's own start-up on a loaded machine, where SIGINT
-    is Python's fatal error and no program's to handle."""
-    maps = Path(f"/proc/{proc.pid}/maps")
-    if not maps.exists():
-        time.sleep(0.3)
-        return
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if "libtorch" in maps.read_text():
-                return
-        except OSError:
-            return
-        time.sleep(0.01)
-
-
 def test_ctrl_c_during_start_up_is_one_line(tmp_path):
     """SIGINT while torch and timm import (before any command code runs) prints one line, no traceback."""
     import signal
@@ -340,7 +322,7 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
                             # as at a terminal: SIGINT at its default disposition, whatever this test process
                             # inherited (an ignored SIGINT survives exec, and the command then just completes)
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    _wait_until_torch_loads(proc)
+    wait_until_torch_loads(proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert err == "error: interrupted\n" and proc.returncode in (-signal.SIGINT, 130, 1), (proc.returncode, err)
