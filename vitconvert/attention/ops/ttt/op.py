@@ -218,9 +218,11 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         scratch = _output_like(q) if convs else dq  # (a placeholder without: unread)
         filters = [q.new_empty(shape, dtype=torch.float32) if f is not None else dweights  # (q's filters, bias, then
                    for f in (q_filter, k_filter) for shape in ((H * D, 9), (H * D,))]  # k's; placeholders float32)
-        part = dweights if B == 1 else q.new_empty((B, part_width(H, D, len(convs))), dtype=torch.float32)
+        part, counter = dweights, dq.new_empty((1,), dtype=torch.int32)  # (one image: placeholders, unread)
+        if B > 1:
+            part, counter = q.new_empty((B, part_width(H, D, len(convs))), dtype=torch.float32), tickets(H, q.device)
         launch(ttt_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, dk, dv, dweights, scratch,
-               *filters, part, tickets(H, q.device), *step.key_strides, step.scalar, *strides,
+               *filters, part, counter, *step.key_strides, step.scalar, *strides,
                *_key_gradient_strides(dk, dv), *scratch.stride()[:3], part.stride(0), B, H, N, D, *step.grid,
                **step.key_flags, **step.q_flags, **step.blocks, **tiles)
         d_filters = filters if convs else None
