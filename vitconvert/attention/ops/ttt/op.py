@@ -220,7 +220,8 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
                    for f in (q_filter, k_filter) for shape in ((H * D, 9), (H * D,))]  # k's; placeholders float32)
         part, counter = dweights, dq.new_empty((1,), dtype=torch.int32)  # (one image: placeholders, unread)
         if B > 1:
-            part, counter = q.new_empty((B, part_width(H, D, len(convs))), dtype=torch.float32), tickets(H, q.device)
+            part = q.new_empty((B, part_width(H, D, len(convs))), dtype=torch.float32)
+            counter = tickets(H, q.device)[:H]  # (a head's ticket each)
         launch(ttt_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, dk, dv, dweights, scratch,
                *filters, part, counter, *step.key_strides, step.scalar, *strides,
                *_key_gradient_strides(dk, dv), *scratch.stride()[:3], part.stride(0), B, H, N, D, *step.grid,
