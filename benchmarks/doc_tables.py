@@ -97,12 +97,12 @@ def mixing_passes_block() -> str:
                      f"{at_batch[name]:.1f} ({at_batch[name] / at_batch['softmax']:.2f}×) | "
                      f"{now['token_sized_ops'][name]:.0f} | {memory} |")
     lines += ["", footer(f"{now['model']} at {now['img_size']} px ({now['tokens']} tokens), {now['depth']} block, "
-                         f"batch {now['batch']} (and {batched['batch']}), one bf16 training step on the GPU path (the "
-                         "kernels in Triton's interpreter; no GPU)",
-                         ("benchmarks/op_traffic.py --passes --depth 1 --batch 1 --json "
+                         f"batch {now['batch']} (and {batched['batch']}), one bf16 training step on the GPU path (each "
+                         "Triton launch's tensor arguments counted, the kernels not run; no GPU)",
+                         ("benchmarks/op_traffic.py --passes --depth 1 --batch 1 --sizes-only --json "
                           "benchmarks/results/op-traffic-passes.json",
-                          f"benchmarks/op_traffic.py --passes --depth 1 --batch {batched['batch']} --json "
-                          f"benchmarks/results/op-traffic-passes-b{batched['batch']}.json",
+                          f"benchmarks/op_traffic.py --passes --depth 1 --batch {batched['batch']} --sizes-only "
+                          f"--json benchmarks/results/op-traffic-passes-b{batched['batch']}.json",
                           "benchmarks/saved_memory.py --depth 1 --batch 1 --json benchmarks/results/saved-memory.json"),
                          "the earlier count: benchmarks/results/op-traffic-passes-before.json, main before issue 37's "
                          "fusions")]
