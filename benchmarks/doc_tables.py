@@ -79,23 +79,30 @@ def kernel_instructions_block() -> str:
 
 def mixing_passes_block() -> str:
     """MHLA's and TTT's bytes per layer training step in q-sized passes (op_traffic.py --passes), the earlier count
-    → the current one, and what autograd keeps (saved_memory.py --json), each against softmax."""
+    → the current one, the current one at batch 16, and what autograd keeps (saved_memory.py --json), each against
+    softmax."""
     now, before = _json("op-traffic-passes.json"), _json("op-traffic-passes-before.json")
+    batched = _json("op-traffic-passes-b16.json")
     saved = _json("saved-memory.json")["variants"]
     passes, earlier, soft = now["q_sized_passes"], before["q_sized_passes"], saved.get("softmax", {})
-    lines = ["| variant | q-sized passes, earlier → now | × softmax | token-sized ops and launches | kept for "
-             "backward × softmax | largest transient × softmax |", "|---|---|---:|---:|---:|---:|"]
+    at_batch = batched["q_sized_passes"]
+    lines = [f"| variant | q-sized passes, earlier → now | × softmax | at batch {batched['batch']} (× softmax) | "
+             "token-sized ops and launches | kept for backward × softmax | largest transient × softmax |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for name, value in passes.items():
         kept = saved.get(name)
         memory = (f"{kept['saved_mib'] / soft['saved_mib']:.2f}× | "
                   f"{kept['largest_transient_mib'] / soft['largest_transient_mib']:.2f}×" if kept and soft else "— | —")
         lines.append(f"| {name} | {earlier.get(name, value):.1f} → {value:.1f} | {value / passes['softmax']:.2f}× | "
+                     f"{at_batch[name]:.1f} ({at_batch[name] / at_batch['softmax']:.2f}×) | "
                      f"{now['token_sized_ops'][name]:.0f} | {memory} |")
     lines += ["", footer(f"{now['model']} at {now['img_size']} px ({now['tokens']} tokens), {now['depth']} block, "
-                         f"batch {now['batch']}, one bf16 training step on the GPU path (the kernels in Triton's "
-                         "interpreter; no GPU)",
-                         ("benchmarks/op_traffic.py --passes --depth 1 --batch 1 --json "
+                         f"batch {now['batch']} (and {batched['batch']}), one bf16 training step on the GPU path (each "
+                         "Triton launch's tensor arguments counted, the kernels not run; no GPU)",
+                         ("benchmarks/op_traffic.py --passes --depth 1 --batch 1 --sizes-only --json "
                           "benchmarks/results/op-traffic-passes.json",
+                          f"benchmarks/op_traffic.py --passes --depth 1 --batch {batched['batch']} --sizes-only "
+                          f"--json benchmarks/results/op-traffic-passes-b{batched['batch']}.json",
                           "benchmarks/saved_memory.py --depth 1 --batch 1 --json benchmarks/results/saved-memory.json"),
                          "the earlier count: benchmarks/results/op-traffic-passes-before.json, main before issue 37's "
                          "fusions")]

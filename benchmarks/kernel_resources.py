@@ -25,6 +25,8 @@ runs what the compiler refuses) fails here with the compiler's message. The test
 (tests/attention/test_kernel_resources.py).
 
     python benchmarks/kernel_resources.py --arch sm_89 --ops "linear_attention elu"   # an L40 / RTX 4090
+    python benchmarks/kernel_resources.py --arch sm_90 --ops ttt_step --max-registers 128   # two blocks of 8 warps:
+                                                                                           # what spills there
 """
 
 from __future__ import annotations
@@ -117,12 +119,12 @@ class CrossBuilds(Builds):
     """:class:`Builds` that compiles each kernel for ``arch`` (Triton's compiler and ptxas, no GPU) and launches
     nothing: the ops go on with uninitialised outputs, which is harmless here (only shapes and dtypes matter)."""
 
-    def __init__(self, op: str, arch: str) -> None:
+    def __init__(self, op: str, arch: str, max_registers: Optional[int] = None) -> None:
         from triton.backends.compiler import GPUTarget  # lazy: start-up time (only this mode compiles)
         from triton.compiler import make_backend  # lazy: start-up time
 
         super().__init__(op)
-        self.arch = arch
+        self.arch, self.max_registers = arch, max_registers
         capability, self.max_shared = ARCHES[arch][:2]
         self.target = GPUTarget("cuda", capability, 32)
         self.backend = make_backend(self.target)
@@ -153,8 +155,9 @@ class CrossBuilds(Builds):
         import triton  # lazy: start-up time
         from triton.runtime.errors import TritonError  # lazy: start-up time
 
+        capped = {} if self.max_registers is None else {"maxnreg": self.max_registers}  # (ptxas spills above it)
         try:
-            compiled = self.compile(kernel, *args, **kwargs)
+            compiled = self.compile(kernel, *args, **kwargs, **capped)
         except TritonError as e:
             lines = [line.strip() for line in str(e).splitlines() if line.strip()]
             return {"registers": None, "spills": None, "shared_bytes": None, "fits": False, "blocks_per_sm": 0,
@@ -219,7 +222,8 @@ OPS = ("linear_attention elu", "linear_attention inline", "blocked_attention mhl
 
 
 def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Optional[tuple[str, ...]] = None,
-            arch: Optional[str] = None, dtype: torch.dtype = torch.bfloat16) -> list[dict[str, Any]]:
+            arch: Optional[str] = None, dtype: torch.dtype = torch.bfloat16,
+            max_registers: Optional[int] = None) -> list[dict[str, Any]]:
     """The builds of each op (all, or those named in ``ops``) at each head dim, on ``device`` or, with ``arch``,
     compiled for that GPU generation (:class:`CrossBuilds`); "linear_attention elu split" and "ttt_step split" are
     ELU and TTT with heads split over token ranges (the state and read-out kernels the other ops launch too; TTT's
@@ -236,7 +240,7 @@ def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Opt
                 continue
             programs = 1 << 20 if op.endswith("split") else None  # (heads over token ranges)
             print(f"building {op} at head dim {d}", file=sys.stderr, flush=True)  # (beside the table, not in it)
-            builds = Builds(op) if arch is None else CrossBuilds(op, arch)
+            builds = Builds(op) if arch is None else CrossBuilds(op, arch, max_registers)
             with dispatch.kernels_on(device.type, launcher=builds, programs=programs):
                 call().float().square().mean().backward()
                 eager = not dispatch.fits(op.split()[0])  # (the custom op's name: turned off here)
@@ -340,6 +344,9 @@ def arguments() -> argparse.ArgumentParser:
                         help="the inputs' (default bfloat16, as autocast hands them over)")
     parser.add_argument("--ops", default=None, help=f"comma-separated, of: {', '.join(OPS)} (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--max-registers", type=int, default=None,
+                        help="with --arch: cap every build at this many registers a thread (Triton's maxnreg), to "
+                             "see what spills at the occupancy it gives")
     return parser
 
 
@@ -354,6 +361,8 @@ def argument_error(args: argparse.Namespace, device: torch.device) -> Optional[s
         return f"--ops: comma-separated, of: {', '.join(OPS)}; got {args.ops!r}"
     if args.json is not None and not args.json.parent.is_dir():
         return f"--json: no folder {args.json.parent}"
+    if args.max_registers is not None and (args.arch is None or not 24 <= args.max_registers <= 255):
+        return f"--max-registers: 24..255, with --arch; got {args.max_registers}"
     problem = cross_build_error(args.arch)
     if problem is None and args.arch is None and device.type != "cuda" and not dispatch.interpreting():
         problem = "no GPU, and TRITON_INTERPRET=1 was not set before triton was imported (or pass --arch)"
@@ -373,10 +382,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     dims = parse_dims(args.head_dims or ("32" if device.type == "cpu" and args.arch is None else "64,128"))
-    rows = measure(dims, device, ops=selected_ops(args.ops), arch=args.arch, dtype=dtype)
+    rows = measure(dims, device, ops=selected_ops(args.ops), arch=args.arch, dtype=dtype,
+                   max_registers=args.max_registers)
     print_table(rows, device, args.arch, dtype)
     if args.json is not None:
         write_text_atomic(args.json, json.dumps({"device": str(device), "arch": args.arch, "dtype": args.dtype,
+                                                 "max_registers": args.max_registers,
                                                  "triton": dispatch.triton_version(),
                                                  "rows": rows}, indent=1))
     return 1 if any("error" in row for row in rows) else 0

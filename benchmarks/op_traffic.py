@@ -5,6 +5,7 @@
     python benchmarks/op_traffic.py --train                # a training step: forward and backward
     python benchmarks/op_traffic.py --variant mhla --train --cuda-norms   # CUDA's fused RMSNorm as one op each
     python benchmarks/op_traffic.py --passes --variants mhla,ttt --json benchmarks/results/op-traffic-passes.json
+    python benchmarks/op_traffic.py --passes --batch 16 --sizes-only   # the kernels counted, not run: seconds
 
 A TorchDispatchMode records every aten op one forward runs (views left out: they move no data), with the bytes
 it reads (its tensor inputs) and writes (its outputs), and marks those inside the attention layers' token mixing
@@ -99,6 +100,7 @@ class OpTraffic(TorchDispatchMode):
         self.model, self.mixing, self.kernels = Traffic(), Traffic(), Traffic()
         self.mixing_kernels = Traffic()  # the launches inside the token mixing (forward and, marked, backward)
         self.in_mix = False
+        self.run_kernels = True  # False: each launch counted, not run (its outputs stay uninitialised)
 
     def launch(self, kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
         """A Triton launch inside a fused op (dispatch.launches_through): the bytes of its tensor arguments, each
@@ -112,6 +114,8 @@ class OpTraffic(TorchDispatchMode):
         self.kernels.add(dispatch.kernel_name(kernel), moved, large)
         if self.in_mix:
             self.mixing_kernels.add(dispatch.kernel_name(kernel), moved, large)
+        if not self.run_kernels:
+            return None
         with _disable_current_modes():  # (the interpreter's copies to and from its host buffers: not the GPU's)
             return dispatch.build_and_run(kernel, grid, *args, **kwargs)
 
@@ -212,11 +216,12 @@ def cuda_norm_kernels() -> Iterator[None]:
 
 
 def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: int, train: bool = False,
-          sdpa_mixing: bool = False) -> OpTraffic:
+          sdpa_mixing: bool = False, run_kernels: bool = True) -> OpTraffic:
     """One forward of ``model`` in ``form`` ('float32' or 'bf16') without grad, or with ``train`` one training step
-    (forward and backward of the logits' mean, from no gradients), every op recorded."""
+    (forward and backward of the logits' mean, from no gradients), every op recorded; without ``run_kernels`` the
+    Triton launches are counted and not run (the counts take sizes only: the same counts, in seconds, not minutes)."""
     recorder = OpTraffic(token_sized, sdpa_mixing)
-    recorder.into_fused_ops = True
+    recorder.into_fused_ops, recorder.run_kernels = True, run_kernels
     model.zero_grad(set_to_none=True)
     with ExitStack() as stack:
         stack.enter_context(torch.enable_grad() if train else torch.no_grad())
@@ -231,13 +236,13 @@ def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: 
     return recorder
 
 
-def mixing_passes(model: torch.nn.Module, images: torch.Tensor, q_bytes: int,
-                  layers: int) -> tuple[float, dict[str, float], float]:
+def mixing_passes(model: torch.nn.Module, images: torch.Tensor, q_bytes: int, layers: int,
+                  run_kernels: bool = True) -> tuple[float, dict[str, float], float]:
     """HBM bytes of the token mixing per layer in one bf16 training step on the GPU path (its torch ops and its
     launches' tensor arguments, forward and backward; softmax: SDPA's ops) over q's bytes: q-sized passes, and
     those of each op or kernel (by name), and the token-sized ops and launches among them."""
     with gpu_path():
-        recorder = count(model, images, "bf16", q_bytes // 2, train=True, sdpa_mixing=True)
+        recorder = count(model, images, "bf16", q_bytes // 2, train=True, sdpa_mixing=True, run_kernels=run_kernels)
     by_op = {**recorder.mixing.bytes_by_op, **recorder.mixing_kernels.bytes_by_op}
     scale = 1 / layers / q_bytes
     return ((recorder.mixing.bytes + recorder.mixing_kernels.bytes) * scale,
@@ -253,7 +258,7 @@ def gpu_path() -> Iterator[None]:
 
 
 def pass_table(model_name: str, variants: list[str], img_size: int = 224, depth: int = 1, batch: int = 1,
-               **model_args: Any) -> dict[str, Any]:
+               run_kernels: bool = True, **model_args: Any) -> dict[str, Any]:
     """{variant: q-sized passes} of :func:`mixing_passes` for softmax and each variant, with the setting."""
     torch.manual_seed(0)
     source = timm.create_model(model_name, pretrained=False, img_size=img_size, depth=depth, **model_args)
@@ -261,10 +266,10 @@ def pass_table(model_name: str, variants: list[str], img_size: int = 224, depth:
     tokens = source.patch_embed.num_patches + source.num_prefix_tokens
     q_bytes = batch * tokens * source.embed_dim * 2  # bf16
     passes, by_op, ops = {}, {}, {}
-    passes["softmax"], by_op["softmax"], ops["softmax"] = mixing_passes(source, images, q_bytes, depth)
+    passes["softmax"], by_op["softmax"], ops["softmax"] = mixing_passes(source, images, q_bytes, depth, run_kernels)
     for name in variants:
         student, _ = vitconvert.convert(source, name)
-        passes[name], by_op[name], ops[name] = mixing_passes(student, images, q_bytes, depth)
+        passes[name], by_op[name], ops[name] = mixing_passes(student, images, q_bytes, depth, run_kernels)
     return {"model": model_name, "img_size": img_size, "tokens": tokens, "depth": depth, "batch": batch,
             "model_args": model_args, "q_sized_passes": passes, "token_sized_ops": ops, "by_op": by_op}
 
@@ -315,6 +320,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--passes", action="store_true", help="the table of q-sized passes per variant (--variants)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="the variants of --passes, comma-separated")
     parser.add_argument("--json", help="--passes: also write the table to this JSON file")
+    parser.add_argument("--sizes-only", action="store_true",
+                        help="--passes: count each Triton launch without running it in the interpreter (the counts "
+                             "take sizes only; the kernels' outputs are left uninitialised)")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.passes else [args.variant]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -322,7 +330,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: unknown variant {unknown[0]!r}; valid: {', '.join(VARIANTS)}", file=sys.stderr)
         return 2
     if args.passes:
-        table = pass_table(args.model, variants, args.img_size, args.depth, args.batch)
+        table = pass_table(args.model, variants, args.img_size, args.depth, args.batch, not args.sizes_only)
         print_pass_table(table)
         if args.json:
             write_text_atomic(Path(args.json), json.dumps(table, indent=1) + "\n")

@@ -47,7 +47,9 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert script.main(["--head-dims", "x"]) == 2
     assert script.main(["--json", str(tmp_path / "nowhere" / "r.json")]) == 2
     assert script.main(["--arch", "sm_99"]) == 2
+    assert script.main(["--max-registers", "128"]) == 2  # (a cap on a build: --arch only)
     err = capsys.readouterr().err
+    assert "error: --max-registers: 24..255, with --arch; got 128" in err
     assert "error: --ops: comma-separated, of: linear_attention elu" in err
     assert "error: --head-dims" in err and "error: --json" in err and "error: --arch: one of sm_70, sm_75, sm_80" in err
     assert "Traceback" not in err

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from ..grid.kernels import _statistics, residual_conv_backward
 from ..linear.kernel_parts import _dot, _store_square
+from ..linear.split_kernels import _last_program, _summed, _ticket_back
 from .kernels import (
     _chunk,
     _initial,
@@ -260,9 +261,9 @@ def inner_sums_bwd_values_kernel(
 
 @triton.jit
 def ttt_bwd_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, Q, QW, QB, DO, DQ, DK, DV, DW, S, DQW, DQB, DKW, DKB,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, Q, QW, QB, DO, DQ, DK, DV, DW, S, DQW, DQB, DKW, DKB, PART, COUNTER,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_qb, s_qh, s_qn, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
-    s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, s_sb, s_sh, s_sn,
+    s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, s_sb, s_sh, s_sn, s_pb,
     B, H, N, D, P, ROWS, COLS,
     K_CONV: tl.constexpr, K_BIAS: tl.constexpr, CONV: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
@@ -270,10 +271,12 @@ def ttt_bwd_kernel(
 ):
     """The whole backward of one (batch, head) in one program (grid: (B·H,)): W' recomputed from the keys, the
     read-out's backward (dq, and dW' kept in registers), then the sums' (dk, dv, and dW = dW' + the chain's into DW,
-    (3, BH, 1, D, D)): neither W' nor dW' crosses memory, and the fast weights are read once. With ``CONV`` and
+    (3, H, D, D)): neither W' nor dW' crosses memory, and the fast weights are read once. With ``CONV`` and
     ``K_CONV`` the convs' backward too (:func:`_through_the_conv`), last: the convolved q's gradient waits in dk's
     rows, the convolved k's in S (a q-sized scratch), and dq, dk and the filters' gradients of this (batch, head)
-    (DQW, DKW: (B, H·D, 9), DQB, DKB: (B, H·D) the biases', float32) come from them in this program."""
+    (DQW, DKW: (H·D, 9), DQB, DKB: (H·D,) the biases', float32) come from them in this program. With one image
+    the gradients of W and the filters are written where they belong; with more, each image's into its row of PART
+    (:func:`_image_parts`) and the last of a head's programs sums them over the batch (:func:`_batch_summed`)."""
     bh, _, b_, h, d, d_ok, _, _ = _program(H, N, D, N, BLOCK_D)
     mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
     u1, u2, u3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
@@ -300,13 +303,58 @@ def ttt_bwd_kernel(
                                       s_th, s_tn, s_dvb, s_dvh, s_dvn, b_, h, N, D, P, ROWS, COLS, 0, N, d, d_ok, w1,
                                       w2, w3, du1 * s, du2 * s, du3 * s, du1, du2, du3, mean, rstd, K_CONV, K_BIAS,
                                       True, True, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
-    _put_weight_partials(DW, bh, tl.num_programs(0), dw1, dw2, dw3, d, d_ok, D, True, True)
+    dw_at, qw_at, qb_at, kw_at, kb_at = DW, DQW + h * 9 * D, DQB + h * D, DKW + h * 9 * D, DKB + h * D
+    if B > 1:  # (each image's gradients of W and the filters into its row of PART, laid out as the outputs are)
+        dw_at, qw_at, qb_at, kw_at, kb_at = _image_row(PART + b_ * s_pb, h, H, D, CONV)
+    _put_weight_partials(dw_at, h, H, dw1, dw2, dw3, d, d_ok, D, True, True)
     if CONV:  # (the convs' backward last, when nothing d×d is held: q's, then k's, whose rows q's reads first)
         _through_the_conv(q_base, s_qn, q_out, s_q_out, dq_base, s_dqn, QW, MASK, s_mb, b_, h, N, D, P, ROWS, COLS,
-                          mean, rstd, DQW + bh * 9 * D, DQB + bh * D, False, HAS_MASK, BLOCK_N, BLOCK_D)
+                          mean, rstd, qw_at, qb_at, False, HAS_MASK, BLOCK_N, BLOCK_D)
     if K_CONV:
         _through_the_conv(K + b_ * s_kb + h * s_kh, s_kn, s_at, s_sn, dk_base, s_dkn, KW, MASK, s_mb, b_, h, N, D, P,
-                          ROWS, COLS, mean, rstd, DKW + bh * 9 * D, DKB + bh * D, True, HAS_MASK, BLOCK_N, BLOCK_D)
+                          ROWS, COLS, mean, rstd, kw_at, kb_at, True, HAS_MASK, BLOCK_N, BLOCK_D)
+    if B > 1:
+        if _last_program(COUNTER, h, B):
+            _batch_summed(DW, DQW, DQB, DKW, DKB, PART, s_pb, h, B, H, D, d, d_ok, CONV, K_CONV)
+            _ticket_back(COUNTER, h)
+
+
+def part_width(heads: int, D: int, convs: int) -> int:
+    """Floats of an image's row of the backward's PART (:func:`_image_row`): dW (3, H, D, D), then each conv's
+    filters and bias (H·D·9 and H·D floats), q's first."""
+    return 3 * heads * D * D + 10 * heads * D * convs
+
+
+@triton.jit
+def _image_row(row, h, H, D, CONV: tl.constexpr):
+    """Where head h's gradients of W (dW's (3, H, D, D) at the row's start) and of q's and k's filters and biases
+    ((H·D, 9), (H·D,) each; k's after q's where ``CONV``) lie in an image's row of PART (:func:`part_width`)."""
+    q_filters = row + 3 * H * D * D
+    k_filters = q_filters
+    if CONV:
+        k_filters = q_filters + 10 * H * D
+    return (row, q_filters + h * 9 * D, q_filters + 9 * H * D + h * D, k_filters + h * 9 * D,
+            k_filters + 9 * H * D + h * D)
+
+
+@triton.jit
+def _batch_summed(DW, DQW, DQB, DKW, DKB, PART, s_pb, h, B, H, D, d, d_ok, CONV: tl.constexpr,
+                  K_CONV: tl.constexpr):
+    """Head h's gradients of W and the filters by the last of its programs: the images' rows of PART summed in the
+    images' order (deterministic; no float atomics), each written once in its gradient's layout."""
+    dw_at, qw_at, qb_at, kw_at, kb_at = _image_row(PART, h, H, D, CONV)
+    square, square_ok = d[:, None] * D + d[None, :], d_ok[:, None] & d_ok[None, :]
+    for j in range(0, 3):
+        at = (j * H + h) * D * D
+        tl.store(DW + at + square, _summed(dw_at, 0, B, at, s_pb, square, square_ok), mask=square_ok)
+    tap = tl.arange(0, 16)
+    taps, taps_ok = d[:, None] * 9 + tap[None, :], d_ok[:, None] & (tap < 9)[None, :]
+    if CONV:
+        tl.store(DQW + h * 9 * D + taps, _summed(qw_at, 0, B, 0, s_pb, taps, taps_ok), mask=taps_ok)
+        tl.store(DQB + h * D + d, _summed(qb_at, 0, B, 0, s_pb, d, d_ok), mask=d_ok)
+    if K_CONV:
+        tl.store(DKW + h * 9 * D + taps, _summed(kw_at, 0, B, 0, s_pb, taps, taps_ok), mask=taps_ok)
+        tl.store(DKB + h * D + d, _summed(kb_at, 0, B, 0, s_pb, d, d_ok), mask=d_ok)
 
 
 @triton.jit

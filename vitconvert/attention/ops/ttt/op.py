@@ -11,7 +11,8 @@ memory; without them k is taken as it is. q likewise, convolved as it loads when
 is given. Where one program owns a head's tokens the inner sums, W' = W − lr·∇L and the read-out are one kernel
 (W' stays in registers); where heads split over token ranges, partial sums, W' in torch and the read-out.
 Backward keeps q, k, v and the statistics only: where a program owns a head, one kernel recomputes W' and runs the
-read-out's, the sums' and both convs' backward (from a q-sized scratch); else the read-out's backward, the sums' (one
+read-out's, the sums' and both convs' backward (from a q-sized scratch), the last program of each head summing the
+gradients of W and the filters over the batch; else the read-out's backward, the sums' (one
 kernel, or two on GPUs with 99 KB of shared memory a block: :func:`_sums_backward`), then the convs' (ops/grid's
 kernel: q's, and k's through its norm). Registered
 like the linear-attention ops: torch.compile and torch.export see one op, and a plain eager call skips the
@@ -187,8 +188,10 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
                      prefix: int = 0) -> list[torch.Tensor]:
     """[dq, dk, dv, dW (3, H, d, d), dw_q, db_q, dw_k, db_k] of :func:`ttt_step` (the conv's empty where absent):
     W' recomputed and the read-out's backward (dq, dW'), the sums' (dĜ = step·dW': dk, dv and the chain's dW),
-    dW = Σ_batch (dW' + the chain's), then the convs' backward."""
+    dW = Σ_batch (dW' + the chain's) (in the one kernel, or in torch from per-image parts), then the convs'
+    backward."""
     from .backward_kernels import (  # lazy: start-up time
+        part_width,
         swiglu_readout_bwd_kernel,
         ttt_bwd_kernel,
         ttt_readout_bwd_kernel,
@@ -200,23 +203,30 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     B, H, N, D, splits, per, *_ = step.geometry
     dq = _output_like(q)  # (tokens-major, as the forward's o: the convs' backward then reads a view of it, no copy)
     dk, dv = _output_like(step.k), _output_like(step.v)
-    d_chain = _partials(step.k, B, H, splits, D)
     strides = (q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2), dq.stride(0),
                dq.stride(1), dq.stride(2))
     tiles = tile_args(q, half_tiles=True)
     d_updated = q.new_empty((B * H, 3, 1, D, D), dtype=torch.float32)
-    convs = q_filter is not None or k_filter is not None
-    d_filters = None  # the convs' gradients per image where the one kernel gives them
+    dweights = q.new_empty((3, H, D, D), dtype=torch.float32)  # dW1, dW2, dW3 (where the one kernel sums them)
+    convs = [f for f in (q_filter, k_filter) if f is not None]
+    d_filters = None  # the convs' gradients where the one kernel gives them
 
     def whole() -> None:  # (with a conv, its backward too: a scratch of q's size, the filters' rows per program)
         nonlocal d_filters
+        from ..linear.launches import tickets  # lazy: start-up time
+
         scratch = _output_like(q) if convs else dq  # (a placeholder without: unread)
-        per_image = [q.new_empty(shape, dtype=torch.float32) if f is not None else dq  # (q's filters, bias, then
-                     for f in (q_filter, k_filter) for shape in ((B, H * D, 9), (B, H * D))]  # k's: theirs laid out)
-        launch(ttt_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, dk, dv, d_chain, scratch,
-               *per_image, *step.key_strides, step.scalar, *strides, *_key_gradient_strides(dk, dv),
-               *scratch.stride()[:3], B, H, N, D, *step.grid, **step.key_flags, **step.q_flags, **step.blocks, **tiles)
-        d_filters = per_image if convs else None
+        filters = [q.new_empty(shape, dtype=torch.float32) if f is not None else dweights  # (q's filters, bias, then
+                   for f in (q_filter, k_filter) for shape in ((H * D, 9), (H * D,))]  # k's; placeholders float32)
+        part, counter = dweights, dq.new_empty((1,), dtype=torch.int32)  # (one image: placeholders, unread)
+        if B > 1:
+            part = q.new_empty((B, part_width(H, D, len(convs))), dtype=torch.float32)
+            counter = tickets(H, q.device)[:H]  # (a head's ticket each)
+        launch(ttt_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, dk, dv, dweights, scratch,
+               *filters, part, counter, *step.key_strides, step.scalar, *strides,
+               *_key_gradient_strides(dk, dv), *scratch.stride()[:3], part.stride(0), B, H, N, D, *step.grid,
+               **step.key_flags, **step.q_flags, **step.blocks, **tiles)
+        d_filters = filters if convs else None
 
     def fused_launch() -> None:
         launch(ttt_readout_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, d_updated,
@@ -230,16 +240,18 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
                d_updated, *strides[:3], step.key_strides[-1], *strides[3:], H, N, D, splits, per, *step.grid,
                **step.q_flags, **step.blocks, **tiles)
 
-    def in_parts() -> None:  # the read-out's backward, then the sums' from dW' in memory
+    def in_parts() -> None:  # the read-out's backward, then the sums' from dW' in memory, summed in torch
+        nonlocal dweights
+        d_chain = _partials(step.k, B, H, splits, D)
         _one_program(ONE_PROGRAM, fused_launch, split_launches, step)
         _sums_backward(step, _total(d_updated, B, H), dk, dv, d_chain)
+        dweights = _batch_total(d_chain, B, H)
 
     _one_program(ONE_KERNEL, whole, in_parts, step)
-    dweights = _batch_total(d_chain, B, H).to(w1.dtype)
-    grads = [dq, dk, dv, dweights, *(q.new_empty((0,)) for _ in range(4))]  # (outputs of their own: no aliases)
+    grads = [dq, dk, dv, dweights.to(w1.dtype), *(q.new_empty((0,)) for _ in range(4))]  # (outputs of their own)
     for at, t, filters, bias, norm in ((0, q, q_filter, q_bias, False), (1, k, k_filter, k_bias, True)):
         if filters is not None and d_filters is not None:
-            d_filter, d_bias = (_batch_sum(part) for part in d_filters[2 * at:2 * at + 2])
+            d_filter, d_bias = d_filters[2 * at:2 * at + 2]
             grads[4 + 2 * at] = d_filter.view(filters.shape).to(filters.dtype)
             if bias is not None:
                 grads[5 + 2 * at] = d_bias.to(bias.dtype)
@@ -254,11 +266,6 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
             if bias is not None:
                 grads[5 + 2 * at] = d_bias.to(bias.dtype)
     return grads
-
-
-def _batch_sum(per_image: torch.Tensor) -> torch.Tensor:
-    """(B, …) -> (…): the one kernel's filter gradients summed over the batch (one image's: a view)."""
-    return per_image[0] if per_image.shape[0] == 1 else per_image.sum(0)
 
 
 def _batch_total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
