@@ -103,8 +103,6 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
     "b16-lr4": ("batch 16, peak lr 4e-3 (2×)", lambda e, r: {"batch_size": 16, "lr": 4e-3}),
     "b16-new05": ("batch 16, fresh parameters (Mimetic attention, TTT's fast weights and convs) at 0.5× lr",
                   lambda e, r: {"batch_size": 16, "new_params": {"lr_scale": 0.5}}),
-    "b32-crop1": ("batch 32 (the quickstart's), crops of the whole image: b16-crop1's lever at the default's cost",
-                  lambda e, r: {"batch_size": 32, "scale": [1, 1]}),
 }
 # schedule -> the variant options it converts with, on top of the variant's own (benchmarks/reproduce.py OPTIONS)
 CONVERT_OPTIONS: dict[str, Overrides] = {"b32-hedgehog": {"feature_map": "hedgehog"},
@@ -112,4 +110,4 @@ CONVERT_OPTIONS: dict[str, Overrides] = {"b32-hedgehog": {"feature_map": "hedgeh
 
 # schedule -> the schedule it changes one thing of, beside the ``base-*`` names: the paired tables set each
 # against it (`--versus b32` compares b16 with b32 seed by seed)
-DERIVED_FROM: dict[str, str] = {"b16": "b32", "b8": "b32", "b16-sqrt": "b32", "b8-sqrt": "b32", "b32-crop1": "b32"}
+DERIVED_FROM: dict[str, str] = {"b16": "b32", "b8": "b32", "b16-sqrt": "b32", "b8-sqrt": "b32"}
