@@ -43,10 +43,8 @@ def student(name: str, scale: float, seed: int = 0) -> torch.nn.Module:
     variant, options = STUDENTS[name]
     model, _ = convert(load_source("digits").model, to=variant, seed=seed, options=options or None, source="digits")
     with torch.no_grad():
-        for m in model.modules():
-            for learned in (getattr(m, "feature_map_q", None), getattr(m, "feature_map_k", None)):
-                if learned is not None:
-                    learned.weight.mul_(scale)
+        for learned in _maps(model):
+            learned.weight.mul_(scale)
     return model
 
 
@@ -113,6 +111,7 @@ def val_batch() -> tuple[torch.Tensor, torch.Tensor, torch.nn.Module]:
 
 
 def _maps(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every learned feature map of ``model`` (Hedgehog's, queries' and keys'), in module order."""
     return [learned for m in model.modules() for learned in (getattr(m, "feature_map_q", None),
                                                              getattr(m, "feature_map_k", None)) if learned is not None]
 
