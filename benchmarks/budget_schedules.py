@@ -76,6 +76,8 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
     "b32-new3": ("batch 32, fresh parameters at 3× lr", lambda e, r: {"batch_size": 32, "new_params": {"lr_scale": 3}}),
     "b32-hedgehog": ("batch 32, converted with Hedgehog's learned feature map (feature_map=hedgehog; elu, relu)",
                      lambda e, r: {"batch_size": 32}),
+    "b32-hedgehog-s2": ("batch 32, Hedgehog's map started sharper: W = 2·I (feature_map=hedgehog, init_scale=2)",
+                        lambda e, r: {"batch_size": 32}),
     # the fifth pass (issue 38, same task at 5 epochs): one lever each on top of b16, its curves read first (under-fit)
     "b16-ls0": ("batch 16, no label smoothing (smoothing 0)", lambda e, r: {"batch_size": 16, "smoothing": 0.0}),
     "b16-wd0": ("batch 16, no weight decay", lambda e, r: {"batch_size": 16, "weight_decay": 0.0}),
@@ -105,8 +107,9 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
                   lambda e, r: {"batch_size": 16, "new_params": {"lr_scale": 0.5}}),
 }
 # schedule -> the variant options it converts with, on top of the variant's own (benchmarks/reproduce.py OPTIONS)
-CONVERT_OPTIONS: dict[str, Overrides] = {"b32-hedgehog": {"feature_map": "hedgehog"},
-                                         "b16-hedgehog": {"feature_map": "hedgehog"}}
+CONVERT_OPTIONS: dict[str, Overrides] = {"b32-hedgehog": {"feature_map": "hedgehog", "init_scale": 1.0},
+                                         "b32-hedgehog-s2": {"feature_map": "hedgehog", "init_scale": 2.0},
+                                         "b16-hedgehog": {"feature_map": "hedgehog", "init_scale": 1.0}}
 
 # schedule -> the schedule it changes one thing of, beside the ``base-*`` names: the paired tables set each
 # against it (`--versus b32` compares b16 with b32 seed by seed)

@@ -77,6 +77,18 @@ def test_maps_start_at_the_identity_and_train():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in mod.named_parameters() if n in names)
 
 
+def test_init_scale_starts_the_maps_at_a_multiple_of_the_identity():
+    """``init_scale=S``: W = S·I, b = 0, so φ is the softmax pair of S·q, a start S times sharper."""
+    mod = make_module("relu", feature_map="hedgehog", init_scale=2.0)
+    (q,) = random_tensors((1, mod.num_heads, 5, mod.head_dim))
+    for lin in (mod.feature_map_q, mod.feature_map_k):
+        assert torch.equal(lin.weight, 2 * torch.eye(mod.head_dim, dtype=lin.weight.dtype).expand_as(lin.weight))
+        assert not lin.bias.any()
+        torch.testing.assert_close(lin(q), 2 * q, atol=1e-12, rtol=0)
+    with pytest.raises(BadValue, match="init_scale must be positive"):
+        make_module("relu", feature_map="hedgehog", init_scale=0)
+
+
 def test_masked_tokens_do_not_reach_valid_outputs():
     assert_masked_tokens_reach_no_valid_output(learned_module("relu"))
 

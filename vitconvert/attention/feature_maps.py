@@ -23,22 +23,28 @@ from torch import nn
 # name -> what it computes (the option's choices, in the order users see them)
 FEATURE_MAPS: dict[str, str] = {
     "fixed": "the variant's own φ (elu + 1, relu), no parameters",
-    "hedgehog": "Hedgehog's trained map [softmax(xW + b), softmax(−xW − b)] per head, q and k apart, W = I, b = 0",
+    "hedgehog": "Hedgehog's trained map [softmax(xW + b), softmax(−xW − b)] per head, q and k apart, W = S·I, b = 0",
 }
+# Hedgehog's start W = S·I: the paper's S = 1 gives near-uniform attention rows on the digits (docs/results.md)
+DEFAULT_INIT_SCALE = 1.0
 
 
 class HeadwiseLinear(nn.Module):
-    """xW_h + b_h for each head h of a (B, H, N, d) tensor; W_h (d×d) starts as the identity, b_h at zero."""
+    """xW_h + b_h for each head h of a (B, H, N, d) tensor; W_h (d×d) starts as ``init_scale`` times the identity,
+    b_h at zero."""
 
-    def __init__(self, heads: int, dim: int, device=None, dtype=None):
+    def __init__(self, heads: int, dim: int, init_scale: float = DEFAULT_INIT_SCALE, device=None, dtype=None):
         super().__init__()
+        self.init_scale = init_scale
         self.weight = nn.Parameter(torch.empty(heads, dim, dim, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(heads, dim, device=device, dtype=dtype))
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """The method's default init: the identity map, so training starts from the features the map is given."""
-        self.weight.copy_(torch.eye(self.weight.shape[-1], dtype=self.weight.dtype).expand_as(self.weight))
+        """W = S·I, b = 0: the features the map is given, softmax at temperature 1/S (Hedgehog's init is S = 1; a
+        larger S makes the start's attention rows sharper)."""
+        eye = torch.eye(self.weight.shape[-1], dtype=self.weight.dtype) * self.init_scale
+        self.weight.copy_(eye.expand_as(self.weight))
         self.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

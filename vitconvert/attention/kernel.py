@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional as F
 
 from .base import Grid, LinearAttention
-from .feature_maps import FEATURE_MAPS, HeadwiseLinear, hedgehog_features
+from .feature_maps import DEFAULT_INIT_SCALE, FEATURE_MAPS, HeadwiseLinear, hedgehog_features
 from .ops import dispatch
 from .ops.linear import op as fused
 from .ops.linear.reference import hedgehog_features_literal, kernel_attention_reference
@@ -140,6 +140,8 @@ class KernelAttention(LinearAttention):
                number, positive),
         Option("feature_map", "fixed", "φ: " + "; ".join(f"{k}: {v}" for k, v in FEATURE_MAPS.items()) +
                " (feature_maps.py; hedgehog runs the eager form)", choice(*FEATURE_MAPS)),
+        Option("init_scale", DEFAULT_INIT_SCALE, "feature_map=hedgehog's start W = S·I (a sharper start for S > 1; "
+               "the fixed φ has no W)", number, positive),
     )
     phi_code: ClassVar[int]  # φ in the fused kernels (ops/linear/op.py)
 
@@ -153,13 +155,14 @@ class KernelAttention(LinearAttention):
         self.feature_map_k = None
         if self.options["feature_map"] == "hedgehog":
             factory = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}
-            self.feature_map_q = HeadwiseLinear(self.num_heads, self.head_dim, **factory)
-            self.feature_map_k = HeadwiseLinear(self.num_heads, self.head_dim, **factory)
+            scale = self.options["init_scale"]
+            self.feature_map_q = HeadwiseLinear(self.num_heads, self.head_dim, scale, **factory)
+            self.feature_map_k = HeadwiseLinear(self.num_heads, self.head_dim, scale, **factory)
             if not self.building_on_meta:
                 self.reset_extra_parameters()
 
     def reset_extra_parameters(self) -> None:
-        """Hedgehog's default init of its maps: the identity."""
+        """Hedgehog's init of its maps: W = S·I (``init_scale``), b = 0."""
         for learned in (self.feature_map_q, self.feature_map_k):
             if learned is not None:
                 learned.reset_parameters()
