@@ -8,6 +8,7 @@ that DDP and FSDP see a single call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
@@ -18,6 +19,8 @@ from .errors import VitconvertError, param
 from .surgery import attention_modules, find_softmax_attention
 
 Captured = tuple[tuple[Any, ...], dict[str, Any]]  # (args, kwargs) of one attention call
+# (attention module, its input) -> what a tap keeps instead of the output (distill/attention_weights.py: the weights)
+Tap = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
 
 def attention_width(module: nn.Module) -> int:
@@ -52,17 +55,19 @@ def attention_pairs(student: nn.Module, teacher: nn.Module) -> tuple[list[Linear
 
 
 class TeacherTap:
-    """The teacher, run once per batch under no_grad in eval mode, with its attention outputs kept."""
+    """The teacher, run once per batch under no_grad in eval mode, with its attention outputs (or what ``tap``
+    makes of each layer's input) kept."""
 
-    def __init__(self, teacher: nn.Module, modules: list[nn.Module], keep_inputs: bool):
+    def __init__(self, teacher: nn.Module, modules: list[nn.Module], keep_inputs: bool, tap: Optional[Tap] = None):
         self.teacher = teacher.eval().requires_grad_(False)
         self.keep_inputs = keep_inputs
+        self.tap = tap
         self.outputs: list[torch.Tensor] = []
         self.inputs: list[Captured] = []
         self.handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in modules]
 
     def _hook(self, module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
-        self.outputs.append(output)
+        self.outputs.append(output if self.tap is None else self.tap(module, args[0]))
         if self.keep_inputs:
             self.inputs.append((args, kwargs))
 
@@ -81,19 +86,21 @@ class TeacherTap:
 
 
 class DistillStudent(nn.Module):
-    """The student and its attention outputs behind one forward; its state dict is the student's, prefixed."""
+    """The student and its attention outputs (or what ``tap`` makes of each layer's input) behind one forward; its
+    state dict is the student's, prefixed."""
 
-    def __init__(self, student: nn.Module, attention: list[LinearAttention]):
+    def __init__(self, student: nn.Module, attention: list[LinearAttention], tap: Optional[Tap] = None):
         super().__init__()
         self.student = student
         self._attention = attention  # student submodules, deliberately not registered a second time
+        self._tap = tap
         self._captured: list[torch.Tensor] = []
         self._capturing = False
         self.handles = [m.register_forward_hook(self._hook) for m in attention]
 
     def _hook(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
         if self._capturing:
-            self._captured.append(output)
+            self._captured.append(output if self._tap is None else self._tap(module, args[0]))
 
     def forward(self, images: Optional[torch.Tensor], forced: Optional[list[Captured]] = None,
                 need_logits: bool = True, capture: bool = True) -> tuple[Optional[torch.Tensor], list[torch.Tensor]]:
@@ -105,7 +112,8 @@ class DistillStudent(nn.Module):
             self._capturing = False
         outputs, self._captured = self._captured, []
         if forced is not None and capture:
-            outputs = [m(*args, **kwargs) for m, (args, kwargs) in zip(self._attention, forced, strict=True)]
+            outputs = [m(*args, **kwargs) if self._tap is None else self._tap(m, args[0])
+                       for m, (args, kwargs) in zip(self._attention, forced, strict=True)]
         return logits, outputs
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from .errors import VitconvertError
 
 OPERATIONAL = {"operational": True}  # dataclass field metadata
 AMP_DTYPES = ("bfloat16", "float16")
-ATTN_LOSSES = ("mse", "cosine", "smooth_l1")
+ATTN_LOSSES = ("mse", "cosine", "smooth_l1", "weight_ce")  # weight_ce: distill/attention_weights.py
 ATTN_TARGETS = ("own", "teacher-forced")
 MIXUP_MODES = ("batch", "pair", "elem")
 S = TypeVar("S", bound="Section")

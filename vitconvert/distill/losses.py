@@ -17,6 +17,7 @@ from torch.nn import functional as F
 from ..errors import VitconvertError
 from ..recipe_sections import Distillation
 from ..recipes import Recipe
+from .attention_weights import WEIGHT_LOSS, weight_cross_entropy
 
 
 def task_criterion(recipe: Recipe, mixup_active: bool) -> nn.Module:
@@ -38,15 +39,20 @@ ATTENTION_DISTANCES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tens
     "mse": F.mse_loss,
     "cosine": _cosine,
     "smooth_l1": F.smooth_l1_loss,
+    WEIGHT_LOSS: weight_cross_entropy,  # on the layers' attention weights, not outputs (attention_weights.py)
 }
+# the output distances add up over layers (the paper's Σ_layers); Hedgehog's weight cross-entropy is their mean
+LAYER_MEANS = (WEIGHT_LOSS,)
 
 
 def attention_loss(student: list[torch.Tensor], teacher: list[torch.Tensor], kind: str = "mse") -> torch.Tensor:
-    """Σ over layers of the distance between student and teacher attention outputs, in float32."""
+    """Σ over layers of the distance between student and teacher attention outputs (the mean over layers of the
+    weights' cross-entropy), in float32."""
     if len(student) != len(teacher) or not student:
         raise VitconvertError(f"captured {len(student)} student and {len(teacher)} teacher attention outputs")
     distance = ATTENTION_DISTANCES[kind]
-    return torch.stack([distance(s.float(), t.float()) for s, t in zip(student, teacher, strict=True)]).sum()
+    terms = torch.stack([distance(s.float(), t.float()) for s, t in zip(student, teacher, strict=True)])
+    return terms.mean() if kind in LAYER_MEANS else terms.sum()
 
 
 def logit_kd(student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -24,6 +24,7 @@ from .. import distributed as D
 from ..capture import DistillStudent, TeacherTap, attention_pairs
 from ..evaluate import autocast_for
 from ..recipes import Recipe
+from .attention_weights import weight_taps
 from .losses import DistillLoss, LossWeights
 from .stages import Stage
 from .teacher_cache import TeacherCache
@@ -45,8 +46,9 @@ class DistillationTask:
         student.to(device, memory_format=memory_format)
         teacher.to(device, memory_format=memory_format)
         self.forced = recipe.distillation.attn_target == "teacher-forced"
-        self.student = DistillStudent(student, mine)  # the trained module: the timm student + taps on its attention
-        self.teacher = TeacherTap(teacher, theirs, keep_inputs=self.forced)
+        tap_mine, tap_theirs = weight_taps(recipe.distillation.attn_loss, mine, theirs)  # outputs, or the weights
+        self.student = DistillStudent(student, mine, tap_mine)  # the trained module: the student + taps on attention
+        self.teacher = TeacherTap(teacher, theirs, keep_inputs=self.forced, tap=tap_theirs)
         self.runner: nn.Module = self.student  # what runs the student: itself, or its DDP/FSDP wrapper
         self.ema: Optional[nn.Module] = None  # timm's ModelEmaV3 when the recipe keeps one (keep_ema)
         self.current: Optional[Stage] = None  # the epoch plan's stage being trained (enter)
