@@ -31,12 +31,13 @@ from budget_spread import _curve  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results" / "budget-hedgehog-start.jsonl"
 # name -> (variant, convert options); "hedgehog" is elu with the learned map (relu with it is the same model)
 STUDENTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "relu": ("relu", {}), "elu": ("elu", {}), "hedgehog": ("elu", {"feature_map": "hedgehog"}),
+    "relu": ("relu", {}), "elu": ("elu", {}), "hedgehog": ("elu", {"feature_map": "hedgehog", "init_scale": 1.0}),
 }
 
 
 def student(name: str, scale: float, seed: int = 0) -> torch.nn.Module:
-    """The converted student (default convert), Hedgehog's maps started at W = scale·I."""
+    """The converted student (default convert), Hedgehog's maps started at W = I (init_scale 1), then scaled to
+    W = scale·I."""
     from vitconvert import convert
     from vitconvert.sources import load_source
 

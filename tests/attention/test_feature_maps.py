@@ -64,11 +64,11 @@ def test_layer_equals_the_formula_written_out(variant, masked):
     torch.testing.assert_close(literal(mod, x, attn_mask=attn_mask), want, atol=1e-12, rtol=0)
 
 
-def test_maps_start_at_the_identity_and_train():
-    """Hedgehog's init (W = I, b = 0); a loss's gradient reaches both maps."""
+def test_maps_start_at_twice_the_identity_and_train():
+    """The default init (W = 2·I, b = 0: init_scale's default, measured); a loss's gradient reaches both maps."""
     mod = make_module("elu", feature_map="hedgehog")
     for lin in (mod.feature_map_q, mod.feature_map_k):
-        assert torch.equal(lin.weight, torch.eye(mod.head_dim, dtype=lin.weight.dtype).expand_as(lin.weight))
+        assert torch.equal(lin.weight, 2 * torch.eye(mod.head_dim, dtype=lin.weight.dtype).expand_as(lin.weight))
         assert not lin.bias.any()
     (x,) = random_tensors((2, 17, mod.dim))
     mod(x).square().sum().backward()
@@ -78,13 +78,13 @@ def test_maps_start_at_the_identity_and_train():
 
 
 def test_init_scale_starts_the_maps_at_a_multiple_of_the_identity():
-    """``init_scale=S``: W = S·I, b = 0, so φ is the softmax pair of S·q, a start S times sharper."""
-    mod = make_module("relu", feature_map="hedgehog", init_scale=2.0)
+    """``init_scale=S``: W = S·I, b = 0, so φ is the softmax pair of S·q (S = 1: Hedgehog's own identity)."""
+    mod = make_module("relu", feature_map="hedgehog", init_scale=3.0)
     (q,) = random_tensors((1, mod.num_heads, 5, mod.head_dim))
     for lin in (mod.feature_map_q, mod.feature_map_k):
-        assert torch.equal(lin.weight, 2 * torch.eye(mod.head_dim, dtype=lin.weight.dtype).expand_as(lin.weight))
+        assert torch.equal(lin.weight, 3 * torch.eye(mod.head_dim, dtype=lin.weight.dtype).expand_as(lin.weight))
         assert not lin.bias.any()
-        torch.testing.assert_close(lin(q), 2 * q, atol=1e-12, rtol=0)
+        torch.testing.assert_close(lin(q), 3 * q, atol=1e-12, rtol=0)
     with pytest.raises(BadValue, match="init_scale must be positive"):
         make_module("relu", feature_map="hedgehog", init_scale=0)
 

@@ -104,7 +104,7 @@ def test_state_dict_names_match_softmax(cls):
     assert sorted(new.state_dict()) == sorted(src.state_dict())
     for name, value in src.state_dict().items():
         assert torch.equal(new.state_dict()[name], value), name
-    assert new.options == {"eps": 1e-6, "feature_map": "fixed", "init_scale": 1.0}
+    assert new.options == {"eps": 1e-6, "feature_map": "fixed", "init_scale": 2.0}
 
 
 @pytest.mark.parametrize("cls", VARIANTS, ids=VARIANT_IDS)
