@@ -78,6 +78,12 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
                      lambda e, r: {"batch_size": 32}),
     "b32-hedgehog-s2": ("batch 32, Hedgehog's map started sharper: W = 2·I (feature_map=hedgehog, init_scale=2)",
                         lambda e, r: {"batch_size": 32}),
+    "b32-ce": ("batch 32, Hedgehog's attention-weight cross-entropy instead of the attention-output MSE (attn_loss "
+               "weight_ce)", lambda e, r: {"batch_size": 32, "attn_loss": "weight_ce"}),
+    "b32-hedgehog-ce": ("b32-hedgehog (W = I) trained on the weight cross-entropy (attn_loss weight_ce)",
+                        lambda e, r: {"batch_size": 32, "attn_loss": "weight_ce"}),
+    "b32-hedgehog-s2-ce": ("b32-hedgehog-s2 (W = 2·I) trained on the weight cross-entropy (attn_loss weight_ce)",
+                           lambda e, r: {"batch_size": 32, "attn_loss": "weight_ce"}),
     # the fifth pass (issue 38, same task at 5 epochs): one lever each on top of b16, its curves read first (under-fit)
     "b16-ls0": ("batch 16, no label smoothing (smoothing 0)", lambda e, r: {"batch_size": 16, "smoothing": 0.0}),
     "b16-wd0": ("batch 16, no weight decay", lambda e, r: {"batch_size": 16, "weight_decay": 0.0}),
@@ -109,6 +115,8 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
 # schedule -> the variant options it converts with, on top of the variant's own (benchmarks/reproduce.py OPTIONS)
 CONVERT_OPTIONS: dict[str, Overrides] = {"b32-hedgehog": {"feature_map": "hedgehog", "init_scale": 1.0},
                                          "b32-hedgehog-s2": {"feature_map": "hedgehog", "init_scale": 2.0},
+                                         "b32-hedgehog-ce": {"feature_map": "hedgehog", "init_scale": 1.0},
+                                         "b32-hedgehog-s2-ce": {"feature_map": "hedgehog", "init_scale": 2.0},
                                          "b16-hedgehog": {"feature_map": "hedgehog", "init_scale": 1.0}}
 
 # schedule -> the schedule it changes one thing of, beside the ``base-*`` names: the paired tables set each

@@ -3,9 +3,11 @@
 Hedgehog (Zhang et al., ICLR 2024, "The Hedgehog & the Porcupine: Expressive Linear Attentions with Softmax
 Mimicry", arXiv:2402.04347) replaces a fixed φ by a small trained one, per head and separately for queries and
 keys: φ(x) = [softmax(xW + b), softmax(−(xW + b))] over the feature dimension (2d features from d), W
-initialised to the identity and b to zero (here W = 2·I by default: ``init_scale``, measured). Spiky (softmax) and monotonic (the ± pair) is what the paper found a
-feature map needs to mimic softmax attention's weights. LoLCATs (Zhang et al. 2024) trains the same map on an
-attention-output MSE, which is the loss our distillation already has.
+initialised to the identity and b to zero (here W = 2·I by default: ``init_scale``, measured). Spiky (softmax)
+and monotonic (the ± pair) is what the paper found a feature map needs to mimic softmax attention's weights.
+LoLCATs (Zhang et al. 2024) trains the same map on an attention-output MSE, which is the loss our distillation
+already has; Hedgehog's own loss, the weights' cross-entropy, is ``attn_loss: weight_ce``
+(distill/attention_weights.py).
 
 With the q/k projections trained too, as our distillation trains them, xW + b adds no function they could not
 give ((x W_q + b_q) W + b is another projection): what it changes is the training. Measured on the digits, the
