@@ -15,7 +15,6 @@ do), so the taps recompute them from each attention call's input: the teacher's 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Optional
 
 import torch
@@ -23,36 +22,40 @@ from torch import nn
 
 from ..attention.feature_maps import hedgehog_features
 from ..attention.kernel import KernelAttention
-from ..attention.tensors import accumulation_dtype
+from ..attention.tensors import accumulation_dtype, full_precision
+from ..capture import Tap
 from ..errors import VitconvertError, setting
 
 WEIGHT_LOSS = "weight_ce"  # the attn_loss value
-Tap = Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (attention module, its input) -> what the loss compares
 # â below this is taken as this in the log: a ReLU pair with disjoint features has weight 0 (log 0 = −∞)
 SMALLEST_WEIGHT = 1e-12
 
 
 def softmax_weights(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """(B, H, N, N) softmax(q kᵀ · scale) of timm's ``Attention`` on its input ``x``, as its forward computes them
-    (q_norm and k_norm included; no mask: the images of a distill run have none), in float32 at least."""
+    (q_norm and k_norm included; no mask: the images of a distill run have none), in float32 at least, also
+    under autocast."""
     B, N, _ = x.shape
     qkv = module.qkv(x).reshape(B, N, 3, module.num_heads, module.head_dim).permute(2, 0, 3, 1, 4)
     acc = accumulation_dtype(x.dtype)
     q, k = module.q_norm(qkv[0]).to(acc), module.k_norm(qkv[1]).to(acc)
-    return ((q * module.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+    with full_precision(x):
+        return ((q * module.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
 
 
 def kernel_weights(module: KernelAttention, x: torch.Tensor) -> torch.Tensor:
     """(B, H, N, N) â_ij = φ(q_i)·φ(k_j) / (Σ_j φ(q_i)·φ(k_j) + ε) of a kernel attention layer on its input, in
-    float32 at least, with the gradient to q, k and φ's parameters (the same φ and ε its forward uses)."""
+    float32 at least (also under autocast), with the gradient to q, k and φ's parameters (the same φ and ε its
+    forward uses)."""
     q, k, _ = module.project(module.prepare(x, None, module.resolve_grid(x.shape[1]))[0])
     if module.feature_map_q is not None and module.feature_map_k is not None:
         phi_q, phi_k = hedgehog_features(module.feature_map_q(q)), hedgehog_features(module.feature_map_k(k))
     else:
         phi_q, phi_k = module.phi(q), module.phi(k)
     acc = accumulation_dtype(x.dtype)
-    scores = phi_q.to(acc) @ phi_k.to(acc).transpose(-2, -1)
-    return scores / (scores.sum(dim=-1, keepdim=True) + module.eps)
+    with full_precision(x):
+        scores = phi_q.to(acc) @ phi_k.to(acc).transpose(-2, -1)
+        return scores / (scores.sum(dim=-1, keepdim=True) + module.eps)
 
 
 def weight_cross_entropy(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
