@@ -112,9 +112,23 @@ class DistillStudent(nn.Module):
             self._capturing = False
         outputs, self._captured = self._captured, []
         if forced is not None and capture:
-            outputs = [m(*args, **kwargs) if self._tap is None else self._tap(m, args[0])
-                       for m, (args, kwargs) in zip(self._attention, forced, strict=True)]
+            outputs = self._on_forced(forced)
         return logits, outputs
+
+    def _on_forced(self, forced: list[Captured]) -> list[torch.Tensor]:
+        """Each attention module called on the teacher's input at its layer; with a tap, what the tap makes of it,
+        taken in the module's forward hook as on the student's own inputs (where FSDP still holds the gathered
+        weights: its post-forward hook is registered after ours)."""
+        if self._tap is None:
+            return [m(*args, **kwargs) for m, (args, kwargs) in zip(self._attention, forced, strict=True)]
+        self._captured, self._capturing = [], True
+        try:
+            for m, (args, kwargs) in zip(self._attention, forced, strict=True):
+                m(*args, **kwargs)
+        finally:
+            self._capturing = False
+        outputs, self._captured = self._captured, []
+        return outputs
 
     def close(self) -> None:
         """Remove the hooks, so the student saved or evaluated after the run carries none."""
