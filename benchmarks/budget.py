@@ -19,7 +19,8 @@ seed, and are appended to benchmarks/results/budget.jsonl as they finish; a reru
 recorded, so an interrupted sweep continues where it stopped. A SIGTERM or Ctrl-C (to the sweep or to one of its
 workers) stops every training at its step with a checkpoint and ends the sweep; the same command resumes each
 stopped run from its checkpoint (budget_pool.py). Transfer records carry the source teacher's
-fingerprint: a retrained source teacher (benchmarks/results/transfer/ is not committed) starts them afresh.
+fingerprint: a retrained source teacher starts them afresh (retraining does not give the same weights across
+machines and versions, so the source teacher the tables use is committed: benchmarks/results/transfer/source-teacher).
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _teacher_of(regime: str, records: list[dict[str, Any]]) -> str:
-    """The source teacher on disk; where there is none (benchmarks/results/transfer*/ is not committed), the one
+    """The source teacher on disk; where there is none (the re-headed regime's is not committed), the one
     of the regime's last record, so a report never trains a teacher."""
     if regime in TASKS and not (TASKS[regime][2] / "source-teacher" / "model.safetensors").is_file():
         return [r.get("teacher") for r in records if r["regime"] == regime][-1]
