@@ -68,6 +68,7 @@ def run_pool(fn: Callable[..., dict[str, Any]], runs: list[tuple], jobs: int,
     """``fn(*run)`` for every run in ``jobs`` fresh processes, ``on_done(run, record)`` as each finishes. Returns
     None when all finished, else (exit code, one line) of the stop (128 + signal) or failure (1) that ended it.
     ``start``: spawn, as budget.py runs (never fork a process that may hold torch's threads); the tests fork."""
+    jobs = min(jobs, len(runs))  # no idle worker: each spawned one imports torch and timm (~7 CPU-s) to do nothing
     context = mp.get_context(start)
     tasks, events, stopping = context.Queue(), context.Queue(), context.Event()
     for run in runs:

@@ -17,15 +17,36 @@ from vitconvert.attention import VARIANTS
 from vitconvert.cli import app
 from vitconvert.errors import VitconvertError
 from vitconvert.export import export
+from vitconvert.output_rules import check_file, written_file
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
+    """Every variant, one block: each block is the same module, so one reaches every path the exporters take
+    (an export costs about its depth; the hybrid below has a softmax block beside a linear one)."""
     root = tmp_path_factory.mktemp("export")
     torch.manual_seed(0)
     softmax = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
-                                depth=2, num_heads=2, num_classes=5)
+                                depth=1, num_heads=2, num_classes=5)
     return {v: vitconvert.save(vitconvert.convert(softmax, v)[0], root / v) for v in VARIANTS}
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """An inline hybrid with local residual and class names (block 0 softmax, block 1 linear), exported by the
+    command to ONNX and to .pt2: the folder, and each format's (result, file)."""
+    root = tmp_path_factory.mktemp("hybrid")
+    torch.manual_seed(0)
+    softmax = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
+                                depth=2, num_heads=2, num_classes=3)
+    softmax.pretrained_cfg = {**softmax.pretrained_cfg, "num_classes": 3, "label_names": ["cat", "dog", "fox"]}
+    folder = vitconvert.save(vitconvert.convert(softmax, "inline", options={"local_residual": True}, layers=[1])[0],
+                             root / "hybrid")
+    exports = {}
+    for fmt in ("onnx", "pt2"):
+        out = root / f"m.{fmt}"
+        exports[fmt] = runner.invoke(app, ["export", str(folder), "--format", fmt, "--out", str(out)]), out
+    return folder, exports
 
 
 def assert_onnx_runtime_reproduces_the_logits(onnx_file, folder) -> None:
@@ -70,7 +91,9 @@ def test_cli_writes_beside_the_folder_and_never_overwrites_without_force(folders
     again = runner.invoke(app, ["export", str(folder)])
     assert again.exit_code != 0 and again.stderr.strip() == f"error: {target} already exists; use --force to " \
                                                              "overwrite it"
-    assert runner.invoke(app, ["export", str(folder), "--force"]).exit_code == 0
+    # --force may replace it: the ONNX file carries vitconvert's mark, the one check of --force that depends on the
+    # format (the command replacing its own export with --force: tests/cli/test_outputs.py, on a .pt2)
+    assert written_file(target) and check_file(target, force=True, suffix=".onnx") == target
 
 
 @pytest.mark.parametrize("args, text", [
@@ -101,31 +124,29 @@ def test_missing_onnx_packages_name_the_extra(folders, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "pt2"])
-def test_the_exported_file_says_what_it_is(tmp_path, fmt):
-    """Variant, linear layers, class names and preprocessing travel in the file (ONNX metadata_props, .pt2 extra
-    files), read back with onnx and torch.export.load and compared with the folder's config.json and timm."""
+def test_the_exported_file_says_what_it_is(hybrid, fmt):
+    """Variant, its options, linear layers, class names and preprocessing travel in the file (ONNX metadata_props,
+    .pt2 extra files), read back with onnx and torch.export.load and compared with the folder's config.json and
+    timm."""
     import json
 
-    torch.manual_seed(0)
-    softmax = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
-                                depth=3, num_heads=2, num_classes=3)
-    softmax.pretrained_cfg = {**softmax.pretrained_cfg, "num_classes": 3, "label_names": ["cat", "dog", "fox"]}
-    folder = vitconvert.save(vitconvert.convert(softmax, "elu", layers=[0, 2])[0], tmp_path / "hybrid")
-    export(folder, fmt, tmp_path / f"m.{fmt}")
+    folder, exports = hybrid
+    result, path = exports[fmt]
+    assert result.exit_code == 0, result.output
     keys = ["variant", "options", "linear_layers", "depth", "num_classes", "class_names", "preprocessing"]
     if fmt == "onnx":
         import onnx
 
-        props = {p.key: p.value for p in onnx.load(str(tmp_path / "m.onnx")).metadata_props}
+        props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
     else:
         props = {f"vitconvert_{k}": "" for k in keys}
-        torch.export.load(str(tmp_path / "m.pt2"), extra_files=props)
+        torch.export.load(str(path), extra_files=props)
     config = json.loads((folder / "config.json").read_text())
     block = config["vitconvert"]
-    assert props["vitconvert_variant"] == block["variant"] == "elu"
-    assert json.loads(props["vitconvert_options"]) == block["options"]
-    assert json.loads(props["vitconvert_linear_layers"]) == block["layers"] == [0, 2]
-    assert props["vitconvert_depth"] == "3" and props["vitconvert_num_classes"] == "3"
+    assert props["vitconvert_variant"] == block["variant"] == "inline"
+    assert json.loads(props["vitconvert_options"]) == block["options"] and block["options"]["local_residual"] is True
+    assert json.loads(props["vitconvert_linear_layers"]) == block["layers"] == [1]
+    assert props["vitconvert_depth"] == "2" and props["vitconvert_num_classes"] == "3"
     assert json.loads(props["vitconvert_class_names"]) == config["pretrained_cfg"]["label_names"]
     want = timm.data.resolve_data_config({}, model=vitconvert.load(folder))
     got = json.loads(props["vitconvert_preprocessing"])
@@ -143,13 +164,9 @@ def test_a_batch_past_the_old_4096_bound_exports_and_checks(folders, tmp_path):
     assert "batch 4097 and 4098" in result.stdout and out.is_file()
 
 
-def test_an_inline_hybrid_with_local_residual_exports_to_onnx(tmp_path):
+def test_an_inline_hybrid_with_local_residual_exports_to_onnx(hybrid):
     """Its per-image conv had groups = batch × channels, which ONNX cannot take with a dynamic batch."""
-    torch.manual_seed(0)
-    softmax = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
-                                depth=2, num_heads=2, num_classes=5)
-    folder = vitconvert.save(vitconvert.convert(softmax, "inline", options={"local_residual": True}, layers=[1])[0],
-                             tmp_path / "hybrid")
-    result = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "m.onnx")])
+    folder, exports = hybrid
+    result, out = exports["onnx"]
     assert result.exit_code == 0, result.output
-    assert_onnx_runtime_reproduces_the_logits(tmp_path / "m.onnx", folder)
+    assert_onnx_runtime_reproduces_the_logits(out, folder)

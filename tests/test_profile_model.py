@@ -17,7 +17,7 @@ def load_script():
 
 def test_each_model_gets_its_time_against_softmax_and_a_profile(capsys, one_thread):
     script = load_script()
-    code = script.main(["--device", "cpu", "--model", "vit_tiny_patch16_224", "--img-size", "32", "--batch", "2",
+    code = script.main(["--device", "cpu", "--model", "test_vit", "--img-size", "32", "--batch", "2",
                         "--calls", "1", "--rows", "3", "--variants", "softmax,mhla", "--train"])
     out = capsys.readouterr().out
     assert code == 0
@@ -40,7 +40,7 @@ def test_saved_memory_reports_each_variant_against_softmax(capsys):
 
     script = load_benchmark("saved_memory")
     devices = dispatch.current().devices
-    assert script.main(["--model", "vit_tiny_patch16_224", "--img-size", "32", "--depth", "1", "--batch", "1",
+    assert script.main(["--model", "test_vit", "--img-size", "32", "--depth", "1", "--batch", "1",
                         "--variants", "elu,mhla"]) == 0
     assert dispatch.current().devices == devices  # the interpreter's device is not left on for the rest of the process
     out = capsys.readouterr().out

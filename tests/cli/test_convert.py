@@ -126,9 +126,8 @@ def test_installed_console_script(tmp_path, timm_folder):
     done = subprocess.run([exe, "convert", str(timm_folder), "--to", "elu", "--out", str(tmp_path / "m")],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    bad = subprocess.run([exe, "convert", "deit_smal", "--to", "elu"], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path)
-    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    assert (tmp_path / "m" / "model.safetensors").is_file()
+    # its way out of an error (one line, exit 1, no traceback): tests/test_dependencies.py's run that skips the check
 
 
 def test_a_failed_convert_keeps_the_record_of_the_last_one_that_finished(tmp_path, timm_folder, monkeypatch):

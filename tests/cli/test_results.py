@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from vitconvert.data import digits_dataset
 
 QUICK = ["--epochs", "1", *CLI_FAST]
-RANDOM_SOURCE = ["vit_tiny_patch16_224", "--no-pretrained", "--img-size", "32"]
+RANDOM_SOURCE = ["test_vit", "--no-pretrained", "--img-size", "32"]
 
 
 @pytest.fixture(scope="module")
