@@ -101,15 +101,18 @@ def test_a_layers_backward_makes_no_token_sized_copy(name):
     """The backwards write dq, dk, dv stored as (B, N, H, d), and the layer unbinds q, k, v before the heads'
     transpose: the qkv projection's (B, N, 3C) gradient is one stack of their rows (softmax's permute-then-unbind
     stacks and then copies), and TTT's convs and MHLA's RMSNorm backward read views of them, no copy."""
-    recorder = load_benchmark("op_traffic").OpTraffic(2 * 64 * 64)  # q's elements on the 8×8 grid
-    module = helpers.make_module(name, 1, (8, 8), dim=64, heads=2, dtype=torch.float32).to(DEVICE)
-    x = torch.randn(2, 65, 64, device=DEVICE, requires_grad=True)
+    dispatch.current().split_round = 16  # (17 tokens: two ranges a head, TTT's split kernels and its torch convs)
+    recorder = load_benchmark("op_traffic").OpTraffic(2 * 16 * 64)  # q's elements on the 4×4 grid
+    module = helpers.make_module(name, 1, (4, 4), dim=64, heads=2, dtype=torch.float32).to(DEVICE)
+    x = torch.randn(2, 17, 64, device=DEVICE, requires_grad=True)
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         out = module(x)
     with recorder:
         out.float().sum().backward()
     sized = recorder.model.token_sized_by_op
     assert sized["clone"] == 0 and sized["stack"] == 1, dict(sized)
+    if name != "elu":  # (the op's own gradients, below: once)
+        return
     q, k, v = qkv()
     grads = torch.autograd.grad(fused.attention(q, k, v, None, fused.RELU, 0.0, 1e-6, 1.0, False).sum(), (q, k, v))
     assert all(g.transpose(1, 2).is_contiguous() for g in grads)

@@ -291,10 +291,11 @@ def test_a_kernel_the_gpu_cannot_build_falls_back_to_the_eager_step_once(stage, 
 
 def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(monkeypatch):
     """A converted timm model (DINOv2's class token and registers: the prefix is a count to the kernels, one class
-    token as in test_module_on_the_kernels_matches_its_reference), one training step under the recomputation users
-    get, and one with the step recorded whole: logits and every gradient as the eager step's; then backward kernels
-    Triton cannot build: the earlier layer's recomputation still takes its forward's path, and the gradients are
-    the eager step's."""
+    token as in test_module_on_the_kernels_matches_its_reference), one training step as users run it: logits and
+    every gradient as the eager step's; then backward kernels Triton cannot build: the earlier layer's
+    recomputation still takes its forward's path, and the gradients are the eager step's. (On its grid the op takes
+    the raw keys and recomputes in its own backward: ``recompute_step`` off runs the same launches, TTTAttention.mix.)
+    """
     from helpers import image_batch, tiny_model
 
     import vitconvert
@@ -315,11 +316,6 @@ def test_whole_timm_models_train_on_the_kernels_as_on_the_eager_step(monkeypatch
         return logits.detach(), {n: p.grad.clone() for n, p in student.named_parameters() if p.grad is not None}
 
     results = [step(True), step(False)]
-    for m in layers:  # recorded whole (no recomputation): the op keeps its inputs and W'
-        m.recompute_step = False
-    results.append(step(True))
-    for m in layers:
-        m.recompute_step = True
     dispatch.current().unavailable.clear()
     helpers.cramped(BACKWARD_KERNELS)
     with pytest.warns(RuntimeWarning, match="cannot run on this GPU"):

@@ -1,11 +1,12 @@
 """The test harness's Triton interpreter rounds as the GPU does (tests/helpers.py, interpreter_rounds_to_nearest):
-the kernels' bf16 tolerances in test_fused.py and test_fused_ttt.py are set against a GPU's rounding."""
+the kernels' bf16 tolerances in test_fused.py and test_fused_ttt.py are set against a GPU's rounding; and it skips
+only checks whose result it drops (interpreter_skips_overflow_checks)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import interpreter_rounds_to_nearest
+from helpers import interpreter_rounds_to_nearest, interpreter_skips_overflow_checks
 
 from vitconvert.attention.ops import dispatch
 
@@ -34,3 +35,13 @@ def test_float32_to_bf16_in_a_kernel_rounds_to_nearest_even_as_torch_does():
     expected = x.to(torch.bfloat16)
     assert torch.equal(y.view(torch.int16), expected.view(torch.int16))
     assert not torch.equal(expected.float(), x.view(torch.int32).bitwise_and(-65536).view(torch.float32))
+
+
+def test_the_skipped_overflow_check_is_one_the_interpreter_would_drop():
+    """The integer overflow check reaches Triton's device_assert, which asserts only under the options' debug: with
+    debug off, as here, skipping it loses nothing."""
+    from triton.runtime import interpreter
+
+    assert interpreter_skips_overflow_checks(), "this triton's interpreter has no sanitize_overflow option"
+    options = interpreter.interpreter_builder.options
+    assert not options.sanitize_overflow and not options.debug
