@@ -203,7 +203,8 @@ def op_calls(d: int, device: torch.device, side: int = 16,
         "linear_attention elu": lambda: fused.attention(*qkv(), mask, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False),
         "linear_attention inline": lambda: fused.attention(*qkv(), mask, fused.IDENTITY, 0.0, 0.0, d ** -0.5, True),
         "blocked_attention mhla": lambda: fused.segmented_attention(*qkv(), mask, index, mixing, fused.RELU_PLUS_EPS,
-                                                                    1e-6, 1e-6, *norms, 1e-6, True),
+                                                                    1e-6, 1e-6, *norms, 1e-6, filters[5], bias,
+                                                                    (side, side), 1),  # (W̃ and LePE in its kernels)
         "pairwise_attention mhla": lambda: fused_pairwise.pairwise(*qkv(), mask, segments, mixing, fused.RELU_PLUS_EPS,
                                                                    1e-6, 1e-6, *norms, 1e-6, filters[5], bias,
                                                                    (side, side), 1),  # (LePE in its epilogues)

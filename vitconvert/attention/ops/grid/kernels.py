@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..linear.split_kernels import _last_program, _ticket_back
+from ..linear.tickets import _last_program, _ticket_back
 
 
 @triton.jit

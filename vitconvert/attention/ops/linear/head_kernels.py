@@ -80,10 +80,10 @@ def _read_chunk(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, bias, rz_cols,
     """:func:`_read_out` of one chunk, affine for InLine, normalised for kernel attention."""
     if INLINE:
         _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, bias, rz_cols, feature_eps, eps, FEATURE, False,
-                  FULL, TILE, PRECISION, EMULATE)
+                  FULL, TILE, PRECISION, EMULATE, None)
     else:
         _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, bias, rz_cols, feature_eps, eps, FEATURE, True,
-                  FULL, TILE, PRECISION, EMULATE)
+                  FULL, TILE, PRECISION, EMULATE, None)
 
 
 @triton.jit
@@ -209,15 +209,15 @@ def attention_bwd_kernel(
             tok, inside = _tokens(Q, 0, N, N, start, BLOCK_N, False)
             _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, INLINE, True, TILE,
-                            PRECISION, EMULATE)
+                            PRECISION, EMULATE, None)
         if full_end < N:
             tok, inside = _tokens(Q, 0, N, N, full_end, BLOCK_N, False)
             _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, INLINE, False, TILE,
-                            PRECISION, EMULATE)
+                            PRECISION, EMULATE, None)
     else:
         for start in range(0, N, BLOCK_N):
             tok, inside = _tokens(Q, 0, N, N, start, BLOCK_N, False)
             _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, INLINE, False, TILE,
-                            PRECISION, EMULATE)
+                            PRECISION, EMULATE, None)
