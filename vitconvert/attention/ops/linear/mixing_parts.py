@@ -5,8 +5,9 @@ programs and epilogues, so no torch op runs between the op's launches (2 forward
   state programs (:func:`mix_states`);
 - its backward, dS_s = Σ_a W̃[a, s] dR_a, dz_s likewise and this batch·head's dW̃[a, s] = dR_a·S_s + dr_a·z_s, by the
   last of its read-out backward programs (:func:`mix_gradients`);
-- LePE's backward on the keys of a state backward program: dv's taps of do and the filter's partial gradient
-  (:func:`lepe_key_taps`), summed over a batch·head's programs in order by the last (:func:`lepe_filter_total`).
+- LePE's backward on the keys of a state backward program: dv's taps of do (:func:`lepe_key_taps`) and, after its
+  main loop, the filter's partial gradient (:func:`store_lepe_part`), summed over a batch·head's programs in order by
+  the last (:func:`lepe_filter_total`).
 
 Every segment's state is a row [S_s | z_s] of D·D + D floats; a batch·head's G rows are mixed MIX_CHUNK columns at
 a time into a (BLOCK_G, MIX_CHUNK) float32 tile (G ≤ BLOCK_G), one multiply-add a segment in a fixed order, so each
@@ -20,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ..grid.kernels import _position, _row, _source
+from .kernel_parts import _tokens
 
 MIX_CHUNK = tl.constexpr(128)  # columns of a batch·head's state rows mixed at a time
 
@@ -90,41 +92,59 @@ def mix_gradients(PART, STATES, W, DS, DZ, DW, bh, G, SPLITS, width, state_width
 
 
 @triton.jit
-def lepe_key_taps(g_at, s_gn, v_at, s_vn, tok, inside, d, d_ok, LW, MASK, s_mb, b, h, D, P, ROWS, COLS, dw,
-                  KS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """LePE's backward at the key tokens ``tok`` of a state backward chunk (o = attention + bias + Σ_tap w[tap]·(v·m)
-    shifted, over the ROWS×COLS grid after P prefix tokens): (dv's part m_j·Σ_tap w[tap]·do_{j − off(tap)}, ``dw``
-    plus these tokens' share of the filter's gradient: row tap += Σ_j (v·m)_j·do_{j − off(tap)}, row KS·KS (the
-    bias) += Σ over grid tokens j of do_j). The same shifted rows of do serve both."""
+def _key_position(tok, inside, MASK, s_mb, b, P, ROWS, COLS, HAS_MASK: tl.constexpr):
+    """(grid tokens, grid tokens that are valid keys, their rows, their columns) among a chunk's key tokens."""
     spatial, row, col = _position(tok, P, P + ROWS * COLS, COLS)
     spatial = spatial & inside
     valid = spatial
     if HAS_MASK:
         valid = valid & (tl.load(MASK + b * s_mb + tok, mask=inside, other=0) != 0)
-    v = tl.load(v_at + tok[:, None] * s_vn + d[None, :], mask=valid[:, None] & d_ok[None, :], other=0.0)
-    v = v.to(tl.float32)
-    taps = tl.arange(0, dw.shape[0])
-    dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-    for tap in range(KS * KS):  # (loops, as the grid op's backward: unrolled taps spill)
-        i, j = tap // KS, tap % KS
-        w = tl.load(LW + (h * D + d) * (KS * KS) + tap, mask=d_ok, other=0.0)
-        r_in, in_ok = _row(valid, row, KS // 2 - i, ROWS)  # (the grid tokens whose tap (i, j) reads these)
-        src, ok = _source(MASK, b, s_mb, r_in, in_ok, col, KS // 2 - j, P, COLS, False)
-        g = tl.load(g_at + src[:, None] * s_gn + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
-        g = g.to(tl.float32)
-        dv += g * w[None, :]
-        dw = tl.where(taps[:, None] == tap, dw + tl.sum(g * v, axis=0)[None, :], dw)
-    own = tl.load(g_at + tok[:, None] * s_gn + d[None, :], mask=spatial[:, None] & d_ok[None, :], other=0.0)
-    dw = tl.where(taps[:, None] == KS * KS, dw + tl.sum(own.to(tl.float32), axis=0)[None, :], dw)
-    return dv, dw
+    return spatial, valid, row, col
 
 
 @triton.jit
-def store_lepe_part(LPART, row, dw, d, d_ok, D, KS: tl.constexpr):
-    """:func:`lepe_key_taps`' rows of one program stored as partial ``row`` of LPART ((KS·KS + 1)·D floats a row)."""
-    taps = tl.arange(0, dw.shape[0])
+def _tap_rows(g_at, s_gn, valid, row, col, d, d_ok, MASK, s_mb, b, P, ROWS, COLS, tap, KS: tl.constexpr):
+    """do_{j − off(tap)} of the valid grid keys j (zero elsewhere), float32: what tap (i, j) of the conv at each of
+    the grid tokens that read these keys got."""
+    r_in, in_ok = _row(valid, row, KS // 2 - tap // KS, ROWS)
+    src, ok = _source(MASK, b, s_mb, r_in, in_ok, col, KS // 2 - tap % KS, P, COLS, False)
+    return tl.load(g_at + src[:, None] * s_gn + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def lepe_key_taps(g_at, s_gn, tok, inside, d, d_ok, LW, MASK, s_mb, b, h, D, P, ROWS, COLS, KS: tl.constexpr,
+                  HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """LePE's part of dv at the key tokens ``tok`` of a state backward chunk (o = attention + bias + Σ_tap
+    w[tap]·(v·m) shifted, over the ROWS×COLS grid after P prefix tokens): m_j·Σ_tap w[tap]·do_{j − off(tap)}."""
+    _, valid, row, col = _key_position(tok, inside, MASK, s_mb, b, P, ROWS, COLS, HAS_MASK)
+    dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    for tap in range(KS * KS):  # (loops, as the grid op's backward: unrolled taps spill)
+        w = tl.load(LW + (h * D + d) * (KS * KS) + tap, mask=d_ok, other=0.0)
+        dv += _tap_rows(g_at, s_gn, valid, row, col, d, d_ok, MASK, s_mb, b, P, ROWS, COLS, tap, KS) * w[None, :]
+    return dv
+
+
+@triton.jit
+def store_lepe_part(LPART, part, g_at, s_gn, v_at, s_vn, IDX, seg, L, begin, end, d, d_ok, MASK, s_mb, b, D, P,
+                    ROWS, COLS, KS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's keys' share of LePE's filter gradient, after its main loop (the dS tiles no longer live): row
+    tap of partial ``part`` of LPART ((KS·KS + 1)·D floats a row) = Σ_j (v·m)_j·do_{j − off(tap)}, row KS·KS (the
+    bias) = Σ over grid tokens j of do_j, each summed over the program's chunks in order."""
     width = (KS * KS + 1) * D
-    tl.store(LPART + row * width + taps[:, None] * D + d[None, :], dw, mask=(taps[:, None] <= KS * KS) & d_ok[None, :])
+    for tap in range(KS * KS + 1):
+        total = tl.zeros(d.shape, dtype=tl.float32)
+        for start in range(begin, end, BLOCK_N):
+            tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, True)
+            spatial, valid, row, col = _key_position(tok, inside, MASK, s_mb, b, P, ROWS, COLS, HAS_MASK)
+            if tap < KS * KS:
+                v = tl.load(v_at + tok[:, None] * s_vn + d[None, :], mask=valid[:, None] & d_ok[None, :], other=0.0)
+                g = _tap_rows(g_at, s_gn, valid, row, col, d, d_ok, MASK, s_mb, b, P, ROWS, COLS, tap, KS)
+                total += tl.sum(g * v.to(tl.float32), axis=0)
+            else:
+                own = tl.load(g_at + tok[:, None] * s_gn + d[None, :], mask=spatial[:, None] & d_ok[None, :],
+                              other=0.0)
+                total += tl.sum(own.to(tl.float32), axis=0)
+        tl.store(LPART + part * width + tap * D + d, total, mask=d_ok)
 
 
 @triton.jit

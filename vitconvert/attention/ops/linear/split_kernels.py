@@ -355,18 +355,18 @@ def state_bwd_kernel(
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, HAS_DZV, False, TILE,
                             PRECISION, EMULATE, None)
     else:
-        dw = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)  # (LePE's filter gradient: its taps and bias rows)
         for start in range(begin, end, BLOCK_N):
             tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
             lepe = None
             if LEPE:
-                lepe, dw = lepe_key_taps(DO + b * s_gb + h * s_gh, s_gn, v_base, s_vn, tok, inside, d, d_ok, LW, MASK,
-                                         s_mb, b, h, D, P, ROWS, COLS, dw, KS, HAS_MASK, BLOCK_N, BLOCK_D)
+                lepe = lepe_key_taps(DO + b * s_gb + h * s_gh, s_gn, tok, inside, d, d_ok, LW, MASK, s_mb, b, h, D, P,
+                                     ROWS, COLS, KS, HAS_MASK, BLOCK_N, BLOCK_D)
             _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, HAS_DZV, False, TILE,
                             PRECISION, EMULATE, lepe)
         if LEPE:
-            store_lepe_part(LPART, which * SPLITS + split, dw, d, d_ok, D, KS)
+            store_lepe_part(LPART, which * SPLITS + split, DO + b * s_gb + h * s_gh, s_gn, v_base, s_vn, IDX, seg, L,
+                            begin, end, d, d_ok, MASK, s_mb, b, D, P, ROWS, COLS, KS, HAS_MASK, BLOCK_N)
             if _last_program(COUNTER, bh, SEGMENTS * SPLITS):
                 lepe_filter_total(LPART, DLW, DLB, bh, SEGMENTS * SPLITS, d, d_ok, D, KS, BLOCK_T)
                 _ticket_back(COUNTER, bh)
