@@ -85,35 +85,39 @@ def test_split_heads_take_two_launches_forward_and_three_backward_with_no_torch_
 
 
 def test_the_blocked_form_mixes_by_w_and_adds_lepe_in_its_kernels():
-    """MHLA's blocked op with LePE, a key mask and each block's tokens split over two programs: the state kernel's
-    last program of a batch·head mixes the block states by W̃, the read-out adds LePE, the backward's last programs
-    form dS, dW̃ and LePE's filter gradient (2 launches forward, 3 backward, no torch op between); values and every
-    gradient against the N×N reference in float64 (A_ij = φ(q_i)·φ(k_j)·W̃[s(i), s(j)], LePE a conv2d)."""
+    """MHLA's blocked op with LePE, a key mask and each block's tokens split over two programs, the first of two
+    16-token chunks: the state kernel's last program of a batch·head mixes the block states by W̃, the read-out adds
+    LePE, the backward's last programs form dS, dW̃ and LePE's filter gradient from every chunk's share (2 launches
+    forward, 3 backward, no torch op between); values and every gradient against the N×N reference in float64
+    (A_ij = φ(q_i)·φ(k_j)·W̃[s(i), s(j)], LePE a conv2d)."""
     from vitconvert.attention.blocks import extended_block_mix, segment_index, token_segments
     from vitconvert.attention.ops.pairwise.reference import pairwise_reference
 
     g = torch.Generator().manual_seed(8)
-    grid, prefix = (5, 5), 1
-    q, k, v = qkv(B=1, H=1, N=prefix + 25, d=32)  # (one head: the interpreter runs each program in turn)
-    mask = torch.ones(1, prefix + 25, dtype=torch.bool, device=DEVICE)
+    grid, counts, prefix, d = (6, 12), (1, 2), 1, 16  # (two blocks of 36 tokens: ranges of 32 and 4)
+    tokens = prefix + grid[0] * grid[1]
+    q, k, v = qkv(B=1, H=1, N=tokens, d=d)  # (one head: the interpreter runs each program in turn)
+    mask = torch.ones(1, tokens, dtype=torch.bool, device=DEVICE)
     mask[0, 3:7] = False
-    mixing = extended_block_mix(torch.rand(4, 4, generator=g)).to(DEVICE).requires_grad_()
-    weight = (torch.randn(32, 1, 3, 3, generator=g) / 3).to(DEVICE).requires_grad_()
-    bias = torch.randn(32, generator=g).to(DEVICE).requires_grad_()
-    index = segment_index(grid, (2, 2), prefix, q.device)
+    mixing = extended_block_mix(torch.rand(2, 2, generator=g)).to(DEVICE).requires_grad_()
+    weight = (torch.randn(d, 1, 3, 3, generator=g) / 3).to(DEVICE).requires_grad_()
+    bias = torch.randn(d, generator=g).to(DEVICE).requires_grad_()
+    index = segment_index(grid, counts, prefix, q.device)
     inputs = (q, k, v, mixing, weight, bias)
-    dispatch.current().programs, dispatch.current().split_round = 1 << 20, 4  # (blocks of 4-9 tokens: 2 ranges)
+    here = dispatch.current()
+    here.programs, here.split_round = 1 << 20, 32
+    here.settings = dispatch.KernelSettings(config=(16, 4, 1))
     runs, out, grad, got = launches_and_ops(
         lambda: fused.segmented_attention(q, k, v, mask, index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6, None, None,
                                           0.0, weight, bias, grid, prefix), inputs)
     assert_two_launches_forward_and_three_backward(runs)
-    segments = token_segments(grid, (2, 2), prefix, q.device)
+    segments = token_segments(grid, counts, prefix, q.device)
     phi = ORACLES["relu"][1]
     copies = [t.detach().double().requires_grad_() for t in inputs]
     q, k, v, mixing, weight, bias = copies
     expected = pairwise_reference(phi(q) + 1e-6, phi(k) + 1e-6, v, mask, segments, mixing, 1e-6)
-    spatial = (v * mask[:, None, :, None])[:, :, prefix:].transpose(2, 3).reshape(1, 32, *grid)
-    lepe = torch.nn.functional.conv2d(spatial, weight, bias, padding=1, groups=32).view(1, 1, 32, -1)
+    spatial = (v * mask[:, None, :, None])[:, :, prefix:].transpose(2, 3).reshape(1, d, *grid)
+    lepe = torch.nn.functional.conv2d(spatial, weight, bias, padding=1, groups=d).view(1, 1, d, -1)
     expected = expected + torch.nn.functional.pad(lepe.transpose(2, 3), (0, 0, prefix, 0))
     assert rel_error(out, expected) < TOL[torch.float32]
     for name, mine, want in zip(["q", "k", "v", "W̃", "LePE weight", "LePE bias"], got,

@@ -209,15 +209,15 @@ def attention_bwd_kernel(
             tok, inside = _tokens(Q, 0, N, N, start, BLOCK_N, False)
             _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, INLINE, True, TILE,
-                            PRECISION, EMULATE, None)
+                            PRECISION, EMULATE)
         if full_end < N:
             tok, inside = _tokens(Q, 0, N, N, full_end, BLOCK_N, False)
             _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, INLINE, False, TILE,
-                            PRECISION, EMULATE, None)
+                            PRECISION, EMULATE)
     else:
         for start in range(0, N, BLOCK_N):
             tok, inside = _tokens(Q, 0, N, N, start, BLOCK_N, False)
             _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, INLINE, False, TILE,
-                            PRECISION, EMULATE, None)
+                            PRECISION, EMULATE)

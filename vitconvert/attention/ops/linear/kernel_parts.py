@@ -366,9 +366,10 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
 def _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn, s_dvn,
                     ds_t, ds_tile, dz, dzv, feature_eps, FEATURE: tl.constexpr, HAS_MASK: tl.constexpr,
                     HAS_DZV: tl.constexpr, FULL: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-                    EMULATE: tl.constexpr, dv_extra):
-    """One chunk of keys of the state's backward, dk and dv stored: dφk_j = m_j (dS v_j + dz), dv_j = m_j (dSᵀ φk_j
-    + dzv) (+ ``dv_extra``), dk = dφk ⊙ φ'(k) (``ds_t``, ``ds_tile``: dSᵀ and dS as tiles; HAS_DZV: dzv not 0)."""
+                    EMULATE: tl.constexpr, STORE_DV: tl.constexpr = True):
+    """One chunk of keys of the state's backward, dk and (STORE_DV) dv stored: dφk_j = m_j (dS v_j + dz), dv_j =
+    m_j (dSᵀ φk_j + dzv), dk = dφk ⊙ φ'(k) (``ds_t``, ``ds_tile``: dSᵀ and dS as tiles; HAS_DZV: dzv is not zero).
+    Returns (v as loaded, dv): without STORE_DV the caller adds to dv and stores it, dk's registers free by then."""
     _, tile, k, v = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, HAS_MASK, FULL)
     k = k.to(tl.float32)
     phi_k = _phi(k, FEATURE, feature_eps)
@@ -378,14 +379,13 @@ def _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, 
     dv = _dot(phi_k.to(TILE), ds_tile, PRECISION, EMULATE)
     if HAS_DZV:
         dv += dzv[None, :]
-    if dv_extra is not None:  # (MHLA's LePE)
-        dv += dv_extra
     if HAS_MASK or not FULL:
-        dk = tl.where(tile, dk, 0.0)
-        dv = tl.where(tile, dv, 0.0)
+        dk, dv = tl.where(tile, dk, 0.0), tl.where(tile, dv, 0.0)
     store = inside[:, None] & d_ok[None, :]  # masked keys get a zero gradient, written
     _store(dk_base, tok, d, s_dkn, dk, store, FULL)
-    _store(dv_base, tok, d, s_dvn, dv, store, FULL)
+    if STORE_DV:
+        _store(dv_base, tok, d, s_dvn, dv, store, FULL)
+    return v, dv
 
 
 @triton.jit

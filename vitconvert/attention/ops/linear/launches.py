@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..dispatch import launch, triton_next_power_of_2
+from ..dispatch import interpreting, launch, triton_next_power_of_2
 from ..launch_plan import linear_launches, tile_kwargs
 from ..layout import Lepe, _mask_arg, _output_like, unit_rows
 
@@ -35,6 +35,13 @@ class OnGrid(NamedTuple):
 def _block_g(segments: int) -> int:
     """W̃'s side padded to the mixing's float32 dots (:mod:`.mixing_parts`)."""
     return max(16, triton_next_power_of_2(segments))
+
+
+def mix_chunk(head_dim: int) -> int:
+    """MIX_CHUNK, the columns of the D·D + D of a segment's state row that the last program mixes at a time
+    (:mod:`.mixing_parts`): 128 on a GPU (registers); in Triton's interpreter, where a step costs about the same
+    whatever its width, half a row rounded up to a power of two (two steps: the loop and the tail's mask still run)."""
+    return max(128, triton_next_power_of_2(-(-(head_dim * head_dim + head_dim) // 2))) if interpreting() else 128
 
 
 def _table(mixing: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
@@ -107,7 +114,8 @@ def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
         H, length, D, segments, splits, per, feature_eps, inline_scale or 1.0, int(keep),
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, INLINE=inline_scale is not None,
         SUM_V=sum_values, MIX=mixing is not None, EVEN_D=D == block_d, BLOCK_N=block_n, BLOCK_D=block_d,
-        BLOCK_G=_block_g(segments), **tile_kwargs(plan.tile), num_warps=warps, num_stages=plan.stages)
+        BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), **tile_kwargs(plan.tile), num_warps=warps,
+        num_stages=plan.stages)
     return R, r, aux, n, part
 
 
@@ -139,8 +147,8 @@ def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[t
                          feature: int, feature_eps: float, bf16_tiles: bool = False, on_grid: Optional[OnGrid] = None,
                          do: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     """:func:`state_gradients`, and with ``on_grid`` (an index table, and ``do``) LePE's backward in the same launch:
-    dv gets its taps of do, and (dweight (B·H, d, KS·KS), dbias (B·H, d)) float32, each batch·head's summed by its
-    last program (else an empty tuple)."""
+    dv gets its taps of do, and (dweight (B·H, d, KS·KS), dbias (B·H, d)) float32, each batch·head's summed from its
+    chunks' rows by its last program (else an empty tuple)."""
     from .split_kernels import state_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     k, v = unit_rows(k), unit_rows(v)
@@ -153,9 +161,10 @@ def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[t
     dz = dz.contiguous()
     lepe = on_grid is not None and on_grid.lepe.on
     size = on_grid.lepe.size if lepe else 1
+    chunks = -(-min(per, length) // block_n)  # (a range's chunks: each stores a row of LePE's filter gradient)
     if lepe:
         do = unit_rows(do)
-        part = k.new_empty((B * H * segments * splits, (size * size + 1) * D), dtype=torch.float32)
+        part = k.new_empty((B * H * segments * splits * chunks, (size * size + 1) * D), dtype=torch.float32)
         dweight = k.new_empty((B * H, D, size * size), dtype=torch.float32)
         dbias = k.new_empty((B * H, D), dtype=torch.float32)
         filters, grid = on_grid.lepe.filters, (on_grid.prefix, on_grid.rows, on_grid.cols)
@@ -168,7 +177,7 @@ def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[t
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         *(do.stride()[:3] if lepe else (0, 0, 0)),
-        H, length, D, segments, splits, per, feature_eps, *grid,
+        H, length, D, segments, splits, chunks, per, feature_eps, *grid,
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, HAS_DZV=dzv is not None,
         LEPE=lepe, KS=size, EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_T=max(16, triton_next_power_of_2(size * size + 1)) if lepe else 16, **tile_kwargs(plan.tile),
@@ -252,6 +261,6 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: Opti
         H, length, D, segments, splits, per, feature_eps, eps, scale,
         FEATURE=feature, NORMALISE=normalise, INLINE=inline is not None, HAS_INDEX=index is not None,
         HAS_O=o is not q, MIX=mixing is not None, EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n,
-        BLOCK_D=block_d, BLOCK_G=_block_g(segments), **tile_kwargs(plan.tile), num_warps=warps,
-        num_stages=plan.stages)
+        BLOCK_D=block_d, BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), **tile_kwargs(plan.tile),
+        num_warps=warps, num_stages=plan.stages)
     return dq, dS, dz, dzv, dmixing

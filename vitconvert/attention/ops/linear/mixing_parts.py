@@ -5,14 +5,14 @@ programs and epilogues, so no torch op runs between the op's launches (2 forward
   state programs (:func:`mix_states`);
 - its backward, dS_s = Σ_a W̃[a, s] dR_a, dz_s likewise and this batch·head's dW̃[a, s] = dR_a·S_s + dr_a·z_s, by the
   last of its read-out backward programs (:func:`mix_gradients`);
-- LePE's backward on the keys of a state backward program: dv's taps of do (:func:`lepe_key_taps`) and, after its
-  main loop, the filter's partial gradient (:func:`store_lepe_part`), summed over a batch·head's programs in order by
-  the last (:func:`lepe_filter_total`).
+- LePE's backward on the keys of a state backward chunk: dv's taps of do and, from the same shifted tiles of do, the
+  chunk's share of the filter's gradient (:func:`lepe_key_taps`), summed over a batch·head's chunks in order by its
+  last program (:func:`lepe_filter_total`).
 
 Every segment's state is a row [S_s | z_s] of D·D + D floats; a batch·head's G rows are mixed MIX_CHUNK columns at
 a time into a (BLOCK_G, MIX_CHUNK) float32 tile (G ≤ BLOCK_G), one multiply-add a segment in a fixed order, so each
 state is read once (float32 dots of W̃ spill: their operands are held whole). The rows of the token ranges' partial
-sums are summed first, in their order.
+sums are summed first, in their order. MIX_CHUNK is the launch's (:func:`.launches.mix_chunk`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ import triton
 import triton.language as tl
 
 from ..grid.kernels import _position, _row, _source
-from .kernel_parts import _tokens
-
-MIX_CHUNK = tl.constexpr(128)  # columns of a batch·head's state rows mixed at a time
 
 
 @triton.jit
@@ -47,7 +44,7 @@ def _store_rows(S, SZ, which, x, c, D):
 
 
 @triton.jit
-def mix_states(PART, W, R, RZ, bh, G, SPLITS, width, D, keep, BLOCK_G: tl.constexpr):
+def mix_states(PART, W, R, RZ, bh, G, SPLITS, width, D, keep, BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr):
     """R_a, r_a of every segment a of batch·head ``bh`` (R (…, D, D), RZ (…, D) float32) from its segments' partial
     states (PART: rows of ``width`` floats, [S | z] first), summed over the token ranges and mixed by W̃ (G, G)
     float32 in a fixed order (s = 0, 1, …: a multiply-add a segment, no dot). ``keep``: each segment's summed state
@@ -68,7 +65,8 @@ def mix_states(PART, W, R, RZ, bh, G, SPLITS, width, D, keep, BLOCK_G: tl.conste
 
 
 @triton.jit
-def mix_gradients(PART, STATES, W, DS, DZ, DW, bh, G, SPLITS, width, state_width, D, BLOCK_G: tl.constexpr):
+def mix_gradients(PART, STATES, W, DS, DZ, DW, bh, G, SPLITS, width, state_width, D, BLOCK_G: tl.constexpr,
+                  MIX_CHUNK: tl.constexpr):
     """dS_s, dz_s of every segment s of batch·head ``bh`` (DS, DZ as :func:`mix_states`' R, RZ) from the partial dR_a,
     dr_a of its read-out programs (PART: rows of ``width`` floats), summed over the token ranges in order and mixed
     by W̃ᵀ; and this batch·head's dW̃ (DW: (B·H, G, G) float32) against the states :func:`mix_states` kept
@@ -92,72 +90,50 @@ def mix_gradients(PART, STATES, W, DS, DZ, DW, bh, G, SPLITS, width, state_width
 
 
 @triton.jit
-def _key_position(tok, inside, MASK, s_mb, b, P, ROWS, COLS, HAS_MASK: tl.constexpr):
-    """(grid tokens, grid tokens that are valid keys, their rows, their columns) among a chunk's key tokens."""
+def lepe_key_taps(g_at, s_gn, v, tok, inside, d, d_ok, LW, LPART, out, MASK, s_mb, b, h, D, P, ROWS, COLS,
+                  KS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """LePE's backward at the key tokens ``tok`` of a state backward chunk (o = attention + bias + Σ_tap
+    w[tap]·(v·m) shifted, over the ROWS×COLS grid after P prefix tokens; ``v``: the chunk's v as the state backward
+    loaded it). Returns dv's part, m_j·Σ_tap w[tap]·do_{j − off(tap)}, and stores the chunk's share of the filter's
+    gradient as row ``out`` of LPART ((KS·KS + 1)·D floats): row tap Σ_j (v·m)_j·do_{j − off(tap)}, row KS·KS (the
+    bias) Σ over grid tokens j of do_j. Each shifted tile of do is loaded once for both, and a row per chunk keeps
+    no accumulator of the taps beside the d×d tiles (benchmarks/kernel_resources.py --arch)."""
     spatial, row, col = _position(tok, P, P + ROWS * COLS, COLS)
     spatial = spatial & inside
     valid = spatial
     if HAS_MASK:
         valid = valid & (tl.load(MASK + b * s_mb + tok, mask=inside, other=0) != 0)
-    return spatial, valid, row, col
-
-
-@triton.jit
-def _tap_rows(g_at, s_gn, valid, row, col, d, d_ok, MASK, s_mb, b, P, ROWS, COLS, tap, KS: tl.constexpr):
-    """do_{j − off(tap)} of the valid grid keys j (zero elsewhere), float32: what tap (i, j) of the conv at each of
-    the grid tokens that read these keys got."""
-    r_in, in_ok = _row(valid, row, KS // 2 - tap // KS, ROWS)
-    src, ok = _source(MASK, b, s_mb, r_in, in_ok, col, KS // 2 - tap % KS, P, COLS, False)
-    return tl.load(g_at + src[:, None] * s_gn + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-
-
-@triton.jit
-def lepe_key_taps(g_at, s_gn, tok, inside, d, d_ok, LW, MASK, s_mb, b, h, D, P, ROWS, COLS, KS: tl.constexpr,
-                  HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """LePE's part of dv at the key tokens ``tok`` of a state backward chunk (o = attention + bias + Σ_tap
-    w[tap]·(v·m) shifted, over the ROWS×COLS grid after P prefix tokens): m_j·Σ_tap w[tap]·do_{j − off(tap)}."""
-    _, valid, row, col = _key_position(tok, inside, MASK, s_mb, b, P, ROWS, COLS, HAS_MASK)
+    v = v.to(tl.float32)
+    g_rows, weights, share = g_at + d[None, :], LW + (h * D + d) * (KS * KS), LPART + out * (KS * KS + 1) * D + d
     dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-    for tap in range(KS * KS):  # (loops, as the grid op's backward: unrolled taps spill)
-        w = tl.load(LW + (h * D + d) * (KS * KS) + tap, mask=d_ok, other=0.0)
-        dv += _tap_rows(g_at, s_gn, valid, row, col, d, d_ok, MASK, s_mb, b, P, ROWS, COLS, tap, KS) * w[None, :]
+    for i in range(KS):  # (loops, as the grid op's backward: unrolled taps spill)
+        r_in, in_ok = _row(valid, row, KS // 2 - i, ROWS)  # (the grid tokens whose taps (i, ·) read these)
+        for j in range(KS):
+            src, ok = _source(MASK, b, s_mb, r_in, in_ok, col, KS // 2 - j, P, COLS, False)
+            g = tl.load(g_rows + src[:, None] * s_gn, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+            dv += g * tl.load(weights + i * KS + j, mask=d_ok, other=0.0)[None, :]
+            tl.store(share + (i * KS + j) * D, tl.sum(g * v, axis=0), mask=d_ok)
+    own = tl.load(g_rows + tok[:, None] * s_gn, mask=spatial[:, None] & d_ok[None, :], other=0.0)
+    tl.store(share + KS * KS * D, tl.sum(own.to(tl.float32), axis=0), mask=d_ok)
     return dv
 
 
 @triton.jit
-def store_lepe_part(LPART, part, g_at, s_gn, v_at, s_vn, IDX, seg, L, begin, end, d, d_ok, MASK, s_mb, b, D, P,
-                    ROWS, COLS, KS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr):
-    """This program's keys' share of LePE's filter gradient, after its main loop (the dS tiles no longer live): row
-    tap of partial ``part`` of LPART ((KS·KS + 1)·D floats a row) = Σ_j (v·m)_j·do_{j − off(tap)}, row KS·KS (the
-    bias) = Σ over grid tokens j of do_j, each summed over the program's chunks in order."""
-    width = (KS * KS + 1) * D
-    for tap in range(KS * KS + 1):
-        total = tl.zeros(d.shape, dtype=tl.float32)
-        for start in range(begin, end, BLOCK_N):
-            tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, True)
-            spatial, valid, row, col = _key_position(tok, inside, MASK, s_mb, b, P, ROWS, COLS, HAS_MASK)
-            if tap < KS * KS:
-                v = tl.load(v_at + tok[:, None] * s_vn + d[None, :], mask=valid[:, None] & d_ok[None, :], other=0.0)
-                g = _tap_rows(g_at, s_gn, valid, row, col, d, d_ok, MASK, s_mb, b, P, ROWS, COLS, tap, KS)
-                total += tl.sum(g * v.to(tl.float32), axis=0)
-            else:
-                own = tl.load(g_at + tok[:, None] * s_gn + d[None, :], mask=spatial[:, None] & d_ok[None, :],
-                              other=0.0)
-                total += tl.sum(own.to(tl.float32), axis=0)
-        tl.store(LPART + part * width + tap * D + d, total, mask=d_ok)
-
-
-@triton.jit
-def lepe_filter_total(LPART, DLW, DLB, bh, programs, d, d_ok, D, KS: tl.constexpr, BLOCK_T: tl.constexpr):
-    """The last program's sum of a batch·head's ``programs`` partial rows of LePE's filter gradient (in their order),
-    stored in the weight's layout: DLW (B·H, D, KS·KS) and DLB (B·H, D) float32 (the batch summed by torch after)."""
+def lepe_filter_total(LPART, DLW, DLB, bh, SEGMENTS, SPLITS, CHUNKS, per, L, d, d_ok, D, KS: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The last program's sum of a batch·head's rows of LePE's filter gradient (:func:`lepe_key_taps`: CHUNKS rows
+    for each of its SEGMENTS·SPLITS programs, the first of them written, one a chunk of its ``per`` tokens below L),
+    in their order, stored in the weight's layout: DLW (B·H, D, KS·KS) and DLB (B·H, D) float32 (the batch summed by
+    torch after)."""
     taps = tl.arange(0, BLOCK_T)
     width = (KS * KS + 1) * D
-    at = LPART + bh * programs * width + taps[:, None] * D + d[None, :]
+    at = LPART + bh * SEGMENTS * SPLITS * CHUNKS * width + taps[:, None] * D + d[None, :]
     total = tl.zeros((BLOCK_T, d.shape[0]), dtype=tl.float32)
-    for p in range(0, programs):
-        total += tl.load(at + p * width, mask=(taps[:, None] <= KS * KS) & d_ok[None, :], other=0.0,
-                         cache_modifier=".cg")
+    for p in range(0, SEGMENTS * SPLITS):
+        tokens = tl.maximum(tl.minimum(per, L - (p % SPLITS) * per), 0)
+        for c in range(0, (tokens + BLOCK_N - 1) // BLOCK_N):
+            total += tl.load(at + (p * CHUNKS + c) * width, mask=(taps[:, None] <= KS * KS) & d_ok[None, :],
+                             other=0.0, cache_modifier=".cg")
     tl.store(DLW + bh * D * KS * KS + d[None, :] * (KS * KS) + taps[:, None], total,
              mask=(taps[:, None] < KS * KS) & d_ok[None, :])
     tl.store(DLB + bh * D + d[None, :] + 0 * taps[:, None], total, mask=(taps[:, None] == KS * KS) & d_ok[None, :])

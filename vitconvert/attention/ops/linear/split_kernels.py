@@ -32,10 +32,11 @@ from .kernel_parts import (
     _row_sums_init,
     _state_backward,
     _state_step,
+    _store,
     _store_square,
     _tokens,
 )
-from .mixing_parts import lepe_filter_total, lepe_key_taps, mix_gradients, mix_states, store_lepe_part
+from .mixing_parts import lepe_filter_total, lepe_key_taps, mix_gradients, mix_states
 from .tickets import _last_program, _ticket_back
 
 
@@ -99,7 +100,8 @@ def state_fwd_kernel(
     H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, scale, keep,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr, INLINE: tl.constexpr,
     SUM_V: tl.constexpr, MIX: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_G: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+    BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
     """What the queries of one (batch·head, segment) read, from its keys split over SPLITS programs (one per token
     range): each stores its partial S, z (and zv, valid keys with SUM_V) as a row of PART (D·D + 2D + 1 floats),
@@ -147,7 +149,7 @@ def state_fwd_kernel(
     if MIX:
         _store_partials(PART, which * SPLITS + split, width, acc, _key_sums(z_cols, z_rows, FEATURE), d, d_ok, D)
         if _last_program(COUNTER, bh, SEGMENTS * SPLITS):
-            mix_states(PART, W, R, RZ, bh, SEGMENTS, SPLITS, width, D, keep, BLOCK_G)
+            mix_states(PART, W, R, RZ, bh, SEGMENTS, SPLITS, width, D, keep, BLOCK_G, MIX_CHUNK)
             _ticket_back(COUNTER, bh)
     else:
         _segment_states(PART, COUNTER, R, RZ, AUX, NV, which, split, SPLITS, width, acc, z_cols, z_rows, zv_rows, count,
@@ -244,7 +246,8 @@ def readout_bwd_kernel(
     H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, eps, scale,
     FEATURE: tl.constexpr, NORMALISE: tl.constexpr, INLINE: tl.constexpr, HAS_INDEX: tl.constexpr,
     HAS_O: tl.constexpr, MIX: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_G: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+    BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
     """dq of each query of one (batch·head, segment, range) (the read-out recomputed from q; o is the saved output, or
     without HAS_O not kept; :func:`_read_out_backward`), its partial dR, dr stored as a row of PART (D·D + D floats),
@@ -290,7 +293,8 @@ def readout_bwd_kernel(
     if MIX:
         _store_partials(PART, which * SPLITS + split, D * D + D, tl.trans(dr), _row_sums(drz), d, d_ok, D)
         if _last_program(COUNTER, bh, SEGMENTS * SPLITS):
-            mix_gradients(PART, STATES, W, DS, DZ, DW, bh, SEGMENTS, SPLITS, D * D + D, D * D + 2 * D + 1, D, BLOCK_G)
+            mix_gradients(PART, STATES, W, DS, DZ, DW, bh, SEGMENTS, SPLITS, D * D + D, D * D + 2 * D + 1, D, BLOCK_G,
+                          MIX_CHUNK)
             _ticket_back(COUNTER, bh)
     else:
         _segment_gradients(PART, COUNTER, AUX, NV, DS, DZ, DZV, which, split, SPLITS, dr, drz, rz, d, d_ok, D, scale,
@@ -318,15 +322,16 @@ def _segment_gradients(PART, COUNTER, AUX, NV, DS, DZ, DZV, which, split, SPLITS
 def state_bwd_kernel(
     K, V, MASK, IDX, DS, DZ, DZV, DK, DV, DO, LW, LPART, COUNTER, DLW, DLB,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, s_gb, s_gh, s_gn,
-    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, P, ROWS, COLS,
+    H, L, D, SEGMENTS, SPLITS, CHUNKS, tokens_per_split, feature_eps, P, ROWS, COLS,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr, HAS_DZV: tl.constexpr,
     LEPE: tl.constexpr, KS: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_T: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """dk, dv of the keys of one (batch·head, segment, range) from dS, dz and (HAS_DZV) dzv of their segment
-    (:func:`_state_backward`). LEPE (MHLA, with an index table): dv also gets LePE's taps of do (DO), and each program
-    stores its keys' share of the filter's gradient (BLOCK_T rows: KS·KS taps and the bias) in LPART; the last of a
-    batch·head's SEGMENTS·SPLITS programs sums them in order into DLW, DLB (:mod:`.mixing_parts`)."""
+    (:func:`_state_backward`). LEPE (MHLA, with an index table): dv also gets LePE's taps of do (DO), and each of the
+    range's chunks stores its keys' share of the filter's gradient (KS·KS taps and the bias) as a row of LPART
+    (CHUNKS rows a program); the last of a batch·head's SEGMENTS·SPLITS programs sums them in order into DLW, DLB
+    (:mod:`.mixing_parts`)."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -348,25 +353,25 @@ def state_bwd_kernel(
             tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, HAS_DZV, True, TILE,
-                            PRECISION, EMULATE, None)
+                            PRECISION, EMULATE)
         for start in range(full_end, end, BLOCK_N):
             tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, HAS_DZV, False, TILE,
-                            PRECISION, EMULATE, None)
+                            PRECISION, EMULATE)
     else:
         for start in range(begin, end, BLOCK_N):
             tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-            lepe = None
-            if LEPE:
-                lepe = lepe_key_taps(DO + b * s_gb + h * s_gh, s_gn, tok, inside, d, d_ok, LW, MASK, s_mb, b, h, D, P,
-                                     ROWS, COLS, KS, HAS_MASK, BLOCK_N, BLOCK_D)
-            _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
-                            s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, HAS_DZV, False, TILE,
-                            PRECISION, EMULATE, lepe)
+            v, dv = _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn,
+                                    s_dkn, s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, HAS_DZV,
+                                    False, TILE, PRECISION, EMULATE, not LEPE)
+            if LEPE:  # (after dk is stored: its registers free)
+                dv += lepe_key_taps(DO + b * s_gb + h * s_gh, s_gn, v, tok, inside, d, d_ok, LW, LPART,
+                                    (which * SPLITS + split) * CHUNKS + (start - begin) // BLOCK_N, MASK, s_mb, b, h,
+                                    D, P, ROWS, COLS, KS, HAS_MASK, BLOCK_N, BLOCK_D)
+                _store(dv_base, tok, d, s_dvn, dv, inside[:, None] & d_ok[None, :], False)
         if LEPE:
-            store_lepe_part(LPART, which * SPLITS + split, DO + b * s_gb + h * s_gh, s_gn, v_base, s_vn, IDX, seg, L,
-                            begin, end, d, d_ok, MASK, s_mb, b, D, P, ROWS, COLS, KS, HAS_MASK, BLOCK_N)
             if _last_program(COUNTER, bh, SEGMENTS * SPLITS):
-                lepe_filter_total(LPART, DLW, DLB, bh, SEGMENTS * SPLITS, d, d_ok, D, KS, BLOCK_T)
+                lepe_filter_total(LPART, DLW, DLB, bh, SEGMENTS, SPLITS, CHUNKS, tokens_per_split, L, d, d_ok, D, KS,
+                                  BLOCK_N, BLOCK_T)
                 _ticket_back(COUNTER, bh)
