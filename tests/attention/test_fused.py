@@ -210,11 +210,11 @@ def test_the_blocked_op_keeps_the_raw_q_k_and_v_and_normalises_them_itself():
     from vitconvert.attention.ops.norms.lean import rms_over_heads
 
     g = torch.Generator().manual_seed(3)
-    qkv_out = torch.randn(2, 40, 3, 2, 32, generator=g).to(DEVICE).requires_grad_()
+    qkv_out = torch.randn(2, 20, 3, 2, 32, generator=g).to(DEVICE).requires_grad_()
     q, k, v = qkv_out.permute(2, 0, 3, 1, 4).unbind(0)
     weights = [(1 + torch.rand(64, generator=g)).to(DEVICE).requires_grad_() for _ in range(2)]
-    index = segment_index((6, 6), (2, 3), 4, q.device)
-    mixing = extended_block_mix(torch.rand(6, 6, generator=g, device=DEVICE)).requires_grad_()
+    index = segment_index((4, 4), (2, 2), 4, q.device)
+    mixing = extended_block_mix(torch.rand(4, 4, generator=g, device=DEVICE)).requires_grad_()
     out = fused.blocked_attention(q, k, v, None, index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6, *weights, 1e-6)
     big = [t for t in out.grad_fn.saved_tensors if t is not None and t.numel() >= q.numel()]
     assert len(big) == 3
@@ -233,15 +233,17 @@ def test_the_blocked_op_keeps_the_raw_q_k_and_v_and_normalises_them_itself():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("tokens,form", [(43, "pairwise"), (43, "blocked"), (40, "blocked")],
+@pytest.mark.parametrize("grid,tokens,form",
+                         [((6, 7), 43, "pairwise"), ((4, 4), 17, "blocked"), ((6, 7), 40, "blocked")],
                          ids=["grid-pairwise", "grid-blocked", "no-grid"])
-def test_mhla_under_autocast_matches_its_float32_eager_form(tokens, form, dtype, monkeypatch):
+def test_mhla_under_autocast_matches_its_float32_eager_form(grid, tokens, form, dtype, monkeypatch):
     """The training form users run on a GPU (bf16 autocast, the kernels, RMSNorm in the op, the LayerNorm-and-qkv
     Function, LePE) against the float32 eager module: outputs and every gradient (input_norm's, the RMSNorms',
-    LePE's and W's included) within bf16 rounding; 43 tokens = a class token and a 6×7 grid (unequal blocks),
-    40 form no grid (one segment, no LePE). A padded last item."""
+    LePE's and W's included) within bf16 rounding; 43 tokens = a class token and a 6×7 grid (unequal blocks), 17 a
+    class token and a 4×4 grid (2×2 blocks: the blocked form's path at a quarter of the tokens), 40 form no grid
+    (one segment, no LePE). A padded last item."""
     dispatch.current().settings = dispatch.KernelSettings(form=form)
-    module = make_module("mhla", 32, (6, 7), 1, blocks_per_side=2)
+    module = make_module("mhla", 32, grid, 1, blocks_per_side=2)
     with torch.no_grad():  # norms away from their init (weights 1, biases 0), so a lost weight or bias would show
         for norm in (module.input_norm, module.q_rmsnorm, module.k_rmsnorm):
             norm.weight.uniform_(0.5, 1.5)
