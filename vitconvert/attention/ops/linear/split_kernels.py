@@ -37,7 +37,7 @@ from .kernel_parts import (
     _tokens,
 )
 from .mixing_parts import lepe_filter_total, lepe_key_taps, mix_gradients, mix_states
-from .tickets import _last_program, _ticket_back
+from .tickets import _last_program, _summed, _ticket_back
 
 
 @triton.jit
@@ -49,16 +49,6 @@ def _load_row(P, which, d, d_ok, D):
 @triton.jit
 def _store_row(P, which, x, d, d_ok, D):
     tl.store(P + which * D + d, x, mask=d_ok)
-
-
-@triton.jit
-def _summed(P, first, SPLITS, offset, width, idx, ok):
-    """Σ over the SPLITS partials ``first``.. (rows of ``width`` floats) of the entries ``offset + idx``, in the
-    partials' order (deterministic). ``.cg``: from L2, where the other programs' stores are, not a stale L1."""
-    total = tl.zeros(idx.shape, dtype=tl.float32)
-    for s in range(0, SPLITS):
-        total += tl.load(P + (first + s) * width + offset + idx, mask=ok, other=0.0, cache_modifier=".cg")
-    return total
 
 
 @triton.jit
