@@ -77,35 +77,45 @@ def kernel_instructions_block() -> str:
     return "\n".join(lines)
 
 
-def mixing_passes_block() -> str:
+def mixing_passes_block(suffix: str = "", before_note: str = "main before issue 37's fusions") -> str:
     """MHLA's and TTT's bytes per layer training step in q-sized passes (op_traffic.py --passes), the earlier count
-    → the current one, the current one at batch 16, and what autograd keeps (saved_memory.py --json), each against
-    softmax."""
-    now, before = _json("op-traffic-passes.json"), _json("op-traffic-passes-before.json")
-    batched = _json("op-traffic-passes-b16.json")
-    saved = _json("saved-memory.json")["variants"]
+    → the current one, at 224 px also at batch 16, and what autograd keeps (saved_memory.py --json, where measured at
+    that size), each against softmax; ``suffix``: another size's results (op-traffic-passes{suffix}.json and its
+    -before), counted with the kernels run."""
+    now, before = _json(f"op-traffic-passes{suffix}.json"), _json(f"op-traffic-passes{suffix}-before.json")
+    batched = _json("op-traffic-passes-b16.json") if not suffix else None
+    saved = _json("saved-memory.json")["variants"] if not suffix else {}
     passes, earlier, soft = now["q_sized_passes"], before["q_sized_passes"], saved.get("softmax", {})
-    at_batch = batched["q_sized_passes"]
-    lines = [f"| variant | q-sized passes, earlier → now | × softmax | at batch {batched['batch']} (× softmax) | "
-             "token-sized ops and launches | kept for backward × softmax | largest transient × softmax |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    at_batch = f" at batch {batched['batch']} (× softmax) |" if batched else ""
+    lines = [f"| variant | q-sized passes, earlier → now | × softmax |{at_batch} token-sized ops and launches | kept "
+             "for backward × softmax | largest transient × softmax |",
+             "|---|---|---:|" + ("---:|" if batched else "") + "---:|---:|---:|"]
     for name, value in passes.items():
         kept = saved.get(name)
         memory = (f"{kept['saved_mib'] / soft['saved_mib']:.2f}× | "
                   f"{kept['largest_transient_mib'] / soft['largest_transient_mib']:.2f}×" if kept and soft else "— | —")
+        ops = now["token_sized_ops"][name]
+        was = before["token_sized_ops"].get(name, ops) if suffix else ops
+        wide = batched["q_sized_passes"] if batched else {}
         lines.append(f"| {name} | {earlier.get(name, value):.1f} → {value:.1f} | {value / passes['softmax']:.2f}× | "
-                     f"{at_batch[name]:.1f} ({at_batch[name] / at_batch['softmax']:.2f}×) | "
-                     f"{now['token_sized_ops'][name]:.0f} | {memory} |")
+                     + (f"{wide[name]:.1f} ({wide[name] / wide['softmax']:.2f}×) | " if batched else "")
+                     + (f"{was:.0f} → {ops:.0f}" if was != ops else f"{ops:.0f}") + f" | {memory} |")
+    if batched:
+        commands = ["benchmarks/op_traffic.py --passes --depth 1 --batch 1 --sizes-only --json "
+                    "benchmarks/results/op-traffic-passes.json",
+                    f"benchmarks/op_traffic.py --passes --depth 1 --batch {batched['batch']} --sizes-only --json "
+                    f"benchmarks/results/op-traffic-passes-b{batched['batch']}.json",
+                    "benchmarks/saved_memory.py --depth 1 --batch 1 --json benchmarks/results/saved-memory.json"]
+        how = (f"batch {now['batch']} (and {batched['batch']}), one bf16 training step on the GPU path (each Triton "
+               "launch's tensor arguments counted, the kernels not run; no GPU)")
+    else:
+        commands = [f"benchmarks/op_traffic.py --passes --depth 1 --batch 1 --img-size {now['img_size']} --variants "
+                    f"mhla --json benchmarks/results/op-traffic-passes{suffix}.json"]
+        how = (f"batch {now['batch']}, one bf16 training step on the GPU path (the kernels in Triton's interpreter; "
+               "no GPU)")
     lines += ["", footer(f"{now['model']} at {now['img_size']} px ({now['tokens']} tokens), {now['depth']} block, "
-                         f"batch {now['batch']} (and {batched['batch']}), one bf16 training step on the GPU path (each "
-                         "Triton launch's tensor arguments counted, the kernels not run; no GPU)",
-                         ("benchmarks/op_traffic.py --passes --depth 1 --batch 1 --sizes-only --json "
-                          "benchmarks/results/op-traffic-passes.json",
-                          f"benchmarks/op_traffic.py --passes --depth 1 --batch {batched['batch']} --sizes-only "
-                          f"--json benchmarks/results/op-traffic-passes-b{batched['batch']}.json",
-                          "benchmarks/saved_memory.py --depth 1 --batch 1 --json benchmarks/results/saved-memory.json"),
-                         "the earlier count: benchmarks/results/op-traffic-passes-before.json, main before issue 37's "
-                         "fusions")]
+                         + how, commands,
+                         f"the earlier count: benchmarks/results/op-traffic-passes{suffix}-before.json, {before_note}")]
     return "\n".join(lines)
 
 
@@ -126,6 +136,9 @@ BLOCKS = [
         _json("distill-overhead.json")["rows"]), "distill-overhead.json"),
     Block(PERFORMANCE, "kernel-instructions", kernel_instructions_block, "kernel-instructions*.json"),
     Block(PERFORMANCE, "mixing-passes", mixing_passes_block, "op-traffic-passes*.json, saved-memory.json"),
+    Block(PERFORMANCE, "mixing-passes-384", lambda: mixing_passes_block(
+        "-384", "MHLA's blocked form before W̃'s mixing and LePE moved into its kernels"),
+        "op-traffic-passes-384*.json"),
     Block(PERFORMANCE, "gpu-h200", gpu_block, "gpu-check-cuda.json"),
     Block(RESULTS_DOC, "quickstart", lambda: _module("quickstart_results").render(_json("quickstart.json")),
           "quickstart.json"),

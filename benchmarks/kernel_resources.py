@@ -49,7 +49,6 @@ if __name__ == "__main__" and not torch.cuda.is_available() and "--arch" not in 
 
 from vitconvert.attention.blocks import extended_block_mix, segment_index, token_segments  # noqa: E402
 from vitconvert.attention.ops import dispatch  # noqa: E402
-from vitconvert.attention.ops.grid import op as fused_grid  # noqa: E402
 from vitconvert.attention.ops.linear import op as fused  # noqa: E402
 from vitconvert.attention.ops.pairwise import op as fused_pairwise  # noqa: E402
 from vitconvert.attention.ops.ttt import op as fused_ttt  # noqa: E402
@@ -203,22 +202,19 @@ def op_calls(d: int, device: torch.device, side: int = 16,
         "linear_attention elu": lambda: fused.attention(*qkv(), mask, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False),
         "linear_attention inline": lambda: fused.attention(*qkv(), mask, fused.IDENTITY, 0.0, 0.0, d ** -0.5, True),
         "blocked_attention mhla": lambda: fused.segmented_attention(*qkv(), mask, index, mixing, fused.RELU_PLUS_EPS,
-                                                                    1e-6, 1e-6, *norms, 1e-6, True),
+                                                                    1e-6, 1e-6, *norms, 1e-6, filters[5], bias,
+                                                                    (side, side), 1),  # (W̃ and LePE in its kernels)
         "pairwise_attention mhla": lambda: fused_pairwise.pairwise(*qkv(), mask, segments, mixing, fused.RELU_PLUS_EPS,
                                                                    1e-6, 1e-6, *norms, 1e-6, filters[5], bias,
                                                                    (side, side), 1),  # (LePE in its epilogues)
         "ttt_step": lambda: fused_ttt.call_step(*qkv(), mask, weights, d ** -0.5, 1.0, filters[3], bias,
                                                 (side, side, 1), filters[3], bias, 1.0),  # (the key norm and
-        # both convs in the op, as TTT runs it)
-        # TTT's key norm and 3×3 conv (the norm's backward: two launches), and MHLA's 5×5 LePE added to o
-        "grid_conv ttt": lambda: fused_grid.conv_on_grid(qkv()[0], None, filters[3], bias, mask, (side, side), 1,
-                                                         1.0),
-        "grid_conv lepe": lambda: fused_grid.conv_on_grid(*qkv()[:2], filters[5], bias, mask, (side, side), 1),
+        # both convs in the op, as TTT runs it; split, the grid kernels' statistics and convs' backward too)
     }
 
 
 OPS = ("linear_attention elu", "linear_attention inline", "blocked_attention mhla", "pairwise_attention mhla",
-       "ttt_step", "grid_conv ttt", "grid_conv lepe", "linear_attention elu split", "ttt_step split")  # (measure's)
+       "ttt_step", "linear_attention elu split", "ttt_step split")  # (measure's)
 
 
 def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Optional[tuple[str, ...]] = None,

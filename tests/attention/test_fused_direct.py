@@ -41,19 +41,22 @@ def ttt_weights() -> torch.Tensor:
     return (0.2 * torch.randn(3, 2, 32, 32, generator=torch.Generator().manual_seed(6))).requires_grad_()  # 3, H
 
 
-def blocked_args(recompute: bool):
+def blocked_args(lepe: bool):
     q, k, v = qkv(N=17)
     index = segment_index((4, 4), (2, 2), 1, q.device)  # a class token + a 4×4 grid in 2×2 blocks
     mixing = extended_block_mix(torch.rand(4, 4, generator=torch.Generator().manual_seed(3))).requires_grad_()
     weights = [(1 + torch.rand(64, generator=torch.Generator().manual_seed(i))).requires_grad_() for i in (4, 5)]
-    return (q, k, v, padding_mask(17), index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6, *weights, 1e-6, recompute)
+    g = torch.Generator().manual_seed(7)
+    conv = [(torch.randn(64, 1, 3, 3, generator=g) / 3).requires_grad_(), torch.randn(64, generator=g).requires_grad_()]
+    return (q, k, v, padding_mask(17), index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6, *weights, 1e-6,
+            *(conv if lepe else (None, None)), (4, 4), 1)
 
 
 CALLS = {
     "elu": lambda: (fused.attention, (*qkv(), padding_mask(40), fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False)),
     "inline": lambda: (fused.attention, (*qkv(d=64), None, fused.IDENTITY, 0.0, 0.0, 0.125, True)),
-    "mhla": lambda: (fused.segmented_attention, blocked_args(recompute=False)),
-    "mhla-recompute": lambda: (fused.segmented_attention, blocked_args(recompute=True)),
+    "mhla": lambda: (fused.segmented_attention, blocked_args(lepe=False)),
+    "mhla-lepe": lambda: (fused.segmented_attention, blocked_args(lepe=True)),  # (LePE in the op's kernels)
     "ttt": lambda: (fused_ttt.call_step, (*qkv(N=17), padding_mask(17), ttt_weights(), 0.125, 0.5)),
 }
 
@@ -92,9 +95,9 @@ def test_direct_call_gives_the_custom_ops_values_and_gradients(case, monkeypatch
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("case", ["elu", "mhla-recompute", "ttt"])
+@pytest.mark.parametrize("case", ["elu", "mhla-lepe", "ttt"])
 def test_direct_call_keeps_what_the_custom_op_keeps(case, monkeypatch):
-    """The same tensors saved for backward (o left out when recomputed), so the memory is the op's."""
+    """The same tensors saved for backward (MHLA's blocked op: no o), so the memory is the op's."""
     def saved_shapes() -> list[tuple[int, ...]]:
         form, args = CALLS[case]()
         shapes: list[tuple[int, ...]] = []
@@ -230,9 +233,8 @@ def test_torch_export_records_the_fused_op_and_its_graph_runs_with_grad(name, mo
     x = torch.randn(2, 17, 64, generator=torch.Generator().manual_seed(0)).to(DEVICE)
     exported = torch.export.export(module, (x,))
     ops = [str(node.target) for node in exported.graph.nodes if "vitconvert" in str(node.target)]
-    op = {"elu": ["linear_attention"], "mhla": [form + "_attention"] + (["grid_conv"] if form == "blocked" else []),
-          "ttt": ["ttt_step"]}[name]  # (MHLA blocked: LePE, pairwise: LePE in its kernels; TTT: the key norm and
-    # both convs in the step)
+    op = {"elu": ["linear_attention"], "mhla": [form + "_attention"], "ttt": ["ttt_step"]}[name]  # (MHLA: LePE in
+    # the kernels of either form; TTT: the key norm and both convs in the step)
     assert ops == [f"vitconvert.{o}.default" for o in op], ops  # (TTT: the plain step, no checkpoint, under export)
     out = exported.module()(x)  # grad on, parameters that require grad
     assert torch.equal(out.detach(), module(x).detach())

@@ -317,9 +317,9 @@ def test_at_224_px_the_pairwise_kernels_move_less_than_half_the_blocked_ones(mon
     the block's tokens at d = 64) and normalises q and k in torch, where the pairwise form reads q, k, v and writes
     o, normalising q and k as they load (2 launches: forward, and backward, a program per batch·head whose epilogues
     finish the norm's backward of q and of k): within issue 37's 12 q-sized passes (q, k, v, o forward; q, k, v, do,
-    dq, dk, dv backward, and per-layer constants). Here LePE is off: the pairwise form adds it in its kernels'
-    epilogues, the blocked one on the grid op (one kernel each way, test_fused_grid.py), and without it the blocked
-    op keeps o (5 launches: backward does not read it out again)."""
+    dq, dk, dv backward, and per-layer constants). Here LePE is off (both forms add it in their kernels: the
+    pairwise in its epilogues, the blocked in its read-out and state backward, test_split_launches.py); the blocked
+    form takes 5 launches (2 forward, 3 backward)."""
     import timm
     from helpers import load_benchmark
 

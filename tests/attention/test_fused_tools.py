@@ -37,9 +37,11 @@ def test_custom_ops_pass_torch_library_checks():
     torch.library.opcheck(fused.blocked_attention, (q, k, v, mask, index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6),
                           test_utils=tests)
     weights = [(1 + torch.rand(64, device=DEVICE)).requires_grad_() for _ in range(2)]  # MHLA's RMSNorm in the op
-    for table, mix, recompute in ((index, mixing, True), (None, torch.ones(1, 1, device=DEVICE), False)):
+    lepe = ((torch.randn(64, 1, 3, 3, device=DEVICE) / 3).requires_grad_(),
+            torch.randn(64, device=DEVICE).requires_grad_(), 6, 6, 4)  # (LePE: filters, bias, the 6×6 grid after 4)
+    for table, mix, extra in ((index, mixing, lepe), (None, torch.ones(1, 1, device=DEVICE), ())):
         torch.library.opcheck(fused.blocked_attention, (q, k, v, mask, table, mix, fused.RELU_PLUS_EPS, 1e-6, 1e-6,
-                                                        *weights, 1e-6, recompute), test_utils=tests)
+                                                        *weights, 1e-6, *extra), test_utils=tests)
     for inline in (False, True):
         torch.library.opcheck(fused.linear_attention, (q, k, v, mask, fused.RELU, 0.0, 1e-6, 0.125, inline),
                               test_utils=tests)

@@ -18,7 +18,7 @@ OPS = Path(vitconvert.attention.__file__).parent / "ops"
 MEASURED = re.compile(r"\b\d+(?:[-–]\d+)?\s+(?:registers?|regs|spill(?:s|ed)?)\b|\bspill(?:s|ed)?\s+\d+"
                       r"|\bTriton\s+\d+\.\d+", re.IGNORECASE)
 
-OP_NAMES = {"linear_attention", "blocked_attention", "pairwise_attention", "grid_conv", "ttt_step"}
+OP_NAMES = {"linear_attention", "blocked_attention", "pairwise_attention", "ttt_step"}
 
 
 def test_no_kernel_source_states_a_measured_count():

@@ -67,7 +67,7 @@ def test_mhla_takes_the_form_that_moves_less():
     blocked = plan.plan_layer(layer("mhla", grid=(24, 24)), plan.GPUS["h100"], torch.bfloat16, 16,
                               settings=KernelSettings())
     assert blocked.op == "blocked_attention" and blocked.forward == ("state_fwd_kernel", "readout_fwd_kernel")
-    assert blocked.others  # (LePE on the grid op)
+    assert len(blocked.backward) == 3 and not blocked.others  # (W̃ and LePE in its kernels: no grid op)
     forced = plan.plan_layer(mhla, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings(form="blocked"))
     assert forced.op == "blocked_attention"
 

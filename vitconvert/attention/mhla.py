@@ -50,7 +50,6 @@ from .blocks import (  # noqa: F401  (block_layout, block_indices: importable fr
 )
 from .kernel import kernel_attention, with_ones
 from .ops import dispatch
-from .ops.grid import op as fused_grid
 from .ops.linear import op as fused
 from .ops.linear.reference import kernel_attention_reference
 from .ops.norms.lean import layer_norm_linear, rms_rows
@@ -273,10 +272,9 @@ class MHLAttention(LinearAttention):
                    grid: Grid) -> torch.Tensor:
         """:meth:`mix` on the Triton kernels: the RMSNorm of q and k, φ and W̃'s weighting in one op (which keeps
         only the raw q, k, v), in its pairwise form (N×N tiles, ops/pairwise/op.py, LePE in its kernels' epilogues)
-        or its blocked form (block states mixed and read), whichever moves less
-        (:func:`.ops.pairwise.op.pairwise_is_cheaper`); the blocked form's LePE added to its output by the grid op
-        (:mod:`.ops.grid.op`: one kernel; torch where it cannot build). No grid: one block of all tokens, the blocked
-        form (one d×d state per head)."""
+        or its blocked form (block states mixed by W̃ in the state kernel's last programs, then read, LePE in the
+        read-out's epilogue), whichever moves less (:func:`.ops.pairwise.op.pairwise_is_cheaper`). No grid: one block
+        of all tokens, the blocked form (one d×d state per head)."""
         q, k, norms = q.to(v.dtype), k.to(v.dtype), self._fused_norm_args(v)
         if grid is None:
             ones = torch.ones(1, 1, dtype=v.dtype, device=v.device)
@@ -284,36 +282,17 @@ class MHLAttention(LinearAttention):
                                              *norms)
         self._check_grid(q.shape[2], grid)
         mixing = extended_block_mix(self.block_mix)
-        out: Optional[torch.Tensor] = None
+        lepe = (None, None) if self.lepe is None else (self.lepe.weight, self.lepe.bias)
         if (fused_pairwise.pairwise_is_cheaper(q.shape[2], mixing.shape[0], q.shape[3], v.dtype)
                 and dispatch.fits("pairwise_attention")):  # (where its kernels cannot build: the blocked form)
             segments = token_segments(grid, self.block_counts, self.num_prefix_tokens, q.device)
-            lepe = (None, None) if self.lepe is None else (self.lepe.weight, self.lepe.bias)
             out = dispatch.attempt("pairwise_attention", fused_pairwise.pairwise, q, k, v, key_valid, segments, mixing,
-                                fused.RELU_PLUS_EPS, self.eps, self.eps, *norms, *lepe, grid, self.num_prefix_tokens)
+                                   fused.RELU_PLUS_EPS, self.eps, self.eps, *norms, *lepe, grid, self.num_prefix_tokens)
             if out is not None:
                 return out
-        if out is None:
-            index = segment_index(grid, self.block_counts, self.num_prefix_tokens, q.device)
-            out = fused.segmented_attention(q, k, v, key_valid, index, mixing, fused.RELU_PLUS_EPS, self.eps,
-                                            self.eps, *norms, self.lepe is not None)
-        if self.lepe is None:
-            return out
-        if dispatch.can_run(v, "grid_conv"):  # out + LePE in one kernel (ops/grid/op.py), else in torch
-            summed = dispatch.attempt("grid_conv", fused_grid.conv_on_grid, v, out, self.lepe.weight, self.lepe.bias,
-                                      key_valid, grid, self.num_prefix_tokens)
-            if summed is not None:
-                return summed
-        bias = self.lepe.bias
-        lepe = F.conv2d(to_grid(self._masked_spatial_v(v, key_valid), grid), self.lepe.weight.to(v.dtype),
-                        bias.to(v.dtype) if bias is not None else None, padding=self.lepe_padding,
-                        groups=self.lepe.groups)
-        # one add in the (B, N, C) layout of the heads' merge (o's storage order; the sum keeps it, so the merge is
-        # a view): no split and cat of the prefix, whose tokens get zeros by one pad of the conv output
-        B, H, N, d = out.shape
-        tokens = F.pad(lepe.flatten(2), (self.num_prefix_tokens, 0)) if self.num_prefix_tokens else lepe.flatten(2)
-        merged = out.transpose(1, 2).reshape(B, N, H * d) + tokens.transpose(1, 2).to(out.dtype)
-        return merged.view(B, N, H, d).transpose(1, 2)
+        index = segment_index(grid, self.block_counts, self.num_prefix_tokens, q.device)
+        return fused.segmented_attention(q, k, v, key_valid, index, mixing, fused.RELU_PLUS_EPS, self.eps, self.eps,
+                                         *norms, *lepe, grid, self.num_prefix_tokens)
 
     def _fused_norm_args(self, v: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], float]:
         """(q weight, k weight, ε) of the RMSNorm the blocked op applies; ε as F.rms_norm's: float32's under

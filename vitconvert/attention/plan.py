@@ -206,10 +206,10 @@ def _on_the_grid_op(plan: KernelPlan, grid: launch_plan.GridLaunches, *kernels: 
 
 
 def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
-    """MHLA: the pairwise form (N×N tiles, LePE in its kernels' epilogues) or the blocked one (block states mixed,
-    then read; LePE on the grid op), whichever moves less."""
+    """MHLA: the pairwise form (N×N tiles, LePE in its kernels' epilogues) or the blocked one (block states mixed by
+    the state kernel's last programs, then read; LePE in the read-out's and state backward's), whichever moves less."""
     plan = _geometry(plan, module, call)
-    grid, lepe = module.grid_size, getattr(module, "lepe", None) is not None
+    grid = module.grid_size
     counts = module.block_counts
     segments = counts[0] * counts[1] + 1 if grid else 1
     if grid and pairwise_is_cheaper(call.tokens, segments, module.head_dim, call.dtype, call.settings.form):
@@ -224,12 +224,10 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
     length = segment_index(grid, counts, module.num_prefix_tokens, torch.device("cpu")).shape[1] if grid else \
         call.tokens
     plan = _launches(plan, module, call, segments, length, False)
-    again = ("readout_fwd_kernel",) if lepe and grid else ()  # (o read out again: the op does not keep it)
     readout_bwd = _chunked("readout_bwd_kernel", plan.launches.readout_bwd_block_n, plan)
-    plan = replace(plan, forward=("state_fwd_kernel", "readout_fwd_kernel"),
-                   backward=("state_fwd_kernel", *again, readout_bwd, "state_bwd_kernel"))
-    on_grid = _grid_op(module, call) if lepe else None
-    return _on_the_grid_op(plan, on_grid, "grid_conv_fwd_kernel", "grid_conv_bwd_kernel") if on_grid else plan
+    return replace(plan, forward=("state_fwd_kernel", "readout_fwd_kernel"),  # (W̃'s mixing in the state kernel's
+                   backward=("state_fwd_kernel", readout_bwd, "state_bwd_kernel"))  # last programs, LePE in the
+    # read-out's and the state backward's epilogues)
 
 
 def _ttt(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:

@@ -36,9 +36,10 @@ from .settings import KernelSettings
 # form runs (what each builds to: benchmarks/kernel_resources.py --arch sm_90 --ops "linear_attention elu").
 ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM = 64
 HALF_TILES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-# A grid-op program's tokens × head channels. Every tap is a shifted load of the tile, and Triton keeps several in
-# flight: the attention kernels' 64 × 64 tile on 4 warps does not fit LePE's 5×5 forward for sm_90 as 32 × 64 on 8
-# warps does (benchmarks/kernel_resources.py --arch sm_90 --ops "grid_conv lepe"). Their speed is not measured.
+# A grid kernel's program's tokens × head channels (TTT's key statistics and convs' backward where heads split).
+# Every tap is a shifted load of the tile, and Triton keeps several in flight: 32 × 64 on 8 warps, where the
+# attention kernels take 64 × 64 on 4 (benchmarks/kernel_resources.py --arch sm_90 --ops "ttt_step split"). Their
+# speed is not measured.
 GRID_TILE_ELEMENTS = 2048
 
 

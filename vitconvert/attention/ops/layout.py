@@ -1,9 +1,10 @@
 """How every fused op lays out the tensors its launches take and make, whatever its folder: rows the kernels step
-through by 1, outputs stored as (B, N, H, d), strides, the mask argument, the valid keys and partial sums."""
+through by 1, outputs stored as (B, N, H, d), strides, the mask argument, the valid keys, partial sums and MHLA's
+LePE arguments (its pairwise and blocked ops add LePE in their kernels)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -45,3 +46,34 @@ def _total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
     if partials.shape[2] == 1:  # one view op, not a squeeze and a view (each op costs host time)
         return partials.view(batch, heads, partials.shape[1], *partials.shape[3:])
     return partials.sum(2).view(batch, heads, partials.shape[1], *partials.shape[3:])
+
+
+class Lepe(NamedTuple):
+    """LePE's arguments of the kernels: (H·d, KS·KS) float32 filters, float32 bias, whether on, KS (placeholders
+    when off or without a bias)."""
+    filters: torch.Tensor
+    bias: torch.Tensor
+    on: bool
+    size: int
+
+
+def lepe_args(q: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], rows: int, cols: int,
+              prefix: int) -> Lepe:
+    """:class:`Lepe` of a (C, 1, KS, KS) weight over the rows × cols grid after ``prefix`` tokens of q."""
+    if weight is None:
+        return Lepe(q, q, False, 1)
+    if q.shape[2] - prefix != rows * cols:  # (the kernels would read the rest as grid tokens off its edge)
+        raise ValueError(f"{q.shape[2]} tokens do not form {prefix} prefix tokens and a {rows}x{cols} grid")
+    filters = weight.reshape(weight.shape[0], -1).to(torch.float32).contiguous()
+    return Lepe(filters, filters if bias is None else bias.to(torch.float32).contiguous(), True, weight.shape[-1])
+
+
+def lepe_gradients(dweight: torch.Tensor, dbias: torch.Tensor,
+                   weight: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dweight (C, 1, KS, KS), dbias (C,)) float32 of LePE from the kernel's, one (C, KS·KS) and (C,) per image in
+    the weight's layout: summed over the batch in a fixed order (one image: the kernel's own); empty without LePE."""
+    if weight is None:
+        return dweight, dbias
+    if dweight.shape[0] == 1:
+        return dweight.view(weight.shape), dbias.view(-1)
+    return dweight.sum(0).view(weight.shape), dbias.sum(0)

@@ -1,4 +1,4 @@
-"""Triton kernels of the depthwise convs on the patch grid that TTT (q and k) and MHLA (LePE over v) apply.
+"""Triton pieces of the depthwise convs on the patch grid that TTT (q and k) and MHLA (LePE over v) apply.
 
 A (B, H, N, d) tensor x holds P prefix tokens, then a ROWS×COLS grid of spatial tokens; channel (h, c) has its own
 KS×KS filter w. With x̂ = x, or the instance-normalised (x − μ)·r (TTT's keys: μ, r per batch and channel, float32),
@@ -7,19 +7,21 @@ and m the key mask (1 without one),
     y_t = base_t + bias + Σ_tap w[tap]·(x̂·m)_{t + off(tap)}     (spatial t; zero outside the grid)
     y_t = base_t                                               (prefix t)
 
-with base = x̂ (TTT's residual conv) or a tensor of its own (MHLA: the attention's output). One pass: every tap is
-a shifted load of the same rows (L2 holds them), float32 sums, one store, where torch runs the norm's output,
-the conv, the prefix's concatenation (and, for LePE, a pad and an add) as passes of their own.
+with base = x̂ (TTT's residual conv) or a tensor of its own (MHLA: the attention's output). Every tap is a shifted
+load of the same rows (L2 holds them), summed in float32 (:func:`conv_taps`), inside the kernels that read x: TTT's
+step kernels add their convs to q and k as the tiles load, MHLA's read-out and pairwise kernels add LePE in their
+epilogues.
 
-Backward is the transposed gather: dx̂_t = [base is x̂]·dy_t + m_t·Σ_tap w[tap]·dy_{t − off(tap)}, with
-per-program partial sums of dw (Σ dy_t·(x̂·m)_{t + off}) and dbias (MHLA's LePE: whole taps per program);
-through the norm it is LayerNorm's over the tokens, dx = r·(dx̂ − m·(Σ dx̂ + x̂·Σ dx̂·x̂)/n), whose two sums over all
-tokens need a first launch (``SUMS``) before the second writes dx (``WRITE_DX``); without the norm one launch does
-both. TTT's step kernels take the pieces where a program owns a head: :func:`key_statistics` in its forward,
-:func:`residual_conv_backward` in its backward.
-A program owns BLOCK_M tokens (the launch grid is made of them). The kernels take no dots: the settings
-:func:`.dispatch.launch` passes every kernel and may make leaner (BLOCK_N, TILE, PRECISION, EMULATE) are accepted
-and unused, so the grid never depends on them.
+Backward is the transposed gather: dx̂_t = [base is x̂]·dy_t + m_t·Σ_tap w[tap]·dy_{t − off(tap)}
+(:func:`conv_taps_backward`), dw = Σ dy_t·(x̂·m)_{t + off} and dbias = Σ dy over grid tokens
+(:func:`filter_gradient`); through the norm it is LayerNorm's over the tokens, dx = r·(dx̂ − m·(Σ dx̂ + x̂·Σ dx̂·x̂)/n).
+TTT's step kernels take the pieces where a program owns a head: :func:`key_statistics` in its forward,
+:func:`residual_conv_backward` in its backward. Where heads split, two kernels run on their own (ops/grid/op.py):
+:func:`key_moments_kernel` and :func:`grid_conv_bwd_kernel`, whose partial sums of dw and dbias, and through the norm
+of Σ dx̂ and Σ dx̂·x̂ over all tokens, take a first launch (``SUMS``) before the second writes dx (``WRITE_DX``);
+without the norm one launch does both. A program owns BLOCK_M tokens (the launch grid is made of them). The kernels
+take no dots: the settings :func:`.dispatch.launch` passes every kernel and may make leaner (BLOCK_N, TILE,
+PRECISION, EMULATE) are accepted and unused, so the grid never depends on them.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..linear.split_kernels import _last_program, _ticket_back
+from ..linear.tickets import _last_program, _ticket_back
 
 
 @triton.jit
@@ -260,39 +262,16 @@ def residual_conv_backward(x_at, s_xn, dy_at, s_gn, dx_at, s_dn, WEIGHT, MASK, s
 
 
 @triton.jit
-def grid_conv_fwd_kernel(
-    X, BASE, WEIGHT, BIAS, MASK, STATS, Y,
-    s_xb, s_xh, s_xn, s_bb, s_bh, s_bn, s_mb, s_yb, s_yh, s_yn,
-    B, H, N, D, P, ROWS, COLS,
-    KS: tl.constexpr, NORM: tl.constexpr, HAS_BASE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
-):
-    """y of BLOCK_M tokens of one (batch, head): grid (B·H, ⌈N / BLOCK_M⌉). WEIGHT: (H·D, KS·KS) float32."""
-    bh, tile, b, h, d, d_ok, t, t_ok = _program(H, N, D, BLOCK_M, BLOCK_D)
-    x_at = X + b * s_xb + h * s_xh
-    mean, rstd = _statistics(STATS, B, H, D, b, h, d, d_ok, NORM)
-    acc = conv_taps(x_at, s_xn, t, d, d_ok, WEIGHT, BIAS, MASK, s_mb, b, h, N, D, P, ROWS, COLS, mean, rstd,
-                    KS, NORM, HAS_BIAS, HAS_MASK, BLOCK_M, BLOCK_D)
-    tile_ok = t_ok[:, None] & d_ok[None, :]
-    if HAS_BASE:
-        acc += tl.load(BASE + b * s_bb + h * s_bh + t[:, None] * s_bn + d[None, :], mask=tile_ok,
-                       other=0.0).to(tl.float32)
-    else:
-        acc += _normed(x_at, s_xn, t, t_ok, d, d_ok, mean, rstd, NORM)
-    tl.store(Y + b * s_yb + h * s_yh + t[:, None] * s_yn + d[None, :], acc.to(Y.dtype.element_ty), mask=tile_ok)
-
-
-@triton.jit
 def grid_conv_bwd_kernel(
     X, DY, WEIGHT, MASK, STATS, SUMS_IN, COUNT, DX, DW, DBIAS, SUMS_OUT,
     s_xb, s_xh, s_xn, s_gb, s_gh, s_gn, s_mb, s_db, s_dh, s_dn,
     B, H, N, D, P, ROWS, COLS, TILES,
-    KS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_MASK: tl.constexpr,
-    SUMS: tl.constexpr, WRITE_DX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+    KS: tl.constexpr, NORM: tl.constexpr, HAS_MASK: tl.constexpr, SUMS: tl.constexpr, WRITE_DX: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
-    """Backward of :func:`grid_conv_fwd_kernel` over BLOCK_M tokens (grid as the forward's). ``SUMS``: this
+    """Backward of the residual conv y = x̂ + bias + conv(x̂·m) over BLOCK_M tokens of one (batch, head), grid
+    (B·H, ⌈N / BLOCK_M⌉) (TTT's convs where heads split over token ranges). ``SUMS``: this
     program's partial dw (B·H, TILES, KS·KS, D) and dbias (B·H, TILES, D), and with ``NORM`` the partial
     Σ dx̂ and Σ dx̂·x̂ (2, B·H, TILES, D). ``WRITE_DX``: dx, with ``NORM`` from the summed SUMS_IN (2, B, H, D)
     and the valid keys' count per batch COUNT (B,) float32."""
@@ -324,8 +303,7 @@ def grid_conv_bwd_kernel(
             src, ok = _source(MASK, b, s_mb, r_out, out_ok, col, j - KS // 2, P, COLS, HAS_MASK)
             x_src = _normed(x_at, s_xn, src, ok, d, d_ok, mean, rstd, NORM)
             tl.store(DW + ((bh * TILES + tile) * (KS * KS) + tap) * D + d, tl.sum(dy * x_src, axis=0), mask=d_ok)
-    if RESIDUAL:
-        dx_hat += dy
+    dx_hat += dy  # (the residual's)
     if SUMS:
         tl.store(DBIAS + (bh * TILES + tile) * D + d, tl.sum(tl.where(spatial[:, None], dy, 0.0), axis=0), mask=d_ok)
     if NORM:

@@ -1,5 +1,5 @@
-"""The grid op's reference: ``vitconvert::grid_conv`` written out token by token and tap by tap (slow; for the
-tests and benchmarks that check the kernels and the eager form against it)."""
+"""The depthwise conv on the patch grid written out token by token and tap by tap (slow): the oracle the tests hold
+:func:`.op.grid_conv_eager` and the grid kernels' backward to."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 def grid_conv_reference(x: torch.Tensor, base: Optional[torch.Tensor], weight: torch.Tensor,
                         bias: Optional[torch.Tensor], key_valid: Optional[torch.Tensor], grid: tuple[int, int],
                         prefix: int, norm_eps: Optional[float]) -> torch.Tensor:
-    """The op's formula token by token and tap by tap: x̂ = x or (x − mean)/√(var + ε) over the valid tokens,
+    """The conv's formula token by token and tap by tap: x̂ = x or (x − mean)/√(var + ε) over the valid tokens,
     y_t = base_t (x̂_t without one), + bias + Σ_taps w·x̂ of the valid grid neighbours for grid tokens."""
     B, H, N, d = x.shape
     rows, cols = grid

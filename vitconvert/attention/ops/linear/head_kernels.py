@@ -80,10 +80,10 @@ def _read_chunk(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, bias, rz_cols,
     """:func:`_read_out` of one chunk, affine for InLine, normalised for kernel attention."""
     if INLINE:
         _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, bias, rz_cols, feature_eps, eps, FEATURE, False,
-                  FULL, TILE, PRECISION, EMULATE)
+                  FULL, TILE, PRECISION, EMULATE, None)
     else:
         _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, bias, rz_cols, feature_eps, eps, FEATURE, True,
-                  FULL, TILE, PRECISION, EMULATE)
+                  FULL, TILE, PRECISION, EMULATE, None)
 
 
 @triton.jit

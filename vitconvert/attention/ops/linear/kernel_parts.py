@@ -7,25 +7,22 @@ InLine; MHLA's spatial blocks plus one prefix segment), each segment s gets a st
 
     S_s = Σ_j m_j φ(k_j) v_jᵀ (d×d),   z_s = Σ_j m_j φ(k_j),   zv_s = Σ_j m_j v_j    (m_j: the key mask)
 
-and each query of segment a reads a state R_a (made from the S_s by the state kernel's last program, or for MHLA's
-mixing by the caller, in torch: a d×d affair):
+and each query of segment a reads a state R_a, which the state kernel's last program makes from the S_s (MHLA's
+mixing by W̃ too: :mod:`.mixing_parts`):
 
     normalised:  o_i = φ(q_i)ᵀ R_a / (φ(q_i)·r_a + ε)       (kernel attention, MHLA)
     affine:      o_i = q_iᵀ R_a + b_a                         (InLine)
 
-A program walks its tokens in chunks of BLOCK_N: loads are bf16/fp16 tiles, the feature map is made in the dots'
-operand dtype (ELU's and ReLU's on bf16 pairs: :func:`_phi_tile`) or in float32 where float32 reads it, the
-reciprocal of the normaliser in float32, and the dots run on tensor cores with float32 accumulators on TILE
-operands: bf16 for bf16 inputs of ELU, ReLU and InLine (launches.kernel_tiles: a third fewer instructions, the
-tests' bf16 bars held), float32 as TF32 for the other half inputs (φ(k), R and φ(q) keep 3 more bits than in
-bf16; float16's range is too short for a long sequence's sums), or float32 inputs as torch's TF32 switch says.
-Sums over a chunk's tokens that would otherwise be reduced across warps every chunk (ELU's z, the normaliser
-φ(q)·r, the read-out backward's do·o) are dots on the operand already made (each φ made once; per-query factors
-come out in the dots' layout, so no float32 tile changes layout through shared memory), the others wait in
-registers until after the loop;
-whole chunks run without bounds masks (FULL). Backward recomputes φ from q and k, so nothing N-sized beyond q, k, v
-and the output is kept. The instructions each main loop costs:
-benchmarks/kernel_instructions.py.
+A program walks its tokens in chunks of BLOCK_N: loads are bf16/fp16 tiles, φ is made in the dots' operand dtype
+(ELU's and ReLU's on bf16 pairs: :func:`_phi_tile`) or in float32 where float32 reads it, the normaliser's
+reciprocal in float32, and the dots run on tensor cores with float32 accumulators on TILE operands: bf16 for bf16
+inputs of ELU, ReLU and InLine (a third fewer instructions, the tests' bf16 bars held), float32 as TF32 for the
+other half inputs (float16's range is too short for a long sequence's sums), or float32 inputs as torch's TF32
+switch says. Sums over a chunk's tokens that would otherwise be reduced across warps every chunk (ELU's z, the
+normaliser φ(q)·r, the read-out backward's do·o) are dots on the operand already made (per-query factors come out
+in the dots' layout, so no float32 tile changes layout through shared memory), the others wait in registers until
+after the loop; whole chunks run without bounds masks (FULL). Backward recomputes φ from q and k, so nothing
+N-sized beyond q, k, v and the output is kept. Instructions per main loop: benchmarks/kernel_instructions.py.
 
 Under ``TRITON_INTERPRET=1`` (the CPU tests) the interpreter's dot of 16-bit tiles is wrong, so ``EMULATE``
 rounds the operands to their dtype and multiplies them in float32: the same products a tensor core forms.
@@ -170,11 +167,9 @@ def _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, HAS_MA
 def _add_to_state(acc, z_cols, z_rows, zv_rows, phi_k, v, FEATURE: tl.constexpr, SUM_V: tl.constexpr,
                   TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
     """S += φ(k)ᵀ v over one chunk (φ(k) in the TILE dtype: :func:`_phi_tile`), and z += φ(k), zv += v (SUM_V)
-    without a reduction across warps per chunk:
-    elu + 1's z as a dot on S's operand (``z_cols``: (d, :data:`COLS`), each column z), so its exp runs once, in the
-    dot's layout (summed in registers, Triton made φ(k) a second time in theirs); the others' in registers, token
-    rows summed after the loop (``z_rows``, ``zv_rows``; fewer instructions than the dot: kernel_instructions.py).
-    Row sums of one row are summed per chunk instead: fewer registers (the one-launch backward's)."""
+    without a reduction across warps per chunk: elu + 1's z as a dot on S's operand (``z_cols``: (d, :data:`COLS`),
+    each column z: its exp runs once, in the dot's layout); the others' in registers, token rows summed after the
+    loop (``z_rows``, ``zv_rows``; fewer instructions than the dot), or per chunk where one row (fewer registers)."""
     phi_t = tl.trans(phi_k)
     acc += _dot(phi_t, v.to(TILE), PRECISION, EMULATE)
     if FEATURE == 1 and phi_k.shape[1] <= DOT_SUMS_MAX:
@@ -232,8 +227,7 @@ def _columns(r, TILE: tl.constexpr):
 @triton.jit
 def _denominator(phi_q, rz, rz_cols, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
     """φ(q)·r per query from φ(q) as a tile: up to :data:`DOT_SUMS_MAX` :func:`_row_dot` (``rz_cols``: r as it
-    takes it), above a float32 sum. The read-out and its backward both take it: the backward's 1/den is the
-    forward's."""
+    takes it), above a float32 sum; the read-out and its backward both take it (the backward's 1/den the forward's)."""
     if phi_q.shape[1] <= DOT_SUMS_MAX:
         den = _row_dot(phi_q, rz_cols, PRECISION, EMULATE)
     else:
@@ -275,9 +269,10 @@ def _query_terms(q, g, o, tile, rz, rz_cols, feature_eps, FEATURE: tl.constexpr,
 @triton.jit
 def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps, eps,
               FEATURE: tl.constexpr, NORMALISE: tl.constexpr, FULL: tl.constexpr, TILE: tl.constexpr,
-              PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """One chunk of queries: o = φ(q) R / (φ(q)·r + ε), or q R + r (affine), stored in o's dtype (one reciprocal
-    of the denominator per query, not a division per entry; ``rz_cols``: r as :func:`_row_dot` takes it)."""
+              PRECISION: tl.constexpr, EMULATE: tl.constexpr, extra):
+    """One chunk of queries: o = φ(q) R / (φ(q)·r + ε), or q R + r (affine), plus ``extra`` (a float32 tile, or
+    None), stored in o's dtype (one reciprocal of the denominator per query, not a division per entry;
+    ``rz_cols``: r as :func:`_row_dot` takes it)."""
     q = _load(q_base, tok, d, s_qn, tile, FULL)
     phi_q = _phi_tile(q, FEATURE, feature_eps, TILE, EMULATE)
     if not FULL:
@@ -287,15 +282,16 @@ def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, fea
         o = num * (1.0 / (_denominator(phi_q, rz, rz_cols, PRECISION, EMULATE) + eps))[:, None]
     else:
         o = num + rz[None, :]
+    if extra is not None:
+        o += extra
     _store(o_base, tok, d, s_on, o, tile, FULL)
 
 
 @triton.jit
 def _add_row_sums(acc, x, w, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
     """acc += Σ_i w_i x_i over a chunk's rows: up to :data:`DOT_SUMS_MAX` a dot xᵀ (w in :data:`COLS` columns) on the
-    operand the chunk's dR dot already stages (``acc``: (BLOCK_D, COLS), each column the sum; no per-element
-    multiply-add, no barrier, fewer registers than rows), above it rows summed after the loop or, ``acc`` of one
-    row, across warps per chunk (:func:`_add_to_state`'s choice)."""
+    operand the chunk's dR dot stages (``acc``: (BLOCK_D, COLS), each column the sum: no barrier, fewer registers),
+    above it rows summed after the loop or, ``acc`` of one row, across warps per chunk (as :func:`_add_to_state`)."""
     if x.shape[1] <= DOT_SUMS_MAX:
         acc += _dot(tl.trans(x.to(TILE)), _columns(w, TILE), PRECISION, EMULATE)
     elif acc.shape[0] == 1:
@@ -331,7 +327,7 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
                        TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
     """One chunk of queries of the read-out's backward: dq stored, dR (as dRᵀ: ``dr``) and dr (``drz``,
     :func:`_add_row_sums`' accumulator) summed on; ``r_t``: Rᵀ as a tile, ``rz_cols``: r as :func:`_denominator`
-    takes it.
+    takes it; ``o_base`` None: o not kept, do·o = φq·(do Rᵀ)/den from the dot dq takes anyway.
 
     normalised: dq = φ'(q) ⊙ (do Rᵀ − (do·o) r) / den, dRᵀ = Σ doᵀ (φq/den), dr = −Σ (φq/den)(do·o). φq is the
     read-out's operand tile (:func:`_phi_tile`) and, on 16-bit tiles, den the read-out's; there den and do·o are
@@ -345,9 +341,12 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
     g = _load(g_base, tok, d, s_gn, tile, FULL)
     grad = _dot(g.to(TILE), r_t, PRECISION, EMULATE)
     if NORMALISE:
-        phi_q, den, g_o = _query_terms(q, g, _load(o_base, tok, d, s_on, tile, FULL), tile, rz, rz_cols, feature_eps,
-                                       FEATURE, FULL, TILE, PRECISION, EMULATE)
+        o = g if o_base is None else _load(o_base, tok, d, s_on, tile, FULL)
+        phi_q, den, g_o = _query_terms(q, g, o, tile, rz, rz_cols, feature_eps, FEATURE, FULL, TILE, PRECISION,
+                                       EMULATE)
         inv_den = 1.0 / (den + eps)
+        if o_base is None:  # (the kept o's do·o above is then dead code)
+            g_o = tl.sum(phi_q.to(tl.float32) * grad, axis=1) * inv_den
         p = phi_q.to(tl.float32) * inv_den[:, None]
         dr += _dot(tl.trans(g.to(TILE)), p.to(TILE), PRECISION, EMULATE)
         drz = _add_row_sums(drz, p, -g_o, TILE, PRECISION, EMULATE)
@@ -367,10 +366,10 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
 def _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn, s_dvn,
                     ds_t, ds_tile, dz, dzv, feature_eps, FEATURE: tl.constexpr, HAS_MASK: tl.constexpr,
                     HAS_DZV: tl.constexpr, FULL: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-                    EMULATE: tl.constexpr):
-    """One chunk of keys of the state's backward, dk and dv stored: dφk_j = m_j (dS v_j + dz),
-    dv_j = m_j (dSᵀ φk_j + dzv), dk = dφk ⊙ φ'(k) (``ds_t``, ``ds_tile``: dSᵀ and dS as tiles; HAS_DZV: dzv is not
-    zero)."""
+                    EMULATE: tl.constexpr, STORE_DV: tl.constexpr = True):
+    """One chunk of keys of the state's backward, dk and (STORE_DV) dv stored: dφk_j = m_j (dS v_j + dz), dv_j =
+    m_j (dSᵀ φk_j + dzv), dk = dφk ⊙ φ'(k) (``ds_t``, ``ds_tile``: dSᵀ and dS as tiles; HAS_DZV: dzv is not zero).
+    Returns (v as loaded, dv): without STORE_DV the caller adds to dv and stores it, dk's registers free by then."""
     _, tile, k, v = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, HAS_MASK, FULL)
     k = k.to(tl.float32)
     phi_k = _phi(k, FEATURE, feature_eps)
@@ -381,11 +380,12 @@ def _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, 
     if HAS_DZV:
         dv += dzv[None, :]
     if HAS_MASK or not FULL:
-        dk = tl.where(tile, dk, 0.0)
-        dv = tl.where(tile, dv, 0.0)
+        dk, dv = tl.where(tile, dk, 0.0), tl.where(tile, dv, 0.0)
     store = inside[:, None] & d_ok[None, :]  # masked keys get a zero gradient, written
     _store(dk_base, tok, d, s_dkn, dk, store, FULL)
-    _store(dv_base, tok, d, s_dvn, dv, store, FULL)
+    if STORE_DV:
+        _store(dv_base, tok, d, s_dvn, dv, store, FULL)
+    return v, dv
 
 
 @triton.jit

@@ -10,13 +10,43 @@ their eager forms are :func:`.eager.state` and :func:`.eager.readout`.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
-from ..dispatch import launch
+from ..dispatch import interpreting, launch, triton_next_power_of_2
 from ..launch_plan import linear_launches, tile_kwargs
-from ..layout import _mask_arg, _output_like, unit_rows
+from ..layout import Lepe, _mask_arg, _output_like, unit_rows
+
+
+class OnGrid(NamedTuple):
+    """MHLA's LePE as the blocked op's read-out and state backward take it: v, the key mask, the filters
+    (:func:`..layout.lepe_args`), whether a bias is given, and the rows × cols grid after ``prefix`` tokens."""
+
+    v: torch.Tensor
+    key_valid: Optional[torch.Tensor]
+    lepe: Lepe
+    has_bias: bool
+    rows: int
+    cols: int
+    prefix: int
+
+
+def _block_g(segments: int) -> int:
+    """W̃'s side padded to the mixing's float32 dots (:mod:`.mixing_parts`)."""
+    return max(16, triton_next_power_of_2(segments))
+
+
+def mix_chunk(head_dim: int) -> int:
+    """MIX_CHUNK, the columns of the D·D + D of a segment's state row that the last program mixes at a time
+    (:mod:`.mixing_parts`): 128 on a GPU (registers); in Triton's interpreter, where a step costs about the same
+    whatever its width, half a row rounded up to a power of two (two steps: the loop and the tail's mask still run)."""
+    return max(128, triton_next_power_of_2(-(-(head_dim * head_dim + head_dim) // 2))) if interpreting() else 128
+
+
+def _table(mixing: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """W̃ as the kernels read it (float32, contiguous), or ``like`` (never read) without one."""
+    return like if mixing is None else mixing.to(torch.float32).contiguous()
 
 
 def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
@@ -37,21 +67,33 @@ def segment_states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
     """S (B, H, G, d, d), z and zv (B, H, G, d), float32, over the G segments of ``index`` (all tokens if None);
     zv None unless ``sum_values`` (InLine reads it, the others do not: the kernel leaves its sums out). One launch:
     the token ranges' partial states are summed by the kernel's last program (ops/linear/split_kernels.py)."""
-    S, z, zv, _ = _states(k, v, key_valid, index, feature, feature_eps, sum_values, None)
+    S, z, zv, _, _ = _states(k, v, key_valid, index, feature, feature_eps, sum_values, None)
     return S, z, zv
+
+
+def mixed_states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
+                 mixing: torch.Tensor, feature: int, feature_eps: float,
+                 keep: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(R, r, states) of MHLA's blocked form in one launch: R_a = Σ_s W̃[a, s] S_s and r_a = Σ_s W̃[a, s] z_s (B, H, G,
+    d, d) and (B, H, G, d) float32, mixed by the state kernel's last program of each batch·head; ``states``: the
+    kernel's partial rows, where with ``keep`` each segment's first holds its unmixed [S_s | z_s] (the backward's
+    :func:`readout_gradients` reads them for dW̃)."""
+    R, r, _, _, part = _states(k, v, key_valid, index, feature, feature_eps, False, None, mixing=mixing, keep=keep)
+    return R, r, part
 
 
 def readers(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], feature: int, feature_eps: float,
             scale: float, inline: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(R, r, z, n) of every head in one launch, what its queries read: kernel attention R = S and r = z; InLine
     R = (s/n)(S − z v̄ᵀ) and r = v̄ = zv/n, n (B·H,) the valid keys (z and n: for its backward's chain rule)."""
-    return _states(k, v, key_valid, None, feature, feature_eps, inline, scale if inline else None, True)
+    return _states(k, v, key_valid, None, feature, feature_eps, inline, scale if inline else None, True)[:4]
 
 
 def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
             feature: int, feature_eps: float, sum_values: bool, inline_scale: Optional[float],
-            bf16_tiles: bool = False):
-    """The state kernel's launch (:func:`segment_states`, :func:`readers`): (R, r, aux, n), aux zv or (InLine) z."""
+            bf16_tiles: bool = False, mixing: Optional[torch.Tensor] = None, keep: bool = False):
+    """The state kernel's launch (:func:`segment_states`, :func:`readers`, :func:`mixed_states`): (R, r, aux, n,
+    partial rows), aux zv or (InLine) z; with ``mixing`` R and r mixed by it, a ticket per batch·head."""
     from .split_kernels import state_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     k, v = unit_rows(k), unit_rows(v)
@@ -67,13 +109,14 @@ def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
     mask, s_mb = _mask_arg(key_valid, k)
     launch(state_fwd_kernel, (B * H, segments, splits),
         k, v, mask, index if index is not None else k, part, tickets(B * H * segments, k.device), R, r,
-        r if aux is None else aux, r if n is None else n,
+        r if aux is None else aux, r if n is None else n, _table(mixing, k),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
-        H, length, D, segments, splits, per, feature_eps, inline_scale or 1.0,
+        H, length, D, segments, splits, per, feature_eps, inline_scale or 1.0, int(keep),
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, INLINE=inline_scale is not None,
-        SUM_V=sum_values, EVEN_D=D == block_d, BLOCK_N=block_n, BLOCK_D=block_d, **tile_kwargs(plan.tile),
-        num_warps=warps, num_stages=plan.stages)
-    return R, r, aux, n
+        SUM_V=sum_values, MIX=mixing is not None, EVEN_D=D == block_d, BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), **tile_kwargs(plan.tile), num_warps=warps,
+        num_stages=plan.stages)
+    return R, r, aux, n, part
 
 
 _tickets: dict[torch.device, torch.Tensor] = {}  # device -> the split kernels' int32 tickets, zero between launches
@@ -95,6 +138,17 @@ def state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.
                     feature: int, feature_eps: float, bf16_tiles: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """dk, dv (the dtypes and shapes of k and v, laid out as the output: :func:`_output_like`) from the gradients
     of S, z, zv (None: zero, as for every variant but InLine: no torch op makes the zeros, the kernel adds none)."""
+    dk, dv, _ = lepe_state_gradients(k, v, key_valid, index, dS, dz, dzv, feature, feature_eps, bf16_tiles)
+    return dk, dv
+
+
+def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
+                         index: Optional[torch.Tensor], dS: torch.Tensor, dz: torch.Tensor, dzv: Optional[torch.Tensor],
+                         feature: int, feature_eps: float, bf16_tiles: bool = False, on_grid: Optional[OnGrid] = None,
+                         do: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """:func:`state_gradients`, and with ``on_grid`` (an index table, and ``do``) LePE's backward in the same launch:
+    dv gets its taps of do, and (dweight (B·H, d, KS·KS), dbias (B·H, d)) float32, each batch·head's summed from its
+    chunks' rows by its last program (else an empty tuple)."""
     from .split_kernels import state_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     k, v = unit_rows(k), unit_rows(v)
@@ -105,15 +159,30 @@ def state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.
     dk, dv = _output_like(k), _output_like(v)
     mask, s_mb = _mask_arg(key_valid, k)
     dz = dz.contiguous()
+    lepe = on_grid is not None and on_grid.lepe.on
+    size = on_grid.lepe.size if lepe else 1
+    chunks = -(-min(per, length) // block_n)  # (a range's chunks: each stores a row of LePE's filter gradient)
+    if lepe:
+        do = unit_rows(do)
+        part = k.new_empty((B * H * segments * splits * chunks, (size * size + 1) * D), dtype=torch.float32)
+        dweight = k.new_empty((B * H, D, size * size), dtype=torch.float32)
+        dbias = k.new_empty((B * H, D), dtype=torch.float32)
+        filters, grid = on_grid.lepe.filters, (on_grid.prefix, on_grid.rows, on_grid.cols)
+    else:
+        do = part = dweight = dbias = filters = dz
+        grid = (0, 0, 0)
     launch(state_bwd_kernel, (B * H, segments, splits),
         k, v, mask, index if index is not None else k, dS.contiguous(), dz, dz if dzv is None else dzv.contiguous(),
-        dk, dv, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
+        dk, dv, do, filters, part, tickets(B * H, k.device), dweight, dbias,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        H, length, D, segments, per, feature_eps,
+        *(do.stride()[:3] if lepe else (0, 0, 0)),
+        H, length, D, segments, splits, chunks, per, feature_eps, *grid,
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, HAS_DZV=dzv is not None,
-        EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d, **tile_kwargs(plan.tile),
+        LEPE=lepe, KS=size, EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_T=max(16, triton_next_power_of_2(size * size + 1)) if lepe else 16, **tile_kwargs(plan.tile),
         num_warps=warps, num_stages=plan.stages)
-    return dk, dv
+    return dk, dv, ((dweight, dbias) if lepe else ())
 
 
 def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
@@ -123,8 +192,10 @@ def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Option
 
 
 def read_out(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
-             feature_eps: float, eps: float, normalise: bool, bf16_tiles: bool = False) -> torch.Tensor:
-    """:func:`run_readout`; ``bf16_tiles``: bf16 inputs on bf16 tiles (:func:`..launch_plan.tile_name`)."""
+             feature_eps: float, eps: float, normalise: bool, bf16_tiles: bool = False,
+             on_grid: Optional[OnGrid] = None) -> torch.Tensor:
+    """:func:`run_readout`; ``bf16_tiles``: bf16 inputs on bf16 tiles (:func:`..launch_plan.tile_name`); ``on_grid``
+    (with an index table): o + LePE, added in the same launch."""
     from .split_kernels import readout_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q = unit_rows(q)
@@ -133,12 +204,18 @@ def read_out(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[
     plan = linear_launches(q, B * H, segments, length, bf16_tiles)
     splits, per, block_n, block_d, warps = plan.read_splits, plan.read_per, plan.block_n, plan.block_d, plan.warps
     o = _output_like(q)
+    lepe = on_grid is not None and on_grid.lepe.on
+    v = unit_rows(on_grid.v) if lepe else q
+    mask, s_mb = _mask_arg(on_grid.key_valid if lepe else None, q)
+    filters, bias = (on_grid.lepe.filters, on_grid.lepe.bias) if lepe else (q, q)
     launch(readout_fwd_kernel, (B * H, segments, splits),
-        q, R.contiguous(), r.contiguous(), o, index if index is not None else q,
-        q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        H, length, D, segments, per, feature_eps, eps,
-        FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, EVEN_D=D == block_d, BLOCK_N=block_n,
-        BLOCK_D=block_d, **tile_kwargs(plan.tile), num_warps=warps, num_stages=plan.stages)
+        q, R.contiguous(), r.contiguous(), o, index if index is not None else q, v, mask, filters, bias,
+        q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2), v.stride(0), v.stride(1),
+        v.stride(2), s_mb, H, length, D, segments, per, feature_eps, eps,
+        *((on_grid.prefix, on_grid.rows, on_grid.cols) if lepe else (0, 0, 0)),
+        FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, EVEN_D=D == block_d, LEPE=lepe,
+        KS=on_grid.lepe.size if lepe else 1, HAS_LBIAS=lepe and on_grid.has_bias, HAS_MASK=mask is not q,
+        BLOCK_N=block_n, BLOCK_D=block_d, **tile_kwargs(plan.tile), num_warps=warps, num_stages=plan.stages)
     return o
 
 
@@ -146,19 +223,23 @@ def run_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: t
                             index: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float,
                             normalise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq (q's dtype and :func:`_output_like`'s layout), dR and dr (float32) of :func:`run_readout`."""
-    dq, dR, dr, _ = readout_gradients(q, R, r, o, do, index, feature, feature_eps, eps, normalise, None)
+    dq, dR, dr, _, _ = readout_gradients(q, R, r, o, do, index, feature, feature_eps, eps, normalise, None)
     return dq, dR, dr
 
 
-def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
+def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: Optional[torch.Tensor], do: torch.Tensor,
                       index: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float, normalise: bool,
-                      inline: Optional[tuple[torch.Tensor, torch.Tensor, float]], bf16_tiles: bool = False):
-    """(dq, dS, dz, dzv) in one launch, the partial sums over token ranges summed by the kernel's last program:
+                      inline: Optional[tuple[torch.Tensor, torch.Tensor, float]], bf16_tiles: bool = False,
+                      mixing: Optional[tuple[torch.Tensor, torch.Tensor]] = None):
+    """(dq, dS, dz, dzv, dW̃) in one launch, the partial sums over token ranges summed by the kernel's last program:
     dS = dR, dz = dr and dzv None, or with ``inline`` = (z, n, scale) from :func:`readers`, InLine's chain rule
-    through R = (s/n)(S − z v̄ᵀ) and v̄ = zv/n (ops/linear/split_kernels.py)."""
+    through R = (s/n)(S − z v̄ᵀ) and v̄ = zv/n (ops/linear/split_kernels.py); with ``mixing`` = (W̃, the states of
+    :func:`mixed_states` with keep), MHLA's: dS_s = Σ_a W̃[a, s] dR_a and each batch·head's dW̃ (B·H, G, G) float32
+    (else None). ``o`` None (normalised only): do·o from the kernel's dot of do and R (o is not read)."""
     from .split_kernels import readout_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
-    q, o, do = unit_rows(q), unit_rows(o), unit_rows(do)
+    q, do = unit_rows(q), unit_rows(do)
+    o = q if o is None else unit_rows(o)
     B, H, N, D = q.shape
     segments, length = _segments(index, N)
     plan = linear_launches(q, B * H, segments, length, bf16_tiles)
@@ -169,13 +250,17 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: torc
     dz = q.new_empty((B, H, segments, D), dtype=torch.float32)
     dzv = torch.empty_like(dz) if inline is not None else None
     z, n, scale = inline if inline is not None else (dz, dz, 1.0)
+    table, states = (_table(mixing[0], q), mixing[1]) if mixing is not None else (dz, dz)
+    dmixing = q.new_empty((B * H, segments, segments), dtype=torch.float32) if mixing is not None else None
     launch(readout_bwd_kernel, (B * H, segments, splits),
         q, R.contiguous(), r.contiguous(), o, do, dq, part, tickets(B * H * segments, q.device), z, n, dS, dz,
-        dz if dzv is None else dzv, index if index is not None else q,
+        dz if dzv is None else dzv, index if index is not None else q, states, table,
+        dz if dmixing is None else dmixing,
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
         H, length, D, segments, splits, per, feature_eps, eps, scale,
         FEATURE=feature, NORMALISE=normalise, INLINE=inline is not None, HAS_INDEX=index is not None,
-        EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d, **tile_kwargs(plan.tile),
+        HAS_O=o is not q, MIX=mixing is not None, EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n,
+        BLOCK_D=block_d, BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), **tile_kwargs(plan.tile),
         num_warps=warps, num_stages=plan.stages)
-    return dq, dS, dz, dzv
+    return dq, dS, dz, dzv, dmixing

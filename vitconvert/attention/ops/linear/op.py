@@ -30,12 +30,16 @@ import torch
 
 from ..calls import _direct_function, _eager_gradients, call_op
 from ..dispatch import KernelUnavailable, direct, launch
+from ..grid.op import grid_conv_eager
 from ..launch_plan import linear_launches, tile_kwargs
-from ..layout import _mask_arg, _output_like, _strides, unit_rows, valid_keys
+from ..layout import _mask_arg, _output_like, _strides, lepe_args, lepe_gradients, unit_rows, valid_keys
 from ..norms.lean import rms_pair, through_rms_pair
 from . import eager as fused_eager
 from .eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: F401  (the kernels' φ codes)
 from .launches import (  # noqa: F401  (re-exported: tests and tools call the building blocks from here)
+    OnGrid,
+    lepe_state_gradients,
+    mixed_states,
     read_out,
     readers,
     readout_gradients,
@@ -119,7 +123,7 @@ def run_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
             num_warps=warps, num_stages=plan.stages)
         return dq, dk, dv
     R, r, z, n = readers(k, v, key_valid, feature, feature_eps, scale, inline)  # three launches, no op between
-    dq, dS, dz, dzv = readout_gradients(q, R, r, o, do, None, feature, feature_eps, eps, not inline,
+    dq, dS, dz, dzv, _ = readout_gradients(q, R, r, o, do, None, feature, feature_eps, eps, not inline,
                                         (z, n, scale) if inline else None, True)
     dk, dv = state_gradients(k, v, key_valid, None, dS, dz, dzv, feature, feature_eps, True)
     return dq, dk, dv
@@ -163,27 +167,33 @@ def _attention_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
     return fused_eager.readout(q, R, r, None, feature, feature_eps, eps, not inline)
 
 
-def _mixed(S: torch.Tensor, z: torch.Tensor, mixing: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """R_a = Σ_s W̃[a, s] S_s and r_a = Σ_s W̃[a, s] z_s, in float32 (autocast would round the states to bf16)."""
-    with torch.autocast(S.device.type, enabled=False):
-        m = mixing.to(torch.float32)  # (matmuls over flattened states: an einsum costs more host time than its work)
-        return torch.matmul(m, S.flatten(-2)).view(S.shape), torch.matmul(m, z)
+def _on_grid(q: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
+             weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], rows: int, cols: int,
+             prefix: int) -> Optional[OnGrid]:
+    """LePE's launch arguments (None without its weight; it needs the grid's index table)."""
+    if weight is None:
+        return None
+    if index is None:
+        raise ValueError("LePE in the blocked op needs the grid's index table")
+    return OnGrid(v, key_valid, lepe_args(q, weight, bias, rows, cols, prefix), bias is not None, rows, cols, prefix)
 
 
 def run_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                      index: Optional[torch.Tensor], mixing: torch.Tensor, feature: int, feature_eps: float,
-                      eps: float, q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None,
-                      norm_eps: float = 0.0, recompute_output: bool = False) -> torch.Tensor:
-    """Normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA): the
-    segments' states, W̃'s mixing and the read-out as one op, so autograd keeps neither S nor R. ``index`` None:
-    one segment of all tokens. With ``q_weight`` and ``k_weight``, q and k first get MHLA's RMSNorm over heads
-    (ε ``norm_eps``), a transient here: autograd keeps the raw q and k (views of the qkv projection).
-    ``recompute_output``: autograd does not keep o either (backward reads it out again), for a caller whose next
-    op makes a new tensor of it (MHLA adds LePE) that the layer keeps anyway."""
+                index: Optional[torch.Tensor], mixing: torch.Tensor, feature: int, feature_eps: float, eps: float,
+                q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None, norm_eps: float = 0.0,
+                lepe_weight: Optional[torch.Tensor] = None, lepe_bias: Optional[torch.Tensor] = None, rows: int = 0,
+                cols: int = 0, prefix: int = 0) -> torch.Tensor:
+    """Normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA): two launches,
+    the segments' states mixed by W̃ in the state kernel's last program of each batch·head, then the read-out, so
+    autograd keeps neither S nor R. ``index`` None: one segment of all tokens. With ``q_weight`` and ``k_weight``, q
+    and k first get MHLA's RMSNorm over heads (ε ``norm_eps``), a transient here: autograd keeps the raw q and k
+    (views of the qkv projection). With ``lepe_weight`` (C, 1, KS, KS), the grid tokens (rows × cols after
+    ``prefix``) also get MHLA's LePE, the depthwise conv of the (masked) v, in the read-out's epilogue. Autograd keeps
+    no output: the backward's do·o comes from its dot of do and R."""
     q, k = rms_pair(q, k, q_weight, k_weight, norm_eps)
-    S, z, _ = segment_states(k, v, key_valid, index, feature, feature_eps, False)
-    R, r = _mixed(S, z, mixing)
-    return run_readout(q, R, r, index, feature, feature_eps, eps, True)
+    on_grid = _on_grid(q, v, key_valid, index, lepe_weight, lepe_bias, rows, cols, prefix)
+    R, r, _ = mixed_states(k, v, key_valid, index, mixing, feature, feature_eps, False)
+    return read_out(q, R, r, index, feature, feature_eps, eps, True, False, on_grid)
 
 
 blocked_attention = torch.library.custom_op("vitconvert::blocked_attention", mutates_args=())(run_blocked)
@@ -191,29 +201,31 @@ blocked_attention = torch.library.custom_op("vitconvert::blocked_attention", mut
 
 @blocked_attention.register_fake
 def _(q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight=None, k_weight=None, norm_eps=0.0,
-      recompute_output=False):
+      lepe_weight=None, lepe_bias=None, rows=0, cols=0, prefix=0):
     return _output_like(q)
 
 
-def run_blocked_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: Optional[torch.Tensor],
-                               do: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
-                               mixing: torch.Tensor, feature: int, feature_eps: float,
-                               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv, dW̃ of :func:`blocked_attention`: the states recomputed, the read-out's backward, the mixing's
-    (dW̃ = Σ dR·S + dr·z, dS = W̃ᵀ dR, dz = W̃ᵀ dr), then the states' backward. ``o`` None: read out again."""
-    S, z, _ = segment_states(k, v, key_valid, index, feature, feature_eps, False)
-    R, r = _mixed(S, z, mixing)
-    if o is None:
-        o = run_readout(q, R, r, index, feature, feature_eps, eps, True)
-    dq, dR, dr = run_readout_backward(q, R, r, o, do, index, feature, feature_eps, eps, True)
-    with torch.autocast(S.device.type, enabled=False):
-        m = mixing.to(torch.float32)
-        dR_flat, S_flat = dR.flatten(-2), S.flatten(-2)  # (B, H, G, d·d)
-        dmixing = (torch.tensordot(dR_flat, S_flat, dims=([0, 1, 3], [0, 1, 3]))
-                   + torch.tensordot(dr, z, dims=([0, 1, 3], [0, 1, 3])))
-        dS, dz = torch.matmul(m.t(), dR_flat).view(dR.shape), torch.matmul(m.t(), dr)
-    dk, dv = state_gradients(k, v, key_valid, index, dS, dz, None, feature, feature_eps)
-    return dq, dk, dv, dmixing.to(mixing.dtype)
+def run_blocked_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                         key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor], mixing: torch.Tensor,
+                         feature: int, feature_eps: float, eps: float, lepe_weight: Optional[torch.Tensor] = None,
+                         rows: int = 0, cols: int = 0, prefix: int = 0
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv, dW̃, dlepe_weight, dlepe_bias (float32; empty without LePE) of :func:`blocked_attention` in three
+    launches, no torch op between: the mixed states again (each segment's unmixed one kept), the read-out's backward
+    (its last program of a batch·head: dS_s = Σ_a W̃[a, s] dR_a and the batch·head's dW̃), the states' backward (LePE's:
+    dv's taps of do, the filter's gradient summed by its last program); torch then sums dW̃ and LePE's gradients over
+    the batch."""
+    on_grid = _on_grid(q, v, key_valid, index, lepe_weight, None, rows, cols, prefix)
+    R, r, states = mixed_states(k, v, key_valid, index, mixing, feature, feature_eps, True)
+    dq, dS, dz, _, dmixing = readout_gradients(q, R, r, None, do, index, feature, feature_eps, eps, True, None, False,
+                                               (mixing, states))
+    dk, dv, dlepe = lepe_state_gradients(k, v, key_valid, index, dS, dz, None, feature, feature_eps, False, on_grid,
+                                         do)
+    dmixing = (dmixing.view(mixing.shape) if dmixing.shape[0] == 1 else dmixing.sum(0)).to(mixing.dtype)
+    if not dlepe:
+        return dq, dk, dv, dmixing, q.new_empty((0,)), q.new_empty((0,))
+    B, C = q.shape[0], lepe_weight.shape[0]
+    return dq, dk, dv, dmixing, *lepe_gradients(dlepe[0].view(B, C, -1), dlepe[1].view(B, C), lepe_weight)
 
 
 blocked_attention_backward = torch.library.custom_op("vitconvert::blocked_attention_backward", mutates_args=())(
@@ -221,31 +233,46 @@ blocked_attention_backward = torch.library.custom_op("vitconvert::blocked_attent
 
 
 @blocked_attention_backward.register_fake
-def _(q, k, v, o, do, key_valid, index, mixing, feature, feature_eps, eps):
-    return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(mixing))
+def _(q, k, v, do, key_valid, index, mixing, feature, feature_eps, eps, lepe_weight=None, rows=0, cols=0, prefix=0):
+    lepe = ((q.new_empty((0,)),) * 2 if lepe_weight is None else
+            (torch.empty_like(lepe_weight, dtype=torch.float32), q.new_empty((lepe_weight.shape[0],),
+                                                                            dtype=torch.float32)))
+    return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(mixing), *lepe)
 
 
 def _blocked_setup(ctx, inputs, output) -> None:
-    q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps, recompute = inputs
-    ctx.save_for_backward(q, k, v, None if recompute else output, key_valid, index, mixing, q_weight, k_weight)
+    (q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps, lepe_weight,
+     lepe_bias, rows, cols, prefix) = inputs
+    ctx.save_for_backward(q, k, v, key_valid, index, mixing, q_weight, k_weight, lepe_weight)
     ctx.args = (feature, feature_eps, eps)
+    ctx.grid = (rows, cols, prefix)
     ctx.norm_eps = norm_eps
+    ctx.lepe_bias = None if lepe_bias is None else lepe_bias.dtype
 
 
 def _blocked_backward(ctx, do):
-    q, k, v, o, key_valid, index, mixing, q_weight, k_weight = ctx.saved_tensors
+    q, k, v, key_valid, index, mixing, q_weight, k_weight, lepe_weight = ctx.saved_tensors
 
     def gradients(q_in: torch.Tensor, k_in: torch.Tensor) -> tuple:  # of the op on the normalised q and k
         try:
             grads = run_blocked_backward if direct(do) else blocked_attention_backward
-            return grads(q_in, k_in, v, o, do, key_valid, index, mixing, *ctx.args)
-        except KernelUnavailable as e:
-            dq, dk, dv, _, _, dmixing = _eager_gradients(e, "blocked_attention", _blocked_eager,
-                                                         (q_in, k_in, v, key_valid, index, mixing), (do,), *ctx.args)
-            return dq, dk, dv, dmixing
+            return grads(q_in, k_in, v, do, key_valid, index, mixing, *ctx.args, lepe_weight, *ctx.grid)
+        except KernelUnavailable as e:  # (a stand-in bias of zeros: its gradient does not depend on it)
+            bias = None if ctx.lepe_bias is None else v.new_zeros(lepe_weight.shape[0], dtype=ctx.lepe_bias)
+            dq, dk, dv, _, _, dmixing, dweight, dbias = _eager_gradients(
+                e, "blocked_attention", _blocked_eager, (q_in, k_in, v, key_valid, index, mixing, lepe_weight, bias),
+                (do,), *ctx.args, *ctx.grid)
+            return dq, dk, dv, dmixing, dweight, dbias
 
-    dq, dk, dv, dmixing, dq_weight, dk_weight = through_rms_pair(q, k, q_weight, k_weight, ctx.norm_eps, gradients)
-    return dq, dk, dv, None, None, dmixing, None, None, None, dq_weight, dk_weight, None, None
+    dq, dk, dv, dmixing, dweight, dbias, dq_weight, dk_weight = through_rms_pair(q, k, q_weight, k_weight,
+                                                                                 ctx.norm_eps, gradients)
+    if lepe_weight is None:
+        dweight = dbias = None
+    else:
+        dweight = dweight.to(lepe_weight.dtype)
+        dbias = None if ctx.lepe_bias is None else dbias.to(ctx.lepe_bias)
+    return (dq, dk, dv, None, None, dmixing, None, None, None, dq_weight, dk_weight, None, dweight, dbias, None, None,
+            None)
 
 
 blocked_attention.register_autograd(_blocked_backward, setup_context=_blocked_setup)
@@ -253,12 +280,18 @@ _DirectBlocked = _direct_function("DirectBlocked", run_blocked, _blocked_setup, 
 
 
 def _blocked_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
-                   index: Optional[torch.Tensor], mixing: torch.Tensor, feature: int, feature_eps: float,
-                   eps: float) -> torch.Tensor:
-    """:func:`blocked_attention` in torch, on normalised q and k (its backward's fallback)."""
+                   index: Optional[torch.Tensor], mixing: torch.Tensor, lepe_weight: Optional[torch.Tensor],
+                   lepe_bias: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float, rows: int,
+                   cols: int, prefix: int) -> torch.Tensor:
+    """:func:`blocked_attention` in torch, on normalised q and k (its backward's fallback), in float32."""
     S, z, _ = fused_eager.state(k, v, key_valid, index, feature, feature_eps)
-    R, r = _mixed(S, z, mixing)
-    return fused_eager.readout(q, R, r, index, feature, feature_eps, eps, True)
+    with torch.autocast(S.device.type, enabled=False):  # (autocast would round the states to bf16)
+        m = mixing.to(torch.float32)
+        R, r = torch.matmul(m, S.flatten(-2)).view(S.shape), torch.matmul(m, z)
+    out = fused_eager.readout(q, R, r, index, feature, feature_eps, eps, True)
+    if lepe_weight is None:
+        return out
+    return grid_conv_eager(v, out, lepe_weight, lepe_bias, key_valid, rows, cols, prefix)
 
 
 # -- the variants' forms ------------------------------------------------------------------------------------
@@ -274,9 +307,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Opti
 def segmented_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                         index: Optional[torch.Tensor], mixing: torch.Tensor, feature: int, feature_eps: float,
                         eps: float, q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None,
-                        norm_eps: float = 0.0, recompute_output: bool = False) -> torch.Tensor:
+                        norm_eps: float = 0.0, lepe_weight: Optional[torch.Tensor] = None,
+                        lepe_bias: Optional[torch.Tensor] = None, grid: tuple[int, int] = (0, 0),
+                        prefix: int = 0) -> torch.Tensor:
     """Normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA), after
-    the RMSNorm over heads of q and k when their weights are given (computed in the op, recomputed in backward)."""
-    args = (q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps,
-            recompute_output)
-    return call_op(blocked_attention, _DirectBlocked, run_blocked, args, (q, k, v, mixing, q_weight, k_weight))
+    the RMSNorm over heads of q and k when their weights are given (computed in the op, recomputed in backward),
+    plus LePE (``lepe_weight``, ``lepe_bias``) over the ``grid`` after ``prefix`` tokens where given."""
+    args = (q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps, lepe_weight,
+            lepe_bias, *grid, prefix)
+    return call_op(blocked_attention, _DirectBlocked, run_blocked, args, (q, k, v, mixing, q_weight, k_weight,
+                                                                          lepe_weight, lepe_bias))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..grid.kernels import conv_taps
 from .kernel_parts import (
     COLS,
     _columns,
@@ -31,9 +32,12 @@ from .kernel_parts import (
     _row_sums_init,
     _state_backward,
     _state_step,
+    _store,
     _store_square,
     _tokens,
 )
+from .mixing_parts import lepe_filter_total, lepe_key_taps, mix_gradients, mix_states
+from .tickets import _last_program, _summed, _ticket_back
 
 
 @triton.jit
@@ -48,28 +52,10 @@ def _store_row(P, which, x, d, d_ok, D):
 
 
 @triton.jit
-def _last_program(COUNTER, which, SPLITS):
-    """Whether this program is the last of the SPLITS of its (batch·head, segment) to finish: its partials are
-    stored; the barrier orders every thread's stores before the ticket, whose acquire-release makes the others'
-    visible to the last (a ticket, not a float atomic: the sums stay in a fixed order). The last puts the ticket
-    back to 0 (:func:`_ticket_back`), so the counters are zero between launches."""
-    tl.debug_barrier()
-    return tl.atomic_add(COUNTER + which, 1, sem="acq_rel") == SPLITS - 1
-
-
-@triton.jit
-def _ticket_back(COUNTER, which):
-    tl.atomic_xchg(COUNTER + which, 0, sem="relaxed")
-
-
-@triton.jit
-def _summed(P, first, SPLITS, offset, width, idx, ok):
-    """Σ over the SPLITS partials ``first``.. (rows of ``width`` floats) of the entries ``offset + idx``, in the
-    partials' order (deterministic). ``.cg``: from L2, where the other programs' stores are, not a stale L1."""
-    total = tl.zeros(idx.shape, dtype=tl.float32)
-    for s in range(0, SPLITS):
-        total += tl.load(P + (first + s) * width + offset + idx, mask=ok, other=0.0, cache_modifier=".cg")
-    return total
+def _store_partials(PART, out, width, square_part, row_part, d, d_ok, D):
+    """A program's partial d×d square and d row as entries 0 and D·D of row ``out`` of PART (rows of ``width``)."""
+    tl.store(PART + out * width + d[:, None] * D + d[None, :], square_part, mask=d_ok[:, None] & d_ok[None, :])
+    tl.store(PART + out * width + D * D + d, row_part, mask=d_ok)
 
 
 @triton.jit
@@ -80,9 +66,7 @@ def _partials_summed(PART, COUNTER, which, split, SPLITS, width, square_part, ro
     the partials' order by the last program only."""
     square = d[:, None] * D + d[None, :]
     square_ok = d_ok[:, None] & d_ok[None, :]
-    out = which * SPLITS + split
-    tl.store(PART + out * width + square, square_part, mask=square_ok)
-    tl.store(PART + out * width + D * D + d, row_part, mask=d_ok)
+    _store_partials(PART, which * SPLITS + split, width, square_part, row_part, d, d_ok, D)
     last = _last_program(COUNTER, which, SPLITS)
     total, row = tl.zeros(square_part.shape, tl.float32), tl.zeros(row_part.shape, tl.float32)
     if last:
@@ -101,19 +85,22 @@ def _store_reader(R, RZ, COUNTER, which, square, row, d, d_ok, D):
 
 @triton.jit
 def state_fwd_kernel(
-    K, V, MASK, IDX, PART, COUNTER, R, RZ, AUX, NV,
+    K, V, MASK, IDX, PART, COUNTER, R, RZ, AUX, NV, W,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb,
-    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, scale,
+    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, scale, keep,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr, INLINE: tl.constexpr,
-    SUM_V: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
-    PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+    SUM_V: tl.constexpr, MIX: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
     """What the queries of one (batch·head, segment) read, from its keys split over SPLITS programs (one per token
     range): each stores its partial S, z (and zv, valid keys with SUM_V) as a row of PART (D·D + 2D + 1 floats),
     and the last to finish (:func:`_last_program`) sums them in order and stores R (D, D), RZ (D) and, for InLine's
-    backward, AUX = z and NV = n. Kernel attention (MHLA before its mixing): R = S, RZ = z, AUX = zv with SUM_V.
-    InLine (SUM_V): R = (s/n)(S − z v̄ᵀ), RZ = v̄ = zv/n, n the valid keys. EVEN_D: the head fills its tile (D =
-    BLOCK_D), so the whole chunks of a range without an index table run without masks."""
+    backward, AUX = z and NV = n. Kernel attention: R = S, RZ = z, AUX = zv with SUM_V. InLine (SUM_V): R = (s/n)(S
+    − z v̄ᵀ), RZ = v̄ = zv/n, n the valid keys. MHLA (MIX): the last of a batch·head's programs mixes its SEGMENTS
+    states by W̃ (G×G float32, G ≤ BLOCK_G): R_a = Σ_s W̃[a, s] S_s, RZ likewise (:func:`.mixing_parts.mix_states`;
+    ``keep``: the unmixed ones kept in PART for the backward). EVEN_D: the head fills its tile (D = BLOCK_D), so the
+    whole chunks of a range without an index table run without masks."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -149,6 +136,22 @@ def state_fwd_kernel(
                 count += ok.to(tl.float32)
     which = bh * SEGMENTS + seg
     width = D * D + 2 * D + 1
+    if MIX:
+        _store_partials(PART, which * SPLITS + split, width, acc, _key_sums(z_cols, z_rows, FEATURE), d, d_ok, D)
+        if _last_program(COUNTER, bh, SEGMENTS * SPLITS):
+            mix_states(PART, W, R, RZ, bh, SEGMENTS, SPLITS, width, D, keep, BLOCK_G, MIX_CHUNK)
+            _ticket_back(COUNTER, bh)
+    else:
+        _segment_states(PART, COUNTER, R, RZ, AUX, NV, which, split, SPLITS, width, acc, z_cols, z_rows, zv_rows, count,
+                        d, d_ok, L, D, scale, FEATURE, HAS_MASK, INLINE, SUM_V)
+
+
+@triton.jit
+def _segment_states(PART, COUNTER, R, RZ, AUX, NV, which, split, SPLITS, width, acc, z_cols, z_rows, zv_rows, count,
+                    d, d_ok, L, D, scale, FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, INLINE: tl.constexpr,
+                    SUM_V: tl.constexpr):
+    """The state kernel's epilogue without W̃: the partials of a (batch·head, segment) stored, and its last program
+    sums them in order and stores what the read-out reads (:func:`state_fwd_kernel`)."""
     if SUM_V:
         out = which * SPLITS + split
         tl.store(PART + out * width + D * D + D + d, tl.sum(zv_rows, axis=0), mask=d_ok)
@@ -179,17 +182,19 @@ def state_fwd_kernel(
 
 @triton.jit
 def readout_fwd_kernel(
-    Q, R, RZ, O, IDX,
-    s_qb, s_qh, s_qn, s_ob, s_oh, s_on,
-    H, L, D, SEGMENTS, tokens_per_split, feature_eps, eps,
+    Q, R, RZ, O, IDX, V, MASK, LW, LB,
+    s_qb, s_qh, s_qn, s_ob, s_oh, s_on, s_vb, s_vh, s_vn, s_mb,
+    H, L, D, SEGMENTS, tokens_per_split, feature_eps, eps, P, ROWS, COLS,
     FEATURE: tl.constexpr, NORMALISE: tl.constexpr, HAS_INDEX: tl.constexpr, EVEN_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    EMULATE: tl.constexpr,
+    LEPE: tl.constexpr, KS: tl.constexpr, HAS_LBIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """o = φ(q) R / (φ(q)·r + ε), or q R + r (affine), for the queries of one (batch·head, segment, range).
 
     R is (BH, SEGMENTS, D, D) float32, RZ (BH, SEGMENTS, D): the normaliser r or the bias. EVEN_D: as
-    :func:`state_fwd_kernel`'s.
+    :func:`state_fwd_kernel`'s. LEPE (MHLA, with an index table): o also gets LePE, the KS×KS depthwise conv of the
+    (masked) v over the ROWS×COLS grid after P prefix tokens (LW (H·D, KS·KS), LB (H·D) float32), in the epilogue
+    (:func:`..grid.kernels.conv_taps`).
     """
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
@@ -207,32 +212,39 @@ def readout_fwd_kernel(
         for start in range(begin, full_end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             _read_out(q_base, o_base, tok, ok[:, None], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps, eps, FEATURE,
-                      NORMALISE, True, TILE, PRECISION, EMULATE)
+                      NORMALISE, True, TILE, PRECISION, EMULATE, None)
         for start in range(full_end, end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             _read_out(q_base, o_base, tok, ok[:, None] & d_ok[None, :], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps,
-                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE)
+                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, None)
     else:
         for start in range(begin, end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
+            lepe = None
+            if LEPE:
+                lepe = conv_taps(V + b * s_vb + h * s_vh, s_vn, tok, d, d_ok, LW, LB, MASK, s_mb, b, h,
+                                 P + ROWS * COLS, D, P, ROWS, COLS, 0.0, 0.0, KS, False, HAS_LBIAS, HAS_MASK, BLOCK_N,
+                                 BLOCK_D)
             _read_out(q_base, o_base, tok, ok[:, None] & d_ok[None, :], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps,
-                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE)
+                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, lepe)
 
 
 @triton.jit
 def readout_bwd_kernel(
-    Q, R, RZ, O, DO, DQ, PART, COUNTER, AUX, NV, DS, DZ, DZV, IDX,
+    Q, R, RZ, O, DO, DQ, PART, COUNTER, AUX, NV, DS, DZ, DZV, IDX, STATES, W, DW,
     s_qb, s_qh, s_qn, s_ob, s_oh, s_on, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
     H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, eps, scale,
     FEATURE: tl.constexpr, NORMALISE: tl.constexpr, INLINE: tl.constexpr, HAS_INDEX: tl.constexpr,
-    EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
-    PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+    HAS_O: tl.constexpr, MIX: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
-    """dq of each query of one (batch·head, segment, range) (the read-out recomputed from q; o is the saved output;
-    :func:`_read_out_backward`), its partial dR, dr stored as a row of PART (D·D + D floats), and the last program of
-    the segment (:func:`_last_program`) sums them in order into what the state's backward reads: dS = dR, dz = dr
-    (kernel attention, MHLA before its mixing), or InLine's chain dS = (s/n) dR, dz = −dS v̄, dzv = (dr − dSᵀ z)/n
-    from the state kernel's AUX = z and NV = n (v̄ = RZ)."""
+    """dq of each query of one (batch·head, segment, range) (the read-out recomputed from q; o is the saved output, or
+    without HAS_O not kept; :func:`_read_out_backward`), its partial dR, dr stored as a row of PART (D·D + D floats),
+    and the last program of the segment (:func:`_last_program`) sums them in order into what the state's backward
+    reads: dS = dR, dz = dr (kernel attention), or InLine's chain dS = (s/n) dR, dz = −dS v̄, dzv = (dr − dSᵀ z)/n
+    from the state kernel's AUX = z and NV = n (v̄ = RZ). MIX (MHLA): the last of the batch·head's programs mixes
+    them by W̃ᵀ and writes its dW̃ to DW, against the unmixed states in STATES (:func:`.mixing_parts.mix_gradients`)."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -243,7 +255,10 @@ def readout_bwd_kernel(
     rz_cols = _columns(rz, TILE)
     dr = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     drz = _row_sums_init(BLOCK_N, BLOCK_D)
-    q_base, o_base, g_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh, DO + b * s_gb + h * s_gh
+    q_base, g_base = Q + b * s_qb + h * s_qh, DO + b * s_gb + h * s_gh
+    o_base = None
+    if HAS_O:
+        o_base = O + b * s_ob + h * s_oh
     dq_base = DQ + b * s_dqb + h * s_dqh
     begin = split * tokens_per_split
     end = tl.minimum(begin + tokens_per_split, L)
@@ -265,6 +280,21 @@ def readout_bwd_kernel(
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None] & d_ok[None, :], d, s_qn,
                                          s_on, s_gn, s_dqn, r_t, rz, rz_cols, dr, drz, feature_eps, eps, FEATURE,
                                          NORMALISE, False, TILE, PRECISION, EMULATE)
+    if MIX:
+        _store_partials(PART, which * SPLITS + split, D * D + D, tl.trans(dr), _row_sums(drz), d, d_ok, D)
+        if _last_program(COUNTER, bh, SEGMENTS * SPLITS):
+            mix_gradients(PART, STATES, W, DS, DZ, DW, bh, SEGMENTS, SPLITS, D * D + D, D * D + 2 * D + 1, D, BLOCK_G,
+                          MIX_CHUNK)
+            _ticket_back(COUNTER, bh)
+    else:
+        _segment_gradients(PART, COUNTER, AUX, NV, DS, DZ, DZV, which, split, SPLITS, dr, drz, rz, d, d_ok, D, scale,
+                           INLINE)
+
+
+@triton.jit
+def _segment_gradients(PART, COUNTER, AUX, NV, DS, DZ, DZV, which, split, SPLITS, dr, drz, rz, d, d_ok, D, scale,
+                       INLINE: tl.constexpr):
+    """The read-out backward's epilogue without W̃ (:func:`readout_bwd_kernel`)."""
     last, d_r, d_rz = _partials_summed(PART, COUNTER, which, split, SPLITS, D * D + D, tl.trans(dr), _row_sums(drz),
                                        d, d_ok, D)
     if last:
@@ -280,15 +310,18 @@ def readout_bwd_kernel(
 
 @triton.jit
 def state_bwd_kernel(
-    K, V, MASK, IDX, DS, DZ, DZV, DK, DV,
-    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
-    H, L, D, SEGMENTS, tokens_per_split, feature_eps,
+    K, V, MASK, IDX, DS, DZ, DZV, DK, DV, DO, LW, LPART, COUNTER, DLW, DLB,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, s_gb, s_gh, s_gn,
+    H, L, D, SEGMENTS, SPLITS, CHUNKS, tokens_per_split, feature_eps, P, ROWS, COLS,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr, HAS_DZV: tl.constexpr,
-    EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
-    PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+    LEPE: tl.constexpr, KS: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """dk, dv of the keys of one (batch·head, segment, range) from dS, dz and (HAS_DZV) dzv of their segment
-    (:func:`_state_backward`)."""
+    (:func:`_state_backward`). LEPE (MHLA, with an index table): dv also gets LePE's taps of do (DO), and each of the
+    range's chunks stores its keys' share of the filter's gradient (KS·KS taps and the bias) as a row of LPART
+    (CHUNKS rows a program); the last of a batch·head's SEGMENTS·SPLITS programs sums them in order into DLW, DLB
+    (:mod:`.mixing_parts`)."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -319,6 +352,16 @@ def state_bwd_kernel(
     else:
         for start in range(begin, end, BLOCK_N):
             tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-            _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
-                            s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, HAS_DZV, False, TILE,
-                            PRECISION, EMULATE)
+            v, dv = _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn,
+                                    s_dkn, s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, HAS_DZV,
+                                    False, TILE, PRECISION, EMULATE, not LEPE)
+            if LEPE:  # (after dk is stored: its registers free)
+                dv += lepe_key_taps(DO + b * s_gb + h * s_gh, s_gn, v, tok, inside, d, d_ok, LW, LPART,
+                                    (which * SPLITS + split) * CHUNKS + (start - begin) // BLOCK_N, MASK, s_mb, b, h,
+                                    D, P, ROWS, COLS, KS, HAS_MASK, BLOCK_N, BLOCK_D)
+                _store(dv_base, tok, d, s_dvn, dv, inside[:, None] & d_ok[None, :], False)
+        if LEPE:
+            if _last_program(COUNTER, bh, SEGMENTS * SPLITS):
+                lepe_filter_total(LPART, DLW, DLB, bh, SEGMENTS, SPLITS, CHUNKS, tokens_per_split, L, d, d_ok, D, KS,
+                                  BLOCK_N, BLOCK_T)
+                _ticket_back(COUNTER, bh)

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ..grid.kernels import conv_taps, conv_taps_backward, conv_weight_taps
 from ..linear.kernel_parts import _dot, _phi, _phi_grad
-from ..linear.split_kernels import _last_program, _ticket_back
+from ..linear.tickets import _last_program, _ticket_back
 
 
 @triton.jit

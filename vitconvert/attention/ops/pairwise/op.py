@@ -14,7 +14,7 @@ and torch.export see one op, and a plain eager call skips the dispatcher (:func:
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
@@ -22,7 +22,7 @@ from ..calls import _direct_function, _eager_gradients, call_op
 from ..dispatch import KernelUnavailable, direct, launch, launch_settings, triton_next_power_of_2
 from ..grid.op import grid_conv_eager
 from ..launch_plan import pairwise_launches, tile_kwargs
-from ..layout import _mask_arg, _output_like, _strides, unit_rows
+from ..layout import _mask_arg, _output_like, _strides, lepe_args, lepe_gradients, unit_rows
 from ..linear import eager as fused_eager
 from ..norms.lean import through_rms_pair
 
@@ -101,7 +101,7 @@ def run_pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: O
     from .kernels import pairwise_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
-    lepe = _lepe_args(q, lepe_weight, lepe_bias, rows, cols, prefix)
+    lepe = lepe_args(q, lepe_weight, lepe_bias, rows, cols, prefix)
     rstd = _rstd(q, q_weight, k_weight)
     *norm, normed = _norm_args(q, k, rstd, q_weight, k_weight)
     plan = pairwise_launches(q, normed)  # (decided once per head dim, dtype, norm and settings)
@@ -117,25 +117,6 @@ def run_pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: O
         HAS_LBIAS=lepe_bias is not None, BLOCK_M=plan.block_m, BLOCK_N=plan.block_m, BLOCK_D=plan.block_d,
         **tile_kwargs(plan.tile), num_warps=plan.warps)
     return o, rstd
-
-
-class _Lepe(NamedTuple):
-    """LePE's arguments of the kernels: (H·d, KS·KS) float32 filters, float32 bias, whether on, KS (placeholders
-    when off or without a bias)."""
-    filters: torch.Tensor
-    bias: torch.Tensor
-    on: bool
-    size: int
-
-
-def _lepe_args(q: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], rows: int, cols: int,
-               prefix: int) -> _Lepe:
-    if weight is None:
-        return _Lepe(q, q, False, 1)
-    if q.shape[2] - prefix != rows * cols:  # (the kernels would read the rest as grid tokens off its edge)
-        raise ValueError(f"{q.shape[2]} tokens do not form {prefix} prefix tokens and a {rows}x{cols} grid")
-    filters = weight.reshape(weight.shape[0], -1).to(torch.float32).contiguous()
-    return _Lepe(filters, filters if bias is None else bias.to(torch.float32).contiguous(), True, weight.shape[-1])
 
 
 def _table(mixing: torch.Tensor) -> torch.Tensor:
@@ -177,7 +158,7 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     dmixing = q.new_empty((B * H, G, G), dtype=torch.float32)
     dweights = [q.new_empty((B, H * D) if normed else (0,), dtype=torch.float32) for _ in range(2)]  # the norm's
     mask, s_mb = _mask_arg(key_valid, k)
-    lepe = _lepe_args(q, lepe_weight, None, rows, cols, prefix)
+    lepe = lepe_args(q, lepe_weight, None, rows, cols, prefix)
     dlepe = [q.new_empty((B, H * D, lepe.size ** 2) if lepe.on else (0,), dtype=torch.float32),
              q.new_empty((B, H * D) if lepe.on else (0,), dtype=torch.float32)]
     launch(pairwise_bwd_kernel, (B * H,),
@@ -189,23 +170,12 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
         BLOCK_M=plan.backward_block_m, BLOCK_N=plan.backward_block_n, BLOCK_D=plan.block_d, BLOCK_G=_block_g(G),
         BLOCK_H=triton_next_power_of_2(H), **tile_kwargs(plan.backward_tile), num_warps=plan.backward_warps)
     dmixing = dmixing.sum(0).to(mixing.dtype)
-    lepe_grads = _lepe_gradients(*dlepe, lepe_weight)
+    lepe_grads = lepe_gradients(*dlepe, lepe_weight)
     if not normed:
         return dq, dk, dv, dmixing, q.new_empty((0,)), q.new_empty((0,)), *lepe_grads
     dq_weight, dk_weight = (part.view(-1) if B == 1 else part.sum(0) for part in dweights)  # (each image's, in a
     # fixed order)
     return dq, dk, dv, dmixing, dq_weight.to(q_weight.dtype), dk_weight.to(k_weight.dtype), *lepe_grads
-
-
-def _lepe_gradients(dweight: torch.Tensor, dbias: torch.Tensor,
-                    weight: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dweight (C, 1, KS, KS), dbias (C,)) float32 of LePE from the kernel's, one (C, KS·KS) and (C,) per image in
-    the weight's layout: summed over the batch in a fixed order (one image: the kernel's own); empty without LePE."""
-    if weight is None:
-        return dweight, dbias
-    if dweight.shape[0] == 1:
-        return dweight.view(weight.shape), dbias.view(-1)
-    return dweight.sum(0).view(weight.shape), dbias.sum(0)
 
 
 pairwise_attention_backward = torch.library.custom_op("vitconvert::pairwise_attention_backward", mutates_args=())(

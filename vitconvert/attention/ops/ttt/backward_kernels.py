@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ..grid.kernels import _statistics, residual_conv_backward
 from ..linear.kernel_parts import _dot, _store_square
-from ..linear.split_kernels import _last_program, _summed, _ticket_back
+from ..linear.tickets import _last_program, _summed, _ticket_back
 from .kernels import (
     _chunk,
     _initial,

@@ -258,7 +258,7 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         elif filters is not None:
             try:
                 grads[at], d_filter, d_bias = run_grid_conv_backward(t, filters, key_valid, stats, grads[at], rows,
-                                                                     cols, prefix, True, norm)
+                                                                     cols, prefix, norm)
             except KernelUnavailable as e:
                 e.op = "grid_conv"  # (the grid op's kernel: that op goes off, the step keeps its kernels)
                 raise

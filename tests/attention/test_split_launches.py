@@ -1,0 +1,125 @@
+"""The split kernels' launches (ops/linear/split_kernels.py): heads split over token ranges run 2 launches forward
+and 3 backward with no torch op between them, the last program of each group summing the partials in a fixed order
+(ELU's and InLine's states; MHLA's blocked form, whose block states W̃ mixes and whose read-out adds LePE there too).
+Kernels in Triton's interpreter on the CPU, as in test_fused.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitconvert.attention.ops import dispatch
+from vitconvert.attention.ops.linear import op as fused
+
+from .fused_cases import (
+    DEVICE,
+    ORACLES,
+    TOL,
+    kernels_here,  # noqa: F401  (an autouse fixture: the kernels on this device)
+    qkv,
+)
+from .helpers import rel_error
+
+
+def launches_and_ops(forward, inputs: tuple) -> tuple[dict[str, list[str]], torch.Tensor, torch.Tensor, tuple]:
+    """(the aten ops and Triton launches by name of ``forward()`` and of its backward to ``inputs``, each direction
+    recorded alone; out; the output gradient; the inputs' gradients): the ops' bodies called direct, as without the
+    recording mode (host_overhead.py counts so), the interpreter's own copies inside a launch left out."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    events: list[str] = []
+    launching = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not launching:
+                events.append(str(func.overloadpacket.__name__))
+            return func(*args, **(kwargs or {}))
+
+    def count(kernel, grid, *args, **kwargs):
+        events.append(dispatch.kernel_name(kernel))
+        launching.append(True)
+        try:
+            return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+        finally:
+            launching.pop()
+
+    runs = {}
+    with dispatch.launches_through(count, DEVICE), dispatch.kernels_on(direct_under_modes=True):
+        with Ops():
+            out = forward()
+        runs["forward"] = list(events)
+        events.clear()
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+        with Ops():
+            grads = torch.autograd.grad(out, inputs, grad)
+        runs["backward"] = list(events)
+    return runs, out, grad, grads
+
+
+def assert_two_launches_forward_and_three_backward(runs: dict[str, list[str]]) -> None:
+    """State and read-out forward; state, read-out backward and state backward; between the first launch and the
+    last no aten op but allocations and views (no sum, no d×d matmul)."""
+    kernels = {d: [e for e in run if e.endswith("_kernel")] for d, run in runs.items()}
+    assert kernels == {"forward": ["state_fwd_kernel", "readout_fwd_kernel"],
+                       "backward": ["state_fwd_kernel", "readout_bwd_kernel", "state_bwd_kernel"]}
+    allocations = {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "transpose", "view"}
+    for run in runs.values():
+        launched = [i for i, e in enumerate(run) if e.endswith("_kernel")]
+        between = {e for e in run[launched[0]:launched[-1]] if not e.endswith("_kernel")}
+        assert between and between <= allocations, between
+
+
+@pytest.mark.parametrize("name", ["elu", "inline"])
+def test_split_heads_take_two_launches_forward_and_three_backward_with_no_torch_op_between(name, monkeypatch):
+    """Heads split over token ranges (150 tokens, 3 ranges): the state kernel sums its partial states itself (its
+    last program, InLine's R made there too), so the forward is 2 launches and the backward 3."""
+    q, k, v = qkv(N=150, d=32)
+    if name == "inline":
+        runs, *_ = launches_and_ops(lambda: fused.attention(q, k, v, None, fused.IDENTITY, 0.0, 0.0, 32 ** -0.5, True),
+                                    (q, k, v))
+    else:
+        runs, *_ = launches_and_ops(lambda: fused.attention(q, k, v, None, fused.ELU_PLUS_ONE, 0.0, 1e-6, 1.0, False),
+                                    (q, k, v))
+    assert_two_launches_forward_and_three_backward(runs)
+
+
+def test_the_blocked_form_mixes_by_w_and_adds_lepe_in_its_kernels():
+    """MHLA's blocked op with LePE, a key mask and each block's tokens split over two programs, the first of two
+    16-token chunks: the state kernel's last program of a batch·head mixes the block states by W̃, the read-out adds
+    LePE, the backward's last programs form dS, dW̃ and LePE's filter gradient from every chunk's share (2 launches
+    forward, 3 backward, no torch op between); values and every gradient against the N×N reference in float64
+    (A_ij = φ(q_i)·φ(k_j)·W̃[s(i), s(j)], LePE a conv2d)."""
+    from vitconvert.attention.blocks import extended_block_mix, segment_index, token_segments
+    from vitconvert.attention.ops.pairwise.reference import pairwise_reference
+
+    g = torch.Generator().manual_seed(8)
+    grid, counts, prefix, d = (6, 12), (1, 2), 1, 16  # (two blocks of 36 tokens: ranges of 32 and 4)
+    tokens = prefix + grid[0] * grid[1]
+    q, k, v = qkv(B=1, H=1, N=tokens, d=d)  # (one head: the interpreter runs each program in turn)
+    mask = torch.ones(1, tokens, dtype=torch.bool, device=DEVICE)
+    mask[0, 3:7] = False
+    mixing = extended_block_mix(torch.rand(2, 2, generator=g)).to(DEVICE).requires_grad_()
+    weight = (torch.randn(d, 1, 3, 3, generator=g) / 3).to(DEVICE).requires_grad_()
+    bias = torch.randn(d, generator=g).to(DEVICE).requires_grad_()
+    index = segment_index(grid, counts, prefix, q.device)
+    inputs = (q, k, v, mixing, weight, bias)
+    here = dispatch.current()
+    here.programs, here.split_round = 1 << 20, 32
+    here.settings = dispatch.KernelSettings(config=(16, 4, 1))
+    runs, out, grad, got = launches_and_ops(
+        lambda: fused.segmented_attention(q, k, v, mask, index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6, None, None,
+                                          0.0, weight, bias, grid, prefix), inputs)
+    assert_two_launches_forward_and_three_backward(runs)
+    segments = token_segments(grid, counts, prefix, q.device)
+    phi = ORACLES["relu"][1]
+    copies = [t.detach().double().requires_grad_() for t in inputs]
+    q, k, v, mixing, weight, bias = copies
+    expected = pairwise_reference(phi(q) + 1e-6, phi(k) + 1e-6, v, mask, segments, mixing, 1e-6)
+    spatial = (v * mask[:, None, :, None])[:, :, prefix:].transpose(2, 3).reshape(1, d, *grid)
+    lepe = torch.nn.functional.conv2d(spatial, weight, bias, padding=1, groups=d).view(1, 1, d, -1)
+    expected = expected + torch.nn.functional.pad(lepe.transpose(2, 3), (0, 0, prefix, 0))
+    assert rel_error(out, expected) < TOL[torch.float32]
+    for name, mine, want in zip(["q", "k", "v", "W̃", "LePE weight", "LePE bias"], got,
+                                torch.autograd.grad(expected, copies, grad.double()), strict=True):
+        assert rel_error(mine, want) < 2 * TOL[torch.float32], name
