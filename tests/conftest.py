@@ -15,12 +15,7 @@ from huggingface_hub import HfApi
 if not torch.cuda.is_available():  # the fused kernels' tests run in Triton's interpreter, which must be chosen
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before timm imports triton (attention/test_fused.py)
 
-from helpers import (  # noqa: E402
-    interpreter_patches_once,
-    interpreter_rounds_to_nearest,
-    interpreter_skips_overflow_checks,
-    tiny_model,
-)
+from helpers import interpreter_patches_once, interpreter_rounds_to_nearest, tiny_model  # noqa: E402
 
 import vitconvert  # noqa: E402
 from vitconvert.attention.ops import dispatch  # noqa: E402
@@ -28,7 +23,6 @@ from vitconvert.attention.ops import dispatch  # noqa: E402
 if dispatch.interpreting() and dispatch.triton_available():
     interpreter_rounds_to_nearest()  # bf16 casts as the GPU rounds them (helpers.py says why)
     interpreter_patches_once()  # a launch patches triton.language once, not at every helper call (helpers.py)
-    interpreter_skips_overflow_checks()  # (its result was dropped unread: helpers.py)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 torch.set_num_threads(1)  # pytest -n 2 runs two workers on two cores: one thread each, no oversubscription
 

@@ -216,23 +216,6 @@ def interpreter_patches_once() -> bool:
     return True
 
 
-def interpreter_skips_overflow_checks() -> bool:
-    """Make Triton's interpreter skip its integer overflow check, which checks nothing: it redoes every integer add,
-    sub and mul in int64 and compares the result with int32's range (six more numpy ops each, about 40% of a fused
-    test's kernel time), then hands the comparison to ``device_assert``, which drops it unless the options' ``debug``
-    is on (the interpreter's never is; a GPU build drops it the same way). Returns False where this triton has no
-    such option."""
-    import dataclasses  # lazy: start-up time (only where the interpreter runs)
-
-    from triton.runtime import interpreter  # lazy: start-up time
-
-    builder = getattr(interpreter, "interpreter_builder", None)
-    if builder is None or not hasattr(builder.options, "sanitize_overflow"):
-        return False
-    builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
-    return True
-
-
 # CUDA's autocast casting lists (torch's ATen/autocast_mode.h) that the CPU's autocast lacks, by policy: float32
 # (fp32), float32 unless a dtype is given (fp32_set_opt_dtype), the widest input type (promote), the autocast dtype
 # (lower_precision_fp). The loss functions and upsampling of the float32 list are left out (no layer runs them).

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import interpreter_rounds_to_nearest, interpreter_skips_overflow_checks
+from helpers import interpreter_rounds_to_nearest
 
 from vitconvert.attention.ops import dispatch
 
@@ -38,10 +38,11 @@ def test_float32_to_bf16_in_a_kernel_rounds_to_nearest_even_as_torch_does():
 
 
 def test_the_skipped_overflow_check_is_one_the_interpreter_would_drop():
-    """The integer overflow check reaches Triton's device_assert, which asserts only under the options' debug: with
-    debug off, as here, skipping it loses nothing."""
+    """dispatch switches off the interpreter's integer overflow check, which reaches Triton's device_assert, which
+    asserts only under the options' debug: with debug off, as here, skipping it loses nothing."""
     from triton.runtime import interpreter
 
-    assert interpreter_skips_overflow_checks(), "this triton's interpreter has no sanitize_overflow option"
+    assert hasattr(interpreter.interpreter_builder.options, "sanitize_overflow"), "this triton has no such check"
+    dispatch._no_interpreter_overflow_checks()
     options = interpreter.interpreter_builder.options
     assert not options.sanitize_overflow and not options.debug
