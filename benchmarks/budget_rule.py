@@ -81,16 +81,23 @@ def render(found: list[Cell], candidate: str, base: str) -> str:
     return "\n".join([*lines, "", *verdicts, f"- all budgets: `{candidate}` {verdict(found)}"])
 
 
+def report(results: Path, candidate: str, base: str) -> str:
+    """The table and verdicts of ``candidate`` against ``base`` from a budget.py JSONL (docs/results.md's block)."""
+    found = cells(current(read_records(results)), candidate, base)
+    if not found:
+        raise SystemExit(f"error: no seed that both {candidate} and {base} ran in {results}")
+    return (f"**`{candidate}` against `{base}` by the rule** (mean val top-1 over the seeds both ran; written by "
+            f"`python benchmarks/budget_rule.py --results benchmarks/results/{results.name} --candidate {candidate} "
+            f"--base {base}`)\n\n" + render(found, candidate, base))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, required=True, help="a budget.py JSONL of runs")
     parser.add_argument("--candidate", required=True)
     parser.add_argument("--base", required=True)
     args = parser.parse_args()
-    found = cells(current(read_records(args.results)), args.candidate, args.base)
-    if not found:
-        raise SystemExit(f"error: no seed that both {args.candidate} and {args.base} ran in {args.results}")
-    print(render(found, args.candidate, args.base))
+    print(report(args.results, args.candidate, args.base))
 
 
 if __name__ == "__main__":
