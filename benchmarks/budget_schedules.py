@@ -107,6 +107,8 @@ SCHEDULES: dict[str, tuple[str, Callable[[int, str], Overrides]]] = {
                lambda e, r: {"batch_size": 32, "warmup_epochs": 0}),
     "b32-lr3": ("batch 32, peak lr 3e-3 (1.5×)", lambda e, r: {"batch_size": 32, "lr": 3e-3}),
     "b32-lr4": ("batch 32, peak lr 4e-3 (2×)", lambda e, r: {"batch_size": 32, "lr": 4e-3}),
+    "b32-crop1": ("batch 32, crops of the whole image (scale 1: no augmentation on the 8×8 digits); at 6 epochs: "
+                  "the quickstart recipe with whole-image crops", lambda e, r: {"batch_size": 32, "scale": [1, 1]}),
     "b16-lr3": ("batch 16, peak lr 3e-3 (1.5×)", lambda e, r: {"batch_size": 16, "lr": 3e-3}),
     "b16-lr4": ("batch 16, peak lr 4e-3 (2×)", lambda e, r: {"batch_size": 16, "lr": 4e-3}),
     "b16-new05": ("batch 16, fresh parameters (Mimetic attention, TTT's fast weights and convs) at 0.5× lr",

@@ -163,6 +163,11 @@ BLOCKS = [
           "budget-pass5.jsonl"),
     Block(RESULTS_DOC, "budget-spread-ttt",
           lambda: _module("budget_spread").render("ttt", ["b16", "b32"], 5, "transfer"), "budget-spread.jsonl"),
+    Block(RESULTS_DOC, "budget-crop", lambda: budget_block("budget-crop", "budget-crop.jsonl", ("b32",)),
+          "budget-crop.jsonl"),
+    Block(RESULTS_DOC, "budget-crop-rule",
+          lambda: _module("budget_rule").report(RESULTS / "budget-crop.jsonl", "b32-crop1", "b32"),
+          "budget-crop.jsonl"),
     Block(RESULTS_DOC, "budget-levers", lambda: budget_block("budget-levers", "budget-levers.jsonl", ("b16",)),
           "budget-levers.jsonl"),
 ]
