@@ -4,6 +4,7 @@ from the command line."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -13,10 +14,14 @@ import torch
 from helpers import assert_one_line_error, invoke
 
 import vitconvert
+from vitconvert import capture
 from vitconvert.capture import DistillStudent, TeacherTap, attention_pairs
 from vitconvert.distill.attention_weights import check_layers, weight_cross_entropy, weight_taps
 from vitconvert.distill.losses import attention_loss
+from vitconvert.distill.task import DistillationTask
+from vitconvert.distill.teacher_cache import TeacherCache
 from vitconvert.errors import VitconvertError
+from vitconvert.recipes import build_recipe
 
 from .helpers import CLI_FAST, make_images, make_teacher
 
@@ -121,6 +126,45 @@ def test_other_layers_are_refused_in_one_line():
         check_layers(mine, [torch.nn.Identity()] * 2)
 
 
+def test_a_second_run_reads_the_teachers_weights_from_the_cache_and_gets_the_same_losses(monkeypatch):
+    """The teacher-output cache keeps weight_ce's (B, H, N, N) softmax weights in place of the attention outputs: a
+    second task on the same batches never runs the teacher, and its two SGD steps see the same losses, bit for
+    bit (the same student path on the same teacher values)."""
+    student, teacher = (m.float() for m in pair("hedgehog"))
+    recipe = build_recipe({"attn_loss": "weight_ce", "kd_weight": 1.0})
+    calls = [0]
+    forward = capture.TeacherTap.__call__
+
+    def counted(self, images):
+        calls[0] += 1
+        return forward(self, images)
+
+    monkeypatch.setattr(capture.TeacherTap, "__call__", counted)
+    torch.manual_seed(1)
+    batches = [(torch.randn(2, 3, 32, 32), torch.randint(0, 3, (2,))) for _ in range(2)]
+    cache = TeacherCache(capacity=1 << 20)
+
+    def losses() -> list[tuple[float, float]]:
+        task = DistillationTask(copy.deepcopy(student), teacher, recipe, torch.device("cpu"), None, False,
+                                teacher_cache=cache)
+        sgd = torch.optim.SGD(task.model.parameters(), lr=0.1)
+        seen = []
+        for slot, (images, targets) in enumerate(batches):
+            got = task(images, targets, slot)
+            got["loss"].backward()
+            sgd.step()
+            sgd.zero_grad()
+            seen.append((got["loss"].item(), float(got["attn"])))
+        task.close()
+        return seen
+
+    first = losses()
+    assert calls[0] == 2 and all(2.0 < attn < 10.0 for _, attn in first)  # the weights' cross-entropy, ~ln 17
+    second = losses()
+    assert calls[0] == 2  # every batch's teacher weights and logits came from the cache
+    assert second == first
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("weight-ce")
@@ -132,7 +176,8 @@ def workspace(tmp_path_factory):
 def test_distill_with_set_attn_loss_weight_ce(workspace, tmp_path, monkeypatch):
     """The user's path: `--set attn_loss=weight_ce` trains on the weights' cross-entropy (at least the teacher's
     row entropy, about ln 17 for a random teacher's near-uniform rows, where the outputs' MSE is far below 1);
-    an InLine student is refused before anything is written."""
+    an InLine student, and --fsdp (whose freed weights the taps' backward would read), are refused before anything is
+    written."""
     monkeypatch.chdir(tmp_path)
     for variant in ("relu", "inline"):
         made = invoke("convert", workspace / "teacher", "--to", variant, "--out", variant)
@@ -146,4 +191,7 @@ def test_distill_with_set_attn_loss_weight_ce(workspace, tmp_path, monkeypatch):
     refused = invoke("distill", "inline", "--data", workspace / "images", "--epochs", "1", *CLI_FAST,
                      "--set", "attn_loss=weight_ce", "--out", "refused")
     assert_one_line_error(refused, "--set attn_loss=weight_ce needs attention weights that are a normalised kernel")
-    assert not (tmp_path / "refused").exists()
+    sharded = invoke("distill", "relu", "--data", workspace / "images", "--epochs", "1", *CLI_FAST,
+                     "--set", "attn_loss=weight_ce", "--fsdp", "--out", "sharded")
+    assert_one_line_error(sharded, "--set attn_loss=weight_ce does not run under --fsdp")
+    assert not (tmp_path / "refused").exists() and not (tmp_path / "sharded").exists()

@@ -11,6 +11,8 @@ from torch import nn
 
 from ..data import InputConfig, accepts_size, model_input_size, size_text
 from ..errors import VitconvertError, param, setting
+from ..recipes import Recipe
+from .attention_weights import WEIGHT_LOSS
 
 
 def check_sizes(student: nn.Module, teacher: nn.Module, size: tuple[int, int]) -> None:
@@ -29,6 +31,20 @@ def check_kd(student: nn.Module, teacher: nn.Module, kd_weight: float) -> None:
     if kd_weight > 0 and mine != theirs:
         raise VitconvertError(f"logit KD needs the teacher's classes: the teacher has {theirs}, the student "
                               f"{mine}; use {param('kd_weight', 0)} (attention distillation still applies)")
+
+
+def check_fsdp(recipe: Recipe) -> None:
+    """What a sharded run cannot do. FSDP trains every parameter, without EMA. And it frees an attention module's
+    gathered weights when its forward ends, to gather them again when the gradient reaches the module's output:
+    weight_ce's taps use those weights beside the output (a loss of their own), so their backward may run first
+    and find the storage freed (shown in one process: "out of bounds for storage of size 0")."""
+    if recipe.optimization.ema or "attn" in recipe.schedule.stage_names() or recipe.schedule.freeze_copied_epochs:
+        raise VitconvertError(f"{param('fsdp', True)} trains every parameter without EMA: drop ema, the attn "
+                              f"stage and freeze_copied_epochs, or run without {param('fsdp')} (DDP)")
+    if recipe.distillation.attn_loss == WEIGHT_LOSS:
+        raise VitconvertError(f"{setting('attn_loss', WEIGHT_LOSS)} does not run under {param('fsdp', True)} (the "
+                              f"weights' backward needs gathered weights FSDP has freed): use "
+                              f"{setting('attn_loss', 'mse')} or run without {param('fsdp')} (DDP)")
 
 
 def embed_width(model: nn.Module) -> int:

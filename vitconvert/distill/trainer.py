@@ -100,9 +100,8 @@ class Trainer:
         models.check_kd(student, teacher, r.distillation.kd_weight)
         inp = data.input_config(student, r)
         models.check_sizes(student, teacher, inp.size)
-        if job.fsdp and (r.optimization.ema or "attn" in r.schedule.stage_names() or r.schedule.freeze_copied_epochs):
-            raise VitconvertError(f"{param('fsdp', True)} trains every parameter without EMA: drop ema, the attn "
-                                  f"stage and freeze_copied_epochs, or run without {param('fsdp')} (DDP)")
+        if job.fsdp:
+            models.check_fsdp(r)
         models.set_drop_path(student, r.optimization.resolved_drop_path(models.embed_width(student)))
         models.set_recompute(student, job.recompute)
         return student, teacher, spec, inp
