@@ -216,6 +216,8 @@ CASES: list[Case] = [
     Case("distill", "--stages in steps longer than the run", ("distill", *S, *D, *QUICK, "--stages",
                                                                "attn:500steps,finetune", "--out", "r"),
          "do not fit in 1 epoch of 3 optimizer steps"),
+    Case("distill", "--fsdp with --set attn_loss=weight_ce", ("distill", *S, *D, *QUICK, "--set", "attn_loss=weight_ce",
+                                                              "--fsdp", "--out", "r"), "does not run under --fsdp"),
     Case("distill", "non-numeric --epochs", ("distill", *S, *D, "--epochs", "abc"), "Invalid value for '--epochs'"),
     Case("distill", "--lr nan", ("distill", *S, *D, *QUICK, "--lr", "nan", "--out", "r"), "lr: nan is not a finite"),
     Case("distill", "--lr inf", ("distill", *S, *D, *QUICK, "--lr", "inf", "--out", "r"), "lr: inf is not a finite"),
