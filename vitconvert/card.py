@@ -20,7 +20,7 @@ from typing import Any, Optional
 import yaml
 
 from .aliases import resolve_alias
-from .attention import VARIANTS
+from .attention import VARIANTS, shown_options
 from .errors import VitconvertError, plural
 from .hub_io import parse_repo_id
 from .selection import describe
@@ -181,7 +181,7 @@ def facts(config: dict[str, Any]) -> str:
     """The card's table of what the model is: architecture, attention, layers, parameters, preprocessing."""
     block = config.get("vitconvert", {})
     pre = config.get("pretrained_cfg", {})
-    options = block.get("options") or {}
+    options = shown_options(block.get("variant"), block.get("options") or {})
     rows = {
         "architecture": f"`{source_architecture(config)[0]}` (timm)",
         "attention": f"**{block.get('variant', '?')}** linear attention in "

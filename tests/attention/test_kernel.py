@@ -136,3 +136,12 @@ def test_module_equals_the_katharopoulos_formula_written_out(cls, phi):
                 out[b, i, h] = sum(w * v[b, j, h] for j, w in enumerate(weights)) / (sum(weights) + 1e-6)
     want = out.reshape(B, N, C) @ mod.proj.weight.T + mod.proj.bias
     torch.testing.assert_close(mod(x), want, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("cls", VARIANTS, ids=VARIANT_IDS)
+def test_init_scale_is_shown_only_with_hedgehogs_map(cls):
+    """init_scale sizes Hedgehog's W: a fixed φ has none, so its repr (as `list`, `info` and the card) leaves the
+    option out, while the module still holds it (config.json keeps every option: folders load as before)."""
+    plain, learned = cls(16, num_heads=2), cls(16, num_heads=2, feature_map="hedgehog", init_scale=1.5)
+    assert plain.options["init_scale"] == 2.0 and "init_scale" not in repr(plain)
+    assert "feature_map=hedgehog, init_scale=1.5" in repr(learned)

@@ -55,6 +55,7 @@ def test_list_shows_aliases_and_variants():
     data = json.loads(result.stdout)
     assert data["aliases"]["deit_small"] == "deit_small_patch16_224"
     assert list(data["variants"]) == list(VARIANTS) and len(VARIANTS) >= 5
+    assert "init_scale" not in data["variants"]["elu"]  # Hedgehog's option: not with the default fixed φ
     assert "deit_small" in invoke("list").output
 
 

@@ -11,7 +11,15 @@ from . import ttt  # noqa: F401
 # isort: on
 
 from .base import LinearAttention
-from .registry import VARIANTS, on_register, register_variant, unregister_variant, variant_class, variant_names
+from .registry import (
+    VARIANTS,
+    on_register,
+    register_variant,
+    shown_options,
+    unregister_variant,
+    variant_class,
+    variant_names,
+)
 
-__all__ = ["VARIANTS", "LinearAttention", "on_register", "register_variant", "unregister_variant", "variant_class",
-           "variant_names"]
+__all__ = ["VARIANTS", "LinearAttention", "on_register", "register_variant", "shown_options", "unregister_variant",
+           "variant_class", "variant_names"]

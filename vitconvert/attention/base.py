@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .ops.dispatch import use_fused_kernels
-from .options import Option, describe, read_options, with_defaults
+from .options import Option, describe, in_effect, read_options, with_defaults
 
 # Children of timm's attention modules that have the same role in a linear variant.
 MATCHED_MODULES = ("qkv", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "norm", "gate", "proj")
@@ -378,7 +378,7 @@ class LinearAttention(nn.Module):
         return self.proj_drop(self.proj(out))
 
     def extra_repr(self) -> str:
-        opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
+        opts = ", ".join(f"{k}={v}" for k, v in in_effect(self.declared_options, self.options).items())
         head = f"variant={self.variant}, heads={self.num_heads}, head_dim={self.head_dim}"
         return head + (f", {opts}" if opts else "")
 

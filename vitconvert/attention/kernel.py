@@ -141,7 +141,8 @@ class KernelAttention(LinearAttention):
         Option("feature_map", "fixed", "φ: " + "; ".join(f"{k}: {v}" for k, v in FEATURE_MAPS.items()) +
                " (feature_maps.py; hedgehog runs the eager form)", choice(*FEATURE_MAPS)),
         Option("init_scale", DEFAULT_INIT_SCALE, "feature_map=hedgehog's start W = S·I (1: Hedgehog's identity; 2, "
-               "sharper, won on the digits; the fixed φ has no W)", number, positive),
+               "sharper, won on the digits; the fixed φ has no W)", number, positive,
+               applies=("feature_map", "hedgehog")),
     )
     phi_code: ClassVar[int]  # φ in the fused kernels (ops/linear/op.py)
 

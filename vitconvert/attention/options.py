@@ -31,6 +31,7 @@ class Option:
     doc: str
     read: Callable[[Any], Any]
     check: Optional[Callable[[Any], Optional[str]]] = None
+    applies: Optional[tuple[str, Any]] = None  # (option, value): does something only when that option has that value
 
     def value(self, given: Any, variant: str) -> Any:
         """``given`` as stored, or ``BadValue(name, ...)`` in one line."""
@@ -119,6 +120,13 @@ def read_options(declared: Iterable[Option], given: Any, variant: str, param: st
         return {name: o.value(given[name], variant) if name in given else o.default for name, o in table.items()}
     except BadValue as e:
         raise BadValue(param, f"{e}") from None
+
+
+def in_effect(declared: Iterable[Option], values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` without the options that do nothing under the others' values (plain ELU's ``init_scale``): what
+    ``list``, ``info``, a card and a module's repr show. config.json keeps them all, so folders load as before."""
+    applies = {o.name: o.applies for o in declared if o.applies is not None}
+    return {k: v for k, v in values.items() if k not in applies or values.get(applies[k][0]) == applies[k][1]}
 
 
 def describe(declared: Iterable[Option]) -> str:

@@ -8,11 +8,12 @@ reads :data:`VARIANTS`. Layers above that must act on each new variant (timm's m
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Optional, TypeVar
 
 from ..errors import BadValue
 from .base import LinearAttention
+from .options import in_effect
 
 VARIANTS: dict[str, type[LinearAttention]] = {}
 _LISTENERS: list[Callable[[str, type[LinearAttention]], None]] = []
@@ -39,6 +40,13 @@ def variant_class(name: str, param: str = "to") -> type[LinearAttention]:
     if cls is None:
         raise BadValue(param, f"unknown variant {name!r}; valid: {', '.join(VARIANTS)}")
     return cls
+
+
+def shown_options(variant: Optional[str], options: Mapping[str, Any]) -> dict[str, Any]:
+    """A variant's options as shown to people: without those that do nothing under the others (options.in_effect);
+    an unknown variant's as given."""
+    cls = VARIANTS.get(variant or "")
+    return in_effect(cls.declared_options, options) if cls is not None else dict(options)
 
 
 def variant_names(text: str, param: str) -> list[str]:

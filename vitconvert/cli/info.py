@@ -35,12 +35,12 @@ def list_cmd(as_json: JsonOpt = False) -> None:
     """
     with loading_libraries():
         from ..aliases import ALIASES  # lazy: start-up time (and --help's)
-        from ..attention import VARIANTS  # lazy: start-up time
+        from ..attention import VARIANTS, shown_options  # lazy: start-up time
         from ..recipes import available_recipes  # lazy: start-up time
 
     recipes = available_recipes()
     if as_json:
-        variants = {k: dict(v.default_options) for k, v in VARIANTS.items()}
+        variants = {k: shown_options(k, v.default_options) for k, v in VARIANTS.items()}
         options = {k: [{"name": o.name, "default": o.default, "doc": o.doc} for o in v.declared_options]
                    for k, v in VARIANTS.items()}
         typer.echo(json.dumps({"aliases": ALIASES, "bundled": BUNDLED, "variants": variants, "options": options,
@@ -59,7 +59,7 @@ def list_cmd(as_json: JsonOpt = False) -> None:
     variants.add_column("what it is")
     for name, cls in VARIANTS.items():
         doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        variants.add_row(name, ", ".join(f"{k}={v}" for k, v in cls.default_options.items()), doc)
+        variants.add_row(name, ", ".join(f"{k}={v}" for k, v in shown_options(name, cls.default_options).items()), doc)
     console.print(aliases)
     console.print(variants)
     console.print(options_table())
@@ -116,6 +116,7 @@ def info(folder: str = typer.Argument(..., help=LINEAR_MODEL_HELP), as_json: Jso
         kernel_plans(folder, as_json, device, gpu, dtype, batch)
         return
     with loading_libraries():
+        from ..attention import shown_options  # lazy: start-up time (and --help's)
         from ..card import hybrid_layers  # lazy: start-up time (and --help's)
         from ..folder import check_folder, folder_block, read_config, upgrade_notice  # lazy: start-up time
         from ..loading import linear_folder  # lazy: start-up time
@@ -126,6 +127,7 @@ def info(folder: str = typer.Argument(..., help=LINEAR_MODEL_HELP), as_json: Jso
     check_folder(path, cfg)  # what load checks, without building the model
     block = folder_block(cfg) or {}  # check_folder passed: ours, or saved by timm from one of ours (implied)
     upgrade = upgrade_notice(path, cfg)
+    options = shown_options(block.get("variant"), block.get("options") or {})
     if as_json:  # accuracies as fractions, as eval, distill and compare --json print them
         metrics = block.get("metrics")
         shown = {**block, "metrics": as_fractions(metrics)} if isinstance(metrics, dict) else block
@@ -138,7 +140,7 @@ def info(folder: str = typer.Argument(..., help=LINEAR_MODEL_HELP), as_json: Jso
     weights = path / "model.safetensors"
     rows = {
         "architecture": source_architecture(cfg)[0],
-        "variant": f"{block.get('variant')}" + (f" ({pairs(block['options'])})" if block.get("options") else ""),
+        "variant": f"{block.get('variant')}" + (f" ({pairs(options)})" if options else ""),
         "source": f"{block.get('source')}{RANDOM_SOURCE if block.get('pretrained') is False else ''}",
         "classes": cfg.get("num_classes"),
         "init": pairs(block.get("init") or {}),
