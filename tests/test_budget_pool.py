@@ -26,8 +26,8 @@ import budget_pool  # noqa: E402
 
 def stand_in(name: str, marks: str, last_step: bool = False) -> dict:
     """``last_step``: the signal lands after the last step, so the run ends normally (as the trainer's does)."""
-    Path(marks, name).write_text(str(os.getpid()))  # started, and by whom
-    with StopRequest() as stop:
+    with StopRequest() as stop:  # announced once a stop can be heard (a signal before it would kill the worker)
+        Path(marks, name).write_text(str(os.getpid()))  # started, and by whom
         for step in range(600):
             time.sleep(0.05)
             if stop.requested and last_step:
