@@ -85,11 +85,12 @@ def test_split_heads_take_two_launches_forward_and_three_backward_with_no_torch_
 
 
 def test_the_blocked_form_mixes_by_w_and_adds_lepe_in_its_kernels():
-    """MHLA's blocked op with LePE, a key mask and each block's tokens split over two programs, the first of two
-    16-token chunks: the state kernel's last program of a batch·head mixes the block states by W̃, the read-out adds
-    LePE, the backward's last programs form dS, dW̃ and LePE's filter gradient from every chunk's share (2 launches
-    forward, 3 backward, no torch op between); values and every gradient against the N×N reference in float64
-    (A_ij = φ(q_i)·φ(k_j)·W̃[s(i), s(j)], LePE a conv2d)."""
+    """MHLA's blocked op with its RMSNorm, LePE, a key mask and each block's tokens split over two programs, the first
+    of two 16-token chunks: k and q normalised as the kernels load them (each token's 1/rms from the op), the state
+    kernel's last program of a batch·head mixes the block states by W̃, the read-out adds LePE, the backward's last
+    programs form dS, dW̃ and LePE's filter gradient from every chunk's share (2 launches forward, 3 backward, no
+    torch op between); values and every gradient against the N×N reference in float64 (A_ij = φ(q_i)·φ(k_j)·W̃[s(i),
+    s(j)], LePE a conv2d)."""
     from vitconvert.attention.blocks import extended_block_mix, segment_index, token_segments
     from vitconvert.attention.ops.pairwise.reference import pairwise_reference
 
@@ -102,24 +103,27 @@ def test_the_blocked_form_mixes_by_w_and_adds_lepe_in_its_kernels():
     mixing = extended_block_mix(torch.rand(2, 2, generator=g)).to(DEVICE).requires_grad_()
     weight = (torch.randn(d, 1, 3, 3, generator=g) / 3).to(DEVICE).requires_grad_()
     bias = torch.randn(d, generator=g).to(DEVICE).requires_grad_()
+    norms = [(1 + torch.rand(d, generator=g)).to(DEVICE).requires_grad_() for _ in range(2)]
     index = segment_index(grid, counts, prefix, q.device)
-    inputs = (q, k, v, mixing, weight, bias)
+    inputs = (q, k, v, mixing, weight, bias, *norms)
     here = dispatch.current()
     here.programs, here.split_round = 1 << 20, 32
     here.settings = dispatch.KernelSettings(config=(16, 4, 1))
     runs, out, grad, got = launches_and_ops(
-        lambda: fused.segmented_attention(q, k, v, mask, index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6, None, None,
-                                          0.0, weight, bias, grid, prefix), inputs)
+        lambda: fused.segmented_attention(q, k, v, mask, index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6, *norms, 1e-6,
+                                          weight, bias, grid, prefix), inputs)
     assert_two_launches_forward_and_three_backward(runs)
     segments = token_segments(grid, counts, prefix, q.device)
     phi = ORACLES["relu"][1]
     copies = [t.detach().double().requires_grad_() for t in inputs]
-    q, k, v, mixing, weight, bias = copies
+    q, k, v, mixing, weight, bias, q_weight, k_weight = copies
+    q, k = (x * torch.rsqrt(x.square().mean(dim=(1, 3), keepdim=True) + 1e-6) * w for x, w in ((q, q_weight),
+                                                                                                 (k, k_weight)))
     expected = pairwise_reference(phi(q) + 1e-6, phi(k) + 1e-6, v, mask, segments, mixing, 1e-6)
     spatial = (v * mask[:, None, :, None])[:, :, prefix:].transpose(2, 3).reshape(1, d, *grid)
     lepe = torch.nn.functional.conv2d(spatial, weight, bias, padding=1, groups=d).view(1, 1, d, -1)
     expected = expected + torch.nn.functional.pad(lepe.transpose(2, 3), (0, 0, prefix, 0))
     assert rel_error(out, expected) < TOL[torch.float32]
-    for name, mine, want in zip(["q", "k", "v", "W̃", "LePE weight", "LePE bias"], got,
+    for name, mine, want in zip(["q", "k", "v", "W̃", "LePE weight", "LePE bias", "q norm", "k norm"], got,
                                 torch.autograd.grad(expected, copies, grad.double()), strict=True):
         assert rel_error(mine, want) < 2 * TOL[torch.float32], name

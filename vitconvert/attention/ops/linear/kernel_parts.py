@@ -13,17 +13,16 @@ mixing by W̃ too: :mod:`.mixing_parts`):
     normalised:  o_i = φ(q_i)ᵀ R_a / (φ(q_i)·r_a + ε)       (kernel attention, MHLA)
     affine:      o_i = q_iᵀ R_a + b_a                         (InLine)
 
-A program walks its tokens in chunks of BLOCK_N: loads are bf16/fp16 tiles, φ is made in the dots' operand dtype
-(ELU's and ReLU's on bf16 pairs: :func:`_phi_tile`) or in float32 where float32 reads it, the normaliser's
-reciprocal in float32, and the dots run on tensor cores with float32 accumulators on TILE operands: bf16 for bf16
-inputs of ELU, ReLU and InLine (a third fewer instructions, the tests' bf16 bars held), float32 as TF32 for the
-other half inputs (float16's range is too short for a long sequence's sums), or float32 inputs as torch's TF32
-switch says. Sums over a chunk's tokens that would otherwise be reduced across warps every chunk (ELU's z, the
-normaliser φ(q)·r, the read-out backward's do·o) are dots on the operand already made (per-query factors come out
-in the dots' layout, so no float32 tile changes layout through shared memory), the others wait in registers until
-after the loop; whole chunks run without bounds masks (FULL). Backward recomputes φ from q and k, so nothing
-N-sized beyond q, k, v and the output is kept. Instructions per main loop: benchmarks/kernel_instructions.py.
-
+A program walks its tokens in chunks of BLOCK_N: loads are bf16/fp16 tiles, φ is made in the dots' operand dtype (ELU's
+and ReLU's on bf16 pairs: :func:`_phi_tile`) or in float32 where float32 reads it, the normaliser's reciprocal in
+float32, and the dots run on tensor cores with float32 accumulators on TILE operands: bf16 for bf16 inputs of ELU, ReLU
+and InLine (a third fewer instructions, the tests' bf16 bars held), float32 as TF32 for the other half inputs
+(float16's range is too short for a long sequence's sums), or float32 inputs as torch's TF32 switch says. Sums over a
+chunk's tokens that would otherwise be reduced across warps every chunk (ELU's z, the normaliser φ(q)·r, the read-out
+backward's do·o) are dots on the operand already made (per-query factors come out in the dots' layout, so no float32
+tile changes layout through shared memory), the others wait in registers until after the loop; whole chunks run without
+bounds masks (FULL). Backward recomputes φ from q and k, so nothing N-sized beyond q, k, v and the output is kept.
+Instructions per main loop: benchmarks/kernel_instructions.py.
 Under ``TRITON_INTERPRET=1`` (the CPU tests) the interpreter's dot of 16-bit tiles is wrong, so ``EMULATE``
 rounds the operands to their dtype and multiplies them in float32: the same products a tensor core forms.
 """
@@ -123,8 +122,7 @@ def _tokens(IDX, seg, L, end, start, BLOCK_N: tl.constexpr, HAS_INDEX: tl.conste
 
 @triton.jit
 def _full_end(begin, end, BLOCK_N: tl.constexpr):
-    """Where the whole chunks of ``begin..end`` end: they run without bounds masks (FULL), the rest, less than a
-    chunk, with them."""
+    """Where the whole chunks of ``begin..end`` end: they run without bounds masks (FULL), the rest with them."""
     return begin + (end - begin) // BLOCK_N * BLOCK_N
 
 
@@ -199,10 +197,12 @@ def _key_sums(z_cols, z_rows, FEATURE: tl.constexpr):
 def _state_step(k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn, s_vn, feature_eps, acc, z_cols,
                 z_rows, zv_rows, FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr,
                 SUM_V: tl.constexpr, FULL: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
-                PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """One chunk of the state pass (:func:`_add_to_state` of :func:`_key_tile`); also its valid keys."""
+                PRECISION: tl.constexpr, EMULATE: tl.constexpr, rstd_at=None, w=None):
+    """One chunk of the state pass (:func:`_add_to_state` of :func:`_key_tile`), its valid keys; MHLA's k·rstd·w."""
     tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
     ok, tile, k, v = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, HAS_MASK, FULL)
+    if rstd_at is not None:
+        k = k.to(tl.float32) * tl.load(rstd_at + tok, mask=inside, other=0.0)[:, None] * w[None, :]
     phi_k = _phi_tile(k, FEATURE, feature_eps, TILE, EMULATE)
     if not FULL or HAS_MASK:
         phi_k = tl.where(tile, phi_k, 0.0)
@@ -213,8 +213,7 @@ def _state_step(k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn
 
 @triton.jit
 def _row_dot(x, cols, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """x @ r per row of the tile ``x`` as a tensor-core dot on x, the operand of the read-out's dot (``cols``: r
-    in :data:`COLS` equal columns, the tile's dtype): no reduction across threads, and φ(q) made once."""
+    """x @ r per row of ``x`` as a tensor-core dot on the read-out's operand (``cols``: r in :data:`COLS` columns)."""
     return tl.max(_dot(x, cols, PRECISION, EMULATE), axis=1)
 
 
@@ -237,8 +236,7 @@ def _denominator(phi_q, rz, rz_cols, PRECISION: tl.constexpr, EMULATE: tl.conste
 
 @triton.jit
 def _row_products(a, b, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """Σ_k a_ik b_ik per row of two tiles as loaded: the products rounded to TILE (as a bf16 o's entries are) summed
-    by :func:`_row_dot` with columns of ones."""
+    """Σ_k a_ik b_ik per row of two tiles as loaded: products rounded to TILE summed by :func:`_row_dot` on ones."""
     if EMULATE:  # (the interpreter's 16-bit products are wrong: float32's, rounded, are the GPU's)
         ab = (a.to(tl.float32) * b.to(tl.float32)).to(TILE)
     else:
@@ -269,11 +267,13 @@ def _query_terms(q, g, o, tile, rz, rz_cols, feature_eps, FEATURE: tl.constexpr,
 @triton.jit
 def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps, eps,
               FEATURE: tl.constexpr, NORMALISE: tl.constexpr, FULL: tl.constexpr, TILE: tl.constexpr,
-              PRECISION: tl.constexpr, EMULATE: tl.constexpr, extra):
+              PRECISION: tl.constexpr, EMULATE: tl.constexpr, extra, rstd=None, w=None):
     """One chunk of queries: o = φ(q) R / (φ(q)·r + ε), or q R + r (affine), plus ``extra`` (a float32 tile, or
-    None), stored in o's dtype (one reciprocal of the denominator per query, not a division per entry;
-    ``rz_cols``: r as :func:`_row_dot` takes it)."""
+    None), stored in o's dtype (one reciprocal of the denominator per query, not a division per entry; ``rz_cols``:
+    r as :func:`_row_dot` takes it); q·rstd·w (MHLA's RMSNorm, as it loads) with each query's 1/rms ``rstd``."""
     q = _load(q_base, tok, d, s_qn, tile, FULL)
+    if rstd is not None:
+        q = q.to(tl.float32) * rstd[:, None] * w[None, :]
     phi_q = _phi_tile(q, FEATURE, feature_eps, TILE, EMULATE)
     if not FULL:
         phi_q = tl.where(tile, phi_q, 0.0)

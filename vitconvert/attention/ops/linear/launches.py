@@ -32,6 +32,9 @@ class OnGrid(NamedTuple):
     prefix: int
 
 
+Norm = tuple[torch.Tensor, torch.Tensor]  # MHLA's RMSNorm applied as tiles load: ((B, N) 1/rms, (H·d,) weights)
+
+
 def _block_g(segments: int) -> int:
     """W̃'s side padded to the mixing's float32 dots (:mod:`.mixing_parts`)."""
     return max(16, triton_next_power_of_2(segments))
@@ -72,13 +75,14 @@ def segment_states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
 
 
 def mixed_states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
-                 mixing: torch.Tensor, feature: int, feature_eps: float,
-                 keep: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 mixing: torch.Tensor, feature: int, feature_eps: float, keep: bool,
+                 norm: Optional[Norm] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(R, r, states) of MHLA's blocked form in one launch: R_a = Σ_s W̃[a, s] S_s and r_a = Σ_s W̃[a, s] z_s (B, H, G,
     d, d) and (B, H, G, d) float32, mixed by the state kernel's last program of each batch·head; ``states``: the
     kernel's partial rows, where with ``keep`` each segment's first holds its unmixed [S_s | z_s] (the backward's
-    :func:`readout_gradients` reads them for dW̃)."""
-    R, r, _, _, part = _states(k, v, key_valid, index, feature, feature_eps, False, None, mixing=mixing, keep=keep)
+    :func:`readout_gradients` reads them for dW̃); ``norm``: k gets MHLA's RMSNorm as it loads (:data:`Norm`)."""
+    R, r, _, _, part = _states(k, v, key_valid, index, feature, feature_eps, False, None, mixing=mixing, keep=keep,
+                               norm=norm)
     return R, r, part
 
 
@@ -91,7 +95,8 @@ def readers(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
 
 def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
             feature: int, feature_eps: float, sum_values: bool, inline_scale: Optional[float],
-            bf16_tiles: bool = False, mixing: Optional[torch.Tensor] = None, keep: bool = False):
+            bf16_tiles: bool = False, mixing: Optional[torch.Tensor] = None, keep: bool = False,
+            norm: Optional[Norm] = None):
     """The state kernel's launch (:func:`segment_states`, :func:`readers`, :func:`mixed_states`): (R, r, aux, n,
     partial rows), aux zv or (InLine) z; with ``mixing`` R and r mixed by it, a ticket per batch·head."""
     from .split_kernels import state_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
@@ -109,13 +114,13 @@ def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
     mask, s_mb = _mask_arg(key_valid, k)
     launch(state_fwd_kernel, (B * H, segments, splits),
         k, v, mask, index if index is not None else k, part, tickets(B * H * segments, k.device), R, r,
-        r if aux is None else aux, r if n is None else n, _table(mixing, k),
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
+        r if aux is None else aux, r if n is None else n, _table(mixing, k), *(norm or (r, r)),
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb, N,
         H, length, D, segments, splits, per, feature_eps, inline_scale or 1.0, int(keep),
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, INLINE=inline_scale is not None,
         SUM_V=sum_values, MIX=mixing is not None, EVEN_D=D == block_d, BLOCK_N=block_n, BLOCK_D=block_d,
-        BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), **tile_kwargs(plan.tile), num_warps=warps,
-        num_stages=plan.stages)
+        BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), NORM=norm is not None, **tile_kwargs(plan.tile),
+        num_warps=warps, num_stages=plan.stages)
     return R, r, aux, n, part
 
 
@@ -193,9 +198,9 @@ def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Option
 
 def read_out(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
              feature_eps: float, eps: float, normalise: bool, bf16_tiles: bool = False,
-             on_grid: Optional[OnGrid] = None) -> torch.Tensor:
+             on_grid: Optional[OnGrid] = None, norm: Optional[Norm] = None) -> torch.Tensor:
     """:func:`run_readout`; ``bf16_tiles``: bf16 inputs on bf16 tiles (:func:`..launch_plan.tile_name`); ``on_grid``
-    (with an index table): o + LePE, added in the same launch."""
+    (with an index table): o + LePE, added in the same launch; ``norm``: q gets MHLA's RMSNorm as it loads."""
     from .split_kernels import readout_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q = unit_rows(q)
@@ -210,11 +215,12 @@ def read_out(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[
     filters, bias = (on_grid.lepe.filters, on_grid.lepe.bias) if lepe else (q, q)
     launch(readout_fwd_kernel, (B * H, segments, splits),
         q, R.contiguous(), r.contiguous(), o, index if index is not None else q, v, mask, filters, bias,
-        q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2), v.stride(0), v.stride(1),
-        v.stride(2), s_mb, H, length, D, segments, per, feature_eps, eps,
+        *(norm or (q, q)), q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2), v.stride(0),
+        v.stride(1), v.stride(2), s_mb, N, H, length, D, segments, per, feature_eps, eps,
         *((on_grid.prefix, on_grid.rows, on_grid.cols) if lepe else (0, 0, 0)),
         FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, EVEN_D=D == block_d, LEPE=lepe,
         KS=on_grid.lepe.size if lepe else 1, HAS_LBIAS=lepe and on_grid.has_bias, HAS_MASK=mask is not q,
+        NORM=norm is not None,
         BLOCK_N=block_n, BLOCK_D=block_d, **tile_kwargs(plan.tile), num_warps=warps, num_stages=plan.stages)
     return o
 

@@ -33,7 +33,7 @@ from ..dispatch import KernelUnavailable, direct, launch
 from ..grid.op import grid_conv_eager
 from ..launch_plan import linear_launches, tile_kwargs
 from ..layout import _mask_arg, _output_like, _strides, lepe_args, lepe_gradients, unit_rows, valid_keys
-from ..norms.lean import rms_pair, through_rms_pair
+from ..norms.lean import rstd_over_heads, through_rms_pair
 from . import eager as fused_eager
 from .eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: F401  (the kernels' φ codes)
 from .launches import (  # noqa: F401  (re-exported: tests and tools call the building blocks from here)
@@ -186,14 +186,17 @@ def run_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Op
     """Normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA): two launches,
     the segments' states mixed by W̃ in the state kernel's last program of each batch·head, then the read-out, so
     autograd keeps neither S nor R. ``index`` None: one segment of all tokens. With ``q_weight`` and ``k_weight``, q
-    and k first get MHLA's RMSNorm over heads (ε ``norm_eps``), a transient here: autograd keeps the raw q and k
-    (views of the qkv projection). With ``lepe_weight`` (C, 1, KS, KS), the grid tokens (rows × cols after
-    ``prefix``) also get MHLA's LePE, the depthwise conv of the (masked) v, in the read-out's epilogue. Autograd keeps
-    no output: the backward's do·o comes from its dot of do and R."""
-    q, k = rms_pair(q, k, q_weight, k_weight, norm_eps)
+    and k get MHLA's RMSNorm over heads (ε ``norm_eps``) as the kernels load them, each token's 1/rms from one
+    reading pass here: autograd keeps the raw q and k (views of the qkv projection). With ``lepe_weight`` (C, 1, KS,
+    KS), the grid tokens (rows × cols after ``prefix``) also get MHLA's LePE, the depthwise conv of the (masked) v,
+    in the read-out's epilogue. Autograd keeps no output: the backward's do·o comes from its dot of do and R."""
+    q_norm = k_norm = None
+    if q_weight is not None and k_weight is not None:
+        q_norm = rstd_over_heads(q, norm_eps), q_weight.to(torch.float32).contiguous()
+        k_norm = rstd_over_heads(k, norm_eps), k_weight.to(torch.float32).contiguous()
     on_grid = _on_grid(q, v, key_valid, index, lepe_weight, lepe_bias, rows, cols, prefix)
-    R, r, _ = mixed_states(k, v, key_valid, index, mixing, feature, feature_eps, False)
-    return read_out(q, R, r, index, feature, feature_eps, eps, True, False, on_grid)
+    R, r, _ = mixed_states(k, v, key_valid, index, mixing, feature, feature_eps, False, k_norm)
+    return read_out(q, R, r, index, feature, feature_eps, eps, True, False, on_grid, q_norm)
 
 
 blocked_attention = torch.library.custom_op("vitconvert::blocked_attention", mutates_args=())(run_blocked)

@@ -85,13 +85,13 @@ def _store_reader(R, RZ, COUNTER, which, square, row, d, d_ok, D):
 
 @triton.jit
 def state_fwd_kernel(
-    K, V, MASK, IDX, PART, COUNTER, R, RZ, AUX, NV, W,
-    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb,
+    K, V, MASK, IDX, PART, COUNTER, R, RZ, AUX, NV, W, RSTD, NW,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_rb,
     H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, scale, keep,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr, INLINE: tl.constexpr,
     SUM_V: tl.constexpr, MIX: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    EMULATE: tl.constexpr,
+    EMULATE: tl.constexpr, NORM: tl.constexpr = False,
 ):
     """What the queries of one (batch·head, segment) read, from its keys split over SPLITS programs (one per token
     range): each stores its partial S, z (and zv, valid keys with SUM_V) as a row of PART (D·D + 2D + 1 floats),
@@ -100,12 +100,16 @@ def state_fwd_kernel(
     − z v̄ᵀ), RZ = v̄ = zv/n, n the valid keys. MHLA (MIX): the last of a batch·head's programs mixes its SEGMENTS
     states by W̃ (G×G float32, G ≤ BLOCK_G): R_a = Σ_s W̃[a, s] S_s, RZ likewise (:func:`.mixing_parts.mix_states`;
     ``keep``: the unmixed ones kept in PART for the backward). EVEN_D: the head fills its tile (D = BLOCK_D), so the
-    whole chunks of a range without an index table run without masks."""
+    whole chunks of a range without an index table run without masks. NORM: k gets MHLA's RMSNorm over heads as it
+    loads: k·rstd·w, each token's 1/rms over every head from RSTD, the head's weights from NW."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     k_base, v_base, mask_row = K + b * s_kb + h * s_kh, V + b * s_vb + h * s_vh, MASK + b * s_mb
+    rstd_at, w = None, None
+    if NORM:  # (this image's per-token 1/rms, RSTD (B, s_rb), and this head's weights, NW (H·D,), float32)
+        rstd_at, w = RSTD + b * s_rb, _load_row(NW, h, d, d_ok, D)
     acc = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     z_cols = tl.zeros((BLOCK_D, COLS), dtype=tl.float32)
     z_rows = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
@@ -118,20 +122,23 @@ def state_fwd_kernel(
         for start in range(begin, full_end, BLOCK_N):
             acc, z_cols, z_rows, zv_rows, ok = _state_step(
                 k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn, s_vn, feature_eps, acc, z_cols,
-                z_rows, zv_rows, FEATURE, HAS_MASK, False, SUM_V, True, BLOCK_N, TILE, PRECISION, EMULATE)
+                z_rows, zv_rows, FEATURE, HAS_MASK, False, SUM_V, True, BLOCK_N, TILE, PRECISION, EMULATE,
+                rstd_at, w)
             if SUM_V and HAS_MASK:
                 count += ok.to(tl.float32)
         if full_end < end:
             acc, z_cols, z_rows, zv_rows, ok = _state_step(
                 k_base, v_base, mask_row, IDX, seg, L, end, full_end, d, d_ok, s_kn, s_vn, feature_eps, acc, z_cols,
-                z_rows, zv_rows, FEATURE, HAS_MASK, False, SUM_V, False, BLOCK_N, TILE, PRECISION, EMULATE)
+                z_rows, zv_rows, FEATURE, HAS_MASK, False, SUM_V, False, BLOCK_N, TILE, PRECISION, EMULATE,
+                rstd_at, w)
             if SUM_V and HAS_MASK:
                 count += ok.to(tl.float32)
     else:
         for start in range(begin, end, BLOCK_N):
             acc, z_cols, z_rows, zv_rows, ok = _state_step(
                 k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn, s_vn, feature_eps, acc, z_cols,
-                z_rows, zv_rows, FEATURE, HAS_MASK, HAS_INDEX, SUM_V, False, BLOCK_N, TILE, PRECISION, EMULATE)
+                z_rows, zv_rows, FEATURE, HAS_MASK, HAS_INDEX, SUM_V, False, BLOCK_N, TILE, PRECISION, EMULATE,
+                rstd_at, w)
             if SUM_V and HAS_MASK:
                 count += ok.to(tl.float32)
     which = bh * SEGMENTS + seg
@@ -182,19 +189,20 @@ def _segment_states(PART, COUNTER, R, RZ, AUX, NV, which, split, SPLITS, width, 
 
 @triton.jit
 def readout_fwd_kernel(
-    Q, R, RZ, O, IDX, V, MASK, LW, LB,
-    s_qb, s_qh, s_qn, s_ob, s_oh, s_on, s_vb, s_vh, s_vn, s_mb,
+    Q, R, RZ, O, IDX, V, MASK, LW, LB, RSTD, NW,
+    s_qb, s_qh, s_qn, s_ob, s_oh, s_on, s_vb, s_vh, s_vn, s_mb, s_rb,
     H, L, D, SEGMENTS, tokens_per_split, feature_eps, eps, P, ROWS, COLS,
     FEATURE: tl.constexpr, NORMALISE: tl.constexpr, HAS_INDEX: tl.constexpr, EVEN_D: tl.constexpr,
     LEPE: tl.constexpr, KS: tl.constexpr, HAS_LBIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+    NORM: tl.constexpr = False,
 ):
     """o = φ(q) R / (φ(q)·r + ε), or q R + r (affine), for the queries of one (batch·head, segment, range).
 
     R is (BH, SEGMENTS, D, D) float32, RZ (BH, SEGMENTS, D): the normaliser r or the bias. EVEN_D: as
     :func:`state_fwd_kernel`'s. LEPE (MHLA, with an index table): o also gets LePE, the KS×KS depthwise conv of the
     (masked) v over the ROWS×COLS grid after P prefix tokens (LW (H·D, KS·KS), LB (H·D) float32), in the epilogue
-    (:func:`..grid.kernels.conv_taps`).
+    (:func:`..grid.kernels.conv_taps`). NORM: q gets MHLA's RMSNorm as it loads (as k does in the state kernel).
     """
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
@@ -205,28 +213,39 @@ def readout_fwd_kernel(
     rz = _load_row(RZ, which, d, d_ok, D)
     rz_cols = _columns(rz, TILE)
     q_base, o_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh
+    rstd_at, w = None, None
+    if NORM:  # (this image's per-token 1/rms, RSTD (B, s_rb), and this head's weights, NW (H·D,), float32)
+        rstd_at, w = RSTD + b * s_rb, _load_row(NW, h, d, d_ok, D)
     begin = split * tokens_per_split
     end = tl.minimum(begin + tokens_per_split, L)
     if EVEN_D and not HAS_INDEX:
         full_end = _full_end(begin, end, BLOCK_N)
         for start in range(begin, full_end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
+            rstd = None
+            if NORM:
+                rstd = tl.load(rstd_at + tok, mask=ok, other=0.0)
             _read_out(q_base, o_base, tok, ok[:, None], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps, eps, FEATURE,
-                      NORMALISE, True, TILE, PRECISION, EMULATE, None)
+                      NORMALISE, True, TILE, PRECISION, EMULATE, None, rstd, w)
         for start in range(full_end, end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
+            rstd = None
+            if NORM:
+                rstd = tl.load(rstd_at + tok, mask=ok, other=0.0)
             _read_out(q_base, o_base, tok, ok[:, None] & d_ok[None, :], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps,
-                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, None)
+                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, None, rstd, w)
     else:
         for start in range(begin, end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-            lepe = None
+            lepe, rstd = None, None
+            if NORM:
+                rstd = tl.load(rstd_at + tok, mask=ok, other=0.0)
             if LEPE:
                 lepe = conv_taps(V + b * s_vb + h * s_vh, s_vn, tok, d, d_ok, LW, LB, MASK, s_mb, b, h,
                                  P + ROWS * COLS, D, P, ROWS, COLS, 0.0, 0.0, KS, False, HAS_LBIAS, HAS_MASK, BLOCK_N,
                                  BLOCK_D)
             _read_out(q_base, o_base, tok, ok[:, None] & d_ok[None, :], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps,
-                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, lepe)
+                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, lepe, rstd, w)
 
 
 @triton.jit

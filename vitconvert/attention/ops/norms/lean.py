@@ -133,19 +133,19 @@ def rms_over_heads_backward(t: torch.Tensor, weight: torch.Tensor, eps: float, g
     return dt.to(t.dtype), dweight.to(weight.dtype)
 
 
-def rms_pair(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
-             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k normalised (when their weights are given), else as they are."""
-    if q_weight is None or k_weight is None:
-        return q, k
-    return rms_over_heads(q, q_weight, eps), rms_over_heads(k, k_weight, eps)
+def rstd_over_heads(t: torch.Tensor, eps: float) -> torch.Tensor:
+    """(B, N) float32 1/rms of each token of (B, H, N, d) ``t`` over all heads' channels, as F.rms_norm takes it: for
+    kernels that apply the norm as q or k loads (one reading pass; no normalised copy written)."""
+    B, H, N, d = t.shape
+    norm = torch.linalg.vector_norm(t, dim=(1, 3), dtype=torch.float32)
+    return torch.rsqrt(norm.square_().div_(H * d).add_(eps))
 
 
 def rms_pair_recomputed(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor],
                         k_weight: Optional[torch.Tensor],
                         eps: float) -> tuple[torch.Tensor, torch.Tensor, tuple[RmsSaved, RmsSaved]]:
-    """:func:`rms_pair` recomputed in backward (:func:`rms_recomputed`): q, k and what their norms' backwards
-    read again."""
+    """q and k normalised (when their weights are given, else as they are) for backward (:func:`rms_recomputed`), and
+    what their norms' backwards read again."""
     if q_weight is None or k_weight is None:
         return q, k, (None, None)
     (q, q_saved), (k, k_saved) = rms_recomputed(q, q_weight, eps), rms_recomputed(k, k_weight, eps)
