@@ -2,9 +2,9 @@
 states written per program and summed in a fixed order by the last program of each segment to finish (a ticket per
 segment elects it; no float atomics, so the sums are deterministic), which also makes what the next kernel reads:
 two launches forward (state, read-out), three backward (state, read-out's backward, state's backward), no torch op
-between them. MHLA's blocked op runs on them (its mixing of the segments' states still in torch between the state
-and the read-out: a mode of the last program's epilogue could take it), and ELU/ReLU/InLine where a head's tokens are
-split over programs (:func:`.dispatch.split_tokens`); the one-launch kernels of a whole head are
+between them. MHLA's blocked op runs on them (the last state program mixes the segments' states by W̃, the read-out
+adds LePE, and both apply the q/k RMSNorm as their tiles load: :mod:`.mixing_parts`), and ELU/ReLU/InLine where a
+head's tokens are split over programs (:func:`.dispatch.split_tokens`); the one-launch kernels of a whole head are
 :mod:`.head_kernels`. Built from :mod:`.kernel_parts`' pieces.
 
 Without an index table and with a head that fills its tile (``EVEN_D``), each range's whole chunks run without
