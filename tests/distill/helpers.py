@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 import vitconvert
+from vitconvert import capture
 from vitconvert.sources import load_source
 
 CLASSES = 3
@@ -67,3 +68,16 @@ def assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
     assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+def counting_teacher(monkeypatch) -> list[int]:
+    """How often the teacher's tap runs from here on (``calls[0]``): a cache hit is a batch it did not run for."""
+    calls = [0]
+    forward = capture.TeacherTap.__call__
+
+    def counted(self, images):
+        calls[0] += 1
+        return forward(self, images)
+
+    monkeypatch.setattr(capture.TeacherTap, "__call__", counted)
+    return calls

@@ -14,7 +14,6 @@ import torch
 from helpers import assert_one_line_error, invoke
 
 import vitconvert
-from vitconvert import capture
 from vitconvert.capture import DistillStudent, TeacherTap, attention_pairs
 from vitconvert.distill.attention_weights import check_layers, weight_cross_entropy, weight_taps
 from vitconvert.distill.losses import attention_loss
@@ -23,7 +22,7 @@ from vitconvert.distill.teacher_cache import TeacherCache
 from vitconvert.errors import VitconvertError
 from vitconvert.recipes import build_recipe
 
-from .helpers import CLI_FAST, make_images, make_teacher
+from .helpers import CLI_FAST, counting_teacher, make_images, make_teacher
 
 ARGS = dict(img_size=32, patch_size=8, embed_dim=32, num_heads=2, depth=2, num_classes=3)
 STUDENTS = {"relu": ("relu", {}), "hedgehog": ("elu", {"feature_map": "hedgehog", "init_scale": 2.0})}
@@ -132,14 +131,7 @@ def test_a_second_run_reads_the_teachers_weights_from_the_cache_and_gets_the_sam
     bit (the same student path on the same teacher values)."""
     student, teacher = (m.float() for m in pair("hedgehog"))
     recipe = build_recipe({"attn_loss": "weight_ce", "kd_weight": 1.0})
-    calls = [0]
-    forward = capture.TeacherTap.__call__
-
-    def counted(self, images):
-        calls[0] += 1
-        return forward(self, images)
-
-    monkeypatch.setattr(capture.TeacherTap, "__call__", counted)
+    calls = counting_teacher(monkeypatch)
     torch.manual_seed(1)
     batches = [(torch.randn(2, 3, 32, 32), torch.randint(0, 3, (2,))) for _ in range(2)]
     cache = TeacherCache(capacity=1 << 20)

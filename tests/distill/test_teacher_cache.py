@@ -10,12 +10,11 @@ import signal
 import torch
 from safetensors.torch import load_file
 
-from vitconvert import capture
 from vitconvert.distill import DistillJob, run
 from vitconvert.distill.teacher_cache import TeacherCache
 from vitconvert.recipes import load_recipe
 
-from .helpers import FAST, assert_same_tensors
+from .helpers import FAST, assert_same_tensors, counting_teacher
 
 SETTINGS = {**FAST, "compare_batches": 0}  # one epoch, random crops
 
@@ -24,18 +23,6 @@ def job(student, out, data, cache=None, **extra):
     recipe, text = load_recipe(None, {**SETTINGS, "data": str(data), **extra})
     return DistillJob(student=str(student), recipe=recipe, out=out, recipe_text=text, show=False,
                       teacher_cache=cache)
-
-
-def counting_teacher(monkeypatch) -> list[int]:
-    calls = [0]
-    forward = capture.TeacherTap.__call__
-
-    def counted(self, images):
-        calls[0] += 1
-        return forward(self, images)
-
-    monkeypatch.setattr(capture.TeacherTap, "__call__", counted)
-    return calls
 
 
 def test_a_second_run_reads_the_teacher_and_ends_bitwise_where_the_first_did(student, images, tmp_path, monkeypatch):
