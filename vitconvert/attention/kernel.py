@@ -176,11 +176,18 @@ class KernelAttention(LinearAttention):
         """φ exactly as the paper writes it: the reference's."""
         return self.phi(x)
 
+    def features(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(φ(q), φ(k)) in the eager form: Hedgehog's learned maps where the layer has them, else the variant's φ
+        (also what distill/attention_weights.py forms the layer's N×N weights from)."""
+        if self.feature_map_q is not None and self.feature_map_k is not None:
+            return hedgehog_features(self.feature_map_q(q)), hedgehog_features(self.feature_map_k(k))
+        return self.phi(q), self.phi(k)
+
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], grid: Grid,
             extra: Optional[torch.Tensor] = None) -> torch.Tensor:
         """φ on q and k together: fewer passes, and for batches the stacked copy is the layout bmm needs."""
         if self.feature_map_q is not None and self.feature_map_k is not None:  # Hedgehog's φ: the eager form
-            phi_q, phi_k = hedgehog_features(self.feature_map_q(q)), hedgehog_features(self.feature_map_k(k))
+            phi_q, phi_k = self.features(q, k)
             return kernel_attention(phi_q, phi_k, v, key_valid, self.eps, self.fla)
         if not torch.jit.is_scripting():  # (nested: TorchScript skips only a branch of is_scripting() alone)
             if self.fused_kernels and dispatch.can_run(v, "linear_attention"):

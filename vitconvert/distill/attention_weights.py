@@ -20,7 +20,6 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..attention.feature_maps import hedgehog_features
 from ..attention.kernel import KernelAttention
 from ..attention.tensors import accumulation_dtype, full_precision
 from ..capture import Tap
@@ -48,10 +47,7 @@ def kernel_weights(module: KernelAttention, x: torch.Tensor) -> torch.Tensor:
     float32 at least (also under autocast), with the gradient to q, k and φ's parameters (the same φ and ε its
     forward uses)."""
     q, k, _ = module.project(module.prepare(x, None, module.resolve_grid(x.shape[1]))[0])
-    if module.feature_map_q is not None and module.feature_map_k is not None:
-        phi_q, phi_k = hedgehog_features(module.feature_map_q(q)), hedgehog_features(module.feature_map_k(k))
-    else:
-        phi_q, phi_k = module.phi(q), module.phi(k)
+    phi_q, phi_k = module.features(q, k)
     acc = accumulation_dtype(x.dtype)
     with full_precision(x):
         scores = phi_q.to(acc) @ phi_k.to(acc).transpose(-2, -1)
