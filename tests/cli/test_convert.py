@@ -66,8 +66,22 @@ def test_list_shows_every_declared_option_with_its_default_and_doc():
         assert [o["name"] for o in data[name]] == [o.name for o in cls.declared_options]
         assert [o["default"] for o in data[name]] == [o.default for o in cls.declared_options]
     shown = invoke("list").output  # not a terminal: no column is cut
-    block_side = next(o for o in VARIANTS["mhla"].declared_options if o.name == "block_side")
-    assert block_side.doc in shown
+    for cls in VARIANTS.values():  # every doc whole: Hedgehog's "[softmax(xW + b), ...]" is not taken for markup
+        assert all(o.doc in shown for o in cls.declared_options)
+
+
+def test_list_says_when_an_option_acts_only_under_another():
+    """Plain ELU's init_scale does nothing (the variants table leaves it out): the options table keeps its row, a
+    reader can still set it with feature_map=hedgehog, and says so under its name; --json says it as data."""
+    data = json.loads(invoke("list", "--json").stdout)["options"]
+    for name in ("elu", "relu"):
+        assert {o["name"]: o["applies"] for o in data[name]} == {
+            "eps": None, "feature_map": None, "init_scale": {"feature_map": "hedgehog"}}
+    assert all(o["applies"] is None for o in data["mhla"] + data["ttt"])
+    lines = invoke("list").output.splitlines()
+    notes = [i for i, line in enumerate(lines) if "(only with feature_map=hedgehog)" in line]
+    assert ["init_scale" in lines[i - 1] for i in notes] == [True, True]  # elu's and relu's rows, nothing else
+    assert [lines[i - 1].split("│")[1].strip() for i in notes] == ["elu", "relu"]
 
 
 @pytest.mark.parametrize("args,text", [

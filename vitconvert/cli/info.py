@@ -4,18 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .common import LINEAR_MODEL_HELP, JsonOpt, console, loading_libraries, plural, report_table, user_errors
 
+if TYPE_CHECKING:
+    from ..attention.options import Option
+
 BUNDLED = {"digits": "bundled softmax ViT teacher of the digits data (offline; also --data digits)"}
 
 
+def applies(option: Option) -> Optional[dict]:
+    """When the option does something (``{"feature_map": "hedgehog"}``: only with that value of another), as
+    ``list --json`` gives it; None: always."""
+    return dict([option.applies]) if option.applies is not None else None
+
+
 def options_table() -> Table:
-    """Every variant option as its declaration says it (attention/options.py): name, default, what it does."""
+    """Every variant option as its declaration says it (attention/options.py): name, default, what it does; an
+    option that acts only under another's value says so under its name (plain ELU's ``init_scale``), since the
+    variants table above leaves it out."""
     from ..attention import VARIANTS  # lazy: start-up time (and --help's)
 
     table = Table(title="variant options (--option KEY=VALUE, repeatable; also in a folder's config.json)")
@@ -23,7 +35,9 @@ def options_table() -> Table:
         table.add_column(column)
     for name, cls in VARIANTS.items():
         for option in cls.declared_options:
-            table.add_row(name, option.name, json.dumps(option.default), option.doc)
+            condition = applies(option)
+            shown = option.name + (f"\n[dim](only with {pairs(condition)})[/]" if condition else "")
+            table.add_row(name, shown, json.dumps(option.default), escape(option.doc))  # a doc's [..] is not markup
     return table
 
 
@@ -41,8 +55,8 @@ def list_cmd(as_json: JsonOpt = False) -> None:
     recipes = available_recipes()
     if as_json:
         variants = {k: shown_options(k, v.default_options) for k, v in VARIANTS.items()}
-        options = {k: [{"name": o.name, "default": o.default, "doc": o.doc} for o in v.declared_options]
-                   for k, v in VARIANTS.items()}
+        options = {k: [{"name": o.name, "default": o.default, "doc": o.doc, "applies": applies(o)}
+                       for o in v.declared_options] for k, v in VARIANTS.items()}
         typer.echo(json.dumps({"aliases": ALIASES, "bundled": BUNDLED, "variants": variants, "options": options,
                                "recipes": recipes}))
         return
