@@ -104,6 +104,9 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
     disguised = shutil.copytree(root / "teacher", root / "disguised")  # softmax config.json, a student's weights
     shutil.copy(student / "model.safetensors", disguised / "model.safetensors")
     paths["disguised"] = disguised
+    converted = runner.invoke(app, ["convert", str(root / "teacher"), "--to", "inline", "--out", str(root / "inline")])
+    assert converted.exit_code == 0, converted.output
+    paths["inline"] = root / "inline"  # a student whose weights are no normalised kernel (attn_loss=weight_ce)
     result = runner.invoke(app, ["distill", str(student), "--data", str(images), *QUICK, "--set", "compare_batches=0",
                                  "--out", str(root / "run")])
     assert result.exit_code == 0, result.output
