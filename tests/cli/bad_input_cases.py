@@ -58,6 +58,14 @@ def edit_json(path: Path, change: Callable[[dict], None]) -> None:
 
 S = ("{student}",)
 D = ("--data", "{images}")
+
+
+def bad_set(value: str, message: str, given: str = "") -> Case:
+    """A quick distill of the student on the images into ./r whose one fault is ``--set value``."""
+    return Case("distill", given or f"--set {value}", ("distill", *S, *D, *QUICK, "--set", value, "--out", "r"),
+                message)
+
+
 CASES: list[Case] = [
     # -- convert --------------------------------------------------------------------------------------
     Case("convert", "missing source path", ("convert", "./nope/", "--to", "elu", "--out", "o"), "not found"),
@@ -225,26 +233,16 @@ CASES: list[Case] = [
          "kd_weight: nan is not a finite"),
     Case("distill", "--device mps on a machine without it", ("distill", *S, *D, *QUICK, "--device", "mps", "--out",
                                                              "r"), "mps is not available on this machine"),
-    Case("distill", "--set opt=nosuchopt", ("distill", *S, *D, *QUICK, "--set", "opt=nosuchopt", "--out", "r"),
-         "recipe opt: unknown 'nosuchopt'"),
-    Case("distill", "--set sched=nosuch", ("distill", *S, *D, *QUICK, "--set", "sched=nosuch", "--out", "r"),
-         "recipe sched: unknown 'nosuch'"),
-    Case("distill", "--set clip_mode=foo", ("distill", *S, *D, *QUICK, "--set", "clip_mode=foo", "--out", "r"),
-         "recipe clip_mode: unknown 'foo'; valid: norm, value, agc"),
-    Case("distill", "--set smoothing=2", ("distill", *S, *D, *QUICK, "--set", "smoothing=2", "--out", "r"),
-         "recipe smoothing"),
-    Case("distill", "--set workers=-1", ("distill", *S, *D, *QUICK, "--set", "workers=-1", "--out", "r"),
-         "recipe workers: -1 must not be negative"),
-    Case("distill", "--set hflip=5", ("distill", *S, *D, *QUICK, "--set", "hflip=5", "--out", "r"),
-         "hflip: 5.0 is a probability"),
-    Case("distill", "--set scale=[1,0.5]", ("distill", *S, *D, *QUICK, "--set", "scale=[1,0.5]", "--out", "r"),
-         "recipe scale"),
-    Case("distill", "--set rand_augment=rand-m9-zzz1", ("distill", *S, *D, *QUICK, "--set",
-                                                        "rand_augment=rand-m9-zzz1", "--out", "r"),
-         "recipe rand_augment: timm cannot read"),
-    Case("distill", "--set lr=[1", ("distill", *S, *D, *QUICK, "--set", "lr=[1", "--out", "r"), "cannot read '[1'"),
-    Case("distill", "--set seed past 64 bits", ("distill", *S, *D, *QUICK, "--set", "seed=99999999999999999999",
-                                                "--out", "r"), "seed: 99999999999999999999 must be below 2**63"),
+    bad_set("opt=nosuchopt", "recipe opt: unknown 'nosuchopt'"),
+    bad_set("sched=nosuch", "recipe sched: unknown 'nosuch'"),
+    bad_set("clip_mode=foo", "recipe clip_mode: unknown 'foo'; valid: norm, value, agc"),
+    bad_set("smoothing=2", "recipe smoothing"),
+    bad_set("workers=-1", "recipe workers: -1 must not be negative"),
+    bad_set("hflip=5", "hflip: 5.0 is a probability"),
+    bad_set("scale=[1,0.5]", "recipe scale"),
+    bad_set("rand_augment=rand-m9-zzz1", "recipe rand_augment: timm cannot read"),
+    bad_set("lr=[1", "cannot read '[1'"),
+    bad_set("seed=99999999999999999999", "seed: 99999999999999999999 must be below 2**63", "--set seed past 64 bits"),
     Case("distill", "--set name with a path in it", ("distill", *S, *D, *QUICK, "--set", "name=../../escape"),
          "recipe name: '../../escape' must be a plain name"),
     Case("distill", "a stray WORLD_SIZE=2 (no torchrun)", ("distill", *S, *D, *QUICK, "--out", "r"),
@@ -253,8 +251,7 @@ CASES: list[Case] = [
          "WORLD_SIZE='abc' is not a positive integer", "world_size_abc"),
     Case("distill", "--push-to-hub with the Hub offline", ("distill", *S, *D, *QUICK, "--push-to-hub", "me/x",
                                                            "--out", "r"), "HF_HUB_OFFLINE is set"),
-    Case("distill", "unknown recipe key", ("distill", *S, *D, *QUICK, "--set", "lrr=1", "--out", "r"),
-         "unknown recipe key 'lrr'"),
+    bad_set("lrr=1", "unknown recipe key 'lrr'", "unknown recipe key"),
     Case("distill", "--out an unrelated folder (--force)", ("distill", *S, *D, *QUICK, "--out", "{precious}",
                                                             "--force"), "not written by vitconvert"),
     Case("distill", "--out is the student (--force)", ("distill", *S, *D, *QUICK, "--out", "{student}", "--force"),
