@@ -66,6 +66,12 @@ def bad_set(value: str, message: str, given: str = "") -> Case:
                 message)
 
 
+def damaged_resume(given: str, message: str, prepare: str) -> Case:
+    """``distill --resume --force`` to two epochs of ../rc: a copy of the one-epoch run, damaged by ``prepare``."""
+    return Case("distill", given, ("distill", *S, *D, *QUICK, "--epochs", "2", "--resume", "--force", "--out", "../rc"),
+                message, prepare)
+
+
 CASES: list[Case] = [
     # -- convert --------------------------------------------------------------------------------------
     Case("convert", "missing source path", ("convert", "./nope/", "--to", "elu", "--out", "o"), "not found"),
@@ -268,18 +274,13 @@ CASES: list[Case] = [
                                                          "--out", "{run}"), "changed recipe (lr: 0.001 -> 0.5)"),
     Case("distill", "--resume on a finished run", ("distill", *S, *D, *QUICK, "--resume", "--out", "{run}"),
          "is complete (1 of 1 epochs)"),
-    Case("distill", "--resume --force, truncated checkpoint model", ("distill", *S, *D, *QUICK, "--epochs", "2",
-                                                                     "--resume", "--force", "--out", "../rc"),
-         "checkpoint-last/model.safetensors: corrupt or truncated", "trunc_model"),
-    Case("distill", "--resume --force, truncated optimizer state", ("distill", *S, *D, *QUICK, "--epochs", "2",
-                                                                    "--resume", "--force", "--out", "../rc"),
-         "checkpoint-last/optimizer.safetensors: corrupt or truncated", "trunc_optimizer"),
-    Case("distill", "--resume --force, truncated RNG state", ("distill", *S, *D, *QUICK, "--epochs", "2",
-                                                              "--resume", "--force", "--out", "../rc"),
-         "checkpoint-last/rng.safetensors: corrupt or truncated", "trunc_rng"),
-    Case("distill", "--resume --force, missing optimizer state", ("distill", *S, *D, *QUICK, "--epochs", "2",
-                                                                  "--resume", "--force", "--out", "../rc"),
-         "optimizer.safetensors is missing", "no_optimizer"),
+    damaged_resume("--resume --force, truncated checkpoint model",
+                   "checkpoint-last/model.safetensors: corrupt or truncated", "trunc_model"),
+    damaged_resume("--resume --force, truncated optimizer state",
+                   "checkpoint-last/optimizer.safetensors: corrupt or truncated", "trunc_optimizer"),
+    damaged_resume("--resume --force, truncated RNG state",
+                   "checkpoint-last/rng.safetensors: corrupt or truncated", "trunc_rng"),
+    damaged_resume("--resume --force, missing optimizer state", "optimizer.safetensors is missing", "no_optimizer"),
     Case("distill", "--resume, trainer.json without its fields", ("distill", *S, *D, *QUICK, "--resume", "--out",
                                                                   "../rc"), "the checkpoint is damaged",
          "bad_trainer_json"),
