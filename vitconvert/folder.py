@@ -122,17 +122,23 @@ def read_config(folder: Path) -> dict[str, Any]:
         raise VitconvertError(f"{cfg_file} is not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
 
 
-def check_weights_readable(folder: Path) -> None:
-    """Fail with one line on a corrupt/truncated safetensors before timm does with a traceback."""
+def check_file_readable(path: Path) -> None:
+    """Fail with one line on a corrupt/truncated safetensors file (every tensor's header and slice read) before
+    timm or a resume does with a traceback."""
     from safetensors import safe_open
 
-    for f in folder.glob("*.safetensors"):
-        try:
-            with safe_open(str(f), framework="pt") as fh:
-                for key in fh.keys():
-                    fh.get_slice(key)
-        except Exception as e:
-            raise unreadable_file(f, e) from None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                f.get_slice(key)
+    except Exception as e:
+        raise unreadable_file(path, e) from None
+
+
+def check_weights_readable(folder: Path) -> None:
+    """:func:`check_file_readable` on each safetensors file of a model folder."""
+    for path in folder.glob("*.safetensors"):
+        check_file_readable(path)
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:

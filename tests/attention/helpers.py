@@ -180,6 +180,66 @@ def assert_masked_tokens_reach_no_valid_output(module: LinearAttention, tokens: 
     torch.testing.assert_close(out[valid], changed[valid], atol=1e-10, rtol=0)
 
 
+def assert_mix_matches_reference(module: LinearAttention, num_prefix: int, grid: Optional[tuple[int, int]],
+                                 masked: bool) -> None:
+    """The fast mix equals the literal ``reference`` (float64, 1e-10) on random q, k, v of the grid's tokens (6
+    without one) and the prefix, under a random key mask where ``masked``."""
+    tokens = num_prefix + (grid[0] * grid[1] if grid else 6)
+    q, k, v = random_qkv(2, module.num_heads, tokens, module.head_dim)
+    key_valid = random_mask(2, tokens) if masked else None
+    fast = module.mix(q, k, v, key_valid, grid)
+    assert fast.shape == q.shape
+    torch.testing.assert_close(fast, module.reference(q, k, v, key_valid, grid), atol=1e-10, rtol=0)
+
+
+def last_image_padded(batch: int = 2, tokens: int = 17, valid: int = 9) -> torch.Tensor:
+    """A (B, 1, 1, N) attention mask: every token valid but the last image's from ``valid`` on."""
+    mask = torch.ones(batch, 1, 1, tokens, dtype=torch.bool)
+    mask[-1, ..., valid:] = False
+    return mask
+
+
+def assert_forward_matches_literal(module: LinearAttention, x: torch.Tensor,
+                                   attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The whole layer equals its literal form (:func:`literal`; float64, 1e-10) and keeps x's shape; returns the
+    fast output."""
+    fast = module(x, attn_mask=attn_mask)
+    assert fast.shape == x.shape
+    torch.testing.assert_close(fast, literal(module, x, attn_mask=attn_mask), atol=1e-10, rtol=0)
+    return fast
+
+
+def assert_softmax_weights_kept(module: LinearAttention, source: Attention) -> None:
+    """Every tensor of the softmax ``source``'s state dict is in the converted ``module``'s, unchanged."""
+    state = module.state_dict()
+    for name, value in source.state_dict().items():
+        assert torch.equal(state[name], value), name
+
+
+def nonzero_after_reset(module: LinearAttention) -> set[str]:
+    """The parameters ``reset_extra_parameters`` makes non-zero after every parameter was zeroed."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.zero_()
+    module.reset_extra_parameters()
+    return {name for name, p in module.named_parameters() if p.abs().sum() > 0}
+
+
+def assert_bf16_close_to_fp32(module: LinearAttention, grid: tuple[int, int], tokens: int = 17) -> None:
+    """A float32 module: bf16 q, k, v mix finite and within 3e-2 of float32, and the whole layer under bf16
+    autocast finite and within 5% of float32's largest output."""
+    x = torch.randn(2, tokens, module.dim)
+    ref = module(x)
+    q, k, v = random_qkv(2, module.num_heads, tokens, module.head_dim, dtype=torch.float32)
+    mixed = module.mix(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, grid)
+    assert mixed.dtype == torch.bfloat16 and torch.isfinite(mixed).all()
+    torch.testing.assert_close(mixed.float(), module.mix(q, k, v, None, grid), atol=3e-2, rtol=3e-2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = module(x)
+    assert low.dtype == torch.bfloat16 and torch.isfinite(low).all()
+    assert (low.float() - ref).abs().max() < 0.05 * ref.abs().max()
+
+
 def fused_rms_backward_on_the_cpu(grad_out, input, normalized_shape, rstd, weight, output_mask):
     """A CPU stand-in for torch's CUDA kernel aten::_fused_rms_norm_backward (the textbook RMSNorm backward in
     float32), checking what that kernel takes: contiguous rows and rstd of shape (…, 1)."""

@@ -12,7 +12,14 @@ from torch.nn import functional as F
 from vitconvert.attention.inline import InLineAttention, inline_attention
 from vitconvert.attention.ops.linear.reference import inline_weights
 
-from .helpers import assert_masked_tokens_reach_no_valid_output, literal, make_module, random_mask, random_tensors
+from .helpers import (
+    assert_forward_matches_literal,
+    assert_masked_tokens_reach_no_valid_output,
+    literal,
+    make_module,
+    random_mask,
+    random_tensors,
+)
 
 EXTRA = ["local_kernel_predictor.0.weight", "local_kernel_predictor.0.bias",
          "local_kernel_predictor.2.weight", "local_kernel_predictor.2.bias"]
@@ -105,9 +112,7 @@ def test_forward_matches_reference(num_prefix, grid, masked, local_residual):
     tokens = num_prefix + grid[0] * grid[1]
     (x,) = random_tensors((2, tokens, mod.dim))
     attn_mask = random_mask(2, tokens)[:, None, None, :] if masked else None
-    fast = mod(x, attn_mask=attn_mask)
-    slow = literal(mod, x, attn_mask=attn_mask)
-    torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+    fast = assert_forward_matches_literal(mod, x, attn_mask)
     if local_residual:
         assert not torch.allclose(fast, inline_module(num_prefix, grid)(x, attn_mask=attn_mask))
 

@@ -16,6 +16,7 @@ from vitconvert.attention.ops.linear.reference import kernel_attention_reference
 
 from .helpers import (
     assert_masked_tokens_reach_no_valid_output,
+    assert_softmax_weights_kept,
     literal,
     make_module,
     random_mask,
@@ -102,8 +103,7 @@ def test_state_dict_names_match_softmax(cls):
     new = cls.from_softmax(src, num_prefix_tokens=1, grid_size=(4, 4))
     assert new.extra_parameter_names() == []
     assert sorted(new.state_dict()) == sorted(src.state_dict())
-    for name, value in src.state_dict().items():
-        assert torch.equal(new.state_dict()[name], value), name
+    assert_softmax_weights_kept(new, src)
     assert new.options == {"eps": 1e-6, "feature_map": "fixed", "init_scale": 2.0}
 
 

@@ -20,11 +20,15 @@ from vitconvert.attention.ops.linear.reference import kernel_attention_reference
 from vitconvert.errors import BadValue
 
 from .helpers import (
+    assert_bf16_close_to_fp32,
+    assert_forward_matches_literal,
     assert_masked_keys_reach_no_valid_output,
     assert_mix_gradients_match_reference,
-    literal,
+    assert_mix_matches_reference,
+    assert_softmax_weights_kept,
+    last_image_padded,
     make_module,
-    random_mask,
+    nonzero_after_reset,
     random_qkv,
     softmax_source,
 )
@@ -54,13 +58,7 @@ CASES = [((2, 2), 2, 0), ((4, 4), 2, 1), ((6, 6), 2, 5), ((6, 6), 4, 1), ((5, 7)
 @pytest.mark.parametrize("denominator", ["consistent", "official"])
 def test_mix_matches_reference(grid, blocks, num_prefix, masked, denominator):
     mod = mhla_module(num_prefix, grid, blocks_per_side=blocks, denominator=denominator)
-    tokens = num_prefix + (grid[0] * grid[1] if grid else 6)
-    q, k, v = random_qkv(2, mod.num_heads, tokens, mod.head_dim)
-    key_valid = random_mask(2, tokens) if masked else None
-    fast = mod.mix(q, k, v, key_valid, grid)
-    slow = mod.reference(q, k, v, key_valid, grid)
-    assert fast.shape == q.shape
-    torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+    assert_mix_matches_reference(mod, num_prefix, grid, masked)
 
 
 @pytest.mark.parametrize("options", [{}, {"qk_rmsnorm": False, "lepe_kernel": 3}, {"lepe_kernel": 0}])
@@ -140,14 +138,8 @@ def test_block_counts_and_uneven_blocks():
 def test_forward_matches_reference_forward_on_other_grids():
     src = softmax_source()
     mod = MHLAttention.from_softmax(src, num_prefix_tokens=1, grid_size=(4, 4), blocks_per_side=2).double()
-    mask = torch.ones(2, 1, 1, 17, dtype=torch.bool)
-    mask[1, ..., 9:] = False
-    for tokens, attn_mask in ((17, None), (17, mask), (37, None)):  # 37: a 6×6 grid, same 2×2 blocks
-        x = torch.randn(2, tokens, 64, dtype=torch.float64)
-        fast = mod(x, attn_mask=attn_mask)
-        slow = literal(mod, x, attn_mask=attn_mask)
-        assert fast.shape == x.shape
-        torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+    for tokens, attn_mask in ((17, None), (17, last_image_padded()), (37, None)):  # 37: a 6×6 grid, same 2×2 blocks
+        assert_forward_matches_literal(mod, torch.randn(2, tokens, 64, dtype=torch.float64), attn_mask)
 
 
 def test_parameters_extra_and_matched():
@@ -156,9 +148,7 @@ def test_parameters_extra_and_matched():
     assert sorted(mod.extra_parameter_names()) == sorted(EXTRA)
     assert mod.block_mix.shape == (4, 4) and mod.lepe.weight.shape == (64, 1, 5, 5)
     torch.testing.assert_close(mod.block_mix, distance_weights((2, 2)).float())
-    new_state = mod.state_dict()
-    for name, value in src.state_dict().items():
-        assert torch.equal(new_state[name], value), name
+    assert_softmax_weights_kept(mod, src)
     bare = MHLAttention.from_softmax(src, grid_size=(14, 14), qk_rmsnorm=False, input_norm=False, lepe_kernel=0)
     assert bare.extra_parameter_names() == ["block_mix"]
 
@@ -176,27 +166,13 @@ def test_default_options_are_json_and_validated():
 
 def test_reset_extra_parameters_reinitialises():
     mod = MHLAttention.from_softmax(softmax_source(), num_prefix_tokens=1, grid_size=(14, 14))
-    with torch.no_grad():
-        for p in mod.parameters():
-            p.zero_()
-    mod.reset_extra_parameters()
-    for name, p in mod.named_parameters():
-        assert (p.abs().sum() > 0) == (name in EXTRA and name != "input_norm.bias"), name
+    assert nonzero_after_reset(mod) == set(EXTRA) - {"input_norm.bias"}
     assert torch.equal(mod.input_norm.weight, torch.ones(64)) and torch.equal(mod.q_rmsnorm.weight, torch.ones(64))
 
 
 def test_bf16_is_finite_and_close_to_fp32():
     mod = MHLAttention.from_softmax(softmax_source(), num_prefix_tokens=1, grid_size=(4, 4), blocks_per_side=2)
-    x = torch.randn(2, 17, 64)
-    ref = mod(x)
-    q, k, v = random_qkv(2, 4, 17, 16, dtype=torch.float32)
-    mixed = mod.mix(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, (4, 4))
-    assert mixed.dtype == torch.bfloat16 and torch.isfinite(mixed).all()
-    torch.testing.assert_close(mixed.float(), mod.mix(q, k, v, None, (4, 4)), atol=3e-2, rtol=3e-2)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        low = mod(x)
-    assert low.dtype == torch.bfloat16 and torch.isfinite(low).all()
-    assert (low.float() - ref).abs().max() < 0.05 * ref.abs().max()
+    assert_bf16_close_to_fp32(mod, (4, 4))
 
 
 @pytest.mark.parametrize("denominator,matches", [("official", True), ("consistent", False)])

@@ -14,11 +14,15 @@ from vitconvert.attention.ttt import TTTAttention, normalize_keys
 from vitconvert.errors import BadValue
 
 from .helpers import (
+    assert_bf16_close_to_fp32,
+    assert_forward_matches_literal,
     assert_masked_keys_reach_no_valid_output,
     assert_mix_gradients_match_reference,
-    literal,
+    assert_mix_matches_reference,
+    assert_softmax_weights_kept,
+    last_image_padded,
     make_module,
-    random_mask,
+    nonzero_after_reset,
     random_qkv,
     softmax_source,
 )
@@ -45,14 +49,7 @@ CASES = [((2, 2), 0), ((4, 4), 1), ((7, 7), 5), ((4, 4), 0), ((2, 2), 5), ((7, 7
 @pytest.mark.parametrize("grid,num_prefix", CASES)
 @pytest.mark.parametrize("masked", [False, True])
 def test_mix_matches_reference(grid, num_prefix, masked):
-    mod = ttt_module(num_prefix, grid)
-    tokens = num_prefix + (grid[0] * grid[1] if grid else 6)
-    q, k, v = random_qkv(2, mod.num_heads, tokens, mod.head_dim)
-    key_valid: torch.Tensor | None = random_mask(2, tokens) if masked else None
-    fast = mod.mix(q, k, v, key_valid, grid)
-    slow = mod.reference(q, k, v, key_valid, grid)
-    assert fast.shape == q.shape
-    torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+    assert_mix_matches_reference(ttt_module(num_prefix, grid), num_prefix, grid, masked)
 
 
 @pytest.mark.parametrize("grid,num_prefix", [((4, 4), 1), ((2, 2), 5), (None, 0)])
@@ -90,13 +87,8 @@ def test_forward_matches_reference_forward():
     src = softmax_source()
     mod = TTTAttention.from_softmax(src, num_prefix_tokens=1, grid_size=(4, 4)).double()
     x = torch.randn(2, 17, 64, dtype=torch.float64)
-    mask = torch.ones(2, 1, 1, 17, dtype=torch.bool)
-    mask[1, ..., 9:] = False
-    for attn_mask in (None, mask):
-        fast = mod(x, attn_mask=attn_mask)
-        slow = literal(mod, x, attn_mask=attn_mask)
-        assert fast.shape == x.shape
-        torch.testing.assert_close(fast, slow, atol=1e-10, rtol=0)
+    for attn_mask in (None, last_image_padded()):
+        assert_forward_matches_literal(mod, x, attn_mask)
 
 
 def test_parameters_extra_and_matched():
@@ -105,9 +97,7 @@ def test_parameters_extra_and_matched():
     assert sorted(mod.extra_parameter_names()) == sorted(EXTRA)
     assert mod.fast_w1.shape == (4, 16, 16)
     assert mod.q_conv.weight.shape == (64, 1, 3, 3)
-    new_state = mod.state_dict()
-    for name, value in src.state_dict().items():
-        assert torch.equal(new_state[name], value), name
+    assert_softmax_weights_kept(mod, src)
     for w in (mod.fast_w1, mod.fast_w2, mod.fast_w3):
         assert 0.01 < w.std() < 0.03 and w.abs().max() <= 2.0
 
@@ -145,12 +135,7 @@ def test_default_step_mixes_at_every_head_size():
 
 def test_reset_extra_parameters_reinitialises():
     mod = TTTAttention.from_softmax(softmax_source(), num_prefix_tokens=1, grid_size=(4, 4))
-    with torch.no_grad():
-        for p in mod.parameters():
-            p.zero_()
-    mod.reset_extra_parameters()
-    for name, p in mod.named_parameters():
-        assert (p.abs().sum() > 0) == (name in EXTRA), name
+    assert nonzero_after_reset(mod) == set(EXTRA)
 
 
 def test_bf16_is_finite_and_close_to_fp32():
@@ -158,16 +143,7 @@ def test_bf16_is_finite_and_close_to_fp32():
     with torch.no_grad():
         for w in (mod.fast_w1, mod.fast_w2, mod.fast_w3):
             nn.init.normal_(w, std=0.3)
-    x = torch.randn(2, 17, 64)
-    ref = mod(x)
-    q, k, v = random_qkv(2, 4, 17, 16, dtype=torch.float32)
-    mixed = mod.mix(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, (4, 4))
-    assert mixed.dtype == torch.bfloat16 and torch.isfinite(mixed).all()
-    torch.testing.assert_close(mixed.float(), mod.mix(q, k, v, None, (4, 4)), atol=3e-2, rtol=3e-2)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        low = mod(x)
-    assert low.dtype == torch.bfloat16 and torch.isfinite(low).all()
-    assert (low.float() - ref).abs().max() < 0.05 * ref.abs().max()
+    assert_bf16_close_to_fp32(mod, (4, 4))
 
 
 def test_equals_the_official_module():

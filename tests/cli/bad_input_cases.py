@@ -58,6 +58,20 @@ def edit_json(path: Path, change: Callable[[dict], None]) -> None:
 
 S = ("{student}",)
 D = ("--data", "{images}")
+
+
+def bad_set(value: str, message: str, given: str = "") -> Case:
+    """A quick distill of the student on the images into ./r whose one fault is ``--set value``."""
+    return Case("distill", given or f"--set {value}", ("distill", *S, *D, *QUICK, "--set", value, "--out", "r"),
+                message)
+
+
+def damaged_resume(given: str, message: str, prepare: str) -> Case:
+    """``distill --resume --force`` to two epochs of ../rc: a copy of the one-epoch run, damaged by ``prepare``."""
+    return Case("distill", given, ("distill", *S, *D, *QUICK, "--epochs", "2", "--resume", "--force", "--out", "../rc"),
+                message, prepare)
+
+
 CASES: list[Case] = [
     # -- convert --------------------------------------------------------------------------------------
     Case("convert", "missing source path", ("convert", "./nope/", "--to", "elu", "--out", "o"), "not found"),
@@ -228,26 +242,16 @@ CASES: list[Case] = [
          "kd_weight: nan is not a finite"),
     Case("distill", "--device mps on a machine without it", ("distill", *S, *D, *QUICK, "--device", "mps", "--out",
                                                              "r"), "mps is not available on this machine"),
-    Case("distill", "--set opt=nosuchopt", ("distill", *S, *D, *QUICK, "--set", "opt=nosuchopt", "--out", "r"),
-         "recipe opt: unknown 'nosuchopt'"),
-    Case("distill", "--set sched=nosuch", ("distill", *S, *D, *QUICK, "--set", "sched=nosuch", "--out", "r"),
-         "recipe sched: unknown 'nosuch'"),
-    Case("distill", "--set clip_mode=foo", ("distill", *S, *D, *QUICK, "--set", "clip_mode=foo", "--out", "r"),
-         "recipe clip_mode: unknown 'foo'; valid: norm, value, agc"),
-    Case("distill", "--set smoothing=2", ("distill", *S, *D, *QUICK, "--set", "smoothing=2", "--out", "r"),
-         "recipe smoothing"),
-    Case("distill", "--set workers=-1", ("distill", *S, *D, *QUICK, "--set", "workers=-1", "--out", "r"),
-         "recipe workers: -1 must not be negative"),
-    Case("distill", "--set hflip=5", ("distill", *S, *D, *QUICK, "--set", "hflip=5", "--out", "r"),
-         "hflip: 5.0 is a probability"),
-    Case("distill", "--set scale=[1,0.5]", ("distill", *S, *D, *QUICK, "--set", "scale=[1,0.5]", "--out", "r"),
-         "recipe scale"),
-    Case("distill", "--set rand_augment=rand-m9-zzz1", ("distill", *S, *D, *QUICK, "--set",
-                                                        "rand_augment=rand-m9-zzz1", "--out", "r"),
-         "recipe rand_augment: timm cannot read"),
-    Case("distill", "--set lr=[1", ("distill", *S, *D, *QUICK, "--set", "lr=[1", "--out", "r"), "cannot read '[1'"),
-    Case("distill", "--set seed past 64 bits", ("distill", *S, *D, *QUICK, "--set", "seed=99999999999999999999",
-                                                "--out", "r"), "seed: 99999999999999999999 must be below 2**63"),
+    bad_set("opt=nosuchopt", "recipe opt: unknown 'nosuchopt'"),
+    bad_set("sched=nosuch", "recipe sched: unknown 'nosuch'"),
+    bad_set("clip_mode=foo", "recipe clip_mode: unknown 'foo'; valid: norm, value, agc"),
+    bad_set("smoothing=2", "recipe smoothing"),
+    bad_set("workers=-1", "recipe workers: -1 must not be negative"),
+    bad_set("hflip=5", "hflip: 5.0 is a probability"),
+    bad_set("scale=[1,0.5]", "recipe scale"),
+    bad_set("rand_augment=rand-m9-zzz1", "recipe rand_augment: timm cannot read"),
+    bad_set("lr=[1", "cannot read '[1'"),
+    bad_set("seed=99999999999999999999", "seed: 99999999999999999999 must be below 2**63", "--set seed past 64 bits"),
     Case("distill", "--set name with a path in it", ("distill", *S, *D, *QUICK, "--set", "name=../../escape"),
          "recipe name: '../../escape' must be a plain name"),
     Case("distill", "a stray WORLD_SIZE=2 (no torchrun)", ("distill", *S, *D, *QUICK, "--out", "r"),
@@ -256,8 +260,7 @@ CASES: list[Case] = [
          "WORLD_SIZE='abc' is not a positive integer", "world_size_abc"),
     Case("distill", "--push-to-hub with the Hub offline", ("distill", *S, *D, *QUICK, "--push-to-hub", "me/x",
                                                            "--out", "r"), "HF_HUB_OFFLINE is set"),
-    Case("distill", "unknown recipe key", ("distill", *S, *D, *QUICK, "--set", "lrr=1", "--out", "r"),
-         "unknown recipe key 'lrr'"),
+    bad_set("lrr=1", "unknown recipe key 'lrr'", "unknown recipe key"),
     Case("distill", "--out an unrelated folder (--force)", ("distill", *S, *D, *QUICK, "--out", "{precious}",
                                                             "--force"), "not written by vitconvert"),
     Case("distill", "--out is the student (--force)", ("distill", *S, *D, *QUICK, "--out", "{student}", "--force"),
@@ -274,18 +277,13 @@ CASES: list[Case] = [
                                                          "--out", "{run}"), "changed recipe (lr: 0.001 -> 0.5)"),
     Case("distill", "--resume on a finished run", ("distill", *S, *D, *QUICK, "--resume", "--out", "{run}"),
          "is complete (1 of 1 epochs)"),
-    Case("distill", "--resume --force, truncated checkpoint model", ("distill", *S, *D, *QUICK, "--epochs", "2",
-                                                                     "--resume", "--force", "--out", "../rc"),
-         "checkpoint-last/model.safetensors: corrupt or truncated", "trunc_model"),
-    Case("distill", "--resume --force, truncated optimizer state", ("distill", *S, *D, *QUICK, "--epochs", "2",
-                                                                    "--resume", "--force", "--out", "../rc"),
-         "checkpoint-last/optimizer.safetensors: corrupt or truncated", "trunc_optimizer"),
-    Case("distill", "--resume --force, truncated RNG state", ("distill", *S, *D, *QUICK, "--epochs", "2",
-                                                              "--resume", "--force", "--out", "../rc"),
-         "checkpoint-last/rng.safetensors: corrupt or truncated", "trunc_rng"),
-    Case("distill", "--resume --force, missing optimizer state", ("distill", *S, *D, *QUICK, "--epochs", "2",
-                                                                  "--resume", "--force", "--out", "../rc"),
-         "optimizer.safetensors is missing", "no_optimizer"),
+    damaged_resume("--resume --force, truncated checkpoint model",
+                   "checkpoint-last/model.safetensors: corrupt or truncated", "trunc_model"),
+    damaged_resume("--resume --force, truncated optimizer state",
+                   "checkpoint-last/optimizer.safetensors: corrupt or truncated", "trunc_optimizer"),
+    damaged_resume("--resume --force, truncated RNG state",
+                   "checkpoint-last/rng.safetensors: corrupt or truncated", "trunc_rng"),
+    damaged_resume("--resume --force, missing optimizer state", "optimizer.safetensors is missing", "no_optimizer"),
     Case("distill", "--resume, trainer.json without its fields", ("distill", *S, *D, *QUICK, "--resume", "--out",
                                                                   "../rc"), "the checkpoint is damaged",
          "bad_trainer_json"),

@@ -133,7 +133,11 @@ def kernel_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, 
 
 
 class KernelAttention(LinearAttention):
-    """Normalised kernel attention with the feature map φ of a subclass (``phi``, ``phi_literal``, ``phi_code``)."""
+    """Normalised kernel attention with the feature map φ of a subclass (``phi``, ``phi_literal``, ``phi_code``);
+    its variants (ELU, ReLU) are both Katharopoulos et al.'s, whose citation is written here once."""
+
+    paper = 'Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)'
+    bibtex = KATHAROPOULOS_BIBTEX
 
     declared_options = (
         Option("eps", 1e-6, "added to the normaliser φ(q_i)ᵀ Σ_j φ(k_j) (keeps rows with all-zero features finite)",
@@ -215,8 +219,6 @@ class EluAttention(KernelAttention):
     """φ(x) = elu(x) + 1: strictly positive features, so the normaliser never vanishes."""
 
     variant = "elu"
-    paper = 'Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)'
-    bibtex = KATHAROPOULOS_BIBTEX
     phi_code = fused.ELU_PLUS_ONE
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:
@@ -231,8 +233,6 @@ class ReluAttention(KernelAttention):
     """φ(x) = relu(x): sparse features; ε keeps rows whose features are all zero finite."""
 
     variant = "relu"
-    paper = 'Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)'
-    bibtex = KATHAROPOULOS_BIBTEX
     phi_code = fused.RELU
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:

@@ -93,6 +93,14 @@ def cpu_threads(threads: Optional[int], spec: Any) -> Optional[int]:
     return 1 if files and size < SMALL_MODEL_BYTES else None
 
 
+def command_threads(threads: Optional[int], spec: Any) -> AbstractContextManager[None]:
+    """Around a command's library call: torch's CPU threads as :func:`cpu_threads` counts them, the caller's count
+    back after (used once the command has loaded its libraries)."""
+    from ..threads import torch_threads  # lazy: start-up time (torch)
+
+    return torch_threads(cpu_threads(threads, spec))
+
+
 WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 

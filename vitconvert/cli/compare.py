@@ -21,8 +21,8 @@ from .common import (
     TeacherPretrainedOpt,
     ThreadsOpt,
     WorkersOpt,
+    command_threads,
     console,
-    cpu_threads,
     loading_libraries,
     plot_output,
     plural,
@@ -67,10 +67,9 @@ def compare(
     """
     with loading_libraries():
         from ..compare import compare_student, plot_compare, require_matplotlib  # lazy: start-up time (and --help's)
-        from ..threads import torch_threads  # lazy: start-up time
 
     inputs = [student, teacher, data]
-    with plot_output(plot, force, inputs) as plot, torch_threads(cpu_threads(threads, student)):
+    with plot_output(plot, force, inputs) as plot, command_threads(threads, student):
         if plot is not None:
             require_matplotlib()  # fail before the work, not after it
         with working(f"comparing {student} with its teacher on {data}"):

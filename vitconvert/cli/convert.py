@@ -17,8 +17,8 @@ from .common import (
     SeedOpt,
     ThreadsOpt,
     VariantOpt,
+    command_threads,
     console,
-    cpu_threads,
     loading_libraries,
     parse_options,
     plural,
@@ -68,9 +68,8 @@ def convert(
     """
     with loading_libraries():
         from ..convert_job import convert_source  # lazy: start-up time (and --help's)
-        from ..threads import torch_threads  # lazy: start-up time
 
-    with torch_threads(cpu_threads(threads, source)):
+    with command_threads(threads, source):
         result = convert_source(source, to, out, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
                                 seed=seed, num_classes=num_classes, pretrained=pretrained, arch=arch,
                                 img_size=img_size, options=parse_options(option), layers=layers,

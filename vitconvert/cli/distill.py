@@ -18,8 +18,8 @@ from .common import (
     SetOpt,
     TeacherPretrainedOpt,
     ThreadsOpt,
+    command_threads,
     console,
-    cpu_threads,
     last_converted,
     loading_libraries,
     recipe_overrides,
@@ -68,7 +68,6 @@ def distill(
         from ..distill import TrainingStopped, distill, resume_defaults  # lazy: start-up time (and --help's)
         from ..distill.checkpoint import read_checkpoint  # lazy: start-up time
         from ..distributed import is_main_process  # lazy: start-up time
-        from ..threads import torch_threads  # lazy: start-up time
 
     flags = {"data": data, "data_dir": data_dir, "epochs": epochs, "batch_size": batch_size, "lr": lr,
              "seed": seed, "attn_weight": attn_weight, "kd_weight": kd_weight, "attn_target": attn_target,
@@ -83,7 +82,7 @@ def distill(
     if resume and out is not None and not (student or resumed):
         read_checkpoint(out).verify()  # a missing or damaged checkpoint says so, not "no STUDENT given"
     student = student or resumed or last_converted()
-    with torch_threads(cpu_threads(threads, student)):
+    with command_threads(threads, student):
         try:
             result = distill(student, out, recipe, overrides, teacher=teacher, pretrained=pretrained, resume=resume,
                              force=force, device=device, fsdp=fsdp, compile=compile_, show=not as_json)

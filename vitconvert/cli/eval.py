@@ -19,8 +19,8 @@ from .common import (
     SplitOpt,
     ThreadsOpt,
     WorkersOpt,
+    command_threads,
     console,
-    cpu_threads,
     loading_libraries,
     user_errors,
     working,
@@ -47,9 +47,8 @@ def eval_cmd(
     """
     with loading_libraries():
         from ..evaluate import evaluate  # lazy: start-up time (and --help's)
-        from ..threads import torch_threads  # lazy: start-up time
 
-    with torch_threads(cpu_threads(threads, model)), working(f"evaluating {model} on {data}"):
+    with command_threads(threads, model), working(f"evaluating {model} on {data}"):
         metrics = evaluate(model, data, split=split, batch_size=batch_size, device=device, data_dir=data_dir,
                            download=download, workers=workers, pretrained=pretrained)
     if as_json:

@@ -13,8 +13,8 @@ from .common import (
     JsonOpt,
     PretrainedOpt,
     ThreadsOpt,
+    command_threads,
     console,
-    cpu_threads,
     loading_libraries,
     user_errors,
     working,
@@ -46,9 +46,8 @@ def export(
     """
     with loading_libraries():
         from ..export import export as export_model  # lazy: start-up time (and --help's)
-        from ..threads import torch_threads  # lazy: start-up time
 
-    with working(f"exporting {model} to {format} and checking it"), torch_threads(cpu_threads(threads, model)):
+    with working(f"exporting {model} to {format} and checking it"), command_threads(threads, model):
         result = export_model(model, format, out, img_size=img_size, batch_size=batch_size,
                               dynamic_batch=dynamic_batch, opset=opset, force=force, pretrained=pretrained)
     if as_json:

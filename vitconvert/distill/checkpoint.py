@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import BadValue, VitconvertError, param, unreadable_file
-from ..folder import atomic_folder
+from ..folder import atomic_folder, check_file_readable
 from ..recipes import stored_leaves
 from .sums import TERMS
 
@@ -179,8 +179,6 @@ class Checkpoint:
     def verify(self) -> None:
         """Read every field and file header the resume needs, so a damaged checkpoint is refused before the
         run folder is touched (a missing file, a truncated one, trainer.json without its fields)."""
-        from safetensors import safe_open
-
         damaged = f"{self.folder}/trainer.json lacks or mangles %s: the checkpoint is damaged ({START_OVER})"
         meta = self.meta
         if not isinstance(meta, dict):
@@ -208,12 +206,7 @@ class Checkpoint:
             path = self.folder / name
             if not path.is_file():
                 raise VitconvertError(f"{path} is missing: the checkpoint is damaged ({START_OVER})")
-            try:
-                with safe_open(str(path), framework="pt") as f:
-                    for key in f.keys():
-                        f.get_slice(key)
-            except Exception as e:
-                raise unreadable_file(path, e) from None
+            check_file_readable(path)
 
     def check_same_job(self, job: dict[str, Any], force: bool) -> None:
         """The resumed run's student must be made as the checkpoint's was (else its weights load into other
