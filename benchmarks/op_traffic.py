@@ -321,8 +321,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="the variants of --passes, comma-separated")
     parser.add_argument("--json", help="--passes: also write the table to this JSON file")
     parser.add_argument("--sizes-only", action="store_true",
-                        help="--passes: count each Triton launch without running it in the interpreter (the counts "
-                             "take sizes only; the kernels' outputs are left uninitialised)")
+                        help="count each Triton launch without running it in the interpreter (the counts take sizes "
+                             "only; the kernels' outputs are left uninitialised)")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.passes else [args.variant]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -351,8 +351,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             if args.cuda_norms:
                 name, norms = name + " (CUDA's fused RMSNorm)", cuda_norm_kernels()
         with kernels, norms:
-            report(f"softmax, {name}", count(source, images, form, token_sized, args.train), args.depth, False)
-            report(f"{args.variant}, {name}", count(student, images, form, token_sized, args.train),
+            run = not args.sizes_only
+            report(f"softmax, {name}", count(source, images, form, token_sized, args.train, run_kernels=run),
+                   args.depth, False)
+            report(f"{args.variant}, {name}", count(student, images, form, token_sized, args.train, run_kernels=run),
                    args.depth, args.by_op)
     return 0
 
