@@ -191,8 +191,8 @@ def _key_sums(z_cols, z_rows, FEATURE: tl.constexpr):
 @triton.jit
 def _weights(w_at, d):
     """MHLA's RMSNorm weights of a head (at ``w_at``, zero-padded past the last head: no mask) as a row of the chunk's
-    tile, loaded per chunk (from L1): loaded once before the loop, they took ~50 registers in the read-out's
-    backward (benchmarks/kernel_resources.py --arch sm_90)."""
+    tile, loaded per chunk (from L1): held in registers across the loop they cost the read-out's backward many more
+    (docs/performance.md, MHLA's blocked form)."""
     return tl.load(w_at + d)[None, :]
 
 

@@ -6,8 +6,8 @@ each head's tile where dq or dk goes. The raw gradient dx = rstd·(g·w − x̂�
 of a token, so it is taken by the last of the H programs that share a token range (an integer ticket, as the
 pairwise backward's norm tail): q's by the read-out's backward, k's by the state's backward, in place, each sum in a
 fixed order (no float atomics). A per-token share written by every program would save the tail's first reading pass
-(in L2 or L1 by then: the range's tiles were just written) but costs ~50 registers in the read-out's backward loop
-(benchmarks/kernel_resources.py --arch sm_90). The weights' gradient Σ_t g·x̂ is stored as a row of H·d floats per
+(in L2 or L1 by then: the range's tiles were just written) but took the read-out's backward loop many more registers
+(docs/performance.md, MHLA's blocked form). The weights' gradient Σ_t g·x̂ is stored as a row of H·d floats per
 range and summed over the ranges by torch after the last launch.
 """
 

@@ -135,12 +135,12 @@ def rms_over_heads_backward(t: torch.Tensor, weight: torch.Tensor, eps: float, g
     return dt.to(t.dtype), dweight.to(weight.dtype)
 
 
-def rstd_over_heads(t: torch.Tensor, eps: float) -> torch.Tensor:
+def rstd_over_heads(t: torch.Tensor, eps: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(B, N) float32 1/rms of each token of (B, H, N, d) ``t`` over all heads' channels, as F.rms_norm takes it: for
-    kernels that apply the norm as q or k loads (one reading pass; no normalised copy written)."""
+    kernels that apply the norm as q or k loads (one reading pass; no normalised copy written); into ``out``."""
     B, H, N, d = t.shape
     norm = torch.linalg.vector_norm(t, dim=(1, 3), dtype=torch.float32)
-    return torch.rsqrt(norm.square_().div_(H * d).add_(eps))
+    return torch.rsqrt(norm.square_().div_(H * d).add_(eps), out=out)
 
 
 def rms_pair_recomputed(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor],
