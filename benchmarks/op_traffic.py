@@ -14,7 +14,8 @@ O(N) layer on a GPU. Two forms: float32 (the eager form: the CPU's, and the refe
 GPU path (the fused kernels in Triton's interpreter, each one op; TTT's bf16 form), as a GPU runs them. The ops
 are the same on any device; their times are not measured here. ``--cuda-norms``: MHLA's RMSNorm of q and k as it
 runs on CUDA, torch's fused kernels (aten::_fused_rms_norm and its backward, one op each there), which the CPU
-lacks (its forward decomposes into seven ops; its backward has no CPU kernel): CPU stand-ins doing their math.
+lacks (its forward decomposes into seven ops; its backward has no CPU kernel): CPU stand-ins doing their math. Both
+MHLA ops now normalise q and k in their kernels both ways, so it changes only their eager fallbacks' counts.
 
 ``--passes``: the table of issue 37's item 5, HBM bytes of the token mixing per layer in one training step
 (forward and backward, on the bf16 GPU path with CUDA's norms) in q-sized passes (q's bytes in bf16), each variant
