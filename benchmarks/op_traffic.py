@@ -14,7 +14,8 @@ O(N) layer on a GPU. Two forms: float32 (the eager form: the CPU's, and the refe
 GPU path (the fused kernels in Triton's interpreter, each one op; TTT's bf16 form), as a GPU runs them. The ops
 are the same on any device; their times are not measured here. ``--cuda-norms``: MHLA's RMSNorm of q and k as it
 runs on CUDA, torch's fused kernels (aten::_fused_rms_norm and its backward, one op each there), which the CPU
-lacks (its forward decomposes into seven ops; its backward has no CPU kernel): CPU stand-ins doing their math.
+lacks (its forward decomposes into seven ops; its backward has no CPU kernel): CPU stand-ins doing their math. Both
+MHLA ops now normalise q and k in their kernels both ways, so it changes only their eager fallbacks' counts.
 
 ``--passes``: the table of issue 37's item 5, HBM bytes of the token mixing per layer in one training step
 (forward and backward, on the bf16 GPU path with CUDA's norms) in q-sized passes (q's bytes in bf16), each variant
@@ -321,8 +322,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="the variants of --passes, comma-separated")
     parser.add_argument("--json", help="--passes: also write the table to this JSON file")
     parser.add_argument("--sizes-only", action="store_true",
-                        help="--passes: count each Triton launch without running it in the interpreter (the counts "
-                             "take sizes only; the kernels' outputs are left uninitialised)")
+                        help="count each Triton launch without running it in the interpreter (the counts take sizes "
+                             "only; the kernels' outputs are left uninitialised)")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.passes else [args.variant]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -351,8 +352,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             if args.cuda_norms:
                 name, norms = name + " (CUDA's fused RMSNorm)", cuda_norm_kernels()
         with kernels, norms:
-            report(f"softmax, {name}", count(source, images, form, token_sized, args.train), args.depth, False)
-            report(f"{args.variant}, {name}", count(student, images, form, token_sized, args.train),
+            run = not args.sizes_only
+            report(f"softmax, {name}", count(source, images, form, token_sized, args.train, run_kernels=run),
+                   args.depth, False)
+            report(f"{args.variant}, {name}", count(student, images, form, token_sized, args.train, run_kernels=run),
                    args.depth, args.by_op)
     return 0
 

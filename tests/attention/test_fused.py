@@ -218,12 +218,12 @@ def test_the_blocked_op_keeps_the_raw_q_k_and_v_and_normalises_them_itself():
     weights = [(1 + torch.rand(64, generator=g)).to(DEVICE).requires_grad_() for _ in range(2)]
     index = segment_index((4, 4), (2, 2), 4, q.device)
     mixing = extended_block_mix(torch.rand(4, 4, generator=g, device=DEVICE)).requires_grad_()
-    out = fused.blocked_attention(q, k, v, None, index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6, *weights, 1e-6)
+    out = fused.blocked_attention(q, k, v, None, index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6, *weights, 1e-6)[0]
     big = [t for t in out.grad_fn.saved_tensors if t is not None and t.numel() >= q.numel()]
     assert len(big) == 3
     assert all(t.untyped_storage().data_ptr() == qkv_out.untyped_storage().data_ptr() for t in big[:3])
     outside = fused.blocked_attention(rms_over_heads(q, weights[0], 1e-6), rms_over_heads(k, weights[1], 1e-6), v,
-                                      None, index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6)
+                                      None, index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6)[0]
     grad = torch.randn_like(out)
     inputs = [qkv_out, mixing, *weights]
     for got, want in zip(torch.autograd.grad(out, inputs, grad), torch.autograd.grad(outside, inputs, grad),
@@ -231,7 +231,7 @@ def test_the_blocked_op_keeps_the_raw_q_k_and_v_and_normalises_them_itself():
         assert rel_error(got, want) < 1e-5
     assert rel_error(out, outside) < 1e-6
     one = fused.blocked_attention(q, k, v, None, None, torch.ones(1, 1, device=DEVICE), fused.RELU_PLUS_EPS, 1e-6,
-                                  1e-6)
+                                  1e-6)[0]
     assert rel_error(one, fused.attention(q, k, v, None, fused.RELU_PLUS_EPS, 1e-6, 1e-6, 1.0, False)) < 1e-6
 
 

@@ -15,6 +15,10 @@ from helpers import load_benchmark
 # registers, its backward recomputing without a checkpoint), each a little above, so a pass that comes back fails.
 # Softmax's is what SDPA moves: 12. Issue 37's targets (12, 7): MHLA's met at vit_small's six heads, TTT's not.
 BUDGETS = {"mhla": 12.5, "ttt": 19.5}
+# MHLA's blocked form (chosen from 384 px: 577 tokens, 3×3 blocks and the class token; here one head): 56.9 with its
+# q/k RMSNorm's backward in torch (the normalised q and k recomputed, copied, and the norm's backward after the last
+# launch), 43.6 with the norm both ways in its kernels and each token's 1/rms kept from the forward.
+BLOCKED_BUDGET = 44.0
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +26,13 @@ def table():
     script = load_benchmark("op_traffic")
     return script.pass_table("vit_small_patch16_224", ["mhla", "ttt", "elu"], 224, 1, 1, run_kernels=False,
                              embed_dim=64, num_heads=1)  # (the launches counted, not run: sizes are what counts)
+
+
+@pytest.fixture(scope="module")
+def blocked_table():
+    script = load_benchmark("op_traffic")
+    return script.pass_table("vit_small_patch16_224", ["mhla"], 384, 1, 1, run_kernels=False, embed_dim=64,
+                             num_heads=1)
 
 
 def test_softmax_moves_what_sdpa_reads_and_writes(table):
@@ -37,3 +48,11 @@ def test_one_kernel_each_way_moves_what_sdpa_does(table):
 def test_mhla_and_ttt_stay_within_their_budgets(table, variant):
     passes = table["q_sized_passes"][variant]
     assert passes <= BUDGETS[variant], (variant, passes, table["by_op"][variant])
+
+
+def test_mhlas_blocked_form_stays_within_its_budget(blocked_table):
+    """At 384 px MHLA takes its blocked form: two launches forward and three backward, its q/k RMSNorm in them both
+    ways (no torch norm, no copy of q or k, only each token's 1/rms taken once in torch)."""
+    passes, by_op = blocked_table["q_sized_passes"]["mhla"], blocked_table["by_op"]["mhla"]
+    assert "state_bwd_kernel" in by_op and passes <= BLOCKED_BUDGET, (passes, by_op)
+    assert not any("rms_norm" in name or name == "clone" for name in by_op), by_op

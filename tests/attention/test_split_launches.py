@@ -63,7 +63,8 @@ def assert_two_launches_forward_and_three_backward(runs: dict[str, list[str]]) -
     kernels = {d: [e for e in run if e.endswith("_kernel")] for d, run in runs.items()}
     assert kernels == {"forward": ["state_fwd_kernel", "readout_fwd_kernel"],
                        "backward": ["state_fwd_kernel", "readout_bwd_kernel", "state_bwd_kernel"]}
-    allocations = {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "transpose", "view"}
+    allocations = {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "transpose", "view",
+                   "slice"}
     for run in runs.values():
         launched = [i for i, e in enumerate(run) if e.endswith("_kernel")]
         between = {e for e in run[launched[0]:launched[-1]] if not e.endswith("_kernel")}
@@ -88,22 +89,23 @@ def test_the_blocked_form_mixes_by_w_and_adds_lepe_in_its_kernels():
     """MHLA's blocked op with its RMSNorm, LePE, a key mask and each block's tokens split over two programs, the first
     of two 16-token chunks: k and q normalised as the kernels load them (each token's 1/rms from the op), the state
     kernel's last program of a batch·head mixes the block states by W̃, the read-out adds LePE, the backward's last
-    programs form dS, dW̃ and LePE's filter gradient from every chunk's share (2 launches forward, 3 backward, no
-    torch op between); values and every gradient against the N×N reference in float64 (A_ij = φ(q_i)·φ(k_j)·W̃[s(i),
-    s(j)], LePE a conv2d)."""
+    programs form dS, dW̃ and LePE's filter gradient from every chunk's share, and the last of each token range's two
+    heads the norm's backward (2 launches forward, 3 backward, no torch op between); values and every gradient
+    against the N×N reference in float64 (A_ij = φ(q_i)·φ(k_j)·W̃[s(i), s(j)], LePE a conv2d)."""
     from vitconvert.attention.blocks import extended_block_mix, segment_index, token_segments
     from vitconvert.attention.ops.pairwise.reference import pairwise_reference
 
     g = torch.Generator().manual_seed(8)
     grid, counts, prefix, d = (6, 12), (1, 2), 1, 16  # (two blocks of 36 tokens: ranges of 32 and 4)
     tokens = prefix + grid[0] * grid[1]
-    q, k, v = qkv(B=1, H=1, N=tokens, d=d)  # (one head: the interpreter runs each program in turn)
+    H = 2  # (two heads, the norm's sum over them: the interpreter runs each program in turn)
+    q, k, v = qkv(B=1, H=H, N=tokens, d=d)
     mask = torch.ones(1, tokens, dtype=torch.bool, device=DEVICE)
     mask[0, 3:7] = False
     mixing = extended_block_mix(torch.rand(2, 2, generator=g)).to(DEVICE).requires_grad_()
-    weight = (torch.randn(d, 1, 3, 3, generator=g) / 3).to(DEVICE).requires_grad_()
-    bias = torch.randn(d, generator=g).to(DEVICE).requires_grad_()
-    norms = [(1 + torch.rand(d, generator=g)).to(DEVICE).requires_grad_() for _ in range(2)]
+    weight = (torch.randn(H * d, 1, 3, 3, generator=g) / 3).to(DEVICE).requires_grad_()
+    bias = torch.randn(H * d, generator=g).to(DEVICE).requires_grad_()
+    norms = [(1 + torch.rand(H * d, generator=g)).to(DEVICE).requires_grad_() for _ in range(2)]
     index = segment_index(grid, counts, prefix, q.device)
     inputs = (q, k, v, mixing, weight, bias, *norms)
     here = dispatch.current()
@@ -117,11 +119,11 @@ def test_the_blocked_form_mixes_by_w_and_adds_lepe_in_its_kernels():
     phi = ORACLES["relu"][1]
     copies = [t.detach().double().requires_grad_() for t in inputs]
     q, k, v, mixing, weight, bias, q_weight, k_weight = copies
-    q, k = (x * torch.rsqrt(x.square().mean(dim=(1, 3), keepdim=True) + 1e-6) * w for x, w in ((q, q_weight),
-                                                                                                 (k, k_weight)))
+    q, k = (x * torch.rsqrt(x.square().mean(dim=(1, 3), keepdim=True) + 1e-6) * w.view(1, H, 1, d)
+            for x, w in ((q, q_weight), (k, k_weight)))
     expected = pairwise_reference(phi(q) + 1e-6, phi(k) + 1e-6, v, mask, segments, mixing, 1e-6)
-    spatial = (v * mask[:, None, :, None])[:, :, prefix:].transpose(2, 3).reshape(1, d, *grid)
-    lepe = torch.nn.functional.conv2d(spatial, weight, bias, padding=1, groups=d).view(1, 1, d, -1)
+    spatial = (v * mask[:, None, :, None])[:, :, prefix:].transpose(2, 3).reshape(1, H * d, *grid)
+    lepe = torch.nn.functional.conv2d(spatial, weight, bias, padding=1, groups=H * d).view(1, H, d, -1)
     expected = expected + torch.nn.functional.pad(lepe.transpose(2, 3), (0, 0, prefix, 0))
     assert rel_error(out, expected) < TOL[torch.float32]
     for name, mine, want in zip(["q", "k", "v", "W̃", "LePE weight", "LePE bias", "q norm", "k norm"], got,

@@ -9,15 +9,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .dots import COLS, _columns, _row_sums, _row_sums_init
 from .kernel_parts import (
-    COLS,
-    _columns,
     _full_end,
     _key_sums,
     _read_out,
     _read_out_backward,
-    _row_sums,
-    _row_sums_init,
     _state_backward,
     _state_step,
     _tokens,

@@ -22,9 +22,7 @@ chunk's tokens that would otherwise be reduced across warps every chunk (ELU's z
 backward's do·o) are dots on the operand already made (per-query factors come out in the dots' layout, so no float32
 tile changes layout through shared memory), the others wait in registers until after the loop; whole chunks run without
 bounds masks (FULL). Backward recomputes φ from q and k, so nothing N-sized beyond q, k, v and the output is kept.
-Instructions per main loop: benchmarks/kernel_instructions.py.
-Under ``TRITON_INTERPRET=1`` (the CPU tests) the interpreter's dot of 16-bit tiles is wrong, so ``EMULATE``
-rounds the operands to their dtype and multiplies them in float32: the same products a tensor core forms.
+Instructions per main loop: benchmarks/kernel_instructions.py. The dots and the sums taken as dots: :mod:`.dots`.
 """
 
 from __future__ import annotations
@@ -33,10 +31,17 @@ import triton
 import triton.language as tl
 
 from .bf16_pairs import _elu_plus_one_pairs, _relu_pairs
+from .dots import (
+    COLS,
+    DOT_SUMS_MAX,
+    _add_row_sums,
+    _denominator,
+    _dot,
+    _row_dot,
+    _row_products,
+)
 
 IDENTITY, ELU_PLUS_ONE, RELU, RELU_PLUS_EPS = 0, 1, 2, 3  # FEATURE: φ of each variant
-COLS = tl.constexpr(16)  # a tensor-core dot's least N: sums over tokens as dots with COLS columns of ones
-DOT_SUMS_MAX = tl.constexpr(64)  # head tiles up to this take those dots (above, ELU's forward spills on sm_90)
 
 
 @triton.jit
@@ -93,16 +98,6 @@ def _phi_grad_rows(q, p, rows, FEATURE: tl.constexpr):
     else:
         y = rows + tl.zeros(q.shape, tl.float32)
     return y
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """a @ b with a float32 accumulator; a and b in the tile dtype (bf16/fp16, or float32 run as PRECISION)."""
-    if EMULATE:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        out = tl.dot(a, b, input_precision=PRECISION)
-    return out
 
 
 @triton.jit
@@ -194,6 +189,14 @@ def _key_sums(z_cols, z_rows, FEATURE: tl.constexpr):
 
 
 @triton.jit
+def _weights(w_at, d):
+    """MHLA's RMSNorm weights of a head (at ``w_at``, zero-padded past the last head: no mask) as a row of the chunk's
+    tile, loaded per chunk (from L1): held in registers across the loop they cost the read-out's backward many more
+    (docs/performance.md, MHLA's blocked form)."""
+    return tl.load(w_at + d)[None, :]
+
+
+@triton.jit
 def _state_step(k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn, s_vn, feature_eps, acc, z_cols,
                 z_rows, zv_rows, FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr,
                 SUM_V: tl.constexpr, FULL: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
@@ -202,46 +205,13 @@ def _state_step(k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn
     tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
     ok, tile, k, v = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, HAS_MASK, FULL)
     if rstd_at is not None:
-        k = k.to(tl.float32) * tl.load(rstd_at + tok, mask=inside, other=0.0)[:, None] * w[None, :]
+        k = k.to(tl.float32) * tl.load(rstd_at + tok, mask=inside, other=0.0)[:, None] * _weights(w, d)
     phi_k = _phi_tile(k, FEATURE, feature_eps, TILE, EMULATE)
     if not FULL or HAS_MASK:
         phi_k = tl.where(tile, phi_k, 0.0)
     acc, z_cols, z_rows, zv_rows = _add_to_state(acc, z_cols, z_rows, zv_rows, phi_k, v, FEATURE, SUM_V, TILE,
                                                  PRECISION, EMULATE)
     return acc, z_cols, z_rows, zv_rows, ok
-
-
-@triton.jit
-def _row_dot(x, cols, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """x @ r per row of ``x`` as a tensor-core dot on the read-out's operand (``cols``: r in :data:`COLS` columns)."""
-    return tl.max(_dot(x, cols, PRECISION, EMULATE), axis=1)
-
-
-@triton.jit
-def _columns(r, TILE: tl.constexpr):
-    """r (d,) as :data:`COLS` equal columns in the tile dtype: :func:`_row_dot`'s operand."""
-    return (r[:, None] + tl.zeros((r.shape[0], COLS), dtype=tl.float32)).to(TILE)
-
-
-@triton.jit
-def _denominator(phi_q, rz, rz_cols, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """φ(q)·r per query from φ(q) as a tile: up to :data:`DOT_SUMS_MAX` :func:`_row_dot` (``rz_cols``: r as it
-    takes it), above a float32 sum; the read-out and its backward both take it (the backward's 1/den the forward's)."""
-    if phi_q.shape[1] <= DOT_SUMS_MAX:
-        den = _row_dot(phi_q, rz_cols, PRECISION, EMULATE)
-    else:
-        den = tl.sum(phi_q.to(tl.float32) * rz[None, :], axis=1)
-    return den
-
-
-@triton.jit
-def _row_products(a, b, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """Σ_k a_ik b_ik per row of two tiles as loaded: products rounded to TILE summed by :func:`_row_dot` on ones."""
-    if EMULATE:  # (the interpreter's 16-bit products are wrong: float32's, rounded, are the GPU's)
-        ab = (a.to(tl.float32) * b.to(tl.float32)).to(TILE)
-    else:
-        ab = a.to(TILE) * b.to(TILE)
-    return _row_dot(ab, _columns(tl.full((a.shape[1],), 1.0, tl.float32), TILE), PRECISION, EMULATE)
 
 
 @triton.jit
@@ -273,7 +243,7 @@ def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, fea
     r as :func:`_row_dot` takes it); q·rstd·w (MHLA's RMSNorm, as it loads) with each query's 1/rms ``rstd``."""
     q = _load(q_base, tok, d, s_qn, tile, FULL)
     if rstd is not None:
-        q = q.to(tl.float32) * rstd[:, None] * w[None, :]
+        q = q.to(tl.float32) * rstd[:, None] * _weights(w, d)
     phi_q = _phi_tile(q, FEATURE, feature_eps, TILE, EMULATE)
     if not FULL:
         phi_q = tl.where(tile, phi_q, 0.0)
@@ -288,43 +258,10 @@ def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, fea
 
 
 @triton.jit
-def _add_row_sums(acc, x, w, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
-    """acc += Σ_i w_i x_i over a chunk's rows: up to :data:`DOT_SUMS_MAX` a dot xᵀ (w in :data:`COLS` columns) on the
-    operand the chunk's dR dot stages (``acc``: (BLOCK_D, COLS), each column the sum: no barrier, fewer registers),
-    above it rows summed after the loop or, ``acc`` of one row, across warps per chunk (as :func:`_add_to_state`)."""
-    if x.shape[1] <= DOT_SUMS_MAX:
-        acc += _dot(tl.trans(x.to(TILE)), _columns(w, TILE), PRECISION, EMULATE)
-    elif acc.shape[0] == 1:
-        acc += tl.sum(x.to(tl.float32) * w[:, None], axis=0, keep_dims=True)
-    else:
-        acc += x.to(tl.float32) * w[:, None]
-    return acc
-
-
-@triton.jit
-def _row_sums_init(BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The zero accumulator of :func:`_add_row_sums` (BLOCK_N: its rows above :data:`DOT_SUMS_MAX`, 1 or BLOCK_N)."""
-    if BLOCK_D <= DOT_SUMS_MAX:
-        acc = tl.zeros((BLOCK_D, COLS), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-    return acc
-
-
-@triton.jit
-def _row_sums(acc):
-    """The (d,) sum of :func:`_add_row_sums`' accumulator."""
-    if acc.shape[1] == COLS and acc.shape[0] <= DOT_SUMS_MAX:
-        total = tl.max(acc, axis=1)  # (every column is the sum: max picks it exactly)
-    else:
-        total = tl.sum(acc, axis=0)
-    return total
-
-
-@triton.jit
 def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on, s_gn, s_dqn, r_t, rz, rz_cols, dr,
                        drz, feature_eps, eps, FEATURE: tl.constexpr, NORMALISE: tl.constexpr, FULL: tl.constexpr,
-                       TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+                       TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr, inside=None, rstd_at=None,
+                       w=None):
     """One chunk of queries of the read-out's backward: dq stored, dR (as dRᵀ: ``dr``) and dr (``drz``,
     :func:`_add_row_sums`' accumulator) summed on; ``r_t``: Rᵀ as a tile, ``rz_cols``: r as :func:`_denominator`
     takes it; ``o_base`` None: o not kept, do·o = φq·(do Rᵀ)/den from the dot dq takes anyway.
@@ -336,8 +273,12 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
     the dots as loaded; the 1/den goes on φq's copy for dRᵀ (the B operand, so the transposed operand is do, read
     from its staged tile), and φ'/den comes from that product (:func:`_phi_grad_rows`).
     affine: dq = do Rᵀ, dRᵀ = Σ doᵀ q, db = Σ do.
+    ``rstd_at`` (MHLA, normalised): q·rstd·w as it loads (``inside``: the valid queries), dq the gradient of that
+    (:mod:`.norm_parts` takes the norm's backward).
     """
     q = _load(q_base, tok, d, s_qn, tile, FULL)
+    if rstd_at is not None:
+        q = q.to(tl.float32) * tl.load(rstd_at + tok, mask=inside, other=0.0)[:, None] * _weights(w, d)
     g = _load(g_base, tok, d, s_gn, tile, FULL)
     grad = _dot(g.to(TILE), r_t, PRECISION, EMULATE)
     if NORMALISE:
@@ -366,12 +307,15 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
 def _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn, s_dvn,
                     ds_t, ds_tile, dz, dzv, feature_eps, FEATURE: tl.constexpr, HAS_MASK: tl.constexpr,
                     HAS_DZV: tl.constexpr, FULL: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-                    EMULATE: tl.constexpr, STORE_DV: tl.constexpr = True):
+                    EMULATE: tl.constexpr, STORE_DV: tl.constexpr = True, rstd_at=None, w=None):
     """One chunk of keys of the state's backward, dk and (STORE_DV) dv stored: dφk_j = m_j (dS v_j + dz), dv_j =
     m_j (dSᵀ φk_j + dzv), dk = dφk ⊙ φ'(k) (``ds_t``, ``ds_tile``: dSᵀ and dS as tiles; HAS_DZV: dzv is not zero).
-    Returns (v as loaded, dv): without STORE_DV the caller adds to dv and stores it, dk's registers free by then."""
+    Returns (v as loaded, dv): without STORE_DV the caller adds to dv and stores it, dk's registers free by then.
+    ``rstd_at`` (MHLA): k·rstd·w as it loads, dk the gradient of that (:mod:`.norm_parts` takes the norm's)."""
     _, tile, k, v = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, HAS_MASK, FULL)
     k = k.to(tl.float32)
+    if rstd_at is not None:
+        k = k * tl.load(rstd_at + tok, mask=inside, other=0.0)[:, None] * _weights(w, d)
     phi_k = _phi(k, FEATURE, feature_eps)
     if not FULL or HAS_MASK:
         phi_k = tl.where(tile, phi_k, 0.0)

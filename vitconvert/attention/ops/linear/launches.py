@@ -35,6 +35,17 @@ class OnGrid(NamedTuple):
 Norm = tuple[torch.Tensor, torch.Tensor]  # MHLA's RMSNorm applied as tiles load: ((B, N) 1/rms, (H·d,) weights)
 
 
+def _norm_args(norm: Optional[Norm], unread: torch.Tensor, B: int, H: int, D: int, ranges: int,
+               used: int) -> tuple:
+    """(RSTD, NW, DNW, NCOUNTER) of a backward kernel that takes MHLA's RMSNorm (:mod:`.norm_parts`): the norm, the
+    weight gradient's rows (one per token range of an image, H·D float32 each) and a ticket per range (after the
+    ``used`` ones of the launch's other tickets); placeholders (``unread``) without the norm."""
+    if norm is None:
+        return (unread,) * 4
+    rows = unread.new_empty((B * ranges, H * D), dtype=torch.float32)
+    return (*norm, rows, tickets(used + B * ranges, unread.device)[used:])
+
+
 def _block_g(segments: int) -> int:
     """W̃'s side padded to the mixing's float32 dots (:mod:`.mixing_parts`)."""
     return max(16, triton_next_power_of_2(segments))
@@ -143,17 +154,19 @@ def state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.
                     feature: int, feature_eps: float, bf16_tiles: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """dk, dv (the dtypes and shapes of k and v, laid out as the output: :func:`_output_like`) from the gradients
     of S, z, zv (None: zero, as for every variant but InLine: no torch op makes the zeros, the kernel adds none)."""
-    dk, dv, _ = lepe_state_gradients(k, v, key_valid, index, dS, dz, dzv, feature, feature_eps, bf16_tiles)
+    dk, dv, _, _ = lepe_state_gradients(k, v, key_valid, index, dS, dz, dzv, feature, feature_eps, bf16_tiles)
     return dk, dv
 
 
 def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                          index: Optional[torch.Tensor], dS: torch.Tensor, dz: torch.Tensor, dzv: Optional[torch.Tensor],
                          feature: int, feature_eps: float, bf16_tiles: bool = False, on_grid: Optional[OnGrid] = None,
-                         do: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+                         do: Optional[torch.Tensor] = None, norm: Optional[Norm] = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, tuple, Optional[torch.Tensor]]:
     """:func:`state_gradients`, and with ``on_grid`` (an index table, and ``do``) LePE's backward in the same launch:
     dv gets its taps of do, and (dweight (B·H, d, KS·KS), dbias (B·H, d)) float32, each batch·head's summed from its
-    chunks' rows by its last program (else an empty tuple)."""
+    chunks' rows by its last program (else an empty tuple); with ``norm`` k gets MHLA's RMSNorm as it loads and its
+    backward, as :func:`readout_gradients` q's, and dnorm_weight's rows (else None)."""
     from .split_kernels import state_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     k, v = unit_rows(k), unit_rows(v)
@@ -176,18 +189,19 @@ def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[t
     else:
         do = part = dweight = dbias = filters = dz
         grid = (0, 0, 0)
+    norm_args = _norm_args(norm, dz, B, H, D, segments * splits, B * H)
     launch(state_bwd_kernel, (B * H, segments, splits),
         k, v, mask, index if index is not None else k, dS.contiguous(), dz, dz if dzv is None else dzv.contiguous(),
-        dk, dv, do, filters, part, tickets(B * H, k.device), dweight, dbias,
+        dk, dv, do, filters, part, tickets(B * H, k.device), dweight, dbias, *norm_args,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        *(do.stride()[:3] if lepe else (0, 0, 0)),
+        *(do.stride()[:3] if lepe else (0, 0, 0)), N,
         H, length, D, segments, splits, chunks, per, feature_eps, *grid,
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, HAS_DZV=dzv is not None,
         LEPE=lepe, KS=size, EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d,
-        BLOCK_T=max(16, triton_next_power_of_2(size * size + 1)) if lepe else 16, **tile_kwargs(plan.tile),
-        num_warps=warps, num_stages=plan.stages)
-    return dk, dv, ((dweight, dbias) if lepe else ())
+        BLOCK_T=max(16, triton_next_power_of_2(size * size + 1)) if lepe else 16, NORM=norm is not None,
+        BLOCK_H=triton_next_power_of_2(H), **tile_kwargs(plan.tile), num_warps=warps, num_stages=plan.stages)
+    return dk, dv, ((dweight, dbias) if lepe else ()), (None if norm is None else norm_args[2])
 
 
 def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
@@ -229,19 +243,22 @@ def run_readout_backward(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: t
                             index: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float,
                             normalise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq (q's dtype and :func:`_output_like`'s layout), dR and dr (float32) of :func:`run_readout`."""
-    dq, dR, dr, _, _ = readout_gradients(q, R, r, o, do, index, feature, feature_eps, eps, normalise, None)
+    dq, dR, dr, _, _, _ = readout_gradients(q, R, r, o, do, index, feature, feature_eps, eps, normalise, None)
     return dq, dR, dr
 
 
 def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: Optional[torch.Tensor], do: torch.Tensor,
                       index: Optional[torch.Tensor], feature: int, feature_eps: float, eps: float, normalise: bool,
                       inline: Optional[tuple[torch.Tensor, torch.Tensor, float]], bf16_tiles: bool = False,
-                      mixing: Optional[tuple[torch.Tensor, torch.Tensor]] = None):
-    """(dq, dS, dz, dzv, dW̃) in one launch, the partial sums over token ranges summed by the kernel's last program:
-    dS = dR, dz = dr and dzv None, or with ``inline`` = (z, n, scale) from :func:`readers`, InLine's chain rule
-    through R = (s/n)(S − z v̄ᵀ) and v̄ = zv/n (ops/linear/split_kernels.py); with ``mixing`` = (W̃, the states of
-    :func:`mixed_states` with keep), MHLA's: dS_s = Σ_a W̃[a, s] dR_a and each batch·head's dW̃ (B·H, G, G) float32
-    (else None). ``o`` None (normalised only): do·o from the kernel's dot of do and R (o is not read)."""
+                      mixing: Optional[tuple[torch.Tensor, torch.Tensor]] = None, norm: Optional[Norm] = None):
+    """(dq, dS, dz, dzv, dW̃, dnorm_weight) in one launch, the partial sums over token ranges summed by the kernel's
+    last program: dS = dR, dz = dr and dzv None, or with ``inline`` = (z, n, scale) from :func:`readers`, InLine's
+    chain rule through R = (s/n)(S − z v̄ᵀ) and v̄ = zv/n (ops/linear/split_kernels.py); with ``mixing`` = (W̃, the
+    states of :func:`mixed_states` with keep), MHLA's: dS_s = Σ_a W̃[a, s] dR_a and each batch·head's dW̃ (B·H, G, G)
+    float32 (else None). ``o`` None (normalised only): do·o from the kernel's dot of do and R (o is not read).
+    ``norm`` (:data:`Norm`): q gets MHLA's RMSNorm as it loads, and its backward (dq the raw q's, by the last program
+    of each token range's heads: :mod:`.norm_parts`), and dnorm_weight's rows, one per range of H·d float32, for the
+    caller to sum after its last launch (else None)."""
     from .split_kernels import readout_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q, do = unit_rows(q), unit_rows(do)
@@ -258,15 +275,16 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: Opti
     z, n, scale = inline if inline is not None else (dz, dz, 1.0)
     table, states = (_table(mixing[0], q), mixing[1]) if mixing is not None else (dz, dz)
     dmixing = q.new_empty((B * H, segments, segments), dtype=torch.float32) if mixing is not None else None
+    norm_args = _norm_args(norm, dz, B, H, D, segments * splits, B * H * segments)
     launch(readout_bwd_kernel, (B * H, segments, splits),
         q, R.contiguous(), r.contiguous(), o, do, dq, part, tickets(B * H * segments, q.device), z, n, dS, dz,
         dz if dzv is None else dzv, index if index is not None else q, states, table,
-        dz if dmixing is None else dmixing,
+        dz if dmixing is None else dmixing, *norm_args,
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
+        do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2), N,
         H, length, D, segments, splits, per, feature_eps, eps, scale,
         FEATURE=feature, NORMALISE=normalise, INLINE=inline is not None, HAS_INDEX=index is not None,
         HAS_O=o is not q, MIX=mixing is not None, EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n,
-        BLOCK_D=block_d, BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), **tile_kwargs(plan.tile),
-        num_warps=warps, num_stages=plan.stages)
-    return dq, dS, dz, dzv, dmixing
+        BLOCK_D=block_d, BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), NORM=norm is not None,
+        BLOCK_H=triton_next_power_of_2(H), **tile_kwargs(plan.tile), num_warps=warps, num_stages=plan.stages)
+    return dq, dS, dz, dzv, dmixing, (None if norm is None else norm_args[2])

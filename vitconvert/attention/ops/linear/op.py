@@ -1,7 +1,7 @@
 """Fused linear attention on the GPU: the Triton kernels of :mod:`.kernel_parts` as PyTorch custom ops.
 
 ``vitconvert::linear_attention``   (q, k, v) -> o              (ELU, ReLU, InLine: the whole mixing)
-``vitconvert::blocked_attention``  (q, k, v, W̃) -> o           (MHLA: block states mixed by W̃, then read)
+``vitconvert::blocked_attention``  (q, k, v, W̃) -> o, rstd     (MHLA: block states mixed by W̃, then read)
 built on the two building blocks of :mod:`.launches`, the per-segment d×d states and the read-out (launches,
 not ops of their own).
 
@@ -12,8 +12,8 @@ backward, and a call autograd does not record runs the body alone (host time: be
 
 Both keep only q, k, v and o (and W̃) for backward, which recomputes the d×d states (as FlashAttention
 recomputes its scores), so a training step holds no more than softmax's; the blocked op can also leave o out
-(read out again in backward) and apply MHLA's RMSNorm to q and k itself (recomputed in backward), keeping the
-raw q and k.
+(read out again in backward) and apply MHLA's RMSNorm to q and k itself, in its kernels both ways (each token's
+1/rms taken again in backward), keeping the raw q and k.
 
 When they run is :mod:`..dispatch`'s (the variants ask it there: ``dispatch.can_run``, ``dispatch.attempt``);
 how they are launched (chunk, warps, stages, tiles, one launch or split) is one value per shape bucket,
@@ -37,6 +37,7 @@ from ..norms.lean import rstd_over_heads, through_rms_pair
 from . import eager as fused_eager
 from .eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: F401  (the kernels' φ codes)
 from .launches import (  # noqa: F401  (re-exported: tests and tools call the building blocks from here)
+    Norm,
     OnGrid,
     lepe_state_gradients,
     mixed_states,
@@ -123,7 +124,7 @@ def run_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
             num_warps=warps, num_stages=plan.stages)
         return dq, dk, dv
     R, r, z, n = readers(k, v, key_valid, feature, feature_eps, scale, inline)  # three launches, no op between
-    dq, dS, dz, dzv, _ = readout_gradients(q, R, r, o, do, None, feature, feature_eps, eps, not inline,
+    dq, dS, dz, dzv, _, _ = readout_gradients(q, R, r, o, do, None, feature, feature_eps, eps, not inline,
                                         (z, n, scale) if inline else None, True)
     dk, dv = state_gradients(k, v, key_valid, None, dS, dz, dzv, feature, feature_eps, True)
     return dq, dk, dv
@@ -178,25 +179,47 @@ def _on_grid(q: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor]
     return OnGrid(v, key_valid, lepe_args(q, weight, bias, rows, cols, prefix), bias is not None, rows, cols, prefix)
 
 
+def _rstd(q: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor]) -> torch.Tensor:
+    """What the forward keeps for backward besides q, k, v: (2, B, N) float32, each token's 1/rms over all heads of q
+    and of k (:func:`_norms` fills it); an empty tensor without the norm."""
+    if q_weight is None or k_weight is None:
+        return q.new_empty((0,), dtype=torch.float32)
+    return q.new_empty((2, q.shape[0], q.shape[2]), dtype=torch.float32)
+
+
+def _norms(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
+           norm_eps: float, rstd: torch.Tensor, taken: bool) -> tuple[Optional[Norm], Optional[Norm]]:
+    """q's and k's RMSNorm over heads as the kernels apply it: each token's 1/rms in ``rstd`` (:func:`_rstd`), taken
+    here (one reading pass each) unless ``taken``, and the weights in float32 with a head's worth of zeros after
+    them (the kernels read a head tile's weights unmasked); (None, None) without both weights."""
+    if q_weight is None or k_weight is None:
+        return None, None
+    if not taken:
+        rstd_over_heads(q, norm_eps, rstd[0]), rstd_over_heads(k, norm_eps, rstd[1])
+    pad = q.shape[-1]
+    return ((rstd[0], torch.nn.functional.pad(q_weight.to(torch.float32), (0, pad))),
+            (rstd[1], torch.nn.functional.pad(k_weight.to(torch.float32), (0, pad))))
+
+
 def run_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                 index: Optional[torch.Tensor], mixing: torch.Tensor, feature: int, feature_eps: float, eps: float,
                 q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None, norm_eps: float = 0.0,
                 lepe_weight: Optional[torch.Tensor] = None, lepe_bias: Optional[torch.Tensor] = None, rows: int = 0,
-                cols: int = 0, prefix: int = 0) -> torch.Tensor:
-    """Normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA): two launches,
+                cols: int = 0, prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, rstd): normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA): two
+    launches,
     the segments' states mixed by W̃ in the state kernel's last program of each batch·head, then the read-out, so
     autograd keeps neither S nor R. ``index`` None: one segment of all tokens. With ``q_weight`` and ``k_weight``, q
     and k get MHLA's RMSNorm over heads (ε ``norm_eps``) as the kernels load them, each token's 1/rms from one
-    reading pass here: autograd keeps the raw q and k (views of the qkv projection). With ``lepe_weight`` (C, 1, KS,
+    reading pass here, kept for backward (``rstd``: :func:`_rstd`; empty without the norm): autograd keeps the raw q
+    and k (views of the qkv projection). With ``lepe_weight`` (C, 1, KS,
     KS), the grid tokens (rows × cols after ``prefix``) also get MHLA's LePE, the depthwise conv of the (masked) v,
     in the read-out's epilogue. Autograd keeps no output: the backward's do·o comes from its dot of do and R."""
-    q_norm = k_norm = None
-    if q_weight is not None and k_weight is not None:
-        q_norm = rstd_over_heads(q, norm_eps), q_weight.to(torch.float32).contiguous()
-        k_norm = rstd_over_heads(k, norm_eps), k_weight.to(torch.float32).contiguous()
+    rstd = _rstd(q, q_weight, k_weight)
+    q_norm, k_norm = _norms(q, k, q_weight, k_weight, norm_eps, rstd, False)
     on_grid = _on_grid(q, v, key_valid, index, lepe_weight, lepe_bias, rows, cols, prefix)
     R, r, _ = mixed_states(k, v, key_valid, index, mixing, feature, feature_eps, False, k_norm)
-    return read_out(q, R, r, index, feature, feature_eps, eps, True, False, on_grid, q_norm)
+    return read_out(q, R, r, index, feature, feature_eps, eps, True, False, on_grid, q_norm), rstd
 
 
 blocked_attention = torch.library.custom_op("vitconvert::blocked_attention", mutates_args=())(run_blocked)
@@ -205,30 +228,39 @@ blocked_attention = torch.library.custom_op("vitconvert::blocked_attention", mut
 @blocked_attention.register_fake
 def _(q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight=None, k_weight=None, norm_eps=0.0,
       lepe_weight=None, lepe_bias=None, rows=0, cols=0, prefix=0):
-    return _output_like(q)
+    return _output_like(q), _rstd(q, q_weight, k_weight)
 
 
 def run_blocked_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                          key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor], mixing: torch.Tensor,
-                         feature: int, feature_eps: float, eps: float, lepe_weight: Optional[torch.Tensor] = None,
+                         feature: int, feature_eps: float, eps: float, q_weight: Optional[torch.Tensor] = None,
+                         k_weight: Optional[torch.Tensor] = None, norm_eps: float = 0.0,
+                         rstd: Optional[torch.Tensor] = None, lepe_weight: Optional[torch.Tensor] = None,
                          rows: int = 0, cols: int = 0, prefix: int = 0
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv, dW̃, dlepe_weight, dlepe_bias (float32; empty without LePE) of :func:`blocked_attention` in three
-    launches, no torch op between: the mixed states again (each segment's unmixed one kept), the read-out's backward
-    (its last program of a batch·head: dS_s = Σ_a W̃[a, s] dR_a and the batch·head's dW̃), the states' backward (LePE's:
-    dv's taps of do, the filter's gradient summed by its last program); torch then sums dW̃ and LePE's gradients over
-    the batch."""
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                    torch.Tensor, torch.Tensor]:
+    """dq, dk, dv, dW̃, dq_weight, dk_weight, dlepe_weight, dlepe_bias (the weights' float32; empty without the norm
+    or LePE) of :func:`blocked_attention` in three launches, no torch op between: the mixed states again (each
+    segment's unmixed one kept), the read-out's backward (its last program of a batch·head: dS_s = Σ_a W̃[a, s] dR_a
+    and the batch·head's dW̃), the states' backward (LePE's: dv's taps of do, the filter's gradient summed by its last
+    program; the norm's: dq, dk by the last program of each token range's heads: :mod:`.norm_parts`); torch then
+    sums dW̃ and the weights' gradients over the batch. With the norm, q and k are the raw ones, normalised as they
+    load with the forward's ``rstd`` (taken again where not given: one reading pass each)."""
     on_grid = _on_grid(q, v, key_valid, index, lepe_weight, None, rows, cols, prefix)
-    R, r, states = mixed_states(k, v, key_valid, index, mixing, feature, feature_eps, True)
-    dq, dS, dz, _, dmixing = readout_gradients(q, R, r, None, do, index, feature, feature_eps, eps, True, None, False,
-                                               (mixing, states))
-    dk, dv, dlepe = lepe_state_gradients(k, v, key_valid, index, dS, dz, None, feature, feature_eps, False, on_grid,
-                                         do)
+    given = rstd is not None and rstd.numel() > 0
+    q_norm, k_norm = _norms(q, k, q_weight, k_weight, norm_eps, rstd if given else _rstd(q, q_weight, k_weight), given)
+    R, r, states = mixed_states(k, v, key_valid, index, mixing, feature, feature_eps, True, k_norm)
+    dq, dS, dz, _, dmixing, dq_weight = readout_gradients(q, R, r, None, do, index, feature, feature_eps, eps, True,
+                                                          None, False, (mixing, states), q_norm)
+    dk, dv, dlepe, dk_weight = lepe_state_gradients(k, v, key_valid, index, dS, dz, None, feature, feature_eps, False,
+                                                    on_grid, do, k_norm)
     dmixing = (dmixing.view(mixing.shape) if dmixing.shape[0] == 1 else dmixing.sum(0)).to(mixing.dtype)
+    dnorm = ((dq_weight.sum(0).to(q_weight.dtype), dk_weight.sum(0).to(k_weight.dtype)) if q_norm is not None else
+             (q.new_empty((0,)), q.new_empty((0,))))  # (each weight's rows, one per token range, summed in order)
     if not dlepe:
-        return dq, dk, dv, dmixing, q.new_empty((0,)), q.new_empty((0,))
+        return dq, dk, dv, dmixing, *dnorm, q.new_empty((0,)), q.new_empty((0,))
     B, C = q.shape[0], lepe_weight.shape[0]
-    return dq, dk, dv, dmixing, *lepe_gradients(dlepe[0].view(B, C, -1), dlepe[1].view(B, C), lepe_weight)
+    return dq, dk, dv, dmixing, *dnorm, *lepe_gradients(dlepe[0].view(B, C, -1), dlepe[1].view(B, C), lepe_weight)
 
 
 blocked_attention_backward = torch.library.custom_op("vitconvert::blocked_attention_backward", mutates_args=())(
@@ -236,39 +268,51 @@ blocked_attention_backward = torch.library.custom_op("vitconvert::blocked_attent
 
 
 @blocked_attention_backward.register_fake
-def _(q, k, v, do, key_valid, index, mixing, feature, feature_eps, eps, lepe_weight=None, rows=0, cols=0, prefix=0):
+def _(q, k, v, do, key_valid, index, mixing, feature, feature_eps, eps, q_weight=None, k_weight=None, norm_eps=0.0,
+      rstd=None, lepe_weight=None, rows=0, cols=0, prefix=0):
+    norm = ((q.new_empty((0,)),) * 2 if q_weight is None or k_weight is None else
+            (torch.empty_like(q_weight), torch.empty_like(k_weight)))
     lepe = ((q.new_empty((0,)),) * 2 if lepe_weight is None else
             (torch.empty_like(lepe_weight, dtype=torch.float32), q.new_empty((lepe_weight.shape[0],),
                                                                             dtype=torch.float32)))
-    return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(mixing), *lepe)
+    return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(mixing), *norm, *lepe)
 
 
 def _blocked_setup(ctx, inputs, output) -> None:
     (q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps, lepe_weight,
      lepe_bias, rows, cols, prefix) = inputs
-    ctx.save_for_backward(q, k, v, key_valid, index, mixing, q_weight, k_weight, lepe_weight)
+    ctx.save_for_backward(q, k, v, key_valid, index, mixing, q_weight, k_weight, output[1], lepe_weight)
+    ctx.set_materialize_grads(False)  # rstd is for backward only: it gets no gradient
     ctx.args = (feature, feature_eps, eps)
     ctx.grid = (rows, cols, prefix)
     ctx.norm_eps = norm_eps
     ctx.lepe_bias = None if lepe_bias is None else lepe_bias.dtype
 
 
-def _blocked_backward(ctx, do):
-    q, k, v, key_valid, index, mixing, q_weight, k_weight, lepe_weight = ctx.saved_tensors
+def _blocked_backward(ctx, do, _):
+    if do is None:
+        return (None,) * 17
+    q, k, v, key_valid, index, mixing, q_weight, k_weight, rstd, lepe_weight = ctx.saved_tensors
+    try:  # the kernels, the norm's backward in them
+        grads = run_blocked_backward if direct(do) else blocked_attention_backward
+        dq, dk, dv, dmixing, dq_weight, dk_weight, dweight, dbias = grads(
+            q, k, v, do, key_valid, index, mixing, *ctx.args, q_weight, k_weight, ctx.norm_eps, rstd, lepe_weight,
+            *ctx.grid)
+        if q_weight is None or k_weight is None:
+            dq_weight = dk_weight = None
+    except KernelUnavailable as e:  # the eager gradients on the normalised q and k, through the norm in torch
+        unavailable = e
+        bias = None if ctx.lepe_bias is None else v.new_zeros(lepe_weight.shape[0], dtype=ctx.lepe_bias)  # (a
+        # stand-in of zeros: its gradient does not depend on it)
 
-    def gradients(q_in: torch.Tensor, k_in: torch.Tensor) -> tuple:  # of the op on the normalised q and k
-        try:
-            grads = run_blocked_backward if direct(do) else blocked_attention_backward
-            return grads(q_in, k_in, v, do, key_valid, index, mixing, *ctx.args, lepe_weight, *ctx.grid)
-        except KernelUnavailable as e:  # (a stand-in bias of zeros: its gradient does not depend on it)
-            bias = None if ctx.lepe_bias is None else v.new_zeros(lepe_weight.shape[0], dtype=ctx.lepe_bias)
+        def gradients(q_in: torch.Tensor, k_in: torch.Tensor) -> tuple:  # of the op on the normalised q and k
             dq, dk, dv, _, _, dmixing, dweight, dbias = _eager_gradients(
-                e, "blocked_attention", _blocked_eager, (q_in, k_in, v, key_valid, index, mixing, lepe_weight, bias),
-                (do,), *ctx.args, *ctx.grid)
+                unavailable, "blocked_attention", _blocked_eager,
+                (q_in, k_in, v, key_valid, index, mixing, lepe_weight, bias), (do,), *ctx.args, *ctx.grid)
             return dq, dk, dv, dmixing, dweight, dbias
 
-    dq, dk, dv, dmixing, dweight, dbias, dq_weight, dk_weight = through_rms_pair(q, k, q_weight, k_weight,
-                                                                                 ctx.norm_eps, gradients)
+        dq, dk, dv, dmixing, dweight, dbias, dq_weight, dk_weight = through_rms_pair(q, k, q_weight, k_weight,
+                                                                                     ctx.norm_eps, gradients)
     if lepe_weight is None:
         dweight = dbias = None
     else:
@@ -319,4 +363,4 @@ def segmented_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_v
     args = (q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight, k_weight, norm_eps, lepe_weight,
             lepe_bias, *grid, prefix)
     return call_op(blocked_attention, _DirectBlocked, run_blocked, args, (q, k, v, mixing, q_weight, k_weight,
-                                                                          lepe_weight, lepe_bias))
+                                                                          lepe_weight, lepe_bias))[0]

@@ -3,7 +3,8 @@ states written per program and summed in a fixed order by the last program of ea
 segment elects it; no float atomics, so the sums are deterministic), which also makes what the next kernel reads:
 two launches forward (state, read-out), three backward (state, read-out's backward, state's backward), no torch op
 between them. MHLA's blocked op runs on them (the last state program mixes the segments' states by W̃, the read-out
-adds LePE, and both apply the q/k RMSNorm as their tiles load: :mod:`.mixing_parts`), and ELU/ReLU/InLine where a
+adds LePE: :mod:`.mixing_parts`; all four apply the q/k RMSNorm as their tiles load, and the backward kernels take its
+backward by the last program of each token range's heads: :mod:`.norm_parts`), and ELU/ReLU/InLine where a
 head's tokens are split over programs (:func:`.dispatch.split_tokens`); the one-launch kernels of a whole head are
 :mod:`.head_kernels`. Built from :mod:`.kernel_parts`' pieces.
 
@@ -20,16 +21,13 @@ import triton
 import triton.language as tl
 
 from ..grid.kernels import conv_taps
+from .dots import COLS, _columns, _row_sums, _row_sums_init
 from .kernel_parts import (
-    COLS,
-    _columns,
     _full_end,
     _key_sums,
     _load_square,
     _read_out,
     _read_out_backward,
-    _row_sums,
-    _row_sums_init,
     _state_backward,
     _state_step,
     _store,
@@ -37,7 +35,8 @@ from .kernel_parts import (
     _tokens,
 )
 from .mixing_parts import lepe_filter_total, lepe_key_taps, mix_gradients, mix_states
-from .tickets import _last_program, _summed, _ticket_back
+from .norm_parts import norm_tail
+from .tickets import _last_program, _partials_summed, _store_partials, _summed, _ticket_back
 
 
 @triton.jit
@@ -49,30 +48,6 @@ def _load_row(P, which, d, d_ok, D):
 @triton.jit
 def _store_row(P, which, x, d, d_ok, D):
     tl.store(P + which * D + d, x, mask=d_ok)
-
-
-@triton.jit
-def _store_partials(PART, out, width, square_part, row_part, d, d_ok, D):
-    """A program's partial d×d square and d row as entries 0 and D·D of row ``out`` of PART (rows of ``width``)."""
-    tl.store(PART + out * width + d[:, None] * D + d[None, :], square_part, mask=d_ok[:, None] & d_ok[None, :])
-    tl.store(PART + out * width + D * D + d, row_part, mask=d_ok)
-
-
-@triton.jit
-def _partials_summed(PART, COUNTER, which, split, SPLITS, width, square_part, row_part, d, d_ok, D):
-    """The last-program epilogue of the state kernel and the read-out's backward: this program's partial d×d square
-    and d row stored as entries 0 and D·D of row ``which·SPLITS + split`` of PART (rows of ``width`` floats; the
-    caller stores any others first), then the ticket (:func:`_last_program`): (last, Σ squares, Σ rows), summed in
-    the partials' order by the last program only."""
-    square = d[:, None] * D + d[None, :]
-    square_ok = d_ok[:, None] & d_ok[None, :]
-    _store_partials(PART, which * SPLITS + split, width, square_part, row_part, d, d_ok, D)
-    last = _last_program(COUNTER, which, SPLITS)
-    total, row = tl.zeros(square_part.shape, tl.float32), tl.zeros(row_part.shape, tl.float32)
-    if last:
-        total = _summed(PART, which * SPLITS, SPLITS, 0, width, square, square_ok)
-        row = _summed(PART, which * SPLITS, SPLITS, D * D, width, d, d_ok)
-    return last, total, row
 
 
 @triton.jit
@@ -109,7 +84,7 @@ def state_fwd_kernel(
     k_base, v_base, mask_row = K + b * s_kb + h * s_kh, V + b * s_vb + h * s_vh, MASK + b * s_mb
     rstd_at, w = None, None
     if NORM:  # (this image's per-token 1/rms, RSTD (B, s_rb), and this head's weights, NW (H·D,), float32)
-        rstd_at, w = RSTD + b * s_rb, _load_row(NW, h, d, d_ok, D)
+        rstd_at, w = RSTD + b * s_rb, NW + h * D
     acc = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
     z_cols = tl.zeros((BLOCK_D, COLS), dtype=tl.float32)
     z_rows = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
@@ -215,7 +190,7 @@ def readout_fwd_kernel(
     q_base, o_base = Q + b * s_qb + h * s_qh, O + b * s_ob + h * s_oh
     rstd_at, w = None, None
     if NORM:  # (this image's per-token 1/rms, RSTD (B, s_rb), and this head's weights, NW (H·D,), float32)
-        rstd_at, w = RSTD + b * s_rb, _load_row(NW, h, d, d_ok, D)
+        rstd_at, w = RSTD + b * s_rb, NW + h * D
     begin = split * tokens_per_split
     end = tl.minimum(begin + tokens_per_split, L)
     if EVEN_D and not HAS_INDEX:
@@ -250,20 +225,23 @@ def readout_fwd_kernel(
 
 @triton.jit
 def readout_bwd_kernel(
-    Q, R, RZ, O, DO, DQ, PART, COUNTER, AUX, NV, DS, DZ, DZV, IDX, STATES, W, DW,
-    s_qb, s_qh, s_qn, s_ob, s_oh, s_on, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
+    Q, R, RZ, O, DO, DQ, PART, COUNTER, AUX, NV, DS, DZ, DZV, IDX, STATES, W, DW, RSTD, NW, DNW, NCOUNTER,
+    s_qb, s_qh, s_qn, s_ob, s_oh, s_on, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn, s_rb,
     H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, eps, scale,
     FEATURE: tl.constexpr, NORMALISE: tl.constexpr, INLINE: tl.constexpr, HAS_INDEX: tl.constexpr,
     HAS_O: tl.constexpr, MIX: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    EMULATE: tl.constexpr,
+    EMULATE: tl.constexpr, NORM: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
 ):
     """dq of each query of one (batch·head, segment, range) (the read-out recomputed from q; o is the saved output, or
     without HAS_O not kept; :func:`_read_out_backward`), its partial dR, dr stored as a row of PART (D·D + D floats),
     and the last program of the segment (:func:`_last_program`) sums them in order into what the state's backward
     reads: dS = dR, dz = dr (kernel attention), or InLine's chain dS = (s/n) dR, dz = −dS v̄, dzv = (dr − dSᵀ z)/n
     from the state kernel's AUX = z and NV = n (v̄ = RZ). MIX (MHLA): the last of the batch·head's programs mixes
-    them by W̃ᵀ and writes its dW̃ to DW, against the unmixed states in STATES (:func:`.mixing_parts.mix_gradients`)."""
+    them by W̃ᵀ and writes its dW̃ to DW, against the unmixed states in STATES (:func:`.mixing_parts.mix_gradients`).
+    NORM (MHLA): q gets its RMSNorm as it loads (RSTD (B, s_rb), NW (H·D,)), and the last of the H programs that
+    share a token range (NCOUNTER) turns every head's dq into the raw q's, its range's weight gradient a row of DNW
+    (:func:`.norm_parts.norm_tail`)."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -279,6 +257,9 @@ def readout_bwd_kernel(
     if HAS_O:
         o_base = O + b * s_ob + h * s_oh
     dq_base = DQ + b * s_dqb + h * s_dqh
+    rstd_at, w = None, None
+    if NORM:
+        rstd_at, w = RSTD + b * s_rb, NW + h * D
     begin = split * tokens_per_split
     end = tl.minimum(begin + tokens_per_split, L)
     if EVEN_D and not HAS_INDEX:
@@ -287,18 +268,18 @@ def readout_bwd_kernel(
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None], d, s_qn, s_on, s_gn,
                                          s_dqn, r_t, rz, rz_cols, dr, drz, feature_eps, eps, FEATURE, NORMALISE, True,
-                                         TILE, PRECISION, EMULATE)
+                                         TILE, PRECISION, EMULATE, ok, rstd_at, w)
         if full_end < end:
             tok, ok = _tokens(IDX, seg, L, end, full_end, BLOCK_N, False)
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None] & d_ok[None, :], d, s_qn,
                                          s_on, s_gn, s_dqn, r_t, rz, rz_cols, dr, drz, feature_eps, eps, FEATURE,
-                                         NORMALISE, False, TILE, PRECISION, EMULATE)
+                                         NORMALISE, False, TILE, PRECISION, EMULATE, ok, rstd_at, w)
     else:
         for start in range(begin, end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None] & d_ok[None, :], d, s_qn,
                                          s_on, s_gn, s_dqn, r_t, rz, rz_cols, dr, drz, feature_eps, eps, FEATURE,
-                                         NORMALISE, False, TILE, PRECISION, EMULATE)
+                                         NORMALISE, False, TILE, PRECISION, EMULATE, ok, rstd_at, w)
     if MIX:
         _store_partials(PART, which * SPLITS + split, D * D + D, tl.trans(dr), _row_sums(drz), d, d_ok, D)
         if _last_program(COUNTER, bh, SEGMENTS * SPLITS):
@@ -308,6 +289,21 @@ def readout_bwd_kernel(
     else:
         _segment_gradients(PART, COUNTER, AUX, NV, DS, DZ, DZV, which, split, SPLITS, dr, drz, rz, d, d_ok, D, scale,
                            INLINE)
+    if NORM:
+        _norm_backward(Q + b * s_qb, s_qh, s_qn, DQ + b * s_dqb, s_dqh, s_dqn, IDX, seg, L, begin, end, RSTD + b * s_rb,
+                       NW, DNW, NCOUNTER, b, H, D, SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX, BLOCK_N, BLOCK_H)
+
+
+@triton.jit
+def _norm_backward(x_at, s_xh, s_xn, g_at, s_gh, s_gn, IDX, seg, L, begin, end, rstd_at, NW, DNW, NCOUNTER, b, H, D,
+                   SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_H: tl.constexpr):
+    """The norm's backward of a token range by the last of the image's H programs that share it (a ticket)."""
+    span = (b * SEGMENTS + seg) * SPLITS + split
+    if _last_program(NCOUNTER, span, H):
+        norm_tail(x_at, s_xh, s_xn, g_at, s_gh, s_gn, IDX, seg, L, begin, end, rstd_at, NW, DNW, span, H, D, d, d_ok,
+                  HAS_INDEX, BLOCK_N, BLOCK_H)
+        _ticket_back(NCOUNTER, span)
 
 
 @triton.jit
@@ -330,22 +326,30 @@ def _segment_gradients(PART, COUNTER, AUX, NV, DS, DZ, DZV, which, split, SPLITS
 @triton.jit
 def state_bwd_kernel(
     K, V, MASK, IDX, DS, DZ, DZV, DK, DV, DO, LW, LPART, COUNTER, DLW, DLB,
+    RSTD, NW, DNW, NCOUNTER,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, s_gb, s_gh, s_gn,
-    H, L, D, SEGMENTS, SPLITS, CHUNKS, tokens_per_split, feature_eps, P, ROWS, COLS,
+    s_rb, H, L, D, SEGMENTS, SPLITS, CHUNKS, tokens_per_split, feature_eps, P, ROWS, COLS,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr, HAS_DZV: tl.constexpr,
     LEPE: tl.constexpr, KS: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_T: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+    NORM: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
 ):
     """dk, dv of the keys of one (batch·head, segment, range) from dS, dz and (HAS_DZV) dzv of their segment
     (:func:`_state_backward`). LEPE (MHLA, with an index table): dv also gets LePE's taps of do (DO), and each of the
     range's chunks stores its keys' share of the filter's gradient (KS·KS taps and the bias) as a row of LPART
     (CHUNKS rows a program); the last of a batch·head's SEGMENTS·SPLITS programs sums them in order into DLW, DLB
-    (:mod:`.mixing_parts`)."""
+    (:mod:`.mixing_parts`). NORM (MHLA): k gets its RMSNorm as it loads (as in :func:`readout_bwd_kernel`), and the
+    last of the H programs that share a token range turns every head's dk into the raw k's."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     which = bh * SEGMENTS + seg
+    begin = split * tokens_per_split
+    end = tl.minimum(begin + tokens_per_split, L)
+    rstd_at, w = None, None
+    if NORM:
+        rstd_at, w = RSTD + b * s_rb, NW + h * D
     ds = _load_square(DS, which, d, d_ok, D)
     ds_t, ds_tile = tl.trans(ds).to(TILE), ds.to(TILE)
     dz = _load_row(DZ, which, d, d_ok, D)
@@ -354,26 +358,24 @@ def state_bwd_kernel(
         dzv = _load_row(DZV, which, d, d_ok, D)
     k_base, v_base, mask_row = K + b * s_kb + h * s_kh, V + b * s_vb + h * s_vh, MASK + b * s_mb
     dk_base, dv_base = DK + b * s_dkb + h * s_dkh, DV + b * s_dvb + h * s_dvh
-    begin = split * tokens_per_split
-    end = tl.minimum(begin + tokens_per_split, L)
     if EVEN_D and not HAS_INDEX:
         full_end = _full_end(begin, end, BLOCK_N)
         for start in range(begin, full_end, BLOCK_N):
             tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, HAS_DZV, True, TILE,
-                            PRECISION, EMULATE)
+                            PRECISION, EMULATE, True, rstd_at, w)
         for start in range(full_end, end, BLOCK_N):
             tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, s_dkn,
                             s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, HAS_DZV, False, TILE,
-                            PRECISION, EMULATE)
+                            PRECISION, EMULATE, True, rstd_at, w)
     else:
         for start in range(begin, end, BLOCK_N):
             tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
             v, dv = _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn,
                                     s_dkn, s_dvn, ds_t, ds_tile, dz, dzv, feature_eps, FEATURE, HAS_MASK, HAS_DZV,
-                                    False, TILE, PRECISION, EMULATE, not LEPE)
+                                    False, TILE, PRECISION, EMULATE, not LEPE, rstd_at, w)
             if LEPE:  # (after dk is stored: its registers free)
                 dv += lepe_key_taps(DO + b * s_gb + h * s_gh, s_gn, v, tok, inside, d, d_ok, LW, LPART,
                                     (which * SPLITS + split) * CHUNKS + (start - begin) // BLOCK_N, MASK, s_mb, b, h,
@@ -384,3 +386,6 @@ def state_bwd_kernel(
                 lepe_filter_total(LPART, DLW, DLB, bh, SEGMENTS, SPLITS, CHUNKS, tokens_per_split, L, d, d_ok, D, KS,
                                   BLOCK_N, BLOCK_T)
                 _ticket_back(COUNTER, bh)
+    if NORM:
+        _norm_backward(K + b * s_kb, s_kh, s_kn, DK + b * s_dkb, s_dkh, s_dkn, IDX, seg, L, begin, end, RSTD + b * s_rb,
+                       NW, DNW, NCOUNTER, b, H, D, SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX, BLOCK_N, BLOCK_H)

@@ -31,3 +31,27 @@ def _summed(P, first, SPLITS, offset, width, idx, ok):
     for s in range(0, SPLITS):
         total += tl.load(P + (first + s) * width + offset + idx, mask=ok, other=0.0, cache_modifier=".cg")
     return total
+
+
+@triton.jit
+def _store_partials(PART, out, width, square_part, row_part, d, d_ok, D):
+    """A program's partial d×d square and d row as entries 0 and D·D of row ``out`` of PART (rows of ``width``)."""
+    tl.store(PART + out * width + d[:, None] * D + d[None, :], square_part, mask=d_ok[:, None] & d_ok[None, :])
+    tl.store(PART + out * width + D * D + d, row_part, mask=d_ok)
+
+
+@triton.jit
+def _partials_summed(PART, COUNTER, which, split, SPLITS, width, square_part, row_part, d, d_ok, D):
+    """The last-program epilogue of the state kernel and the read-out's backward: this program's partial d×d square
+    and d row stored as entries 0 and D·D of row ``which·SPLITS + split`` of PART (rows of ``width`` floats; the
+    caller stores any others first), then the ticket (:func:`_last_program`): (last, Σ squares, Σ rows), summed in
+    the partials' order by the last program only."""
+    square = d[:, None] * D + d[None, :]
+    square_ok = d_ok[:, None] & d_ok[None, :]
+    _store_partials(PART, which * SPLITS + split, width, square_part, row_part, d, d_ok, D)
+    last = _last_program(COUNTER, which, SPLITS)
+    total, row = tl.zeros(square_part.shape, tl.float32), tl.zeros(row_part.shape, tl.float32)
+    if last:
+        total = _summed(PART, which * SPLITS, SPLITS, 0, width, square, square_ok)
+        row = _summed(PART, which * SPLITS, SPLITS, D * D, width, d, d_ok)
+    return last, total, row

@@ -3,9 +3,11 @@
 Under autocast, autograd's own F.rms_norm and F.layer_norm run in float32 and keep float32 copies of their
 inputs: N×C tensors that the softmax layer does not hold. Here:
 
-- the RMSNorm of q and k over all heads' channels is computed inside ``vitconvert::blocked_attention`` (its
-  output is a transient of the op), and its backward recomputes the per-token rstd from the raw q, k the op keeps
-  anyway (views of the qkv projection): :func:`rms_over_heads` and :func:`rms_over_heads_backward`;
+- the RMSNorm of q and k over all heads' channels is applied inside MHLA's ops (``vitconvert::blocked_attention``
+  and ``::pairwise_attention``), as their kernels load q and k, both ways, from each token's 1/rms
+  (:func:`rstd_over_heads` for the blocked op), so autograd keeps only the raw q, k (views of the qkv projection);
+  :func:`rms_over_heads` and :func:`rms_over_heads_backward` are the same norm in torch, which the ops' eager
+  fallbacks take (:func:`through_rms_pair`);
 - the LayerNorm on the layer input and the fused qkv projection after it are one autograd Function
   (:func:`layer_norm_linear`) that keeps x̂ in the projection's input dtype: as many bytes as softmax's qkv
   projection keeps of its input, where autograd's LayerNorm would keep its float32 input on top.
@@ -133,12 +135,12 @@ def rms_over_heads_backward(t: torch.Tensor, weight: torch.Tensor, eps: float, g
     return dt.to(t.dtype), dweight.to(weight.dtype)
 
 
-def rstd_over_heads(t: torch.Tensor, eps: float) -> torch.Tensor:
+def rstd_over_heads(t: torch.Tensor, eps: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(B, N) float32 1/rms of each token of (B, H, N, d) ``t`` over all heads' channels, as F.rms_norm takes it: for
-    kernels that apply the norm as q or k loads (one reading pass; no normalised copy written)."""
+    kernels that apply the norm as q or k loads (one reading pass; no normalised copy written); into ``out``."""
     B, H, N, d = t.shape
     norm = torch.linalg.vector_norm(t, dim=(1, 3), dtype=torch.float32)
-    return torch.rsqrt(norm.square_().div_(H * d).add_(eps))
+    return torch.rsqrt(norm.square_().div_(H * d).add_(eps), out=out)
 
 
 def rms_pair_recomputed(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor],
@@ -154,9 +156,10 @@ def rms_pair_recomputed(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[tor
 
 def through_rms_pair(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor],
                      k_weight: Optional[torch.Tensor], eps: float, gradients: Callable[..., tuple]) -> tuple:
-    """The backward of an op that normalises its raw q and k itself (MHLA's blocked and pairwise ops): the norm
-    recomputed (:func:`rms_pair_recomputed`), ``gradients(q_n, k_n)`` -> (dq_n, dk_n, *rest) of the op on the
-    normalised q and k, then the norm's backward: (dq, dk, *rest, dq_weight, dk_weight)."""
+    """The backward of an op that normalises its raw q and k itself (MHLA's blocked and pairwise ops, where their
+    kernels cannot run: :func:`..calls._eager_gradients`): the norm recomputed (:func:`rms_pair_recomputed`),
+    ``gradients(q_n, k_n)`` -> (dq_n, dk_n, *rest) of the op on the normalised q and k, then the norm's backward:
+    (dq, dk, *rest, dq_weight, dk_weight)."""
     q_in, k_in, saved = rms_pair_recomputed(q, k, q_weight, k_weight, eps)
     dq, dk, *rest = gradients(q_in, k_in)
     dq_weight = dk_weight = None
