@@ -215,3 +215,13 @@ def test_local_dir_names_a_folder(tmp_path):
     (tmp_path / "w.safetensors").write_bytes(b"x")
     with pytest.raises(SourceNotFound, match="local-dir: names a folder"):
         resolve(f"local-dir:{tmp_path / 'w.safetensors'}")
+
+
+def test_a_converted_model_as_source_names_its_recorded_source_not_only_the_architecture(tmp_path):
+    # the digits student's architecture is vit_tiny_patch16_224: converting that name would take ImageNet weights
+    import vitconvert
+
+    student, _ = vitconvert.convert(load_source("digits").model, "elu", source="digits")
+    vitconvert.save(student, tmp_path / "student")
+    with pytest.raises(VitconvertError, match=r"converted from \(digits, a vit_tiny_patch16_224\)"):
+        load_source(str(tmp_path / "student"))

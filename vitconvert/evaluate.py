@@ -94,13 +94,21 @@ def evaluate(model: Union[str, Path, nn.Module], data: str, split: str = "val", 
         raise VitconvertError("the model has no classification head (num_classes 0): it outputs features, not "
                               f"class scores, so there is no accuracy to measure; convert it with "
                               f"{param('num_classes', 'N')} and distill it, or evaluate a model with a head")
-    base = open_dataset(data, split, data_dir, download, classes=label_names(net), whose="the model's label names",
-                        strict=False)
-    check_classes(base, classes, what="model")
+    names = label_names(net)
+    base = open_dataset(data, split, data_dir, download, classes=names, whose="the model's label names", strict=False)
+    check_classes(base, classes, what="model", fix=data_to_give(names, classes))
     ds = TransformedDataset(base, eval_transform(input_config(net)))
     loader = make_loader(ds, batch_size, 0, train=False, workers=workers, pin_memory=dev.type == "cuda")
     net = net.eval().to(dev)
     return metrics_from_sums(eval_sums(net, loader, dev, amp=amp))
+
+
+def data_to_give(names: Optional[list[str]], head: int) -> str:
+    """What eval's data should be when its classes are not the head's (a new head, distill's fix, measures nothing)."""
+    if names:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        return f"give data of its classes: class folders named by its label names ({shown}) may be any subset of them"
+    return f"give data of the {head} classes it was trained on, one class folder each, in its label order"
 
 
 def label_names(model: nn.Module) -> Optional[list[str]]:

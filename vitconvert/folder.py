@@ -43,6 +43,7 @@ from .writer import (  # noqa: F401  (the writer rule, re-exported)
 
 FORMAT_VERSION = 2  # 1: config.json named the softmax architecture (vitconvert 0.1)
 WEIGHTS = "model.safetensors"
+TIMM_PICKLE = "pytorch_model.bin"  # what timm's save_for_hf writes unless safe_serialization=True
 FOLDER_FILES = (WEIGHTS, "config.json", "README.md")  # what write_model_files writes, in the order upgrade moves them
 
 
@@ -257,7 +258,9 @@ def check_folder(folder: Path, config: dict[str, Any]) -> None:
     except BadValue as e:
         raise VitconvertError(f"{folder}/config.json options: {e}") from None
     if not (folder / WEIGHTS).is_file():
-        raise VitconvertError(f"{folder} has no {WEIGHTS}")
+        fix = (f" (timm's save_for_hf wrote {TIMM_PICKLE}): `vitconvert upgrade {folder}` writes it"
+               if pickled_by_timm(folder, config) else "")
+        raise VitconvertError(f"{folder} has no {WEIGHTS}{fix}")
     check_weights_readable(folder)
     check_layers(folder, block)
     mark = weights_file.read_mark(folder / WEIGHTS)
@@ -302,6 +305,31 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     return model.eval()
 
 
+def pickled_by_timm(folder: Path, config: dict[str, Any]) -> bool:
+    """A folder timm's save_for_hf wrote from a vitconvert model with its default format, torch's pickle."""
+    return ("vitconvert" not in config and folder_block(config) is not None and not (folder / WEIGHTS).is_file()
+            and (folder / TIMM_PICKLE).is_file())
+
+
+def load_timm_pickle(folder: Path, config: dict[str, Any]) -> nn.Module:
+    """The model of such a folder, its tensors read with weights_only (never unpickled) and loaded strictly."""
+    from .sources import load_state_file  # lazy: sources reads folders through this module
+
+    state = load_state_file(folder / TIMM_PICKLE)
+    with torch.random.fork_rng(devices=[]):
+        try:
+            model = timm.create_model(f"local-dir:{folder}", pretrained=False)
+        except Exception as e:
+            raise VitconvertError(f"cannot rebuild the architecture in {folder}/config.json: {e}") from None
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise VitconvertError(f"{folder}/{TIMM_PICKLE} does not fit its config.json: {load_reason(e)}") from None
+    block = folder_block(config) or {}
+    attach(model, {k: v for k, v in block.items() if k not in ("format_version", "versions")})
+    return model.eval()
+
+
 def upgrade_folder(folder: Path) -> Optional[dict[str, Any]]:
     """Rewrite a folder that ``load`` reads, in an older layout or written by timm's own savers, in place as
     ``save`` writes it today (same weights; its other files, links included, left as they are; a card without
@@ -317,12 +345,15 @@ def upgrade_folder(folder: Path) -> Optional[dict[str, Any]]:
                               f"folder of your own (`hf download REPO` with {param('local_dir', 'DIR')}), then "
                               "upgrade that folder")
     config = read_config(folder)
-    check_folder(folder, config)
-    if not upgrade_reasons(config):
-        return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", OldFolderWarning)
-        model = load_folder_model(folder, config)
+    if pickled_by_timm(folder, config):
+        model = load_timm_pickle(folder, config)
+    else:
+        check_folder(folder, config)
+        if not upgrade_reasons(config):
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OldFolderWarning)
+            model = load_folder_model(folder, config)
     block = config.get("vitconvert")
     meta = {k: v for k, v in report_of(model).items() if k != "saved_by"}
     meta["upgraded_from"] = ({"format_version": block.get("format_version", 1),

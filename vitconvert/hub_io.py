@@ -130,6 +130,15 @@ def weights_cached(repo_id: str) -> bool:
                for name in ("model.safetensors", "pytorch_model.bin"))
 
 
+def cached_weights(spec: str) -> list[Path]:
+    """The Hub cache's model.safetensors of an ``hf-hub:`` SOURCE (empty when not cached); no network call."""
+    from huggingface_hub import try_to_load_from_cache
+
+    repo_id, revision = parse_repo_id(spec)
+    found = try_to_load_from_cache(repo_id, "model.safetensors", revision=revision)
+    return [Path(found)] if isinstance(found, str) else []
+
+
 def hub_reachable(timeout: float = 5.0) -> bool:
     """One HEAD request to the Hub, no retries: huggingface_hub itself retries a refused connection five times
     per file with backoff, a minute of 'Retrying in 8s' lines before the error an offline machine gets anyway."""

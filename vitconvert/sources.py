@@ -226,9 +226,12 @@ def load_folder(folder: Path, spec: str, **model_kwargs: Any) -> Source:
     if not folder.is_dir():
         raise VitconvertError(f"folder not found: {folder}")
     cfg = read_config(folder)
-    if folder_block(cfg) is not None:  # ours, or saved from one of ours by timm's save_for_hf
+    if (block := folder_block(cfg)) is not None:  # ours, or saved from one of ours by timm's save_for_hf
+        # the recorded source, not only its architecture: the bundled digits teacher is a vit_tiny_patch16_224
+        arch, recorded = source_architecture(cfg)[0], block.get("source")
+        origin = f"{recorded}, a {arch}" if recorded and recorded != arch else arch
         raise LinearSourceError(f"{spec} is already a linear-attention vitconvert model, not a softmax source: give "
-                                f"the softmax ViT it was converted from ({source_architecture(cfg)[0]})")
+                                f"the softmax ViT it was converted from ({origin})")
     if "architecture" not in cfg:
         raise VitconvertError(f"{folder}/config.json has no 'architecture': not a timm model folder")
     if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):

@@ -25,3 +25,11 @@ def test_eval_a_softmax_source_and_its_errors(tmp_path):
     wrong = runner.invoke(app, ["eval", str(teacher), "--data", str(make_images(tmp_path / "two", classes=2))])
     assert wrong.exit_code != 0 and "2 classes but the model's head has 3" in wrong.stderr
     assert "Traceback" not in missing.output + wrong.output
+
+
+def test_eval_on_other_classes_than_the_head_says_what_data_to_give_not_to_re_head(tmp_path):
+    # a new, random head (distill's fix) would make the measurement meaningless: eval names the data to give
+    teacher = make_teacher(tmp_path / "teacher")
+    result = runner.invoke(app, ["eval", str(teacher), "--data", str(make_images(tmp_path / "two", classes=2))])
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.output
+    assert "--num-classes" not in result.stderr and "give data of the 3 classes it was trained on" in result.stderr

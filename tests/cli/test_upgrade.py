@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, invoke, place_in_hub_cache, tiny_model
+from helpers import assert_one_line_error, image_batch, invoke, place_in_hub_cache, tiny_model
 
 import vitconvert
+from vitconvert.errors import VitconvertError
 
 FORMAT1 = Path(__file__).resolve().parents[1] / "fixtures" / "format1" / "elu"
 
@@ -102,6 +103,26 @@ def test_a_student_saved_by_timm_becomes_a_full_vitconvert_folder(tmp_path):
     assert "Saved by timm's own tools" in card and "not yet trained" not in card and "`?`" not in card
     assert json.loads(invoke("info", folder, "--json").stdout)["variant"] == "elu"
     assert json.loads(invoke("upgrade", folder, "--json").stdout)["upgraded"] is False
+
+
+def test_a_student_saved_with_timms_default_pickle_is_upgraded_through_its_tensors(tmp_path):
+    """save_for_hf's default writes pytorch_model.bin: push says to upgrade, load names upgrade, and upgrade
+    reads the tensors (weights_only, never unpickled) into a full folder with the same model."""
+    import torch
+    from timm.models import save_for_hf
+
+    student, _ = vitconvert.convert(tiny_model("vit"), "elu")
+    folder = tmp_path / "timm-saved"
+    save_for_hf(student, str(folder))  # timm's default: torch's pickle format, no model.safetensors
+    assert "vitconvert upgrade" in assert_one_line_error_text(invoke("push", folder, "--repo", "me/x", "--dry-run"))
+    with pytest.raises(VitconvertError, match=f"upgrade {folder}` writes it"):
+        vitconvert.load(folder)
+    result = invoke("upgrade", folder, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["saved_by"] == "timm" and (folder / "model.safetensors").is_file()
+    x = image_batch(student)
+    assert torch.equal(vitconvert.load(folder)(x), student.eval()(x))
+    assert invoke("push", folder, "--repo", "me/x", "--dry-run").exit_code == 0
 
 
 def assert_one_line_error_text(result) -> str:

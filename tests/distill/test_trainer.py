@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import textwrap
 from pathlib import Path
 
 import pytest
 
+import vitconvert
 from vitconvert.distill import distill, trainer
 from vitconvert.distill.final_compare import compare_at_end
 from vitconvert.errors import VitconvertError
@@ -47,3 +49,15 @@ def test_distill_names_the_run_folder_itself_and_resumes_from_the_folder_alone(s
     assert "epochs=N" in str(done.value) and "--" not in str(done.value)  # a library caller reads arguments
     with pytest.raises(VitconvertError, match="no student model folder given"):
         distill(out=tmp_path / "elsewhere")
+
+
+def test_a_run_names_its_classes_after_the_data_when_the_student_has_none(student, images, tmp_path):
+    # a re-headed student carries no class names; trained on a folder, its run is labelled by that folder's names,
+    # so transformers' pipeline and the ONNX file say "class1", not "LABEL_1" (config.json's label_names)
+    assert "label_names" not in vitconvert.load(student).pretrained_cfg
+    result = distill(student, tmp_path / "run", overrides={**FAST, "data": str(images), "compare_batches": 0},
+                     show=False)
+    names = sorted(p.name for p in (images / "train").iterdir())
+    for folder in (result.folder, result.folder / "best"):
+        assert json.loads((folder / "config.json").read_text())["label_names"] == names
+        assert vitconvert.load(folder).pretrained_cfg["label_names"] == names

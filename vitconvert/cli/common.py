@@ -77,18 +77,23 @@ SMALL_MODEL_BYTES = 40 * 2**20  # ~10M float32 parameters: more threads than one
 
 
 def cpu_threads(threads: Optional[int], spec: Any) -> Optional[int]:
-    """--threads, else 1 when ``spec`` names a small model (a local folder or file, or the bundled digits) and
-    the user set no OMP_NUM_THREADS, else None (torch's default). On a small model torch's one thread per core
-    only synchronise: on a busy 2-core machine a 20 s walk-through took 355 s with two."""
-    if threads is not None or os.environ.get("OMP_NUM_THREADS") or spec is None or str(spec).startswith("hf-hub:"):
-        return threads  # (a Hub model is not fetched just to count its bytes)
-    from ..sources import resolve  # lazy: start-up time (timm)
+    """--threads, else 1 when ``spec`` names a small model (a local folder or file, the bundled digits, or an
+    hf-hub: repo already in the Hub cache) and the user set no OMP_NUM_THREADS, else None (torch's default). On a
+    small model torch's one thread per core only synchronise: on a busy 2-core machine a 20 s walk-through took
+    355 s with two."""
+    if threads is not None or os.environ.get("OMP_NUM_THREADS") or spec is None:
+        return threads
+    from ..hub_io import cached_weights  # lazy: start-up time
+    from ..sources import resolve  # (timm)
 
     try:
-        path = resolve(spec).path
-        files = [] if path is None else [path] if path.is_file() else list(path.glob("*.safetensors"))
+        if str(spec).startswith("hf-hub:"):  # counted in the cache: a Hub model is not fetched just for this
+            files = cached_weights(str(spec))
+        else:
+            path = resolve(spec).path
+            files = [] if path is None else [path] if path.is_file() else list(path.glob("*.safetensors"))
         size = sum(f.stat().st_size for f in files)
-    except (VitconvertError, OSError):  # the command's own loading says what is wrong with it
+    except (VitconvertError, OSError, ValueError):  # the command's own loading says what is wrong with it
         return None
     return 1 if files and size < SMALL_MODEL_BYTES else None
 

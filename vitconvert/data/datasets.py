@@ -192,10 +192,11 @@ def dataset_classes(ds: Dataset) -> Optional[int]:
     return None
 
 
-def check_classes(ds: Dataset, head: int, what: str = "student") -> None:
+def check_classes(ds: Dataset, head: int, what: str = "student", fix: Optional[str] = None) -> None:
     """Refuse data whose class count is not the head's: labels past the head would index out of range, fewer would
-    train a head with dead classes."""
+    train a head with dead classes. ``fix`` says what to do instead of training a new head (eval's case)."""
     found = dataset_classes(ds)
     if found is not None and found != head:
+        fix = fix or f"convert the source model with {param('num_classes', found)} (a new, random head)"
         raise VitconvertError(f"the data has {plural(found, 'class', 'classes')} but the {what}'s head has {head}: "
-                              f"convert the source model with {param('num_classes', found)} (a new, random head)")
+                              f"{fix}")

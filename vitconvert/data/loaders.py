@@ -220,6 +220,7 @@ class RunData:
     val_set: TransformedDataset
     mixup: Optional[Callable]
     labels_checked: bool  # the dataset says its class count; otherwise labels are checked on the first batch
+    class_names: Optional[list[str]]  # the train split's, in label order, when it names its classes
     micro: int  # images per process and forward
     updates_per_epoch: int
     micro_per_epoch: int
@@ -230,8 +231,9 @@ def run_data(r: Recipe, inp: InputConfig, num_classes: int, rank: int, world: in
     d, o = r.dataset, r.optimization
     train = open_dataset(d.data, d.train_split, d.data_dir, d.download)  # type: ignore[arg-type]
     check_classes(train, num_classes)
+    names = class_names(train)
     val = open_dataset(d.data, d.val_split, d.data_dir, d.download,  # type: ignore[arg-type]
-                       classes=class_names(train), whose=f"the {d.train_split} split's classes")  # labels by name
+                       classes=names, whose=f"the {d.train_split} split's classes")  # labels by name
     if o.batch_size % (world * o.accum_steps):
         raise VitconvertError(f"batch_size {o.batch_size} is not divisible by {world} process(es) × "
                               f"{o.accum_steps} accumulation step(s)")
@@ -250,4 +252,4 @@ def run_data(r: Recipe, inp: InputConfig, num_classes: int, rank: int, world: in
     where = dict(workers=d.workers, rank=rank, world=world, pin_memory=pin_memory)
     return RunData(make_loader(train_set, micro, r.seed, train=True, **where),  # type: ignore[arg-type]
                    make_loader(val_set, micro, r.seed, train=False, **where), val_set, mixup,  # type: ignore[arg-type]
-                   dataset_classes(train) is not None, micro, updates, updates * o.accum_steps)
+                   dataset_classes(train) is not None, names, micro, updates, updates * o.accum_steps)

@@ -6,6 +6,8 @@ the normalisation it was trained with even when the student's data pipeline uses
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -83,3 +85,11 @@ def attention_param_ids(attention: list[nn.Module]) -> set[int]:
 def export_config(model: nn.Module, inp: InputConfig) -> None:
     """Record the preprocessing the run used in the model's pretrained_cfg (so eval matches validation)."""
     model.pretrained_cfg = {**getattr(model, "pretrained_cfg", {}), **inp.timm_config()}
+
+
+def name_classes(model: nn.Module, names: Optional[list[str]]) -> None:
+    """Label a student that carries no class names (a re-headed one) by the training data's, so its run folder reads
+    as the data's classes in timm, transformers' pipeline and an exported file, not as LABEL_0, LABEL_1, ..."""
+    cfg = getattr(model, "pretrained_cfg", {})
+    if names and len(names) == model.num_classes and not cfg.get("label_names"):
+        model.pretrained_cfg = {**cfg, "label_names": list(names)}

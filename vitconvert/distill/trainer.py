@@ -69,6 +69,7 @@ class Trainer:
         self.channels_last = env.device.type == "cuda"
         self.task = self._setup_task(student, teacher)
         self.feed = data.run_data(r, self.inp, self.num_classes, env.rank, env.world, env.device.type == "cuda")
+        models.name_classes(self.task.export, self.feed.class_names)
         self.stages = plan_stages(r, self.task.model, models.attention_param_ids(self.task.attention),
                                   groups.frozen_ids(self.task.model, r), self.feed.updates_per_epoch)
         self.labels_checked = self.feed.labels_checked
