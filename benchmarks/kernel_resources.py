@@ -226,6 +226,7 @@ def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Opt
     partial sums, W' in torch and its read-out, where one program a head fuses them). TTT above its head-dim bound
     and on float32 inputs runs its torch step (dispatch.TTT_MAX_HEAD_DIM, TTT_DTYPES): its kernels are not built."""
     rows: list[dict[str, Any]] = []
+    generation = None if arch is None else divmod(ARCHES[arch][0], 10)  # (the launch plan's: launch_plan.decide)
     for d in head_dims:
         calls = op_calls(d, device, side, dtype)
         calls["linear_attention elu split"] = calls["linear_attention elu"]
@@ -237,7 +238,7 @@ def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Opt
             programs = 1 << 20 if op.endswith("split") else None  # (heads over token ranges)
             print(f"building {op} at head dim {d}", file=sys.stderr, flush=True)  # (beside the table, not in it)
             builds = Builds(op) if arch is None else CrossBuilds(op, arch, max_registers)
-            with dispatch.kernels_on(device.type, launcher=builds, programs=programs):
+            with dispatch.kernels_on(device.type, launcher=builds, programs=programs, capability=generation):
                 call().float().square().mean().backward()
                 eager = not dispatch.fits(op.split()[0])  # (the custom op's name: turned off here)
             rows += [{"head_dim": d, **row, "op_eager": eager} for row in builds.rows.values()]

@@ -83,6 +83,22 @@ def test_head_dim_128_reads_out_backward_in_16_token_chunks():
                                                    settings=KernelSettings()).backward
 
 
+def test_mhla_reads_out_backward_in_16_token_chunks_before_sm_90():
+    """MHLA's blocked read-out backward (TF32 tiles of bf16 inputs, the norm as q loads) spilled 22 registers on sm_80
+    and 6 on sm_86/sm_89 in 32-token chunks at head dim 64, none on sm_90: the plan names 16 before sm_90 only, and
+    the launches take what the plan names for the generation the dispatch says."""
+    mhla = layer("mhla", grid=(24, 24))
+    chunks = {name: plan.plan_layer(mhla, plan.GPUS[name], torch.bfloat16, 16, settings=KernelSettings())
+              for name in ("a100", "a10", "l40", "h100")}
+    assert {name: found.launches.readout_bwd_block_n for name, found in chunks.items()} == {
+        "a100": 16, "a10": 16, "l40": 16, "h100": 32}
+    assert chunks["a100"].op == "blocked_attention" and "readout_bwd_kernel (BLOCK_N 16)" in chunks["a100"].backward
+    q = torch.zeros(1, 6, 577, 64, dtype=torch.bfloat16)
+    for capability, chunk in (((8, 6), 16), ((9, 0), 32), (None, 32)):  # (None: the CPU's interpreter, sm_90's)
+        with dispatch.kernels_on(capability=capability):
+            assert launch_plan.linear_launches(q, 6, 26, 64, False).readout_bwd_block_n == chunk
+
+
 def launched(module, x, programs: int, settings: KernelSettings) -> tuple[list, list]:
     """The (kernel, BLOCK_N, num_warps, num_stages, programs over tokens, operand tile) of a forward's launches, then
     of its backward's."""

@@ -169,7 +169,8 @@ def _launches(plan: KernelPlan, module: LinearAttention, call: Call, segments: i
     it), for ``segments`` segments of ``length`` tokens."""
     found = launch_plan.decide(call.batch * module.num_heads, segments, math.ceil(length / dispatch.SPLIT_ROUND),
                                module.head_dim, call.dtype, call.programs, dispatch.SPLIT_ROUND, call.settings,
-                               call.older_triton, _tf32_matmuls(call), bf16_tiles, many_tiles)
+                               call.older_triton, _tf32_matmuls(call), bf16_tiles, many_tiles,
+                               call.gpu is not None and call.gpu.capability < launch_plan.HOPPER)
     return replace(plan, block_n=found.block_n, block_d=found.block_d, warps=found.warps, stages=found.stages,
                    tile=found.tile, splits=found.splits, launches=found)
 

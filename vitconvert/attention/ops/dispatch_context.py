@@ -29,6 +29,7 @@ class Dispatch:
     launcher: Optional[Callable[..., Any]] = None  # every launch through this instead (launches_through)
     programs: Optional[int] = None  # programs a launch wants; None: PROGRAMS_PER_SM per SM of the tensor's GPU
     split_round: int = SPLIT_ROUND
+    capability: Optional[tuple[int, int]] = None  # the GPU generation launches are made for; None: the tensor's
     ttt_dtypes: tuple[torch.dtype, ...] = TTT_DTYPES  # (TTT's kernels take float32 too; no sm_90 GPU fits them)
     rms_norm_devices: tuple[str, ...] = ("cuda",)  # where half RMSNorms take torch's fused kernels (norms/lean.py)
     generation_checked: tuple[str, ...] = ("cuda",)  # device types whose generation is checked (MIN_CAPABILITY)

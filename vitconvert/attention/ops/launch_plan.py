@@ -36,6 +36,7 @@ from .settings import KernelSettings
 # form runs (what each builds to: benchmarks/kernel_resources.py --arch sm_90 --ops "linear_attention elu").
 ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM = 64
 HALF_TILES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+HOPPER = (9, 0)  # the first generation whose dots read operands from shared memory (wgmma)
 # A grid kernel's program's tokens × head channels (TTT's key statistics and convs' backward where heads split).
 # Every tap is a shifted load of the tile, and Triton keeps several in flight: 32 × 64 on 8 warps, where the
 # attention kernels take 64 × 64 on 4 (benchmarks/kernel_resources.py --arch sm_90 --ops "ttt_step split"). Their
@@ -76,13 +77,29 @@ def read_ranges(splits: int, per: int, length: int) -> tuple[int, int]:
     return -(-length // per), per
 
 
-def readout_backward_chunk(block_n: int, block_d: int, tf32_half: bool) -> int:
+def readout_backward_chunk(block_n: int, block_d: int, tf32_half: bool, before_hopper: bool = False) -> int:
     """BLOCK_N of the read-out's backward: half for TF32 tiles of half inputs (MHLA's: with the last program's sums
-    they spill at head dim 64 on sm_90 in 64-token chunks); 16 from head dim 128, where the d×d dR accumulator and Rᵀ
-    fill the registers (benchmarks/kernel_resources.py --arch sm_89 --head-dims 128)."""
+    they spill at head dim 64 on sm_90 in 64-token chunks), a quarter before sm_90 (no wgmma: Rᵀ, dR and the tiles
+    are all operands in registers, and half spills at head dim 64 on sm_80–sm_89); 16 from head dim 128, where the
+    d×d dR accumulator and Rᵀ fill the registers (benchmarks/kernel_resources.py --arch sm_80 --ops "blocked_attention
+    mhla")."""
     if tf32_half:
-        block_n = max(16, block_n // 2)
+        block_n = max(16, block_n // (4 if before_hopper else 2))
     return 16 if block_d >= 128 else block_n
+
+
+@lru_cache(maxsize=8)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def is_before_hopper(device: torch.device) -> bool:
+    """Whether launches on ``device`` are made for a GPU before sm_90: the dispatch's generation (a cross-build's) or
+    the CUDA device's; elsewhere (Triton's interpreter) the sm_90 settings."""
+    capability = current().capability
+    if capability is None and device.type == "cuda":
+        capability = _capability(device)
+    return capability is not None and tuple(capability) < HOPPER
 
 
 def tile_name(dtype: torch.dtype, settings: KernelSettings, bf16_tiles: bool, tf32_matmuls: bool) -> str:
@@ -102,11 +119,12 @@ def tile_name(dtype: torch.dtype, settings: KernelSettings, bf16_tiles: bool, tf
 @lru_cache(maxsize=256)
 def decide(heads: int, segments: int, chunks: int, head_dim: int, dtype: torch.dtype, programs: int,
            split_round: int, settings: KernelSettings, older: bool, tf32_matmuls: bool,
-           bf16_tiles: bool, many_tiles: bool = False) -> LinearLaunches:
+           bf16_tiles: bool, many_tiles: bool = False, before_hopper: bool = False) -> LinearLaunches:
     """The launches of ``heads`` (batch × heads) × ``segments`` segments of ``chunks`` × ``split_round`` tokens at
     most, for a GPU that wants ``programs`` programs a launch. ``older``: a Triton before 3.8
     (:func:`.dispatch.backward_chunk`); ``many_tiles``: kernels that hold several d×d matrices (TTT's step, which
-    takes the chunk, warps and token ranges: :func:`.dispatch.launch_geometry`)."""
+    takes the chunk, warps and token ranges: :func:`.dispatch.launch_geometry`); ``before_hopper``: a GPU before
+    sm_90 (:func:`readout_backward_chunk`)."""
     length = chunks * split_round
     block_n, block_d, warps = launch_geometry(head_dim, settings.config, many_tiles)
     splits, per = token_ranges(heads, segments, length, programs, split_round)
@@ -114,7 +132,7 @@ def decide(heads: int, segments: int, chunks: int, head_dim: int, dtype: torch.d
     tile = tile_name(dtype, settings, bf16_tiles, tf32_matmuls)
     tf32_half = not bf16_tiles and dtype != torch.float32
     return LinearLaunches(block_n, block_d, warps, settings.stages, tile, splits, per, read_splits, read_per,
-                          readout_backward_chunk(block_n, block_d, tf32_half),
+                          readout_backward_chunk(block_n, block_d, tf32_half, before_hopper),
                           backward_chunk(block_n, block_d, settings.config is not None, older),
                           splits == 1 and head_dim <= ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM)
 
@@ -122,13 +140,13 @@ def decide(heads: int, segments: int, chunks: int, head_dim: int, dtype: torch.d
 def linear_launches(t: torch.Tensor, heads: int, segments: int, length: int, bf16_tiles: bool,
                     many_tiles: bool = False) -> LinearLaunches:
     """:func:`decide` for a call on ``t`` (q or k) whose segments are ``length`` tokens long, with what the context
-    says (:func:`.dispatch.current`): the GPU's programs, the settings, the split round, the Triton."""
+    says (:func:`.dispatch.current`): the GPU's programs and generation, the settings, the split round, the Triton."""
     here = current()
     older = older_triton() if here.older_triton is None else here.older_triton
     tf32_matmuls = t.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     return decide(heads, segments, math.ceil(length / here.split_round), t.shape[-1], t.dtype,
                   programs_wanted(t.device), here.split_round, here.settings or environment_settings(), older,
-                  tf32_matmuls, bf16_tiles, many_tiles)
+                  tf32_matmuls, bf16_tiles, many_tiles, is_before_hopper(t.device))
 
 
 @dataclass(frozen=True)
