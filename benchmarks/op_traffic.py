@@ -48,6 +48,7 @@ import timm  # noqa: E402
 import vitconvert  # noqa: E402
 from vitconvert.attention import VARIANTS, LinearAttention  # noqa: E402
 from vitconvert.attention.ops import dispatch  # noqa: E402
+from vitconvert.attention.ops.linear.launches import tickets  # noqa: E402
 from vitconvert.attention.ops.norms import lean as lean_norms  # noqa: E402
 from vitconvert.writer import write_text_atomic  # noqa: E402
 
@@ -274,6 +275,7 @@ def pass_table(model_name: str, variants: list[str], img_size: int = 224, depth:
     images = torch.randn(batch, 3, img_size, img_size)
     tokens = source.patch_embed.num_patches + source.num_prefix_tokens
     q_bytes = batch * tokens * source.embed_dim * 2  # bf16
+    tickets(1, images.device)  # (the split kernels' counters: made once a process, so no variant's count takes them)
     rows = {"softmax": mixing_passes(source, images, q_bytes, depth, run_kernels, programs)}
     for name in variants:
         student, _ = vitconvert.convert(source, name)
