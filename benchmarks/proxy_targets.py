@@ -196,6 +196,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             if subprocess.run([sys.executable, *command.split()], cwd=ROOT).returncode:
                 print(f"error: python {command} failed; the block is left as it was", file=sys.stderr)
                 return 1
+    missing = [name for name in (PASSES, MEMORY) if not (RESULTS / name).is_file()]
+    if missing:
+        print(f"error: benchmarks/results/{missing[0]} is missing: run python {COMMANDS[missing[0]]}", file=sys.stderr)
+        return 1
     write_block(DOC, BLOCK, render(read()))
     return 0
 
