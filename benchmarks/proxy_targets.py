@@ -1,7 +1,7 @@
 """Issue 37's targets without a GPU, at its own size (4097 tokens): one table, each number against its target.
 
     python benchmarks/proxy_targets.py                  # count all four (~30 CPU-minutes), then write the block
-    python benchmarks/proxy_targets.py --skip-batch16   # batch 1 and memory only (~10 CPU-minutes)
+    python benchmarks/proxy_targets.py --skip-batch16   # batch 1 and memory only (~7 CPU-minutes)
     python benchmarks/proxy_targets.py --report-only    # the block from the results files, nothing counted
 
 vit_small_patch16_224 built at 1024 px (64×64 patches and the class token), one block: the token mixing's q-sized
