@@ -139,6 +139,8 @@ BLOCKS = [
     Block(PERFORMANCE, "mixing-passes-384", lambda: mixing_passes_block(
         "-384", "MHLA's blocked form before W̃'s mixing and LePE moved into its kernels"),
         "op-traffic-passes-384*.json"),
+    Block(PERFORMANCE, "proxy-targets-4097", lambda: _module("proxy_targets").render(_module("proxy_targets").read()),
+          "op-traffic-passes-1024*.json, saved-memory-1024.json"),
     Block(PERFORMANCE, "gpu-h200", gpu_block, "gpu-check-cuda.json"),
     Block(RESULTS_DOC, "quickstart", lambda: _module("quickstart_results").render(_json("quickstart.json")),
           "quickstart.json"),

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -48,6 +49,7 @@ import timm  # noqa: E402
 import vitconvert  # noqa: E402
 from vitconvert.attention import VARIANTS, LinearAttention  # noqa: E402
 from vitconvert.attention.ops import dispatch  # noqa: E402
+from vitconvert.attention.ops.linear.launches import tickets  # noqa: E402
 from vitconvert.attention.ops.norms import lean as lean_norms  # noqa: E402
 from vitconvert.writer import write_text_atomic  # noqa: E402
 
@@ -102,6 +104,7 @@ class OpTraffic(TorchDispatchMode):
         self.mixing_kernels = Traffic()  # the launches inside the token mixing (forward and, marked, backward)
         self.in_mix = False
         self.run_kernels = True  # False: each launch counted, not run (its outputs stay uninitialised)
+        self.forward_ops = (0, 0)  # the mixing's torch ops and launches when the forward ended (count())
 
     def launch(self, kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
         """A Triton launch inside a fused op (dispatch.launches_through): the bytes of its tensor arguments, each
@@ -231,6 +234,7 @@ def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: 
         stack.enter_context(recorder)
         with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=form == "bf16"):
             logits = model(images)
+        recorder.forward_ops = (recorder.mixing.ops, recorder.mixing_kernels.ops)
         if train:
             logits.float().mean().backward()
     model.zero_grad(set_to_none=True)
@@ -238,17 +242,22 @@ def count(model: torch.nn.Module, images: torch.Tensor, form: str, token_sized: 
 
 
 def mixing_passes(model: torch.nn.Module, images: torch.Tensor, q_bytes: int, layers: int,
-                  run_kernels: bool = True) -> tuple[float, dict[str, float], float]:
+                  run_kernels: bool = True, programs: Optional[int] = None) -> dict[str, Any]:
     """HBM bytes of the token mixing per layer in one bf16 training step on the GPU path (its torch ops and its
     launches' tensor arguments, forward and backward; softmax: SDPA's ops) over q's bytes: q-sized passes, and
-    those of each op or kernel (by name), and the token-sized ops and launches among them."""
-    with gpu_path():
+    those of each op or kernel (by name), the token-sized ops and launches among them, and the launches and torch
+    ops of each direction; ``programs``: those a launch wants before heads split over token ranges (a GPU's: 4 an
+    SM; None: the CPU's one, no split)."""
+    with gpu_path(), dispatch.kernels_on(programs=programs):
         recorder = count(model, images, "bf16", q_bytes // 2, train=True, sdpa_mixing=True, run_kernels=run_kernels)
     by_op = {**recorder.mixing.bytes_by_op, **recorder.mixing_kernels.bytes_by_op}
     scale = 1 / layers / q_bytes
-    return ((recorder.mixing.bytes + recorder.mixing_kernels.bytes) * scale,
-            {name: round(moved * scale, 2) for name, moved in sorted(by_op.items(), key=lambda kv: -kv[1])},
-            (recorder.mixing.token_sized + recorder.mixing_kernels.token_sized) / layers)
+    ops, launches = recorder.forward_ops
+    return {"q_sized_passes": (recorder.mixing.bytes + recorder.mixing_kernels.bytes) * scale,
+            "by_op": {name: round(moved * scale, 2) for name, moved in sorted(by_op.items(), key=lambda kv: -kv[1])},
+            "token_sized_ops": (recorder.mixing.token_sized + recorder.mixing_kernels.token_sized) / layers,
+            "launches": {"forward": launches / layers, "backward": (recorder.mixing_kernels.ops - launches) / layers},
+            "torch_ops": {"forward": ops / layers, "backward": (recorder.mixing.ops - ops) / layers}}
 
 
 @contextmanager
@@ -259,31 +268,38 @@ def gpu_path() -> Iterator[None]:
 
 
 def pass_table(model_name: str, variants: list[str], img_size: int = 224, depth: int = 1, batch: int = 1,
-               run_kernels: bool = True, **model_args: Any) -> dict[str, Any]:
-    """{variant: q-sized passes} of :func:`mixing_passes` for softmax and each variant, with the setting."""
+               run_kernels: bool = True, programs: Optional[int] = None, **model_args: Any) -> dict[str, Any]:
+    """Each of :func:`mixing_passes`'s numbers as {variant: number} for softmax and each variant, with the
+    setting."""
     torch.manual_seed(0)
     source = timm.create_model(model_name, pretrained=False, img_size=img_size, depth=depth, **model_args)
     images = torch.randn(batch, 3, img_size, img_size)
     tokens = source.patch_embed.num_patches + source.num_prefix_tokens
     q_bytes = batch * tokens * source.embed_dim * 2  # bf16
-    passes, by_op, ops = {}, {}, {}
-    passes["softmax"], by_op["softmax"], ops["softmax"] = mixing_passes(source, images, q_bytes, depth, run_kernels)
+    tickets(1, images.device)  # (the split kernels' counters: made once a process, so no variant's count takes them)
+    rows = {"softmax": mixing_passes(source, images, q_bytes, depth, run_kernels, programs)}
     for name in variants:
         student, _ = vitconvert.convert(source, name)
-        passes[name], by_op[name], ops[name] = mixing_passes(student, images, q_bytes, depth, run_kernels)
+        rows[name] = mixing_passes(student, images, q_bytes, depth, run_kernels, programs)
     return {"model": model_name, "img_size": img_size, "tokens": tokens, "depth": depth, "batch": batch,
-            "model_args": model_args, "q_sized_passes": passes, "token_sized_ops": ops, "by_op": by_op}
+            "model_args": model_args, "sizes_only": not run_kernels, **({"programs": programs} if programs else {}),
+            **{key: {name: row[key] for name, row in rows.items()} for key in rows["softmax"]}}
 
 
 def print_pass_table(table: dict[str, Any]) -> None:
-    passes = table["q_sized_passes"]
-    print(f"{table['model']} at {table['img_size']} px ({table['tokens']} tokens), batch {table['batch']}: token "
-          "mixing's HBM bytes per layer, one bf16 training step (GPU path), in q-sized passes; ops: its token-sized "
-          "ops and launches")
-    print(f"  {'variant':8s} {'passes':>7s} {'× softmax':>10s} {'ops':>5s}   largest by op or kernel (passes)")
+    passes, launches, torch_ops = table["q_sized_passes"], table["launches"], table["torch_ops"]
+    split = f", heads split as for {table['programs']} programs" if table.get("programs") else ""
+    print(f"{table['model']} at {table['img_size']} px ({table['tokens']} tokens), batch {table['batch']}{split}: "
+          "token mixing's HBM bytes per layer, one bf16 training step (GPU path), in q-sized passes; ops: its "
+          "token-sized ops and launches; launches and torch ops forward + backward")
+    print(f"  {'variant':8s} {'passes':>7s} {'× softmax':>10s} {'ops':>5s} {'launches':>9s} {'torch ops':>10s}   "
+          "largest by op or kernel (passes)")
     for name, value in passes.items():
-        print(f"  {name:8s} {value:7.1f} {value / passes['softmax']:10.2f} {table['token_sized_ops'][name]:5.0f}   "
+        runs, ops = launches[name], torch_ops[name]
+        print(f"  {name:8s} {value:7.1f} {value / passes['softmax']:10.2f} {table['token_sized_ops'][name]:5.0f} "
+              f"{runs['forward']:4.0f} +{runs['backward']:3.0f} {ops['forward']:5.0f} +{ops['backward']:3.0f}   "
               + ", ".join(f"{op} {moved:.1f}" for op, moved in list(table["by_op"][name].items())[:6]))
+    print(f"  ({table['cpu_s']:.0f} CPU-s)")
 
 
 def report(name: str, recorder: OpTraffic, layers: int, by_op: bool) -> None:
@@ -324,6 +340,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--sizes-only", action="store_true",
                         help="count each Triton launch without running it in the interpreter (the counts take sizes "
                              "only; the kernels' outputs are left uninitialised)")
+    parser.add_argument("--programs", type=int, help="--passes: programs a launch wants before heads split over "
+                        "token ranges, as on a GPU (4 an SM: 528 on an H100 or H200); default the CPU's 1, no split")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.passes else [args.variant]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -331,7 +349,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: unknown variant {unknown[0]!r}; valid: {', '.join(VARIANTS)}", file=sys.stderr)
         return 2
     if args.passes:
-        table = pass_table(args.model, variants, args.img_size, args.depth, args.batch, not args.sizes_only)
+        started = time.process_time()
+        table = pass_table(args.model, variants, args.img_size, args.depth, args.batch, not args.sizes_only,
+                           args.programs)
+        table["cpu_s"] = round(time.process_time() - started, 1)  # this process's (its threads', not the children's)
         print_pass_table(table)
         if args.json:
             write_text_atomic(Path(args.json), json.dumps(table, indent=1) + "\n")

@@ -3,13 +3,15 @@
     python benchmarks/saved_memory.py                        # vit_small at 224 px, 2 blocks, batch 2, bf16 autocast
     python benchmarks/saved_memory.py --model deit_tiny_patch16_224 --depth 12 --img-size 384
     python benchmarks/saved_memory.py --json benchmarks/results/saved-memory.json
+    python benchmarks/saved_memory.py --depth 1 --batch 1 --img-size 1024 --sizes-only   # 4097 tokens: minutes
 
 The storages autograd saves in one training forward are what a training step holds beyond its weights, and they
 are the same on any device: on the CPU the fused kernels run in Triton's interpreter (set here before anything
 imports triton), so the GPU path's ops are what is measured. A GPU's peak also holds transient buffers, so the
 ratio is a lower bound of the peak's. The second column is the largest transient: the largest tensor one op
 writes in a training step (forward and backward, a fused op's body counted inside), the most one step adds at
-once to what is held.
+once to what is held. ``--sizes-only`` counts each Triton launch without running it (its outputs are left
+uninitialised): what is kept and written are sizes, the same either way, and 4097 tokens take minutes, not hours.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Optional
 
@@ -37,10 +40,10 @@ from vitconvert.attention.ops import dispatch  # noqa: E402
 from vitconvert.writer import write_text_atomic  # noqa: E402
 
 
-def saved_mib(model: torch.nn.Module, images: torch.Tensor) -> float:
+def saved_mib(model: torch.nn.Module, images: torch.Tensor, run_kernels: bool = True) -> float:
     """MiB of the distinct storages autograd keeps from one bf16-autocast training forward, the model's own
     parameters left out (a layer that keeps a weight itself holds nothing beyond the weights; autocast's bf16
-    copies of them count)."""
+    copies of them count); without ``run_kernels`` the Triton launches are skipped."""
     storages: dict[int, int] = {}
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
@@ -49,7 +52,8 @@ def saved_mib(model: torch.nn.Module, images: torch.Tensor) -> float:
             storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    launches = nullcontext() if run_kernels else dispatch.launches_through(skipped_launch, images.device.type)
+    with launches, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with torch.autocast(images.device.type, dtype=torch.bfloat16):
             model(images)
     return sum(storages.values()) / 2**20
@@ -60,7 +64,7 @@ class LargestWrite(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.largest = 0
+        self.largest, self.largest_op = 0, ""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         if func.namespace == "vitconvert":
@@ -69,8 +73,8 @@ class LargestWrite(TorchDispatchMode):
         else:
             out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.untyped_storage().nbytes())
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > self.largest:
+                self.largest, self.largest_op = t.untyped_storage().nbytes(), func.name().removeprefix("aten::")
         return out
 
 
@@ -81,16 +85,22 @@ def unrecorded_launch(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
         return dispatch.build_and_run(kernel, grid, *args, **kwargs)
 
 
-def largest_transient_mib(model: torch.nn.Module, images: torch.Tensor) -> float:
-    """MiB of the largest tensor one op writes in a bf16-autocast training step (forward and backward)."""
+def skipped_launch(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
+    """A Triton launch not run (``--sizes-only``): its tensors are allocated by the op all the same."""
+
+
+def largest_transient(model: torch.nn.Module, images: torch.Tensor, run_kernels: bool = True) -> tuple[float, str]:
+    """MiB of the largest tensor one op writes in a bf16-autocast training step (forward and backward), and the
+    op that writes it first."""
     model.zero_grad(set_to_none=True)
     recorder = LargestWrite()
-    with dispatch.launches_through(unrecorded_launch, images.device.type), recorder:
+    launch = unrecorded_launch if run_kernels else skipped_launch
+    with dispatch.launches_through(launch, images.device.type), recorder:
         with torch.autocast(images.device.type, dtype=torch.bfloat16):
             logits = model(images)
         logits.float().mean().backward()
     model.zero_grad(set_to_none=True)
-    return recorder.largest / 2**20
+    return recorder.largest / 2**20, recorder.largest_op
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -101,6 +111,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--json", help="also write the table to this JSON file")
+    parser.add_argument("--programs", type=int, help="programs a launch wants before heads split over token ranges, "
+                        "as on a GPU (4 an SM: 528 on an H100 or H200); default the CPU's 1, no split")
+    parser.add_argument("--sizes-only", action="store_true",
+                        help="count each Triton launch without running it in the interpreter (sizes are what counts)")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -108,7 +122,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: unknown variant {unknown[0]!r}; valid: {', '.join(VARIANTS)}", file=sys.stderr)
         return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    with dispatch.kernels_on("cpu" if device.type == "cpu" else None):  # the kernels' path, in Triton's interpreter
+    with dispatch.kernels_on("cpu" if device.type == "cpu" else None,  # the kernels' path, in Triton's interpreter
+                             programs=args.programs):
         table = measure(args, variants, device)
     if args.json:
         write_text_atomic(Path(args.json), json.dumps(table, indent=1) + "\n")
@@ -121,17 +136,23 @@ def measure(args: argparse.Namespace, variants: list[str], device: torch.device)
     source = timm.create_model(args.model, pretrained=False, img_size=args.img_size, depth=args.depth).to(device)
     images = torch.randn(args.batch, 3, args.img_size, args.img_size, device=device)
     models = {"softmax": source, **{name: vitconvert.convert(source, name)[0] for name in variants}}
-    table = {name: {"saved_mib": saved_mib(model, images),
-                    "largest_transient_mib": largest_transient_mib(model, images)} for name, model in models.items()}
+    run, table = not args.sizes_only, {}
+    for name, model in models.items():
+        largest, op = largest_transient(model, images, run)
+        table[name] = {"saved_mib": saved_mib(model, images, run), "largest_transient_mib": largest,
+                       "largest_transient_op": op}
     print(f"{args.model} at {args.img_size} px, {args.depth} blocks, batch {args.batch}, bf16 autocast on {device}: "
           "saved for backward, and the largest tensor one op writes in a training step")
     softmax = table["softmax"]
     for name, row in table.items():
         print(f"  {name:8s} {row['saved_mib']:8.1f} MiB  {row['saved_mib'] / softmax['saved_mib']:.2f}× softmax   "
               f"largest {row['largest_transient_mib']:7.2f} MiB  "
-              f"{row['largest_transient_mib'] / softmax['largest_transient_mib']:.2f}× softmax")
-    return {"model": args.model, "img_size": args.img_size, "depth": args.depth, "batch": args.batch,
-            "device": str(device), "variants": table}
+              f"{row['largest_transient_mib'] / softmax['largest_transient_mib']:.2f}× softmax "
+              f"({row['largest_transient_op']})")
+    tokens = source.patch_embed.num_patches + source.num_prefix_tokens
+    return {"model": args.model, "img_size": args.img_size, "tokens": tokens, "depth": args.depth,
+            "batch": args.batch, "device": str(device), "sizes_only": args.sizes_only,
+            **({"programs": args.programs} if args.programs else {}), "variants": table}
 
 
 if __name__ == "__main__":

@@ -85,3 +85,38 @@ def test_report_only_renders_the_block_from_the_results_file_without_measuring(t
     doc_blocks.measure_or_report("test", results, lambda: {"top1": 0.75}, doc, "t",
                                  lambda record: f"top-1 {record['top1']:.0%}")
     assert doc_blocks.read_block(doc.read_text(), "t") == "top-1 75%" and '"top1": 0.75' in results.read_text()
+
+
+
+
+def test_the_proxy_targets_block_judges_each_number_against_issue_37s_target():
+    """docs/performance.md's proxy-targets-4097 block (benchmarks/proxy_targets.py), from a small table: passes
+    (MHLA ≤ 12, TTT ≤ 7, at each batch counted), launches (≤ 2 forward and 3 backward, no torch op in the mixing),
+    memory (≤ softmax's); a variant without a memory count gets no verdict."""
+    proxy = load_benchmark("proxy_targets")
+    runs = {"softmax": (0, 0), "elu": (1, 1), "mhla": (2, 3), "ttt": (3, 1)}
+    ops = {"softmax": (1, 1), "elu": (0, 0), "mhla": (1, 2), "ttt": (0, 0)}
+    now = {"tokens": 4097, "q_sized_passes": {"softmax": 12.0, "elu": 12.0, "mhla": 11.5, "ttt": 6.5},
+           "token_sized_ops": {"softmax": 2, "elu": 2, "mhla": 9, "ttt": 4},
+           "launches": {name: {"forward": f, "backward": b} for name, (f, b) in runs.items()},
+           "torch_ops": {name: {"forward": f, "backward": b} for name, (f, b) in ops.items()}}
+    memory = {"variants": {"softmax": {"saved_mib": 10.0, "largest_transient_mib": 4.0},
+                           "elu": {"saved_mib": 9.0, "largest_transient_mib": 4.0},
+                           "mhla": {"saved_mib": 11.0, "largest_transient_mib": 5.0}}}
+    counts = proxy.Counts(now, memory, batched={"q_sized_passes": {"softmax": 12.0, "mhla": 13.25}},
+                          unsplit={"q_sized_passes": {"softmax": 12.0, "mhla": 10.0}})
+    lines = proxy.table(counts)
+    rows = {line.split(" | ")[0].removeprefix("| "): line.removesuffix(" |").split(" | ")[1:] for line in lines[2:]}
+    assert rows["softmax"][:3] == ["12.0 (1.00×)", "12.0 (1.00×)", "12.0 (1.00×)"]
+    assert [rows["softmax"][i] for i in (3, 7, 10)] == ["—", "—", "—"]  # (no verdict of softmax against itself)
+    assert rows["elu"][1:5] == ["—", "—", "—", "1 + 1"] and rows["elu"][7:] == ["holds", "0.90×", "1.00×", "holds"]
+    assert rows["mhla"][1:4] == ["13.2 (1.10×)", "10.0 (0.83×)", "≤ 12: misses, 1.2 over at batch 16"]
+    assert rows["mhla"][7:] == ["misses, 3 torch ops", "1.10×", "1.25×", "misses, kept 1.10×, largest 1.25×"]
+    assert rows["ttt"][3] == "≤ 7: holds" and rows["ttt"][7] == "misses, 3 + 1 launches"
+    assert rows["ttt"][8:] == ["—", "—", "—"]
+    assert proxy.summary(counts) == (
+        "At 4097 tokens these targets hold: ttt's passes, 6.5 against ≤ 7; elu: ≤ 2 launches forward and 3 backward, "
+        "no torch op in the mixing; elu: bytes kept for backward and largest transient ≤ softmax's. These do not: "
+        "mhla's passes, 11.5 (13.2 at batch 16; 10.0 with one program per head) against ≤ 12: 1.2 over at batch 16; "
+        "mhla's launches: 3 torch ops; ttt's launches: 3 + 1 launches; mhla's memory: kept 1.10×, largest 1.25×. "
+        "Memory not measured for ttt.")
