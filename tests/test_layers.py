@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("output rules", ["output_rules"]),
     ("process group", ["rendezvous"]),  # where torchrun's processes meet (distributed.py's launcher uses it)
     ("services", ["dependencies", "threads", "writer", "distributed", "aliases", "assets", "hub_io", "recipe_checks",
-                  "selection", "weights_file", "provenance"]),
+                  "selection", "weights_file", "state_file", "provenance"]),
     ("variants", ["attention"]),
     ("recipe sections", ["recipe_sections"]),
     ("recipes and families", ["recipes", "surgery"]),

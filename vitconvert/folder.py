@@ -29,6 +29,7 @@ from .attention.options import read_options
 from .card import CARD_MARKER, render_card
 from .errors import BadValue, VitconvertError, disk_full, load_reason, param, unreadable_file
 from .provenance import attach, report_of
+from .state_file import load_state_file
 from .surgery import linear_layer_indices, swap_attention
 from .timm_registry import PREFIX, export_model_args, is_vitconvert_architecture, mark_as_linear, timm_config
 from .version import __version__
@@ -313,8 +314,6 @@ def pickled_by_timm(folder: Path, config: dict[str, Any]) -> bool:
 
 def load_timm_pickle(folder: Path, config: dict[str, Any]) -> nn.Module:
     """The model of such a folder, its tensors read with weights_only (never unpickled) and loaded strictly."""
-    from .sources import load_state_file  # lazy: sources reads folders through this module
-
     state = load_state_file(folder / TIMM_PICKLE)
     with torch.random.fork_rng(devices=[]):
         try:

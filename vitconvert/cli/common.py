@@ -84,7 +84,7 @@ def cpu_threads(threads: Optional[int], spec: Any) -> Optional[int]:
     if threads is not None or os.environ.get("OMP_NUM_THREADS") or spec is None:
         return threads
     from ..hub_io import cached_weights  # lazy: start-up time
-    from ..sources import resolve  # (timm)
+    from ..sources import resolve  # lazy: start-up time
 
     try:
         if str(spec).startswith("hf-hub:"):  # counted in the cache: a Hub model is not fetched just for this
