@@ -280,10 +280,7 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
         warnings.warn(notice, OldFolderWarning, stacklevel=3)
     state = _read_weights(folder / WEIGHTS)
     with torch.random.fork_rng(devices=[]):  # building must not move the caller's RNG (bitwise resume)
-        try:
-            model = timm.create_model(f"local-dir:{folder}", pretrained=False)
-        except Exception as e:
-            raise VitconvertError(f"cannot rebuild the architecture in {folder}/config.json: {e}") from None
+        model = _build(folder)
         if not any(isinstance(m, LinearAttention) for m in model.modules()):  # format 1: timm built softmax
             model, swapped = swap_attention(model, block["variant"], block.get("options", {}), inplace=True,
                                             layers=block.get("layers"))
@@ -298,10 +295,24 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
                               f"{block['variant']} attention, its architecture builds {variant}")
     # the layer list removed from both: the weights still know
     weights_file.check_weights(folder / WEIGHTS, variant, built, f"{folder}/config.json")
+    return _load_into(model, state, folder, WEIGHTS, block)
+
+
+def _build(folder: Path) -> nn.Module:
+    """The architecture the folder's config.json names, built by timm (``local-dir:``), its weights not loaded."""
+    try:
+        return timm.create_model(f"local-dir:{folder}", pretrained=False)
+    except Exception as e:
+        raise VitconvertError(f"cannot rebuild the architecture in {folder}/config.json: {e}") from None
+
+
+def _load_into(model: nn.Module, state: dict[str, torch.Tensor], folder: Path, name: str,
+               block: dict[str, Any]) -> nn.Module:
+    """``state`` (of the folder's file ``name``) loaded strictly into ``model``, the folder's record attached."""
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise VitconvertError(f"{folder}/{WEIGHTS} does not fit its config.json: {load_reason(e)}") from None
+        raise VitconvertError(f"{folder}/{name} does not fit its config.json: {load_reason(e)}") from None
     attach(model, {k: v for k, v in block.items() if k not in ("format_version", "versions")})
     return model.eval()
 
@@ -316,17 +327,8 @@ def load_timm_pickle(folder: Path, config: dict[str, Any]) -> nn.Module:
     """The model of such a folder, its tensors read with weights_only (never unpickled) and loaded strictly."""
     state = load_state_file(folder / TIMM_PICKLE)
     with torch.random.fork_rng(devices=[]):
-        try:
-            model = timm.create_model(f"local-dir:{folder}", pretrained=False)
-        except Exception as e:
-            raise VitconvertError(f"cannot rebuild the architecture in {folder}/config.json: {e}") from None
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        raise VitconvertError(f"{folder}/{TIMM_PICKLE} does not fit its config.json: {load_reason(e)}") from None
-    block = folder_block(config) or {}
-    attach(model, {k: v for k, v in block.items() if k not in ("format_version", "versions")})
-    return model.eval()
+        model = _build(folder)
+    return _load_into(model, state, folder, TIMM_PICKLE, folder_block(config) or {})
 
 
 def upgrade_folder(folder: Path) -> Optional[dict[str, Any]]:
