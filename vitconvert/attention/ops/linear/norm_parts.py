@@ -28,6 +28,29 @@ def _norm_tile(x_base, g_base, s_xn, s_gn, tok, tile, d, rstd, w_at, d_ok):
 
 
 @triton.jit
+def norm_backward_tokens(x_at, s_xh, s_xn, g_at, s_gh, s_gn, tok, inside, rstd_at, NW, H, D, d, d_ok, heads, dw):
+    """The norm's backward at every head of tokens ``tok`` (``inside``: real ones), once every head's g is stored
+    (x_at, g_at: the image's head 0 of the raw x and of g): dx = rstd·(g·w − x̂·Σ_c g·w·x̂ / C) over g in place, the
+    sum over all C = H·D channels of a token taken first over every head in a fixed order; returns ``dw`` (a row a
+    head) plus these tokens' Σ_t g·x̂. The one home of this math for the blocked tail (:func:`norm_tail`) and the
+    pairwise one (ops/pairwise/kernels.py)."""
+    tile = inside[:, None] & d_ok[None, :]
+    rstd = tl.load(rstd_at + tok, mask=inside, other=0.0)
+    total = tl.zeros(tok.shape, dtype=tl.float32)
+    for head in range(0, H):  # (a fixed order: the same sum for every head)
+        x_hat, g, w = _norm_tile(x_at + head * s_xh, g_at + head * s_gh, s_xn, s_gn, tok, tile, d, rstd,
+                                 NW + head * D, d_ok)
+        total += tl.sum(g * w[None, :] * x_hat, axis=1)
+    for head in range(0, H):
+        x_hat, g, w = _norm_tile(x_at + head * s_xh, g_at + head * s_gh, s_xn, s_gn, tok, tile, d, rstd,
+                                 NW + head * D, d_ok)
+        dx = rstd[:, None] * (g * w[None, :] - x_hat * (total / (H * D))[:, None])
+        tl.store(g_at + head * s_gh + tok[:, None] * s_gn + d[None, :], dx.to(g_at.dtype.element_ty), mask=tile)
+        dw += tl.where(heads[:, None] == head, tl.sum(g * x_hat, axis=0)[None, :], 0.0)
+    return dw
+
+
+@triton.jit
 def norm_tail(x_at, s_xh, s_xn, g_at, s_gh, s_gn, IDX, seg, L, begin, end, rstd_at, NW, DW, out, H, D, d, d_ok,
               HAS_INDEX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
     """The norm's backward at every head of the tokens of one range (begin..end of segment ``seg``), once every
@@ -37,17 +60,6 @@ def norm_tail(x_at, s_xh, s_xn, g_at, s_gh, s_gn, IDX, seg, L, begin, end, rstd_
     dw = tl.zeros((BLOCK_H, d.shape[0]), dtype=tl.float32)  # (each head's row, summed over the chunks in order)
     for start in range(begin, end, BLOCK_N):
         tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
-        tile = inside[:, None] & d_ok[None, :]
-        rstd = tl.load(rstd_at + tok, mask=inside, other=0.0)
-        total = tl.zeros(tok.shape, dtype=tl.float32)
-        for head in range(0, H):  # (a fixed order: the same sum for every head)
-            x_hat, g, w = _norm_tile(x_at + head * s_xh, g_at + head * s_gh, s_xn, s_gn, tok, tile, d, rstd,
-                                     NW + head * D, d_ok)
-            total += tl.sum(g * w[None, :] * x_hat, axis=1)
-        for head in range(0, H):
-            x_hat, g, w = _norm_tile(x_at + head * s_xh, g_at + head * s_gh, s_xn, s_gn, tok, tile, d, rstd,
-                                     NW + head * D, d_ok)
-            dx = rstd[:, None] * (g * w[None, :] - x_hat * (total / (H * D))[:, None])
-            tl.store(g_at + head * s_gh + tok[:, None] * s_gn + d[None, :], dx.to(g_at.dtype.element_ty), mask=tile)
-            dw += tl.where(heads[:, None] == head, tl.sum(g * x_hat, axis=0)[None, :], 0.0)
+        dw = norm_backward_tokens(x_at, s_xh, s_xn, g_at, s_gh, s_gn, tok, inside, rstd_at, NW, H, D, d, d_ok,
+                                  heads, dw)
     tl.store(DW + out * H * D + heads[:, None] * D + d[None, :], dw, mask=(heads[:, None] < H) & d_ok[None, :])

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from ..grid.kernels import conv_taps, conv_taps_backward, conv_weight_taps
 from ..linear.kernel_parts import _dot, _phi, _phi_grad
+from ..linear.norm_parts import norm_backward_tokens
 from ..linear.tickets import _last_program, _ticket_back
 
 
@@ -319,27 +320,7 @@ def _norm_tail(x_at, s_xh, s_xn, g_at, s_gh, s_gn, rstd_at, NW, DW, COUNTER, whi
         dw = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # (each head's row, summed over the tiles in order)
         for start in range(0, N, BLOCK_M):
             t = start + tl.arange(0, BLOCK_M)
-            ok = t < N
-            tile = ok[:, None] & d_ok[None, :]
-            rstd = tl.load(rstd_at + t, mask=ok, other=0.0)
-            total = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for head in range(0, H):  # (a fixed order: the same sum for every head)
-                x_hat, g, w = _norm_operands(x_at + head * s_xh, s_xn, g_at + head * s_gh, s_gn, NW + head * D, rstd, t,
-                                             tile, d, d_ok)
-                total += tl.sum(g * w[None, :] * x_hat, axis=1)
-            for head in range(0, H):
-                x_hat, g, w = _norm_operands(x_at + head * s_xh, s_xn, g_at + head * s_gh, s_gn, NW + head * D, rstd, t,
-                                             tile, d, d_ok)
-                dx = rstd[:, None] * (g * w[None, :] - x_hat * (total / (H * D))[:, None])
-                tl.store(g_at + head * s_gh + t[:, None] * s_gn + d[None, :], dx.to(g_at.dtype.element_ty), mask=tile)
-                dw += tl.where(heads[:, None] == head, tl.sum(g * x_hat, axis=0)[None, :], 0.0)
+            dw = norm_backward_tokens(x_at, s_xh, s_xn, g_at, s_gh, s_gn, t, t < N, rstd_at, NW, H, D, d, d_ok, heads,
+                                      dw)
         tl.store(DW + heads[:, None] * D + d[None, :], dw, mask=(heads[:, None] < H) & d_ok[None, :])
         _ticket_back(COUNTER, which)
-
-
-@triton.jit
-def _norm_operands(x_at, s_xn, g_at, s_gn, w_at, rstd, t, tile, d, d_ok):
-    """(x̂, g, w) of one head's channels of tokens ``t`` in float32."""
-    x = tl.load(x_at + t[:, None] * s_xn + d[None, :], mask=tile, other=0.0).to(tl.float32)
-    g = tl.load(g_at + t[:, None] * s_gn + d[None, :], mask=tile, other=0.0, cache_modifier=".cg").to(tl.float32)
-    return x * rstd[:, None], g, tl.load(w_at + d, mask=d_ok, other=0.0)
