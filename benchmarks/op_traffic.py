@@ -277,8 +277,10 @@ def pass_table(model_name: str, variants: list[str], img_size: int = 224, depth:
     tokens = source.patch_embed.num_patches + source.num_prefix_tokens
     q_bytes = batch * tokens * source.embed_dim * 2  # bf16
     tickets(1, images.device)  # (the split kernels' counters: made once a process, so no variant's count takes them)
+    print(f"counting softmax at {tokens} tokens, batch {batch}", file=sys.stderr, flush=True)  # (minutes at 4097)
     rows = {"softmax": mixing_passes(source, images, q_bytes, depth, run_kernels, programs)}
     for name in variants:
+        print(f"counting {name}", file=sys.stderr, flush=True)
         student, _ = vitconvert.convert(source, name)
         rows[name] = mixing_passes(student, images, q_bytes, depth, run_kernels, programs)
     return {"model": model_name, "img_size": img_size, "tokens": tokens, "depth": depth, "batch": batch,

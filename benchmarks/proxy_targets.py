@@ -193,6 +193,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if name == BATCHED and args.skip_batch16:
                 (RESULTS / BATCHED).unlink(missing_ok=True)
                 continue
+            print(f"running python {command}", file=sys.stderr, flush=True)  # (the batch-16 count: ~20 minutes)
             if subprocess.run([sys.executable, *command.split()], cwd=ROOT).returncode:
                 print(f"error: python {command} failed; the block is left as it was", file=sys.stderr)
                 return 1
