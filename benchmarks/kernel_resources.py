@@ -223,8 +223,9 @@ def measure(head_dims: list[int], device: torch.device, side: int = 16, ops: Opt
     """The builds of each op (all, or those named in ``ops``) at each head dim, on ``device`` or, with ``arch``,
     compiled for that GPU generation (:class:`CrossBuilds`); "linear_attention elu split" and "ttt_step split" are
     ELU and TTT with heads split over token ranges (the state and read-out kernels the other ops launch too; TTT's
-    partial sums, W' in torch and its read-out, where one program a head fuses them). TTT above its head-dim bound
-    and on float32 inputs runs its torch step (dispatch.TTT_MAX_HEAD_DIM, TTT_DTYPES): its kernels are not built."""
+    partial sums, W' formed by their last programs, and its read-out, where one program a head fuses them). TTT
+    above its head-dim bound and on float32 inputs runs its torch step (dispatch.TTT_MAX_HEAD_DIM, TTT_DTYPES): its
+    kernels are not built."""
     rows: list[dict[str, Any]] = []
     generation = None if arch is None else divmod(ARCHES[arch][0], 10)  # (the launch plan's: launch_plan.decide)
     for d in head_dims:

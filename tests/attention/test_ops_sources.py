@@ -51,7 +51,7 @@ def test_each_op_folder_holds_its_kernels_op_and_reference():
 SHARED = {"call_op": "calls.py", "_direct_function": "calls.py", "fakes_checked": "calls.py",
           "_eager_gradients": "calls.py", "eager_gradients": "calls.py", "unit_rows": "layout.py",
           "_output_like": "layout.py", "_strides": "layout.py", "_mask_arg": "layout.py", "valid_keys": "layout.py",
-          "_total": "layout.py", "decide": "launch_plan.py"}
+          "decide": "launch_plan.py"}
 
 
 def test_what_every_op_shares_has_one_home_in_ops():

@@ -1,7 +1,8 @@
 """The split kernels' launches (ops/linear/split_kernels.py): heads split over token ranges run 2 launches forward
 and 3 backward with no torch op between them, the last program of each group summing the partials in a fixed order
-(ELU's and InLine's states; MHLA's blocked form, whose block states W̃ mixes and whose read-out adds LePE there too).
-Kernels in Triton's interpreter on the CPU, as in test_fused.py."""
+(ELU's and InLine's states; MHLA's blocked form, whose block states W̃ mixes and whose read-out adds LePE there too;
+TTT's step, whose last programs form W' and sum dW' and dW). Kernels in Triton's interpreter on the CPU, as in
+test_fused.py."""
 
 from __future__ import annotations
 
@@ -127,5 +128,48 @@ def test_the_blocked_form_mixes_by_w_and_adds_lepe_in_its_kernels():
     expected = expected + torch.nn.functional.pad(lepe.transpose(2, 3), (0, 0, prefix, 0))
     assert rel_error(out, expected) < TOL[torch.float32]
     for name, mine, want in zip(["q", "k", "v", "W̃", "LePE weight", "LePE bias", "q norm", "k norm"], got,
+                                torch.autograd.grad(expected, copies, grad.double()), strict=True):
+        assert rel_error(mine, want) < 2 * TOL[torch.float32], name
+
+
+def test_ttt_split_heads_sum_their_partials_in_the_kernels_and_put_the_tickets_back():
+    """TTT's step with heads split over three token ranges, two images, a key mask and both convs (the raw keys
+    normalised and convolved as the kernels load them): the last program of each batch·head sums the ranges' Ĝ and
+    forms W' in inner_sums_kernel, the read-out's backward sums dW', and the sums' backward the head's dW over the
+    images and ranges, so no torch op but allocations and views runs between the step's launches; values and every
+    gradient against the eager step in float64 (the grid op's eager norm and convs), and every ticket back at 0."""
+    from vitconvert.attention.ops.linear.launches import tickets
+    from vitconvert.attention.ops.ttt import op as fused_ttt
+
+    here = dispatch.current()
+    here.ttt_dtypes, here.programs, here.split_round = dispatch.DTYPES, 64, 16
+    here.settings = dispatch.KernelSettings(config=(16, 4, 1))
+    rows, cols, prefix, H, d = 6, 6, 2, 2, 16  # (38 tokens: ranges of 16, 16 and 6)
+    assert dispatch.token_ranges(2 * H, 1, prefix + rows * cols, 64, 16) == (3, 16)
+    q, k, v = qkv(B=2, H=H, N=prefix + rows * cols, d=d)
+    k.data.mul_(3.0).add_(1.0)  # (a mean and a scale for the key norm to take out)
+    mask = torch.ones(2, prefix + rows * cols, dtype=torch.bool, device=DEVICE)
+    mask[1, 20:] = False
+    g = torch.Generator().manual_seed(7)
+    weights = (torch.randn(3, H, d, d, generator=g) * 2 * d ** -0.5).to(DEVICE).requires_grad_()
+    convs = [(torch.randn(shape, generator=g) * scale).to(DEVICE).requires_grad_()
+             for shape, scale in (((H * d, 1, 3, 3), 0.3), ((H * d,), 0.1)) * 2]  # (q's filters and bias, then k's)
+    inputs = (q, k, v, weights, *convs)
+    runs, out, grad, got = launches_and_ops(
+        lambda: fused_ttt.call_step(q, k, v, mask, weights, d ** -0.5, 0.7, *convs[:2], (rows, cols, prefix),
+                                    *convs[2:], 1.0), inputs)
+    step = {"forward": ["key_moments_kernel", "inner_sums_kernel", "swiglu_readout_kernel"],
+            "backward": ["inner_sums_kernel", "swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel"]}
+    allocations = {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "view", "slice"}
+    for direction, kernels in step.items():
+        launched = [i for i, e in enumerate(runs[direction]) if e.endswith("_kernel")]
+        assert [runs[direction][i] for i in launched[:3]] == kernels  # (then the convs' backward: ops/grid)
+        assert set(runs[direction][launched[0]:launched[2]]) - set(kernels) <= allocations, runs[direction]
+    assert not tickets(1, DEVICE).any()
+    copies = [t.detach().double().requires_grad_() for t in inputs]
+    expected = fused_ttt.ttt_eager(*copies[:3], mask, copies[3], d ** -0.5, 0.7, *copies[4:6], rows, cols, prefix,
+                                   *copies[6:], 1.0)
+    assert rel_error(out, expected) < TOL[torch.float32]
+    for name, mine, want in zip(["q", "k", "v", "W", "q filter", "q bias", "k filter", "k bias"], got,
                                 torch.autograd.grad(expected, copies, grad.double()), strict=True):
         assert rel_error(mine, want) < 2 * TOL[torch.float32], name

@@ -233,12 +233,12 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
 
 def _ttt(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
     """TTT's step: where a program owns each head, one kernel each way (backward recomputes W'); where heads split
-    over token ranges, the partial sums, W' in torch and the read-out, and backward W' again, the read-out's and the
-    sums' backward. Where the layer has a grid and the grid op's kernels take the call, the key norm and the convs
-    are applied in the op's kernels and the op keeps what it recomputes: in one program a head, the key statistics
-    and the convs' backward are the step kernels' too; split, the statistics are the grid op's reading pass and the
-    convs' backward its kernel. Else they run in torch before the op and the layer's step is recomputed in backward
-    when the layer recomputes it."""
+    over token ranges, the partial sums (W' formed by their last programs) and the read-out, and backward W' again,
+    the read-out's and the sums' backward. Where the layer has a grid and the grid op's kernels take the call, the key
+    norm and the convs are applied in the op's kernels and the op keeps what it recomputes: in one program a head,
+    the key statistics and the convs' backward are the step kernels' too; split, the statistics are the grid op's
+    reading pass and the convs' backward its kernel. Else they run in torch before the op and the layer's step is
+    recomputed in backward when the layer recomputes it."""
     # (the step's chunk, warps and token ranges as ops/ttt/op.py's launches take them; no num_stages given)
     plan = replace(_launches(plan, module, call, 1, call.tokens, False, many_tiles=True), stages=0, launches=None)
     half = f" ({launch_plan.HALF_TILES[call.dtype]} tiles)" if call.dtype in launch_plan.HALF_TILES else ""

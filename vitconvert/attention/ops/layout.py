@@ -41,13 +41,6 @@ def valid_keys(key_valid: torch.Tensor) -> torch.Tensor:
     return key_valid.sum(dim=-1).clamp(min=1).to(torch.float32)
 
 
-def _total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
-    """(B·H, G, splits, …) partial sums -> (B, H, G, …): summed over the token ranges (a view when there is one)."""
-    if partials.shape[2] == 1:  # one view op, not a squeeze and a view (each op costs host time)
-        return partials.view(batch, heads, partials.shape[1], *partials.shape[3:])
-    return partials.sum(2).view(batch, heads, partials.shape[1], *partials.shape[3:])
-
-
 class Lepe(NamedTuple):
     """LePE's arguments of the kernels: (H·d, KS·KS) float32 filters, float32 bias, whether on, KS (placeholders
     when off or without a bias)."""

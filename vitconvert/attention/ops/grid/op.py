@@ -23,18 +23,19 @@ from ..layout import _mask_arg, _output_like, unit_rows, valid_keys
 from ..ttt.closed_form import normalize_keys
 
 
-def statistics(x: torch.Tensor, key_valid: Optional[torch.Tensor], eps: float) -> torch.Tensor:
-    """(2, B, H, d) float32: the mean and 1/√(var + ε) over the (valid) tokens of (B, H, N, d) ``x``, per channel
-    (TTT's key norm: biased variance), in one launch reading x as it is: each program a tile's moments, merged in
-    token order by the last of a head's programs, as TTT's step kernel merges them where it owns a head
-    (kernels.key_moments_kernel)."""
+def statistics(x: torch.Tensor, key_valid: Optional[torch.Tensor], eps: float,
+               out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(2, B, H, d) float32 (into ``out`` where given): the mean and 1/√(var + ε) over the (valid) tokens of (B, H,
+    N, d) ``x``, per channel (TTT's key norm: biased variance), in one launch reading x as it is: each program a
+    tile's moments, merged in token order by the last of a head's programs, as TTT's step kernel merges them where
+    it owns a head (kernels.key_moments_kernel)."""
     from ..linear.launches import tickets  # lazy: start-up time
     from .kernels import key_moments_kernel  # lazy: start-up time
 
     x = unit_rows(x)
     B, H, N, D, block, tiles, block_d, warps = _geometry(x)
     part = x.new_empty((B * H * tiles, 2 * D + 1), dtype=torch.float32)
-    stats = x.new_empty((2, B, H, D), dtype=torch.float32)
+    stats = x.new_empty((2, B, H, D), dtype=torch.float32) if out is None else out
     mask, s_mb = _mask_arg(key_valid, x)
     launch(key_moments_kernel, (B * H, tiles),
         x, mask, part, tickets(B * H, x.device), stats, x.stride(0), x.stride(1), x.stride(2), s_mb, B, H, N, D, eps,

@@ -29,6 +29,7 @@ from .kernels import (
     _step_of,
     _swiglu_parts,
     _three,
+    flat_square,
     updated_weights,
 )
 
@@ -66,7 +67,7 @@ def _read_out_backward(q_base, g_base, dq_base, s_qn, s_gn, s_dqn, QW, QB, MASK,
 
 @triton.jit
 def swiglu_readout_bwd_kernel(
-    Q, QW, QB, MASK, W, DO, DQ, DW,
+    Q, QW, QB, MASK, W, DO, DQ, DW, COUNTER, DWT,
     s_qb, s_qh, s_qn, s_mb, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
     H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
     CONV: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
@@ -74,7 +75,8 @@ def swiglu_readout_bwd_kernel(
     EMULATE: tl.constexpr,
 ):
     """dq of the queries of one (batch·head, token range) and its partial dW1', dW2', dW3' (DW: (BH, 3, SPLITS, D,
-    D)) from W' (BH, 3, D, D) float32 (:func:`_read_out_backward`)."""
+    D)) from W' (BH, 3, D, D) float32 (:func:`_read_out_backward`); the last of a batch·head's programs (a ticket in
+    COUNTER) sums the ranges' partials in their order into DWT (BH, 3, D, D), the dW' the sums' backward reads."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
     w1, w2, w3 = _three(W, bh * 3, d, d_ok, D)
     dw1, dw2, dw3 = _read_out_backward(Q + b_ * s_qb + h * s_qh, DO + b_ * s_gb + h * s_gh, DQ + b_ * s_dqb + h * s_dqh,
@@ -82,6 +84,18 @@ def swiglu_readout_bwd_kernel(
                                        d, d_ok, w1, w2, w3, CONV, HAS_BIAS, HAS_MASK, BLOCK_N, BLOCK_D, TILE,
                                        PRECISION, EMULATE)
     _put_partials(DW, bh, split, SPLITS, dw1, dw2, dw3, d, d_ok, D)
+    if _last_program(COUNTER, bh, SPLITS):
+        for j in tl.static_range(3):
+            _summed_square(DW, DWT, (bh * 3 + j) * SPLITS, SPLITS, bh * 3 + j, D, BLOCK_D)
+        _ticket_back(COUNTER, bh)
+
+
+@triton.jit
+def _summed_square(P, OUT, first, count, which, D, BLOCK_D: tl.constexpr):
+    """Entry ``which`` of a (…, D, D) float32 OUT: the sum of P's d×d entries ``first``..``first + count``, in their
+    order (deterministic), by flat rows (:func:`.kernels.flat_square`)."""
+    at, ok = flat_square(D, BLOCK_D)
+    tl.store(OUT + which * D * D + at, _summed(P, first, count, 0, D * D, at, ok), mask=ok)
 
 
 @triton.jit
@@ -188,8 +202,8 @@ def _through_the_sums(K, V, MASK, KW, KB, DK, DV, s_kb, s_kh, s_kn, s_vb, s_vh, 
 
 @triton.jit
 def _put_weight_partials(P, first, apart, dw1, dw2, dw3, d, d_ok, D, KEYS: tl.constexpr, VALUES: tl.constexpr):
-    """One program's partial dW1, dW2 (``KEYS``), dW3 (``VALUES``) into a (3, BH, SPLITS, D, D) float32 stack at
-    entry ``first`` (``apart`` = BH·SPLITS): summed over the batch and the ranges, (3, H, D, D)."""
+    """One program's partial dW1, dW2 (``KEYS``), dW3 (``VALUES``) into a (3, ``apart``, D, D) float32 stack at
+    entry ``first`` of each (summed over its programs, (3, H, D, D))."""
     if KEYS:
         _store_square(P, first, dw1, d, d_ok, D)
         _store_square(P, first + apart, dw2, d, d_ok, D)
@@ -198,13 +212,14 @@ def _put_weight_partials(P, first, apart, dw1, dw2, dw3, d, d_ok, D, KEYS: tl.co
 
 
 @triton.jit
-def _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
-                   s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS, tokens_per_split, P, ROWS,
-                   COLS, K_CONV: tl.constexpr, K_BIAS: tl.constexpr, KEYS: tl.constexpr, VALUES: tl.constexpr,
-                   HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
-                   PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+def _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT, s_kb, s_kh, s_kn, s_vb,
+                   s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS,
+                   tokens_per_split, P, ROWS, COLS, K_CONV: tl.constexpr, K_BIAS: tl.constexpr, KEYS: tl.constexpr,
+                   VALUES: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
     """:func:`_through_the_sums` of one (batch·head, token range) from dW' in memory (:func:`_sums_backward_start`),
-    its partial dW into DW (3, BH, SPLITS, D, D)."""
+    its partial dW into DW (3, H·B·SPLITS, D, D: a head's images and ranges side by side); the last of a head's
+    B·SPLITS programs (a ticket in COUNTER) sums them in that order into DWT (3, H, D, D), the gradient of W."""
     (bh, split, b_, h, d, d_ok, begin, end, w1, w2, w3, dg1, dg2, dg3, dw1, dw2, dw3, mean,
      rstd) = _sums_backward_start(W1, W2, W3, DG, STEPS, STATS, step, B, H, N, D, tokens_per_split, K_CONV, HAS_MASK,
                                   BLOCK_D)
@@ -212,12 +227,20 @@ def _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW,
                                       s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, b_, h, N, D, P, ROWS, COLS, begin, end, d,
                                       d_ok, w1, w2, w3, dg1, dg2, dg3, dw1, dw2, dw3, mean, rstd, K_CONV, K_BIAS, KEYS,
                                       VALUES, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
-    _put_weight_partials(DW, bh * SPLITS + split, tl.num_programs(0) * SPLITS, dw1, dw2, dw3, d, d_ok, D, KEYS, VALUES)
+    apart, per_head = B * H * SPLITS, B * SPLITS
+    _put_weight_partials(DW, h * per_head + b_ * SPLITS + split, apart, dw1, dw2, dw3, d, d_ok, D, KEYS, VALUES)
+    if _last_program(COUNTER, h, per_head):
+        if KEYS:
+            _summed_square(DW, DWT, h * per_head, per_head, h, D, BLOCK_D)
+            _summed_square(DW, DWT, apart + h * per_head, per_head, H + h, D, BLOCK_D)
+        if VALUES:
+            _summed_square(DW, DWT, 2 * apart + h * per_head, per_head, 2 * H + h, D, BLOCK_D)
+        _ticket_back(COUNTER, h)
 
 
 @triton.jit
 def inner_sums_bwd_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     B, H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
     K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -226,37 +249,40 @@ def inner_sums_bwd_kernel(
     """dk, dv and the partial dW of one (batch·head, token range) (:func:`_sums_backward`); where its twelve d×d
     operands do not fit a GPU's shared memory, :func:`inner_sums_bwd_keys_kernel` and
     :func:`inner_sums_bwd_values_kernel` take its place."""
-    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
-                   s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS, tokens_per_split, P, ROWS,
-                   COLS, K_CONV, K_BIAS, True, True, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
+    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT, s_kb, s_kh, s_kn, s_vb,
+                   s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS,
+                   tokens_per_split, P, ROWS, COLS, K_CONV, K_BIAS, True, True, HAS_MASK, BLOCK_N, BLOCK_D, TILE,
+                   PRECISION, EMULATE)
 
 
 @triton.jit
 def inner_sums_bwd_keys_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     B, H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
     K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """:func:`inner_sums_bwd_kernel`'s dk and partial dW1, dW2, on ten d×d operands (DV unread)."""
-    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
-                   s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS, tokens_per_split, P, ROWS,
-                   COLS, K_CONV, K_BIAS, True, False, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
+    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT, s_kb, s_kh, s_kn, s_vb,
+                   s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS,
+                   tokens_per_split, P, ROWS, COLS, K_CONV, K_BIAS, True, False, HAS_MASK, BLOCK_N, BLOCK_D, TILE,
+                   PRECISION, EMULATE)
 
 
 @triton.jit
 def inner_sums_bwd_values_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     B, H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
     K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """:func:`inner_sums_bwd_kernel`'s dv and partial dW3, on seven d×d operands (DK unread)."""
-    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
-                   s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS, tokens_per_split, P, ROWS,
-                   COLS, K_CONV, K_BIAS, False, True, HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
+    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT, s_kb, s_kh, s_kn, s_vb,
+                   s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS,
+                   tokens_per_split, P, ROWS, COLS, K_CONV, K_BIAS, False, True, HAS_MASK, BLOCK_N, BLOCK_D, TILE,
+                   PRECISION, EMULATE)
 
 
 @triton.jit

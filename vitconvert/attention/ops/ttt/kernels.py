@@ -14,8 +14,9 @@ Each program owns one (batch·head, token range) and walks it in chunks of BLOCK
 intermediates (a, b, silu, its derivative, u) live in float32 registers only, the dots run as the linear-attention
 kernels' (ops/linear/kernel_parts.py: TILE operands, float32 accumulators). Where one program sums a head's tokens,
 :func:`ttt_fwd_kernel` forms W' in registers and reads the queries out in the same program (W' never crosses
-memory); where heads split over token ranges, :func:`inner_sums_kernel` writes partial sums, the caller forms W',
-and :func:`swiglu_readout_kernel` reads it. Masked keys load as zero rows of k and v, which add nothing to any sum.
+memory); where heads split over token ranges, :func:`inner_sums_kernel` writes partial sums, the last program of
+each batch·head sums them and forms W' (a ticket: ops/linear/tickets.py), and :func:`swiglu_readout_kernel` reads
+it. Masked keys load as zero rows of k and v, which add nothing to any sum.
 
 The keys come raw (``K_CONV``: the keys' instance norm, its statistics (2, B, H, D) float32 formed by
 :func:`ttt_fwd_kernel` itself or, split, from the caller, and their residual 3×3 depthwise conv applied as each tile
@@ -30,6 +31,7 @@ import triton.language as tl
 
 from ..grid.kernels import _statistics, conv_taps, key_statistics
 from ..linear.kernel_parts import _dot, _load_square, _store_square
+from ..linear.tickets import _last_program, _summed, _ticket_back
 
 
 @triton.jit
@@ -58,7 +60,7 @@ def _step_of(STEPS, b_, step, HAS_MASK: tl.constexpr):
 
 @triton.jit
 def _put_partials(P, bh, split, SPLITS, x1, x2, x3, d, d_ok, D):
-    """One program's three partial sums into a (BH, 3, SPLITS, D, D) float32 stack (layout._total's layout)."""
+    """One program's three partial sums into a (BH, 3, SPLITS, D, D) float32 stack (the last program sums them)."""
     first = bh * 3 * SPLITS + split
     _store_square(P, first, x1, d, d_ok, D)
     _store_square(P, first + SPLITS, x2, d, d_ok, D)
@@ -185,19 +187,47 @@ def updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_k
 
 @triton.jit
 def inner_sums_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, G,
-    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, G, COUNTER, WP,
+    s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step,
     B, H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
     K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
-    """Partial Ĝ1, Ĝ2, Ĝ3 of one (batch·head, token range) into G: (BH, 3, SPLITS, D, D) float32."""
+    """Partial Ĝ1, Ĝ2, Ĝ3 of one (batch·head, token range) into G: (BH, 3, SPLITS, D, D) float32; the last of a
+    batch·head's programs (a ticket in COUNTER) sums them in the ranges' order and writes W' = W + step·Ĝ into WP
+    (BH, 3, D, D) float32, what the read-out reads (:func:`_updated_from_partials`)."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
     mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
     g1, g2, g3 = key_sums(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, N, D,
                           P, ROWS, COLS, b_, h, d, d_ok, begin, end, K_CONV, K_BIAS, HAS_MASK, BLOCK_N, BLOCK_D,
                           TILE, PRECISION, EMULATE)
     _put_partials(G, bh, split, SPLITS, g1, g2, g3, d, d_ok, D)
+    if _last_program(COUNTER, bh, SPLITS):
+        _updated_from_partials(G, WP, W1, W2, W3, STEPS, step, bh, b_, h, SPLITS, D, HAS_MASK, BLOCK_D)
+        _ticket_back(COUNTER, bh)
+
+
+@triton.jit
+def _updated_from_partials(G, WP, W1, W2, W3, STEPS, step, bh, b_, h, SPLITS, D, HAS_MASK: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+    """W'_j = W_j + step·Σ_ranges Ĝ_j of one batch·head, summed in the ranges' order (deterministic), one matrix at a
+    time (entry bh·3 + j of WP), as flat rows of the d×d entries (:func:`flat_square`)."""
+    s = _step_of(STEPS, b_, step, HAS_MASK)
+    at, ok = flat_square(D, BLOCK_D)
+    for j in tl.static_range(3):
+        W = W1 if j == 0 else (W2 if j == 1 else W3)
+        total = _summed(G, (bh * 3 + j) * SPLITS, SPLITS, 0, D * D, at, ok)
+        initial = tl.load(W + h * D * D + at, mask=ok, other=0.0).to(tl.float32)
+        tl.store(WP + (bh * 3 + j) * D * D + at, initial + s * total, mask=ok)
+
+
+@triton.jit
+def flat_square(D, BLOCK_D: tl.constexpr):
+    """(offsets, valid) of a d×d matrix's entries as one flat range: the epilogues' index, apart from the main loop's
+    2-D one (sharing it, the compiler kept its offsets and masks live through the loop: more registers, spills)."""
+    flat = tl.arange(0, BLOCK_D * BLOCK_D)
+    row, col = flat // BLOCK_D, flat % BLOCK_D
+    return row * D + col, (row < D) & (col < D)
 
 
 @triton.jit

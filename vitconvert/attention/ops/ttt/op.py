@@ -9,12 +9,14 @@ output, kept for backward; formed by the step kernel where a program owns a head
 residual conv are applied as the kernels load each tile, so neither the normalised nor the convolved keys cross
 memory; without them k is taken as it is. q likewise, convolved as it loads when w_q
 is given. Where one program owns a head's tokens the inner sums, W' = W − lr·∇L and the read-out are one kernel
-(W' stays in registers); where heads split over token ranges, partial sums, W' in torch and the read-out.
+(W' stays in registers); where heads split over token ranges, the ranges' partial sums, which the last program of
+each batch·head sums (a ticket: fixed order, no float atomics) into W', then the read-out: no torch op between.
 Backward keeps q, k, v and the statistics only: where a program owns a head, one kernel recomputes W' and runs the
 read-out's, the sums' and both convs' backward (from a q-sized scratch), the last program of each head summing the
-gradients of W and the filters over the batch; else the read-out's backward, the sums' (one
-kernel, or two on GPUs with 99 KB of shared memory a block: :func:`_sums_backward`), then the convs' (ops/grid's
-kernel: q's, and k's through its norm). Registered
+gradients of W and the filters over the batch; else the read-out's backward (its last programs summing dW' over
+the ranges), the sums' (one kernel, or two on GPUs with 99 KB of shared memory a block, the last program of each head
+summing dW over the images and ranges: :func:`_sums_backward`), then the convs' (ops/grid's kernel: q's, and k's
+through its norm). Registered
 like the linear-attention ops: torch.compile and torch.export see one op, and a plain eager call skips the
 dispatcher (:func:`.dispatch.direct`). A backward kernel Triton cannot build in any form turns TTT's kernels off
 and takes that step's gradients from the op's eager form.
@@ -31,11 +33,11 @@ from ..calls import _direct_function, _eager_gradients, call_op
 from ..dispatch import KernelUnavailable, direct, fits, launch, tile_args, too_big
 from ..grid.op import grid_conv_eager, run_grid_conv_backward, statistics
 from ..launch_plan import linear_launches
-from ..layout import _mask_arg, _output_like, _total, unit_rows, valid_keys
+from ..layout import _mask_arg, _output_like, unit_rows, valid_keys
 from .closed_form import stepped_readout
 
 ONE_PASS = "ttt_step: the sums' backward in one kernel"  # (dispatch.fits: where it does not, two kernels)
-ONE_PROGRAM = "ttt_step: a head's step in one program"  # (where it does not fit: partial sums, W' in torch)
+ONE_PROGRAM = "ttt_step: a head's step in one program"  # (where it does not fit: partial sums, then the read-out)
 ONE_KERNEL = "ttt_step: a head's backward in one kernel"  # (where it does not fit: the read-out's, then the sums')
 
 
@@ -77,17 +79,14 @@ class _Step:
     def __init__(self, q, k, v, key_valid, weights: Sequence[torch.Tensor], scale, lr, q_filter, q_bias, k_filter,
                  k_bias, stats, rows, cols, prefix) -> None:
         self.q, self.k, self.v = q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
-        self.weights = tuple(w.contiguous() for w in weights)
         self.geometry = _geometry(q)
         B, H, N, D, _, _, block_n, block_d, warps = self.geometry
         mask, s_mb = _mask_arg(key_valid, k)
-        self.step = _step_size(key_valid, N, scale, lr)
-        self.steps, self.scalar = _step_args(self.step, k)
+        self.steps, self.scalar = _step_args(_step_size(key_valid, N, scale, lr), k)
         self.stats = stats if k_filter is not None else k  # (a placeholder: K_CONV off)
-        self.keys = (k, v, mask, *self.weights, *_filters(k_filter, k_bias, k), self.stats)
+        self.keys = (k, v, mask, *(w.contiguous() for w in weights), *_filters(k_filter, k_bias, k), self.stats)
         self.key_strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb)
         self.queries = (q, *_filters(q_filter, q_bias, q))
-        self.sizes = (B, H, N, D)
         self.grid = (prefix, rows, cols)
         self.blocks = dict(HAS_MASK=key_valid is not None, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps)
         self.key_flags = dict(K_CONV=k_filter is not None, K_BIAS=k_bias is not None)
@@ -97,24 +96,19 @@ class _Step:
         """Whether one program owns each head's tokens (:func:`_one_program`'s fused kernels apply)."""
         return self.geometry[4] == 1
 
-    def partial_sums(self) -> torch.Tensor:
-        """Ĝ (B, H, 3, d, d) float32 from the programs' partial sums over the token ranges."""
+    def updated(self) -> torch.Tensor:
+        """W' = W + step·Ĝ (B·H, 3, d, d) float32, the read-out kernels' layout: the token ranges' partial sums of Ĝ
+        summed, and W' formed, by the last program of each batch·head (no torch op between the launches)."""
+        from ..linear.launches import tickets  # lazy: start-up time
         from .kernels import inner_sums_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
         B, H, N, D, splits, per, *_ = self.geometry
         G = self.k.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
-        launch(inner_sums_kernel, (B * H, splits), *self.keys, G, *self.key_strides, B, H, N, D, splits, per,
-               *self.grid, **self.key_flags, **self.blocks, **tile_args(self.k))
-        return _total(G, B, H)
-
-    def updated(self) -> torch.Tensor:
-        """W' = W + step·Ĝ (B, H, 3, d, d) float32 (contiguous: the read-out kernels' layout)."""
-        sums, (B, H, _, D) = self.partial_sums(), self.sizes
-        initial = torch.stack(self.weights, dim=1).float()  # (H, 3, d, d)
-        out = sums.new_empty((B, H, 3, D, D))
-        if isinstance(self.step, float):
-            return torch.add(initial, sums, alpha=self.step, out=out)
-        return torch.addcmul(initial, sums, self.step, out=out)
+        updated = self.k.new_empty((B * H, 3, D, D), dtype=torch.float32)
+        launch(inner_sums_kernel, (B * H, splits), *self.keys, self.steps, G, tickets(B * H, self.k.device), updated,
+               *self.key_strides, self.scalar, B, H, N, D, splits, per, *self.grid, **self.key_flags, **self.blocks,
+               **tile_args(self.k))
+        return updated
 
 
 def _one_program(form: str, fused_launch: Callable[[], None], otherwise: Callable[[], None], step: _Step) -> None:
@@ -161,7 +155,7 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
 
     def split_launches() -> None:  # (the statistics first: a reading pass over the keys, its programs' sums)
         if k_filter is not None:
-            stats.copy_(statistics(step.k, key_valid, key_norm_eps))
+            statistics(step.k, key_valid, key_norm_eps, out=stats)
         launch(swiglu_readout_kernel, (B * H, splits), *step.queries, step.keys[2], step.updated(), o, *q_strides,
                step.key_strides[-1], *o_strides, H, N, D, per, *step.grid, **step.q_flags, **step.blocks,
                **tile_args(q))
@@ -188,8 +182,8 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
                      prefix: int = 0) -> list[torch.Tensor]:
     """[dq, dk, dv, dW (3, H, d, d), dw_q, db_q, dw_k, db_k] of :func:`ttt_step` (the conv's empty where absent):
     W' recomputed and the read-out's backward (dq, dW'), the sums' (dĜ = step·dW': dk, dv and the chain's dW),
-    dW = Σ_batch (dW' + the chain's) (in the one kernel, or in torch from per-image parts), then the convs'
-    backward."""
+    dW = Σ_batch (dW' + the chain's) (in the one kernel, or by the sums' kernels' last programs from per-image
+    parts), then the convs' backward."""
     from .backward_kernels import (  # lazy: start-up time
         part_width,
         swiglu_readout_bwd_kernel,
@@ -206,8 +200,8 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     strides = (q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2), dq.stride(0),
                dq.stride(1), dq.stride(2))
     tiles = tile_args(q, half_tiles=True)
-    d_updated = q.new_empty((B * H, 3, 1, D, D), dtype=torch.float32)
-    dweights = q.new_empty((3, H, D, D), dtype=torch.float32)  # dW1, dW2, dW3 (where the one kernel sums them)
+    d_updated = q.new_empty((B * H, 3, D, D), dtype=torch.float32)  # dW' (the split path's or one program's)
+    dweights = q.new_empty((3, H, D, D), dtype=torch.float32)  # dW1, dW2, dW3 (summed by the kernels' last programs)
     convs = [f for f in (q_filter, k_filter) if f is not None]
     d_filters = None  # the convs' gradients where the one kernel gives them
 
@@ -233,19 +227,17 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
                *step.key_strides, step.scalar, *strides, B, H, N, D, *step.grid, **step.key_flags, **step.q_flags,
                **step.blocks, **tiles)
 
-    def split_launches() -> None:
-        nonlocal d_updated
-        d_updated = q.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
-        launch(swiglu_readout_bwd_kernel, (B * H, splits), *step.queries, step.keys[2], step.updated(), do, dq,
-               d_updated, *strides[:3], step.key_strides[-1], *strides[3:], H, N, D, splits, per, *step.grid,
-               **step.q_flags, **step.blocks, **tiles)
+    def split_launches() -> None:  # (dW' summed over the ranges by the last program of each batch·head)
+        from ..linear.launches import tickets  # lazy: start-up time
 
-    def in_parts() -> None:  # the read-out's backward, then the sums' from dW' in memory, summed in torch
-        nonlocal dweights
-        d_chain = _partials(step.k, B, H, splits, D)
+        partials = q.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
+        launch(swiglu_readout_bwd_kernel, (B * H, splits), *step.queries, step.keys[2], step.updated(), do, dq,
+               partials, tickets(B * H, q.device), d_updated, *strides[:3], step.key_strides[-1], *strides[3:], H, N,
+               D, splits, per, *step.grid, **step.q_flags, **step.blocks, **tiles)
+
+    def in_parts() -> None:  # the read-out's backward, then the sums' from dW' in memory, dW summed in their kernels
         _one_program(ONE_PROGRAM, fused_launch, split_launches, step)
-        _sums_backward(step, _total(d_updated, B, H), dk, dv, d_chain)
-        dweights = _batch_total(d_chain, B, H)
+        _sums_backward(step, d_updated, dk, dv, dweights)
 
     _one_program(ONE_KERNEL, whole, in_parts, step)
     grads = [dq, dk, dv, dweights.to(w1.dtype), *(q.new_empty((0,)) for _ in range(4))]  # (outputs of their own)
@@ -268,29 +260,15 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     return grads
 
 
-def _batch_total(partials: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
-    """(3, B·H, splits, d, d) partial sums -> (3, H, d, d), summed over the batch and the token ranges in one op
-    (:func:`_partials` made one image's one range (3, H, d, d): itself)."""
-    if partials.dim() == 4:
-        return partials
-    three, _, splits, D, _ = partials.shape
-    return partials.view(three, batch, heads, splits, D, D).sum((1, 3))
-
-
-def _partials(like: torch.Tensor, batch: int, heads: int, splits: int, D: int) -> torch.Tensor:
-    """The (3, B·H, splits, d, d) float32 partial sums of dW, laid out as the kernels index them; one image's one
-    range as (3, H, d, d), the gradient itself."""
-    shape = (3, heads, D, D) if batch == 1 and splits == 1 else (3, batch * heads, splits, D, D)
-    return like.new_empty(shape, dtype=torch.float32)
-
-
 def _sums_backward(step: _Step, d_updated: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
-                   d_chain: torch.Tensor) -> None:
-    """dk, dv and the partial dW (3, B·H, splits, d, d; with dW' in the first range's part) of the inner sums from
-    dW' (B, H, 3, d, d), their gradient dĜ = step·dW' formed as the kernels load it: one kernel, or where its
+                   dweights: torch.Tensor) -> None:
+    """dk, dv and dW (3, H, d, d) = Σ_batch (dW' + the inner sums' chain) from dW' (B·H, 3, d, d), their gradient
+    dĜ = step·dW' formed as the kernels load it, dW summed over the images and token ranges by the last program of
+    each head (its parts (3, H·B·splits, d, d), dW' in each image's first range's): one kernel, or where its
     twelve d×d operands do not fit the GPU's shared memory (an L40 or RTX 4090 gives a block 99 KB, it needs 106
     at its leanest; benchmarks/kernel_resources.py --arch sm_89), a kernel for dk and dW1, dW2 and one for dv and
     dW3 (ten and seven operands), each recomputing the forward's token-sized values."""
+    from ..linear.launches import tickets  # lazy: start-up time
     from .backward_kernels import (  # lazy: start-up time
         inner_sums_bwd_kernel,
         inner_sums_bwd_keys_kernel,
@@ -298,11 +276,12 @@ def _sums_backward(step: _Step, d_updated: torch.Tensor, dk: torch.Tensor, dv: t
     )
 
     B, H, N, D, splits, per, *_ = step.geometry
+    parts = dk.new_empty((3, H * B * splits, D, D), dtype=torch.float32)
 
     def run(kernel, gradient_k: torch.Tensor, gradient_v: torch.Tensor) -> None:
-        launch(kernel, (B * H, splits), *step.keys, d_updated.contiguous(), step.steps, gradient_k, gradient_v,
-               d_chain, *step.key_strides, step.scalar, *_key_gradient_strides(dk, dv), B, H, N, D, splits, per,
-               *step.grid, **step.key_flags, **step.blocks, **tile_args(step.k, half_tiles=True))
+        launch(kernel, (B * H, splits), *step.keys, d_updated, step.steps, gradient_k, gradient_v, parts,
+               tickets(H, dk.device), dweights, *step.key_strides, step.scalar, *_key_gradient_strides(dk, dv), B, H,
+               N, D, splits, per, *step.grid, **step.key_flags, **step.blocks, **tile_args(step.k, half_tiles=True))
 
     if fits(ONE_PASS):
         try:
