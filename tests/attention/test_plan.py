@@ -270,3 +270,26 @@ def test_info_names_the_plans_gpus_without_importing_torch():
     from vitconvert.cli import info
 
     assert info.GPU_NAMES.split(", ") == list(plan.GPUS)
+
+
+def test_ttt_ranges_keep_their_partial_sums_within_their_tokens_while_the_gpu_stays_filled():
+    """deit_small's layer at 1024 px (4097 tokens), one image, on an H100 (528 programs wanted): ELU cuts each head
+    into 33 ranges of 128 tokens. TTT's three d×d float32 partial sums a range (48 KB) would outweigh such a range's
+    bf16 keys and values (32 KB), so its ranges take 256 tokens: 17 a head, 102 programs, still about a program an
+    SM (132), where 198 ran in two waves of its one block an SM. At batch 16 (96 heads) or 224 px, where the ranges
+    are long enough or no second wave is saved, TTT's are ELU's. The op's launches take the plan's ranges."""
+    from vitconvert.attention.ops.ttt.op import PARTIAL_SQUARES
+
+    plans = {(variant, batch, side): plan.plan_layer(layer(variant, grid=(side, side)), plan.GPUS["h100"],
+                                                     torch.bfloat16, batch, settings=KernelSettings())
+             for variant in ("elu", "ttt") for batch in (1, 16) for side in (14, 64)}
+    assert plans["ttt", 1, 64].on_kernels
+    assert (plans["elu", 1, 64].splits, plans["ttt", 1, 64].splits) == (33, 17)
+    partial_bytes, token_bytes = PARTIAL_SQUARES * 64 * 64 * 4, 2 * 64 * 2  # (a range's sums; a token's k and v)
+    assert 128 * token_bytes < partial_bytes <= launch_plan.PARTIAL_SHARE * 256 * token_bytes
+    for batch, side in ((16, 64), (1, 14), (16, 14)):
+        assert plans["ttt", batch, side].splits == plans["elu", batch, side].splits, (batch, side)
+    q = torch.zeros(1, 6, 4097, 64, dtype=torch.bfloat16)
+    with dispatch.kernels_on(programs=528):
+        taken = launch_plan.linear_launches(q, 6, 1, 4097, False, True, PARTIAL_SQUARES)
+    assert (taken.splits, taken.per) == (17, 256)

@@ -27,6 +27,7 @@ from .ops import dispatch, launch_plan
 from .ops.launch_plan import LinearLaunches, PairwiseLaunches
 from .ops.pairwise.op import pairwise_is_cheaper
 from .ops.settings import KernelSettings
+from .ops.ttt.op import PARTIAL_SQUARES
 
 FULL_SHARED_MEMORY = 227 * 1024  # what the launch settings are made for (an H100/H200's largest block)
 
@@ -164,13 +165,13 @@ def _geometry(plan: KernelPlan, module: LinearAttention, call: Call) -> KernelPl
 
 
 def _launches(plan: KernelPlan, module: LinearAttention, call: Call, segments: int, length: int,
-              bf16_tiles: bool, many_tiles: bool = False) -> KernelPlan:
+              bf16_tiles: bool, many_tiles: bool = False, partial_squares: int = 0) -> KernelPlan:
     """The plan on the launches the state and read-out kernels take (:func:`.ops.launch_plan.decide`, as they ask
     it), for ``segments`` segments of ``length`` tokens."""
     found = launch_plan.decide(call.batch * module.num_heads, segments, math.ceil(length / dispatch.SPLIT_ROUND),
                                module.head_dim, call.dtype, call.programs, dispatch.SPLIT_ROUND, call.settings,
                                call.older_triton, _tf32_matmuls(call), bf16_tiles, many_tiles,
-                               call.gpu is not None and call.gpu.capability < launch_plan.HOPPER)
+                               call.gpu is not None and call.gpu.capability < launch_plan.HOPPER, partial_squares)
     return replace(plan, block_n=found.block_n, block_d=found.block_d, warps=found.warps, stages=found.stages,
                    tile=found.tile, splits=found.splits, launches=found)
 
@@ -240,7 +241,8 @@ def _ttt(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
     reading pass and the convs' backward its kernel. Else they run in torch before the op and the layer's step is
     recomputed in backward when the layer recomputes it."""
     # (the step's chunk, warps and token ranges as ops/ttt/op.py's launches take them; no num_stages given)
-    plan = replace(_launches(plan, module, call, 1, call.tokens, False, many_tiles=True), stages=0, launches=None)
+    plan = replace(_launches(plan, module, call, 1, call.tokens, False, True, PARTIAL_SQUARES), stages=0,
+                   launches=None)
     half = f" ({launch_plan.HALF_TILES[call.dtype]} tiles)" if call.dtype in launch_plan.HALF_TILES else ""
     if plan.splits == 1:  # (backward: 16-bit tiles, dispatch.tile_args)
         forward, backward = ("ttt_fwd_kernel",), (f"ttt_bwd_kernel{half}",)

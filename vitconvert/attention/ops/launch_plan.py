@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from .dispatch import (
+    PROGRAMS_PER_SM,
     SPLIT_ROUND,
     backward_chunk,
     current,
@@ -42,6 +43,10 @@ HOPPER = (9, 0)  # the first generation whose dots read operands from shared mem
 # attention kernels take 64 × 64 on 4 (benchmarks/kernel_resources.py --arch sm_90 --ops "ttt_step split"). Their
 # speed is not measured.
 GRID_TILE_ELEMENTS = 2048
+# What a token range's partial sums may weigh against the keys and values it reads (:func:`shortest_range`): at most
+# as many bytes. TTT's three d×d float32 sums a range are 48 KB at head dim 64, a 128-token range's bf16 keys and
+# values 32 KB (ELU's one state, 16.6 KB, about half: the linear-attention launches pass no partial sums to weigh).
+PARTIAL_SHARE = 1.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,30 @@ class LinearLaunches:
     @property
     def one_launch(self) -> bool:
         return self.splits == 1
+
+
+def shortest_range(partial_squares: int, head_dim: int, dtype: torch.dtype, split_round: int) -> int:
+    """The fewest tokens (a multiple of ``split_round``) a range may take whose partial sums, ``partial_squares`` d×d
+    float32 matrices written once and read back once by its head's last program, weigh at most
+    :data:`PARTIAL_SHARE` of the keys and values it reads (2·d elements of ``dtype`` a token); ``split_round``
+    without partial sums to weigh. Shorter ranges gain programs but move more partial bytes than token bytes."""
+    partial_bytes = partial_squares * head_dim * head_dim * 4
+    token_bytes = 2 * head_dim * dtype.itemsize * PARTIAL_SHARE
+    return max(1, math.ceil(partial_bytes / token_bytes / split_round)) * split_round
+
+
+def bounded_ranges(heads: int, segments: int, length: int, programs: int, split_round: int,
+                   shortest: int) -> tuple[int, int]:
+    """(splits, tokens per split): :func:`.dispatch.token_ranges`, with ranges lengthened towards ``shortest``
+    (:func:`shortest_range`) as long as the launch keeps a program for each SM (``programs`` /
+    :data:`.dispatch.PROGRAMS_PER_SM`): a kernel that holds one block an SM (TTT's) runs no slower on one wave of
+    longer ranges than on more waves of shorter ones, and writes fewer partial sums."""
+    splits, per = token_ranges(heads, segments, length, programs, split_round)
+    if per >= shortest:
+        return splits, per
+    filled = token_ranges(heads, segments, length, max(1, programs // PROGRAMS_PER_SM), split_round)[1]
+    per = max(per, min(shortest, filled))
+    return math.ceil(length / per), per
 
 
 def read_ranges(splits: int, per: int, length: int) -> tuple[int, int]:
@@ -119,15 +148,19 @@ def tile_name(dtype: torch.dtype, settings: KernelSettings, bf16_tiles: bool, tf
 @lru_cache(maxsize=256)
 def decide(heads: int, segments: int, chunks: int, head_dim: int, dtype: torch.dtype, programs: int,
            split_round: int, settings: KernelSettings, older: bool, tf32_matmuls: bool,
-           bf16_tiles: bool, many_tiles: bool = False, before_hopper: bool = False) -> LinearLaunches:
+           bf16_tiles: bool, many_tiles: bool = False, before_hopper: bool = False,
+           partial_squares: int = 0) -> LinearLaunches:
     """The launches of ``heads`` (batch × heads) × ``segments`` segments of ``chunks`` × ``split_round`` tokens at
     most, for a GPU that wants ``programs`` programs a launch. ``older``: a Triton before 3.8
     (:func:`.dispatch.backward_chunk`); ``many_tiles``: kernels that hold several d×d matrices (TTT's step, which
     takes the chunk, warps and token ranges: :func:`.dispatch.launch_geometry`); ``before_hopper``: a GPU before
-    sm_90 (:func:`readout_backward_chunk`)."""
+    sm_90 (:func:`readout_backward_chunk`); ``partial_squares``: the d×d partial sums a token range writes where
+    they outweigh its tokens (TTT's 3: its ranges no shorter than :func:`shortest_range` where the GPU stays
+    filled, :func:`bounded_ranges`)."""
     length = chunks * split_round
     block_n, block_d, warps = launch_geometry(head_dim, settings.config, many_tiles)
-    splits, per = token_ranges(heads, segments, length, programs, split_round)
+    splits, per = bounded_ranges(heads, segments, length, programs, split_round,
+                                 shortest_range(partial_squares, head_dim, dtype, split_round))
     read_splits, read_per = read_ranges(splits, per, length)
     tile = tile_name(dtype, settings, bf16_tiles, tf32_matmuls)
     tf32_half = not bf16_tiles and dtype != torch.float32
@@ -138,7 +171,7 @@ def decide(heads: int, segments: int, chunks: int, head_dim: int, dtype: torch.d
 
 
 def linear_launches(t: torch.Tensor, heads: int, segments: int, length: int, bf16_tiles: bool,
-                    many_tiles: bool = False) -> LinearLaunches:
+                    many_tiles: bool = False, partial_squares: int = 0) -> LinearLaunches:
     """:func:`decide` for a call on ``t`` (q or k) whose segments are ``length`` tokens long, with what the context
     says (:func:`.dispatch.current`): the GPU's programs and generation, the settings, the split round, the Triton."""
     here = current()
@@ -146,7 +179,7 @@ def linear_launches(t: torch.Tensor, heads: int, segments: int, length: int, bf1
     tf32_matmuls = t.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     return decide(heads, segments, math.ceil(length / here.split_round), t.shape[-1], t.dtype,
                   programs_wanted(t.device), here.split_round, here.settings or environment_settings(), older,
-                  tf32_matmuls, bf16_tiles, many_tiles, is_before_hopper(t.device))
+                  tf32_matmuls, bf16_tiles, many_tiles, is_before_hopper(t.device), partial_squares)
 
 
 @dataclass(frozen=True)

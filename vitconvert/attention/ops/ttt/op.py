@@ -39,6 +39,7 @@ from .closed_form import stepped_readout
 ONE_PASS = "ttt_step: the sums' backward in one kernel"  # (dispatch.fits: where it does not, two kernels)
 ONE_PROGRAM = "ttt_step: a head's step in one program"  # (where it does not fit: partial sums, then the read-out)
 ONE_KERNEL = "ttt_step: a head's backward in one kernel"  # (where it does not fit: the read-out's, then the sums')
+PARTIAL_SQUARES = 3  # Ĝ1, Ĝ2, Ĝ3: the d×d float32 sums a token range writes (launch_plan.shortest_range weighs them)
 
 
 def _step_size(key_valid: Optional[torch.Tensor], tokens: int, scale: float,
@@ -53,7 +54,7 @@ def _step_size(key_valid: Optional[torch.Tensor], tokens: int, scale: float,
 def _geometry(q: torch.Tensor) -> tuple[int, ...]:
     """B, H, N, d, the token ranges (count, length) and the block sizes (BLOCK_N, BLOCK_D, warps) of a launch."""
     B, H, N, D = q.shape
-    plan = linear_launches(q, B * H, 1, N, False, many_tiles=True)  # (the kernel plan's: ops/launch_plan.py)
+    plan = linear_launches(q, B * H, 1, N, False, True, PARTIAL_SQUARES)  # (the kernel plan's: ops/launch_plan.py)
     return B, H, N, D, plan.splits, plan.per, plan.block_n, plan.block_d, plan.warps
 
 
