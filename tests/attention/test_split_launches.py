@@ -135,9 +135,10 @@ def test_the_blocked_form_mixes_by_w_and_adds_lepe_in_its_kernels():
 def test_ttt_split_heads_sum_their_partials_in_the_kernels_and_put_the_tickets_back():
     """TTT's step with heads split over three token ranges, two images, a key mask and both convs (the raw keys
     normalised and convolved as the kernels load them): the last program of each batch·head sums the ranges' Ĝ and
-    forms W' in inner_sums_kernel, the read-out's backward sums dW', and the sums' backward the head's dW over the
-    images and ranges, so no torch op but allocations and views runs between the step's launches; values and every
-    gradient against the eager step in float64 (the grid op's eager norm and convs), and every ticket back at 0."""
+    forms W' in inner_sums_kernel, the read-out's backward sums dW', the sums' backward the head's dW over the images
+    and ranges, and the convs' backward (ops/grid) the filters' gradients and the norm's sums, so no torch op but
+    allocations and views runs between the launches; values and every gradient against the eager step in float64
+    (the grid op's eager norm and convs), and every ticket back at 0."""
     from vitconvert.attention.ops.linear.launches import tickets
     from vitconvert.attention.ops.ttt import op as fused_ttt
 
@@ -158,13 +159,15 @@ def test_ttt_split_heads_sum_their_partials_in_the_kernels_and_put_the_tickets_b
     runs, out, grad, got = launches_and_ops(
         lambda: fused_ttt.call_step(q, k, v, mask, weights, d ** -0.5, 0.7, *convs[:2], (rows, cols, prefix),
                                     *convs[2:], 1.0), inputs)
-    step = {"forward": ["key_moments_kernel", "inner_sums_kernel", "swiglu_readout_kernel"],
-            "backward": ["inner_sums_kernel", "swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel"]}
-    allocations = {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "view", "slice"}
-    for direction, kernels in step.items():
-        launched = [i for i, e in enumerate(runs[direction]) if e.endswith("_kernel")]
-        assert [runs[direction][i] for i in launched[:3]] == kernels  # (then the convs' backward: ops/grid)
-        assert set(runs[direction][launched[0]:launched[2]]) - set(kernels) <= allocations, runs[direction]
+    assert {d: [e for e in run if e.endswith("_kernel")] for d, run in runs.items()} == {
+        "forward": ["key_moments_kernel", "inner_sums_kernel", "swiglu_readout_kernel"],
+        "backward": ["inner_sums_kernel", "swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel",
+                     *["grid_conv_bwd_kernel"] * 3]}  # (q's conv in one launch, k's through its norm in two)
+    allocations = {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "transpose", "view",
+                   "slice"}
+    for run in runs.values():
+        launched = [i for i, e in enumerate(run) if e.endswith("_kernel")]
+        assert {e for e in run[launched[0]:launched[-1]] if not e.endswith("_kernel")} <= allocations, run
     assert not tickets(1, DEVICE).any()
     copies = [t.detach().double().requires_grad_() for t in inputs]
     expected = fused_ttt.ttt_eager(*copies[:3], mask, copies[3], d ** -0.5, 0.7, *copies[4:6], rows, cols, prefix,

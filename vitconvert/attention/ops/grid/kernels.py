@@ -18,8 +18,9 @@ Backward is the transposed gather: dx̂_t = [base is x̂]·dy_t + m_t·Σ_tap w[
 TTT's step kernels take the pieces where a program owns a head: :func:`key_statistics` in its forward,
 :func:`residual_conv_backward` in its backward. Where heads split, two kernels run on their own (ops/grid/op.py):
 :func:`key_moments_kernel` and :func:`grid_conv_bwd_kernel`, whose partial sums of dw and dbias, and through the norm
-of Σ dx̂ and Σ dx̂·x̂ over all tokens, take a first launch (``SUMS``) before the second writes dx (``WRITE_DX``);
-without the norm one launch does both. A program owns BLOCK_M tokens (the launch grid is made of them). The kernels
+of Σ dx̂ and Σ dx̂·x̂ over all tokens, take a first launch (``SUMS``; the last program of each head, and of each
+batch·head, sums them in a fixed order) before the second writes dx (``WRITE_DX``); without the norm one launch does
+both. A program owns BLOCK_M tokens (the launch grid is made of them). The kernels
 take no dots: the settings :func:`.dispatch.launch` passes every kernel and may make leaner (BLOCK_N, TILE,
 PRECISION, EMULATE) are accepted and unused, so the grid never depends on them.
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..linear.tickets import _last_program, _ticket_back
+from ..linear.tickets import _last_program, _summed, _ticket_back
 
 
 @triton.jit
@@ -263,7 +264,7 @@ def residual_conv_backward(x_at, s_xn, dy_at, s_gn, dx_at, s_dn, WEIGHT, MASK, s
 
 @triton.jit
 def grid_conv_bwd_kernel(
-    X, DY, WEIGHT, MASK, STATS, SUMS_IN, COUNT, DX, DW, DBIAS, SUMS_OUT,
+    X, DY, WEIGHT, MASK, STATS, SUMS_IN, DX, DW, DBIAS, SUMS_OUT, COUNTER, DWF, DBF,
     s_xb, s_xh, s_xn, s_gb, s_gh, s_gn, s_mb, s_db, s_dh, s_dn,
     B, H, N, D, P, ROWS, COLS, TILES,
     KS: tl.constexpr, NORM: tl.constexpr, HAS_MASK: tl.constexpr, SUMS: tl.constexpr, WRITE_DX: tl.constexpr,
@@ -271,11 +272,14 @@ def grid_conv_bwd_kernel(
     EMULATE: tl.constexpr,
 ):
     """Backward of the residual conv y = x̂ + bias + conv(x̂·m) over BLOCK_M tokens of one (batch, head), grid
-    (B·H, ⌈N / BLOCK_M⌉) (TTT's convs where heads split over token ranges). ``SUMS``: this
-    program's partial dw (B·H, TILES, KS·KS, D) and dbias (B·H, TILES, D), and with ``NORM`` the partial
-    Σ dx̂ and Σ dx̂·x̂ (2, B·H, TILES, D). ``WRITE_DX``: dx, with ``NORM`` from the summed SUMS_IN (2, B, H, D)
-    and the valid keys' count per batch COUNT (B,) float32."""
+    (B·H, TILES = ⌈N / BLOCK_M⌉) (TTT's convs where heads split over token ranges). ``SUMS``: this program's partial
+    dw (H·B·TILES, KS·KS, D) and dbias (H·B·TILES, D: a head's images and tiles side by side), which the last of a
+    head's programs sums in that order into DWF (H·D, KS·KS) and DBF (H·D) (:func:`_filter_totals`; a ticket at
+    COUNTER[B·H + h]), and with ``NORM`` the partial Σ dx̂, Σ dx̂·x̂ and valid-token count (3, B·H·TILES, D), which the
+    last of a batch·head's programs sums into SUMS_IN (3, B, H, D) (a ticket at COUNTER[bh]). ``WRITE_DX``: dx, with
+    ``NORM`` from the summed SUMS_IN (the next launch's: LayerNorm's backward needs every token's sums first)."""
     bh, tile, b, h, d, d_ok, t, t_ok = _program(H, N, D, BLOCK_M, BLOCK_D)
+    part = (h * B + b) * TILES + tile
     tile_ok = t_ok[:, None] & d_ok[None, :]
     x_at, dy_at = X + b * s_xb + h * s_xh, DY + b * s_gb + h * s_gh
     mean, rstd = _statistics(STATS, B, H, D, b, h, d, d_ok, NORM)
@@ -302,28 +306,55 @@ def grid_conv_bwd_kernel(
             r_out, out_ok = _row(spatial, row, i - KS // 2, ROWS)
             src, ok = _source(MASK, b, s_mb, r_out, out_ok, col, j - KS // 2, P, COLS, HAS_MASK)
             x_src = _normed(x_at, s_xn, src, ok, d, d_ok, mean, rstd, NORM)
-            tl.store(DW + ((bh * TILES + tile) * (KS * KS) + tap) * D + d, tl.sum(dy * x_src, axis=0), mask=d_ok)
+            tl.store(DW + (part * (KS * KS) + tap) * D + d, tl.sum(dy * x_src, axis=0), mask=d_ok)
     dx_hat += dy  # (the residual's)
     if SUMS:
-        tl.store(DBIAS + (bh * TILES + tile) * D + d, tl.sum(tl.where(spatial[:, None], dy, 0.0), axis=0), mask=d_ok)
+        tl.store(DBIAS + part * D + d, tl.sum(tl.where(spatial[:, None], dy, 0.0), axis=0), mask=d_ok)
     if NORM:
         x_hat = _normed(x_at, s_xn, t, t_ok, d, d_ok, mean, rstd, NORM)
+        in_stats = _stat_rows(MASK, b, s_mb, t, t_ok, HAS_MASK)
         if SUMS:
-            at = SUMS_OUT + (bh * TILES + tile) * D + d
-            tl.store(at, tl.sum(dx_hat, axis=0), mask=d_ok)
-            tl.store(at + B * H * TILES * D, tl.sum(dx_hat * x_hat, axis=0), mask=d_ok)
+            _norm_sums(SUMS_OUT, SUMS_IN, COUNTER, bh, tile, TILES, B * H, tl.sum(dx_hat, axis=0),
+                       tl.sum(dx_hat * x_hat, axis=0), tl.sum(tl.where(in_stats, 1.0, 0.0), axis=0), d, d_ok, D)
         if WRITE_DX:
-            sums_at = SUMS_IN + (b * H + h) * D + d
+            sums_at = SUMS_IN + bh * D + d
             s1 = tl.load(sums_at, mask=d_ok, other=0.0)
             s2 = tl.load(sums_at + B * H * D, mask=d_ok, other=0.0)
-            in_stats = t_ok
-            if HAS_MASK:
-                in_stats = in_stats & (tl.load(MASK + b * s_mb + t, mask=t_ok, other=0) != 0)
-            share = tl.where(in_stats, 1.0, 0.0) / tl.load(COUNT + b)
-            dx_hat = rstd[None, :] * (dx_hat - share[:, None] * (s1[None, :] + x_hat * s2[None, :]))
+            n = tl.maximum(tl.load(sums_at + 2 * B * H * D, mask=d_ok, other=1.0), 1.0)
+            share = tl.where(in_stats, 1.0, 0.0)[:, None] / n[None, :]
+            dx_hat = rstd[None, :] * (dx_hat - share * (s1[None, :] + x_hat * s2[None, :]))
     if WRITE_DX:
         tl.store(DX + b * s_db + h * s_dh + t[:, None] * s_dn + d[None, :], dx_hat.to(DX.dtype.element_ty),
                  mask=tile_ok)
+    if SUMS:
+        if _last_program(COUNTER, B * H + h, B * TILES):
+            _filter_totals(DW, DBIAS, DWF, DBF, h, B * TILES, d, d_ok, D, KS)
+            _ticket_back(COUNTER, B * H + h)
+
+
+@triton.jit
+def _norm_sums(SUMS_OUT, SUMS_IN, COUNTER, bh, tile, TILES, BH, s1, s2, count, d, d_ok, D):
+    """A program's Σ dx̂, Σ dx̂·x̂ and valid-token count (the count in every channel) as its rows of SUMS_OUT (3,
+    B·H·TILES, D); the last of the batch·head's programs sums them in the tiles' order into SUMS_IN (3, B·H, D)."""
+    at = SUMS_OUT + (bh * TILES + tile) * D + d
+    tl.store(at, s1, mask=d_ok)
+    tl.store(at + BH * TILES * D, s2, mask=d_ok)
+    tl.store(at + 2 * BH * TILES * D, tl.zeros_like(s1) + count, mask=d_ok)
+    if _last_program(COUNTER, bh, TILES):
+        for plane in tl.static_range(3):
+            tl.store(SUMS_IN + (plane * BH + bh) * D + d,
+                     _summed(SUMS_OUT, bh * TILES, TILES, plane * BH * TILES * D, D, d, d_ok), mask=d_ok)
+        _ticket_back(COUNTER, bh)
+
+
+@triton.jit
+def _filter_totals(DW, DBIAS, DWF, DBF, h, PARTS, d, d_ok, D, KS: tl.constexpr):
+    """Head h's filter gradient (its channels' rows of DWF, (H·D, KS·KS), the weight's own layout) and bias gradient
+    (DBF, (H·D)): its PARTS programs' partials summed in their order (deterministic; no float atomics)."""
+    for tap in range(KS * KS):
+        tl.store(DWF + (h * D + d) * (KS * KS) + tap,
+                 _summed(DW, h * PARTS, PARTS, tap * D, KS * KS * D, d, d_ok), mask=d_ok)
+    tl.store(DBF + h * D + d, _summed(DBIAS, h * PARTS, PARTS, 0, D, d, d_ok), mask=d_ok)
 
 
 @triton.jit

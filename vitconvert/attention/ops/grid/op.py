@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from ...tensors import from_grid, split_prefix, to_grid
 from ..dispatch import launch, tile_args
 from ..launch_plan import grid_launches
-from ..layout import _mask_arg, _output_like, unit_rows, valid_keys
+from ..layout import _mask_arg, _output_like, unit_rows
 from ..ttt.closed_form import normalize_keys
 
 
@@ -44,13 +44,6 @@ def statistics(x: torch.Tensor, key_valid: Optional[torch.Tensor], eps: float,
     return stats
 
 
-def _count(key_valid: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """(B,) float32: the tokens the statistics are over."""
-    if key_valid is None:
-        return torch.full((x.shape[0],), float(x.shape[2]), dtype=torch.float32, device=x.device)  # (x unread)
-    return valid_keys(key_valid)
-
-
 def _filters(weight: torch.Tensor) -> torch.Tensor:
     """The (C, 1, KS, KS) depthwise weight as the kernels read it: (C, KS·KS) float32, C = H·d head-major."""
     return weight.reshape(weight.shape[0], -1).to(torch.float32).contiguous()
@@ -70,16 +63,19 @@ def run_grid_conv_backward(x: torch.Tensor, weight: torch.Tensor, key_valid: Opt
     """dx (x's dtype, stored as (B, N, H, d)), dw (the weight's shape) and dbias (float32) of the residual conv y = x̂ +
     bias + conv(x̂·m) of (B, H, N, d) ``x`` whose last rows × cols tokens are the grid (:func:`grid_conv_eager`
     without a base), given dy; ``norm``: x̂ is TTT's instance norm of x, of ``stats`` (:func:`statistics`)."""
+    from ..linear.launches import tickets  # lazy: start-up time
     from .kernels import grid_conv_bwd_kernel  # lazy: start-up time
 
     x, dy = unit_rows(x), unit_rows(dy)
     B, H, N, D, block, tiles, block_d, warps = _geometry(x)
     size = weight.shape[-1]
     dx = _output_like(x)
-    dw = x.new_empty((B * H, tiles, size * size, D), dtype=torch.float32)
-    dbias = x.new_empty((B * H, tiles, D), dtype=torch.float32)
-    sums = x.new_empty((2, B * H, tiles, D), dtype=torch.float32) if norm else dbias
-    count = _count(key_valid, x) if norm else dbias
+    dw = x.new_empty((H * B * tiles, size * size, D), dtype=torch.float32)  # (the programs' partials, summed by the
+    dbias = x.new_empty((H * B * tiles, D), dtype=torch.float32)  # last of each head's into dweight and dbias_total)
+    dweight = x.new_empty(weight.shape, dtype=torch.float32)
+    dbias_total = x.new_empty((H * D,), dtype=torch.float32)
+    sums = x.new_empty((3, B * H * tiles, D), dtype=torch.float32) if norm else dbias
+    summed = x.new_empty((3, B * H, D), dtype=torch.float32) if norm else dbias
     mask, s_mb = _mask_arg(key_valid, x)
     filters = _filters(weight)
     geometry = (x.stride(0), x.stride(1), x.stride(2), dy.stride(0), dy.stride(1), dy.stride(2), s_mb,
@@ -87,16 +83,15 @@ def run_grid_conv_backward(x: torch.Tensor, weight: torch.Tensor, key_valid: Opt
     settings = dict(KS=size, NORM=norm, HAS_MASK=key_valid is not None, BLOCK_M=block,
                     BLOCK_D=block_d, BLOCK_N=block, **tile_args(x), num_warps=warps)
     stats = stats if norm else dbias
+    counters = tickets(B * H + H, x.device)
     launch(grid_conv_bwd_kernel, (B * H, tiles),  # (through the norm dx comes second: a placeholder here)
-        x, dy, filters, mask, stats, sums, count, dbias if norm else dx, dw, dbias, sums, *geometry,
-        SUMS=True, WRITE_DX=not norm, **settings)
+        x, dy, filters, mask, stats, summed, dbias if norm else dx, dw, dbias, sums, counters, dweight, dbias_total,
+        *geometry, SUMS=True, WRITE_DX=not norm, **settings)
     if norm:  # LayerNorm's backward over the tokens needs Σ dx̂ and Σ dx̂·x̂ of every token first
-        summed = sums.view(2, B, H, tiles, D).sum(3).contiguous()
-        launch(grid_conv_bwd_kernel, (B * H, tiles),  # (dw, dbias and the partial sums unread: dx in their place)
-            x, dy, filters, mask, stats, summed, count, dx, dx, dx, dx, *geometry,
+        launch(grid_conv_bwd_kernel, (B * H, tiles),  # (the partials and totals unread: dx in their place)
+            x, dy, filters, mask, stats, summed, dx, dx, dx, dx, counters, dx, dx, *geometry,
             SUMS=False, WRITE_DX=True, **settings)
-    dweight = dw.view(B, H, tiles, size * size, D).sum((0, 2)).transpose(1, 2).reshape(weight.shape)
-    return dx, dweight, dbias.view(B, H, tiles, D).sum((0, 2)).reshape(-1)
+    return dx, dweight, dbias_total
 
 
 def grid_conv_eager(x: torch.Tensor, base: Optional[torch.Tensor], weight: torch.Tensor,
