@@ -71,18 +71,16 @@ def test_the_op_is_the_closed_form_step_values_and_gradients(d, programs, masked
     assert max(errors) < 2e-6, errors
 
 
-@pytest.mark.parametrize("programs,masked,batch,grid", [(1, True, 2, (6, 6, 2)), (64, False, 1, (8, 8, 6))],
-                         ids=["head-per-program-masked-two-images", "split-heads-all"])
-def test_the_op_on_raw_keys_applies_the_key_norm_and_both_convs(programs, masked, batch, grid):
+def test_the_op_on_raw_keys_applies_the_key_norm_and_both_convs():
     """With the key conv's filters the op takes the raw keys: their instance norm and both residual convs are
     applied as its kernels load the tiles, and backward goes through them into q, k and the filters. Against the
     eager step in float64 (the grid op's eager form for the norm and convs): the output and every gradient, in one
     program a head (the fused kernels; two images, whose gradients of W and the filters the last program of each
-    head sums) and with heads split over token ranges (partial sums)."""
-    dispatch.current().programs = programs
-    rows, cols, prefix = grid  # (prefix tokens before a rows × cols grid; the interpreter runs a program per image,
-    # head and token range: the split case one image)
-    inputs, mask = step_inputs(N=prefix + rows * cols, d=32, masked=masked, batch=batch)
+    head sums). Heads split over token ranges: test_split_launches.py."""
+    dispatch.current().programs = 1
+    rows, cols, prefix = 6, 6, 2  # (prefix tokens before a rows × cols grid)
+    inputs, mask = step_inputs(N=prefix + rows * cols, d=32, masked=True, batch=2)
+    grid = (rows, cols, prefix)
     g = torch.Generator().manual_seed(7)
     convs = [(torch.randn(shape, generator=g) * scale).to(DEVICE).requires_grad_()
              for shape, scale in (((64, 1, 3, 3), 0.3), ((64,), 0.1)) * 2]  # (q's filters and bias, then k's)

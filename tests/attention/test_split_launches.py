@@ -172,7 +172,7 @@ def test_ttt_split_heads_sum_their_partials_in_the_kernels_and_put_the_tickets_b
     copies = [t.detach().double().requires_grad_() for t in inputs]
     expected = fused_ttt.ttt_eager(*copies[:3], mask, copies[3], d ** -0.5, 0.7, *copies[4:6], rows, cols, prefix,
                                    *copies[6:], 1.0)
-    assert rel_error(out, expected) < TOL[torch.float32]
+    assert rel_error(out, expected) < 5e-6  # (float32 sums: the bar of the one-program-a-head tests)
     for name, mine, want in zip(["q", "k", "v", "W", "q filter", "q bias", "k filter", "k bias"], got,
                                 torch.autograd.grad(expected, copies, grad.double()), strict=True):
-        assert rel_error(mine, want) < 2 * TOL[torch.float32], name
+        assert rel_error(mine, want) < 5e-6, name
