@@ -76,7 +76,7 @@ def shortest_range(partial_squares: int, head_dim: int, dtype: torch.dtype, spli
     """The fewest tokens (a multiple of ``split_round``) a range may take whose partial sums, ``partial_squares`` d×d
     float32 matrices written once and read back once by its head's last program, weigh at most
     :data:`PARTIAL_SHARE` of the keys and values it reads (2·d elements of ``dtype`` a token); ``split_round``
-    without partial sums to weigh. Shorter ranges gain programs but move more partial bytes than token bytes."""
+    without partial sums to weigh. Shorter ranges gain programs but write more partial bytes than that."""
     partial_bytes = partial_squares * head_dim * head_dim * 4
     token_bytes = 2 * head_dim * dtype.itemsize * PARTIAL_SHARE
     return max(1, math.ceil(partial_bytes / token_bytes / split_round)) * split_round
@@ -85,9 +85,10 @@ def shortest_range(partial_squares: int, head_dim: int, dtype: torch.dtype, spli
 def bounded_ranges(heads: int, segments: int, length: int, programs: int, split_round: int,
                    shortest: int) -> tuple[int, int]:
     """(splits, tokens per split): :func:`.dispatch.token_ranges`, with ranges lengthened towards ``shortest``
-    (:func:`shortest_range`) as long as the launch keeps a program for each SM (``programs`` /
-    :data:`.dispatch.PROGRAMS_PER_SM`): a kernel that holds one block an SM (TTT's) runs no slower on one wave of
-    longer ranges than on more waves of shorter ones, and writes fewer partial sums."""
+    (:func:`shortest_range`) but no longer than the ranges of one program an SM (token_ranges for ``programs`` /
+    :data:`.dispatch.PROGRAMS_PER_SM`): for a kernel that holds one block an SM (TTT's), one wave of ranges twice as
+    long should take about the time of the two waves of shorter ones it replaces (not measured on a GPU), and it
+    writes half the partial sums."""
     splits, per = token_ranges(heads, segments, length, programs, split_round)
     if per >= shortest:
         return splits, per
