@@ -320,9 +320,9 @@ def grid_conv_bwd_kernel(
             sums_at = SUMS_IN + bh * D + d
             s1 = tl.load(sums_at, mask=d_ok, other=0.0)
             s2 = tl.load(sums_at + B * H * D, mask=d_ok, other=0.0)
-            n = tl.maximum(tl.load(sums_at + 2 * B * H * D, mask=d_ok, other=1.0), 1.0)
-            share = tl.where(in_stats, 1.0, 0.0)[:, None] / n[None, :]
-            dx_hat = rstd[None, :] * (dx_hat - share * (s1[None, :] + x_hat * s2[None, :]))
+            n = tl.maximum(tl.load(SUMS_IN + (2 * B * H + bh) * D), 1.0)  # (the count: every channel holds it)
+            share = tl.where(in_stats, 1.0, 0.0) / n
+            dx_hat = rstd[None, :] * (dx_hat - share[:, None] * (s1[None, :] + x_hat * s2[None, :]))
     if WRITE_DX:
         tl.store(DX + b * s_db + h * s_dh + t[:, None] * s_dn + d[None, :], dx_hat.to(DX.dtype.element_ty),
                  mask=tile_ok)
