@@ -22,7 +22,7 @@ from .aliases import ALIASES, resolve_alias, suggest
 from .assets import teacher_folder
 from .errors import BadValue, VitconvertError, first_line, load_reason, param
 from .folder import check_weights_readable, folder_block, read_config
-from .hub_io import check_endpoint, hub_offline, hub_reachable, hub_snapshot, parse_repo_id, weights_cached
+from .hub_io import cached_weights, check_endpoint, hub_offline, hub_reachable, hub_snapshot, parse_repo_id
 from .state_file import load_state_file
 from .timm_registry import source_architecture
 from .weights_file import check_softmax_weights
@@ -165,7 +165,7 @@ def check_weights_reachable(name: str, spec: str) -> None:
         repo_id = timm.models.get_pretrained_cfg(name).hf_hub_id
     except Exception:  # no pretrained config (weights by URL, a custom name): timm says what it can
         return
-    if not repo_id or weights_cached(repo_id):
+    if not repo_id or cached_weights(repo_id):
         return
     if hub_offline():  # said in our words: huggingface_hub's own sentence is broken and does not name the switch
         raise VitconvertError(f"cannot get pretrained weights for {spec}: HF_HUB_OFFLINE is set and {repo_id} is not "
