@@ -127,6 +127,17 @@ class Source:
     pretrained: bool
 
 
+def below_a_patch(error: Exception) -> bool:
+    """torch's words (its pooling, resampling the position embeddings) for an image smaller than one patch."""
+    return "sizes should be greater than 0" in first_line(error)
+
+
+def smaller_than_a_patch(img_size: int, spec: Any) -> BadValue:
+    """The one line for an image size below one patch of ``spec`` (convert's source, export's model)."""
+    return BadValue("img_size", f"{img_size} px is smaller than one patch of {spec}: the image would have no patch "
+                                "grid; give a size of at least one patch")
+
+
 def _create(name: str, pretrained: bool, spec: str, **kwargs: Any) -> nn.Module:
     if pretrained and needs_hub(name, kwargs):
         check_weights_reachable(name, spec)
@@ -136,9 +147,8 @@ def _create(name: str, pretrained: bool, spec: str, **kwargs: Any) -> nn.Module:
         msg = first_line(e)
         if "size mismatch" in str(e) or "Missing key" in str(e) or "Unexpected key" in str(e):
             raise VitconvertError(f"the weights of {spec} do not fit architecture {name}: {load_reason(e)}") from None
-        if kwargs.get("img_size") and "sizes should be greater than 0" in msg:  # torch's pooling words
-            raise BadValue("img_size", f"{kwargs['img_size']} px is smaller than one patch of {spec}: the image would "
-                                       "have no patch grid; give a size of at least one patch") from None
+        if kwargs.get("img_size") and below_a_patch(e):
+            raise smaller_than_a_patch(kwargs["img_size"], spec) from None
         if pretrained and "No pretrained weights exist" in msg:  # timm's words, which name its Python argument
             raise VitconvertError(f"timm has no pretrained weights for {spec}: use {param('pretrained', False)} "
                                   "for a randomly initialised model") from None

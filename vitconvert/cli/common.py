@@ -86,8 +86,9 @@ def command_threads(threads: Optional[int], spec: Any) -> AbstractContextManager
 WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
-# Library parameters whose flag is spelled otherwise: a dict of ``options`` is given as repeated --option pairs.
-FLAG_NAMES = {"options": "option"}
+# Library parameters whose flag is spelled otherwise: a dict of ``options`` is given as repeated --option pairs;
+# export's ``fmt`` (``format`` is Python's builtin) is --format.
+FLAG_NAMES = {"options": "option", "fmt": "format"}
 
 
 def flag_of(name: str) -> str:
