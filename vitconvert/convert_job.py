@@ -21,7 +21,7 @@ from .errors import BadValue, param
 from .folder import check_options, save
 from .hybrid import LayerChoice, choose_softmax_layers
 from .selection import Spec, auto_count
-from .sources import Source, load_source
+from .sources import Source, lasting_spec, load_source
 from .writer import check_output
 
 # ``progress(what)`` wraps each slow stage ("loading deit_small", "writing out"): a heartbeat, a log line, a bar
@@ -126,7 +126,8 @@ def convert_source(
         keep_softmax, meta["selection"] = ",".join(map(str, choice.keep)), {**choice.to_dict(), "data": data}
     with stage(f"converting to {to} ({attn_init} attention init)"):
         student, report = convert(src.model, to, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
-                                  seed=seed, num_classes=num_classes, options=options, source=source,
+                                  seed=seed, num_classes=num_classes, options=options,
+                                  source=lasting_spec(source),
                                   layers=layers, keep_softmax=keep_softmax or None)
     if not report.surgery.layers:
         raise BadValue("keep_softmax", "keeps every layer softmax: that is the source model itself; keep fewer")

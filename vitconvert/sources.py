@@ -108,6 +108,18 @@ def resolve(spec: Union[str, Path]) -> Resolved:
     return Resolved(spec, "timm", name=name)
 
 
+def lasting_spec(spec: str) -> str:
+    """``spec`` as a converted folder records its source (config.json's "source": distill's and compare's teacher):
+    a local path made absolute, since a relative one names another folder, or a timm model of the same name, or
+    nothing, from another directory; every other form (hf-hub:, a timm name or alias, digits) as given."""
+    if spec.startswith("hf-hub:"):
+        return spec
+    resolved = resolve(spec)
+    if resolved.kind == "timm" or resolved.bundled or resolved.path is None:
+        return spec
+    return os.path.abspath(resolved.path)  # not resolve(): a link the user gave stays the name recorded
+
+
 def shadowed_name(spec: str, path: Path) -> bool:
     """A bare name (``digits``, ``deit_small``) that a local non-model folder of the same name would hide:
     the name wins; ``./digits`` still means the folder."""
