@@ -205,6 +205,11 @@ def load_source(source: Union[str, Path, Resolved], pretrained: bool = True, arc
                 **model_kwargs: Any) -> Source:
     """The softmax model a SOURCE names (``arch``: the timm architecture of a bare weights file)."""
     resolved = source if isinstance(source, Resolved) else resolve(source)
+    if arch is not None and resolved.kind != "file":  # it was dropped without a word: the model was another one
+        what = ("a model folder: its config.json names the architecture" if resolved.kind == "folder"
+                else "a timm model name: it is the architecture")
+        raise BadValue("arch", f"names the timm architecture of a bare weights file only; {resolved.spec} is {what}; "
+                               "drop it")
     if resolved.kind == "folder":
         assert resolved.path is not None
         return load_folder(resolved.path, resolved.spec, **model_kwargs)

@@ -159,6 +159,19 @@ def test_converting_a_converted_model_is_refused(tmp_path, timm_folder, monkeypa
     assert_one_line_error(invoke("convert", "m", "--to", "relu", "--out", "n"), "already a linear-attention")
 
 
+@pytest.mark.parametrize("form", ["folder", "timm name"])
+def test_arch_with_a_source_that_names_its_own_is_refused(tmp_path, timm_folder, monkeypatch, form):
+    """--arch reads a bare weights file; beside a folder or a timm name it was dropped without a word, so the user
+    got another architecture than the one they named."""
+    monkeypatch.chdir(tmp_path)
+    source = str(timm_folder) if form == "folder" else "deit_tiny_patch16_224"
+    result = invoke("convert", source, *TINY_ARGS, "--to", "elu", "--arch", "vit_small_patch16_224", "--out", "m")
+    what = "a model folder: its config.json names" if form == "folder" else "a timm model name: it is"
+    assert_one_line_error(result, f"--arch: names the timm architecture of a bare weights file only; {source} is "
+                                  f"{what}")
+    assert not (tmp_path / "m").exists()
+
+
 def test_installed_console_script(tmp_path, timm_folder):
     exe = shutil.which("vitconvert", path=os.path.dirname(sys.executable)) or shutil.which("vitconvert")
     assert exe, "the vitconvert console script is not installed"
