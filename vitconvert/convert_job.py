@@ -118,6 +118,8 @@ def convert_source(
     meta: dict[str, Any] = {"source_seed": seed} if not src.pretrained else {}  # loading.load_teacher rebuilds it
     if img_size is not None:
         meta["source_img_size"] = img_size
+    if arch is not None:  # a bare weights file: its teacher is rebuilt with the architecture it was read with
+        meta["source_arch"] = src.arch
     count = auto_count(keep_softmax)
     if count is not None:
         with stage(f"measuring which {count} layer(s) to keep softmax on {data}"):

@@ -116,9 +116,10 @@ def load_teacher(spec: str, student: nn.Module, seed: int, recorded: bool,
         torch.manual_seed(seed)
         try:
             resolved = resolve(spec)
-            if resolved.kind == "file":
+            arch = report.get("source_arch") if own and resolved.kind == "file" else None  # convert's --arch
+            if resolved.kind == "file" and arch is None:
                 refuse_file(resolved, SOFTMAX_FORMS)
-            source = load_source(resolved, pretrained=pretrained, **kwargs)
+            source = load_source(resolved, pretrained=pretrained, arch=arch, **kwargs)
         except LinearSourceError:
             raise VitconvertError(f"the teacher {spec} is a linear-attention vitconvert model; give a softmax "
                                   "ViT") from None
