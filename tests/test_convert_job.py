@@ -124,3 +124,24 @@ def test_a_student_of_a_bare_weights_file_finds_its_teacher(tmp_path):
     teacher = load_teacher(teacher_spec(student, None), student, seed=0, recorded=True)
     got, want = teacher.state_dict(), source.state_dict()
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_the_library_call_runs_on_the_threads_the_command_runs_on(tmp_path, timm_folder, monkeypatch):
+    """One torch thread for a small source (torch's one per core only wait on each other), ``threads=`` when given,
+    the caller's count back after: as `vitconvert convert` (tests/cli/test_threads.py)."""
+    seen, real = [], convert_job.convert
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(convert_job, "convert", spy)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    caller = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        convert_source(str(timm_folder), "elu", tmp_path / "a")
+        convert_source(str(timm_folder), "elu", tmp_path / "b", threads=3)
+        assert seen == [1, 3] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(caller)
