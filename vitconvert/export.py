@@ -28,7 +28,7 @@ from torch import nn
 from .attention import LinearAttention
 from .data import digits_dataset
 from .errors import BadValue, VitconvertError, first_line, param
-from .loading import load
+from .loading import load, model_threads
 from .provenance import report_of
 from .sources import Resolved, below_a_patch, resolve, smaller_than_a_patch
 from .surgery import linear_layer_indices
@@ -146,13 +146,14 @@ def quiet() -> Iterator[None]:
 def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str, Path]] = None,
            img_size: Optional[int] = None, batch_size: int = 2, dynamic_batch: bool = True,
            opset: Optional[int] = None, force: bool = False, tolerance: float = TOLERANCE,
-           pretrained: bool = True) -> ExportResult:
+           pretrained: bool = True, threads: Optional[int] = None) -> ExportResult:
     """Export the model ``folder`` names (a vitconvert model or run folder, or any SOURCE ``vitconvert.load``
     takes) to ``out`` (default: beside a local folder, else in the working directory), check it, and write it
     only if it passes.
 
     ``dynamic_batch`` (the default): any batch size at run time, checked at ``batch_size`` and one more; the
-    trace uses a batch of at least 2 (torch.export fixes a dimension it sees as 1)."""
+    trace uses a batch of at least 2 (torch.export fixes a dimension it sees as 1). ``threads``: torch's CPU threads
+    meanwhile (``loading.model_threads``, as ``vitconvert export --threads``)."""
     import time
 
     if fmt not in FORMATS:
@@ -172,7 +173,8 @@ def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str,
     target = check_file(out if out is not None else default_output(source, fmt), force=force, inputs=inputs,
                         suffix=FORMATS[fmt])
     started = time.perf_counter()
-    with output_lock(target):  # from before the minutes of export: a second export to this file is refused
+    # from before the minutes of export: a second export to this file is refused; threads as the command's
+    with output_lock(target), model_threads(threads, folder):
         model = load_for_export(source, img_size, pretrained)
         size = model_img_size(model)
         batches = [batch_size, batch_size + 1] if dynamic_batch else [batch_size]

@@ -144,12 +144,14 @@ def input_size(model: nn.Module) -> Optional[int]:
 
 
 def job_threads(threads: Optional[int], spec: Any) -> Optional[int]:
-    """``threads``, else 1 when ``spec`` names a small model (a local folder or file, the bundled digits, or an
-    hf-hub: repo already in the Hub cache) and the user set no OMP_NUM_THREADS, else None (torch's default). On a
-    small model torch's one thread per core only synchronise: on a busy 2-core machine a 20 s walk-through took
-    355 s with two."""
+    """``threads``, else 1 when ``spec`` is or names a small model (a model in hand, a local folder or file, the
+    bundled digits, or an hf-hub: repo already in the Hub cache) and the user set no OMP_NUM_THREADS, else None
+    (torch's default). On a small model torch's one thread per core only synchronise: on a busy 2-core machine a
+    20 s walk-through took 355 s with two."""
     if threads is not None or os.environ.get("OMP_NUM_THREADS") or spec is None:
         return threads
+    if isinstance(spec, nn.Module):
+        return 1 if sum(p.numel() * p.element_size() for p in spec.parameters()) < SMALL_MODEL_BYTES else None
     try:
         if str(spec).startswith("hf-hub:"):  # counted in the cache: a Hub model is not fetched just for this
             files = cached_weights(str(spec))

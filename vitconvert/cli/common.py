@@ -75,14 +75,6 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="torch CPU 
                                                                      "under 10M parameters, else torch's]")]
 
 
-def command_threads(threads: Optional[int], spec: Any) -> AbstractContextManager[None]:
-    """Around a command's library call: ``loading.model_threads`` (the library's own rule), imported once the
-    command has loaded its libraries."""
-    from ..loading import model_threads  # lazy: start-up time (torch)
-
-    return model_threads(threads, spec)
-
-
 WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
