@@ -108,3 +108,40 @@ def test_keeping_every_layer_softmax_is_refused_and_writes_nothing(tmp_path):
     with pytest.raises(BadValue, match="the source model itself") as refused:
         convert_source("digits", "elu", tmp_path / "s", keep_softmax="0-3")
     assert refused.value.name == "keep_softmax" and list(tmp_path.iterdir()) == []
+
+
+def test_a_student_of_a_bare_weights_file_finds_its_teacher(tmp_path):
+    """`convert WEIGHTS --arch A`: compare and distill rebuilt the recorded source without A and refused it ("a bare
+    weights file with no architecture"); the folder records A, so the teacher is the file read as convert read it."""
+    from safetensors.torch import save_file
+
+    from vitconvert.loading import load_teacher, teacher_spec
+
+    source = timm.create_model("test_vit", pretrained=False, num_classes=3)  # timm's own tiny test ViT
+    save_file(source.state_dict(), tmp_path / "w.safetensors")
+    convert_source(str(tmp_path / "w.safetensors"), "elu", tmp_path / "s", arch="test_vit")
+    student = vitconvert.load(tmp_path / "s")
+    teacher = load_teacher(teacher_spec(student, None), student, seed=0, recorded=True)
+    got, want = teacher.state_dict(), source.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_the_library_call_runs_on_the_threads_the_command_runs_on(tmp_path, timm_folder, monkeypatch):
+    """One torch thread for a small source (torch's one per core only wait on each other), ``threads=`` when given,
+    the caller's count back after: as `vitconvert convert` (tests/cli/test_threads.py)."""
+    seen, real = [], convert_job.convert
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(convert_job, "convert", spy)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    caller = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        convert_source(str(timm_folder), "elu", tmp_path / "a")
+        convert_source(str(timm_folder), "elu", tmp_path / "b", threads=3)
+        assert seen == [1, 3] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(caller)

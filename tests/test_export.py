@@ -97,11 +97,12 @@ def test_cli_writes_beside_the_folder_and_never_overwrites_without_force(folders
 
 
 @pytest.mark.parametrize("args, text", [
-    (["--format", "tflite"], "unknown format 'tflite'; choose from onnx, pt2"),
-    (["--opset", "12"], "opset 12 is not supported"),
-    (["--format", "pt2", "--opset", "18"], "an opset applies to ONNX only"),
-    (["--batch-size", "0"], "batch size must be at least 1"),
-    (["--img-size", "0"], "image size must be positive"),
+    (["--format", "tflite"], "error: --format: unknown format 'tflite'; choose from onnx, pt2"),
+    (["--opset", "12"], "error: --opset: 12 is not supported"),
+    (["--format", "pt2", "--opset", "18"], "error: --opset: applies to ONNX only, not to --format pt2"),
+    (["--batch-size", "0"], "error: --batch-size: must be at least 1 (got 0)"),
+    (["--img-size", "0"], "error: --img-size: must be at least 1 (got 0)"),
+    (["--img-size", "4"], "error: --img-size: 4 px is smaller than one patch of "),  # it was an internal error
 ])
 def test_bad_input_is_one_line_and_writes_nothing(folders, tmp_path, args, text):
     result = runner.invoke(app, ["export", str(folders["elu"]), "--out", str(tmp_path / "x.onnx"), *args])

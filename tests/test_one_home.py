@@ -49,3 +49,9 @@ def test_torchruns_variables_are_read_only_by_the_launcher():
                       for node in ast.walk(ast.parse(p.read_text()))
                       if isinstance(node, ast.Constant) and node.value in names})
     assert readers == ["distributed.py"]
+
+
+def test_the_hub_cache_is_asked_for_weights_in_one_function():
+    """hub_io.cached_weights answers "are this repo's weights here?" for every caller (model threads, a timm name's
+    reachability, the mark check): a second lookup had drifted (safetensors only, or a bool of either file)."""
+    assert files_saying("try_to_load_from_cache") == ["hub_io.py"]

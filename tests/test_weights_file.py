@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import struct
 from pathlib import Path
 
@@ -168,3 +169,41 @@ def test_a_students_weights_are_refused_as_a_softmax_source_and_teacher(tmp_path
         load_source(str(disguised))
     with pytest.raises(vitconvert.errors.VitconvertError, match="holds vitconvert's elu linear attention"):
         load_teacher(str(disguised), vitconvert.load(folder), seed=0, recorded=False)
+
+
+@pytest.mark.parametrize("where", ["local-dir", "hf-hub"])
+def test_a_pickled_checkpoint_is_checked_against_the_config_as_unmarked_weights_are(tmp_path, where, monkeypatch):
+    """A vitconvert folder whose weights are timm's pickle (pytorch_model.bin, read weights_only: no metadata, so
+    no mark): timm loaded it into whatever config.json's architecture said; the vitconvert block beside it says
+    what the weights were saved as, locally and from the Hub cache (one lookup: hub_io.cached_weights)."""
+    from helpers import place_in_hub_cache
+
+    from vitconvert.hub_io import cached_weights
+
+    student, _ = vitconvert.convert(tiny_model("vit", num_classes=3), "elu", attn_init="copy")
+    folder = vitconvert.save(student, tmp_path / "m")
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    spec = f"local-dir:{folder}"
+    if where == "hf-hub":
+        place_in_hub_cache(tmp_path / "hub", "me/pickled", folder)
+        import huggingface_hub.constants as hub_constants
+
+        monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+        monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+        assert [p.name for p in cached_weights("hf-hub:me/pickled")] == ["pytorch_model.bin"]
+        spec = "hf-hub:me/pickled"
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():  # as saved: it loads, the same model
+        assert torch.equal(timm.create_model(spec, pretrained=True).eval()(x), student.eval()(x))
+    config = json.loads((folder / "config.json").read_text())
+    config["architecture"] = "vitconvert_relu"
+    if where == "hf-hub":
+        shutil.rmtree(tmp_path / "hub")
+        (folder / "config.json").write_text(json.dumps(config))
+        place_in_hub_cache(tmp_path / "hub", "me/pickled", folder)
+    else:
+        (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(vitconvert.errors.VitconvertError, match="vitconvert block says the weights hold elu") as e:
+        timm.create_model(spec, pretrained=True)
+    assert "\n" not in str(e.value)

@@ -43,7 +43,10 @@ class BenchConfig:
     warmup: int = 1  # untimed rounds first
     pretrained: bool = True  # weights do not change speed; False skips their download
     device: Optional[str] = None  # cpu, cuda, cuda:1; None: a GPU if any
-    threads: Optional[int] = None  # torch CPU threads during the run; None: torch's
+    # torch CPU threads during the run; None: torch's, as `vitconvert bench` without --threads. Unlike the other
+    # jobs (loading.model_threads), no small-model rule: the count is a condition of what is timed, so it is the
+    # caller's choice, and the report records it
+    threads: Optional[int] = None
     options: Optional[dict[str, Any]] = None  # variant options, over a folder's own
     memory: bool = True  # also measure peak memory (one more step per model)
     clock: str = "wall"  # or "cpu": the process's CPU time (steady on a shared machine with one thread)

@@ -33,7 +33,7 @@ from .data import (
     teacher_normalizer,
 )
 from .errors import BadValue, VitconvertError, param, plural
-from .loading import load_student, load_teacher, teacher_spec
+from .loading import load_student, load_teacher, model_threads, teacher_spec
 from .surgery import attention_modules, find_softmax_attention
 from .writer import PNG_METADATA, atomic_file
 
@@ -211,16 +211,19 @@ class StudentComparison:
 
 def compare_student(student: str, data: str, teacher: Optional[str] = None, *, split: str = "val",
                     batches: int = 10, batch_size: int = 32, workers: int = 0, data_dir: Optional[str] = None,
-                    download: bool = False, pretrained: Optional[bool] = None) -> StudentComparison:
+                    download: bool = False, pretrained: Optional[bool] = None,
+                    threads: Optional[int] = None) -> StudentComparison:
     """A vitconvert folder (or run folder, or Hub id) against its softmax teacher — ``teacher``, else the source
     it was converted from, rebuilt as convert built it — on a fixed sample of ``data``. ``pretrained`` chooses a
-    named teacher's weights (default: as the student's source was built)."""
-    model = load_student(student)
-    spec = teacher_spec(model, teacher)
-    softmax = load_teacher(spec, model, seed=0, recorded=teacher is None, pretrained=pretrained)
-    loader = image_batches(data, model, split, batches, batch_size, workers=workers, data_dir=data_dir,
-                           download=download)
-    return StudentComparison(compare_models(softmax, model, loader), spec)
+    named teacher's weights (default: as the student's source was built); ``threads``: torch's CPU threads
+    meanwhile (``loading.model_threads``, as ``vitconvert compare --threads``)."""
+    with model_threads(threads, student):
+        model = load_student(student)
+        spec = teacher_spec(model, teacher)
+        softmax = load_teacher(spec, model, seed=0, recorded=teacher is None, pretrained=pretrained)
+        loader = image_batches(data, model, split, batches, batch_size, workers=workers, data_dir=data_dir,
+                               download=download)
+        return StudentComparison(compare_models(softmax, model, loader), spec)
 
 
 def has_matplotlib() -> bool:

@@ -20,8 +20,9 @@ from .conversion import ConversionReport, check_request, convert
 from .errors import BadValue, param
 from .folder import check_options, save
 from .hybrid import LayerChoice, choose_softmax_layers
+from .loading import model_threads
 from .selection import Spec, auto_count
-from .sources import Source, load_source
+from .sources import Source, lasting_spec, load_source
 from .writer import check_output
 
 # ``progress(what)`` wraps each slow stage ("loading deit_small", "writing out"): a heartbeat, a log line, a bar
@@ -96,12 +97,14 @@ def convert_source(
     download: bool = False,
     force: bool = False,
     progress: Optional[Progress] = None,
+    threads: Optional[int] = None,
 ) -> ConvertResult:
     """Load ``source`` (any SOURCE string), convert it to ``to`` and save the model folder ``out`` (default
     ``./<arch>-<to>``), atomically; ``force`` replaces a folder vitconvert wrote.
 
     ``layers`` / ``keep_softmax`` make a hybrid (``"2-11"``, ``"0,1"``); ``keep_softmax="auto:K"`` keeps the K
     layers that lose most as linear, measured on ``data`` by ``signal`` (``hybrid.choose_softmax_layers``).
+    ``threads``: torch's CPU threads meanwhile (``loading.model_threads``, as ``vitconvert convert --threads``).
     The other arguments are ``convert``'s and ``sources.load_source``'s.
 
     Example: ``vitconvert.convert_source("deit_small", "mhla", "deit_small-mhla")``
@@ -110,27 +113,31 @@ def convert_source(
     options = options or {}
     check_arguments(source, to, out, num_classes=num_classes, img_size=img_size, options=options,
                     keep_softmax=keep_softmax, data=data, force=force)
-    start = time.perf_counter()
-    with stage(f"loading {source}"):
-        src = load_seeded(source, seed, pretrained=pretrained, arch=arch, img_size=img_size)
-    if out is None:
-        out = check_output(f"{src.arch}-{to}", force=force, inputs=[source])
-    meta: dict[str, Any] = {"source_seed": seed} if not src.pretrained else {}  # loading.load_teacher rebuilds it
-    if img_size is not None:
-        meta["source_img_size"] = img_size
-    count = auto_count(keep_softmax)
-    if count is not None:
-        with stage(f"measuring which {count} layer(s) to keep softmax on {data}"):
-            choice: LayerChoice = choose_softmax_layers(src.model, to, count, data, signal=signal, options=options,
-                                                        seed=seed, data_dir=data_dir, download=download)
-        keep_softmax, meta["selection"] = ",".join(map(str, choice.keep)), {**choice.to_dict(), "data": data}
-    with stage(f"converting to {to} ({attn_init} attention init)"):
-        student, report = convert(src.model, to, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
-                                  seed=seed, num_classes=num_classes, options=options, source=source,
-                                  layers=layers, keep_softmax=keep_softmax or None)
-    if not report.surgery.layers:
-        raise BadValue("keep_softmax", "keeps every layer softmax: that is the source model itself; keep fewer")
-    with stage(f"writing {out}"):
-        save(student, out, force=force, inputs=[source], pretrained=src.pretrained, **meta)
-    seconds = time.perf_counter() - start
-    return ConvertResult(Path(out), src.arch, report, src.pretrained, meta.get("selection"), seconds)
+    with model_threads(threads, source):  # as the command: 1 thread for a small model, unless told
+        start = time.perf_counter()
+        with stage(f"loading {source}"):
+            src = load_seeded(source, seed, pretrained=pretrained, arch=arch, img_size=img_size)
+        if out is None:
+            out = check_output(f"{src.arch}-{to}", force=force, inputs=[source])
+        meta: dict[str, Any] = {"source_seed": seed} if not src.pretrained else {}  # loading.load_teacher rebuilds it
+        if img_size is not None:
+            meta["source_img_size"] = img_size
+        if arch is not None:  # a bare weights file: its teacher is rebuilt with the architecture it was read with
+            meta["source_arch"] = src.arch
+        count = auto_count(keep_softmax)
+        if count is not None:
+            with stage(f"measuring which {count} layer(s) to keep softmax on {data}"):
+                choice: LayerChoice = choose_softmax_layers(src.model, to, count, data, signal=signal, options=options,
+                                                            seed=seed, data_dir=data_dir, download=download)
+            keep_softmax, meta["selection"] = ",".join(map(str, choice.keep)), {**choice.to_dict(), "data": data}
+        with stage(f"converting to {to} ({attn_init} attention init)"):
+            student, report = convert(src.model, to, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
+                                      seed=seed, num_classes=num_classes, options=options,
+                                      source=lasting_spec(source),
+                                      layers=layers, keep_softmax=keep_softmax or None)
+        if not report.surgery.layers:
+            raise BadValue("keep_softmax", "keeps every layer softmax: that is the source model itself; keep fewer")
+        with stage(f"writing {out}"):
+            save(student, out, force=force, inputs=[source], pretrained=src.pretrained, **meta)
+        seconds = time.perf_counter() - start
+        return ConvertResult(Path(out), src.arch, report, src.pretrained, meta.get("selection"), seconds)

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from .data import TransformedDataset, check_classes, eval_transform, input_config, make_loader, open_dataset
 from .distributed import pick_device
 from .errors import BadValue, VitconvertError, param
-from .loading import load
+from .loading import load, model_threads
 
 
 def autocast_for(device: torch.device, enabled: bool = True, dtype: str = "bfloat16") -> AbstractContextManager:
@@ -79,14 +79,23 @@ def metrics_from_sums(sums: torch.Tensor) -> dict[str, Any]:
 
 def evaluate(model: Union[str, Path, nn.Module], data: str, split: str = "val", batch_size: int = 64,
              device: Optional[str] = None, data_dir: Optional[str] = None, download: bool = False,
-             workers: Optional[int] = 0, amp: bool = True, pretrained: bool = True) -> dict[str, Any]:
+             workers: Optional[int] = 0, amp: bool = True, pretrained: bool = True,
+             threads: Optional[int] = None) -> dict[str, Any]:
     """{"top1", "top5" (fractions), "loss", "n", "img_s"} of ``model`` on ``data``'s ``split``: a model, or any
-    SOURCE ``vitconvert.load`` takes (``pretrained=False``: a timm name's random init)."""
+    SOURCE ``vitconvert.load`` takes (``pretrained=False``: a timm name's random init). ``threads``: torch's CPU
+    threads meanwhile (``loading.model_threads``, as ``vitconvert eval --threads``)."""
 
     if batch_size < 1:
         raise BadValue("batch_size", f"must be at least 1 (got {batch_size})")
     if workers is not None and workers < 0:
         raise BadValue("workers", f"must not be negative (got {workers}; 0 loads in this process)")
+    with model_threads(threads, model):
+        return _evaluate(model, data, split, batch_size, device, data_dir, download, workers, amp, pretrained)
+
+
+def _evaluate(model: Union[str, Path, nn.Module], data: str, split: str, batch_size: int, device: Optional[str],
+              data_dir: Optional[str], download: bool, workers: Optional[int], amp: bool,
+              pretrained: bool) -> dict[str, Any]:
     net = model if isinstance(model, nn.Module) else load(model, pretrained=pretrained)
     dev = pick_device(device, 0)
     classes = getattr(net, "num_classes", None)

@@ -27,10 +27,10 @@ from torch import nn
 
 from .attention import LinearAttention
 from .data import digits_dataset
-from .errors import VitconvertError, first_line
-from .loading import load
+from .errors import BadValue, VitconvertError, first_line, param
+from .loading import load, model_threads
 from .provenance import report_of
-from .sources import Resolved, resolve
+from .sources import Resolved, below_a_patch, resolve, smaller_than_a_patch
 from .surgery import linear_layer_indices
 from .version import __version__
 from .writer import MARK, atomic_file, check_file, output_lock
@@ -87,11 +87,14 @@ def load_for_export(source: Union[str, Path, Resolved], img_size: Optional[int] 
 
     model = load(source, pretrained=pretrained)
     if img_size is not None and img_size != model_img_size(model):
-        if img_size < 1:
-            raise VitconvertError(f"image size must be positive (got {img_size})")
         if not hasattr(model, "set_input_size"):
             raise VitconvertError(f"{type(model).__name__} cannot change its input size")
-        model.set_input_size(img_size=img_size)
+        try:
+            model.set_input_size(img_size=img_size)
+        except RuntimeError as e:
+            if not below_a_patch(e):
+                raise
+            raise smaller_than_a_patch(img_size, source.spec if isinstance(source, Resolved) else source) from None
     return model.eval()
 
 
@@ -143,23 +146,26 @@ def quiet() -> Iterator[None]:
 def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str, Path]] = None,
            img_size: Optional[int] = None, batch_size: int = 2, dynamic_batch: bool = True,
            opset: Optional[int] = None, force: bool = False, tolerance: float = TOLERANCE,
-           pretrained: bool = True) -> ExportResult:
+           pretrained: bool = True, threads: Optional[int] = None) -> ExportResult:
     """Export the model ``folder`` names (a vitconvert model or run folder, or any SOURCE ``vitconvert.load``
     takes) to ``out`` (default: beside a local folder, else in the working directory), check it, and write it
     only if it passes.
 
     ``dynamic_batch`` (the default): any batch size at run time, checked at ``batch_size`` and one more; the
-    trace uses a batch of at least 2 (torch.export fixes a dimension it sees as 1)."""
+    trace uses a batch of at least 2 (torch.export fixes a dimension it sees as 1). ``threads``: torch's CPU threads
+    meanwhile (``loading.model_threads``, as ``vitconvert export --threads``)."""
     import time
 
     if fmt not in FORMATS:
-        raise VitconvertError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+        raise BadValue("fmt", f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     if batch_size < 1:
-        raise VitconvertError(f"batch size must be at least 1 (got {batch_size})")
+        raise BadValue("batch_size", f"must be at least 1 (got {batch_size})")
     if opset is not None and fmt != "onnx":
-        raise VitconvertError("an opset applies to ONNX only")
+        raise BadValue("opset", f"applies to ONNX only, not to {param('fmt', fmt)}")
     if opset is not None and not 18 <= opset <= 23:
-        raise VitconvertError(f"opset {opset} is not supported by the dynamo exporter: choose 18 to 23")
+        raise BadValue("opset", f"{opset} is not supported by the dynamo exporter: choose 18 to 23")
+    if img_size is not None and img_size < 1:  # before the model loads (minutes for a large one)
+        raise BadValue("img_size", f"must be at least 1 (got {img_size})")
     if fmt == "onnx":
         require_onnx()
     source = resolve(folder)
@@ -167,7 +173,8 @@ def export(folder: Union[str, Path], fmt: str = "onnx", out: Optional[Union[str,
     target = check_file(out if out is not None else default_output(source, fmt), force=force, inputs=inputs,
                         suffix=FORMATS[fmt])
     started = time.perf_counter()
-    with output_lock(target):  # from before the minutes of export: a second export to this file is refused
+    # from before the minutes of export: a second export to this file is refused; threads as the command's
+    with output_lock(target), model_threads(threads, folder):
         model = load_for_export(source, img_size, pretrained)
         size = model_img_size(model)
         batches = [batch_size, batch_size + 1] if dynamic_batch else [batch_size]

@@ -122,21 +122,21 @@ def hub_offline() -> bool:
     return now or bool(constants.HF_HUB_OFFLINE)
 
 
-def weights_cached(repo_id: str) -> bool:
-    """Whether the Hub cache holds weights of ``repo_id`` (model.safetensors or pytorch_model.bin)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    return any(isinstance(try_to_load_from_cache(repo_id, name), str)
-               for name in ("model.safetensors", "pytorch_model.bin"))
+HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in timm's order: safetensors first, its pickle else
 
 
 def cached_weights(spec: str) -> list[Path]:
-    """The Hub cache's model.safetensors of an ``hf-hub:`` SOURCE (empty when not cached); no network call."""
+    """The weights file of an ``[hf-hub:]org/name[@revision]`` in the Hub cache, the one timm would load
+    (model.safetensors, else timm's pickled pytorch_model.bin); empty when not cached. No network call: the one
+    answer to "are its weights here?" (vitconvert's model threads, a timm name's reachability, the mark check)."""
     from huggingface_hub import try_to_load_from_cache
 
     repo_id, revision = parse_repo_id(spec)
-    found = try_to_load_from_cache(repo_id, "model.safetensors", revision=revision)
-    return [Path(found)] if isinstance(found, str) else []
+    for name in HUB_WEIGHTS:
+        found = try_to_load_from_cache(repo_id, name, revision=revision)
+        if isinstance(found, str):
+            return [Path(found)]
+    return []
 
 
 def hub_reachable(timeout: float = 5.0) -> bool:

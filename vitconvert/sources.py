@@ -22,7 +22,7 @@ from .aliases import ALIASES, resolve_alias, suggest
 from .assets import teacher_folder
 from .errors import BadValue, VitconvertError, first_line, load_reason, param
 from .folder import check_weights_readable, folder_block, read_config
-from .hub_io import check_endpoint, hub_offline, hub_reachable, hub_snapshot, parse_repo_id, weights_cached
+from .hub_io import cached_weights, check_endpoint, hub_offline, hub_reachable, hub_snapshot, parse_repo_id
 from .state_file import load_state_file
 from .timm_registry import source_architecture
 from .weights_file import check_softmax_weights
@@ -108,6 +108,18 @@ def resolve(spec: Union[str, Path]) -> Resolved:
     return Resolved(spec, "timm", name=name)
 
 
+def lasting_spec(spec: str) -> str:
+    """``spec`` as a converted folder records its source (config.json's "source": distill's and compare's teacher):
+    a local path made absolute, since a relative one names another folder, or a timm model of the same name, or
+    nothing, from another directory; every other form (hf-hub:, a timm name or alias, digits) as given."""
+    if spec.startswith("hf-hub:"):
+        return spec
+    resolved = resolve(spec)
+    if resolved.kind == "timm" or resolved.bundled or resolved.path is None:
+        return spec
+    return os.path.abspath(resolved.path)  # not resolve(): a link the user gave stays the name recorded
+
+
 def shadowed_name(spec: str, path: Path) -> bool:
     """A bare name (``digits``, ``deit_small``) that a local non-model folder of the same name would hide:
     the name wins; ``./digits`` still means the folder."""
@@ -127,6 +139,17 @@ class Source:
     pretrained: bool
 
 
+def below_a_patch(error: Exception) -> bool:
+    """torch's words (its pooling, resampling the position embeddings) for an image smaller than one patch."""
+    return "sizes should be greater than 0" in first_line(error)
+
+
+def smaller_than_a_patch(img_size: int, spec: Any) -> BadValue:
+    """The one line for an image size below one patch of ``spec`` (convert's source, export's model)."""
+    return BadValue("img_size", f"{img_size} px is smaller than one patch of {spec}: the image would have no patch "
+                                "grid; give a size of at least one patch")
+
+
 def _create(name: str, pretrained: bool, spec: str, **kwargs: Any) -> nn.Module:
     if pretrained and needs_hub(name, kwargs):
         check_weights_reachable(name, spec)
@@ -136,9 +159,8 @@ def _create(name: str, pretrained: bool, spec: str, **kwargs: Any) -> nn.Module:
         msg = first_line(e)
         if "size mismatch" in str(e) or "Missing key" in str(e) or "Unexpected key" in str(e):
             raise VitconvertError(f"the weights of {spec} do not fit architecture {name}: {load_reason(e)}") from None
-        if kwargs.get("img_size") and "sizes should be greater than 0" in msg:  # torch's pooling words
-            raise BadValue("img_size", f"{kwargs['img_size']} px is smaller than one patch of {spec}: the image would "
-                                       "have no patch grid; give a size of at least one patch") from None
+        if kwargs.get("img_size") and below_a_patch(e):
+            raise smaller_than_a_patch(kwargs["img_size"], spec) from None
         if pretrained and "No pretrained weights exist" in msg:  # timm's words, which name its Python argument
             raise VitconvertError(f"timm has no pretrained weights for {spec}: use {param('pretrained', False)} "
                                   "for a randomly initialised model") from None
@@ -165,7 +187,7 @@ def check_weights_reachable(name: str, spec: str) -> None:
         repo_id = timm.models.get_pretrained_cfg(name).hf_hub_id
     except Exception:  # no pretrained config (weights by URL, a custom name): timm says what it can
         return
-    if not repo_id or weights_cached(repo_id):
+    if not repo_id or cached_weights(repo_id):
         return
     if hub_offline():  # said in our words: huggingface_hub's own sentence is broken and does not name the switch
         raise VitconvertError(f"cannot get pretrained weights for {spec}: HF_HUB_OFFLINE is set and {repo_id} is not "
@@ -183,6 +205,11 @@ def load_source(source: Union[str, Path, Resolved], pretrained: bool = True, arc
                 **model_kwargs: Any) -> Source:
     """The softmax model a SOURCE names (``arch``: the timm architecture of a bare weights file)."""
     resolved = source if isinstance(source, Resolved) else resolve(source)
+    if arch is not None and resolved.kind != "file":  # it was dropped without a word: the model was another one
+        what = ("a model folder: its config.json names the architecture" if resolved.kind == "folder"
+                else "a timm model name: it is the architecture")
+        raise BadValue("arch", f"names the timm architecture of a bare weights file only; {resolved.spec} is {what}; "
+                               "drop it")
     if resolved.kind == "folder":
         assert resolved.path is not None
         return load_folder(resolved.path, resolved.spec, **model_kwargs)

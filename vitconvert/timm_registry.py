@@ -27,6 +27,7 @@ from torch import nn
 
 from .attention import VARIANTS, LinearAttention, on_register
 from .errors import VitconvertError
+from .hub_io import cached_weights
 from .surgery import swap_attention
 from .weights_file import check_weights
 
@@ -152,26 +153,23 @@ def check_layer_list(variant: str, layers: Any) -> None:
                               "softmax model, not a vitconvert one; restore config.json's model_args")
 
 
+LOCAL_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "pytorch_model.pth", "model.pth")  # timm's order
+
+
 def pretrained_weights(cfg: dict[str, Any]) -> list[Path]:
-    """The safetensors file timm just loaded for ``pretrained=True``: a ``local-dir:`` folder's, or an ``hf-hub:``
-    repo's in the Hub cache."""
+    """The weights file timm just loaded for ``pretrained=True``: a ``local-dir:`` folder's (the first of timm's
+    preferred names), or an ``hf-hub:`` repo's in the Hub cache; safetensors or a pickle (read weights_only)."""
     file, repo = cfg.get("file"), cfg.get("hf_hub_id")
     if file:
         path = Path(file)
-        path = path / "model.safetensors" if path.is_dir() else path
-    elif repo:
-        from huggingface_hub import try_to_load_from_cache
-
-        repo_id, _, revision = str(repo).partition("@")
-        found = try_to_load_from_cache(repo_id, "model.safetensors", revision=revision or None)
-        path = Path(found) if isinstance(found, str) else Path()
-    else:
-        return []
-    return [path] if path.suffix == ".safetensors" and path.is_file() else []
+        if path.is_dir():
+            path = next((path / name for name in LOCAL_WEIGHTS if (path / name).is_file()), path / LOCAL_WEIGHTS[0])
+        return [path] if path.is_file() else []
+    return cached_weights(str(repo)) if repo else []
 
 
 def transformers_weights() -> list[Path]:
-    """The safetensors files transformers' ``from_pretrained`` will load into the model being built, or none.
+    """The weights files transformers' ``from_pretrained`` will load into the model being built, or none.
 
     transformers builds the timm model (through this entrypoint, ``pretrained=False``) before it reads the weights,
     and passes only config.json's model_args: the files it resolved are in its ``from_pretrained`` call's
@@ -181,7 +179,7 @@ def transformers_weights() -> list[Path]:
         if frame.f_code.co_name == "from_pretrained" and str(frame.f_globals.get("__name__")).startswith(
                 "transformers."):
             files = frame.f_locals.get("checkpoint_files") or []
-            return [Path(f) for f in files if str(f).endswith(".safetensors") and Path(f).is_file()]
+            return [Path(f) for f in files if Path(f).is_file()]
         frame = frame.f_back
     return []
 

@@ -112,9 +112,10 @@ def block_mark(config_file: Path) -> Optional[Mark]:
 def check_weights(path: Path, variant: str, layers: list[int], builder: str) -> None:
     """Refuse to load ``path`` into what ``builder`` builds (``variant`` attention in ``layers``) when the weights'
     mark says they are other weights; for weights without the mark, the vitconvert block of the config.json beside
-    them says what they were saved as. ELU, ReLU and softmax weights fit each other's modules: a strict load would
-    take them without a word."""
-    mark, teller = read_mark(path), str(path)
+    them says what they were saved as, and so it does for a pickle (timm's pytorch_model.bin, read weights_only),
+    which holds no metadata. ELU, ReLU and softmax weights fit each other's modules: a strict load would take them
+    without a word."""
+    mark, teller = read_mark(path) if path.suffix == ".safetensors" else None, str(path)
     if mark is None:
         mark, teller = block_mark(path.parent / "config.json"), f"{path.parent / 'config.json'}'s vitconvert block"
     if mark is None:

@@ -40,6 +40,30 @@ def test_convert_writes_folder_and_info_reads_it(tmp_path, timm_folder, monkeypa
     assert "conversion report" in invoke("info", "m").output
 
 
+def test_a_relative_source_is_recorded_so_the_teacher_is_found_from_anywhere(tmp_path, timm_folder, monkeypatch):
+    """`convert ./src` recorded "./src": from another directory distill and compare found no teacher, or another
+    folder of that name, or a timm model named like the folder (pretrained weights in place of the user's)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    import vitconvert
+    from vitconvert.loading import load_teacher, teacher_spec
+
+    monkeypatch.chdir(tmp_path)
+    assert invoke("convert", "./src", "--to", "elu", "--out", "m").exit_code == 0
+    assert json.loads(invoke("info", "m", "--json").stdout)["source"] == str(timm_folder)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(timm_folder, elsewhere / "src")  # a same-named folder there: another model
+    weights = elsewhere / "src" / "model.safetensors"
+    save_file({k: v + 1 for k, v in load_file(weights).items()}, weights)
+    monkeypatch.chdir(elsewhere)
+    student = vitconvert.load(tmp_path / "m")
+    teacher = load_teacher(teacher_spec(student, None), student, seed=0, recorded=True)
+    source = timm.create_model(f"local-dir:{timm_folder}", pretrained=True)
+    got, want = teacher.state_dict(), source.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
 def test_convert_default_out_and_options(tmp_path, timm_folder, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = invoke("convert", str(timm_folder), "--to", "inline", "--option", "local_residual=true",
@@ -133,6 +157,19 @@ def test_converting_a_converted_model_is_refused(tmp_path, timm_folder, monkeypa
     monkeypatch.chdir(tmp_path)
     invoke("convert", str(timm_folder), "--to", "elu", "--out", "m")
     assert_one_line_error(invoke("convert", "m", "--to", "relu", "--out", "n"), "already a linear-attention")
+
+
+@pytest.mark.parametrize("form", ["folder", "timm name"])
+def test_arch_with_a_source_that_names_its_own_is_refused(tmp_path, timm_folder, monkeypatch, form):
+    """--arch reads a bare weights file; beside a folder or a timm name it was dropped without a word, so the user
+    got another architecture than the one they named."""
+    monkeypatch.chdir(tmp_path)
+    source = str(timm_folder) if form == "folder" else "deit_tiny_patch16_224"
+    result = invoke("convert", source, *TINY_ARGS, "--to", "elu", "--arch", "vit_small_patch16_224", "--out", "m")
+    what = "a model folder: its config.json names" if form == "folder" else "a timm model name: it is"
+    assert_one_line_error(result, f"--arch: names the timm architecture of a bare weights file only; {source} is "
+                                  f"{what}")
+    assert not (tmp_path / "m").exists()
 
 
 def test_installed_console_script(tmp_path, timm_folder):

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from distill.helpers import CLI_FAST, make_student, make_workspace
 from helpers import assert_one_line_error, invoke
 
@@ -53,6 +54,43 @@ def test_ctrl_c_is_a_stop_and_the_run_folder_alone_resumes_it(ws, tmp_path):
         os.chdir(REPO)
     assert resumed.exit_code == 0, resumed.output
     assert json.loads((tmp_path / "run" / "config.json").read_text())["vitconvert"]["metrics"]["epochs"] == EPOCHS
+
+
+@pytest.mark.parametrize("moment", ["validate", "compare"])
+def test_ctrl_c_in_the_last_epochs_end_is_a_stop_too(ws, tmp_path, monkeypatch, moment):
+    """Ctrl-C in the last epoch's validation (it was ignored: the run finished, exit 0) or in the end-of-run
+    comparison (it was `error: interrupted` with no final model, and --resume called the run complete): a stop as in
+    any epoch, and --resume writes the final model of the trained weights."""
+    from safetensors.torch import load_file
+
+    from vitconvert.distill import trainer
+
+    target, name = (trainer.Trainer, "validate") if moment == "validate" else (trainer, "compare_at_end")
+    real = getattr(target, name)
+
+    def interrupted(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)  # as a terminal's Ctrl-C: the handler distill installed gets it
+        return real(*args, **kwargs)
+
+    before = signal.getsignal(signal.SIGINT)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(target, name, interrupted)
+    fast = ["compare_batches=1" if a == "compare_batches=0" else a for a in CLI_FAST]  # the comparison runs
+    stopped = invoke("distill", ws / "student-elu", "--data", ws / "images", "--epochs", "1", *fast, "--out", "run")
+    last = stopped.stderr.strip().splitlines()[-1]
+    assert stopped.exit_code == 130 and last.startswith("stopped by SIGINT after the last epoch"), stopped.output
+    assert "vitconvert distill --resume --out run" in last and "error" not in stopped.stderr
+    assert not (tmp_path / "run" / "config.json").exists()  # no final model yet: the run is not complete
+    assert signal.getsignal(signal.SIGINT) is before  # handlers restored
+
+    monkeypatch.setattr(target, name, real)
+    resumed = invoke("distill", "--resume", "--out", "run")
+    assert resumed.exit_code == 0, resumed.output
+    final = tmp_path / "run" / "config.json"
+    assert json.loads(final.read_text())["vitconvert"]["metrics"]["epochs"] == 1
+    trained = load_file(tmp_path / "run" / "checkpoint-last" / "model.safetensors")
+    kept = load_file(tmp_path / "run" / "model.safetensors")
+    assert all(torch.equal(kept[k], v) for k, v in trained.items() if k in kept) and kept.keys() <= trained.keys()
 
 
 def test_distill_after_a_failed_convert_names_the_folder_it_takes(ws, tmp_path, monkeypatch):

@@ -77,3 +77,31 @@ def test_a_small_model_from_the_hub_cache_runs_on_one_thread_too(ws, seen, tmp_p
     result = invoke("eval", "hf-hub:me/student", "--data", ws / "images")
     assert result.exit_code == 0, result.output
     assert seen["eval_sums"] == 1
+
+
+def test_the_library_calls_run_on_the_threads_the_commands_run_on(ws, seen, tmp_path, monkeypatch):
+    """evaluate, compare_student and export set the threads themselves (loading.model_threads), so a Python caller
+    gets what the command line gets: 1 for a small model (a folder, or a model in hand), ``threads=`` when given."""
+    import vitconvert
+    import vitconvert.export
+    from vitconvert.compare import compare_student
+    from vitconvert.evaluate import evaluate
+
+    counts, real = [], vitconvert.export.load_for_export
+
+    def spy(*args, **kwargs):
+        counts.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vitconvert.export, "load_for_export", spy)
+    student, data = ws / "student-elu", str(ws / "images")
+    evaluate(student, data)
+    assert seen["eval_sums"] == 1
+    evaluate(vitconvert.load(student), data, threads=3)
+    assert seen["eval_sums"] == 3
+    evaluate(vitconvert.load(student), data)
+    assert seen["eval_sums"] == 1
+    compare_student(str(student), data, batches=1)
+    assert seen["compare_models"] == 1
+    vitconvert.export.export(student, "pt2", tmp_path / "m.pt2")
+    assert counts == [1] and torch.get_num_threads() == 2  # the caller's count comes back

@@ -41,11 +41,31 @@ def test_the_end_comparison_takes_keywords():
 
 def test_distill_names_the_run_folder_itself_and_resumes_from_the_folder_alone(student, images, tmp_path,
                                                                               monkeypatch):
+    """... and runs on the threads `vitconvert distill` runs on: one for a small student (torch's one per core only
+    wait on each other), ``threads=`` when given, the caller's count back after."""
+    import torch
+
+    import vitconvert.distill
+
+    seen, real = [], vitconvert.distill.run
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vitconvert.distill, "run", spy)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.chdir(tmp_path)
-    result = distill(student, overrides={**FAST, "data": str(images), "compare_batches": 0}, show=False)
-    assert result.folder == Path("runs") / f"{student.name}-default"  # runs/<student>-<recipe>, as the CLI's
-    with pytest.raises(VitconvertError, match="is complete") as done:  # its recipe and student, read from it
-        distill(out=result.folder, resume=True, show=False)
+    caller = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = distill(student, overrides={**FAST, "data": str(images), "compare_batches": 0}, show=False)
+        assert result.folder == Path("runs") / f"{student.name}-default"  # runs/<student>-<recipe>, as the CLI's
+        with pytest.raises(VitconvertError, match="is complete") as done:  # its recipe and student, read from it
+            distill(out=result.folder, resume=True, show=False, threads=3)
+        assert seen == [1, 3] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(caller)
     assert "epochs=N" in str(done.value) and "--" not in str(done.value)  # a library caller reads arguments
     with pytest.raises(VitconvertError, match="no student model folder given"):
         distill(out=tmp_path / "elsewhere")

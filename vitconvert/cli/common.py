@@ -73,44 +73,14 @@ PretrainedOpt = Annotated[bool, typer.Option("--pretrained/--no-pretrained",
 SeedOpt = Annotated[int, typer.Option("--seed", help="seed of every random draw")]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads [default: 1 for a model "
                                                                      "under 10M parameters, else torch's]")]
-SMALL_MODEL_BYTES = 40 * 2**20  # ~10M float32 parameters: more threads than one only add waiting
-
-
-def cpu_threads(threads: Optional[int], spec: Any) -> Optional[int]:
-    """--threads, else 1 when ``spec`` names a small model (a local folder or file, the bundled digits, or an
-    hf-hub: repo already in the Hub cache) and the user set no OMP_NUM_THREADS, else None (torch's default). On a
-    small model torch's one thread per core only synchronise: on a busy 2-core machine a 20 s walk-through took
-    355 s with two."""
-    if threads is not None or os.environ.get("OMP_NUM_THREADS") or spec is None:
-        return threads
-    from ..hub_io import cached_weights  # lazy: start-up time
-    from ..sources import resolve  # lazy: start-up time
-
-    try:
-        if str(spec).startswith("hf-hub:"):  # counted in the cache: a Hub model is not fetched just for this
-            files = cached_weights(str(spec))
-        else:
-            path = resolve(spec).path
-            files = [] if path is None else [path] if path.is_file() else list(path.glob("*.safetensors"))
-        size = sum(f.stat().st_size for f in files)
-    except (VitconvertError, OSError, ValueError):  # the command's own loading says what is wrong with it
-        return None
-    return 1 if files and size < SMALL_MODEL_BYTES else None
-
-
-def command_threads(threads: Optional[int], spec: Any) -> AbstractContextManager[None]:
-    """Around a command's library call: torch's CPU threads as :func:`cpu_threads` counts them, the caller's count
-    back after (used once the command has loaded its libraries)."""
-    from ..threads import torch_threads  # lazy: start-up time (torch)
-
-    return torch_threads(cpu_threads(threads, spec))
 
 
 WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
-# Library parameters whose flag is spelled otherwise: a dict of ``options`` is given as repeated --option pairs.
-FLAG_NAMES = {"options": "option"}
+# Library parameters whose flag is spelled otherwise: a dict of ``options`` is given as repeated --option pairs;
+# export's ``fmt`` (``format`` is Python's builtin) is --format.
+FLAG_NAMES = {"options": "option", "fmt": "format"}
 
 
 def flag_of(name: str) -> str:

@@ -21,7 +21,6 @@ from .common import (
     TeacherPretrainedOpt,
     ThreadsOpt,
     WorkersOpt,
-    command_threads,
     console,
     loading_libraries,
     plot_output,
@@ -69,12 +68,13 @@ def compare(
         from ..compare import compare_student, plot_compare, require_matplotlib  # lazy: start-up time (and --help's)
 
     inputs = [student, teacher, data]
-    with plot_output(plot, force, inputs) as plot, command_threads(threads, student):
+    with plot_output(plot, force, inputs) as plot:
         if plot is not None:
             require_matplotlib()  # fail before the work, not after it
         with working(f"comparing {student} with its teacher on {data}"):
             result = compare_student(student, data, teacher, split=split, batches=batches, batch_size=batch_size,
-                                     workers=workers, data_dir=data_dir, download=download, pretrained=pretrained)
+                                     workers=workers, data_dir=data_dir, download=download, pretrained=pretrained,
+                                     threads=threads)
         report, spec = result.report, result.teacher
         info = report.to_dict()
         if plot is not None:

@@ -17,7 +17,6 @@ from .common import (
     SeedOpt,
     ThreadsOpt,
     VariantOpt,
-    command_threads,
     console,
     loading_libraries,
     parse_options,
@@ -69,12 +68,11 @@ def convert(
     with loading_libraries():
         from ..convert_job import convert_source  # lazy: start-up time (and --help's)
 
-    with command_threads(threads, source):
-        result = convert_source(source, to, out, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init,
-                                seed=seed, num_classes=num_classes, pretrained=pretrained, arch=arch,
-                                img_size=img_size, options=parse_options(option), layers=layers,
-                                keep_softmax=keep_softmax, data=data, signal=signal, data_dir=data_dir,
-                                download=download, force=force, progress=working)
+    result = convert_source(source, to, out, attn_init=attn_init, mlp_init=mlp_init, rest_init=rest_init, seed=seed,
+                            num_classes=num_classes, pretrained=pretrained, arch=arch, img_size=img_size,
+                            options=parse_options(option), layers=layers, keep_softmax=keep_softmax, data=data,
+                            signal=signal, data_dir=data_dir, download=download, force=force, progress=working,
+                            threads=threads)
     remember_last_convert(result.out)  # only now: a failed convert leaves the record of the last one that finished
     if as_json:
         typer.echo(json.dumps(result.to_dict()))

@@ -18,7 +18,6 @@ from .common import (
     SetOpt,
     TeacherPretrainedOpt,
     ThreadsOpt,
-    command_threads,
     console,
     last_converted,
     loading_libraries,
@@ -82,12 +81,11 @@ def distill(
     if resume and out is not None and not (student or resumed):
         read_checkpoint(out).verify()  # a missing or damaged checkpoint says so, not "no STUDENT given"
     student = student or resumed or last_converted()
-    with command_threads(threads, student):
-        try:
-            result = distill(student, out, recipe, overrides, teacher=teacher, pretrained=pretrained, resume=resume,
-                             force=force, device=device, fsdp=fsdp, compile=compile_, show=not as_json)
-        except TrainingStopped as e:
-            raise Stopped(f"{e} (`vitconvert distill --resume --out {e.run}`)", e.signal_name) from None
+    try:  # the library sets the threads (--threads, else its rule for a small student)
+        result = distill(student, out, recipe, overrides, threads=threads, teacher=teacher, pretrained=pretrained,
+                         resume=resume, force=force, device=device, fsdp=fsdp, compile=compile_, show=not as_json)
+    except TrainingStopped as e:
+        raise Stopped(f"{e} (`vitconvert distill --resume --out {e.run}`)", e.signal_name) from None
     if push_to_hub and main_process:
         from ..hub import push_folder  # lazy: start-up time
 

@@ -19,7 +19,6 @@ from .common import (
     SplitOpt,
     ThreadsOpt,
     WorkersOpt,
-    command_threads,
     console,
     loading_libraries,
     user_errors,
@@ -48,9 +47,9 @@ def eval_cmd(
     with loading_libraries():
         from ..evaluate import evaluate  # lazy: start-up time (and --help's)
 
-    with command_threads(threads, model), working(f"evaluating {model} on {data}"):
+    with working(f"evaluating {model} on {data}"):
         metrics = evaluate(model, data, split=split, batch_size=batch_size, device=device, data_dir=data_dir,
-                           download=download, workers=workers, pretrained=pretrained)
+                           download=download, workers=workers, pretrained=pretrained, threads=threads)
     if as_json:
         typer.echo(json.dumps({k: metrics[k] for k in ("top1", "top5", "loss", "n", "img_s")}))
         return

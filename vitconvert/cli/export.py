@@ -13,7 +13,6 @@ from .common import (
     JsonOpt,
     PretrainedOpt,
     ThreadsOpt,
-    command_threads,
     console,
     loading_libraries,
     user_errors,
@@ -47,9 +46,10 @@ def export(
     with loading_libraries():
         from ..export import export as export_model  # lazy: start-up time (and --help's)
 
-    with working(f"exporting {model} to {format} and checking it"), command_threads(threads, model):
+    with working(f"exporting {model} to {format} and checking it"):
         result = export_model(model, format, out, img_size=img_size, batch_size=batch_size,
-                              dynamic_batch=dynamic_batch, opset=opset, force=force, pretrained=pretrained)
+                              dynamic_batch=dynamic_batch, opset=opset, force=force, pretrained=pretrained,
+                              threads=threads)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
         return

@@ -80,7 +80,8 @@ def prepare_run_folder(run: Path, recipe: Recipe, recipe_text: str, resume: bool
         ckpt.verify()
         changes = recipe_changes(ckpt.recipe, recipe)
         epochs = recipe.schedule.epochs
-        if not changes and ckpt.position.epoch >= epochs:
+        finished = (run / "config.json").is_file()  # a stop after the last epoch: a resume writes the final model
+        if not changes and ckpt.position.epoch >= epochs and finished:
             raise VitconvertError(f"{run} is complete ({ckpt.position.epoch} of {epochs} epochs): nothing "
                                   f"to resume; to train longer, add {param('epochs', 'N')} {param('force', True)}")
         if changes and not force:

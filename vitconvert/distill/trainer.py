@@ -50,7 +50,7 @@ from .runfolder import (
     record_recipe,
     write_model_folder,
 )
-from .signals import StopRequest, TrainingStopped
+from .signals import StopRequest
 from .stages import plan_stages
 from .sums import TERMS, RunningSums
 from .task import DistillationTask
@@ -176,11 +176,13 @@ class Trainer:
             record_recipe(self.run_dir, r, self.ckpt, self.job.recipe_text, self.env)
         else:
             seed_everything(r.seed + self.env.rank)
-        with StopRequest() as stop:
+        with StopRequest() as stop:  # the whole run: a stop in the last epoch's validation or the end is one too
             for epoch in range(self.pos.epoch, epochs):
                 self.train_epoch(epoch, stop, on_step)
                 self.end_epoch(epoch)
-        return self.finish(time.perf_counter() - start)
+            if stop.asked(self.env):  # its checkpoint holds every epoch: a resume writes the final model
+                raise stop.stopped(f"after the last epoch ({epochs}), before writing the final model", self.run_dir)
+            return self.finish(time.perf_counter() - start, stop)
 
     def train_epoch(self, epoch: int, stop: StopRequest, on_step: Optional[Callable[[Trainer], None]]) -> None:
         """One epoch of micro-steps; stops cleanly between steps when asked (Ctrl-C, SIGTERM)."""
@@ -209,12 +211,9 @@ class Trainer:
                 self.bar.advance(terms)
                 if on_step is not None:
                     on_step(self)
-                if D.any_rank(self.env, stop.requested is not None):
+                if stop.asked(self.env):
                     self.save_checkpoint()
-                    raise TrainingStopped(f"stopped by {stop.requested or 'a signal'} at epoch {epoch + 1}, step "
-                                          f"{self.pos.step}; checkpoint saved in {self.run_dir / CHECKPOINT}: "
-                                          f"continue with {param('resume', True)}", stop.requested or "SIGINT",
-                                          run=self.run_dir)
+                    raise stop.stopped(f"at epoch {epoch + 1}, step {self.pos.step}", self.run_dir)
         finally:
             self.bar.stop()
         if self.window.images > 0:
@@ -316,20 +315,18 @@ class Trainer:
         self.pos.epoch, self.pos.batch = epoch + 1, 0
         self.epoch_sums.reset()
         if improved:
-            self.write_model(self.run_dir / "best", self.card_metrics(record))
+            self.write_model(self.run_dir / "best", card_metrics(self.recipe, record, self.pos.best_top1, epoch + 1))
         self.save_checkpoint()
         self.bar.print(f"epoch {epoch + 1}/{self.recipe.schedule.epochs} [{self.task.stage}] train loss "
                        f"{record['train_loss']:.4f}  val top1 {100 * val['top1']:.2f}%  top5 {100 * val['top5']:.2f}%"
                        f"  loss {val['loss']:.4f}")
 
-    def card_metrics(self, record: dict[str, Any]) -> dict[str, Any]:
-        """The metrics the model card shows for this epoch's record."""
-        return card_metrics(self.recipe, record, self.pos.best_top1, self.pos.best_epoch)
-
     # -- writing --------------------------------------------------------------------------------------
-    def write_model(self, folder: Path, metrics: dict[str, Any], final: bool = False) -> None:
+    def write_model(self, folder: Path, metrics: dict[str, Any], final: bool = False,
+                    stop: Optional[StopRequest] = None) -> None:
         """A model folder of the evaluated weights (EMA when on) with the recipe and results in its card; the
-        final one also with the per-layer comparison with the teacher (compare.json/.png, the card's table)."""
+        final one also with the per-layer comparison with the teacher (compare.json/.png, the card's table), unless
+        ``stop`` was asked for meanwhile (the run then stays resumable: its final model is what a resume writes)."""
         state = self.task.evaluated_state()
         if not self.env.is_main:
             return
@@ -340,6 +337,8 @@ class Trainer:
             meta["compare"] = compare_at_end(export, teacher=self.task.softmax_teacher, teacher_spec=self.teacher_spec,
                                              feed=self.feed, inp=self.inp, recipe=self.recipe, device=self.env.device,
                                              folder=self.run_dir, note=self.bar.print)
+        if stop is not None and stop.requested is not None:
+            raise stop.stopped("after the last epoch, before writing the final model", self.run_dir)
         write_model_folder(export, state, folder, meta, in_place=folder == self.run_dir)
 
     def save_checkpoint(self) -> None:
@@ -362,7 +361,7 @@ class Trainer:
                              job=job_record(self.job, self.report, self.teacher_spec))
         D.barrier(self.env)
 
-    def finish(self, seconds: float) -> RunResult:
+    def finish(self, seconds: float, stop: Optional[StopRequest] = None) -> RunResult:
         """Write the final model folder (with the teacher comparison) and the curves; return the last and best
         metrics, so the caller and the quickstart table need not read the folder back."""
         epochs = self.monitor.epochs() if self.env.is_main else []
@@ -373,8 +372,9 @@ class Trainer:
             metrics.update({"top1": last["val_top1"], "top5": last["val_top5"], "loss": last["val_loss"],
                             "n": last.get("val_n")})
         self.task.close()  # hooks off: the comparison puts its own on the same modules
-        card = {**self.card_metrics(last), "train_seconds": round(seconds, 1)} if last is not None else {}
-        self.write_model(self.run_dir, card, final=True)
+        card = {**card_metrics(self.recipe, last, self.pos.best_top1, self.pos.best_epoch),
+                "train_seconds": round(seconds, 1)} if last is not None else {}
+        self.write_model(self.run_dir, card, final=True, stop=stop)
         if self.env.is_main:
             plot_curves(self.run_dir)
         self.monitor.close()
