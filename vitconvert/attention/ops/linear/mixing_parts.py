@@ -7,7 +7,7 @@ programs and epilogues, so no torch op runs between the op's launches (2 forward
   last of its read-out backward programs (:func:`mix_gradients`);
 - LePE's backward on the keys of a state backward chunk: dv's taps of do and, from the same shifted tiles of do, the
   chunk's share of the filter's gradient (:func:`lepe_key_taps`), summed over a batch·head's chunks in order by its
-  last program (:func:`lepe_filter_total`).
+  last program (:func:`lepe_filter_total`), then over the batch by the last batch·head's (:func:`lepe_batch_total`).
 
 Every segment's state is a row [S_s | z_s] of D·D + D floats; a batch·head's G rows are mixed MIX_CHUNK columns at
 a time into a (BLOCK_G, MIX_CHUNK) float32 tile (G ≤ BLOCK_G), one multiply-add a segment in a fixed order, so each
@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ..grid.kernels import _position, _row, _source
+from .tickets import _last_program, _rows_total, _ticket_back
 
 
 @triton.jit
@@ -60,7 +61,7 @@ def mix_states(PART, W, R, RZ, bh, G, SPLITS, width, D, keep, BLOCK_G: tl.conste
             state = _segment_row(PART, first, s, SPLITS, width, c, c_ok)
             if keep and SPLITS > 1:
                 tl.store(PART + (first + s * SPLITS) * width + c, state, mask=c_ok)
-            mixed += tl.load(W + g * G + s, mask=g < G, other=0.0)[:, None] * state[None, :]
+            mixed += tl.load(W + g * G + s, mask=g < G, other=0.0).to(tl.float32)[:, None] * state[None, :]
         _store_rows(R, RZ, which[:, None], mixed, c[None, :], D)
 
 
@@ -84,7 +85,7 @@ def mix_gradients(PART, STATES, W, DS, DZ, DW, bh, G, SPLITS, width, state_width
         for s in range(0, G):
             state = tl.load(STATES + (first + s * SPLITS) * state_width + c, mask=c_ok, other=0.0)
             dw = tl.where(g[None, :] == s, dw + tl.sum(grads * state[None, :], axis=1)[:, None], dw)
-            w = tl.load(W + g * G + s, mask=g_ok, other=0.0)  # (W̃[a, s] over a)
+            w = tl.load(W + g * G + s, mask=g_ok, other=0.0).to(tl.float32)  # (W̃[a, s] over a)
             _store_rows(DS, DZ, bh * G + s, tl.sum(w[:, None] * grads, axis=0), c, D)
     tl.store(DW + bh * G * G + g[:, None] * G + g[None, :], dw, mask=g_ok[:, None] & g_ok[None, :])
 
@@ -137,3 +138,14 @@ def lepe_filter_total(LPART, DLW, DLB, bh, SEGMENTS, SPLITS, CHUNKS, per, L, d, 
     tl.store(DLW + bh * D * KS * KS + d[None, :] * (KS * KS) + taps[:, None], total,
              mask=(taps[:, None] < KS * KS) & d_ok[None, :])
     tl.store(DLB + bh * D + d[None, :] + 0 * taps[:, None], total, mask=(taps[:, None] == KS * KS) & d_ok[None, :])
+
+
+@triton.jit
+def lepe_batch_total(DLW, DLB, LWG, LBG, COUNTER, B, H, D, KS: tl.constexpr, BLOCK: tl.constexpr):
+    """After a batch·head's filter gradient is in DLW, DLB (:func:`lepe_filter_total`), the last of the B·H (a ticket
+    at COUNTER + B·H) sums them over the batch in order (an image's H·D·KS·KS and H·D floats are one row) into LWG
+    (H·D, KS·KS) and LBG (H·D) float32: the weight's gradient, no torch op after the launch."""
+    if _last_program(COUNTER, B * H, B * H):
+        _rows_total(DLW, 0, B, H * D * KS * KS, LWG, BLOCK)
+        _rows_total(DLB, 0, B, H * D, LBG, BLOCK)
+        _ticket_back(COUNTER, B * H)

@@ -34,9 +34,9 @@ from .kernel_parts import (
     _store_square,
     _tokens,
 )
-from .mixing_parts import lepe_filter_total, lepe_key_taps, mix_gradients, mix_states
-from .norm_parts import norm_tail
-from .tickets import _last_program, _partials_summed, _store_partials, _summed, _ticket_back
+from .mixing_parts import lepe_batch_total, lepe_filter_total, lepe_key_taps, mix_gradients, mix_states
+from .norm_parts import norm_backward
+from .tickets import _last_program, _partials_summed, _store_partials, _summed, _ticket_back, batch_total
 
 
 @triton.jit
@@ -201,14 +201,14 @@ def readout_fwd_kernel(
             if NORM:
                 rstd = tl.load(rstd_at + tok, mask=ok, other=0.0)
             _read_out(q_base, o_base, tok, ok[:, None], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps, eps, FEATURE,
-                      NORMALISE, True, TILE, PRECISION, EMULATE, None, rstd, w)
+                      NORMALISE, True, TILE, PRECISION, EMULATE, None, rstd, w, d_ok)
         for start in range(full_end, end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             rstd = None
             if NORM:
                 rstd = tl.load(rstd_at + tok, mask=ok, other=0.0)
             _read_out(q_base, o_base, tok, ok[:, None] & d_ok[None, :], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps,
-                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, None, rstd, w)
+                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, None, rstd, w, d_ok)
     else:
         for start in range(begin, end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
@@ -220,12 +220,12 @@ def readout_fwd_kernel(
                                  P + ROWS * COLS, D, P, ROWS, COLS, 0.0, 0.0, KS, False, HAS_LBIAS, HAS_MASK, BLOCK_N,
                                  BLOCK_D)
             _read_out(q_base, o_base, tok, ok[:, None] & d_ok[None, :], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps,
-                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, lepe, rstd, w)
+                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, lepe, rstd, w, d_ok)
 
 
 @triton.jit
 def readout_bwd_kernel(
-    Q, R, RZ, O, DO, DQ, PART, COUNTER, AUX, NV, DS, DZ, DZV, IDX, STATES, W, DW, RSTD, NW, DNW, NCOUNTER,
+    Q, R, RZ, O, DO, DQ, PART, COUNTER, AUX, NV, DS, DZ, DZV, IDX, STATES, W, DW, DMIX, RSTD, NW, DNW, NCOUNTER, NWG,
     s_qb, s_qh, s_qn, s_ob, s_oh, s_on, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn, s_rb,
     H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, eps, scale,
     FEATURE: tl.constexpr, NORMALISE: tl.constexpr, INLINE: tl.constexpr, HAS_INDEX: tl.constexpr,
@@ -238,10 +238,11 @@ def readout_bwd_kernel(
     and the last program of the segment (:func:`_last_program`) sums them in order into what the state's backward
     reads: dS = dR, dz = dr (kernel attention), or InLine's chain dS = (s/n) dR, dz = −dS v̄, dzv = (dr − dSᵀ z)/n
     from the state kernel's AUX = z and NV = n (v̄ = RZ). MIX (MHLA): the last of the batch·head's programs mixes
-    them by W̃ᵀ and writes its dW̃ to DW, against the unmixed states in STATES (:func:`.mixing_parts.mix_gradients`).
+    them by W̃ᵀ and writes its dW̃ as a row of DW, against the unmixed states in STATES
+    (:func:`.mixing_parts.mix_gradients`), the rows summed over the batch into DMIX (:func:`.tickets.batch_total`).
     NORM (MHLA): q gets its RMSNorm as it loads (RSTD (B, s_rb), NW (H·D,)), and the last of the H programs that
     share a token range (NCOUNTER) turns every head's dq into the raw q's, its range's weight gradient a row of DNW
-    (:func:`.norm_parts.norm_tail`)."""
+    (:func:`.norm_parts.norm_tail`), the rows summed over the batch into NWG."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -268,42 +269,33 @@ def readout_bwd_kernel(
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None], d, s_qn, s_on, s_gn,
                                          s_dqn, r_t, rz, rz_cols, dr, drz, feature_eps, eps, FEATURE, NORMALISE, True,
-                                         TILE, PRECISION, EMULATE, ok, rstd_at, w)
+                                         TILE, PRECISION, EMULATE, ok, rstd_at, w, d_ok)
         if full_end < end:
             tok, ok = _tokens(IDX, seg, L, end, full_end, BLOCK_N, False)
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None] & d_ok[None, :], d, s_qn,
                                          s_on, s_gn, s_dqn, r_t, rz, rz_cols, dr, drz, feature_eps, eps, FEATURE,
-                                         NORMALISE, False, TILE, PRECISION, EMULATE, ok, rstd_at, w)
+                                         NORMALISE, False, TILE, PRECISION, EMULATE, ok, rstd_at, w, d_ok)
     else:
         for start in range(begin, end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None] & d_ok[None, :], d, s_qn,
                                          s_on, s_gn, s_dqn, r_t, rz, rz_cols, dr, drz, feature_eps, eps, FEATURE,
-                                         NORMALISE, False, TILE, PRECISION, EMULATE, ok, rstd_at, w)
+                                         NORMALISE, False, TILE, PRECISION, EMULATE, ok, rstd_at, w, d_ok)
     if MIX:
         _store_partials(PART, which * SPLITS + split, D * D + D, tl.trans(dr), _row_sums(drz), d, d_ok, D)
         if _last_program(COUNTER, bh, SEGMENTS * SPLITS):
             mix_gradients(PART, STATES, W, DS, DZ, DW, bh, SEGMENTS, SPLITS, D * D + D, D * D + 2 * D + 1, D, BLOCK_G,
                           MIX_CHUNK)
             _ticket_back(COUNTER, bh)
+            batch = tl.num_programs(0) // H
+            batch_total(DW, COUNTER + batch * H * SEGMENTS, b, batch, H, SEGMENTS * SEGMENTS, DMIX, MIX_CHUNK)
     else:
         _segment_gradients(PART, COUNTER, AUX, NV, DS, DZ, DZV, which, split, SPLITS, dr, drz, rz, d, d_ok, D, scale,
                            INLINE)
     if NORM:
-        _norm_backward(Q + b * s_qb, s_qh, s_qn, DQ + b * s_dqb, s_dqh, s_dqn, IDX, seg, L, begin, end, RSTD + b * s_rb,
-                       NW, DNW, NCOUNTER, b, H, D, SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX, BLOCK_N, BLOCK_H)
-
-
-@triton.jit
-def _norm_backward(x_at, s_xh, s_xn, g_at, s_gh, s_gn, IDX, seg, L, begin, end, rstd_at, NW, DNW, NCOUNTER, b, H, D,
-                   SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_H: tl.constexpr):
-    """The norm's backward of a token range by the last of the image's H programs that share it (a ticket)."""
-    span = (b * SEGMENTS + seg) * SPLITS + split
-    if _last_program(NCOUNTER, span, H):
-        norm_tail(x_at, s_xh, s_xn, g_at, s_gh, s_gn, IDX, seg, L, begin, end, rstd_at, NW, DNW, span, H, D, d, d_ok,
-                  HAS_INDEX, BLOCK_N, BLOCK_H)
-        _ticket_back(NCOUNTER, span)
+        norm_backward(Q + b * s_qb, s_qh, s_qn, DQ + b * s_dqb, s_dqh, s_dqn, IDX, seg, L, begin, end, RSTD + b * s_rb,
+                      NW, DNW, NCOUNTER, NWG, b, H, D, SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX, BLOCK_N,
+                      BLOCK_H, BLOCK_D)
 
 
 @triton.jit
@@ -325,8 +317,8 @@ def _segment_gradients(PART, COUNTER, AUX, NV, DS, DZ, DZV, which, split, SPLITS
 
 @triton.jit
 def state_bwd_kernel(
-    K, V, MASK, IDX, DS, DZ, DZV, DK, DV, DO, LW, LPART, COUNTER, DLW, DLB,
-    RSTD, NW, DNW, NCOUNTER,
+    K, V, MASK, IDX, DS, DZ, DZV, DK, DV, DO, LW, LPART, COUNTER, DLW, DLB, LWG, LBG,
+    RSTD, NW, DNW, NCOUNTER, NWG,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, s_gb, s_gh, s_gn,
     s_rb, H, L, D, SEGMENTS, SPLITS, CHUNKS, tokens_per_split, feature_eps, P, ROWS, COLS,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr, HAS_DZV: tl.constexpr,
@@ -337,8 +329,9 @@ def state_bwd_kernel(
     """dk, dv of the keys of one (batch·head, segment, range) from dS, dz and (HAS_DZV) dzv of their segment
     (:func:`_state_backward`). LEPE (MHLA, with an index table): dv also gets LePE's taps of do (DO), and each of the
     range's chunks stores its keys' share of the filter's gradient (KS·KS taps and the bias) as a row of LPART
-    (CHUNKS rows a program); the last of a batch·head's SEGMENTS·SPLITS programs sums them in order into DLW, DLB
-    (:mod:`.mixing_parts`). NORM (MHLA): k gets its RMSNorm as it loads (as in :func:`readout_bwd_kernel`), and the
+    (CHUNKS rows a program); the last of a batch·head's SEGMENTS·SPLITS programs sums them in order into DLW, DLB,
+    and the last batch·head's those over the batch into LWG, LBG (:mod:`.mixing_parts`). NORM (MHLA): k gets its
+    RMSNorm as it loads (as in :func:`readout_bwd_kernel`), and the
     last of the H programs that share a token range turns every head's dk into the raw k's."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
@@ -386,6 +379,8 @@ def state_bwd_kernel(
                 lepe_filter_total(LPART, DLW, DLB, bh, SEGMENTS, SPLITS, CHUNKS, tokens_per_split, L, d, d_ok, D, KS,
                                   BLOCK_N, BLOCK_T)
                 _ticket_back(COUNTER, bh)
+                lepe_batch_total(DLW, DLB, LWG, LBG, COUNTER, tl.num_programs(0) // H, H, D, KS, BLOCK_T * BLOCK_D)
     if NORM:
-        _norm_backward(K + b * s_kb, s_kh, s_kn, DK + b * s_dkb, s_dkh, s_dkn, IDX, seg, L, begin, end, RSTD + b * s_rb,
-                       NW, DNW, NCOUNTER, b, H, D, SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX, BLOCK_N, BLOCK_H)
+        norm_backward(K + b * s_kb, s_kh, s_kn, DK + b * s_dkb, s_dkh, s_dkn, IDX, seg, L, begin, end, RSTD + b * s_rb,
+                      NW, DNW, NCOUNTER, NWG, b, H, D, SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX, BLOCK_N,
+                      BLOCK_H, BLOCK_D)
