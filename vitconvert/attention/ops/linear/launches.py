@@ -66,6 +66,14 @@ def _table(mixing: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     return like if mixing is None else mixing.contiguous()
 
 
+def square_dtype(t: torch.Tensor, mixing: Optional[torch.Tensor]) -> torch.dtype:
+    """The dtype of the d×d squares MHLA's kernels hand on, R to the read-out and dS to the state's backward: bf16
+    where its inputs are bf16 (the largest tensors the blocked op moves, halved; the read-out's and the state
+    backward's dots take them as they take q or do; within the bf16 bars: tests/attention/test_fused.py), else float32
+    (float16's range is too small for a long sequence's sums, and without W̃ the kernels keep float32 throughout)."""
+    return torch.bfloat16 if mixing is not None and t.dtype == torch.bfloat16 else torch.float32
+
+
 def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
     """(segments, columns of the index table): one segment of every token without a table."""
     return (1, tokens) if index is None else (index.shape[0], index.shape[1])
@@ -121,7 +129,7 @@ def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
     plan = linear_launches(k, B * H, segments, length, bf16_tiles)
     splits, per, block_n, block_d, warps = plan.splits, plan.per, plan.block_n, plan.block_d, plan.warps
     part = k.new_empty((B * H * segments * splits, D * D + 2 * D + 1), dtype=torch.float32)
-    R = k.new_empty((B, H, segments, D, D), dtype=torch.float32)
+    R = k.new_empty((B, H, segments, D, D), dtype=square_dtype(k, mixing))
     r = k.new_empty((B, H, segments, D), dtype=torch.float32)
     aux = torch.empty_like(r) if sum_values else None
     n = k.new_empty((B * H * segments,), dtype=torch.float32) if inline_scale is not None else None
@@ -289,7 +297,7 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: Opti
     splits, per, block_n, block_d, warps = plan.splits, plan.per, plan.readout_bwd_block_n, plan.block_d, plan.warps
     dq = _output_like(q)
     part = q.new_empty((B * H * segments * splits, D * D + D), dtype=torch.float32)
-    dS = q.new_empty((B, H, segments, D, D), dtype=torch.float32)
+    dS = q.new_empty((B, H, segments, D, D), dtype=square_dtype(q, None if mixing is None else mixing[0]))
     dz = q.new_empty((B, H, segments, D), dtype=torch.float32)
     dzv = torch.empty_like(dz) if inline is not None else None
     z, n, scale = inline if inline is not None else (dz, dz, 1.0)
