@@ -96,8 +96,8 @@ def test_the_blocked_form_mixes_by_w_and_adds_lepe_in_its_kernels():
     read-out adds LePE, the backward's last programs form dS, dW̃ and LePE's filter gradient from every chunk's
     share, the last of each token range's two heads the norm's backward, and the last of the batch·heads or ranges
     the weights' gradients summed over the batch (3 launches forward, 3 backward, no torch op in either, every
-    ticket back at zero); values and every gradient against the N×N reference in float64 (A_ij = φ(q_i)·φ(k_j)·
-    W̃[s(i), s(j)], LePE a conv2d)."""
+    ticket back at zero); W given 2×2 as the module gives it, W̃'s class token row and column made as it loads; values
+    and every gradient against the N×N reference in float64 (A_ij = φ(q_i)·φ(k_j)·W̃[s(i), s(j)], LePE a conv2d)."""
     from vitconvert.attention.blocks import extended_block_mix, segment_index, token_segments
     from vitconvert.attention.ops.linear.launches import tickets
     from vitconvert.attention.ops.pairwise.reference import pairwise_reference
@@ -111,7 +111,8 @@ def test_the_blocked_form_mixes_by_w_and_adds_lepe_in_its_kernels():
     mask = torch.ones(B, tokens, dtype=torch.bool, device=DEVICE)
     mask[0, 3:7] = False
     mask[1, 40:44] = False
-    mixing = extended_block_mix(torch.rand(2, 2, generator=g)).to(DEVICE).requires_grad_()
+    mixing = torch.rand(2, 2, generator=g).to(DEVICE).requires_grad_()  # (W as the module passes it: the class
+    # token's row and column of W̃ made as the kernels load it)
     weight = (torch.randn(H * d, 1, 3, 3, generator=g) / 3).to(DEVICE).requires_grad_()
     bias = torch.randn(H * d, generator=g).to(DEVICE).requires_grad_()
     norms = [(1 + torch.rand(H * d, generator=g)).to(DEVICE).requires_grad_() for _ in range(2)]
@@ -132,7 +133,7 @@ def test_the_blocked_form_mixes_by_w_and_adds_lepe_in_its_kernels():
     q, k, v, mixing, weight, bias, q_weight, k_weight = copies
     q, k = (x * torch.rsqrt(x.square().mean(dim=(1, 3), keepdim=True) + 1e-6) * w.view(1, H, 1, d)
             for x, w in ((q, q_weight), (k, k_weight)))
-    expected = pairwise_reference(phi(q) + 1e-6, phi(k) + 1e-6, v, mask, segments, mixing, 1e-6)
+    expected = pairwise_reference(phi(q) + 1e-6, phi(k) + 1e-6, v, mask, segments, extended_block_mix(mixing), 1e-6)
     spatial = (v * mask[:, None, :, None])[:, :, prefix:].transpose(2, 3).reshape(B, H * d, *grid)
     lepe = torch.nn.functional.conv2d(spatial, weight, bias, padding=1, groups=H * d).view(B, H, d, -1)
     expected = expected + torch.nn.functional.pad(lepe.transpose(2, 3), (0, 0, prefix, 0))

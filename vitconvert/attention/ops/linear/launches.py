@@ -60,10 +60,18 @@ def mix_chunk(head_dim: int) -> int:
     return max(128, triton_next_power_of_2(-(-(head_dim * head_dim + head_dim) // 2))) if interpreting() else 128
 
 
-def _table(mixing: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    """W̃ as the kernels read it (in its dtype, contiguous: a parameter already is), or ``like`` (never read)
-    without one."""
-    return like if mixing is None else mixing.contiguous()
+def _table(mixing: Optional[torch.Tensor], like: torch.Tensor, segments: int) -> tuple[torch.Tensor, int]:
+    """(W̃ as the kernels read it, in its dtype and contiguous (a parameter already is), its side): G × G over the
+    ``segments``, or (G − 1) × (G − 1) with the last segment's row and column ones, made as the kernels load it
+    (:mod:`.mixing_parts`: MHLA's W̃ of its blocks and the class token's, so its module pads nothing); ``like``
+    (never read) without one."""
+    if mixing is None:
+        return like, segments
+    side = mixing.shape[0]
+    if mixing.shape != (side, side) or side not in (segments, segments - 1):
+        raise ValueError(f"W̃ of shape {tuple(mixing.shape)} for {segments} segments: it must be {segments}×{segments} "
+                         f"or {segments - 1}×{segments - 1}")
+    return mixing.contiguous(), side
 
 
 def square_dtype(t: torch.Tensor, mixing: Optional[torch.Tensor]) -> torch.dtype:
@@ -134,11 +142,12 @@ def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
     aux = torch.empty_like(r) if sum_values else None
     n = k.new_empty((B * H * segments,), dtype=torch.float32) if inline_scale is not None else None
     mask, s_mb = _mask_arg(key_valid, k)
+    table, side = _table(mixing, k, segments)
     launch(state_fwd_kernel, (B * H, segments, splits),
         k, v, mask, index if index is not None else k, part, tickets(B * H * segments, k.device), R, r,
-        r if aux is None else aux, r if n is None else n, _table(mixing, k), *(norm or (r, r)),
+        r if aux is None else aux, r if n is None else n, table, *(norm or (r, r)),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb, N,
-        H, length, D, segments, splits, per, feature_eps, inline_scale or 1.0, int(keep),
+        H, length, D, segments, splits, per, feature_eps, inline_scale or 1.0, int(keep), side,
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, INLINE=inline_scale is not None,
         SUM_V=sum_values, MIX=mixing is not None, EVEN_D=D == block_d, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), NORM=norm is not None, **tile_kwargs(plan.tile),
@@ -301,8 +310,9 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: Opti
     dz = q.new_empty((B, H, segments, D), dtype=torch.float32)
     dzv = torch.empty_like(dz) if inline is not None else None
     z, n, scale = inline if inline is not None else (dz, dz, 1.0)
-    table, states = (_table(mixing[0], q), mixing[1]) if mixing is not None else (dz, dz)
-    mixing_rows = q.new_empty((B * H + B, segments * segments), dtype=torch.float32) if mixing is not None else dz
+    table, side = _table(None if mixing is None else mixing[0], dz, segments)
+    states = mixing[1] if mixing is not None else dz
+    mixing_rows = q.new_empty((B * H + B, side * side), dtype=torch.float32) if mixing is not None else dz
     dmixing = torch.empty_like(mixing[0]) if mixing is not None else None  # (W̃'s dtype: the kernel sums the rows)
     used = B * H * segments + B + 1  # (a ticket per segment, or with W̃ per batch·head, and B + 1 for dW̃'s sum)
     norm_args = _norm_args(norm, dz, B, H, D, segments * splits, used)
@@ -312,7 +322,7 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: Opti
         dz if dmixing is None else dmixing, *norm_args,
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2), N,
-        H, length, D, segments, splits, per, feature_eps, eps, scale,
+        H, length, D, segments, splits, per, feature_eps, eps, scale, side,
         FEATURE=feature, NORMALISE=normalise, INLINE=inline is not None, HAS_INDEX=index is not None,
         HAS_O=o is not q, MIX=mixing is not None, EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n,
         BLOCK_D=block_d, BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), NORM=norm is not None,

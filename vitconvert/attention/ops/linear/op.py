@@ -28,6 +28,7 @@ from typing import Optional
 
 import torch
 
+from ...blocks import extended_block_mix
 from ..calls import _direct_function, _eager_gradients, call_op
 from ..dispatch import KernelUnavailable, direct, launch
 from ..grid.op import grid_conv_eager
@@ -205,10 +206,11 @@ def run_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Op
                 q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None, norm_eps: float = 0.0,
                 lepe_weight: Optional[torch.Tensor] = None, lepe_bias: Optional[torch.Tensor] = None, rows: int = 0,
                 cols: int = 0, prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, rstd): normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA): two
-    launches,
-    the segments' states mixed by W̃ in the state kernel's last program of each batch·head, then the read-out, so
-    autograd keeps neither S nor R. ``index`` None: one segment of all tokens. With ``q_weight`` and ``k_weight``, q
+    """(o, rstd): normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA): the
+    segments' states mixed by W̃ in the state kernel's last program of each batch·head, then the read-out, so
+    autograd keeps neither S nor R. ``index`` None: one segment of all tokens. ``mixing``: G × G over the G segments,
+    or (G − 1) × (G − 1) with the last segment's row and column ones (:func:`...blocks.extended_block_mix`, made as
+    the kernels load it: MHLA's module passes its W as it is). With ``q_weight`` and ``k_weight``, q
     and k get MHLA's RMSNorm over heads (ε ``norm_eps``) as the kernels load them, each token's 1/rms from one
     reading pass here, kept for backward (``rstd``: :func:`_rstd`; empty without the norm): autograd keeps the raw q
     and k (views of the qkv projection). With ``lepe_weight`` (C, 1, KS,
@@ -331,6 +333,8 @@ def _blocked_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid:
     S, z, _ = fused_eager.state(k, v, key_valid, index, feature, feature_eps)
     with torch.autocast(S.device.type, enabled=False):  # (autocast would round the states to bf16)
         m = mixing.to(torch.float32)
+        if m.shape[0] < S.shape[2]:  # (the last segment's row and column of ones, as the kernels make them)
+            m = extended_block_mix(m)
         R, r = torch.matmul(m, S.flatten(-2)).view(S.shape), torch.matmul(m, z)
     out = fused_eager.readout(q, R, r, index, feature, feature_eps, eps, True)
     if lepe_weight is None:

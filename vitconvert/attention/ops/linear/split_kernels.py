@@ -62,7 +62,7 @@ def _store_reader(R, RZ, COUNTER, which, square, row, d, d_ok, D):
 def state_fwd_kernel(
     K, V, MASK, IDX, PART, COUNTER, R, RZ, AUX, NV, W, RSTD, NW,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_rb,
-    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, scale, keep,
+    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, scale, keep, GW,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr, INLINE: tl.constexpr,
     SUM_V: tl.constexpr, MIX: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
@@ -73,10 +73,11 @@ def state_fwd_kernel(
     and the last to finish (:func:`_last_program`) sums them in order and stores R (D, D), RZ (D) and, for InLine's
     backward, AUX = z and NV = n. Kernel attention: R = S, RZ = z, AUX = zv with SUM_V. InLine (SUM_V): R = (s/n)(S
     − z v̄ᵀ), RZ = v̄ = zv/n, n the valid keys. MHLA (MIX): the last of a batch·head's programs mixes its SEGMENTS
-    states by W̃ (G×G float32, G ≤ BLOCK_G): R_a = Σ_s W̃[a, s] S_s, RZ likewise (:func:`.mixing_parts.mix_states`;
-    ``keep``: the unmixed ones kept in PART for the backward). EVEN_D: the head fills its tile (D = BLOCK_D), so the
-    whole chunks of a range without an index table run without masks. NORM: k gets MHLA's RMSNorm over heads as it
-    loads: k·rstd·w, each token's 1/rms over every head from RSTD, the head's weights from NW."""
+    states by W̃ (G ≤ BLOCK_G; GW×GW as given: :mod:`.mixing_parts`): R_a = Σ_s W̃[a, s] S_s, RZ likewise
+    (:func:`.mixing_parts.mix_states`; ``keep``: the unmixed ones kept in PART for the backward). EVEN_D: the head
+    fills its tile (D = BLOCK_D), so the whole chunks of a range without an index table run without masks. NORM: k
+    gets MHLA's RMSNorm over heads as it loads: k·rstd·w, each token's 1/rms over every head from RSTD, the head's
+    weights from NW."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -121,7 +122,7 @@ def state_fwd_kernel(
     if MIX:
         _store_partials(PART, which * SPLITS + split, width, acc, _key_sums(z_cols, z_rows, FEATURE), d, d_ok, D)
         if _last_program(COUNTER, bh, SEGMENTS * SPLITS):
-            mix_states(PART, W, R, RZ, bh, SEGMENTS, SPLITS, width, D, keep, BLOCK_G, MIX_CHUNK)
+            mix_states(PART, W, R, RZ, bh, SEGMENTS, GW, SPLITS, width, D, keep, BLOCK_G, MIX_CHUNK)
             _ticket_back(COUNTER, bh)
     else:
         _segment_states(PART, COUNTER, R, RZ, AUX, NV, which, split, SPLITS, width, acc, z_cols, z_rows, zv_rows, count,
@@ -227,7 +228,7 @@ def readout_fwd_kernel(
 def readout_bwd_kernel(
     Q, R, RZ, O, DO, DQ, PART, COUNTER, AUX, NV, DS, DZ, DZV, IDX, STATES, W, DW, DMIX, RSTD, NW, DNW, NCOUNTER, NWG,
     s_qb, s_qh, s_qn, s_ob, s_oh, s_on, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn, s_rb,
-    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, eps, scale,
+    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, eps, scale, GW,
     FEATURE: tl.constexpr, NORMALISE: tl.constexpr, INLINE: tl.constexpr, HAS_INDEX: tl.constexpr,
     HAS_O: tl.constexpr, MIX: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
@@ -248,7 +249,8 @@ def readout_bwd_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     which = bh * SEGMENTS + seg
-    r_t = tl.trans(_load_square(R, which, d, d_ok, D)).to(TILE)
+    r_t = tl.trans(_load_square(R, which, d, d_ok, D).to(tl.float32)).to(TILE)  # (R may be bf16: transposed
+    # in float32 the loop takes far fewer registers than with a bf16 transpose: kernel_resources.py --arch sm_90)
     rz = _load_row(RZ, which, d, d_ok, D)
     rz_cols = _columns(rz, TILE)
     dr = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
@@ -284,11 +286,11 @@ def readout_bwd_kernel(
     if MIX:
         _store_partials(PART, which * SPLITS + split, D * D + D, tl.trans(dr), _row_sums(drz), d, d_ok, D)
         if _last_program(COUNTER, bh, SEGMENTS * SPLITS):
-            mix_gradients(PART, STATES, W, DS, DZ, DW, bh, SEGMENTS, SPLITS, D * D + D, D * D + 2 * D + 1, D, BLOCK_G,
-                          MIX_CHUNK)
+            mix_gradients(PART, STATES, W, DS, DZ, DW, bh, SEGMENTS, GW, SPLITS, D * D + D, D * D + 2 * D + 1, D,
+                          BLOCK_G, MIX_CHUNK)
             _ticket_back(COUNTER, bh)
             batch = tl.num_programs(0) // H
-            batch_total(DW, COUNTER + batch * H * SEGMENTS, b, batch, H, SEGMENTS * SEGMENTS, DMIX, MIX_CHUNK)
+            batch_total(DW, COUNTER + batch * H * SEGMENTS, b, batch, H, GW * GW, DMIX, MIX_CHUNK)
     else:
         _segment_gradients(PART, COUNTER, AUX, NV, DS, DZ, DZV, which, split, SPLITS, dr, drz, rz, d, d_ok, D, scale,
                            INLINE)
