@@ -2,8 +2,8 @@
 pairwise ones: y = x̂·w with x̂ = x·rstd, rstd each token's 1/rms over all C = H·d channels.
 
 Forward, :func:`rstd_kernel` takes every token's rstd of q and of k in one launch before the state kernel, reading
-each once (the bytes of :func:`..norms.lean.rstd_over_heads`, its torch form, in one launch not ten ops). It cannot
-fold into the state kernel: a state program owns one head, and φ is nonlinear, so the state needs each key's k̂
+each once (the bytes of the torch pass it replaces, in one launch where torch took ten ops). It cannot fold into the
+state kernel: a state program owns one head, and φ is nonlinear, so the state needs each key's k̂
 before it sums φ(k̂)vᵀ, and k̂ needs the rstd over every head of that key.
 
 The kernels normalise q and k as their tiles load (:mod:`.kernel_parts`' ``rstd_at``, ``w``) and store g = ∂L/∂y of

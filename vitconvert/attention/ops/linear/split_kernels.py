@@ -3,10 +3,11 @@ states written per program and summed in a fixed order by the last program of ea
 segment elects it; no float atomics, so the sums are deterministic), which also makes what the next kernel reads:
 two launches forward (state, read-out), three backward (state, read-out's backward, state's backward), no torch op
 between them. MHLA's blocked op runs on them (the last state program mixes the segments' states by W̃, the read-out
-adds LePE: :mod:`.mixing_parts`; all four apply the q/k RMSNorm as their tiles load, and the backward kernels take its
-backward by the last program of each token range's heads: :mod:`.norm_parts`), and ELU/ReLU/InLine where a
-head's tokens are split over programs (:func:`.dispatch.split_tokens`); the one-launch kernels of a whole head are
-:mod:`.head_kernels`. Built from :mod:`.kernel_parts`' pieces.
+adds LePE: :mod:`.mixing_parts`; all four apply the q/k RMSNorm as their tiles load, from each token's 1/rms taken by
+one launch before them, and the backward kernels take its backward by the last program of each token range's heads:
+:mod:`.norm_parts`; its R and dS in bf16 where its inputs are: :func:`.launches.square_dtype`), and ELU/ReLU/InLine
+where a head's tokens are split over programs (:func:`.dispatch.split_tokens`); the one-launch kernels of a whole head
+are :mod:`.head_kernels`. Built from :mod:`.kernel_parts`' pieces.
 
 Without an index table and with a head that fills its tile (``EVEN_D``), each range's whole chunks run without
 bounds masks and the last, partial one with them (:func:`.kernel_parts._full_end`). The read-out's and the state
