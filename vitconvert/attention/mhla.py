@@ -281,18 +281,19 @@ class MHLAttention(LinearAttention):
             return fused.segmented_attention(q, k, v, key_valid, None, ones, fused.RELU_PLUS_EPS, self.eps, self.eps,
                                              *norms)
         self._check_grid(q.shape[2], grid)
-        mixing = extended_block_mix(self.block_mix)
         lepe = (None, None) if self.lepe is None else (self.lepe.weight, self.lepe.bias)
-        if (fused_pairwise.pairwise_is_cheaper(q.shape[2], mixing.shape[0], q.shape[3], v.dtype)
+        if (fused_pairwise.pairwise_is_cheaper(q.shape[2], self.block_mix.shape[0] + 1, q.shape[3], v.dtype)
                 and dispatch.fits("pairwise_attention")):  # (where its kernels cannot build: the blocked form)
             segments = token_segments(grid, self.block_counts, self.num_prefix_tokens, q.device)
+            mixing = extended_block_mix(self.block_mix)
             out = dispatch.attempt("pairwise_attention", fused_pairwise.pairwise, q, k, v, key_valid, segments, mixing,
                                    fused.RELU_PLUS_EPS, self.eps, self.eps, *norms, *lepe, grid, self.num_prefix_tokens)
             if out is not None:
                 return out
-        index = segment_index(grid, self.block_counts, self.num_prefix_tokens, q.device)
-        return fused.segmented_attention(q, k, v, key_valid, index, mixing, fused.RELU_PLUS_EPS, self.eps, self.eps,
-                                         *norms, *lepe, grid, self.num_prefix_tokens)
+        index = segment_index(grid, self.block_counts, self.num_prefix_tokens, q.device)  # (W as it is: the kernels
+        # give the class token's segment its row and column of ones as they load it)
+        return fused.segmented_attention(q, k, v, key_valid, index, self.block_mix, fused.RELU_PLUS_EPS, self.eps,
+                                         self.eps, *norms, *lepe, grid, self.num_prefix_tokens)
 
     def _fused_norm_args(self, v: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], float]:
         """(q weight, k weight, ε) of the RMSNorm the blocked op applies; ε as F.rms_norm's: float32's under

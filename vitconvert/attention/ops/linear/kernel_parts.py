@@ -189,11 +189,11 @@ def _key_sums(z_cols, z_rows, FEATURE: tl.constexpr):
 
 
 @triton.jit
-def _weights(w_at, d):
-    """MHLA's RMSNorm weights of a head (at ``w_at``, zero-padded past the last head: no mask) as a row of the chunk's
-    tile, loaded per chunk (from L1): held in registers across the loop they cost the read-out's backward many more
-    (docs/performance.md, MHLA's blocked form)."""
-    return tl.load(w_at + d)[None, :]
+def _weights(w_at, d, d_ok):
+    """MHLA's RMSNorm weights of a head (at ``w_at``, in the weight's dtype, unpadded: masked past the head) as a
+    float32 row of the chunk's tile, loaded per chunk (from L1): held in registers across the loop they cost the
+    read-out's backward many more (docs/performance.md, MHLA's blocked form)."""
+    return tl.load(w_at + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
 
 
 @triton.jit
@@ -205,7 +205,7 @@ def _state_step(k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn
     tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
     ok, tile, k, v = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, HAS_MASK, FULL)
     if rstd_at is not None:
-        k = k.to(tl.float32) * tl.load(rstd_at + tok, mask=inside, other=0.0)[:, None] * _weights(w, d)
+        k = k.to(tl.float32) * tl.load(rstd_at + tok, mask=inside, other=0.0)[:, None] * _weights(w, d, d_ok)
     phi_k = _phi_tile(k, FEATURE, feature_eps, TILE, EMULATE)
     if not FULL or HAS_MASK:
         phi_k = tl.where(tile, phi_k, 0.0)
@@ -237,13 +237,14 @@ def _query_terms(q, g, o, tile, rz, rz_cols, feature_eps, FEATURE: tl.constexpr,
 @triton.jit
 def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps, eps,
               FEATURE: tl.constexpr, NORMALISE: tl.constexpr, FULL: tl.constexpr, TILE: tl.constexpr,
-              PRECISION: tl.constexpr, EMULATE: tl.constexpr, extra, rstd=None, w=None):
+              PRECISION: tl.constexpr, EMULATE: tl.constexpr, extra, rstd=None, w=None, d_ok=None):
     """One chunk of queries: o = φ(q) R / (φ(q)·r + ε), or q R + r (affine), plus ``extra`` (a float32 tile, or
     None), stored in o's dtype (one reciprocal of the denominator per query, not a division per entry; ``rz_cols``:
-    r as :func:`_row_dot` takes it); q·rstd·w (MHLA's RMSNorm, as it loads) with each query's 1/rms ``rstd``."""
+    r as :func:`_row_dot` takes it); q·rstd·w (MHLA's RMSNorm, as it loads) with each query's 1/rms ``rstd`` (``d_ok``:
+the head's channels of w)."""
     q = _load(q_base, tok, d, s_qn, tile, FULL)
     if rstd is not None:
-        q = q.to(tl.float32) * rstd[:, None] * _weights(w, d)
+        q = q.to(tl.float32) * rstd[:, None] * _weights(w, d, d_ok)
     phi_q = _phi_tile(q, FEATURE, feature_eps, TILE, EMULATE)
     if not FULL:
         phi_q = tl.where(tile, phi_q, 0.0)
@@ -261,7 +262,7 @@ def _read_out(q_base, o_base, tok, tile, d, s_qn, s_on, r_tile, rz, rz_cols, fea
 def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on, s_gn, s_dqn, r_t, rz, rz_cols, dr,
                        drz, feature_eps, eps, FEATURE: tl.constexpr, NORMALISE: tl.constexpr, FULL: tl.constexpr,
                        TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr, inside=None, rstd_at=None,
-                       w=None):
+                       w=None, d_ok=None):
     """One chunk of queries of the read-out's backward: dq stored, dR (as dRᵀ: ``dr``) and dr (``drz``,
     :func:`_add_row_sums`' accumulator) summed on; ``r_t``: Rᵀ as a tile, ``rz_cols``: r as :func:`_denominator`
     takes it; ``o_base`` None: o not kept, do·o = φq·(do Rᵀ)/den from the dot dq takes anyway.
@@ -278,7 +279,7 @@ def _read_out_backward(q_base, o_base, g_base, dq_base, tok, tile, d, s_qn, s_on
     """
     q = _load(q_base, tok, d, s_qn, tile, FULL)
     if rstd_at is not None:
-        q = q.to(tl.float32) * tl.load(rstd_at + tok, mask=inside, other=0.0)[:, None] * _weights(w, d)
+        q = q.to(tl.float32) * tl.load(rstd_at + tok, mask=inside, other=0.0)[:, None] * _weights(w, d, d_ok)
     g = _load(g_base, tok, d, s_gn, tile, FULL)
     grad = _dot(g.to(TILE), r_t, PRECISION, EMULATE)
     if NORMALISE:
@@ -315,7 +316,7 @@ def _state_backward(k_base, v_base, dk_base, dv_base, mask_row, tok, inside, d, 
     _, tile, k, v = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, HAS_MASK, FULL)
     k = k.to(tl.float32)
     if rstd_at is not None:
-        k = k * tl.load(rstd_at + tok, mask=inside, other=0.0)[:, None] * _weights(w, d)
+        k = k * tl.load(rstd_at + tok, mask=inside, other=0.0)[:, None] * _weights(w, d, d_ok)
     phi_k = _phi(k, FEATURE, feature_eps)
     if not FULL or HAS_MASK:
         phi_k = tl.where(tile, phi_k, 0.0)

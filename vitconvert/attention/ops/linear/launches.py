@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..dispatch import interpreting, launch, triton_next_power_of_2
+from ..dispatch import interpreting, launch, tile_args, triton_next_power_of_2
 from ..launch_plan import linear_launches, tile_kwargs
 from ..layout import Lepe, _mask_arg, _output_like, unit_rows
 
@@ -32,18 +32,20 @@ class OnGrid(NamedTuple):
     prefix: int
 
 
-Norm = tuple[torch.Tensor, torch.Tensor]  # MHLA's RMSNorm applied as tiles load: ((B, N) 1/rms, (H·d,) weights)
+Norm = tuple[torch.Tensor, torch.Tensor]  # MHLA's RMSNorm applied as tiles load: ((B, N) 1/rms, (H·d,) weights as
+# they are: the kernels read them in their dtype, unpadded)
 
 
 def _norm_args(norm: Optional[Norm], unread: torch.Tensor, B: int, H: int, D: int, ranges: int,
                used: int) -> tuple:
-    """(RSTD, NW, DNW, NCOUNTER) of a backward kernel that takes MHLA's RMSNorm (:mod:`.norm_parts`): the norm, the
-    weight gradient's rows (one per token range of an image, H·D float32 each) and a ticket per range (after the
-    ``used`` ones of the launch's other tickets); placeholders (``unread``) without the norm."""
+    """(RSTD, NW, DNW, NCOUNTER, NWG) of a backward kernel that takes MHLA's RMSNorm (:mod:`.norm_parts`): the norm,
+    the weight gradient's rows (one per token range of an image, then one per image: H·D float32 each), a ticket per
+    range and B + 1 for the batch's sum (after the ``used`` ones of the launch's other tickets), and the weight's
+    gradient (its dtype), summed over the batch by the kernel; placeholders (``unread``) without the norm."""
     if norm is None:
-        return (unread,) * 4
-    rows = unread.new_empty((B * ranges, H * D), dtype=torch.float32)
-    return (*norm, rows, tickets(used + B * ranges, unread.device)[used:])
+        return (unread,) * 5
+    rows = unread.new_empty((B * ranges + B, H * D), dtype=torch.float32)
+    return (*norm, rows, tickets(used + B * ranges + B + 1, unread.device)[used:], torch.empty_like(norm[1]))
 
 
 def _block_g(segments: int) -> int:
@@ -58,9 +60,26 @@ def mix_chunk(head_dim: int) -> int:
     return max(128, triton_next_power_of_2(-(-(head_dim * head_dim + head_dim) // 2))) if interpreting() else 128
 
 
-def _table(mixing: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    """W̃ as the kernels read it (float32, contiguous), or ``like`` (never read) without one."""
-    return like if mixing is None else mixing.to(torch.float32).contiguous()
+def _table(mixing: Optional[torch.Tensor], like: torch.Tensor, segments: int) -> tuple[torch.Tensor, int]:
+    """(W̃ as the kernels read it, in its dtype and contiguous (a parameter already is), its side): G × G over the
+    ``segments``, or (G − 1) × (G − 1) with the last segment's row and column ones, made as the kernels load it
+    (:mod:`.mixing_parts`: MHLA's W̃ of its blocks and the class token's, so its module pads nothing); ``like``
+    (never read) without one."""
+    if mixing is None:
+        return like, segments
+    side = mixing.shape[0]
+    if mixing.shape != (side, side) or side not in (segments, segments - 1):
+        raise ValueError(f"W̃ of shape {tuple(mixing.shape)} for {segments} segments: it must be {segments}×{segments} "
+                         f"or {segments - 1}×{segments - 1}")
+    return mixing.contiguous(), side
+
+
+def square_dtype(t: torch.Tensor, mixing: Optional[torch.Tensor]) -> torch.dtype:
+    """The dtype of the d×d squares MHLA's kernels hand on, R to the read-out and dS to the state's backward: bf16
+    where its inputs are bf16 (the largest tensors the blocked op moves, halved; the read-out's and the state
+    backward's dots take them as they take q or do; within the bf16 bars: tests/attention/test_fused.py), else float32
+    (float16's range is too small for a long sequence's sums, and without W̃ the kernels keep float32 throughout)."""
+    return torch.bfloat16 if mixing is not None and t.dtype == torch.bfloat16 else torch.float32
 
 
 def _segments(index: Optional[torch.Tensor], tokens: int) -> tuple[int, int]:
@@ -118,16 +137,17 @@ def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
     plan = linear_launches(k, B * H, segments, length, bf16_tiles)
     splits, per, block_n, block_d, warps = plan.splits, plan.per, plan.block_n, plan.block_d, plan.warps
     part = k.new_empty((B * H * segments * splits, D * D + 2 * D + 1), dtype=torch.float32)
-    R = k.new_empty((B, H, segments, D, D), dtype=torch.float32)
+    R = k.new_empty((B, H, segments, D, D), dtype=square_dtype(k, mixing))
     r = k.new_empty((B, H, segments, D), dtype=torch.float32)
     aux = torch.empty_like(r) if sum_values else None
     n = k.new_empty((B * H * segments,), dtype=torch.float32) if inline_scale is not None else None
     mask, s_mb = _mask_arg(key_valid, k)
+    table, side = _table(mixing, k, segments)
     launch(state_fwd_kernel, (B * H, segments, splits),
         k, v, mask, index if index is not None else k, part, tickets(B * H * segments, k.device), R, r,
-        r if aux is None else aux, r if n is None else n, _table(mixing, k), *(norm or (r, r)),
+        r if aux is None else aux, r if n is None else n, table, *(norm or (r, r)),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb, N,
-        H, length, D, segments, splits, per, feature_eps, inline_scale or 1.0, int(keep),
+        H, length, D, segments, splits, per, feature_eps, inline_scale or 1.0, int(keep), side,
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, INLINE=inline_scale is not None,
         SUM_V=sum_values, MIX=mixing is not None, EVEN_D=D == block_d, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), NORM=norm is not None, **tile_kwargs(plan.tile),
@@ -164,9 +184,9 @@ def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[t
                          do: Optional[torch.Tensor] = None, norm: Optional[Norm] = None
                          ) -> tuple[torch.Tensor, torch.Tensor, tuple, Optional[torch.Tensor]]:
     """:func:`state_gradients`, and with ``on_grid`` (an index table, and ``do``) LePE's backward in the same launch:
-    dv gets its taps of do, and (dweight (B·H, d, KS·KS), dbias (B·H, d)) float32, each batch·head's summed from its
-    chunks' rows by its last program (else an empty tuple); with ``norm`` k gets MHLA's RMSNorm as it loads and its
-    backward, as :func:`readout_gradients` q's, and dnorm_weight's rows (else None)."""
+    dv gets its taps of do, and (dweight (H·d, KS·KS), dbias (H·d)) float32, each batch·head's summed from its chunks'
+    rows by its last program and those over the batch by the last of all (else an empty tuple); with ``norm`` k gets
+    MHLA's RMSNorm as it loads and its backward, as :func:`readout_gradients` q's, and dnorm_weight (else None)."""
     from .split_kernels import state_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     k, v = unit_rows(k), unit_rows(v)
@@ -183,16 +203,17 @@ def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[t
     if lepe:
         do = unit_rows(do)
         part = k.new_empty((B * H * segments * splits * chunks, (size * size + 1) * D), dtype=torch.float32)
-        dweight = k.new_empty((B * H, D, size * size), dtype=torch.float32)
-        dbias = k.new_empty((B * H, D), dtype=torch.float32)
+        rows = k.new_empty((B * H, D, size * size), dtype=torch.float32), k.new_empty((B * H, D), dtype=torch.float32)
+        dweight = k.new_empty((H * D, size * size), dtype=torch.float32)
+        dbias = k.new_empty((H * D,), dtype=torch.float32)
         filters, grid = on_grid.lepe.filters, (on_grid.prefix, on_grid.rows, on_grid.cols)
     else:
         do = part = dweight = dbias = filters = dz
-        grid = (0, 0, 0)
-    norm_args = _norm_args(norm, dz, B, H, D, segments * splits, B * H)
+        rows, grid = (dz, dz), (0, 0, 0)
+    norm_args = _norm_args(norm, dz, B, H, D, segments * splits, B * H + 1)
     launch(state_bwd_kernel, (B * H, segments, splits),
         k, v, mask, index if index is not None else k, dS.contiguous(), dz, dz if dzv is None else dzv.contiguous(),
-        dk, dv, do, filters, part, tickets(B * H, k.device), dweight, dbias, *norm_args,
+        dk, dv, do, filters, part, tickets(B * H + 1, k.device), *rows, dweight, dbias, *norm_args,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         *(do.stride()[:3] if lepe else (0, 0, 0)), N,
@@ -201,7 +222,23 @@ def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[t
         LEPE=lepe, KS=size, EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_T=max(16, triton_next_power_of_2(size * size + 1)) if lepe else 16, NORM=norm is not None,
         BLOCK_H=triton_next_power_of_2(H), **tile_kwargs(plan.tile), num_warps=warps, num_stages=plan.stages)
-    return dk, dv, ((dweight, dbias) if lepe else ()), (None if norm is None else norm_args[2])
+    return dk, dv, ((dweight, dbias) if lepe else ()), (None if norm is None else norm_args[4])
+
+
+RSTD_TOKENS = 32  # (tokens a program of :func:`norm_rstd`: 129 programs an image at 4097 tokens, each reading H tiles)
+
+
+def norm_rstd(q: torch.Tensor, k: torch.Tensor, eps: float, rstd: torch.Tensor) -> None:
+    """Each token's 1/rms over all heads of (B, H, N, d) q and of k into ``rstd`` (2, B, N) float32, in one launch
+    reading each once (:func:`.norm_parts.rstd_kernel`): what MHLA's RMSNorm needs before the kernels that apply it as
+    their tiles load."""
+    from .norm_parts import rstd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
+
+    q, k = unit_rows(q), unit_rows(k)
+    B, H, N, D = q.shape
+    launch(rstd_kernel, (B, -(-N // RSTD_TOKENS)),
+        q, k, rstd[0], rstd[1], q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        H, N, D, eps, BLOCK_N=RSTD_TOKENS, BLOCK_D=triton_next_power_of_2(D), **tile_args(q), num_warps=4)
 
 
 def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
@@ -254,11 +291,11 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: Opti
     """(dq, dS, dz, dzv, dW̃, dnorm_weight) in one launch, the partial sums over token ranges summed by the kernel's
     last program: dS = dR, dz = dr and dzv None, or with ``inline`` = (z, n, scale) from :func:`readers`, InLine's
     chain rule through R = (s/n)(S − z v̄ᵀ) and v̄ = zv/n (ops/linear/split_kernels.py); with ``mixing`` = (W̃, the
-    states of :func:`mixed_states` with keep), MHLA's: dS_s = Σ_a W̃[a, s] dR_a and each batch·head's dW̃ (B·H, G, G)
-    float32 (else None). ``o`` None (normalised only): do·o from the kernel's dot of do and R (o is not read).
+    states of :func:`mixed_states` with keep), MHLA's: dS_s = Σ_a W̃[a, s] dR_a and dW̃ (G, G), summed over every
+    batch·head (else None). ``o`` None (normalised only): do·o from the kernel's dot of do and R (o is not read).
     ``norm`` (:data:`Norm`): q gets MHLA's RMSNorm as it loads, and its backward (dq the raw q's, by the last program
-    of each token range's heads: :mod:`.norm_parts`), and dnorm_weight's rows, one per range of H·d float32, for the
-    caller to sum after its last launch (else None)."""
+    of each token range's heads: :mod:`.norm_parts`), and dnorm_weight (else None). dW̃ and dnorm_weight come summed
+    over the batch by the kernel's last programs, in the weights' dtypes (:func:`.tickets.batch_total`)."""
     from .split_kernels import readout_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q, do = unit_rows(q), unit_rows(do)
@@ -269,22 +306,25 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: Opti
     splits, per, block_n, block_d, warps = plan.splits, plan.per, plan.readout_bwd_block_n, plan.block_d, plan.warps
     dq = _output_like(q)
     part = q.new_empty((B * H * segments * splits, D * D + D), dtype=torch.float32)
-    dS = q.new_empty((B, H, segments, D, D), dtype=torch.float32)
+    dS = q.new_empty((B, H, segments, D, D), dtype=square_dtype(q, None if mixing is None else mixing[0]))
     dz = q.new_empty((B, H, segments, D), dtype=torch.float32)
     dzv = torch.empty_like(dz) if inline is not None else None
     z, n, scale = inline if inline is not None else (dz, dz, 1.0)
-    table, states = (_table(mixing[0], q), mixing[1]) if mixing is not None else (dz, dz)
-    dmixing = q.new_empty((B * H, segments, segments), dtype=torch.float32) if mixing is not None else None
-    norm_args = _norm_args(norm, dz, B, H, D, segments * splits, B * H * segments)
+    table, side = _table(None if mixing is None else mixing[0], dz, segments)
+    states = mixing[1] if mixing is not None else dz
+    mixing_rows = q.new_empty((B * H + B, side * side), dtype=torch.float32) if mixing is not None else dz
+    dmixing = torch.empty_like(mixing[0]) if mixing is not None else None  # (W̃'s dtype: the kernel sums the rows)
+    used = B * H * segments + B + 1  # (a ticket per segment, or with W̃ per batch·head, and B + 1 for dW̃'s sum)
+    norm_args = _norm_args(norm, dz, B, H, D, segments * splits, used)
     launch(readout_bwd_kernel, (B * H, segments, splits),
-        q, R.contiguous(), r.contiguous(), o, do, dq, part, tickets(B * H * segments, q.device), z, n, dS, dz,
-        dz if dzv is None else dzv, index if index is not None else q, states, table,
+        q, R.contiguous(), r.contiguous(), o, do, dq, part, tickets(used, q.device), z, n, dS, dz,
+        dz if dzv is None else dzv, index if index is not None else q, states, table, mixing_rows,
         dz if dmixing is None else dmixing, *norm_args,
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2), N,
-        H, length, D, segments, splits, per, feature_eps, eps, scale,
+        H, length, D, segments, splits, per, feature_eps, eps, scale, side,
         FEATURE=feature, NORMALISE=normalise, INLINE=inline is not None, HAS_INDEX=index is not None,
         HAS_O=o is not q, MIX=mixing is not None, EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n,
         BLOCK_D=block_d, BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), NORM=norm is not None,
         BLOCK_H=triton_next_power_of_2(H), **tile_kwargs(plan.tile), num_warps=warps, num_stages=plan.stages)
-    return dq, dS, dz, dzv, dmixing, (None if norm is None else norm_args[2])
+    return dq, dS, dz, dzv, dmixing, (None if norm is None else norm_args[4])

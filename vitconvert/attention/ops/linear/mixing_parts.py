@@ -7,12 +7,14 @@ programs and epilogues, so no torch op runs between the op's launches (2 forward
   last of its read-out backward programs (:func:`mix_gradients`);
 - LePE's backward on the keys of a state backward chunk: dv's taps of do and, from the same shifted tiles of do, the
   chunk's share of the filter's gradient (:func:`lepe_key_taps`), summed over a batch·head's chunks in order by its
-  last program (:func:`lepe_filter_total`).
+  last program (:func:`lepe_filter_total`), then over the batch by the last batch·head's (:func:`lepe_batch_total`).
 
 Every segment's state is a row [S_s | z_s] of D·D + D floats; a batch·head's G rows are mixed MIX_CHUNK columns at
 a time into a (BLOCK_G, MIX_CHUNK) float32 tile (G ≤ BLOCK_G), one multiply-add a segment in a fixed order, so each
 state is read once (float32 dots of W̃ spill: their operands are held whole). The rows of the token ranges' partial
-sums are summed first, in their order. MIX_CHUNK is the launch's (:func:`.launches.mix_chunk`).
+sums are summed first, in their order. MIX_CHUNK is the launch's (:func:`.launches.mix_chunk`). W̃ is read as
+given (GW×GW, its dtype): GW = G, or G − 1 with the last segment's row and column ones (MHLA's class token,
+:func:`...blocks.extended_block_mix`), made as it loads (:func:`_mixing_column`), so the module pads nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ..grid.kernels import _position, _row, _source
+from .tickets import _last_program, _rows_total, _ticket_back
 
 
 @triton.jit
@@ -44,10 +47,18 @@ def _store_rows(S, SZ, which, x, c, D):
 
 
 @triton.jit
-def mix_states(PART, W, R, RZ, bh, G, SPLITS, width, D, keep, BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr):
+def _mixing_column(W, g, s, G, GW):
+    """W̃[g, s] over the rows ``g`` (zero past G), float32: W's entry, or one in the last row and column where W is
+    (G − 1)×(G − 1) (GW = G − 1)."""
+    w = tl.load(W + g * GW + s, mask=(g < GW) & (s < GW), other=1.0).to(tl.float32)
+    return tl.where(g < G, w, 0.0)
+
+
+@triton.jit
+def mix_states(PART, W, R, RZ, bh, G, GW, SPLITS, width, D, keep, BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr):
     """R_a, r_a of every segment a of batch·head ``bh`` (R (…, D, D), RZ (…, D) float32) from its segments' partial
-    states (PART: rows of ``width`` floats, [S | z] first), summed over the token ranges and mixed by W̃ (G, G)
-    float32 in a fixed order (s = 0, 1, …: a multiply-add a segment, no dot). ``keep``: each segment's summed state
+    states (PART: rows of ``width`` floats, [S | z] first), summed over the token ranges and mixed by W̃ (GW × GW)
+    in a fixed order (s = 0, 1, …: a multiply-add a segment, no dot). ``keep``: each segment's summed state
     also written to its first row (the backward's dW̃ reads it)."""
     g = tl.arange(0, BLOCK_G)
     which = tl.where(g < G, bh * G + g, -1)
@@ -60,19 +71,18 @@ def mix_states(PART, W, R, RZ, bh, G, SPLITS, width, D, keep, BLOCK_G: tl.conste
             state = _segment_row(PART, first, s, SPLITS, width, c, c_ok)
             if keep and SPLITS > 1:
                 tl.store(PART + (first + s * SPLITS) * width + c, state, mask=c_ok)
-            mixed += tl.load(W + g * G + s, mask=g < G, other=0.0)[:, None] * state[None, :]
+            mixed += _mixing_column(W, g, s, G, GW)[:, None] * state[None, :]
         _store_rows(R, RZ, which[:, None], mixed, c[None, :], D)
 
 
 @triton.jit
-def mix_gradients(PART, STATES, W, DS, DZ, DW, bh, G, SPLITS, width, state_width, D, BLOCK_G: tl.constexpr,
+def mix_gradients(PART, STATES, W, DS, DZ, DW, bh, G, GW, SPLITS, width, state_width, D, BLOCK_G: tl.constexpr,
                   MIX_CHUNK: tl.constexpr):
     """dS_s, dz_s of every segment s of batch·head ``bh`` (DS, DZ as :func:`mix_states`' R, RZ) from the partial dR_a,
     dr_a of its read-out programs (PART: rows of ``width`` floats), summed over the token ranges in order and mixed
-    by W̃ᵀ; and this batch·head's dW̃ (DW: (B·H, G, G) float32) against the states :func:`mix_states` kept
+    by W̃ᵀ; and this batch·head's dW̃ (a row of DW: GW·GW float32) against the states :func:`mix_states` kept
     (STATES: each segment's first row of ``state_width`` floats)."""
     g = tl.arange(0, BLOCK_G)
-    g_ok = g < G
     first = bh * G * SPLITS
     dw = tl.zeros((BLOCK_G, BLOCK_G), dtype=tl.float32)
     for start in range(0, D * D + D, MIX_CHUNK):
@@ -84,9 +94,10 @@ def mix_gradients(PART, STATES, W, DS, DZ, DW, bh, G, SPLITS, width, state_width
         for s in range(0, G):
             state = tl.load(STATES + (first + s * SPLITS) * state_width + c, mask=c_ok, other=0.0)
             dw = tl.where(g[None, :] == s, dw + tl.sum(grads * state[None, :], axis=1)[:, None], dw)
-            w = tl.load(W + g * G + s, mask=g_ok, other=0.0)  # (W̃[a, s] over a)
+            w = _mixing_column(W, g, s, G, GW)  # (W̃[a, s] over a)
             _store_rows(DS, DZ, bh * G + s, tl.sum(w[:, None] * grads, axis=0), c, D)
-    tl.store(DW + bh * G * G + g[:, None] * G + g[None, :], dw, mask=g_ok[:, None] & g_ok[None, :])
+    given = g < GW
+    tl.store(DW + bh * GW * GW + g[:, None] * GW + g[None, :], dw, mask=given[:, None] & given[None, :])
 
 
 @triton.jit
@@ -137,3 +148,14 @@ def lepe_filter_total(LPART, DLW, DLB, bh, SEGMENTS, SPLITS, CHUNKS, per, L, d, 
     tl.store(DLW + bh * D * KS * KS + d[None, :] * (KS * KS) + taps[:, None], total,
              mask=(taps[:, None] < KS * KS) & d_ok[None, :])
     tl.store(DLB + bh * D + d[None, :] + 0 * taps[:, None], total, mask=(taps[:, None] == KS * KS) & d_ok[None, :])
+
+
+@triton.jit
+def lepe_batch_total(DLW, DLB, LWG, LBG, COUNTER, B, H, D, KS: tl.constexpr, BLOCK: tl.constexpr):
+    """After a batch·head's filter gradient is in DLW, DLB (:func:`lepe_filter_total`), the last of the B·H (a ticket
+    at COUNTER + B·H) sums them over the batch in order (an image's H·D·KS·KS and H·D floats are one row) into LWG
+    (H·D, KS·KS) and LBG (H·D) float32: the weight's gradient, no torch op after the launch."""
+    if _last_program(COUNTER, B * H, B * H):
+        _rows_total(DLW, 0, B, H * D * KS * KS, LWG, BLOCK)
+        _rows_total(DLB, 0, B, H * D, LBG, BLOCK)
+        _ticket_back(COUNTER, B * H)

@@ -1,5 +1,10 @@
-"""The Triton piece of MHLA's q/k RMSNorm over heads in the blocked form's backward kernels (:mod:`.split_kernels`):
-y = x̂·w with x̂ = x·rstd, rstd each token's 1/rms over all C = H·d channels (:func:`..norms.lean.rstd_over_heads`).
+"""The Triton pieces of MHLA's q/k RMSNorm over heads in the blocked form's kernels (:mod:`.split_kernels`) and the
+pairwise ones: y = x̂·w with x̂ = x·rstd, rstd each token's 1/rms over all C = H·d channels.
+
+Forward, :func:`rstd_kernel` takes every token's rstd of q and of k in one launch before the state kernel, reading
+each once (the bytes of the torch pass it replaces, in one launch where torch took ten ops). It cannot fold into the
+state kernel: a state program owns one head, and φ is nonlinear, so the state needs each key's k̂
+before it sums φ(k̂)vᵀ, and k̂ needs the rstd over every head of that key.
 
 The kernels normalise q and k as their tiles load (:mod:`.kernel_parts`' ``rstd_at``, ``w``) and store g = ∂L/∂y of
 each head's tile where dq or dk goes. The raw gradient dx = rstd·(g·w − x̂·Σ_c g·w·x̂ / C) needs every head's channels
@@ -8,7 +13,8 @@ pairwise backward's norm tail): q's by the read-out's backward, k's by the state
 fixed order (no float atomics). A per-token share written by every program would save the tail's first reading pass
 (in L2 or L1 by then: the range's tiles were just written) but took the read-out's backward loop many more registers
 (docs/performance.md, MHLA's blocked form). The weights' gradient Σ_t g·x̂ is stored as a row of H·d floats per
-range and summed over the ranges by torch after the last launch.
+range, summed over an image's ranges and then the batch by last programs (:func:`.tickets.batch_total`).
+The weights are read as they are (any dtype, unpadded: masked past the last head's channels).
 """
 
 from __future__ import annotations
@@ -17,6 +23,38 @@ import triton
 import triton.language as tl
 
 from .kernel_parts import _tokens
+from .tickets import _last_program, _ticket_back, batch_total
+
+
+@triton.jit
+def tile_rstd(x_at, s_xh, s_xn, t, ok, d, d_ok, H, D, eps):
+    """1/rms over all H heads' channels of the tokens ``t`` of one image (x_at: its head 0), float32, as F.rms_norm
+    over heads takes it: one tile of every head read, once a program."""
+    tile = ok[:, None] & d_ok[None, :]
+    total = tl.zeros(t.shape, dtype=tl.float32)
+    for head in range(0, H):
+        x = tl.load(x_at + head * s_xh + t[:, None] * s_xn + d[None, :], mask=tile, other=0.0).to(tl.float32)
+        total += tl.sum(x * x, axis=1)
+    return tl.math.rsqrt(total / (H * D) + eps)
+
+
+@triton.jit
+def rstd_kernel(
+    Q, K, RSTD_Q, RSTD_K,
+    s_qb, s_qh, s_qn, s_kb, s_kh, s_kn,
+    H, N, D, eps,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
+    """RSTD_Q, RSTD_K (B, N) float32: each token's 1/rms over all heads of q and of k, a program per image and
+    BLOCK_N tokens (every head's tile of them read once; TILE, PRECISION, EMULATE: the launch's, unread)."""
+    b, block = tl.program_id(0), tl.program_id(1)
+    t = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = t < N
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    tl.store(RSTD_Q + b * N + t, tile_rstd(Q + b * s_qb, s_qh, s_qn, t, ok, d, d_ok, H, D, eps), mask=ok)
+    tl.store(RSTD_K + b * N + t, tile_rstd(K + b * s_kb, s_kh, s_kn, t, ok, d, d_ok, H, D, eps), mask=ok)
 
 
 @triton.jit
@@ -24,7 +62,7 @@ def _norm_tile(x_base, g_base, s_xn, s_gn, tok, tile, d, rstd, w_at, d_ok):
     """(x̂, g, w) of one head's tile of tokens ``tok``, float32; g from L2 (``.cg``: other programs wrote it)."""
     x = tl.load(x_base + tok[:, None] * s_xn + d[None, :], mask=tile, other=0.0).to(tl.float32)
     g = tl.load(g_base + tok[:, None] * s_gn + d[None, :], mask=tile, other=0.0, cache_modifier=".cg").to(tl.float32)
-    return x * rstd[:, None], g, tl.load(w_at + d, mask=d_ok, other=0.0)
+    return x * rstd[:, None], g, tl.load(w_at + d, mask=d_ok, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -63,3 +101,20 @@ def norm_tail(x_at, s_xh, s_xn, g_at, s_gh, s_gn, IDX, seg, L, begin, end, rstd_
         dw = norm_backward_tokens(x_at, s_xh, s_xn, g_at, s_gh, s_gn, tok, inside, rstd_at, NW, H, D, d, d_ok,
                                   heads, dw)
     tl.store(DW + out * H * D + heads[:, None] * D + d[None, :], dw, mask=(heads[:, None] < H) & d_ok[None, :])
+
+
+@triton.jit
+def norm_backward(x_at, s_xh, s_xn, g_at, s_gh, s_gn, IDX, seg, L, begin, end, rstd_at, NW, DNW, NCOUNTER, NWG, b,
+                  H, D, SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The norm's backward of a token range by the last of the image's H programs that share it (a ticket at
+    NCOUNTER + its range), which stores the range's row of the weight's gradient (DNW: B·ranges rows of H·D floats,
+    then B of scratch); the rows summed over the batch into NWG by last programs (the tickets after the ranges':
+    :func:`.tickets.batch_total`)."""
+    span = (b * SEGMENTS + seg) * SPLITS + split
+    if _last_program(NCOUNTER, span, H):
+        norm_tail(x_at, s_xh, s_xn, g_at, s_gh, s_gn, IDX, seg, L, begin, end, rstd_at, NW, DNW, span, H, D, d, d_ok,
+                  HAS_INDEX, BLOCK_N, BLOCK_H)
+        _ticket_back(NCOUNTER, span)
+        batch, ranges = tl.num_programs(0) // H, SEGMENTS * SPLITS
+        batch_total(DNW, NCOUNTER + batch * ranges, b, batch, ranges, H * D, NWG, BLOCK_H * BLOCK_D)

@@ -28,12 +28,13 @@ from typing import Optional
 
 import torch
 
+from ...blocks import extended_block_mix
 from ..calls import _direct_function, _eager_gradients, call_op
 from ..dispatch import KernelUnavailable, direct, launch
 from ..grid.op import grid_conv_eager
 from ..launch_plan import linear_launches, tile_kwargs
-from ..layout import _mask_arg, _output_like, _strides, lepe_args, lepe_gradients, unit_rows, valid_keys
-from ..norms.lean import rstd_over_heads, through_rms_pair
+from ..layout import _mask_arg, _output_like, _strides, lepe_args, unit_rows, valid_keys
+from ..norms.lean import through_rms_pair
 from . import eager as fused_eager
 from .eager import ELU_PLUS_ONE, IDENTITY, RELU, RELU_PLUS_EPS  # noqa: F401  (the kernels' φ codes)
 from .launches import (  # noqa: F401  (re-exported: tests and tools call the building blocks from here)
@@ -41,6 +42,7 @@ from .launches import (  # noqa: F401  (re-exported: tests and tools call the bu
     OnGrid,
     lepe_state_gradients,
     mixed_states,
+    norm_rstd,
     read_out,
     readers,
     readout_gradients,
@@ -190,15 +192,13 @@ def _rstd(q: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[
 def _norms(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
            norm_eps: float, rstd: torch.Tensor, taken: bool) -> tuple[Optional[Norm], Optional[Norm]]:
     """q's and k's RMSNorm over heads as the kernels apply it: each token's 1/rms in ``rstd`` (:func:`_rstd`), taken
-    here (one reading pass each) unless ``taken``, and the weights in float32 with a head's worth of zeros after
-    them (the kernels read a head tile's weights unmasked); (None, None) without both weights."""
+    here (one launch reading q and k once: :func:`.launches.norm_rstd`) unless ``taken``, and the weights as they
+    are (the kernels read them in their dtype, masked past the last head); (None, None) without both weights."""
     if q_weight is None or k_weight is None:
         return None, None
     if not taken:
-        rstd_over_heads(q, norm_eps, rstd[0]), rstd_over_heads(k, norm_eps, rstd[1])
-    pad = q.shape[-1]
-    return ((rstd[0], torch.nn.functional.pad(q_weight.to(torch.float32), (0, pad))),
-            (rstd[1], torch.nn.functional.pad(k_weight.to(torch.float32), (0, pad))))
+        norm_rstd(q, k, norm_eps, rstd)
+    return (rstd[0], q_weight.contiguous()), (rstd[1], k_weight.contiguous())
 
 
 def run_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
@@ -206,10 +206,11 @@ def run_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Op
                 q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None, norm_eps: float = 0.0,
                 lepe_weight: Optional[torch.Tensor] = None, lepe_bias: Optional[torch.Tensor] = None, rows: int = 0,
                 cols: int = 0, prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, rstd): normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA): two
-    launches,
-    the segments' states mixed by W̃ in the state kernel's last program of each batch·head, then the read-out, so
-    autograd keeps neither S nor R. ``index`` None: one segment of all tokens. With ``q_weight`` and ``k_weight``, q
+    """(o, rstd): normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA): the
+    segments' states mixed by W̃ in the state kernel's last program of each batch·head, then the read-out, so
+    autograd keeps neither S nor R. ``index`` None: one segment of all tokens. ``mixing``: G × G over the G segments,
+    or (G − 1) × (G − 1) with the last segment's row and column ones (:func:`...blocks.extended_block_mix`, made as
+    the kernels load it: MHLA's module passes its W as it is). With ``q_weight`` and ``k_weight``, q
     and k get MHLA's RMSNorm over heads (ε ``norm_eps``) as the kernels load them, each token's 1/rms from one
     reading pass here, kept for backward (``rstd``: :func:`_rstd`; empty without the norm): autograd keeps the raw q
     and k (views of the qkv projection). With ``lepe_weight`` (C, 1, KS,
@@ -242,10 +243,11 @@ def run_blocked_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: 
     """dq, dk, dv, dW̃, dq_weight, dk_weight, dlepe_weight, dlepe_bias (the weights' float32; empty without the norm
     or LePE) of :func:`blocked_attention` in three launches, no torch op between: the mixed states again (each
     segment's unmixed one kept), the read-out's backward (its last program of a batch·head: dS_s = Σ_a W̃[a, s] dR_a
-    and the batch·head's dW̃), the states' backward (LePE's: dv's taps of do, the filter's gradient summed by its last
-    program; the norm's: dq, dk by the last program of each token range's heads: :mod:`.norm_parts`); torch then
-    sums dW̃ and the weights' gradients over the batch. With the norm, q and k are the raw ones, normalised as they
-    load with the forward's ``rstd`` (taken again where not given: one reading pass each)."""
+    and dW̃), the states' backward (LePE's: dv's taps of do, the filter's gradient summed by its last program; the
+    norm's: dq, dk by the last program of each token range's heads: :mod:`.norm_parts`); dW̃ and the norm weights'
+    gradients come summed over the batch by the kernels' last programs (:func:`.tickets.batch_total`). With the
+    norm, q and k are the raw ones, normalised as they load with the forward's ``rstd`` (taken again where not
+    given: one more launch, reading each once)."""
     on_grid = _on_grid(q, v, key_valid, index, lepe_weight, None, rows, cols, prefix)
     given = rstd is not None and rstd.numel() > 0
     q_norm, k_norm = _norms(q, k, q_weight, k_weight, norm_eps, rstd if given else _rstd(q, q_weight, k_weight), given)
@@ -254,13 +256,10 @@ def run_blocked_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: 
                                                           None, False, (mixing, states), q_norm)
     dk, dv, dlepe, dk_weight = lepe_state_gradients(k, v, key_valid, index, dS, dz, None, feature, feature_eps, False,
                                                     on_grid, do, k_norm)
-    dmixing = (dmixing.view(mixing.shape) if dmixing.shape[0] == 1 else dmixing.sum(0)).to(mixing.dtype)
-    dnorm = ((dq_weight.sum(0).to(q_weight.dtype), dk_weight.sum(0).to(k_weight.dtype)) if q_norm is not None else
-             (q.new_empty((0,)), q.new_empty((0,))))  # (each weight's rows, one per token range, summed in order)
+    dnorm = (dq_weight, dk_weight) if q_norm is not None else (q.new_empty((0,)), q.new_empty((0,)))
     if not dlepe:
         return dq, dk, dv, dmixing, *dnorm, q.new_empty((0,)), q.new_empty((0,))
-    B, C = q.shape[0], lepe_weight.shape[0]
-    return dq, dk, dv, dmixing, *dnorm, *lepe_gradients(dlepe[0].view(B, C, -1), dlepe[1].view(B, C), lepe_weight)
+    return dq, dk, dv, dmixing, *dnorm, dlepe[0].view(lepe_weight.shape), dlepe[1]
 
 
 blocked_attention_backward = torch.library.custom_op("vitconvert::blocked_attention_backward", mutates_args=())(
@@ -334,6 +333,8 @@ def _blocked_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid:
     S, z, _ = fused_eager.state(k, v, key_valid, index, feature, feature_eps)
     with torch.autocast(S.device.type, enabled=False):  # (autocast would round the states to bf16)
         m = mixing.to(torch.float32)
+        if m.shape[0] < S.shape[2]:  # (the last segment's row and column of ones, as the kernels make them)
+            m = extended_block_mix(m)
         R, r = torch.matmul(m, S.flatten(-2)).view(S.shape), torch.matmul(m, z)
     out = fused_eager.readout(q, R, r, index, feature, feature_eps, eps, True)
     if lepe_weight is None:

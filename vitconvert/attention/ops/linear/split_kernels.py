@@ -3,10 +3,11 @@ states written per program and summed in a fixed order by the last program of ea
 segment elects it; no float atomics, so the sums are deterministic), which also makes what the next kernel reads:
 two launches forward (state, read-out), three backward (state, read-out's backward, state's backward), no torch op
 between them. MHLA's blocked op runs on them (the last state program mixes the segments' states by W̃, the read-out
-adds LePE: :mod:`.mixing_parts`; all four apply the q/k RMSNorm as their tiles load, and the backward kernels take its
-backward by the last program of each token range's heads: :mod:`.norm_parts`), and ELU/ReLU/InLine where a
-head's tokens are split over programs (:func:`.dispatch.split_tokens`); the one-launch kernels of a whole head are
-:mod:`.head_kernels`. Built from :mod:`.kernel_parts`' pieces.
+adds LePE: :mod:`.mixing_parts`; all four apply the q/k RMSNorm as their tiles load, from each token's 1/rms taken by
+one launch before them, and the backward kernels take its backward by the last program of each token range's heads:
+:mod:`.norm_parts`; its R and dS in bf16 where its inputs are: :func:`.launches.square_dtype`), and ELU/ReLU/InLine
+where a head's tokens are split over programs (:func:`.dispatch.split_tokens`); the one-launch kernels of a whole head
+are :mod:`.head_kernels`. Built from :mod:`.kernel_parts`' pieces.
 
 Without an index table and with a head that fills its tile (``EVEN_D``), each range's whole chunks run without
 bounds masks and the last, partial one with them (:func:`.kernel_parts._full_end`). The read-out's and the state
@@ -34,9 +35,9 @@ from .kernel_parts import (
     _store_square,
     _tokens,
 )
-from .mixing_parts import lepe_filter_total, lepe_key_taps, mix_gradients, mix_states
-from .norm_parts import norm_tail
-from .tickets import _last_program, _partials_summed, _store_partials, _summed, _ticket_back
+from .mixing_parts import lepe_batch_total, lepe_filter_total, lepe_key_taps, mix_gradients, mix_states
+from .norm_parts import norm_backward
+from .tickets import _last_program, _partials_summed, _store_partials, _summed, _ticket_back, batch_total
 
 
 @triton.jit
@@ -62,7 +63,7 @@ def _store_reader(R, RZ, COUNTER, which, square, row, d, d_ok, D):
 def state_fwd_kernel(
     K, V, MASK, IDX, PART, COUNTER, R, RZ, AUX, NV, W, RSTD, NW,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_rb,
-    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, scale, keep,
+    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, scale, keep, GW,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr, INLINE: tl.constexpr,
     SUM_V: tl.constexpr, MIX: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
@@ -73,10 +74,11 @@ def state_fwd_kernel(
     and the last to finish (:func:`_last_program`) sums them in order and stores R (D, D), RZ (D) and, for InLine's
     backward, AUX = z and NV = n. Kernel attention: R = S, RZ = z, AUX = zv with SUM_V. InLine (SUM_V): R = (s/n)(S
     − z v̄ᵀ), RZ = v̄ = zv/n, n the valid keys. MHLA (MIX): the last of a batch·head's programs mixes its SEGMENTS
-    states by W̃ (G×G float32, G ≤ BLOCK_G): R_a = Σ_s W̃[a, s] S_s, RZ likewise (:func:`.mixing_parts.mix_states`;
-    ``keep``: the unmixed ones kept in PART for the backward). EVEN_D: the head fills its tile (D = BLOCK_D), so the
-    whole chunks of a range without an index table run without masks. NORM: k gets MHLA's RMSNorm over heads as it
-    loads: k·rstd·w, each token's 1/rms over every head from RSTD, the head's weights from NW."""
+    states by W̃ (G ≤ BLOCK_G; GW×GW as given: :mod:`.mixing_parts`): R_a = Σ_s W̃[a, s] S_s, RZ likewise
+    (:func:`.mixing_parts.mix_states`; ``keep``: the unmixed ones kept in PART for the backward). EVEN_D: the head
+    fills its tile (D = BLOCK_D), so the whole chunks of a range without an index table run without masks. NORM: k
+    gets MHLA's RMSNorm over heads as it loads: k·rstd·w, each token's 1/rms over every head from RSTD, the head's
+    weights from NW."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -121,7 +123,7 @@ def state_fwd_kernel(
     if MIX:
         _store_partials(PART, which * SPLITS + split, width, acc, _key_sums(z_cols, z_rows, FEATURE), d, d_ok, D)
         if _last_program(COUNTER, bh, SEGMENTS * SPLITS):
-            mix_states(PART, W, R, RZ, bh, SEGMENTS, SPLITS, width, D, keep, BLOCK_G, MIX_CHUNK)
+            mix_states(PART, W, R, RZ, bh, SEGMENTS, GW, SPLITS, width, D, keep, BLOCK_G, MIX_CHUNK)
             _ticket_back(COUNTER, bh)
     else:
         _segment_states(PART, COUNTER, R, RZ, AUX, NV, which, split, SPLITS, width, acc, z_cols, z_rows, zv_rows, count,
@@ -201,14 +203,14 @@ def readout_fwd_kernel(
             if NORM:
                 rstd = tl.load(rstd_at + tok, mask=ok, other=0.0)
             _read_out(q_base, o_base, tok, ok[:, None], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps, eps, FEATURE,
-                      NORMALISE, True, TILE, PRECISION, EMULATE, None, rstd, w)
+                      NORMALISE, True, TILE, PRECISION, EMULATE, None, rstd, w, d_ok)
         for start in range(full_end, end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             rstd = None
             if NORM:
                 rstd = tl.load(rstd_at + tok, mask=ok, other=0.0)
             _read_out(q_base, o_base, tok, ok[:, None] & d_ok[None, :], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps,
-                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, None, rstd, w)
+                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, None, rstd, w, d_ok)
     else:
         for start in range(begin, end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
@@ -220,14 +222,14 @@ def readout_fwd_kernel(
                                  P + ROWS * COLS, D, P, ROWS, COLS, 0.0, 0.0, KS, False, HAS_LBIAS, HAS_MASK, BLOCK_N,
                                  BLOCK_D)
             _read_out(q_base, o_base, tok, ok[:, None] & d_ok[None, :], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps,
-                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, lepe, rstd, w)
+                      eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, lepe, rstd, w, d_ok)
 
 
 @triton.jit
 def readout_bwd_kernel(
-    Q, R, RZ, O, DO, DQ, PART, COUNTER, AUX, NV, DS, DZ, DZV, IDX, STATES, W, DW, RSTD, NW, DNW, NCOUNTER,
+    Q, R, RZ, O, DO, DQ, PART, COUNTER, AUX, NV, DS, DZ, DZV, IDX, STATES, W, DW, DMIX, RSTD, NW, DNW, NCOUNTER, NWG,
     s_qb, s_qh, s_qn, s_ob, s_oh, s_on, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn, s_rb,
-    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, eps, scale,
+    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, eps, scale, GW,
     FEATURE: tl.constexpr, NORMALISE: tl.constexpr, INLINE: tl.constexpr, HAS_INDEX: tl.constexpr,
     HAS_O: tl.constexpr, MIX: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
@@ -238,16 +240,18 @@ def readout_bwd_kernel(
     and the last program of the segment (:func:`_last_program`) sums them in order into what the state's backward
     reads: dS = dR, dz = dr (kernel attention), or InLine's chain dS = (s/n) dR, dz = −dS v̄, dzv = (dr − dSᵀ z)/n
     from the state kernel's AUX = z and NV = n (v̄ = RZ). MIX (MHLA): the last of the batch·head's programs mixes
-    them by W̃ᵀ and writes its dW̃ to DW, against the unmixed states in STATES (:func:`.mixing_parts.mix_gradients`).
+    them by W̃ᵀ and writes its dW̃ as a row of DW, against the unmixed states in STATES
+    (:func:`.mixing_parts.mix_gradients`), the rows summed over the batch into DMIX (:func:`.tickets.batch_total`).
     NORM (MHLA): q gets its RMSNorm as it loads (RSTD (B, s_rb), NW (H·D,)), and the last of the H programs that
     share a token range (NCOUNTER) turns every head's dq into the raw q's, its range's weight gradient a row of DNW
-    (:func:`.norm_parts.norm_tail`)."""
+    (:func:`.norm_parts.norm_tail`), the rows summed over the batch into NWG."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     which = bh * SEGMENTS + seg
-    r_t = tl.trans(_load_square(R, which, d, d_ok, D)).to(TILE)
+    r_t = tl.trans(_load_square(R, which, d, d_ok, D).to(tl.float32)).to(TILE)  # (R may be bf16: transposed
+    # in float32 the loop takes far fewer registers than with a bf16 transpose: kernel_resources.py --arch sm_90)
     rz = _load_row(RZ, which, d, d_ok, D)
     rz_cols = _columns(rz, TILE)
     dr = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
@@ -268,42 +272,33 @@ def readout_bwd_kernel(
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None], d, s_qn, s_on, s_gn,
                                          s_dqn, r_t, rz, rz_cols, dr, drz, feature_eps, eps, FEATURE, NORMALISE, True,
-                                         TILE, PRECISION, EMULATE, ok, rstd_at, w)
+                                         TILE, PRECISION, EMULATE, ok, rstd_at, w, d_ok)
         if full_end < end:
             tok, ok = _tokens(IDX, seg, L, end, full_end, BLOCK_N, False)
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None] & d_ok[None, :], d, s_qn,
                                          s_on, s_gn, s_dqn, r_t, rz, rz_cols, dr, drz, feature_eps, eps, FEATURE,
-                                         NORMALISE, False, TILE, PRECISION, EMULATE, ok, rstd_at, w)
+                                         NORMALISE, False, TILE, PRECISION, EMULATE, ok, rstd_at, w, d_ok)
     else:
         for start in range(begin, end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
             dr, drz = _read_out_backward(q_base, o_base, g_base, dq_base, tok, ok[:, None] & d_ok[None, :], d, s_qn,
                                          s_on, s_gn, s_dqn, r_t, rz, rz_cols, dr, drz, feature_eps, eps, FEATURE,
-                                         NORMALISE, False, TILE, PRECISION, EMULATE, ok, rstd_at, w)
+                                         NORMALISE, False, TILE, PRECISION, EMULATE, ok, rstd_at, w, d_ok)
     if MIX:
         _store_partials(PART, which * SPLITS + split, D * D + D, tl.trans(dr), _row_sums(drz), d, d_ok, D)
         if _last_program(COUNTER, bh, SEGMENTS * SPLITS):
-            mix_gradients(PART, STATES, W, DS, DZ, DW, bh, SEGMENTS, SPLITS, D * D + D, D * D + 2 * D + 1, D, BLOCK_G,
-                          MIX_CHUNK)
+            mix_gradients(PART, STATES, W, DS, DZ, DW, bh, SEGMENTS, GW, SPLITS, D * D + D, D * D + 2 * D + 1, D,
+                          BLOCK_G, MIX_CHUNK)
             _ticket_back(COUNTER, bh)
+            batch = tl.num_programs(0) // H
+            batch_total(DW, COUNTER + batch * H * SEGMENTS, b, batch, H, GW * GW, DMIX, MIX_CHUNK)
     else:
         _segment_gradients(PART, COUNTER, AUX, NV, DS, DZ, DZV, which, split, SPLITS, dr, drz, rz, d, d_ok, D, scale,
                            INLINE)
     if NORM:
-        _norm_backward(Q + b * s_qb, s_qh, s_qn, DQ + b * s_dqb, s_dqh, s_dqn, IDX, seg, L, begin, end, RSTD + b * s_rb,
-                       NW, DNW, NCOUNTER, b, H, D, SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX, BLOCK_N, BLOCK_H)
-
-
-@triton.jit
-def _norm_backward(x_at, s_xh, s_xn, g_at, s_gh, s_gn, IDX, seg, L, begin, end, rstd_at, NW, DNW, NCOUNTER, b, H, D,
-                   SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_H: tl.constexpr):
-    """The norm's backward of a token range by the last of the image's H programs that share it (a ticket)."""
-    span = (b * SEGMENTS + seg) * SPLITS + split
-    if _last_program(NCOUNTER, span, H):
-        norm_tail(x_at, s_xh, s_xn, g_at, s_gh, s_gn, IDX, seg, L, begin, end, rstd_at, NW, DNW, span, H, D, d, d_ok,
-                  HAS_INDEX, BLOCK_N, BLOCK_H)
-        _ticket_back(NCOUNTER, span)
+        norm_backward(Q + b * s_qb, s_qh, s_qn, DQ + b * s_dqb, s_dqh, s_dqn, IDX, seg, L, begin, end, RSTD + b * s_rb,
+                      NW, DNW, NCOUNTER, NWG, b, H, D, SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX, BLOCK_N,
+                      BLOCK_H, BLOCK_D)
 
 
 @triton.jit
@@ -325,8 +320,8 @@ def _segment_gradients(PART, COUNTER, AUX, NV, DS, DZ, DZV, which, split, SPLITS
 
 @triton.jit
 def state_bwd_kernel(
-    K, V, MASK, IDX, DS, DZ, DZV, DK, DV, DO, LW, LPART, COUNTER, DLW, DLB,
-    RSTD, NW, DNW, NCOUNTER,
+    K, V, MASK, IDX, DS, DZ, DZV, DK, DV, DO, LW, LPART, COUNTER, DLW, DLB, LWG, LBG,
+    RSTD, NW, DNW, NCOUNTER, NWG,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, s_gb, s_gh, s_gn,
     s_rb, H, L, D, SEGMENTS, SPLITS, CHUNKS, tokens_per_split, feature_eps, P, ROWS, COLS,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr, HAS_DZV: tl.constexpr,
@@ -337,8 +332,9 @@ def state_bwd_kernel(
     """dk, dv of the keys of one (batch·head, segment, range) from dS, dz and (HAS_DZV) dzv of their segment
     (:func:`_state_backward`). LEPE (MHLA, with an index table): dv also gets LePE's taps of do (DO), and each of the
     range's chunks stores its keys' share of the filter's gradient (KS·KS taps and the bias) as a row of LPART
-    (CHUNKS rows a program); the last of a batch·head's SEGMENTS·SPLITS programs sums them in order into DLW, DLB
-    (:mod:`.mixing_parts`). NORM (MHLA): k gets its RMSNorm as it loads (as in :func:`readout_bwd_kernel`), and the
+    (CHUNKS rows a program); the last of a batch·head's SEGMENTS·SPLITS programs sums them in order into DLW, DLB,
+    and the last batch·head's those over the batch into LWG, LBG (:mod:`.mixing_parts`). NORM (MHLA): k gets its
+    RMSNorm as it loads (as in :func:`readout_bwd_kernel`), and the
     last of the H programs that share a token range turns every head's dk into the raw k's."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
@@ -386,6 +382,8 @@ def state_bwd_kernel(
                 lepe_filter_total(LPART, DLW, DLB, bh, SEGMENTS, SPLITS, CHUNKS, tokens_per_split, L, d, d_ok, D, KS,
                                   BLOCK_N, BLOCK_T)
                 _ticket_back(COUNTER, bh)
+                lepe_batch_total(DLW, DLB, LWG, LBG, COUNTER, tl.num_programs(0) // H, H, D, KS, BLOCK_T * BLOCK_D)
     if NORM:
-        _norm_backward(K + b * s_kb, s_kh, s_kn, DK + b * s_dkb, s_dkh, s_dkn, IDX, seg, L, begin, end, RSTD + b * s_rb,
-                       NW, DNW, NCOUNTER, b, H, D, SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX, BLOCK_N, BLOCK_H)
+        norm_backward(K + b * s_kb, s_kh, s_kn, DK + b * s_dkb, s_dkh, s_dkn, IDX, seg, L, begin, end, RSTD + b * s_rb,
+                      NW, DNW, NCOUNTER, NWG, b, H, D, SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX, BLOCK_N,
+                      BLOCK_H, BLOCK_D)

@@ -55,3 +55,29 @@ def _partials_summed(PART, COUNTER, which, split, SPLITS, width, square_part, ro
         total = _summed(PART, which * SPLITS, SPLITS, 0, width, square, square_ok)
         row = _summed(PART, which * SPLITS, SPLITS, D * D, width, d, d_ok)
     return last, total, row
+
+
+@triton.jit
+def _rows_total(ROWS, first, COUNT, width, OUT, BLOCK: tl.constexpr):
+    """Σ of the COUNT rows ``first``.. of ROWS (``width`` floats each) in their order, into OUT in its dtype, BLOCK
+    columns at a time."""
+    idx = tl.arange(0, BLOCK)
+    for start in range(0, width, BLOCK):
+        ok = start + idx < width
+        total = _summed(ROWS, first, COUNT, start, width, idx, ok)
+        tl.store(OUT + start + idx, total.to(OUT.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def batch_total(ROWS, COUNTER, b, B, PER, width, OUT, BLOCK: tl.constexpr):
+    """A weight's gradient summed over the batch in the kernel, no torch op after it: once a program has stored its
+    row of ROWS (image b's PER rows first, then B rows of scratch), the last of the image's PER (a ticket at
+    COUNTER + b) sums them in order into scratch row B·PER + b, and the last image's (a ticket at COUNTER + B) those
+    B rows in order into OUT (its dtype: the weight's). Two tickets deep, so no program sums more than PER or B rows
+    (one program summing them all would be a serial tail of B·PER rows)."""
+    if _last_program(COUNTER, b, PER):
+        _rows_total(ROWS, b * PER, PER, width, ROWS + (B * PER + b) * width, BLOCK)
+        _ticket_back(COUNTER, b)
+        if _last_program(COUNTER, B, B):
+            _rows_total(ROWS, B * PER, B, width, OUT, BLOCK)
+            _ticket_back(COUNTER, B)

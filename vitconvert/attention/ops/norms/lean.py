@@ -4,8 +4,8 @@ Under autocast, autograd's own F.rms_norm and F.layer_norm run in float32 and ke
 inputs: N×C tensors that the softmax layer does not hold. Here:
 
 - the RMSNorm of q and k over all heads' channels is applied inside MHLA's ops (``vitconvert::blocked_attention``
-  and ``::pairwise_attention``), as their kernels load q and k, both ways, from each token's 1/rms
-  (:func:`rstd_over_heads` for the blocked op), so autograd keeps only the raw q, k (views of the qkv projection);
+  and ``::pairwise_attention``), as their kernels load q and k, both ways, from each token's 1/rms (taken by a
+  kernel: ops/linear/norm_parts.py), so autograd keeps only the raw q, k (views of the qkv projection);
   :func:`rms_over_heads` and :func:`rms_over_heads_backward` are the same norm in torch, which the ops' eager
   fallbacks take (:func:`through_rms_pair`);
 - the LayerNorm on the layer input and the fused qkv projection after it are one autograd Function
@@ -133,14 +133,6 @@ def rms_over_heads_backward(t: torch.Tensor, weight: torch.Tensor, eps: float, g
     dt = rstd * (scaled - x * rstd.square() * (scaled * x).mean(dim=(1, 3), keepdim=True))
     dweight = (grad * x * rstd).sum(dim=(0, 2)).reshape(-1)
     return dt.to(t.dtype), dweight.to(weight.dtype)
-
-
-def rstd_over_heads(t: torch.Tensor, eps: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """(B, N) float32 1/rms of each token of (B, H, N, d) ``t`` over all heads' channels, as F.rms_norm takes it: for
-    kernels that apply the norm as q or k loads (one reading pass; no normalised copy written); into ``out``."""
-    B, H, N, d = t.shape
-    norm = torch.linalg.vector_norm(t, dim=(1, 3), dtype=torch.float32)
-    return torch.rsqrt(norm.square_().div_(H * d).add_(eps), out=out)
 
 
 def rms_pair_recomputed(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor],

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ..grid.kernels import conv_taps, conv_taps_backward, conv_weight_taps
 from ..linear.kernel_parts import _dot, _phi, _phi_grad
-from ..linear.norm_parts import norm_backward_tokens
+from ..linear.norm_parts import norm_backward_tokens, tile_rstd
 from ..linear.tickets import _last_program, _ticket_back
 
 
@@ -59,18 +59,6 @@ def _scaled_side(base, s_n, tok, ok, d, d_ok, feature_eps, FEATURE: tl.constexpr
     if NORM:
         x = x * rstd[:, None] * w[None, :]
     return x, tl.where(tile, _phi(x, FEATURE, feature_eps), 0.0)
-
-
-@triton.jit
-def _tile_rstd(x_at, s_xh, s_xn, t, ok, d, d_ok, H, D, eps):
-    """1/rms over all H heads' channels of the tokens ``t`` of one image (x_at: its head 0), float32, as F.rms_norm
-    over heads takes it: one tile of every head read, once a program."""
-    tile = ok[:, None] & d_ok[None, :]
-    total = tl.zeros(t.shape, dtype=tl.float32)
-    for head in range(0, H):
-        x = tl.load(x_at + head * s_xh + t[:, None] * s_xn + d[None, :], mask=tile, other=0.0).to(tl.float32)
-        total += tl.sum(x * x, axis=1)
-    return tl.math.rsqrt(total / (H * D) + eps)
 
 
 @triton.jit
@@ -137,12 +125,12 @@ def pairwise_fwd_kernel(
     row_ok = rows < N
     scale = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if NORM:
-        scale = _tile_rstd(Q + b * s_qb, s_qh, s_qn, rows, row_ok, d, d_ok, H, D, norm_eps)
+        scale = tile_rstd(Q + b * s_qb, s_qh, s_qn, rows, row_ok, d, d_ok, H, D, norm_eps)
         tl.store(RSTD_Q + b * N + rows, scale, mask=row_ok)
         tl.store(COUNTER + b + tl.arange(0, 2) * tl.num_programs(0), tl.zeros((2,), dtype=tl.int32), mask=tile_m == 0)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            tl.store(RSTD_K + b * N + cols, _tile_rstd(K + b * s_kb, s_kh, s_kn, cols, cols < N, d, d_ok, H, D,
+            tl.store(RSTD_K + b * N + cols, tile_rstd(K + b * s_kb, s_kh, s_kn, cols, cols < N, d, d_ok, H, D,
                                                        norm_eps), mask=cols < N)
         tl.debug_barrier()  # (every key's 1/rms, stored by this program's threads, before any reads it)
     seg_q = tl.load(SEG + rows, mask=row_ok, other=0)
