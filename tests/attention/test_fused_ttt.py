@@ -232,7 +232,8 @@ def test_module_on_the_kernels_matches_its_reference(head_dim, grid, num_prefix,
 
 
 def test_the_op_keeps_q_k_v_the_weights_and_the_key_statistics_only():
-    """No token-sized intermediate, not even W' (backward recomputes it): q, k, v, the fast weights as given, and
+    """No token-sized intermediate, not even W' (backward recomputes it: at so few tokens W' outweighs what softmax's
+    attention keeps beyond TTT's, launch_plan.keeps_summed): q, k, v, the fast weights as given, and
     with the key conv in the op the keys' float32 statistics (2, B, H, d); the convs' filters."""
     inputs, _ = step_inputs()
     out = fused_ttt.call_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 1.0)
