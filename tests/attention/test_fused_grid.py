@@ -113,8 +113,8 @@ def test_the_key_statistics_hold_a_small_variance_beside_a_large_mean():
     bias = torch.zeros(2 * d, device=DEVICE)
     with torch.no_grad():
         qv = torch.randn(1, 2, N, d, generator=g).to(DEVICE, torch.float16)
-        _, stats = fused_ttt.run_ttt(qv, k[:1], qv, None, *weights, d ** -0.5, 1.0, filters, bias, filters, bias,
-                                     eps, side, side, 1)
+        _, stats, _ = fused_ttt.run_ttt(qv, k[:1], qv, None, *weights, d ** -0.5, 1.0, filters, bias, filters, bias,
+                                        eps, side, side, 1)
     assert_exact(stats, torch.ones(1, N, dtype=torch.bool), k[:1])
 
 

@@ -232,7 +232,8 @@ def test_module_on_the_kernels_matches_its_reference(head_dim, grid, num_prefix,
 
 
 def test_the_op_keeps_q_k_v_the_weights_and_the_key_statistics_only():
-    """No token-sized intermediate, not even W' (backward recomputes it): q, k, v, the fast weights as given, and
+    """No token-sized intermediate, not even W' (backward recomputes it: at so few tokens W' outweighs what softmax's
+    attention keeps beyond TTT's, launch_plan.keeps_summed): q, k, v, the fast weights as given, and
     with the key conv in the op the keys' float32 statistics (2, B, H, d); the convs' filters."""
     inputs, _ = step_inputs()
     out = fused_ttt.call_step(*inputs[:3], None, inputs[3], 32 ** -0.5, 1.0)
@@ -247,9 +248,16 @@ def test_the_op_keeps_q_k_v_the_weights_and_the_key_statistics_only():
 
 
 def test_the_op_passes_torch_library_checks_and_compiles_as_one_graph():
-    inputs, mask = step_inputs(N=40)
+    """The op's schema, fake and autograd registration, with W' not kept (40 tokens, one program a head) and kept
+    for backward (66 tokens of head dim 16 in two ranges, the room softmax leaves lifted: its third output, W' (B·H,
+    3, d, d), in the fake too); one graph under torch.compile."""
     tests = ("test_schema", "test_faketensor", "test_autograd_registration")
-    torch.library.opcheck(fused_ttt.ttt_step, (*inputs[:3], mask, *inputs[3], 32 ** -0.5, 1.0), test_utils=tests)
+    dispatch.current().softmax_extra_bytes = 1 << 20  # (launch_plan.keeps_summed: W' kept where it weighs ≤ a q)
+    for N, d, kept in ((40, 32, (0,)), (66, 16, (4, 3, 16, 16))):
+        inputs, mask = step_inputs(N=N, d=d)
+        args = (*inputs[:3], mask, *inputs[3], d ** -0.5, 1.0)
+        torch.library.opcheck(fused_ttt.ttt_step, args, test_utils=tests)
+        assert tuple(fused_ttt.ttt_step(*args)[2].shape) == kept
     torch._dynamo.reset()
     module = helpers.make_module("ttt", 1, (4, 4), dim=64, dtype=torch.float32).to(DEVICE)
     x = torch.randn(1, 17, 64, device=DEVICE, requires_grad=True)
@@ -336,3 +344,26 @@ def test_ttt_kernels_launch_with_room_for_their_tiles(monkeypatch):
     assert dispatch.block_sizes(64, many_tiles=True) == (16, 64, 2)
     inputs, _ = step_inputs(N=40)  # and the kernels run under it
     assert max(against_float64(inputs, None)) < 2e-6
+
+
+def test_keeping_w_prime_for_backward_changes_no_bit_of_bf16_gradients():
+    """bf16 inputs split over two ranges with a mask: where the plan keeps W' (the room softmax leaves lifted), the
+    forward's sums kernel writes it in bf16, the tiles' type the backward reads it in, so the backward that skips
+    forming it again gives the very bits of the one that forms it again (float32, rounded as it loads)."""
+    inputs, mask = step_inputs(N=66, d=16, dtype=torch.bfloat16, masked=True)
+    probe = torch.randn(2, 2, 66, 16, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.bfloat16)
+    runs, kept = [], []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        kept.append((tuple(t.shape), t.dtype))
+        return t
+
+    for room in (None, 1 << 20):
+        dispatch.current().softmax_extra_bytes = room
+        kept.clear()
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            out = fused_ttt.call_step(*inputs[:3], mask, inputs[3], 16 ** -0.5, 1.0)
+        runs.append((out, *torch.autograd.grad(out, inputs, probe)))
+        assert (((4, 3, 16, 16), torch.bfloat16) in kept) is (room is not None)
+    for recomputed, from_kept in zip(*runs, strict=True):
+        assert torch.equal(recomputed, from_kept)

@@ -295,3 +295,22 @@ def test_ttt_ranges_keep_their_partial_sums_within_their_tokens_while_the_gpu_st
     with dispatch.kernels_on(programs=528):
         taken = launch_plan.linear_launches(q, 6, 1, 4097, False, True, PARTIAL_SQUARES)
     assert (taken.splits, taken.per) == (17, 256)
+
+
+def test_ttt_keeps_w_prime_for_backward_where_softmax_keeps_as_much_more():
+    """deit_small's layer on an H100 at batch 1, heads split at every size: at 1280 px (6401 tokens) W' (three 64×64
+    matrices a head, in bf16 as the backward's tiles read them: 24 KB) fits in what softmax's attention keeps beyond
+    TTT's (SDPA's float32 logsumexp, 25.0 KB a head, less TTT's key statistics, 0.5 KB), so the forward keeps it and
+    the backward skips the sums kernel that formed it again; at 1024 px (4097 tokens: 15.5 KB of room) and 224 px
+    it does not fit, and backward forms it again. A q (512 KB a head at 1024 px) is never what binds."""
+    plans = {side: plan.plan_layer(layer("ttt", grid=(side, side)), plan.GPUS["h100"], torch.bfloat16, 1,
+                                   settings=KernelSettings()) for side in (14, 64, 80)}
+    assert all(p.on_kernels and p.splits > 1 for p in plans.values())
+    assert plans[80].kept == ("W'",) and "inner_sums_kernel" not in plans[80].backward
+    for side in (14, 64):
+        assert plans[side].kept == () and plans[side].backward[0] == "inner_sums_kernel", side
+    w_prime = 3 * 64 * 64 * launch_plan.kept_dtype(torch.bfloat16).itemsize
+    room = {side: (side * side + 1) * launch_plan.SOFTMAX_EXTRA_BYTES - 2 * 64 * 4 for side in (64, 80)}
+    assert room[64] < w_prime <= room[80] < launch_plan.KEPT_SHARE * (80 * 80 + 1) * 64 * 2
+    assert [launch_plan.keeps_summed(3, 64, torch.bfloat16, chunks, 128) for chunks in (49, 50)] == [False, True]
+    assert launch_plan.kept_dtype(torch.float32) == torch.float32  # (float32 tiles: W' kept from about 12.4k tokens)

@@ -144,21 +144,30 @@ def test_the_blocked_form_mixes_by_w_and_adds_lepe_in_its_kernels():
         assert rel_error(mine, want) < 2 * TOL[torch.float32], name
 
 
-def test_ttt_split_heads_sum_their_partials_in_the_kernels_and_put_the_tickets_back():
-    """TTT's step with heads split over three token ranges, two images, a key mask and both convs (the raw keys
+@pytest.mark.parametrize("side,ranges,kept", [(6, 3, False), (7, 4, True)])
+def test_ttt_split_heads_sum_their_partials_in_the_kernels_and_put_the_tickets_back(side, ranges, kept):
+    """TTT's step with heads split over token ranges, two images, a key mask and both convs (the raw keys
     normalised and convolved as the kernels load them): the last program of each batch·head sums the ranges' Ĝ and
     forms W' in inner_sums_kernel, the read-out's backward sums dW', the sums' backward the head's dW over the images
     and ranges, and the convs' backward (ops/grid) the filters' gradients and the norm's sums, so no torch op but
     allocations and views runs between the launches; values and every gradient against the eager step in float64
-    (the grid op's eager norm and convs), and every ticket back at 0."""
+    (the grid op's eager norm and convs), and every ticket back at 0. Kept: the room softmax leaves lifted (at such
+    lengths W' outweighs its logsumexp; the lengths where it does not take minutes here), W' (3·16² float32) weighs
+    less than a head's q at 51 tokens (every count of the 49–64 bucket), so the forward keeps it (the op's third
+    output, saved for backward) and backward skips the launch that formed it again; at 38 it outweighs q."""
+    from vitconvert.attention.ops.launch_plan import keeps_summed
     from vitconvert.attention.ops.linear.launches import tickets
     from vitconvert.attention.ops.ttt import op as fused_ttt
 
     here = dispatch.current()
     here.ttt_dtypes, here.programs, here.split_round = dispatch.DTYPES, 64, 16
     here.settings = dispatch.KernelSettings(config=(16, 4, 1))
-    rows, cols, prefix, H, d = 6, 6, 2, 2, 16  # (38 tokens: ranges of 16, 16 and 6)
-    assert dispatch.token_ranges(2 * H, 1, prefix + rows * cols, 64, 16) == (3, 16)
+    here.softmax_extra_bytes = 1 << 20  # (the room softmax leaves for kept partials, lifted: KEPT_SHARE decides)
+    rows, cols, prefix, H, d = side, side, 2, 2, 16  # (38 tokens: ranges of 16, 16, 6; 51: 16, 16, 16, 3)
+    assert dispatch.token_ranges(2 * H, 1, prefix + rows * cols, 64, 16) == (ranges, 16)
+    chunks = -(-(prefix + rows * cols) // 16)
+    assert keeps_summed(3, d, torch.float32, chunks, 16, here.softmax_extra_bytes) is kept
+    assert not keeps_summed(3, d, torch.float32, chunks, 16)  # (softmax's own room: 4 bytes a token a head)
     q, k, v = qkv(B=2, H=H, N=prefix + rows * cols, d=d)
     k.data.mul_(3.0).add_(1.0)  # (a mean and a scale for the key norm to take out)
     mask = torch.ones(2, prefix + rows * cols, dtype=torch.bool, device=DEVICE)
@@ -168,13 +177,20 @@ def test_ttt_split_heads_sum_their_partials_in_the_kernels_and_put_the_tickets_b
     convs = [(torch.randn(shape, generator=g) * scale).to(DEVICE).requires_grad_()
              for shape, scale in (((H * d, 1, 3, 3), 0.3), ((H * d,), 0.1)) * 2]  # (q's filters and bias, then k's)
     inputs = (q, k, v, weights, *convs)
-    runs, out, grad, got = launches_and_ops(
-        lambda: fused_ttt.call_step(q, k, v, mask, weights, d ** -0.5, 0.7, *convs[:2], (rows, cols, prefix),
-                                    *convs[2:], 1.0), inputs)
+    saved: list[tuple[int, ...]] = []  # (the shapes autograd keeps)
+
+    def step() -> torch.Tensor:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+            return fused_ttt.call_step(q, k, v, mask, weights, d ** -0.5, 0.7, *convs[:2], (rows, cols, prefix),
+                                       *convs[2:], 1.0)
+
+    runs, out, grad, got = launches_and_ops(step, inputs)
     assert {d: [e for e in run if e.endswith("_kernel")] for d, run in runs.items()} == {
         "forward": ["key_moments_kernel", "inner_sums_kernel", "swiglu_readout_kernel"],
-        "backward": ["inner_sums_kernel", "swiglu_readout_bwd_kernel", "inner_sums_bwd_kernel",
-                     *["grid_conv_bwd_kernel"] * 3]}  # (q's conv in one launch, k's through its norm in two)
+        "backward": [*([] if kept else ["inner_sums_kernel"]), "swiglu_readout_bwd_kernel",
+                     "inner_sums_bwd_kernel", *["grid_conv_bwd_kernel"] * 3]}  # (q's conv in one launch, k's
+    # through its norm in two)
+    assert ((2 * H, 3, d, d) in saved) is kept  # (W' among what autograd keeps only where the plan keeps it)
     allocations = {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "transpose", "view",
                    "slice"}
     for run in runs.values():

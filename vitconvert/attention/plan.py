@@ -81,6 +81,7 @@ class KernelPlan:
     grid: Optional[launch_plan.GridLaunches] = None  # the grid op's launches, as they take them (with ``others``)
     launches: Optional[LinearLaunches] = None  # the state and read-out launches, as they take them (ops/launch_plan.py)
     pairwise: Optional[PairwiseLaunches] = None  # MHLA's pairwise launches, as they take them (ops/launch_plan.py)
+    kept: tuple[str, ...] = ()  # what the op keeps for backward so that backward need not form it again (TTT's W')
     reason: str = ""  # why eager
     note: str = ""  # what may change at the first launch (less shared memory than the settings were made for)
 
@@ -235,22 +236,25 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
 
 
 def _ttt(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
-    """TTT's step: where a program owns each head, one kernel each way (backward recomputes W'); where heads split
-    over token ranges, the partial sums (W' formed by their last programs) and the read-out, and backward W' again,
-    the read-out's and the sums' backward. Where the layer has a grid and the grid op's kernels take the call, the key
-    norm and the convs are applied in the op's kernels and the op keeps what it recomputes: in one program a head,
-    the key statistics and the convs' backward are the step kernels' too; split, the statistics are the grid op's
-    reading pass and the convs' backward its kernel. Else they run in torch before the op and the layer's step is
-    recomputed in backward when the layer recomputes it."""
+    """TTT's step: where a program owns each head, one kernel each way (backward recomputes W'); where heads split over
+    token ranges, the partial sums (W' formed by their last programs) and the read-out, and backward W' again, the
+    read-out's and the sums' backward, W' formed again only where the forward did not keep it
+    (``LinearLaunches.keeps_summed``: kept where softmax's attention keeps as much more than TTT's; ``kept``). Where the
+    layer has a grid and the grid op's kernels take the call, the key norm and the convs are applied in the op's kernels
+    and the op keeps what it recomputes: in one program a head, the key statistics and the convs' backward are the step
+    kernels' too; split, the statistics are the grid op's reading pass and the convs' backward its kernel. Else they run
+    in torch before the op and the layer's step is recomputed in backward when the layer recomputes it."""
     # (the step's chunk, warps and token ranges as ops/ttt/op.py's launches take them; no num_stages given)
-    plan = replace(_launches(plan, module, call, 1, call.tokens, False, True, PARTIAL_SQUARES), stages=0,
-                   launches=None)
+    plan = _launches(plan, module, call, 1, call.tokens, False, True, PARTIAL_SQUARES)
+    kept = ("W'",) if plan.launches.keeps_summed else ()
+    plan = replace(plan, stages=0, launches=None, kept=kept)
     half = f" ({launch_plan.HALF_TILES[call.dtype]} tiles)" if call.dtype in launch_plan.HALF_TILES else ""
     if plan.splits == 1:  # (backward: 16-bit tiles, dispatch.tile_args)
         forward, backward = ("ttt_fwd_kernel",), (f"ttt_bwd_kernel{half}",)
     else:
         forward = ("inner_sums_kernel", "swiglu_readout_kernel")
-        backward = ("inner_sums_kernel", f"swiglu_readout_bwd_kernel{half}", f"inner_sums_bwd_kernel{half}")
+        sums_again = () if kept else ("inner_sums_kernel",)
+        backward = (*sums_again, f"swiglu_readout_bwd_kernel{half}", f"inner_sums_bwd_kernel{half}")
     on_grid = _grid_op(module, call)
     again = forward if getattr(module, "recompute_step", False) and not on_grid else ()
     plan = replace(plan, forward=forward, backward=(*again, *backward))

@@ -175,6 +175,13 @@ def info(folder: str = typer.Argument(..., help=LINEAR_MODEL_HELP), as_json: Jso
         console.print(f"[yellow]note:[/] {upgrade}")
 
 
+def _launch_text(p) -> str:
+    """A plan's launch settings in one cell, and what its op keeps for backward where it keeps more than its inputs."""
+    stages = plural(p.stages, "stage") if p.stages else "Triton's default stages"
+    launch = f"BLOCK_N {p.block_n}, {plural(p.warps, 'warp')}, {stages}, {p.tile} tiles, {plural(p.splits, 'split')}"
+    return launch + (f", keeps {', '.join(p.kept)} for backward" if p.kept else "")
+
+
 def kernel_plans(folder: str, as_json: bool, device: str, gpu: Optional[str], dtype: str, batch: int) -> None:
     """``info --kernels``: attention/plan.py's plan of every linear layer, as a table or JSON."""
     from ..errors import BadValue  # lazy: start-up time (and --help's)
@@ -215,10 +222,7 @@ def kernel_plans(folder: str, as_json: bool, device: str, gpu: Optional[str], dt
         if not p.on_kernels:
             table.add_row(p.layer, f"eager: {p.reason}", *[""] * 4)
             continue
-        stages = plural(p.stages, "stage") if p.stages else "Triton's default stages"
-        warps, splits = plural(p.warps, "warp"), plural(p.splits, "split")
-        launch = f"BLOCK_N {p.block_n}, {warps}, {stages}, {p.tile} tiles, {splits}"
-        table.add_row(p.layer, p.op, ", ".join(p.forward), ", ".join(p.backward), launch, ", ".join(p.others))
+        table.add_row(p.layer, p.op, ", ".join(p.forward), ", ".join(p.backward), _launch_text(p), ", ".join(p.others))
     console.print(table)
     for note in dict.fromkeys(p.note for p in plans if p.note):
         console.print(f"[yellow]note:[/] {note}")

@@ -34,6 +34,7 @@ class Dispatch:
     rms_norm_devices: tuple[str, ...] = ("cuda",)  # where half RMSNorms take torch's fused kernels (norms/lean.py)
     generation_checked: tuple[str, ...] = ("cuda",)  # device types whose generation is checked (MIN_CAPABILITY)
     older_triton: Optional[bool] = None  # whether Triton is older than 3.8 (None: the installed one's)
+    softmax_extra_bytes: Optional[int] = None  # room for kept partials a token (None: launch_plan's; tests lift it)
     through_ops: bool = False  # every op call through the custom-op dispatcher, as tracers see them (direct)
     direct_under_modes: bool = False  # op calls direct under a dispatch mode that only counts (host_overhead's)
     fakes: Optional[list] = None  # (op, real, fake) that differ, where a diagnostic checks them (calls.call_op)

@@ -47,6 +47,13 @@ GRID_TILE_ELEMENTS = 2048
 # as many bytes. TTT's three d×d float32 sums a range are 48 KB at head dim 64, a 128-token range's bf16 keys and
 # values 32 KB (ELU's one state, 16.6 KB, about half: the linear-attention launches pass no partial sums to weigh).
 PARTIAL_SHARE = 1.0
+# What a batch·head's summed partials (TTT's W') may weigh to be kept from the forward for the backward
+# (:func:`keeps_summed`): at most KEPT_SHARE of its q, and no more than softmax's attention keeps beyond TTT's, so that
+# TTT's autograd keeps no more than softmax's (benchmarks/saved_memory.py): both keep q, k, v and the projection's
+# input, softmax's SDPA its logsumexp too (SOFTMAX_EXTRA_BYTES a token a head), TTT its keys' statistics (2·d float32
+# a head). The second binds: at head dim 64, 16-bit W' fits from about 6.3k tokens, float32 W' from about 12.4k.
+KEPT_SHARE = 1.0
+SOFTMAX_EXTRA_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class LinearLaunches:
     readout_bwd_block_n: int  # readout_bwd_kernel's chunk
     one_launch_bwd_block_n: int  # attention_bwd_kernel's chunk
     one_launch_backward: bool  # a head in one program and a head dim attention_bwd_kernel fits
+    keeps_summed: bool = False  # split, the last programs' sums (TTT's W') kept for backward (:func:`keeps_summed`)
 
     @property
     def one_launch(self) -> bool:
@@ -80,6 +88,27 @@ def shortest_range(partial_squares: int, head_dim: int, dtype: torch.dtype, spli
     partial_bytes = partial_squares * head_dim * head_dim * 4
     token_bytes = 2 * head_dim * dtype.itemsize * PARTIAL_SHARE
     return max(1, math.ceil(partial_bytes / token_bytes / split_round)) * split_round
+
+
+def kept_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype summed partials are kept in for the backward (:func:`keeps_summed`): the backward's tiles', 16-bit
+    for 16-bit inputs (:func:`.dispatch.tile_args` with ``half_tiles``), so keeping them rounds nothing the backward
+    would not; float32 otherwise."""
+    return dtype if dtype in HALF_TILES else torch.float32
+
+
+def keeps_summed(partial_squares: int, head_dim: int, dtype: torch.dtype, chunks: int, split_round: int,
+                 softmax_extra_bytes: int = SOFTMAX_EXTRA_BYTES) -> bool:
+    """Whether a batch·head's summed partials, ``partial_squares`` d×d matrices of :func:`kept_dtype`, weigh at most
+    :data:`KEPT_SHARE` of its q (d elements of ``dtype`` a token) and at most what softmax's attention keeps beyond
+    TTT's (``softmax_extra_bytes`` a token, less 2·d float32) for every token count of the bucket (more than
+    ``chunks − 1`` and at most ``chunks`` times ``split_round``): then the forward keeps them for the backward, which
+    skips the launch that would form them again (a pass over the keys); else the backward forms them again (no
+    partials: never kept)."""
+    tokens = (chunks - 1) * split_round + 1
+    kept = partial_squares * head_dim * head_dim * kept_dtype(dtype).itemsize
+    room = min(KEPT_SHARE * tokens * head_dim * dtype.itemsize, tokens * softmax_extra_bytes - 2 * head_dim * 4)
+    return 0 < kept <= room
 
 
 def bounded_ranges(heads: int, segments: int, length: int, programs: int, split_round: int,
@@ -150,14 +179,15 @@ def tile_name(dtype: torch.dtype, settings: KernelSettings, bf16_tiles: bool, tf
 def decide(heads: int, segments: int, chunks: int, head_dim: int, dtype: torch.dtype, programs: int,
            split_round: int, settings: KernelSettings, older: bool, tf32_matmuls: bool,
            bf16_tiles: bool, many_tiles: bool = False, before_hopper: bool = False,
-           partial_squares: int = 0) -> LinearLaunches:
+           partial_squares: int = 0, softmax_extra_bytes: int = SOFTMAX_EXTRA_BYTES) -> LinearLaunches:
     """The launches of ``heads`` (batch × heads) × ``segments`` segments of ``chunks`` × ``split_round`` tokens at
     most, for a GPU that wants ``programs`` programs a launch. ``older``: a Triton before 3.8
     (:func:`.dispatch.backward_chunk`); ``many_tiles``: kernels that hold several d×d matrices (TTT's step, which
     takes the chunk, warps and token ranges: :func:`.dispatch.launch_geometry`); ``before_hopper``: a GPU before
     sm_90 (:func:`readout_backward_chunk`); ``partial_squares``: the d×d partial sums a token range writes where
     they outweigh its tokens (TTT's 3: its ranges no shorter than :func:`shortest_range` where the GPU stays
-    filled, :func:`bounded_ranges`)."""
+    filled, :func:`bounded_ranges`), their sum kept for backward where it fits what softmax keeps beyond TTT,
+    ``softmax_extra_bytes`` a token a head, and :data:`KEPT_SHARE` of q (:func:`keeps_summed`)."""
     length = chunks * split_round
     block_n, block_d, warps = launch_geometry(head_dim, settings.config, many_tiles)
     splits, per = bounded_ranges(heads, segments, length, programs, split_round,
@@ -168,19 +198,23 @@ def decide(heads: int, segments: int, chunks: int, head_dim: int, dtype: torch.d
     return LinearLaunches(block_n, block_d, warps, settings.stages, tile, splits, per, read_splits, read_per,
                           readout_backward_chunk(block_n, block_d, tf32_half, before_hopper),
                           backward_chunk(block_n, block_d, settings.config is not None, older),
-                          splits == 1 and head_dim <= ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM)
+                          splits == 1 and head_dim <= ONE_LAUNCH_BACKWARD_MAX_HEAD_DIM,
+                          splits > 1 and keeps_summed(partial_squares, head_dim, dtype, chunks, split_round,
+                                                      softmax_extra_bytes))
 
 
 def linear_launches(t: torch.Tensor, heads: int, segments: int, length: int, bf16_tiles: bool,
                     many_tiles: bool = False, partial_squares: int = 0) -> LinearLaunches:
     """:func:`decide` for a call on ``t`` (q or k) whose segments are ``length`` tokens long, with what the context
-    says (:func:`.dispatch.current`): the GPU's programs and generation, the settings, the split round, the Triton."""
+    says (:func:`.dispatch.current`): the GPU's programs and generation, the settings, the split round, the Triton,
+    the room for kept partials."""
     here = current()
     older = older_triton() if here.older_triton is None else here.older_triton
     tf32_matmuls = t.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     return decide(heads, segments, math.ceil(length / here.split_round), t.shape[-1], t.dtype,
                   programs_wanted(t.device), here.split_round, here.settings or environment_settings(), older,
-                  tf32_matmuls, bf16_tiles, many_tiles, is_before_hopper(t.device), partial_squares)
+                  tf32_matmuls, bf16_tiles, many_tiles, is_before_hopper(t.device), partial_squares,
+                  here.softmax_extra_bytes or SOFTMAX_EXTRA_BYTES)
 
 
 @dataclass(frozen=True)

@@ -187,15 +187,16 @@ def updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_k
 
 @triton.jit
 def inner_sums_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, G, COUNTER, WP,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, G, COUNTER, WP, KEPT,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step,
     B, H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
-    K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
+    K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, KEEP: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """Partial Ĝ1, Ĝ2, Ĝ3 of one (batch·head, token range) into G: (BH, 3, SPLITS, D, D) float32; the last of a
     batch·head's programs (a ticket in COUNTER) sums them in the ranges' order and writes W' = W + step·Ĝ into WP
-    (BH, 3, D, D) float32, what the read-out reads (:func:`_updated_from_partials`)."""
+    (BH, 3, D, D) float32, what the read-out reads, and with ``KEEP`` into KEPT too, in its dtype (what the backward
+    reads: :func:`_updated_from_partials`)."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
     mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
     g1, g2, g3 = key_sums(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, N, D,
@@ -203,22 +204,26 @@ def inner_sums_kernel(
                           TILE, PRECISION, EMULATE)
     _put_partials(G, bh, split, SPLITS, g1, g2, g3, d, d_ok, D)
     if _last_program(COUNTER, bh, SPLITS):
-        _updated_from_partials(G, WP, W1, W2, W3, STEPS, step, bh, b_, h, SPLITS, D, HAS_MASK, BLOCK_D)
+        _updated_from_partials(G, WP, KEPT, W1, W2, W3, STEPS, step, bh, b_, h, SPLITS, D, HAS_MASK, KEEP, BLOCK_D)
         _ticket_back(COUNTER, bh)
 
 
 @triton.jit
-def _updated_from_partials(G, WP, W1, W2, W3, STEPS, step, bh, b_, h, SPLITS, D, HAS_MASK: tl.constexpr,
-                           BLOCK_D: tl.constexpr):
+def _updated_from_partials(G, WP, KEPT, W1, W2, W3, STEPS, step, bh, b_, h, SPLITS, D, HAS_MASK: tl.constexpr,
+                           KEEP: tl.constexpr, BLOCK_D: tl.constexpr):
     """W'_j = W_j + step·Σ_ranges Ĝ_j of one batch·head, summed in the ranges' order (deterministic), one matrix at a
-    time (entry bh·3 + j of WP), as flat rows of the d×d entries (:func:`flat_square`)."""
+    time (entry bh·3 + j of WP, and of KEPT with ``KEEP``: the backward's copy, in the dtype its tiles take, rounded
+    as they would round it), as flat rows of the d×d entries (:func:`flat_square`)."""
     s = _step_of(STEPS, b_, step, HAS_MASK)
     at, ok = flat_square(D, BLOCK_D)
     for j in tl.static_range(3):
         W = W1 if j == 0 else (W2 if j == 1 else W3)
         total = _summed(G, (bh * 3 + j) * SPLITS, SPLITS, 0, D * D, at, ok)
         initial = tl.load(W + h * D * D + at, mask=ok, other=0.0).to(tl.float32)
-        tl.store(WP + (bh * 3 + j) * D * D + at, initial + s * total, mask=ok)
+        updated = initial + s * total
+        tl.store(WP + (bh * 3 + j) * D * D + at, updated, mask=ok)
+        if KEEP:
+            tl.store(KEPT + (bh * 3 + j) * D * D + at, updated.to(KEPT.dtype.element_ty), mask=ok)
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """TTT's closed-form step on the GPU: the Triton kernels of :mod:`.kernels` and :mod:`.backward_kernels` as one
 PyTorch custom op.
 
-``vitconvert::ttt_step``  (q, k, v, W1, W2, W3, w_q, b_q, w_k, b_k) -> (o, statistics)
+``vitconvert::ttt_step``  (q, k, v, W1, W2, W3, w_q, b_q, w_k, b_k) -> (o, statistics, W')
 
 W1, W2, W3: the (H, d, d) fast weights, read as the module holds them (no stacked copy). With the key conv's
 filters w_k, b_k, k is the raw keys: their instance norm (its statistics, (2, B, H, d) float32, are the second
@@ -11,15 +11,16 @@ memory; without them k is taken as it is. q likewise, convolved as it loads when
 is given. Where one program owns a head's tokens the inner sums, W' = W − lr·∇L and the read-out are one kernel
 (W' stays in registers); where heads split over token ranges, the ranges' partial sums, which the last program of
 each batch·head sums (a ticket: fixed order, no float atomics) into W', then the read-out: no torch op between.
-Backward keeps q, k, v and the statistics only: where a program owns a head, one kernel recomputes W' and runs the
-read-out's, the sums' and both convs' backward (from a q-sized scratch), the last program of each head summing the
-gradients of W and the filters over the batch; else the read-out's backward (its last programs summing dW' over
-the ranges), the sums' (one kernel, or two on GPUs with 99 KB of shared memory a block, the last program of each head
-summing dW over the images and ranges: :func:`_sums_backward`), then the convs' (ops/grid's kernel: q's, and k's
-through its norm). Registered
-like the linear-attention ops: torch.compile and torch.export see one op, and a plain eager call skips the
-dispatcher (:func:`.dispatch.direct`). A backward kernel Triton cannot build in any form turns TTT's kernels off
-and takes that step's gradients from the op's eager form.
+Backward keeps q, k, v and the statistics, and W' ((B·H, 3, d, d), the third output) where heads split and the launch
+plan keeps it (``LinearLaunches.keeps_summed``: where softmax keeps as much more; else the output is empty): where a
+program owns a head, one kernel recomputes W' and runs the read-out's, the sums' and both convs' backward (from a
+q-sized scratch), the last program of each head summing the gradients of W and the filters over the batch; else the
+read-out's backward (on the kept W', or on W' formed again by the forward's sums kernel; its last programs summing dW'
+over the ranges), the sums' (one kernel, or two on GPUs with 99 KB of shared memory a block, the last program of each
+head summing dW over the images and ranges: :func:`_sums_backward`), then the convs' (ops/grid's kernel: q's, and k's
+through its norm). Registered like the linear-attention ops: torch.compile and torch.export see one op, and a plain
+eager call skips the dispatcher (:func:`.dispatch.direct`). A backward kernel Triton cannot build in any form turns
+TTT's kernels off and takes that step's gradients from the op's eager form.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 from ..calls import _direct_function, _eager_gradients, call_op
 from ..dispatch import KernelUnavailable, direct, fits, launch, tile_args, too_big
 from ..grid.op import grid_conv_eager, run_grid_conv_backward, statistics
-from ..launch_plan import linear_launches
+from ..launch_plan import LinearLaunches, kept_dtype, linear_launches
 from ..layout import _mask_arg, _output_like, unit_rows, valid_keys
 from .closed_form import stepped_readout
 
@@ -51,11 +52,26 @@ def _step_size(key_valid: Optional[torch.Tensor], tokens: int, scale: float,
     return (lr * scale) / valid_keys(key_valid).view(-1, 1, 1, 1, 1)
 
 
-def _geometry(q: torch.Tensor) -> tuple[int, ...]:
+def _launches(q: torch.Tensor) -> LinearLaunches:
+    """The kernel plan's launches of a call on ``q`` (ops/launch_plan.py; its sizes as plain numbers: a fake's
+    symbolic ones are fixed to what the call has, as the plan is decided per shape bucket)."""
+    B, H, N, _ = (int(n) for n in q.shape)
+    return linear_launches(q, B * H, 1, N, False, True, PARTIAL_SQUARES)
+
+
+def _geometry(q: torch.Tensor, plan: LinearLaunches) -> tuple[int, ...]:
     """B, H, N, d, the token ranges (count, length) and the block sizes (BLOCK_N, BLOCK_D, warps) of a launch."""
-    B, H, N, D = q.shape
-    plan = linear_launches(q, B * H, 1, N, False, True, PARTIAL_SQUARES)  # (the kernel plan's: ops/launch_plan.py)
-    return B, H, N, D, plan.splits, plan.per, plan.block_n, plan.block_d, plan.warps
+    return *q.shape, plan.splits, plan.per, plan.block_n, plan.block_d, plan.warps
+
+
+def _kept_updated(q: torch.Tensor, plan: LinearLaunches) -> torch.Tensor:
+    """The op's third output where the plan keeps W' for backward (``LinearLaunches.keeps_summed``, heads split):
+    (B·H, 3, d, d) in the dtype the backward's tiles read it in (:func:`.launch_plan.kept_dtype`), for the split
+    forward's sums kernel to write; else empty."""
+    B, H, _, D = q.shape
+    if not plan.keeps_summed:
+        return q.new_empty((0,), dtype=torch.float32)
+    return q.new_empty((B * H, 3, D, D), dtype=kept_dtype(q.dtype))
 
 
 def _step_args(step: Union[float, torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -80,7 +96,8 @@ class _Step:
     def __init__(self, q, k, v, key_valid, weights: Sequence[torch.Tensor], scale, lr, q_filter, q_bias, k_filter,
                  k_bias, stats, rows, cols, prefix) -> None:
         self.q, self.k, self.v = q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
-        self.geometry = _geometry(q)
+        self.plan = _launches(q)
+        self.geometry = _geometry(q, self.plan)
         B, H, N, D, _, _, block_n, block_d, warps = self.geometry
         mask, s_mb = _mask_arg(key_valid, k)
         self.steps, self.scalar = _step_args(_step_size(key_valid, N, scale, lr), k)
@@ -97,9 +114,10 @@ class _Step:
         """Whether one program owns each head's tokens (:func:`_one_program`'s fused kernels apply)."""
         return self.geometry[4] == 1
 
-    def updated(self) -> torch.Tensor:
+    def updated(self, kept: Optional[torch.Tensor] = None) -> torch.Tensor:
         """W' = W + step·Ĝ (B·H, 3, d, d) float32, the read-out kernels' layout: the token ranges' partial sums of Ĝ
-        summed, and W' formed, by the last program of each batch·head (no torch op between the launches)."""
+        summed, and W' formed, by the last program of each batch·head (no torch op between the launches), which
+        also write it into ``kept`` where given (for backward, in its dtype)."""
         from ..linear.launches import tickets  # lazy: start-up time
         from .kernels import inner_sums_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
@@ -107,8 +125,8 @@ class _Step:
         G = self.k.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
         updated = self.k.new_empty((B * H, 3, D, D), dtype=torch.float32)
         launch(inner_sums_kernel, (B * H, splits), *self.keys, self.steps, G, tickets(B * H, self.k.device), updated,
-               *self.key_strides, self.scalar, B, H, N, D, splits, per, *self.grid, **self.key_flags, **self.blocks,
-               **tile_args(self.k))
+               updated if kept is None else kept, *self.key_strides, self.scalar, B, H, N, D, splits, per, *self.grid,
+               **self.key_flags, KEEP=kept is not None, **self.blocks, **tile_args(self.k))
         return updated
 
 
@@ -133,10 +151,11 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
             w2: torch.Tensor, w3: torch.Tensor, scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
             q_bias: Optional[torch.Tensor] = None, k_filter: Optional[torch.Tensor] = None,
             k_bias: Optional[torch.Tensor] = None, key_norm_eps: float = 1.0, rows: int = 0, cols: int = 0,
-            prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, statistics): out_i = f_{W'}(q_i) after one inner step on (k, v), for (B, H, N, d) q, k, v and (H, d, d)
-    W1, W2, W3 (module docstring); the keys' statistics (empty without ``k_filter``) are for backward. The convs run
-    on the rows × cols grid after ``prefix`` tokens."""
+            prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, statistics, W'): out_i = f_{W'}(q_i) after one inner step on (k, v), for (B, H, N, d) q, k, v and (H,
+    d, d) W1, W2, W3 (module docstring); the keys' statistics (empty without ``k_filter``) and W' (empty where the
+    plan does not keep it: :func:`_kept_updated`) are for backward. The convs run on the rows × cols grid after
+    ``prefix`` tokens."""
     from .kernels import swiglu_readout_kernel, ttt_fwd_kernel  # lazy: start-up time
 
     B, H, _, D = q.shape
@@ -145,7 +164,7 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
                  prefix)
     q = step.q
     B, H, N, D, splits, per, *_ = step.geometry
-    o = _output_like(q)
+    o, kept = _output_like(q), _kept_updated(q, step.plan)
     q_strides = (q.stride(0), q.stride(1), q.stride(2))
     o_strides = (o.stride(0), o.stride(1), o.stride(2))
 
@@ -157,12 +176,13 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
     def split_launches() -> None:  # (the statistics first: a reading pass over the keys, its programs' sums)
         if k_filter is not None:
             statistics(step.k, key_valid, key_norm_eps, out=stats)
-        launch(swiglu_readout_kernel, (B * H, splits), *step.queries, step.keys[2], step.updated(), o, *q_strides,
+        updated = step.updated(kept if kept.numel() else None)
+        launch(swiglu_readout_kernel, (B * H, splits), *step.queries, step.keys[2], updated, o, *q_strides,
                step.key_strides[-1], *o_strides, H, N, D, per, *step.grid, **step.q_flags, **step.blocks,
                **tile_args(q))
 
     _one_program(ONE_PROGRAM, fused_launch, split_launches, step)
-    return o, stats
+    return o, stats, kept
 
 
 ttt_step = torch.library.custom_op("vitconvert::ttt_step", mutates_args=())(run_ttt)
@@ -172,19 +192,20 @@ ttt_step = torch.library.custom_op("vitconvert::ttt_step", mutates_args=())(run_
 def _(q, k, v, key_valid, w1, w2, w3, scale, lr, q_filter=None, q_bias=None, k_filter=None, k_bias=None,
       key_norm_eps=1.0, rows=0, cols=0, prefix=0):
     B, H, _, D = q.shape
-    return _output_like(q), q.new_empty((2, B, H, D) if k_filter is not None else (0,), dtype=torch.float32)
+    stats = q.new_empty((2, B, H, D) if k_filter is not None else (0,), dtype=torch.float32)
+    return _output_like(q), stats, _kept_updated(q, _launches(q))
 
 
 def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                      key_valid: Optional[torch.Tensor], w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
-                     stats: torch.Tensor, scale: float, lr: float, q_filter: Optional[torch.Tensor] = None,
-                     q_bias: Optional[torch.Tensor] = None, k_filter: Optional[torch.Tensor] = None,
-                     k_bias: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0,
-                     prefix: int = 0) -> list[torch.Tensor]:
+                     stats: torch.Tensor, updated: torch.Tensor, scale: float, lr: float,
+                     q_filter: Optional[torch.Tensor] = None, q_bias: Optional[torch.Tensor] = None,
+                     k_filter: Optional[torch.Tensor] = None, k_bias: Optional[torch.Tensor] = None, rows: int = 0,
+                     cols: int = 0, prefix: int = 0) -> list[torch.Tensor]:
     """[dq, dk, dv, dW (3, H, d, d), dw_q, db_q, dw_k, db_k] of :func:`ttt_step` (the conv's empty where absent):
-    W' recomputed and the read-out's backward (dq, dW'), the sums' (dĜ = step·dW': dk, dv and the chain's dW),
-    dW = Σ_batch (dW' + the chain's) (in the one kernel, or by the sums' kernels' last programs from per-image
-    parts), then the convs' backward."""
+    W' (``updated``, the forward's where the plan kept it, else recomputed) and the read-out's backward (dq, dW'),
+    the sums' (dĜ = step·dW': dk, dv and the chain's dW), dW = Σ_batch (dW' + the chain's) (in the one kernel, or by
+    the sums' kernels' last programs from per-image parts), then the convs' backward."""
     from .backward_kernels import (  # lazy: start-up time
         part_width,
         swiglu_readout_bwd_kernel,
@@ -232,7 +253,8 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         from ..linear.launches import tickets  # lazy: start-up time
 
         partials = q.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
-        launch(swiglu_readout_bwd_kernel, (B * H, splits), *step.queries, step.keys[2], step.updated(), do, dq,
+        kept = updated if updated.numel() else step.updated()  # (W' again only where the forward did not keep it)
+        launch(swiglu_readout_bwd_kernel, (B * H, splits), *step.queries, step.keys[2], kept, do, dq,
                partials, tickets(B * H, q.device), d_updated, *strides[:3], step.key_strides[-1], *strides[3:], H, N,
                D, splits, per, *step.grid, **step.q_flags, **step.blocks, **tiles)
 
@@ -299,29 +321,29 @@ ttt_step_backward = torch.library.custom_op("vitconvert::ttt_step_backward", mut
 
 
 @ttt_step_backward.register_fake
-def _(q, k, v, do, key_valid, w1, w2, w3, stats, scale, lr, q_filter=None, q_bias=None, k_filter=None, k_bias=None,
-      rows=0, cols=0, prefix=0):
+def _(q, k, v, do, key_valid, w1, w2, w3, stats, updated, scale, lr, q_filter=None, q_bias=None, k_filter=None,
+      k_bias=None, rows=0, cols=0, prefix=0):
     conv = [q.new_empty((0,)) if t is None else torch.empty_like(t) for t in (q_filter, q_bias, k_filter, k_bias)]
     return [*(_output_like(t) for t in (q, k, v)), w1.new_empty((3, *w1.shape)), *conv]
 
 
 def _setup(ctx, inputs, output) -> None:
     q, k, v, key_valid, w1, w2, w3, scale, lr, q_filter, q_bias, k_filter, k_bias, eps, rows, cols, prefix = inputs
-    ctx.save_for_backward(q, k, v, key_valid, w1, w2, w3, output[1], q_filter, q_bias, k_filter, k_bias)
+    ctx.save_for_backward(q, k, v, key_valid, w1, w2, w3, output[1], output[2], q_filter, q_bias, k_filter, k_bias)
     ctx.args = (scale, lr)
     ctx.grid = (rows, cols, prefix)
     ctx.eps = eps
-    ctx.set_materialize_grads(False)  # the statistics get no gradient: no zero tensor for them
+    ctx.set_materialize_grads(False)  # the statistics and W' get no gradient: no zero tensors for them
 
 
-def _backward(ctx, do, _):  # (the statistics are for backward only: nothing flows back through them)
+def _backward(ctx, do, _, __):  # (the statistics and W' are for backward only: nothing flows back through them)
     if do is None:
         return (None,) * 17
-    q, k, v, key_valid, w1, w2, w3, stats, q_filter, q_bias, k_filter, k_bias = ctx.saved_tensors
+    q, k, v, key_valid, w1, w2, w3, stats, updated, q_filter, q_bias, k_filter, k_bias = ctx.saved_tensors
     convs = (q_filter, q_bias, k_filter, k_bias)
     try:
         dq, dk, dv, dweights, *d_convs = (run_ttt_backward if direct(do) else ttt_step_backward)(
-            q, k, v, do, key_valid, w1, w2, w3, stats, *ctx.args, *convs, *ctx.grid)
+            q, k, v, do, key_valid, w1, w2, w3, stats, updated, *ctx.args, *convs, *ctx.grid)
         dw1, dw2, dw3 = dweights.unbind(0)
     except KernelUnavailable as e:
         inputs = (q, k, v, key_valid, w1, w2, w3, *convs)
