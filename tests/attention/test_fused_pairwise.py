@@ -314,12 +314,12 @@ def test_at_224_px_the_pairwise_kernels_move_less_than_half_the_blocked_ones(mon
     """benchmarks/op_traffic.py's count of the token mixing's bytes (its torch ops and its Triton launches' tensor
     arguments) in one bf16 training step of an MHLA layer at 224 px (197 tokens: 2×2 blocks and the class token;
     head dim 64, two heads here): the blocked form writes and reads float32 d×(d+1) states per block (larger than
-    the block's tokens at d = 64) and normalises q and k in torch, where the pairwise form reads q, k, v and writes
+    the block's tokens at d = 64), where the pairwise form reads q, k, v and writes
     o, normalising q and k as they load (2 launches: forward, and backward, a program per batch·head whose epilogues
     finish the norm's backward of q and of k): within issue 37's 12 q-sized passes (q, k, v, o forward; q, k, v, do,
     dq, dk, dv backward, and per-layer constants). Here LePE is off (both forms add it in their kernels: the
     pairwise in its epilogues, the blocked in its read-out and state backward, test_split_launches.py); the blocked
-    form takes 6 launches (3 forward: each token's 1/rms over heads of q and k first; 3 backward)."""
+    form takes 5 launches (2 forward, each token's 1/rms over heads of k and q taken as they load; 3 backward)."""
     import timm
     from helpers import load_benchmark
 
@@ -336,6 +336,6 @@ def test_at_224_px_the_pairwise_kernels_move_less_than_half_the_blocked_ones(mon
         recorder = script.count(student, images, "bf16", 128 * 196, train=True, run_kernels=False)  # (sizes only:
         # each launch counted by its arguments, not run; the same counts, test_mixing_passes.py)
         moved[form] = (recorder.kernels.ops, recorder.mixing.bytes + recorder.mixing_kernels.bytes)
-    assert moved["pairwise"][0] == 2 and moved["blocked"][0] == 6, moved  # launches: forward and backward
+    assert moved["pairwise"][0] == 2 and moved["blocked"][0] == 5, moved  # launches: forward and backward
     assert moved["pairwise"][1] < 0.5 * moved["blocked"][1], moved
     assert moved["pairwise"][1] <= 12 * 197 * 128 * 2, moved  # (q's bf16 bytes)

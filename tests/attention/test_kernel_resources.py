@@ -98,7 +98,7 @@ def test_every_kernel_builds_for_an_h200_fits_and_does_not_spill(tmp_path):
                                                                 "inner_sums_bwd_kernel", "grid_conv_bwd_kernel"}
     assert all(row["registers"] > 0 for row in rows)
     assert [row for row in rows if not row["fits"] or row["spills"] or row["blocks_per_sm"] < 1] == []
-    assert "0 of 23 builds need more shared memory" in stdout
+    assert f"0 of {len(rows)} builds need more shared memory" in stdout
 
 
 @pytest.mark.slow  # (two minutes of builds)
@@ -129,7 +129,7 @@ def ran(rows: list[dict]) -> dict[tuple, dict]:
 
 LINEAR_KERNELS = {"linear_attention elu": {"attention_fwd_kernel", "state_fwd_kernel", "readout_bwd_kernel",
                                            "state_bwd_kernel"},
-                  "blocked_attention mhla": {"rstd_kernel", "state_fwd_kernel", "readout_fwd_kernel",
+                  "blocked_attention mhla": {"state_fwd_kernel", "readout_fwd_kernel",
                                              "readout_bwd_kernel", "state_bwd_kernel"}}
 
 

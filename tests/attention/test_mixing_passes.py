@@ -18,8 +18,9 @@ BUDGETS = {"mhla": 12.5, "ttt": 19.5}
 # MHLA's blocked form (chosen from 384 px: 577 tokens, 3×3 blocks and the class token; here one head): 56.9 with its
 # q/k RMSNorm's backward in torch (the normalised q and k recomputed, copied, and the norm's backward after the last
 # launch), 43.6 with the norm both ways in its kernels and each token's 1/rms kept from the forward, 36.1 with the
-# 1/rms from a launch, the weights' gradients summed in the kernels and R and dS handed on in bf16.
-BLOCKED_BUDGET = 36.5
+# 1/rms from a launch, the weights' gradients summed in the kernels and R and dS handed on in bf16, 34.0 with the 1/rms
+# taken by the state and read-out kernels as they load k and q (no launch of its own).
+BLOCKED_BUDGET = 34.3
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +53,12 @@ def test_mhla_and_ttt_stay_within_their_budgets(table, variant):
 
 
 def test_mhlas_blocked_form_stays_within_its_budget(blocked_table):
-    """At 384 px MHLA takes its blocked form: three launches forward (each token's 1/rms over heads of q and k, the
-    states, the read-out) and three backward, its q/k RMSNorm in them both ways (no torch norm, no copy of q or k),
-    and no torch op in its mixing (W̃'s class token row and column made as the kernels load W, the weights'
-    gradients summed over the batch in them)."""
+    """At 384 px MHLA takes its blocked form: two launches forward (the states, the read-out, each taking its tokens'
+    1/rms over heads of k or q as it loads them) and three backward, its q/k RMSNorm in them both ways (no torch norm,
+    no copy of q or k), and no torch op in its mixing (W̃'s class token row and column made as the kernels load W, the
+    weights' gradients summed over the batch in them)."""
     passes, by_op = blocked_table["q_sized_passes"]["mhla"], blocked_table["by_op"]["mhla"]
     assert "state_bwd_kernel" in by_op and passes <= BLOCKED_BUDGET, (passes, by_op)
     assert not any("rms_norm" in name or name == "clone" for name in by_op), by_op
-    assert blocked_table["launches"]["mhla"] == {"forward": 3, "backward": 3}
+    assert blocked_table["launches"]["mhla"] == {"forward": 2, "backward": 3}
     assert blocked_table["torch_ops"]["mhla"] == {"forward": 0, "backward": 0}, by_op

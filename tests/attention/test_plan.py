@@ -67,7 +67,7 @@ def test_mhla_takes_the_form_that_moves_less():
     blocked = plan.plan_layer(layer("mhla", grid=(24, 24)), plan.GPUS["h100"], torch.bfloat16, 16,
                               settings=KernelSettings())
     assert blocked.op == "blocked_attention"  # (each token's 1/rms over heads of q and k, then W̃, LePE in its kernels)
-    assert blocked.forward == ("rstd_kernel", "state_fwd_kernel", "readout_fwd_kernel")
+    assert blocked.forward == ("state_fwd_kernel", "readout_fwd_kernel")
     assert len(blocked.backward) == 3 and not blocked.others  # (W̃ and LePE in its kernels: no grid op)
     forced = plan.plan_layer(mhla, plan.GPUS["h100"], torch.bfloat16, 16, settings=KernelSettings(form="blocked"))
     assert forced.op == "blocked_attention"
@@ -140,8 +140,7 @@ def test_the_plan_names_the_kernels_that_launch(variant, programs, form):
     assert list(dict.fromkeys(names(forward))) == list(expected.forward)
     assert set(names(backward)) == {k.split(" ")[0] for k in expected.backward}
     assert_the_grid_op_takes_the_plan(forward + backward, expected)
-    main = next(name for name in expected.forward if name != "rstd_kernel")  # (MHLA's 1/rms pass: its own chunk)
-    first = next(launch for launch in forward if launch[0] == main)
+    first = next(launch for launch in forward if launch[0] == expected.forward[0])
     assert first[1:3] == (expected.block_n, expected.warps)
     assert first[3] == (expected.stages or None)  # (0: the launch passes none, Triton's default)
     if variant == "ttt":  # (the step's kernels: the plan's chunk, warps and token ranges each way)

@@ -228,11 +228,11 @@ def _mhla(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:
         call.tokens
     plan = _launches(plan, module, call, segments, length, False)
     readout_bwd = _chunked("readout_bwd_kernel", plan.launches.readout_bwd_block_n, plan)
-    rstd = ("rstd_kernel",) if getattr(module, "q_rmsnorm", None) is not None else ()  # (each token's 1/rms over
-    # heads of q and k, for the kernels that normalise them as they load)
-    return replace(plan, forward=(*rstd, "state_fwd_kernel", "readout_fwd_kernel"),  # (W̃'s mixing in the state
-                   backward=("state_fwd_kernel", readout_bwd, "state_bwd_kernel"))  # kernel's last programs, LePE in
-    # the read-out's and the state backward's epilogues, the weights' gradients summed over the batch in their last)
+    # (q/k's RMSNorm as the tiles load, each token's 1/rms over heads taken by the forward's kernels there:
+    # ops/linear/norm_parts.py; W̃'s mixing in the state kernel's last programs, LePE in the read-out's and the state
+    # backward's epilogues, the weights' gradients summed over the batch in their last)
+    return replace(plan, forward=("state_fwd_kernel", "readout_fwd_kernel"),
+                   backward=("state_fwd_kernel", readout_bwd, "state_bwd_kernel"))
 
 
 def _ttt(module: LinearAttention, call: Call, plan: KernelPlan) -> KernelPlan:

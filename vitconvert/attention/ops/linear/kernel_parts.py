@@ -197,15 +197,47 @@ def _weights(w_at, d, d_ok):
 
 
 @triton.jit
+def tile_rstd(x_at, s_xh, s_xn, t, ok, d, d_ok, H, D, eps):
+    """1/rms over all H heads' channels of the tokens ``t`` of one image (x_at: its head 0), float32, as F.rms_norm
+    over heads takes it: one tile of every head read, a head at a time (one tile's registers)."""
+    tile = ok[:, None] & d_ok[None, :]
+    total = tl.zeros(t.shape, dtype=tl.float32)
+    for head in range(0, H):
+        x = tl.load(x_at + head * s_xh + t[:, None] * s_xn + d[None, :], mask=tile, other=0.0).to(tl.float32)
+        total += tl.sum(x * x, axis=1)
+    return tl.math.rsqrt(total / (H * D) + eps)
+
+
+@triton.jit
+def _token_rstd(rstd_at, x_img, s_xh, s_xn, tok, inside, d, d_ok, H, D, norm_eps, keep, TAKE: tl.constexpr):
+    """Each of the tokens' 1/rms over all heads of x (MHLA's RMSNorm): with TAKE taken here from every head's tile of
+    them (x_img: the image's head 0; :func:`tile_rstd`) and stored at ``rstd_at`` by the one program of the heads
+    that share the tokens that keeps it for backward (``keep``: the others only use what they took), else loaded
+    from there."""
+    if TAKE:
+        rstd = tile_rstd(x_img, s_xh, s_xn, tok, inside, d, d_ok, H, D, norm_eps)
+        tl.store(rstd_at + tok, rstd, mask=inside & keep)
+    else:
+        rstd = tl.load(rstd_at + tok, mask=inside, other=0.0)
+    return rstd
+
+
+@triton.jit
 def _state_step(k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn, s_vn, feature_eps, acc, z_cols,
                 z_rows, zv_rows, FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr,
                 SUM_V: tl.constexpr, FULL: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
-                PRECISION: tl.constexpr, EMULATE: tl.constexpr, rstd_at=None, w=None):
-    """One chunk of the state pass (:func:`_add_to_state` of :func:`_key_tile`), its valid keys; MHLA's k·rstd·w."""
+                PRECISION: tl.constexpr, EMULATE: tl.constexpr, rstd_at=None, w=None, k_img=None, s_kh=0, H=1,
+                D=1, norm_eps=0.0, keep=False, TAKE_RSTD: tl.constexpr = False):
+    """One chunk of the state pass (:func:`_add_to_state` of :func:`_key_tile`), its valid keys; MHLA's k·rstd·w,
+    each key's 1/rms loaded from ``rstd_at`` or with TAKE_RSTD taken over every head of k (k_img, s_kh: the image's
+    head 0 and the head stride; ``keep``: stored: :func:`_token_rstd`)."""
     tok, inside = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
+    rstd = None
+    if rstd_at is not None:  # (first: no k or v tile held across the loop over heads)
+        rstd = _token_rstd(rstd_at, k_img, s_kh, s_kn, tok, inside, d, d_ok, H, D, norm_eps, keep, TAKE_RSTD)
     ok, tile, k, v = _key_tile(k_base, v_base, mask_row, tok, inside, d, d_ok, s_kn, s_vn, HAS_MASK, FULL)
     if rstd_at is not None:
-        k = k.to(tl.float32) * tl.load(rstd_at + tok, mask=inside, other=0.0)[:, None] * _weights(w, d, d_ok)
+        k = k.to(tl.float32) * rstd[:, None] * _weights(w, d, d_ok)
     phi_k = _phi_tile(k, FEATURE, feature_eps, TILE, EMULATE)
     if not FULL or HAS_MASK:
         phi_k = tl.where(tile, phi_k, 0.0)

@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..dispatch import interpreting, launch, tile_args, triton_next_power_of_2
+from ..dispatch import interpreting, launch, triton_next_power_of_2
 from ..launch_plan import linear_launches, tile_kwargs
 from ..layout import Lepe, _mask_arg, _output_like, unit_rows
 
@@ -106,13 +106,16 @@ def segment_states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.T
 
 def mixed_states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
                  mixing: torch.Tensor, feature: int, feature_eps: float, keep: bool,
-                 norm: Optional[Norm] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 norm: Optional[Norm] = None, take_rstd: Optional[float] = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(R, r, states) of MHLA's blocked form in one launch: R_a = Σ_s W̃[a, s] S_s and r_a = Σ_s W̃[a, s] z_s (B, H, G,
     d, d) and (B, H, G, d) float32, mixed by the state kernel's last program of each batch·head; ``states``: the
     kernel's partial rows, where with ``keep`` each segment's first holds its unmixed [S_s | z_s] (the backward's
-    :func:`readout_gradients` reads them for dW̃); ``norm``: k gets MHLA's RMSNorm as it loads (:data:`Norm`)."""
+    :func:`readout_gradients` reads them for dW̃); ``norm``: k gets MHLA's RMSNorm as it loads (:data:`Norm`), each
+    key's 1/rms read from its first, or with ``take_rstd`` (the norm's ε) taken by the kernel over every head and
+    stored there."""
     R, r, _, _, part = _states(k, v, key_valid, index, feature, feature_eps, False, None, mixing=mixing, keep=keep,
-                               norm=norm)
+                               norm=norm, take_rstd=take_rstd)
     return R, r, part
 
 
@@ -126,7 +129,7 @@ def readers(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
 def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor], index: Optional[torch.Tensor],
             feature: int, feature_eps: float, sum_values: bool, inline_scale: Optional[float],
             bf16_tiles: bool = False, mixing: Optional[torch.Tensor] = None, keep: bool = False,
-            norm: Optional[Norm] = None):
+            norm: Optional[Norm] = None, take_rstd: Optional[float] = None):
     """The state kernel's launch (:func:`segment_states`, :func:`readers`, :func:`mixed_states`): (R, r, aux, n,
     partial rows), aux zv or (InLine) z; with ``mixing`` R and r mixed by it, a ticket per batch·head."""
     from .split_kernels import state_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
@@ -147,10 +150,11 @@ def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
         k, v, mask, index if index is not None else k, part, tickets(B * H * segments, k.device), R, r,
         r if aux is None else aux, r if n is None else n, table, *(norm or (r, r)),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb, N,
-        H, length, D, segments, splits, per, feature_eps, inline_scale or 1.0, int(keep), side,
+        H, length, D, segments, splits, per, feature_eps, inline_scale or 1.0, int(keep), side, take_rstd or 0.0,
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, INLINE=inline_scale is not None,
         SUM_V=sum_values, MIX=mixing is not None, EVEN_D=D == block_d, BLOCK_N=block_n, BLOCK_D=block_d,
-        BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), NORM=norm is not None, **tile_kwargs(plan.tile),
+        BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), NORM=norm is not None,
+        TAKE_RSTD=norm is not None and take_rstd is not None, **tile_kwargs(plan.tile),
         num_warps=warps, num_stages=plan.stages)
     return R, r, aux, n, part
 
@@ -225,22 +229,6 @@ def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[t
     return dk, dv, ((dweight, dbias) if lepe else ()), (None if norm is None else norm_args[4])
 
 
-RSTD_TOKENS = 32  # (tokens a program of :func:`norm_rstd`: 129 programs an image at 4097 tokens, each reading H tiles)
-
-
-def norm_rstd(q: torch.Tensor, k: torch.Tensor, eps: float, rstd: torch.Tensor) -> None:
-    """Each token's 1/rms over all heads of (B, H, N, d) q and of k into ``rstd`` (2, B, N) float32, in one launch
-    reading each once (:func:`.norm_parts.rstd_kernel`): what MHLA's RMSNorm needs before the kernels that apply it as
-    their tiles load."""
-    from .norm_parts import rstd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
-
-    q, k = unit_rows(q), unit_rows(k)
-    B, H, N, D = q.shape
-    launch(rstd_kernel, (B, -(-N // RSTD_TOKENS)),
-        q, k, rstd[0], rstd[1], q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        H, N, D, eps, BLOCK_N=RSTD_TOKENS, BLOCK_D=triton_next_power_of_2(D), **tile_args(q), num_warps=4)
-
-
 def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
                    feature_eps: float, eps: float, normalise: bool) -> torch.Tensor:
     """o of every query from the state R (B, H, G, d, d) and r (B, H, G, d) of its segment (module docstring)."""
@@ -249,9 +237,10 @@ def run_readout(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Option
 
 def read_out(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[torch.Tensor], feature: int,
              feature_eps: float, eps: float, normalise: bool, bf16_tiles: bool = False,
-             on_grid: Optional[OnGrid] = None, norm: Optional[Norm] = None) -> torch.Tensor:
+             on_grid: Optional[OnGrid] = None, norm: Optional[Norm] = None, norm_eps: float = 0.0) -> torch.Tensor:
     """:func:`run_readout`; ``bf16_tiles``: bf16 inputs on bf16 tiles (:func:`..launch_plan.tile_name`); ``on_grid``
-    (with an index table): o + LePE, added in the same launch; ``norm``: q gets MHLA's RMSNorm as it loads."""
+    (with an index table): o + LePE, added in the same launch; ``norm``: q gets MHLA's RMSNorm (ε ``norm_eps``) as it
+    loads, each query's 1/rms taken by the kernel over every head and stored in the norm's first."""
     from .split_kernels import readout_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q = unit_rows(q)
@@ -268,7 +257,7 @@ def read_out(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, index: Optional[
         q, R.contiguous(), r.contiguous(), o, index if index is not None else q, v, mask, filters, bias,
         *(norm or (q, q)), q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2), v.stride(0),
         v.stride(1), v.stride(2), s_mb, N, H, length, D, segments, per, feature_eps, eps,
-        *((on_grid.prefix, on_grid.rows, on_grid.cols) if lepe else (0, 0, 0)),
+        *((on_grid.prefix, on_grid.rows, on_grid.cols) if lepe else (0, 0, 0)), norm_eps,
         FEATURE=feature, NORMALISE=normalise, HAS_INDEX=index is not None, EVEN_D=D == block_d, LEPE=lepe,
         KS=on_grid.lepe.size if lepe else 1, HAS_LBIAS=lepe and on_grid.has_bias, HAS_MASK=mask is not q,
         NORM=norm is not None,

@@ -1,10 +1,14 @@
 """The Triton pieces of MHLA's q/k RMSNorm over heads in the blocked form's kernels (:mod:`.split_kernels`) and the
 pairwise ones: y = x̂·w with x̂ = x·rstd, rstd each token's 1/rms over all C = H·d channels.
 
-Forward, :func:`rstd_kernel` takes every token's rstd of q and of k in one launch before the state kernel, reading
-each once (the bytes of the torch pass it replaces, in one launch where torch took ten ops). It cannot fold into the
-state kernel: a state program owns one head, and φ is nonlinear, so the state needs each key's k̂
-before it sums φ(k̂)vᵀ, and k̂ needs the rstd over every head of that key.
+Forward, each token's rstd is taken by the kernels that already read q and k, as their tiles load
+(:func:`.kernel_parts._token_rstd`): a state program sums the squares of its chunk's keys over every head's tile of
+them (a head at a time), then uses its own head's tile as before, and the read-out's programs likewise for q. φ is
+nonlinear, so a state needs each key's k̂ (the rstd over every head) before it sums φ(k̂)vᵀ: the extra reads are
+the other heads' tiles of the same tokens, and the programs of a token range's heads are adjacent in the grid
+(axis 0 is batch·head) and run together, so on a GPU they are L2 hits of tiles a neighbour reads anyway, where a
+launch of its own read q and k once more from HBM. The head-0 program of each (image, token range) stores the rstd
+rows (2, B, N) that backward reads (no race: the others only use the value they took).
 
 The kernels normalise q and k as their tiles load (:mod:`.kernel_parts`' ``rstd_at``, ``w``) and store g = ∂L/∂y of
 each head's tile where dq or dk goes. The raw gradient dx = rstd·(g·w − x̂·Σ_c g·w·x̂ / C) needs every head's channels
@@ -24,37 +28,6 @@ import triton.language as tl
 
 from .kernel_parts import _tokens
 from .tickets import _last_program, _ticket_back, batch_total
-
-
-@triton.jit
-def tile_rstd(x_at, s_xh, s_xn, t, ok, d, d_ok, H, D, eps):
-    """1/rms over all H heads' channels of the tokens ``t`` of one image (x_at: its head 0), float32, as F.rms_norm
-    over heads takes it: one tile of every head read, once a program."""
-    tile = ok[:, None] & d_ok[None, :]
-    total = tl.zeros(t.shape, dtype=tl.float32)
-    for head in range(0, H):
-        x = tl.load(x_at + head * s_xh + t[:, None] * s_xn + d[None, :], mask=tile, other=0.0).to(tl.float32)
-        total += tl.sum(x * x, axis=1)
-    return tl.math.rsqrt(total / (H * D) + eps)
-
-
-@triton.jit
-def rstd_kernel(
-    Q, K, RSTD_Q, RSTD_K,
-    s_qb, s_qh, s_qn, s_kb, s_kh, s_kn,
-    H, N, D, eps,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    EMULATE: tl.constexpr,
-):
-    """RSTD_Q, RSTD_K (B, N) float32: each token's 1/rms over all heads of q and of k, a program per image and
-    BLOCK_N tokens (every head's tile of them read once; TILE, PRECISION, EMULATE: the launch's, unread)."""
-    b, block = tl.program_id(0), tl.program_id(1)
-    t = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok = t < N
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
-    tl.store(RSTD_Q + b * N + t, tile_rstd(Q + b * s_qb, s_qh, s_qn, t, ok, d, d_ok, H, D, eps), mask=ok)
-    tl.store(RSTD_K + b * N + t, tile_rstd(K + b * s_kb, s_kh, s_kn, t, ok, d, d_ok, H, D, eps), mask=ok)
 
 
 @triton.jit

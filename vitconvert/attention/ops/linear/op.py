@@ -13,7 +13,7 @@ backward, and a call autograd does not record runs the body alone (host time: be
 Both keep only q, k, v and o (and W̃) for backward, which recomputes the d×d states (as FlashAttention
 recomputes its scores), so a training step holds no more than softmax's; the blocked op can also leave o out
 (read out again in backward) and apply MHLA's RMSNorm to q and k itself, in its kernels both ways (each token's
-1/rms taken again in backward), keeping the raw q and k.
+1/rms taken by the forward's kernels as they load q and k, and kept), keeping the raw q and k.
 
 When they run is :mod:`..dispatch`'s (the variants ask it there: ``dispatch.can_run``, ``dispatch.attempt``);
 how they are launched (chunk, warps, stages, tiles, one launch or split) is one value per shape bucket,
@@ -42,7 +42,6 @@ from .launches import (  # noqa: F401  (re-exported: tests and tools call the bu
     OnGrid,
     lepe_state_gradients,
     mixed_states,
-    norm_rstd,
     read_out,
     readers,
     readout_gradients,
@@ -183,21 +182,20 @@ def _on_grid(q: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor]
 
 def _rstd(q: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor]) -> torch.Tensor:
     """What the forward keeps for backward besides q, k, v: (2, B, N) float32, each token's 1/rms over all heads of q
-    and of k (:func:`_norms` fills it); an empty tensor without the norm."""
+    and of k (filled by the forward's read-out and state kernels as they take it: :mod:`.norm_parts`); an empty tensor
+    without the norm."""
     if q_weight is None or k_weight is None:
         return q.new_empty((0,), dtype=torch.float32)
     return q.new_empty((2, q.shape[0], q.shape[2]), dtype=torch.float32)
 
 
-def _norms(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
-           norm_eps: float, rstd: torch.Tensor, taken: bool) -> tuple[Optional[Norm], Optional[Norm]]:
-    """q's and k's RMSNorm over heads as the kernels apply it: each token's 1/rms in ``rstd`` (:func:`_rstd`), taken
-    here (one launch reading q and k once: :func:`.launches.norm_rstd`) unless ``taken``, and the weights as they
-    are (the kernels read them in their dtype, masked past the last head); (None, None) without both weights."""
+def _norms(q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
+           rstd: torch.Tensor) -> tuple[Optional[Norm], Optional[Norm]]:
+    """q's and k's RMSNorm over heads as the kernels apply it: each token's 1/rms in ``rstd`` (:func:`_rstd`) and the
+    weights as they are (the kernels read them in their dtype, masked past the last head); (None, None) without
+    both weights."""
     if q_weight is None or k_weight is None:
         return None, None
-    if not taken:
-        norm_rstd(q, k, norm_eps, rstd)
     return (rstd[0], q_weight.contiguous()), (rstd[1], k_weight.contiguous())
 
 
@@ -207,20 +205,20 @@ def run_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Op
                 lepe_weight: Optional[torch.Tensor] = None, lepe_bias: Optional[torch.Tensor] = None, rows: int = 0,
                 cols: int = 0, prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, rstd): normalised kernel attention where queries of segment a read Σ_s mixing[a, s]·[S_s | z_s] (MHLA): the
-    segments' states mixed by W̃ in the state kernel's last program of each batch·head, then the read-out, so
-    autograd keeps neither S nor R. ``index`` None: one segment of all tokens. ``mixing``: G × G over the G segments,
-    or (G − 1) × (G − 1) with the last segment's row and column ones (:func:`...blocks.extended_block_mix`, made as
-    the kernels load it: MHLA's module passes its W as it is). With ``q_weight`` and ``k_weight``, q
-    and k get MHLA's RMSNorm over heads (ε ``norm_eps``) as the kernels load them, each token's 1/rms from one
-    reading pass here, kept for backward (``rstd``: :func:`_rstd`; empty without the norm): autograd keeps the raw q
-    and k (views of the qkv projection). With ``lepe_weight`` (C, 1, KS,
-    KS), the grid tokens (rows × cols after ``prefix``) also get MHLA's LePE, the depthwise conv of the (masked) v,
-    in the read-out's epilogue. Autograd keeps no output: the backward's do·o comes from its dot of do and R."""
+    segments' states mixed by W̃ in the state kernel's last program of each batch·head, then the read-out, so autograd
+    keeps neither S nor R. ``index`` None: one segment of all tokens. ``mixing``: G × G over the G segments, or (G − 1)
+    × (G − 1) with the last segment's row and column ones (:func:`...blocks.extended_block_mix`, made as the kernels
+    load it: MHLA's module passes its W as it is). With ``q_weight`` and ``k_weight``, q and k get MHLA's RMSNorm over
+    heads (ε ``norm_eps``) as the kernels load them, each token's 1/rms taken there over every head's tile of it
+    (:mod:`.norm_parts`; two launches in all), kept for backward (``rstd``: :func:`_rstd`; empty without the norm):
+    autograd keeps the raw q and k (views of the qkv projection). With ``lepe_weight`` (C, 1, KS, KS), the grid tokens
+    (rows × cols after ``prefix``) also get MHLA's LePE, the depthwise conv of the (masked) v, in the read-out's
+    epilogue. Autograd keeps no output: the backward's do·o comes from its dot of do and R."""
     rstd = _rstd(q, q_weight, k_weight)
-    q_norm, k_norm = _norms(q, k, q_weight, k_weight, norm_eps, rstd, False)
+    q_norm, k_norm = _norms(q_weight, k_weight, rstd)
     on_grid = _on_grid(q, v, key_valid, index, lepe_weight, lepe_bias, rows, cols, prefix)
-    R, r, _ = mixed_states(k, v, key_valid, index, mixing, feature, feature_eps, False, k_norm)
-    return read_out(q, R, r, index, feature, feature_eps, eps, True, False, on_grid, q_norm), rstd
+    R, r, _ = mixed_states(k, v, key_valid, index, mixing, feature, feature_eps, False, k_norm, norm_eps)
+    return read_out(q, R, r, index, feature, feature_eps, eps, True, False, on_grid, q_norm, norm_eps), rstd
 
 
 blocked_attention = torch.library.custom_op("vitconvert::blocked_attention", mutates_args=())(run_blocked)
@@ -246,11 +244,11 @@ def run_blocked_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: 
     and dW̃), the states' backward (LePE's: dv's taps of do, the filter's gradient summed by its last program; the
     norm's: dq, dk by the last program of each token range's heads: :mod:`.norm_parts`); dW̃ and the norm weights'
     gradients come summed over the batch by the kernels' last programs (:func:`.tickets.batch_total`). With the
-    norm, q and k are the raw ones, normalised as they load with the forward's ``rstd`` (taken again where not
-    given: one more launch, reading each once)."""
+    norm, q and k are the raw ones, normalised as they load with the forward's ``rstd``, which it then needs."""
     on_grid = _on_grid(q, v, key_valid, index, lepe_weight, None, rows, cols, prefix)
-    given = rstd is not None and rstd.numel() > 0
-    q_norm, k_norm = _norms(q, k, q_weight, k_weight, norm_eps, rstd if given else _rstd(q, q_weight, k_weight), given)
+    q_norm, k_norm = _norms(q_weight, k_weight, rstd)
+    if q_norm is not None and (rstd is None or rstd.shape != (2, q.shape[0], q.shape[2])):
+        raise ValueError("the blocked op's backward with the RMSNorm needs the forward's rstd (2, B, N)")
     R, r, states = mixed_states(k, v, key_valid, index, mixing, feature, feature_eps, True, k_norm)
     dq, dS, dz, _, dmixing, dq_weight = readout_gradients(q, R, r, None, do, index, feature, feature_eps, eps, True,
                                                           None, False, (mixing, states), q_norm)

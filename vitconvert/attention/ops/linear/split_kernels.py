@@ -3,8 +3,9 @@ states written per program and summed in a fixed order by the last program of ea
 segment elects it; no float atomics, so the sums are deterministic), which also makes what the next kernel reads:
 two launches forward (state, read-out), three backward (state, read-out's backward, state's backward), no torch op
 between them. MHLA's blocked op runs on them (the last state program mixes the segments' states by W̃, the read-out
-adds LePE: :mod:`.mixing_parts`; all four apply the q/k RMSNorm as their tiles load, from each token's 1/rms taken by
-one launch before them, and the backward kernels take its backward by the last program of each token range's heads:
+adds LePE: :mod:`.mixing_parts`; all four apply the q/k RMSNorm as their tiles load, each token's 1/rms taken over
+every head by the forward's state and read-out programs as they load (kept for backward), and the backward kernels
+take its backward by the last program of each token range's heads:
 :mod:`.norm_parts`; its R and dS in bf16 where its inputs are: :func:`.launches.square_dtype`), and ELU/ReLU/InLine
 where a head's tokens are split over programs (:func:`.dispatch.split_tokens`); the one-launch kernels of a whole head
 are :mod:`.head_kernels`. Built from :mod:`.kernel_parts`' pieces.
@@ -33,6 +34,7 @@ from .kernel_parts import (
     _state_step,
     _store,
     _store_square,
+    _token_rstd,
     _tokens,
 )
 from .mixing_parts import lepe_batch_total, lepe_filter_total, lepe_key_taps, mix_gradients, mix_states
@@ -63,11 +65,11 @@ def _store_reader(R, RZ, COUNTER, which, square, row, d, d_ok, D):
 def state_fwd_kernel(
     K, V, MASK, IDX, PART, COUNTER, R, RZ, AUX, NV, W, RSTD, NW,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_rb,
-    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, scale, keep, GW,
+    H, L, D, SEGMENTS, SPLITS, tokens_per_split, feature_eps, scale, keep, GW, norm_eps,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_INDEX: tl.constexpr, INLINE: tl.constexpr,
     SUM_V: tl.constexpr, MIX: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr, MIX_CHUNK: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    EMULATE: tl.constexpr, NORM: tl.constexpr = False,
+    EMULATE: tl.constexpr, NORM: tl.constexpr = False, TAKE_RSTD: tl.constexpr = False,
 ):
     """What the queries of one (batch·head, segment) read, from its keys split over SPLITS programs (one per token
     range): each stores its partial S, z (and zv, valid keys with SUM_V) as a row of PART (D·D + 2D + 1 floats),
@@ -77,8 +79,9 @@ def state_fwd_kernel(
     states by W̃ (G ≤ BLOCK_G; GW×GW as given: :mod:`.mixing_parts`): R_a = Σ_s W̃[a, s] S_s, RZ likewise
     (:func:`.mixing_parts.mix_states`; ``keep``: the unmixed ones kept in PART for the backward). EVEN_D: the head
     fills its tile (D = BLOCK_D), so the whole chunks of a range without an index table run without masks. NORM: k
-    gets MHLA's RMSNorm over heads as it loads: k·rstd·w, each token's 1/rms over every head from RSTD, the head's
-    weights from NW."""
+    gets MHLA's RMSNorm over heads as it loads: k·rstd·w, each token's 1/rms over every head from RSTD, or with
+    TAKE_RSTD (the forward) taken here over every head's tile of the chunk's keys (ε ``norm_eps``) and stored in RSTD
+    by the head-0 program of the range (:func:`.kernel_parts._token_rstd`), the head's weights from NW."""
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -100,14 +103,14 @@ def state_fwd_kernel(
             acc, z_cols, z_rows, zv_rows, ok = _state_step(
                 k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn, s_vn, feature_eps, acc, z_cols,
                 z_rows, zv_rows, FEATURE, HAS_MASK, False, SUM_V, True, BLOCK_N, TILE, PRECISION, EMULATE,
-                rstd_at, w)
+                rstd_at, w, K + b * s_kb, s_kh, H, D, norm_eps, h == 0, TAKE_RSTD)
             if SUM_V and HAS_MASK:
                 count += ok.to(tl.float32)
         if full_end < end:
             acc, z_cols, z_rows, zv_rows, ok = _state_step(
                 k_base, v_base, mask_row, IDX, seg, L, end, full_end, d, d_ok, s_kn, s_vn, feature_eps, acc, z_cols,
                 z_rows, zv_rows, FEATURE, HAS_MASK, False, SUM_V, False, BLOCK_N, TILE, PRECISION, EMULATE,
-                rstd_at, w)
+                rstd_at, w, K + b * s_kb, s_kh, H, D, norm_eps, h == 0, TAKE_RSTD)
             if SUM_V and HAS_MASK:
                 count += ok.to(tl.float32)
     else:
@@ -115,7 +118,7 @@ def state_fwd_kernel(
             acc, z_cols, z_rows, zv_rows, ok = _state_step(
                 k_base, v_base, mask_row, IDX, seg, L, end, start, d, d_ok, s_kn, s_vn, feature_eps, acc, z_cols,
                 z_rows, zv_rows, FEATURE, HAS_MASK, HAS_INDEX, SUM_V, False, BLOCK_N, TILE, PRECISION, EMULATE,
-                rstd_at, w)
+                rstd_at, w, K + b * s_kb, s_kh, H, D, norm_eps, h == 0, TAKE_RSTD)
             if SUM_V and HAS_MASK:
                 count += ok.to(tl.float32)
     which = bh * SEGMENTS + seg
@@ -168,7 +171,7 @@ def _segment_states(PART, COUNTER, R, RZ, AUX, NV, which, split, SPLITS, width, 
 def readout_fwd_kernel(
     Q, R, RZ, O, IDX, V, MASK, LW, LB, RSTD, NW,
     s_qb, s_qh, s_qn, s_ob, s_oh, s_on, s_vb, s_vh, s_vn, s_mb, s_rb,
-    H, L, D, SEGMENTS, tokens_per_split, feature_eps, eps, P, ROWS, COLS,
+    H, L, D, SEGMENTS, tokens_per_split, feature_eps, eps, P, ROWS, COLS, norm_eps,
     FEATURE: tl.constexpr, NORMALISE: tl.constexpr, HAS_INDEX: tl.constexpr, EVEN_D: tl.constexpr,
     LEPE: tl.constexpr, KS: tl.constexpr, HAS_LBIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
@@ -179,7 +182,9 @@ def readout_fwd_kernel(
     R is (BH, SEGMENTS, D, D) float32, RZ (BH, SEGMENTS, D): the normaliser r or the bias. EVEN_D: as
     :func:`state_fwd_kernel`'s. LEPE (MHLA, with an index table): o also gets LePE, the KS×KS depthwise conv of the
     (masked) v over the ROWS×COLS grid after P prefix tokens (LW (H·D, KS·KS), LB (H·D) float32), in the epilogue
-    (:func:`..grid.kernels.conv_taps`). NORM: q gets MHLA's RMSNorm as it loads (as k does in the state kernel).
+    (:func:`..grid.kernels.conv_taps`). NORM: q gets MHLA's RMSNorm as it loads, each query's 1/rms taken over every
+head's tile of the chunk (ε ``norm_eps``) and stored in RSTD by the range's head-0 program, as the state kernel's
+TAKE_RSTD does k's.
     """
     bh, seg, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
@@ -201,14 +206,14 @@ def readout_fwd_kernel(
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             rstd = None
             if NORM:
-                rstd = tl.load(rstd_at + tok, mask=ok, other=0.0)
+                rstd = _token_rstd(rstd_at, Q + b * s_qb, s_qh, s_qn, tok, ok, d, d_ok, H, D, norm_eps, h == 0, True)
             _read_out(q_base, o_base, tok, ok[:, None], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps, eps, FEATURE,
                       NORMALISE, True, TILE, PRECISION, EMULATE, None, rstd, w, d_ok)
         for start in range(full_end, end, BLOCK_N):
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, False)
             rstd = None
             if NORM:
-                rstd = tl.load(rstd_at + tok, mask=ok, other=0.0)
+                rstd = _token_rstd(rstd_at, Q + b * s_qb, s_qh, s_qn, tok, ok, d, d_ok, H, D, norm_eps, h == 0, True)
             _read_out(q_base, o_base, tok, ok[:, None] & d_ok[None, :], d, s_qn, s_on, r_tile, rz, rz_cols, feature_eps,
                       eps, FEATURE, NORMALISE, False, TILE, PRECISION, EMULATE, None, rstd, w, d_ok)
     else:
@@ -216,7 +221,7 @@ def readout_fwd_kernel(
             tok, ok = _tokens(IDX, seg, L, end, start, BLOCK_N, HAS_INDEX)
             lepe, rstd = None, None
             if NORM:
-                rstd = tl.load(rstd_at + tok, mask=ok, other=0.0)
+                rstd = _token_rstd(rstd_at, Q + b * s_qb, s_qh, s_qn, tok, ok, d, d_ok, H, D, norm_eps, h == 0, True)
             if LEPE:
                 lepe = conv_taps(V + b * s_vb + h * s_vh, s_vn, tok, d, d_ok, LW, LB, MASK, s_mb, b, h,
                                  P + ROWS * COLS, D, P, ROWS, COLS, 0.0, 0.0, KS, False, HAS_LBIAS, HAS_MASK, BLOCK_N,

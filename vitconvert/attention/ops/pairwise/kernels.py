@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from ..grid.kernels import conv_taps, conv_taps_backward, conv_weight_taps
-from ..linear.kernel_parts import _dot, _phi, _phi_grad
-from ..linear.norm_parts import norm_backward_tokens, tile_rstd
+from ..linear.kernel_parts import _dot, _phi, _phi_grad, tile_rstd
+from ..linear.norm_parts import norm_backward_tokens
 from ..linear.tickets import _last_program, _ticket_back
 
 
