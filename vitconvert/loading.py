@@ -24,6 +24,7 @@ from .sources import (
     LinearSourceError,
     Resolved,
     SourceNotFound,
+    config_beside,
     load_source,
     resolve,
 )
@@ -117,8 +118,8 @@ def load_teacher(spec: str, student: nn.Module, seed: int, recorded: bool,
         try:
             resolved = resolve(spec)
             arch = report.get("source_arch") if own and resolved.kind == "file" else None  # convert's --arch
-            if resolved.kind == "file" and arch is None:
-                refuse_file(resolved, SOFTMAX_FORMS)
+            if resolved.kind == "file" and arch is None and not config_beside(resolved.path, spec):
+                refuse_file(resolved, SOFTMAX_FORMS)  # no architecture: neither --arch nor a config.json beside it
             source = load_source(resolved, pretrained=pretrained, arch=arch, **kwargs)
         except LinearSourceError:
             raise VitconvertError(f"the teacher {spec} is a linear-attention vitconvert model; give a softmax "
