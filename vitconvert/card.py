@@ -25,6 +25,7 @@ from .errors import VitconvertError, plural
 from .hub_io import parse_repo_id
 from .selection import describe
 from .timm_registry import is_vitconvert_architecture, source_architecture
+from .top_k import shown_score
 
 PAPER = "Copy the Same, Distill the Difference: Initializing Linear Vision Transformers"
 # BibTeX of what the card cites; authors only where we know them ("and others" where we know only the first).
@@ -61,7 +62,6 @@ def base_model(config: dict[str, Any]) -> Optional[str]:
         return None  # random weights derive from nothing
     import timm
     from timm.models import get_pretrained_cfg
-
 
     if not timm.is_model(resolve_alias(source.split(".")[0])):
         return None  # a local folder or file, or a bundled model: no Hub id we could name
@@ -393,7 +393,7 @@ def render_card(config: dict[str, Any], repo_id: Optional[str] = None) -> str:
         parts.append("## Training recipe\n\n```yaml\n" + yaml.safe_dump(block["recipe"], sort_keys=False).strip()
                      + "\n```")
     if block.get("metrics"):
-        parts.append("## Results\n\n" + dict_table([{"metric": k, "value": v}
+        parts.append("## Results\n\n" + dict_table([{"metric": k, "value": shown_score(k, v, config.get("num_classes"))}
                                                     for k, v in block["metrics"].items()]))
     parts += ["## Lineage\n\n" + lineage(config), "## Citation\n\n" + citations(block)]
     return "\n\n".join(parts) + "\n"
