@@ -17,7 +17,7 @@ import yaml
 
 from .card import CARD_MARKER, render_card
 from .errors import BadValue, VitconvertError, first_line, param
-from .folder import folder_block, load_folder_model, read_config
+from .folder import WEIGHTS, folder_block, load_folder_model, read_config, weights_in
 from .hub_io import check_endpoint, describe_hub_error, hub_offline, parse_repo_id, resolve_token, token_source
 from .timm_registry import source_architecture
 from .version import __version__
@@ -66,6 +66,9 @@ def check_folder(folder: Path) -> dict[str, Any]:
         raise VitconvertError(f"{folder} is not a vitconvert folder (its config.json has no 'vitconvert' block); "
                               "convert it first with `vitconvert convert`")
     load_folder_model(folder, config)
+    if (pickle := weights_in(folder)).name != WEIGHTS:  # the Hub gets safetensors only (NEVER: *.bin)
+        raise VitconvertError(f"{folder} holds its weights as torch's pickle {pickle.name}, which push leaves out: "
+                              f"`vitconvert upgrade {folder}` writes them as {WEIGHTS}, then push it")
     return config
 
 
