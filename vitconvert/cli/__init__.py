@@ -122,7 +122,7 @@ def ended_quietly_on_closed_pipe() -> Iterator[None]:
     pattern: stdout pointed at devnull, so the interpreter's last flush has nowhere to fail. Rich's consoles (ours
     and typer's help) would exit 1 themselves, which reads as an error: inside the block they raise the pipe's
     error on to here."""
-    Console.on_broken_pipe = _raise_broken_pipe  # type: ignore[method-assign]
+    rich_handler, Console.on_broken_pipe = Console.on_broken_pipe, _raise_broken_pipe  # type: ignore[method-assign]
     try:
         yield
     except BrokenPipeError:
@@ -130,6 +130,8 @@ def ended_quietly_on_closed_pipe() -> Iterator[None]:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         sys.exit(CLOSED_PIPE_STATUS)
+    finally:
+        Console.on_broken_pipe = rich_handler  # type: ignore[method-assign]
 
 
 def shown_as_flags(params: list[Any]) -> list[Any]:
