@@ -334,3 +334,13 @@ def test_a_local_source_reaches_the_hub_by_its_name_only(tmp_path, monkeypatch, 
     assert repo.files["recipe.yaml"].decode() == "# my recipe\ndataset:\n  data: images (local)\nepochs: 2\n"
     assert repo.files["model.safetensors"] == (folder / "model.safetensors").read_bytes()
     assert read_config(folder)["vitconvert"]["source"] == str(secret / "src")  # the tools' copy keeps the path
+    downloaded = tmp_path / "downloaded"  # as another user gets it: the model loads, the teacher must be named
+    downloaded.mkdir()
+    for name, data in repo.files.items():
+        (downloaded / name).write_bytes(data)
+    from vitconvert.loading import load_teacher, teacher_spec
+
+    student = vitconvert.load(downloaded)
+    with pytest.raises(VitconvertError, match=r"the student's source, src \(local\), was a local folder or file "
+                                              r"where it was converted .*: name its softmax teacher with teacher"):
+        load_teacher(teacher_spec(student, None), student, seed=0, recorded=True)

@@ -12,6 +12,7 @@ from typing import Any
 # A path as vitconvert records one: absolute (POSIX or Windows), home-relative, ./ or ../, local-dir:, file://
 LOCAL = re.compile(r"^(local-dir:|file://|~|\.{1,2}(?:[/\\]|$)|/|[A-Za-z]:[/\\])")
 # huggingface_hub's cache layout: .../models--ORG--NAME/snapshots/REVISION/...
+LOCAL_MARK = " (local)"  # what follows a local path's name: `src (local)`
 SNAPSHOT = re.compile(r"models--(?P<org>[^/\\]+?)--(?P<name>[^/\\]+)[/\\]snapshots[/\\]")
 
 
@@ -28,7 +29,12 @@ def shown_path(text: str) -> str:
     if snapshot := SNAPSHOT.search(text):
         return f"hf-hub:{snapshot['org']}/{snapshot['name']}"
     name = PureWindowsPath(re.sub(r"^(local-dir:|file://)", "", text)).name  # splits at / and at \
-    return f"{name if name not in ('', '.', '..', '~') else 'a folder'} (local)"
+    return f"{name if name not in ('', '.', '..', '~') else 'a folder'}{LOCAL_MARK}"
+
+
+def shown_as_local(text: str) -> bool:
+    """Whether ``text`` is a local path as ``shown_path`` shows it: a name that leads nowhere on another machine."""
+    return text.endswith(LOCAL_MARK)
 
 
 def public(value: Any) -> Any:
