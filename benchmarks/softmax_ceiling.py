@@ -62,5 +62,6 @@ def finetune_softmax(source: str, overrides: dict[str, Any], num_classes: Option
             scheduler.step_update(num_updates=step)
         scheduler.step(epoch + 1)
     model.eval()
-    metrics = metrics_from_sums(eval_sums(model, feed.val, device, recipe.amp, False, recipe.amp_dtype))
+    metrics = metrics_from_sums(eval_sums(model, feed.val, device, recipe.amp, False, recipe.amp_dtype),
+                                model.num_classes)
     return {**metrics, "seconds": time.perf_counter() - start}

@@ -261,3 +261,19 @@ def test_a_one_layer_hybrid_counts_one_layer():
         text = (folder / "README.md").read_text()
         assert json.loads((folder / "config.json").read_text())["vitconvert"]["layers"] == [0]
     assert "linear attention in 1 layer" in text and "1 layers" not in text
+
+
+def test_the_card_names_local_paths_and_never_shows_them(config):
+    """A local source, teacher and data are recorded as paths (the tools need them); the card is read elsewhere, so
+    it shows their names, and a Hub-cache snapshot as the repo it is of (its base model, linked)."""
+    cfg = trained(config)
+    block = cfg["vitconvert"]
+    block.update(source="/home/alice/secret-project/src", teacher="/home/alice/secret-project/teacher",
+                 recipe={**RECIPE, "data": {"dataset": "/home/alice/secret-project/images"}})
+    text = render_card(cfg)
+    assert "secret-project" not in text and "/home/alice" not in text
+    assert "| source | `src (local)` |" in text and "softmax teacher `teacher (local)`" in text
+    assert ModelCard(text).data.datasets == ["images"]
+    block["source"] = "/home/alice/.cache/huggingface/hub/models--timm--vit_tiny_patch16_224.augreg_in21k/snapshots/0a1"
+    assert base_model(cfg) == "timm/vit_tiny_patch16_224.augreg_in21k"
+    assert "(https://huggingface.co/timm/vit_tiny_patch16_224.augreg_in21k)" in render_card(cfg)

@@ -311,3 +311,36 @@ def test_a_push_to_an_existing_repo_leaves_only_the_new_folders_files(tmp_path, 
     assert sorted(repo.files) == [".gitattributes", "README.md", "config.json", "model.safetensors"]
     assert all(repo.files[name] == (folder / name).read_bytes() for name, _ in plan.files)
     assert plan.commit_url.endswith("/commit/def")
+
+
+def test_a_local_source_reaches_the_hub_by_its_name_only(tmp_path, monkeypatch, online):
+    """config.json records a local source as an absolute path (compare and distill need it); the card, config.json
+    and recipe.yaml the Hub gets name it only (`src (local)`), through huggingface_hub's own upload_folder, and the
+    dry run lists what it would send by the same sizes."""
+    secret = tmp_path / "home" / "alice" / "secret-project"
+    student, _ = vitconvert.convert(tiny_model("vit"), "elu", source=str(secret / "src"))
+    folder = vitconvert.save(student, tmp_path / "m")
+    (folder / "recipe.yaml").write_text(f"# my recipe\ndataset:\n  data: {secret / 'images'}\nepochs: 2\n")
+    (folder / "metrics.jsonl").write_text('{"epoch": 1, "val_top1": 0.5}\n')
+    planned = push_folder(folder, "me/x", dry_run=True)
+    assert planned.shown_by_name == {str(secret / "src"): "src (local)", str(secret / "images"): "images (local)"}
+    repo = LocalRepo(monkeypatch, {})
+    push_folder(folder, "me/x", token=FAKE_TOKEN)
+    assert sorted(repo.files) == sorted(name for name, _ in planned.files)
+    assert {name: len(data) for name, data in repo.files.items()} == dict(planned.files)
+    assert [name for name, data in repo.files.items() if b"secret-project" in data] == []
+    sent = json.loads(repo.files["config.json"])
+    assert sent["vitconvert"]["source"] == "src (local)" and "`src (local)`" in repo.files["README.md"].decode()
+    assert repo.files["recipe.yaml"].decode() == "# my recipe\ndataset:\n  data: images (local)\nepochs: 2\n"
+    assert repo.files["model.safetensors"] == (folder / "model.safetensors").read_bytes()
+    assert read_config(folder)["vitconvert"]["source"] == str(secret / "src")  # the tools' copy keeps the path
+    downloaded = tmp_path / "downloaded"  # as another user gets it: the model loads, the teacher must be named
+    downloaded.mkdir()
+    for name, data in repo.files.items():
+        (downloaded / name).write_bytes(data)
+    from vitconvert.loading import load_teacher, teacher_spec
+
+    student = vitconvert.load(downloaded)
+    with pytest.raises(VitconvertError, match=r"the student's source, src \(local\), was a local folder or file "
+                                              r"where it was converted .*: name its softmax teacher with teacher"):
+        load_teacher(teacher_spec(student, None), student, seed=0, recorded=True)

@@ -18,7 +18,7 @@ LAZY_MARK = "# lazy: start-up time"
 
 # Bottom to top; the same picture as docs/architecture.md. A key names a module or a whole package.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("foundations", ["errors", "version"]),
+    ("foundations", ["errors", "version", "top_k", "public_names"]),
     ("output rules", ["output_rules"]),
     ("process group", ["rendezvous"]),  # where torchrun's processes meet (distributed.py's launcher uses it)
     ("services", ["dependencies", "threads", "writer", "distributed", "aliases", "assets", "hub_io", "recipe_checks",

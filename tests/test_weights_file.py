@@ -194,8 +194,9 @@ def test_a_pickled_checkpoint_is_checked_against_the_config_as_unmarked_weights_
         assert [p.name for p in cached_weights("hf-hub:me/pickled")] == ["pytorch_model.bin"]
         spec = "hf-hub:me/pickled"
     x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():  # as saved: it loads, the same model
+    with torch.no_grad():  # as saved: it loads, the same model, through timm and vitconvert.load
         assert torch.equal(timm.create_model(spec, pretrained=True).eval()(x), student.eval()(x))
+        assert torch.equal(vitconvert.load(spec)(x), student(x))
     config = json.loads((folder / "config.json").read_text())
     config["architecture"] = "vitconvert_relu"
     if where == "hf-hub":
@@ -207,3 +208,5 @@ def test_a_pickled_checkpoint_is_checked_against_the_config_as_unmarked_weights_
     with pytest.raises(vitconvert.errors.VitconvertError, match="vitconvert block says the weights hold elu") as e:
         timm.create_model(spec, pretrained=True)
     assert "\n" not in str(e.value)
+    with pytest.raises(vitconvert.errors.VitconvertError, match="block names elu attention, its architecture builds"):
+        vitconvert.load(spec)

@@ -1,15 +1,14 @@
 """README.md model card of a model folder, rendered from its config.json alone.
 
-One function, ``render_card(config)``, so every writer (convert, distill, push) produces the same card from
-the same data. What the card reads in ``config["vitconvert"]`` besides the conversion report:
+One function, ``render_card(config)``, so every writer (convert, distill, push) produces the same card from the same
+data, a local path shown by its name (:mod:`.public_names`). What the card reads in ``config["vitconvert"]``:
 
 - ``recipe``: dict, the training recipe (shown as YAML; ``data.dataset``/``data.name``/``dataset`` -> datasets)
 - ``metrics``: dict of final results, e.g. ``{"top1": 72.1, "top5": 91.0, "loss": 1.2, "epochs": 300}``
   (``dataset``/``split`` keys name what they were measured on)
 - ``teacher``: str or dict (``source``/``top1``...), the softmax teacher of distillation
 - ``lineage``: list of steps after convert, each a dict with a ``step`` name (``{"step": "distill", ...}``)
-- ``compare``: the per-layer comparison, a list of row dicts (or a dict of layer -> row dict)
-Sections whose data is absent are left out.
+- ``compare``: the per-layer comparison, a list of row dicts (or a dict of layer -> row dict). Absent: left out.
 """
 
 from __future__ import annotations
@@ -23,8 +22,10 @@ from .aliases import resolve_alias
 from .attention import VARIANTS, shown_options
 from .errors import VitconvertError, plural
 from .hub_io import parse_repo_id
+from .public_names import public, shown_path
 from .selection import describe
 from .timm_registry import is_vitconvert_architecture, source_architecture
+from .top_k import shown_score
 
 PAPER = "Copy the Same, Distill the Difference: Initializing Linear Vision Transformers"
 # BibTeX of what the card cites; authors only where we know them ("and others" where we know only the first).
@@ -51,7 +52,7 @@ PLACEHOLDER_ID = "ORG/NAME"
 def base_model(config: dict[str, Any]) -> Optional[str]:
     """The source's Hub id: the hf-hub: source itself, or the hf_hub_id timm records for a pretrained name."""
     block = config.get("vitconvert", {})
-    source = str(block.get("source") or "")
+    source = shown_path(str(block.get("source") or ""))  # a Hub-cache snapshot: the repo it is of
     if source.startswith("hf-hub:"):
         try:
             return parse_repo_id(source)[0]
@@ -61,7 +62,6 @@ def base_model(config: dict[str, Any]) -> Optional[str]:
         return None  # random weights derive from nothing
     import timm
     from timm.models import get_pretrained_cfg
-
 
     if not timm.is_model(resolve_alias(source.split(".")[0])):
         return None  # a local folder or file, or a bundled model: no Hub id we could name
@@ -365,13 +365,13 @@ def how_to_use(config: dict[str, Any], hub_id: str) -> str:
 
 
 def render_card(config: dict[str, Any], repo_id: Optional[str] = None) -> str:
-    """The whole README.md; ``repo_id`` (known when pushing) goes into the loading snippet."""
+    """The whole README.md; ``repo_id`` (known when pushing) goes into the loading snippet. Local paths (the source,
+    the teacher, the data) show as their names: the card is read elsewhere."""
+    metadata, config = card_metadata(config, repo_id), public(config)  # (dataset ids: from the paths' names)
     block = config.get("vitconvert", {})
-    variant = block.get("variant", "?")
-    arch = source_architecture(config)[0]
-    hub_id = repo_id or PLACEHOLDER_ID
+    variant, arch, hub_id = block.get("variant", "?"), source_architecture(config)[0], repo_id or PLACEHOLDER_ID
     parts = [
-        f"---\n{yaml.safe_dump(card_metadata(config, repo_id), sort_keys=False).strip()}\n---",
+        f"---\n{yaml.safe_dump(metadata, sort_keys=False).strip()}\n---",
         CARD_MARKER,
         f"# {model_name(config, repo_id)}",
         f"`{arch}` with its softmax attention replaced by **{variant}** linear attention, whose cost grows "
@@ -393,7 +393,7 @@ def render_card(config: dict[str, Any], repo_id: Optional[str] = None) -> str:
         parts.append("## Training recipe\n\n```yaml\n" + yaml.safe_dump(block["recipe"], sort_keys=False).strip()
                      + "\n```")
     if block.get("metrics"):
-        parts.append("## Results\n\n" + dict_table([{"metric": k, "value": v}
+        parts.append("## Results\n\n" + dict_table([{"metric": k, "value": shown_score(k, v, config.get("num_classes"))}
                                                     for k, v in block["metrics"].items()]))
     parts += ["## Lineage\n\n" + lineage(config), "## Citation\n\n" + citations(block)]
     return "\n\n".join(parts) + "\n"

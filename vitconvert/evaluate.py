@@ -22,6 +22,7 @@ from .data import TransformedDataset, check_classes, eval_transform, input_confi
 from .distributed import pick_device
 from .errors import BadValue, VitconvertError, param
 from .loading import load, model_threads
+from .top_k import top_k_score
 
 
 def autocast_for(device: torch.device, enabled: bool = True, dtype: str = "bfloat16") -> AbstractContextManager:
@@ -65,25 +66,27 @@ def eval_sums(forward: Callable[[torch.Tensor], torch.Tensor], loader: DataLoade
     return sums
 
 
-def metrics_from_sums(sums: torch.Tensor) -> dict[str, Any]:
-    """top1, top5, loss and images/s from the summed counts; refused when there is nothing to measure."""
+def metrics_from_sums(sums: torch.Tensor, classes: int) -> dict[str, Any]:
+    """top1, top5 (None for ``classes`` ≤ 5: :mod:`.top_k`), loss and images/s from the summed counts, and the
+    classes; refused when there is nothing to measure."""
     loss, top1, top5, n, seconds = sums.tolist()
     if n == 0:
         raise VitconvertError("the evaluation split holds no images")
     if not math.isfinite(loss):  # NaN logits rank arbitrarily: a top-1 from them would be a number about nothing
         raise VitconvertError("the model's outputs are NaN or infinite: no accuracy can be measured (its weights "
                               "or attention options are broken; `vitconvert info` shows them)")
-    return {"top1": top1 / n, "top5": top5 / n, "loss": loss / n, "n": int(n),
-            "img_s": n / seconds if seconds > 0 else float("inf")}
+    return {"top1": top1 / n, "top5": top_k_score(top5, n, classes), "loss": loss / n, "n": int(n),
+            "img_s": n / seconds if seconds > 0 else float("inf"), "classes": classes}
 
 
 def evaluate(model: Union[str, Path, nn.Module], data: str, split: str = "val", batch_size: int = 64,
              device: Optional[str] = None, data_dir: Optional[str] = None, download: bool = False,
              workers: Optional[int] = 0, amp: bool = True, pretrained: bool = True,
              threads: Optional[int] = None) -> dict[str, Any]:
-    """{"top1", "top5" (fractions), "loss", "n", "img_s"} of ``model`` on ``data``'s ``split``: a model, or any
-    SOURCE ``vitconvert.load`` takes (``pretrained=False``: a timm name's random init). ``threads``: torch's CPU
-    threads meanwhile (``loading.model_threads``, as ``vitconvert eval --threads``)."""
+    """{"top1", "top5" (fractions; top5 None for 5 classes or fewer), "loss", "n", "img_s", "classes"} of
+    ``model`` on ``data``'s ``split``: a model, or any SOURCE ``vitconvert.load`` takes (``pretrained=False``: a
+    timm name's random init). ``threads``: torch's CPU threads meanwhile (``loading.model_threads``, as
+    ``vitconvert eval --threads``)."""
 
     if batch_size < 1:
         raise BadValue("batch_size", f"must be at least 1 (got {batch_size})")
@@ -109,7 +112,7 @@ def _evaluate(model: Union[str, Path, nn.Module], data: str, split: str, batch_s
     ds = TransformedDataset(base, eval_transform(input_config(net)))
     loader = make_loader(ds, batch_size, 0, train=False, workers=workers, pin_memory=dev.type == "cuda")
     net = net.eval().to(dev)
-    return metrics_from_sums(eval_sums(net, loader, dev, amp=amp))
+    return metrics_from_sums(eval_sums(net, loader, dev, amp=amp), classes)
 
 
 def data_to_give(names: Optional[list[str]], head: int) -> str:

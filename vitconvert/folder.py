@@ -143,11 +143,20 @@ def check_weights_readable(folder: Path) -> None:
         check_file_readable(path)
 
 
+def weights_in(folder: Path) -> Path:
+    """model.safetensors; in a folder that holds only timm's pickle (save_for_hf, safe_serialization=False), that
+    pickle, read weights_only, its config.json's block saying what it holds (``weights_file.check_weights``)."""
+    pickle = folder / TIMM_PICKLE
+    return pickle if not (folder / WEIGHTS).is_file() and pickle.is_file() else folder / WEIGHTS
+
+
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     if not path.is_file():
         raise VitconvertError(f"{path.parent} has no {path.name}")
+    if path.suffix != ".safetensors":
+        return load_state_file(path)
     try:
         return load_file(str(path))
     except Exception as e:
@@ -214,8 +223,8 @@ def mark_metadata(variant: str, linear: list[int]) -> dict[str, str]:
 
 
 def marked_layers(path: Path) -> Optional[list[int]]:
-    """The linear layers model.safetensors records (None for files written before the mark)."""
-    mark = weights_file.read_mark(path)
+    """The linear layers model.safetensors records (None for files written before the mark, and for a pickle)."""
+    mark = weights_file.read_mark(path) if path.suffix == ".safetensors" else None
     return mark.layers if mark is not None else None
 
 
@@ -232,7 +241,7 @@ def check_layers(folder: Path, block: dict[str, Any]) -> None:
     if not layers:
         raise VitconvertError(f"{folder}/config.json makes no layer linear: that is the softmax model, not a "
                               "vitconvert one; use its source, or restore the layer list")
-    saved = marked_layers(folder / WEIGHTS)
+    saved = marked_layers(weights_in(folder))
     if saved is not None and saved != layers:
         raise VitconvertError(f"{folder}/config.json makes layers {layers} linear but {WEIGHTS} holds linear "
                               f"attention in layers {saved}: the weights would load into the wrong attention; "
@@ -258,13 +267,14 @@ def check_folder(folder: Path, config: dict[str, Any]) -> None:
         check_options(variant, block.get("options") or {})
     except BadValue as e:
         raise VitconvertError(f"{folder}/config.json options: {e}") from None
-    if not (folder / WEIGHTS).is_file():
+    weights = weights_in(folder)
+    if not weights.is_file() or pickled_by_timm(folder, config):
         fix = (f" (timm's save_for_hf wrote {TIMM_PICKLE}): `vitconvert upgrade {folder}` writes it"
                if pickled_by_timm(folder, config) else "")
         raise VitconvertError(f"{folder} has no {WEIGHTS}{fix}")
     check_weights_readable(folder)
     check_layers(folder, block)
-    mark = weights_file.read_mark(folder / WEIGHTS)
+    mark = weights_file.read_mark(weights) if weights.suffix == ".safetensors" else None
     if mark is not None and mark.variant is not None and mark.variant != variant:
         raise VitconvertError(f"{folder}/config.json names {variant} attention but {WEIGHTS} holds {mark.variant} "
                               f"attention weights: they would load into the wrong attention; restore config.json's "
@@ -278,7 +288,8 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
     assert block is not None  # check_folder refused anything else
     if notice := upgrade_notice(folder, config):
         warnings.warn(notice, OldFolderWarning, stacklevel=3)
-    state = _read_weights(folder / WEIGHTS)
+    weights = weights_in(folder)
+    state = _read_weights(weights)
     with torch.random.fork_rng(devices=[]):  # building must not move the caller's RNG (bitwise resume)
         model = _build(folder)
         if not any(isinstance(m, LinearAttention) for m in model.modules()):  # format 1: timm built softmax
@@ -294,8 +305,8 @@ def load_folder_model(folder: Path, config: dict[str, Any]) -> nn.Module:
         raise VitconvertError(f"{folder}/config.json disagrees with itself: its vitconvert block names "
                               f"{block['variant']} attention, its architecture builds {variant}")
     # the layer list removed from both: the weights still know
-    weights_file.check_weights(folder / WEIGHTS, variant, built, f"{folder}/config.json")
-    return _load_into(model, state, folder, WEIGHTS, block)
+    weights_file.check_weights(weights, variant, built, f"{folder}/config.json")
+    return _load_into(model, state, folder, weights.name, block)
 
 
 def _build(folder: Path) -> nn.Module:
@@ -339,27 +350,28 @@ def upgrade_folder(folder: Path) -> Optional[dict[str, Any]]:
 
     A symlink to the folder upgrades the real folder. The three files are written beside it, then each moved
     in: weights first, then config.json, then README.md, so an interrupted upgrade leaves a folder that loads
-    and that upgrade finishes."""
+    and that upgrade finishes. timm's pickle (pytorch_model.bin) is written as model.safetensors and kept."""
     folder = Path(folder).expanduser().resolve()  # through a link: the real folder, never the link replaced
     if in_hub_cache(folder):
         raise VitconvertError(f"{folder} is a snapshot in the Hub cache: upgrade a copy: download it to a "
                               f"folder of your own (`hf download REPO` with {param('local_dir', 'DIR')}), then "
                               "upgrade that folder")
     config = read_config(folder)
+    pickled = weights_in(folder).name == TIMM_PICKLE  # kept: load reads model.safetensors first, push leaves it out
     if pickled_by_timm(folder, config):
         model = load_timm_pickle(folder, config)
     else:
         check_folder(folder, config)
-        if not upgrade_reasons(config):
+        if not upgrade_reasons(config) and not pickled:
             return None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", OldFolderWarning)
             model = load_folder_model(folder, config)
     block = config.get("vitconvert")
     meta = {k: v for k, v in report_of(model).items() if k != "saved_by"}
-    meta["upgraded_from"] = ({"format_version": block.get("format_version", 1),
-                              **({"versions": block["versions"]} if "versions" in block else {})}
-                             if block is not None else {"saved_by": "timm"})
+    was = {"saved_by": "timm"} if block is None else {"format_version": 1, **{k: block[k] for k in (
+        "format_version", "versions") if k in block}}
+    meta["upgraded_from"] = {**was, **({"weights": TIMM_PICKLE} if pickled else {})}
     card_file = folder / "README.md"
     own_card = card_file.is_file() and CARD_MARKER not in card_file.read_text(errors="replace")
     with output_lock(folder), files_beside(folder) as tmp:

@@ -8,8 +8,13 @@ The token is passed to huggingface_hub and nowhere else: never printed, logged o
 from __future__ import annotations
 
 import glob
+import json
 import re
-from dataclasses import asdict, dataclass
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -17,8 +22,9 @@ import yaml
 
 from .card import CARD_MARKER, render_card
 from .errors import BadValue, VitconvertError, first_line, param
-from .folder import folder_block, load_folder_model, read_config
+from .folder import WEIGHTS, folder_block, load_folder_model, read_config, weights_in
 from .hub_io import check_endpoint, describe_hub_error, hub_offline, parse_repo_id, resolve_token, token_source
+from .public_names import local_paths, public, shown_path
 from .timm_registry import source_architecture
 from .version import __version__
 from .writer import write_text_atomic
@@ -47,6 +53,7 @@ class PushPlan:
     url: str = ""
     commit_url: Optional[str] = None
     token_source: Optional[str] = None  # where a token would come from; never the token itself
+    shown_by_name: dict[str, str] = field(default_factory=dict)  # a local path -> what the sent files say instead
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as ``push --json`` prints it."""
@@ -66,6 +73,9 @@ def check_folder(folder: Path) -> dict[str, Any]:
         raise VitconvertError(f"{folder} is not a vitconvert folder (its config.json has no 'vitconvert' block); "
                               "convert it first with `vitconvert convert`")
     load_folder_model(folder, config)
+    if (pickle := weights_in(folder)).name != WEIGHTS:  # the Hub gets safetensors only (NEVER: *.bin)
+        raise VitconvertError(f"{folder} holds its weights as torch's pickle {pickle.name}, which push leaves out: "
+                              f"`vitconvert upgrade {folder}` writes them as {WEIGHTS}, then push it")
     return config
 
 
@@ -123,6 +133,54 @@ def upload_files(folder: Path, to_write: tuple[str, ...] = ()) -> tuple[list[Pat
 
 
 # -- the push --------------------------------------------------------------------------------------------
+def strings_of(name: str, text: str) -> Any:
+    """The values of a run file (recipe.yaml, metrics.jsonl), to find the local paths in it; None if unreadable."""
+    try:
+        if name.endswith(".jsonl"):
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError):
+        return None
+
+
+def public_texts(folder: Path, config: dict[str, Any], names: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(file name -> the text push sends instead, local path -> its name there): config.json written from its public
+    form, recipe.yaml and metrics.jsonl with each local path replaced where it stands (comments kept). The Hub gets
+    what means something to a reader (:mod:`.public_names`), never the user's folders; the folder keeps the paths,
+    which compare and distill need."""
+    shown = {path: shown_path(path) for path in local_paths(config)}
+    texts = {"config.json": json.dumps(public(config), indent=2) + "\n"} if shown and "config.json" in names else {}
+    for name in (n for n in RUN_FILES if n in names):
+        text = (folder / name).read_text(encoding="utf-8", errors="replace")
+        shown |= {path: shown_path(path) for path in local_paths(strings_of(name, text))}
+        sent = text
+        for path in sorted(shown, key=len, reverse=True):  # a longer path before its own prefix
+            sent = sent.replace(path, shown[path])
+        if sent != text:
+            texts[name] = sent
+    return texts, shown
+
+
+@contextmanager
+def staged(folder: Path, files: list[Path], texts: dict[str, str]) -> Iterator[Path]:
+    """The folder as push sends it: itself when no file changes; else a temporary folder of links to its files
+    beside the changed texts (upload_folder reads through the links: no weights are copied)."""
+    if not texts:
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="vitconvert-push-") as tmp:
+        for file in files:
+            target = Path(tmp) / file.name
+            if file.name in texts:
+                target.write_text(texts[file.name], encoding="utf-8")
+                continue
+            try:
+                target.symlink_to(file.resolve())
+            except OSError:  # no symlinks here (Windows without the privilege): a copy
+                shutil.copy2(file, target)
+        yield Path(tmp)
+
+
 def default_commit_message(config: dict[str, Any]) -> str:
     """A commit message that says what was pushed: architecture, variant and vitconvert version."""
     block = config.get("vitconvert", {})
@@ -171,10 +229,13 @@ def push_folder(folder: Union[str, Path], repo_id: str, *, private: bool = False
     config = check_folder(folder)
     card, text = refresh_card(folder, config, repo_id, write=not dry_run)
     files, skipped = upload_files(folder, to_write=("README.md",) if dry_run and card == "refreshed" else ())
-    sizes = [(f.name, len(text.encode()) if dry_run and f.name == "README.md" else f.stat().st_size) for f in files]
+    texts, shown = public_texts(folder, config, [f.name for f in files])
+    if dry_run:
+        texts["README.md"] = text
+    sizes = [(f.name, len(texts[f.name].encode()) if f.name in texts else f.stat().st_size) for f in files]
     plan = PushPlan(str(folder), repo_id, revision, sizes, skipped, card,
                     dry_run, url=f"https://huggingface.co/{repo_id}" + (f"/tree/{revision}" if revision else ""),
-                    token_source=token_source(token))
+                    token_source=token_source(token), shown_by_name=shown)
     if dry_run:
         return plan
     secret = resolve_token(token)
@@ -188,10 +249,11 @@ def push_folder(folder: Union[str, Path], repo_id: str, *, private: bool = False
             stage = "create branch on"
             api.create_branch(repo_id, branch=revision, token=secret, repo_type="model", exist_ok=True)
         stage = "upload to"
-        info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
-                                 token=secret, commit_message=commit_message or default_commit_message(config),
-                                 allow_patterns=[glob.escape(name) for name, _ in plan.files], ignore_patterns=NEVER,
-                                 delete_patterns=REPLACE_REMOTE)
+        with staged(folder, files, texts) as sent:
+            info = api.upload_folder(repo_id=repo_id, folder_path=str(sent), repo_type="model", revision=revision,
+                                     token=secret, commit_message=commit_message or default_commit_message(config),
+                                     allow_patterns=[glob.escape(name) for name, _ in plan.files],
+                                     ignore_patterns=NEVER, delete_patterns=REPLACE_REMOTE)
     except Exception as e:
         raise VitconvertError(describe_hub_error(e, repo_id, secret, stage)) from None
     plan.commit_url = getattr(info, "commit_url", None)

@@ -18,12 +18,14 @@ from .errors import VitconvertError, param
 from .folder import load_folder_model, read_config
 from .hub_io import cached_weights
 from .provenance import report_of
+from .public_names import shown_as_local
 from .sources import (
     SOFTMAX_FORMS,
     WEIGHT_SUFFIXES,
     LinearSourceError,
     Resolved,
     SourceNotFound,
+    config_beside,
     load_source,
     resolve,
 )
@@ -90,6 +92,14 @@ def teacher_spec(student: nn.Module, override: Optional[str]) -> str:
     return str(source)
 
 
+def refuse_a_source_named_only(spec: str, own: bool) -> None:
+    """A pushed copy records a local source by its name only (``src (local)``, :mod:`.public_names`): it was a
+    folder on the machine that converted it, so the teacher must be named."""
+    if own and shown_as_local(spec):
+        raise VitconvertError(f"the student's source, {spec}, was a local folder or file where it was converted (a "
+                              f"Hub copy names it only): name its softmax teacher with {param('teacher')}")
+
+
 def load_teacher(spec: str, student: nn.Module, seed: int, recorded: bool,
                  pretrained: Optional[bool] = None) -> nn.Module:
     """The softmax teacher, at the student's image size.
@@ -102,6 +112,7 @@ def load_teacher(spec: str, student: nn.Module, seed: int, recorded: bool,
     on a machine without its weights."""
     report = report_of(student)
     own = spec == str(report.get("source"))
+    refuse_a_source_named_only(spec, own)
     recorded_pretrained = bool(report.get("pretrained", True))
     pretrained = recorded_pretrained if own or pretrained is None else pretrained
     kwargs = {"img_size": report["source_img_size"]} if own and report.get("source_img_size") else {}
@@ -117,8 +128,8 @@ def load_teacher(spec: str, student: nn.Module, seed: int, recorded: bool,
         try:
             resolved = resolve(spec)
             arch = report.get("source_arch") if own and resolved.kind == "file" else None  # convert's --arch
-            if resolved.kind == "file" and arch is None:
-                refuse_file(resolved, SOFTMAX_FORMS)
+            if resolved.kind == "file" and arch is None and not config_beside(resolved.path, spec):
+                refuse_file(resolved, SOFTMAX_FORMS)  # no architecture: neither --arch nor a config.json beside it
             source = load_source(resolved, pretrained=pretrained, arch=arch, **kwargs)
         except LinearSourceError:
             raise VitconvertError(f"the teacher {spec} is a linear-attention vitconvert model; give a softmax "

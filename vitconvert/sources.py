@@ -243,12 +243,33 @@ def load_folder(folder: Path, spec: str, **model_kwargs: Any) -> Source:
     return Source(model, cfg["architecture"], spec, True)
 
 
+def config_beside(path: Path, spec: str) -> dict[str, Any]:
+    """The timm config.json in the weights file's folder (``convert DIR/model.safetensors``), when it names the
+    architecture (``architecture``, or its ``pretrained_cfg``'s); {} when there is none. A vitconvert folder's
+    is refused as the folder itself is (its weights are a student's, not a softmax source)."""
+    if not (path.parent / "config.json").is_file():
+        return {}
+    cfg = read_config(path.parent)
+    if folder_block(cfg) is not None:
+        load_folder(path.parent, spec)  # raises: already a linear-attention model, naming its source
+    pretrained_cfg = cfg.get("pretrained_cfg") if isinstance(cfg.get("pretrained_cfg"), dict) else {}
+    arch = cfg.get("architecture") or pretrained_cfg.get("architecture")
+    if not isinstance(arch, str):
+        return {}
+    args = cfg.get("model_args") if isinstance(cfg.get("model_args"), dict) else {}
+    return {"architecture": arch, "model_args": args, "pretrained_cfg": pretrained_cfg}
+
+
 def load_weights_file(path: Path, spec: str, arch: Optional[str], **model_kwargs: Any) -> Source:
     """A bare weights file needs its timm architecture (``arch``); timm builds the model and its filter adapts the
     keys."""
     if path.suffix not in WEIGHT_SUFFIXES:
         raise VitconvertError(f"{path.name} is a file, not a model: give a model folder, a timm name, or a weights "
                               f"file ({', '.join(WEIGHT_SUFFIXES)})")
+    beside: dict[str, Any] = {}
+    if arch is None:
+        beside = config_beside(path, spec)
+        arch = beside.get("architecture")
     if arch is None:
         raise VitconvertError(f"{path.name} is a bare weights file with no architecture: name its timm "
                               f"architecture with {param('arch', 'NAME')}, or give the model folder it belongs to")
@@ -257,7 +278,8 @@ def load_weights_file(path: Path, spec: str, arch: Optional[str], **model_kwargs
         raise BadValue("arch", f"unknown architecture {arch!r}{suggest(arch)}")
     state = load_state_file(path)  # validates the file in one line before timm reads it
     check_softmax_weights(path)
-    overlay: dict[str, Any] = {"file": str(path)}
+    model_kwargs = {**(beside.get("model_args") or {}), **model_kwargs}  # the folder's sizes, as timm reads them
+    overlay: dict[str, Any] = {**(beside.get("pretrained_cfg") or {}), "file": str(path)}
     head = state.get("head.weight")
     if head is not None and head.dim() == 2:
         overlay["num_classes"] = head.shape[0]

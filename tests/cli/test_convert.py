@@ -194,3 +194,32 @@ def test_a_failed_convert_keeps_the_record_of_the_last_one_that_finished(tmp_pat
     resumed = invoke("distill", "--resume", "--out", "runs/never-started", "--data", "digits")
     assert resumed.exit_code != 0 and "no STUDENT given" not in resumed.output
     assert "checkpoint" in resumed.output, resumed.output
+
+
+def test_a_weights_file_beside_its_config_is_read_as_that_folder_says(tmp_path, timm_folder, monkeypatch):
+    """`convert DIR/model.safetensors` without --arch: the config.json beside it names the architecture (and the
+    sizes timm saved), so it converts as `convert DIR` does, and the student's teacher is rebuilt from the file;
+    with no config.json beside it the one-line refusal stays."""
+    from safetensors.torch import load_file
+
+    from vitconvert import load
+    from vitconvert.loading import load_teacher, teacher_spec
+
+    monkeypatch.chdir(tmp_path)
+    assert invoke("convert", str(timm_folder / "model.safetensors"), "--to", "elu", "--out", "f").exit_code == 0
+    assert invoke("convert", str(timm_folder), "--to", "elu", "--out", "d").exit_code == 0
+    from_file, from_folder = load_file("f/model.safetensors"), load_file("d/model.safetensors")
+    assert from_file.keys() == from_folder.keys()
+    assert all(from_file[k].equal(from_folder[k]) for k in from_folder)
+    student = load("f")
+    teacher = load_teacher(teacher_spec(student, None), student, seed=0, recorded=True)
+    source = load_file(timm_folder / "model.safetensors")
+    assert all(teacher.state_dict()[k].equal(source[k]) for k in source)
+    (tmp_path / "bare").mkdir()
+    shutil.copy(timm_folder / "model.safetensors", tmp_path / "bare" / "model.safetensors")
+    assert_one_line_error(invoke("convert", "bare/model.safetensors", "--to", "elu", "--out", "o"),
+                          "model.safetensors is a bare weights file with no architecture: name its timm architecture "
+                          "with --arch NAME")
+    assert_one_line_error(invoke("convert", "f/model.safetensors", "--to", "elu", "--out", "o"),
+                          "f/model.safetensors is already a linear-attention vitconvert model")
+    assert not (tmp_path / "o").exists()

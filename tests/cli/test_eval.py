@@ -16,9 +16,11 @@ def test_eval_a_softmax_source_and_its_errors(tmp_path):
     assert result.exit_code == 0, result.output
     metrics = json.loads(result.stdout)
     assert set(metrics) >= {"top1", "top5", "loss", "n"} and metrics["n"] == 6
-    assert 0 <= metrics["top1"] <= metrics["top5"] == 1.0  # 3 classes: the top 5 always holds the label
+    # 3 classes: the top 5 always hold the label, so a top-5 (100%) would measure nothing
+    assert 0 <= metrics["top1"] <= 1 and metrics["top5"] is None and metrics["classes"] == 3
     table = runner.invoke(app, ["eval", str(teacher), "--data", str(images), "--split", "train"])
     assert table.exit_code == 0 and "top-1" in table.output and "12" in table.output
+    assert "n/a (3 classes)" in table.output and "100.00%" not in table.output
 
     missing = runner.invoke(app, ["eval", str(teacher), "--data", str(tmp_path / "nope")])
     assert missing.exit_code != 0 and missing.stderr.startswith("error: data folder not found")
@@ -33,3 +35,24 @@ def test_eval_on_other_classes_than_the_head_says_what_data_to_give_not_to_re_he
     result = runner.invoke(app, ["eval", str(teacher), "--data", str(make_images(tmp_path / "two", classes=2))])
     assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.output
     assert "--num-classes" not in result.stderr and "give data of the 3 classes it was trained on" in result.stderr
+
+
+def test_top5_of_more_than_5_classes_is_the_share_of_labels_among_the_5_highest_scores(tmp_path):
+    """Checked against the teacher's own logits, ranked here in float64."""
+    import torch
+
+    import vitconvert
+    from vitconvert.data import eval_transform, input_config, open_dataset
+
+    teacher = make_teacher(tmp_path / "teacher", num_classes=7)
+    images = make_images(tmp_path / "images", classes=7, val_per_class=1)
+    result = runner.invoke(app, ["eval", str(teacher), "--data", str(images), "--json"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout)
+    model = vitconvert.load(teacher).eval()
+    data = open_dataset(str(images), "val", None, False)
+    transform = eval_transform(input_config(model))
+    with torch.no_grad():
+        pairs = [(model(transform(image)[None]).double()[0], label) for image, label in data]
+    want = sum(label in logits.topk(5).indices.tolist() for logits, label in pairs) / len(pairs)
+    assert metrics["classes"] == 7 and metrics["top5"] == want

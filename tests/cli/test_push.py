@@ -92,3 +92,25 @@ def test_convert_from_hub_cache_offline(tmp_path, monkeypatch, source):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["vitconvert"]["source"] == source
     assert_one_line_error(invoke("convert", "hf-hub:timm/tiny_vit@v9", "--to", "relu"),
                           "timm/tiny_vit@v9 is not in the Hub cache and HF_HUB_OFFLINE is set")
+
+
+def test_convert_from_a_local_folder_then_push_shows_its_name_not_its_path(tmp_path, online, no_network,
+                                                                            monkeypatch):
+    """`convert ./src` records /…/secret-project/src (compare and distill find the teacher from anywhere); the card
+    and the dry run's listing say `src (local)`, and the dry run says which local paths go by name."""
+    import timm
+    from helpers import tiny_model
+
+    project = tmp_path / "alice" / "secret-project"
+    project.mkdir(parents=True)
+    timm.models.save_for_hf(tiny_model("vit"), str(project / "src"), safe_serialization=True)
+    monkeypatch.chdir(project)
+    assert invoke("convert", "./src", "--to", "elu", "--out", "m").exit_code == 0
+    assert json.loads((project / "m" / "config.json").read_text())["vitconvert"]["source"] == str(project / "src")
+    card = (project / "m" / "README.md").read_text()
+    assert "secret-project" not in card and "| source | `src (local)` |" in card
+    result = invoke("push", "m", "--repo", "me/x", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert f"local paths sent by name only: {project / 'src'} -> src (local)" in result.stdout
+    plan = json.loads(invoke("push", "m", "--repo", "me/x", "--dry-run", "--json").stdout)
+    assert plan["shown_by_name"] == {str(project / "src"): "src (local)"}

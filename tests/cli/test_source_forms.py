@@ -193,8 +193,9 @@ def test_files_are_refused_with_what_the_command_takes(ws, tmp_path):
     text.write_text("not a model")
     assert_one_line_error(invoke("export", text), "notes.txt is a file, not a model: give a vitconvert model")
     assert_one_line_error(invoke("bench", ws / "linear" / "model.safetensors"), "bare weights file")
+    # a weights file beside a config.json is read as that folder says (convert DIR/model.safetensors): here a student
     assert_one_line_error(invoke("compare", ws / "linear", "--teacher", ws / "linear" / "model.safetensors",
-                                 "--data", ws / "images"), "bare weights file")
+                                 "--data", ws / "images"), "is a linear-attention vitconvert model; give a softmax ViT")
 
 
 def test_a_bare_name_beats_a_same_named_folder_without_a_model(ws, tmp_path, monkeypatch):

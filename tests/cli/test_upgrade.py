@@ -125,6 +125,38 @@ def test_a_student_saved_with_timms_default_pickle_is_upgraded_through_its_tenso
     assert invoke("push", folder, "--repo", "me/x", "--dry-run").exit_code == 0
 
 
+def test_a_vitconvert_folder_holding_timms_pickle_loads_and_is_upgraded_to_safetensors(tmp_path):
+    """A folder with its vitconvert block whose weights are only pytorch_model.bin (save_for_hf with
+    safe_serialization=False): load reads it (weights_only, checked against the block), push names upgrade, and
+    upgrade writes model.safetensors, marked, keeping the pickle (load then reads the safetensors; push leaves the
+    pickle out)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from vitconvert.weights_file import read_mark
+
+    student, _ = vitconvert.convert(tiny_model("vit"), "elu")
+    folder = vitconvert.save(student, tmp_path / "m")
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    x = image_batch(student)
+    assert torch.equal(vitconvert.load(folder)(x), student.eval()(x))
+    assert "pytorch_model.bin" in invoke("info", folder).output
+    refused = assert_one_line_error_text(invoke("push", folder, "--repo", "me/x", "--dry-run"))
+    assert "pytorch_model.bin, which push leaves out: `vitconvert upgrade" in refused
+    result = invoke("upgrade", folder)
+    assert result.exit_code == 0, result.output
+    assert "pytorch_model.bin written as model.safetensors (the pickle kept" in " ".join(result.output.split())
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors",
+                                                        "pytorch_model.bin"]
+    assert read_mark(folder / "model.safetensors").variant == "elu"
+    config = json.loads((folder / "config.json").read_text())["vitconvert"]
+    assert config["upgraded_from"]["weights"] == "pytorch_model.bin"
+    assert torch.equal(vitconvert.load(folder)(x), student(x))
+    assert invoke("push", folder, "--repo", "me/x", "--dry-run").exit_code == 0
+    assert json.loads(invoke("upgrade", folder, "--json").stdout)["upgraded"] is False
+
+
 def assert_one_line_error_text(result) -> str:
     assert result.exit_code != 0 and len(result.stderr.strip().splitlines()) == 1, result.output
     return result.stderr

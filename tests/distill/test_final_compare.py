@@ -15,8 +15,14 @@ def job(student, out, data, **extra):
     return DistillJob(student=str(student), recipe=recipe, out=out, recipe_text=text, show=False)
 
 
-def test_the_run_folder_and_the_card_show_the_per_layer_gaps(student, images, tmp_path):
+def test_the_run_folder_and_the_card_show_the_per_layer_gaps(student, images, tmp_path, monkeypatch):
+    import vitconvert.distill.final_compare as final_compare
+
+    titles, draw = [], final_compare.compare_figure
+    monkeypatch.setattr(final_compare, "compare_figure", lambda report, title: titles.append(title) or draw(report,
+                                                                                                           title))
     folder = run(job(student, tmp_path / "run", images, compare_batches=2)).folder
+    assert titles == ["run vs teacher (local)"]  # push sends the figure: the teacher by its name, not its path
     saved = json.loads((folder / "compare.json").read_text())
     assert [row["layer"] for row in saved["layers"]] == [0, 1]
     assert saved["images"] == 6 and 0 <= saved["top1_agreement"] <= 1 and saved["logit_kl"] >= 0  # 6 val images

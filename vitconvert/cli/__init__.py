@@ -20,12 +20,15 @@ def _interrupted(kind: type[BaseException], value: BaseException, tb: object) ->
 
 sys.excepthook = _interrupted
 
+import errno  # noqa: E402
 import importlib  # noqa: E402
+import os  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from typing import Any, Optional  # noqa: E402
 
 import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 from typer.core import TyperCommand, TyperGroup  # noqa: E402
 
@@ -103,6 +106,34 @@ def said_interrupted() -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
+# What a command exits with when the reader of its output has gone (`vitconvert list | head -1`): 128 + SIGPIPE, as
+# a program the signal ends (git log | head) reports it, so `set -o pipefail` scripts tell it from an error.
+CLOSED_PIPE_STATUS = 141
+
+
+def _raise_broken_pipe(console: Console) -> None:
+    console.quiet = True
+    raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+@contextmanager
+def ended_quietly_on_closed_pipe() -> Iterator[None]:
+    """A reader that closed its end of stdout ends the command quietly, with the closed-pipe status. Python's own
+    pattern: stdout pointed at devnull, so the interpreter's last flush has nowhere to fail. Rich's consoles (ours
+    and typer's help) would exit 1 themselves, which reads as an error: inside the block they raise the pipe's
+    error on to here."""
+    rich_handler, Console.on_broken_pipe = Console.on_broken_pipe, _raise_broken_pipe  # type: ignore[method-assign]
+    try:
+        yield
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        sys.exit(CLOSED_PIPE_STATUS)
+    finally:
+        Console.on_broken_pipe = rich_handler  # type: ignore[method-assign]
+
+
 def shown_as_flags(params: list[Any]) -> list[Any]:
     """Flags with no metavar, so --help shows ``--force``, not ``--force <bool>``."""
     for param in params:
@@ -126,13 +157,15 @@ class Commands(TyperGroup):
         return shown_as_flags(super().get_params(ctx))
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
-        """Parse the command line; Ctrl-C during it is one line, not a traceback."""
-        with said_interrupted():
+        """Parse the command line (help printed into a closed pipe ends quietly); Ctrl-C during it is one line, not
+        a traceback."""
+        with ended_quietly_on_closed_pipe(), said_interrupted():
             return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx: Any) -> Any:
-        """Run the chosen command; Ctrl-C during it is one line, not a traceback."""
-        with said_interrupted():
+        """Run the chosen command (output into a closed pipe ends it quietly: click's own handler would exit 1, as
+        an error does); Ctrl-C during it is one line, not a traceback."""
+        with ended_quietly_on_closed_pipe(), said_interrupted():
             return super().invoke(ctx)
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
@@ -196,5 +229,10 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
 
 
 def main() -> None:
-    """The ``vitconvert`` console script."""
-    app()
+    """The ``vitconvert`` console script (and ``python -m vitconvert``). What is still buffered is written here, where
+    a reader that closed the pipe ends the command quietly, not at the interpreter's exit (exit 120, a message)."""
+    with ended_quietly_on_closed_pipe():
+        try:
+            app()
+        finally:
+            sys.stdout.flush()

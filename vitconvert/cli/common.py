@@ -7,6 +7,7 @@ import errno
 import functools
 import os
 import re
+import select
 import sys
 import threading
 import time
@@ -23,6 +24,16 @@ from rich.table import Table
 
 from ..errors import PARAM, BadValue, Stopped, VitconvertError, plural  # noqa: F401  (plural: for cli/)
 from ..writer import check_file, output_lock
+
+
+def stdout_closed() -> bool:
+    """Whether the reader of stdout has gone (a pipe's write end with no reader polls as an error), so a broken
+    pipe is the user's `| head`, not a worker's or a socket's."""
+    if not hasattr(select, "poll"):
+        return True
+    poll = select.poll()
+    poll.register(sys.stdout.fileno(), select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poll.poll(0))
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -128,6 +139,8 @@ def user_errors(fn: F) -> F:
         except KeyboardInterrupt:
             fail("interrupted", code=130)
         except OSError as e:  # the machine, not the code: a full disk, a read-only or forbidden place
+            if isinstance(e, BrokenPipeError) and stdout_closed():
+                raise  # `vitconvert list | head -1`: the CLI's entry ends the command quietly
             if e.errno not in WRITE_ERRORS:
                 if os.environ.get("VITCONVERT_DEBUG"):
                     raise

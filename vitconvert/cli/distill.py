@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from ..errors import Stopped
+from ..top_k import top_k_text
 from .common import (
     DataDirOpt,
     DeviceOpt,
@@ -97,6 +98,6 @@ def distill(
         return
     m = result.metrics
     if "top1" in m:
-        console.print(f"val top1 {100 * m['top1']:.2f}%  top5 {100 * m['top5']:.2f}%  (best {100 * m['best_top1']:.2f}%"
-                      f" at epoch {m['best_epoch']})")
+        console.print(f"val top1 {100 * m['top1']:.2f}%  top5 {top_k_text(m['top5'], m['classes'])}  (best "
+                      f"{100 * m['best_top1']:.2f}% at epoch {m['best_epoch']})")
     console.print(f"[green]wrote[/] {result.folder}/ in {result.seconds:.1f}s")

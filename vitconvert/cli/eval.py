@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..top_k import top_k_text
 from .common import (
     MODEL_HELP,
     DataDirOpt,
@@ -51,11 +52,11 @@ def eval_cmd(
         metrics = evaluate(model, data, split=split, batch_size=batch_size, device=device, data_dir=data_dir,
                            download=download, workers=workers, pretrained=pretrained, threads=threads)
     if as_json:
-        typer.echo(json.dumps({k: metrics[k] for k in ("top1", "top5", "loss", "n", "img_s")}))
+        typer.echo(json.dumps({k: metrics[k] for k in ("top1", "top5", "loss", "n", "img_s", "classes")}))
         return
     table = Table(title=f"{model} on {data} ({split})")
     for col in ("top-1", "top-5", "loss", "images", "img/s"):
         table.add_column(col, justify="right")
-    table.add_row(f"{100 * metrics['top1']:.2f}%", f"{100 * metrics['top5']:.2f}%", f"{metrics['loss']:.4f}",
-                  str(metrics["n"]), f"{metrics['img_s']:.0f}")
+    table.add_row(f"{100 * metrics['top1']:.2f}%", top_k_text(metrics["top5"], metrics["classes"]),
+                  f"{metrics['loss']:.4f}", str(metrics["n"]), f"{metrics['img_s']:.0f}")
     console.print(table)

@@ -132,7 +132,7 @@ def info(folder: str = typer.Argument(..., help=LINEAR_MODEL_HELP), as_json: Jso
     with loading_libraries():
         from ..attention import shown_options  # lazy: start-up time (and --help's)
         from ..card import hybrid_layers  # lazy: start-up time (and --help's)
-        from ..folder import check_folder, folder_block, read_config, upgrade_notice  # lazy: start-up time
+        from ..folder import check_folder, folder_block, read_config, upgrade_notice, weights_in  # lazy: start-up time
         from ..loading import linear_folder  # lazy: start-up time
         from ..timm_registry import source_architecture  # lazy: start-up time
 
@@ -151,7 +151,7 @@ def info(folder: str = typer.Argument(..., help=LINEAR_MODEL_HELP), as_json: Jso
     summary = Table(show_header=False, title=str(folder))
     summary.add_column(style="bold")
     summary.add_column()
-    weights = path / "model.safetensors"
+    weights = weights_in(path)
     rows = {
         "architecture": source_architecture(cfg)[0],
         "variant": f"{block.get('variant')}" + (f" ({pairs(options)})" if options else ""),
@@ -161,7 +161,7 @@ def info(folder: str = typer.Argument(..., help=LINEAR_MODEL_HELP), as_json: Jso
         "attention layers": block.get("depth") or block.get("replaced"),
         "linear layers": hybrid_layers(block) or "all",
         **({"results": results_text(block["metrics"])} if isinstance(block.get("metrics"), dict) else {}),
-        "weights": f"{weights.stat().st_size / 2**20:.1f} MiB" if weights.exists() else "missing",
+        "weights": f"{weights.stat().st_size / 2**20:.1f} MiB ({weights.name})" if weights.exists() else "missing",
         "written by": ", ".join(f"{k} {v}" for k, v in (block.get("versions") or {}).items()),
     }
     for key, value in rows.items():

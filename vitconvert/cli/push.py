@@ -65,6 +65,9 @@ def push(
     console.print(f"README.md: {refreshed if plan.card == 'refreshed' else 'kept (your own card)'}")
     if plan.skipped:
         console.print("not uploaded: " + ", ".join(plan.skipped))
+    if plan.shown_by_name:  # the folder keeps them (compare and distill find the teacher by them); the Hub does not
+        console.print("local paths sent by name only: " + ", ".join(f"{path} -> {name}" for path, name in
+                                                                    sorted(plan.shown_by_name.items())), soft_wrap=True)
     if dry_run:
         login = f"token from {plan.token_source}" if plan.token_source else "[yellow]no token yet[/]: hf auth login"
         console.print(f"[green]dry run[/]: nothing was sent ({login}); drop --dry-run to push to {plan.url}")

@@ -51,5 +51,7 @@ def upgrade(folder: str = typer.Argument(..., help="a vitconvert model or run fo
         console.print(f"{path} is already in today's layout: nothing to do")
     else:
         what = f"format {was['format_version']}" if "format_version" in was else f"saved by {was.get('saved_by')}"
+        pickle = (f"; its {was['weights']} written as model.safetensors (the pickle kept: load reads "
+                  "model.safetensors first, push leaves it out)") if was.get("weights") else ""
         console.print(f"upgraded {path} ({what}) to today's layout: timm and transformers load it after "
-                      "`import vitconvert`")
+                      f"`import vitconvert`{pickle}")

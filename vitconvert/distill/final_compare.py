@@ -19,6 +19,7 @@ from torch.utils.data import Dataset, Subset
 
 from .. import data
 from ..compare import compare_figure, compare_models, has_matplotlib
+from ..public_names import shown_path
 from ..recipes import Recipe
 from ..writer import PNG_METADATA
 
@@ -50,7 +51,8 @@ def compare_at_end(student: nn.Module, *, teacher: nn.Module, teacher_spec: str,
         about = {"teacher": teacher_spec, "data": recipe.dataset.data, "split": recipe.dataset.val_split}
         (folder / COMPARE_JSON).write_text(json.dumps({**info, **about}, indent=1) + "\n")
         if has_matplotlib():
-            figure = compare_figure(report, title=f"{folder.name} vs {teacher_spec}")  # in the run folder, ours
+            # push sends it: the teacher by its name, never a local folder's whole path (public_names)
+            figure = compare_figure(report, title=f"{folder.name} vs {shown_path(teacher_spec)}")
             figure.savefig(folder / COMPARE_PNG, format="png", dpi=120, metadata=PNG_METADATA)
         return info
     except Exception as e:

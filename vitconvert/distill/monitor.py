@@ -102,7 +102,7 @@ def plot_curves(run: Path) -> Optional[Path]:
     left.set_yscale("log")
     left.legend()
     for key in ("val_top1", "val_top5"):
-        points = [(r["epoch"], 100 * r[key]) for r in epochs if key in r]
+        points = [(r["epoch"], 100 * r[key]) for r in epochs if r.get(key) is not None]  # top-5: None for ≤ 5 classes
         if points:
             right.plot(*zip(*points, strict=True), marker="o", label=key.removeprefix("val_"))
     right.set_xlabel("epoch")

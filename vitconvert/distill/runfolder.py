@@ -166,6 +166,7 @@ def card_metrics(recipe: Recipe, record: dict[str, Any], best_top1: float, best_
     """The model card's results (percentages, as the Hub shows them) from an epoch record of metrics.jsonl."""
     data = str(recipe.dataset.data)
     dataset = Path(data).name if Path(data).expanduser().exists() else data
+    top5 = record["val_top5"]  # None for 5 classes or fewer (top_k.py)
     return {"dataset": dataset, "split": recipe.dataset.val_split, "top1": round(100 * record["val_top1"], 2),
-            "top5": round(100 * record["val_top5"], 2), "loss": round(record["val_loss"], 4),
+            "top5": None if top5 is None else round(100 * top5, 2), "loss": round(record["val_loss"], 4),
             "epochs": record["epoch"], "best_top1": round(100 * best_top1, 2), "best_epoch": best_epoch}

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from .. import data, loading
+from .. import data, loading, top_k
 from .. import distributed as D
 from ..errors import VitconvertError, load_reason, param, setting
 from ..evaluate import eval_sums, metrics_from_sums
@@ -294,7 +294,7 @@ class Trainer:
                                         o.amp_dtype))
         self.task.student.train()
         sums[-1] /= env.world
-        return metrics_from_sums(sums)
+        return metrics_from_sums(sums, self.num_classes)
 
     def end_epoch(self, epoch: int) -> None:
         """Validate, step the schedule, log the epoch, keep the best and write the checkpoint."""
@@ -318,8 +318,8 @@ class Trainer:
             self.write_model(self.run_dir / "best", card_metrics(self.recipe, record, self.pos.best_top1, epoch + 1))
         self.save_checkpoint()
         self.bar.print(f"epoch {epoch + 1}/{self.recipe.schedule.epochs} [{self.task.stage}] train loss "
-                       f"{record['train_loss']:.4f}  val top1 {100 * val['top1']:.2f}%  top5 {100 * val['top5']:.2f}%"
-                       f"  loss {val['loss']:.4f}")
+                       f"{record['train_loss']:.4f}  val top1 {100 * val['top1']:.2f}%  top5 "
+                       f"{top_k.top_k_text(val['top5'], val['classes'])}  loss {val['loss']:.4f}")
 
     # -- writing --------------------------------------------------------------------------------------
     def write_model(self, folder: Path, metrics: dict[str, Any], final: bool = False,
@@ -370,7 +370,7 @@ class Trainer:
                                    "epochs": self.recipe.schedule.epochs, "seconds": seconds}
         if last is not None:
             metrics.update({"top1": last["val_top1"], "top5": last["val_top5"], "loss": last["val_loss"],
-                            "n": last.get("val_n")})
+                            "n": last.get("val_n"), "classes": self.num_classes})
         self.task.close()  # hooks off: the comparison puts its own on the same modules
         card = {**card_metrics(self.recipe, last, self.pos.best_top1, self.pos.best_epoch),
                 "train_seconds": round(seconds, 1)} if last is not None else {}

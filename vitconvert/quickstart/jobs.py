@@ -33,7 +33,7 @@ class Result:
     kind: str  # teacher, student or scratch
     variant: Optional[str]
     top1: float
-    top5: float
+    top5: Optional[float]  # None for 5 classes or fewer (top_k.py)
     loss: float
     seconds: float
     folder: str
