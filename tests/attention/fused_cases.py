@@ -82,3 +82,43 @@ def make_module(name: str, head_dim: int, grid, num_prefix: int, **options):
 
 SPLIT_BACKWARD_KERNELS = ("readout_bwd_kernel", "state_bwd_kernel")  # (heads split over programs; MHLA's blocked op)
 BACKWARD_KERNELS = (*SPLIT_BACKWARD_KERNELS, "attention_bwd_kernel")  # (a head in one program: ELU, ReLU, InLine)
+
+
+def launches_and_ops(forward, inputs: tuple) -> tuple[dict[str, list[str]], torch.Tensor, torch.Tensor, tuple]:
+    """(the aten ops and Triton launches by name of ``forward()`` and of its backward to ``inputs``, each direction
+    recorded alone; out; the output gradient; the inputs' gradients): the ops' bodies called direct, as without the
+    recording mode (host_overhead.py counts so), the interpreter's own copies inside a launch left out."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    events: list[str] = []
+    launching = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not launching:
+                events.append(str(func.overloadpacket.__name__))
+            return func(*args, **(kwargs or {}))
+
+    def count(kernel, grid, *args, **kwargs):
+        events.append(dispatch.kernel_name(kernel))
+        launching.append(True)
+        try:
+            return dispatch.build_and_run(kernel, grid, *args, **kwargs)
+        finally:
+            launching.pop()
+
+    runs = {}
+    with dispatch.launches_through(count, DEVICE), dispatch.kernels_on(direct_under_modes=True):
+        with Ops():
+            out = forward()
+        runs["forward"] = list(events)
+        events.clear()
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+        with Ops():
+            grads = torch.autograd.grad(out, inputs, grad)
+        runs["backward"] = list(events)
+    return runs, out, grad, grads
+
+
+ALLOCATIONS = {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "transpose", "view", "slice",
+               "select"}  # (and views: the aten ops that move no data)

@@ -15,6 +15,7 @@ from vitconvert.attention.ops.pairwise.reference import pairwise_reference
 from vitconvert.errors import VitconvertError
 
 from . import helpers
+from .fused_cases import ALLOCATIONS, launches_and_ops
 from .helpers import rel_error
 
 DEVICE = helpers.kernels_device()
@@ -160,6 +161,45 @@ def test_lepe_in_the_kernels_epilogues_matches_the_explicit_conv(dtype, masked):
         assert got[2][-1, :, N // 3:].abs().max() == 0
 
 
+def test_with_the_norm_lepe_and_a_mask_the_op_runs_no_torch_op_and_sums_the_batch_in_its_kernels():
+    """Two images, two heads, a key mask, MHLA's RMSNorm and LePE, and W as the module hands it over (6 blocks: the
+    class token's segment reads W̃'s row and column of ones, made as the kernels load W): one launch each way and no
+    torch op in either but allocations and views (no pad of W, no sum over the batch: the gradients of W, the norm
+    weights and LePE summed over the images by the backward's last programs), every ticket back at zero; values and
+    every gradient against the N×N reference in float64."""
+    from vitconvert.attention.ops.linear.launches import tickets
+
+    g = torch.Generator().manual_seed(11)
+    grid, counts, prefix, B, H, d = (6, 7), (2, 3), 1, 2, 2, 16
+    N = prefix + grid[0] * grid[1]
+    q, k, v = (torch.randn(B, H, N, d, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    mixing = (0.2 + torch.rand(6, 6, generator=g)).to(DEVICE).requires_grad_()
+    weight = (torch.randn(H * d, 1, 3, 3, generator=g) / 3).to(DEVICE).requires_grad_()
+    bias = torch.randn(H * d, generator=g).to(DEVICE).requires_grad_()
+    norms = [(1 + torch.rand(H * d, generator=g)).to(DEVICE).requires_grad_() for _ in range(2)]
+    mask, segments = padding_mask(N), token_segments(grid, counts, prefix, q.device)
+    inputs = (q, k, v, mixing, weight, bias, *norms)
+    counters = tickets(4096, q.device)  # (made before the recording: a first call's zeros are no op of the step)
+    runs, out, grad, got = launches_and_ops(
+        lambda: fused_pairwise.pairwise(q, k, v, mask, segments, mixing, fused.RELU_PLUS_EPS, EPS, EPS, *norms, 1e-6,
+                                        weight, bias, grid, prefix), inputs)
+    assert {way: [e for e in run if e.endswith("_kernel")] for way, run in runs.items()} == {
+        "forward": ["pairwise_fwd_kernel"], "backward": ["pairwise_bwd_kernel"]}
+    for run in runs.values():
+        assert {e for e in run if not e.endswith("_kernel")} <= ALLOCATIONS | {"detach"}, run
+    assert not counters.any()
+    copies = [t.detach().double().requires_grad_() for t in inputs]
+    q, k, v, mixing, weight, bias, q_weight, k_weight = copies
+    q, k = (x * torch.rsqrt(x.square().mean(dim=(1, 3), keepdim=True) + 1e-6) * w.view(1, H, 1, d)
+            for x, w in ((q, q_weight), (k, k_weight)))
+    expected = literal(q, k, v, mask, segments, mixing) + explicit_lepe(v, weight, bias, mask, grid, prefix)
+    assert rel_error(out, expected) < TOL[torch.float32]
+    for name, mine, want in zip(["q", "k", "v", "W", "LePE weight", "LePE bias", "q norm", "k norm"], got,
+                                torch.autograd.grad(expected, copies, grad.double()), strict=True):
+        assert mine.shape == want.shape, name
+        assert rel_error(mine, want) < 2 * TOL[torch.float32], name
+
+
 MHLA_CASES = [  # (head dim, grid, prefix tokens, options): unequal blocks, one axis split, registers, no LePE
     (32, (6, 7), 1, {"blocks_per_side": 2}),
     (64, (4, 4), 0, {"blocks_per_side": [2, 1]}),
@@ -217,9 +257,10 @@ def test_a_forward_in_inference_mode_then_a_training_step(form, monkeypatch):
 
 
 def test_a_second_backward_of_the_same_step_finds_the_norms_tickets_at_zero():
-    """The backward's tickets (the last head program of each image finishes the norm's backward) live beside the
-    forward's 1/rms, zeroed by the forward kernel; the last program puts each back to zero, so a second backward of
-    the same graph (retain_graph) takes the same path and gives the same gradients."""
+    """The backward's tickets (the last head program of each image finishes the norm's backward, the last image's
+    and batch·head's sum the weights' gradients over the batch) are the split kernels' (made once, at zero); the last
+    program puts each back to zero, so a second backward of the same graph (retain_graph) takes the same path and
+    gives the same gradients."""
     dispatch.current().settings = dispatch.KernelSettings(form="pairwise")
     module = helpers.make_module("mhla", 1, (2, 2), dim=32, dtype=torch.float32, lepe_kernel=3).to(DEVICE)
     x = torch.randn(2, 5, 32, device=DEVICE, requires_grad=True)

@@ -52,6 +52,19 @@ def test_mhla_and_ttt_stay_within_their_budgets(table, variant):
     assert passes <= BUDGETS[variant], (variant, passes, table["by_op"][variant])
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_mhlas_pairwise_form_runs_no_torch_op(table, batch):
+    """At 224 px MHLA takes its pairwise form: one launch each way and no torch op in its mixing (W̃'s class-token
+    row and column made as the kernels load W; the gradients of W̃, the norm weights and LePE summed over the batch
+    by the backward kernel's last programs), with one image and with two (where a sum over them would show)."""
+    if batch > 1:
+        table = load_benchmark("op_traffic").pass_table("vit_small_patch16_224", ["mhla"], 224, 1, batch,
+                                                        run_kernels=False, embed_dim=64, num_heads=1)
+    assert "pairwise_bwd_kernel" in table["by_op"]["mhla"], table["by_op"]["mhla"]
+    assert table["launches"]["mhla"] == {"forward": 1, "backward": 1}
+    assert table["torch_ops"]["mhla"] == {"forward": 0, "backward": 0}, table["by_op"]["mhla"]
+
+
 def test_mhlas_blocked_form_stays_within_its_budget(blocked_table):
     """At 384 px MHLA takes its blocked form: two launches forward (the states, the read-out, each taking its tokens'
     1/rms over heads of k or q as it loads them) and three backward, its q/k RMSNorm in them both ways (no torch norm,

@@ -13,53 +13,15 @@ from vitconvert.attention.ops import dispatch
 from vitconvert.attention.ops.linear import op as fused
 
 from .fused_cases import (
+    ALLOCATIONS,
     DEVICE,
     ORACLES,
     TOL,
     kernels_here,  # noqa: F401  (an autouse fixture: the kernels on this device)
+    launches_and_ops,
     qkv,
 )
 from .helpers import rel_error
-
-
-def launches_and_ops(forward, inputs: tuple) -> tuple[dict[str, list[str]], torch.Tensor, torch.Tensor, tuple]:
-    """(the aten ops and Triton launches by name of ``forward()`` and of its backward to ``inputs``, each direction
-    recorded alone; out; the output gradient; the inputs' gradients): the ops' bodies called direct, as without the
-    recording mode (host_overhead.py counts so), the interpreter's own copies inside a launch left out."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    events: list[str] = []
-    launching = []
-
-    class Ops(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not launching:
-                events.append(str(func.overloadpacket.__name__))
-            return func(*args, **(kwargs or {}))
-
-    def count(kernel, grid, *args, **kwargs):
-        events.append(dispatch.kernel_name(kernel))
-        launching.append(True)
-        try:
-            return dispatch.build_and_run(kernel, grid, *args, **kwargs)
-        finally:
-            launching.pop()
-
-    runs = {}
-    with dispatch.launches_through(count, DEVICE), dispatch.kernels_on(direct_under_modes=True):
-        with Ops():
-            out = forward()
-        runs["forward"] = list(events)
-        events.clear()
-        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
-        with Ops():
-            grads = torch.autograd.grad(out, inputs, grad)
-        runs["backward"] = list(events)
-    return runs, out, grad, grads
-
-
-ALLOCATIONS = {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "transpose", "view", "slice",
-               "select"}  # (and views: the aten ops that move no data)
 
 
 def assert_two_launches_forward_and_three_backward(runs: dict[str, list[str]], whole: bool = False) -> None:

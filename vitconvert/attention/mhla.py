@@ -40,7 +40,6 @@ from .blocks import (  # noqa: F401  (block_layout, block_indices: importable fr
     block_layout,
     cached_block_indices,
     distance_weights,
-    extended_block_mix,
     from_blocks,
     reference_block_of,
     resolve_block_counts,
@@ -284,10 +283,11 @@ class MHLAttention(LinearAttention):
         lepe = (None, None) if self.lepe is None else (self.lepe.weight, self.lepe.bias)
         if (fused_pairwise.pairwise_is_cheaper(q.shape[2], self.block_mix.shape[0] + 1, q.shape[3], v.dtype)
                 and dispatch.fits("pairwise_attention")):  # (where its kernels cannot build: the blocked form)
-            segments = token_segments(grid, self.block_counts, self.num_prefix_tokens, q.device)
-            mixing = extended_block_mix(self.block_mix)
-            out = dispatch.attempt("pairwise_attention", fused_pairwise.pairwise, q, k, v, key_valid, segments, mixing,
-                                   fused.RELU_PLUS_EPS, self.eps, self.eps, *norms, *lepe, grid, self.num_prefix_tokens)
+            segments = token_segments(grid, self.block_counts, self.num_prefix_tokens, q.device)  # (W as it is, as
+            # the blocked op takes it)
+            out = dispatch.attempt("pairwise_attention", fused_pairwise.pairwise, q, k, v, key_valid, segments,
+                                   self.block_mix, fused.RELU_PLUS_EPS, self.eps, self.eps, *norms, *lepe, grid,
+                                   self.num_prefix_tokens)
             if out is not None:
                 return out
         index = segment_index(grid, self.block_counts, self.num_prefix_tokens, q.device)  # (W as it is: the kernels

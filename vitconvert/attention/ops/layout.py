@@ -59,14 +59,3 @@ def lepe_args(q: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[to
         raise ValueError(f"{q.shape[2]} tokens do not form {prefix} prefix tokens and a {rows}x{cols} grid")
     filters = weight.reshape(weight.shape[0], -1).to(torch.float32).contiguous()
     return Lepe(filters, filters if bias is None else bias.to(torch.float32).contiguous(), True, weight.shape[-1])
-
-
-def lepe_gradients(dweight: torch.Tensor, dbias: torch.Tensor,
-                   weight: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dweight (C, 1, KS, KS), dbias (C,)) float32 of LePE from the kernel's, one (C, KS·KS) and (C,) per image in
-    the weight's layout: summed over the batch in a fixed order (one image: the kernel's own); empty without LePE."""
-    if weight is None:
-        return dweight, dbias
-    if dweight.shape[0] == 1:
-        return dweight.view(weight.shape), dbias.view(-1)
-    return dweight.sum(0).view(weight.shape), dbias.sum(0)

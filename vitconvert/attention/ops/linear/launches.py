@@ -36,8 +36,27 @@ Norm = tuple[torch.Tensor, torch.Tensor]  # MHLA's RMSNorm applied as tiles load
 # they are: the kernels read them in their dtype, unpadded)
 
 
-def _norm_args(norm: Optional[Norm], unread: torch.Tensor, B: int, H: int, D: int, ranges: int,
-               used: int) -> tuple:
+def rstd_rows(q: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor]) -> torch.Tensor:
+    """What the forward keeps for backward besides q, k, v: (2, B, N) float32, each token's 1/rms over all heads of q
+    and of k (filled by the forward's kernels as they take it: the blocked form's read-out and state kernels,
+    :mod:`.norm_parts`, or the pairwise forward kernel); an empty tensor without the norm."""
+    if q_weight is None or k_weight is None:
+        return q.new_empty((0,), dtype=torch.float32)
+    return q.new_empty((2, q.shape[0], q.shape[2]), dtype=torch.float32)
+
+
+def norm_pair(q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
+              rstd: torch.Tensor) -> tuple[Optional[Norm], Optional[Norm]]:
+    """q's and k's RMSNorm over heads as the kernels apply it: each token's 1/rms in ``rstd`` (:func:`rstd_rows`)
+    and the weights as they are (the kernels read them in their dtype, masked past the last head); (None, None)
+    without both weights."""
+    if q_weight is None or k_weight is None:
+        return None, None
+    return (rstd[0], q_weight.contiguous()), (rstd[1], k_weight.contiguous())
+
+
+def norm_launch_args(norm: Optional[Norm], unread: torch.Tensor, B: int, H: int, D: int, ranges: int,
+                     used: int) -> tuple:
     """(RSTD, NW, DNW, NCOUNTER, NWG) of a backward kernel that takes MHLA's RMSNorm (:mod:`.norm_parts`): the norm,
     the weight gradient's rows (one per token range of an image, then one per image: H·D float32 each), a ticket per
     range and B + 1 for the batch's sum (after the ``used`` ones of the launch's other tickets), and the weight's
@@ -45,11 +64,13 @@ def _norm_args(norm: Optional[Norm], unread: torch.Tensor, B: int, H: int, D: in
     if norm is None:
         return (unread,) * 5
     rows = unread.new_empty((B * ranges + B, H * D), dtype=torch.float32)
-    return (*norm, rows, tickets(used + B * ranges + B + 1, unread.device)[used:], torch.empty_like(norm[1]))
+    count = B * ranges + B + 1
+    return (*norm, rows, tickets(used + count, unread.device)[used:used + count], torch.empty_like(norm[1]))
 
 
-def _block_g(segments: int) -> int:
-    """W̃'s side padded to the mixing's float32 dots (:mod:`.mixing_parts`)."""
+def block_g(segments: int) -> int:
+    """W̃'s side padded to the mixing's float32 dots (:mod:`.mixing_parts`) and the pairwise backward's one-hot
+    dots that sum dW̃ (ops/pairwise/kernels.py)."""
     return max(16, triton_next_power_of_2(segments))
 
 
@@ -153,7 +174,7 @@ def _states(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
         H, length, D, segments, splits, per, feature_eps, inline_scale or 1.0, int(keep), side, take_rstd or 0.0,
         FEATURE=feature, HAS_MASK=key_valid is not None, HAS_INDEX=index is not None, INLINE=inline_scale is not None,
         SUM_V=sum_values, MIX=mixing is not None, EVEN_D=D == block_d, BLOCK_N=block_n, BLOCK_D=block_d,
-        BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), NORM=norm is not None,
+        BLOCK_G=block_g(segments), MIX_CHUNK=mix_chunk(D), NORM=norm is not None,
         TAKE_RSTD=norm is not None and take_rstd is not None, **tile_kwargs(plan.tile),
         num_warps=warps, num_stages=plan.stages)
     return R, r, aux, n, part
@@ -214,7 +235,7 @@ def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[t
     else:
         do = part = dweight = dbias = filters = dz
         rows, grid = (dz, dz), (0, 0, 0)
-    norm_args = _norm_args(norm, dz, B, H, D, segments * splits, B * H + 1)
+    norm_args = norm_launch_args(norm, dz, B, H, D, segments * splits, B * H + 1)
     launch(state_bwd_kernel, (B * H, segments, splits),
         k, v, mask, index if index is not None else k, dS.contiguous(), dz, dz if dzv is None else dzv.contiguous(),
         dk, dv, do, filters, part, tickets(B * H + 1, k.device), *rows, dweight, dbias, *norm_args,
@@ -304,7 +325,7 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: Opti
     mixing_rows = q.new_empty((B * H + B, side * side), dtype=torch.float32) if mixing is not None else dz
     dmixing = torch.empty_like(mixing[0]) if mixing is not None else None  # (W̃'s dtype: the kernel sums the rows)
     used = B * H * segments + B + 1  # (a ticket per segment, or with W̃ per batch·head, and B + 1 for dW̃'s sum)
-    norm_args = _norm_args(norm, dz, B, H, D, segments * splits, used)
+    norm_args = norm_launch_args(norm, dz, B, H, D, segments * splits, used)
     launch(readout_bwd_kernel, (B * H, segments, splits),
         q, R.contiguous(), r.contiguous(), o, do, dq, part, tickets(used, q.device), z, n, dS, dz,
         dz if dzv is None else dzv, index if index is not None else q, states, table, mixing_rows,
@@ -314,6 +335,6 @@ def readout_gradients(q: torch.Tensor, R: torch.Tensor, r: torch.Tensor, o: Opti
         H, length, D, segments, splits, per, feature_eps, eps, scale, side,
         FEATURE=feature, NORMALISE=normalise, INLINE=inline is not None, HAS_INDEX=index is not None,
         HAS_O=o is not q, MIX=mixing is not None, EVEN_D=_unmasked_chunks(D, block_d), BLOCK_N=block_n,
-        BLOCK_D=block_d, BLOCK_G=_block_g(segments), MIX_CHUNK=mix_chunk(D), NORM=norm is not None,
+        BLOCK_D=block_d, BLOCK_G=block_g(segments), MIX_CHUNK=mix_chunk(D), NORM=norm is not None,
         BLOCK_H=triton_next_power_of_2(H), **tile_kwargs(plan.tile), num_warps=warps, num_stages=plan.stages)
     return dq, dS, dz, dzv, dmixing, (None if norm is None else norm_args[4])

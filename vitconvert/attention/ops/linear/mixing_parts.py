@@ -47,11 +47,19 @@ def _store_rows(S, SZ, which, x, c, D):
 
 
 @triton.jit
+def mixing_entries(W, a, s, GW):
+    """W̃[a, s] (``a`` and ``s`` broadcast), float32, from W as given (GW × GW, its dtype): W's entry, or one where
+    a or s is GW (MHLA's class token: W̃'s last row and column of ones, :func:`...blocks.extended_block_mix`,
+    made as W loads, so the module pads nothing). The one home of W̃'s entries for the blocked form's mixing
+    (:func:`_mixing_column`) and the pairwise form's weights (ops/pairwise/kernels.py)."""
+    return tl.load(W + a * GW + s, mask=(a < GW) & (s < GW), other=1.0).to(tl.float32)
+
+
+@triton.jit
 def _mixing_column(W, g, s, G, GW):
     """W̃[g, s] over the rows ``g`` (zero past G), float32: W's entry, or one in the last row and column where W is
     (G − 1)×(G − 1) (GW = G − 1)."""
-    w = tl.load(W + g * GW + s, mask=(g < GW) & (s < GW), other=1.0).to(tl.float32)
-    return tl.where(g < G, w, 0.0)
+    return tl.where(g < G, mixing_entries(W, g, s, GW), 0.0)
 
 
 @triton.jit
@@ -151,11 +159,12 @@ def lepe_filter_total(LPART, DLW, DLB, bh, SEGMENTS, SPLITS, CHUNKS, per, L, d, 
 
 
 @triton.jit
-def lepe_batch_total(DLW, DLB, LWG, LBG, COUNTER, B, H, D, KS: tl.constexpr, BLOCK: tl.constexpr):
-    """After a batch·head's filter gradient is in DLW, DLB (:func:`lepe_filter_total`), the last of the B·H (a ticket
-    at COUNTER + B·H) sums them over the batch in order (an image's H·D·KS·KS and H·D floats are one row) into LWG
-    (H·D, KS·KS) and LBG (H·D) float32: the weight's gradient, no torch op after the launch."""
-    if _last_program(COUNTER, B * H, B * H):
+def lepe_batch_total(DLW, DLB, LWG, LBG, COUNTER, which, B, H, D, KS: tl.constexpr, BLOCK: tl.constexpr):
+    """After a batch·head's filter gradient is in DLW, DLB (:func:`lepe_filter_total`, or the pairwise backward's
+    :func:`..grid.kernels.conv_weight_taps`), the last of the B·H (a ticket at COUNTER + ``which``) sums them over
+    the batch in order (an image's H·D·KS·KS and H·D floats are one row) into LWG (H·D, KS·KS) and LBG (H·D)
+    float32: the weight's gradient, no torch op after the launch."""
+    if _last_program(COUNTER, which, B * H):
         _rows_total(DLW, 0, B, H * D * KS * KS, LWG, BLOCK)
         _rows_total(DLB, 0, B, H * D, LBG, BLOCK)
-        _ticket_back(COUNTER, B * H)
+        _ticket_back(COUNTER, which)

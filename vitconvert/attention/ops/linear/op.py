@@ -42,9 +42,11 @@ from .launches import (  # noqa: F401  (re-exported: tests and tools call the bu
     OnGrid,
     lepe_state_gradients,
     mixed_states,
+    norm_pair,
     read_out,
     readers,
     readout_gradients,
+    rstd_rows,
     run_readout,
     run_readout_backward,
     segment_states,
@@ -180,25 +182,6 @@ def _on_grid(q: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor]
     return OnGrid(v, key_valid, lepe_args(q, weight, bias, rows, cols, prefix), bias is not None, rows, cols, prefix)
 
 
-def _rstd(q: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor]) -> torch.Tensor:
-    """What the forward keeps for backward besides q, k, v: (2, B, N) float32, each token's 1/rms over all heads of q
-    and of k (filled by the forward's read-out and state kernels as they take it: :mod:`.norm_parts`); an empty tensor
-    without the norm."""
-    if q_weight is None or k_weight is None:
-        return q.new_empty((0,), dtype=torch.float32)
-    return q.new_empty((2, q.shape[0], q.shape[2]), dtype=torch.float32)
-
-
-def _norms(q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
-           rstd: torch.Tensor) -> tuple[Optional[Norm], Optional[Norm]]:
-    """q's and k's RMSNorm over heads as the kernels apply it: each token's 1/rms in ``rstd`` (:func:`_rstd`) and the
-    weights as they are (the kernels read them in their dtype, masked past the last head); (None, None) without
-    both weights."""
-    if q_weight is None or k_weight is None:
-        return None, None
-    return (rstd[0], q_weight.contiguous()), (rstd[1], k_weight.contiguous())
-
-
 def run_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                 index: Optional[torch.Tensor], mixing: torch.Tensor, feature: int, feature_eps: float, eps: float,
                 q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None, norm_eps: float = 0.0,
@@ -210,12 +193,12 @@ def run_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Op
     × (G − 1) with the last segment's row and column ones (:func:`...blocks.extended_block_mix`, made as the kernels
     load it: MHLA's module passes its W as it is). With ``q_weight`` and ``k_weight``, q and k get MHLA's RMSNorm over
     heads (ε ``norm_eps``) as the kernels load them, each token's 1/rms taken there over every head's tile of it
-    (:mod:`.norm_parts`; two launches in all), kept for backward (``rstd``: :func:`_rstd`; empty without the norm):
+    (:mod:`.norm_parts`; two launches in all), kept for backward (``rstd``: :func:`rstd_rows`; empty without the norm):
     autograd keeps the raw q and k (views of the qkv projection). With ``lepe_weight`` (C, 1, KS, KS), the grid tokens
     (rows × cols after ``prefix``) also get MHLA's LePE, the depthwise conv of the (masked) v, in the read-out's
     epilogue. Autograd keeps no output: the backward's do·o comes from its dot of do and R."""
-    rstd = _rstd(q, q_weight, k_weight)
-    q_norm, k_norm = _norms(q_weight, k_weight, rstd)
+    rstd = rstd_rows(q, q_weight, k_weight)
+    q_norm, k_norm = norm_pair(q_weight, k_weight, rstd)
     on_grid = _on_grid(q, v, key_valid, index, lepe_weight, lepe_bias, rows, cols, prefix)
     R, r, _ = mixed_states(k, v, key_valid, index, mixing, feature, feature_eps, False, k_norm, norm_eps)
     return read_out(q, R, r, index, feature, feature_eps, eps, True, False, on_grid, q_norm, norm_eps), rstd
@@ -227,7 +210,7 @@ blocked_attention = torch.library.custom_op("vitconvert::blocked_attention", mut
 @blocked_attention.register_fake
 def _(q, k, v, key_valid, index, mixing, feature, feature_eps, eps, q_weight=None, k_weight=None, norm_eps=0.0,
       lepe_weight=None, lepe_bias=None, rows=0, cols=0, prefix=0):
-    return _output_like(q), _rstd(q, q_weight, k_weight)
+    return _output_like(q), rstd_rows(q, q_weight, k_weight)
 
 
 def run_blocked_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
@@ -246,7 +229,7 @@ def run_blocked_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: 
     gradients come summed over the batch by the kernels' last programs (:func:`.tickets.batch_total`). With the
     norm, q and k are the raw ones, normalised as they load with the forward's ``rstd``, which it then needs."""
     on_grid = _on_grid(q, v, key_valid, index, lepe_weight, None, rows, cols, prefix)
-    q_norm, k_norm = _norms(q_weight, k_weight, rstd)
+    q_norm, k_norm = norm_pair(q_weight, k_weight, rstd)
     if q_norm is not None and (rstd is None or rstd.shape != (2, q.shape[0], q.shape[2])):
         raise ValueError("the blocked op's backward with the RMSNorm needs the forward's rstd (2, B, N)")
     R, r, states = mixed_states(k, v, key_valid, index, mixing, feature, feature_eps, True, k_norm)

@@ -387,7 +387,8 @@ def state_bwd_kernel(
                 lepe_filter_total(LPART, DLW, DLB, bh, SEGMENTS, SPLITS, CHUNKS, tokens_per_split, L, d, d_ok, D, KS,
                                   BLOCK_N, BLOCK_T)
                 _ticket_back(COUNTER, bh)
-                lepe_batch_total(DLW, DLB, LWG, LBG, COUNTER, tl.num_programs(0) // H, H, D, KS, BLOCK_T * BLOCK_D)
+                lepe_batch_total(DLW, DLB, LWG, LBG, COUNTER, tl.num_programs(0), tl.num_programs(0) // H, H,
+                                 D, KS, BLOCK_T * BLOCK_D)
     if NORM:
         norm_backward(K + b * s_kb, s_kh, s_kn, DK + b * s_dkb, s_dkh, s_dkn, IDX, seg, L, begin, end, RSTD + b * s_rb,
                       NW, DNW, NCOUNTER, NWG, b, H, D, SEGMENTS, SPLITS, split, d, d_ok, HAS_INDEX, BLOCK_N,

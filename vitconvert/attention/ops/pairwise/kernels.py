@@ -1,7 +1,7 @@
 """Triton kernels of MHLA's attention in its pairwise (N×N) form, FlashAttention's shape without the softmax.
 
-Each token i belongs to a segment s(i) (MHLA's spatial blocks, then one prefix segment), and W̃ (G×G, float32)
-weighs every query-key pair by their segments:
+Each token i belongs to a segment s(i) (MHLA's spatial blocks, then one prefix segment), and W̃ (G×G) weighs
+every query-key pair by their segments:
 
     A_ij = φ(q_i)·φ(k_j) · W̃[s(i), s(j)],    o_i = Σ_j A_ij v_j / (Σ_j A_ij + ε)
 
@@ -19,7 +19,9 @@ query's 1/(Σ A + ε) and −(do·o)/(Σ A + ε) kept on the side; W̃'s gradien
 the key tiles (dk, dv). MHLA's RMSNorm over heads needs every head of a token: the forward takes the 1/rms of q and
 k as it reads them, and after each side of the backward the last of an image's head programs (a ticket, as the
 split kernels take) finishes the norm's backward of that side for every head, so no pass of q or k runs outside the
-two launches.
+two launches. W̃ is read as given, its class-token row and column made as it loads (:func:`_weights`), and its
+gradient, the norm weights' and LePE's come summed over the batch by last programs, in a fixed order
+(:func:`..linear.tickets.batch_total`): no torch op before, between or after the two launches.
 """
 
 from __future__ import annotations
@@ -29,15 +31,17 @@ import triton.language as tl
 
 from ..grid.kernels import conv_taps, conv_taps_backward, conv_weight_taps
 from ..linear.kernel_parts import _dot, _phi, _phi_grad, tile_rstd
-from ..linear.norm_parts import norm_backward_tokens
-from ..linear.tickets import _last_program, _ticket_back
+from ..linear.mixing_parts import lepe_batch_total, mixing_entries
+from ..linear.norm_parts import norm_backward
+from ..linear.tickets import batch_total
 
 
 @triton.jit
 def _norm(RSTD, NW, b, h, N, D, d, d_ok, NORM: tl.constexpr):
-    """(this image's per-token 1/rms, this head's RMSNorm weights) of q or k: RSTD (B, N), NW (H·D,) float32."""
+    """(this image's per-token 1/rms, this head's RMSNorm weights in float32) of q or k: RSTD (B, N) float32, NW
+    (H·D,) as given (its dtype, unpadded: masked past the head dim)."""
     if NORM:
-        return RSTD + b * N, tl.load(NW + h * D + d, mask=d_ok, other=0.0)
+        return RSTD + b * N, tl.load(NW + h * D + d, mask=d_ok, other=0.0).to(tl.float32)
     return RSTD, tl.zeros_like(d).to(tl.float32)
 
 
@@ -71,13 +75,14 @@ def _keys_ok(MASK, b, s_mb, cols, N, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
-def _weights(W, seg_q, seg_k, G):
-    """W̃[s(i), s(j)] of a tile of pairs, float32 (G×G: in cache)."""
-    return tl.load(W + seg_q[:, None] * G + seg_k[None, :])
+def _weights(W, seg_q, seg_k, GW):
+    """W̃[s(i), s(j)] of a tile of pairs, float32 (W: GW × GW, in cache; segment GW reads ones:
+    :func:`..linear.mixing_parts.mixing_entries`)."""
+    return mixing_entries(W, seg_q[:, None], seg_k[None, :], GW)
 
 
 @triton.jit
-def _attend(phi_q, seg_q, k_base, v_base, SEG, W, MASK, b, s_mb, s_kn, s_vn, N, G, d, d_ok, feature_eps,
+def _attend(phi_q, seg_q, k_base, v_base, SEG, W, MASK, b, s_mb, s_kn, s_vn, N, GW, d, d_ok, feature_eps,
             FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
             rstd_k, w_k, NORM: tl.constexpr):
@@ -90,7 +95,7 @@ def _attend(phi_q, seg_q, k_base, v_base, SEG, W, MASK, b, s_mb, s_kn, s_vn, N, 
         _, phi_k = _side(k_base, s_kn, cols, ok, d, d_ok, feature_eps, FEATURE, rstd_k, w_k, NORM)
         v = tl.load(v_base + cols[:, None] * s_vn + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
         seg_k = tl.load(SEG + cols, mask=cols < N, other=0)
-        a = _dot(phi_q.to(TILE), tl.trans(phi_k).to(TILE), PRECISION, EMULATE) * _weights(W, seg_q, seg_k, G)
+        a = _dot(phi_q.to(TILE), tl.trans(phi_k).to(TILE), PRECISION, EMULATE) * _weights(W, seg_q, seg_k, GW)
         num += _dot(a.to(TILE), v.to(TILE), PRECISION, EMULATE)
         den += tl.sum(a, axis=1)
     return num, den
@@ -98,9 +103,9 @@ def _attend(phi_q, seg_q, k_base, v_base, SEG, W, MASK, b, s_mb, s_kn, s_vn, N, 
 
 @triton.jit
 def pairwise_fwd_kernel(
-    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, COUNTER, LW, LB, O,
+    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, LW, LB, O,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_ob, s_oh, s_on,
-    H, N, D, G, P, ROWS, COLS, feature_eps, eps, norm_eps,
+    H, N, D, GW, P, ROWS, COLS, feature_eps, eps, norm_eps,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, LEPE: tl.constexpr, KS: tl.constexpr,
     HAS_LBIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
@@ -109,8 +114,7 @@ def pairwise_fwd_kernel(
     ``NORM`` for every head of one image: q and k are MHLA's RMSNorm over heads, normalised as they load, and the
     program first takes the 1/rms over all heads of its query tile and of every key (RSTD_Q, RSTD_K: (B, N)
     float32, written for backward; each program of an image writes the same keys' values, and reads its own back):
-    one launch reads k, no pass of its own; the image's first tile also zeroes its two tickets of the backward's
-    norm (COUNTER: (2, B) int32, beside the 1/rms: no fill of their own). ``LEPE``: plus MHLA's LePE, the KS×KS
+    one launch reads k, no pass of its own. ``LEPE``: plus MHLA's LePE, the KS×KS
     depthwise conv of v (LW: (H·D, KS·KS), LB: (H·D,) float32) over the ROWS×COLS grid after P prefix tokens, in the
     epilogue
     (:func:`..grid.kernels.conv_taps`: v's rows again, from cache)."""
@@ -127,7 +131,6 @@ def pairwise_fwd_kernel(
     if NORM:
         scale = tile_rstd(Q + b * s_qb, s_qh, s_qn, rows, row_ok, d, d_ok, H, D, norm_eps)
         tl.store(RSTD_Q + b * N + rows, scale, mask=row_ok)
-        tl.store(COUNTER + b + tl.arange(0, 2) * tl.num_programs(0), tl.zeros((2,), dtype=tl.int32), mask=tile_m == 0)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             tl.store(RSTD_K + b * N + cols, tile_rstd(K + b * s_kb, s_kh, s_kn, cols, cols < N, d, d_ok, H, D,
@@ -140,7 +143,7 @@ def pairwise_fwd_kernel(
         _, phi_q = _scaled_side(Q + b * s_qb + h * s_qh, s_qn, rows, row_ok, d, d_ok, feature_eps, FEATURE, scale,
                                 w_q, NORM)
         num, den = _attend(phi_q, seg_q, K + b * s_kb + h * s_kh, V + b * s_vb + h * s_vh, SEG, W, MASK, b, s_mb,
-                           s_kn, s_vn, N, G, d, d_ok, feature_eps, FEATURE, HAS_MASK, BLOCK_M, BLOCK_N, BLOCK_D, TILE,
+                           s_kn, s_vn, N, GW, d, d_ok, feature_eps, FEATURE, HAS_MASK, BLOCK_M, BLOCK_N, BLOCK_D, TILE,
                            PRECISION, EMULATE, rstd_k, w_k, NORM)
         o = num / (den + eps)[:, None]
         if LEPE:
@@ -152,23 +155,28 @@ def pairwise_fwd_kernel(
 
 @triton.jit
 def pairwise_bwd_kernel(
-    Q, K, V, MASK, SEG, W, RSTD_Q, RSTD_K, NW_Q, NW_K, COUNTER, LW, DO, DQ, DK, DV, DEN, DW, DLW, DLB, DNW_Q, DNW_K,
+    Q, K, V, MASK, SEG, W, RSTD_Q, NW_Q, DNW_Q, NCOUNTER_Q, NWG_Q, RSTD_K, NW_K, DNW_K, NCOUNTER_K, NWG_K, LW, DO,
+    DQ, DK, DV, DEN, DW, COUNTER, DMIX, DLW, DLB, LWG, LBG,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
     s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
-    B, H, N, D, G, P, ROWS, COLS, feature_eps, eps,
+    B, H, N, D, GW, P, ROWS, COLS, feature_eps, eps,
     FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, LEPE: tl.constexpr, KS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_H: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """dq, dk, dv of one batch·head (grid: B·H): one program owns the head, so every sum over tokens is its own, in
     a fixed order, and q, k, v, do are read by one launch. First the query tiles (:func:`_dq_tile`: dq, each
-    query's 1/den and dden to DEN (2, B·H, N) float32, W̃'s gradient summed over the tiles to DW (B·H, G, G)),
-    then the key tiles (:func:`_dkv_tile`: dk, dv over every query, reading DEN back). ``NORM``: q and k
-    are MHLA's RMSNorm over heads: after each side, the last of the image's H programs (its ticket in COUNTER, which
-    the forward zeroed) turns every head's gradient of the normalised q (k) into the raw one's, in place, and writes
-    the image's dw of the norm to DNW_Q (DNW_K): (B, H·D) float32 (:func:`_norm_tail`). ``LEPE``: dv also gets the LePE
-    conv's transposed taps of do, and the conv's dw and dbias of this batch·head go to DLW (B·H, D, KS·KS) and DLB
-    (B·H, D) float32, in the weight's own layout (:func:`..grid.kernels.conv_weight_taps`)."""
+    query's 1/den and dden to DEN (2, B·H, N) float32, W̃'s gradient summed over the tiles to a row of DW (B·H + B
+    rows of GW·GW float32), summed over the batch into DMIX (W's dtype) by last programs: tickets COUNTER + 0..B,
+    :func:`..linear.tickets.batch_total`), then the key tiles (:func:`_dkv_tile`: dk, dv over every query, reading
+    DEN back). ``NORM``: q and k are MHLA's RMSNorm over heads: after each side, the last of the image's H programs
+    (a ticket in NCOUNTER_Q, NCOUNTER_K) turns every head's gradient of the normalised q (k) into the raw one's, in
+    place, and the image's dw of the norm is summed over the batch into NWG_Q (NWG_K) in the weight's dtype (an
+    image's token range of :func:`..linear.norm_parts.norm_backward`; DNW_Q, DNW_K: its 2·B rows of H·D float32).
+    ``LEPE``: dv also gets the LePE conv's transposed taps of do, the conv's dw and dbias of this batch·head go to
+    DLW (B·H, D, KS·KS) and DLB (B·H, D) float32, in the weight's own layout (:func:`..grid.kernels.conv_weight_taps`),
+    and the last of the B·H programs (ticket COUNTER + B + 1) sums them over the batch into LWG (H·D, KS·KS) and LBG
+    (H·D) float32 (:func:`..linear.mixing_parts.lepe_batch_total`)."""
     bh = tl.program_id(0)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)
@@ -183,32 +191,34 @@ def pairwise_bwd_kernel(
     for start in range(0, N, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         dw += _dq_tile(q_base, s_qn, k_base, s_kn, v_base, s_vn, g_base, s_gn, DQ + b * s_dqb + h * s_dqh, s_dqn,
-                       SEG, W, MASK, b, s_mb, rows, rden_at, dden_at, groups, N, G, d, d_ok, feature_eps, eps,
+                       SEG, W, MASK, b, s_mb, rows, rden_at, dden_at, groups, N, GW, d, d_ok, feature_eps, eps,
                        rstd_q, w_q, rstd_k, w_k, FEATURE, HAS_MASK, NORM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_G, TILE,
                        PRECISION, EMULATE)
-    tl.store(DW + bh * G * G + groups[:, None] * G + groups[None, :], dw,
-             mask=(groups[:, None] < G) & (groups[None, :] < G))
-    if NORM:
-        _norm_tail(Q + b * s_qb, s_qh, s_qn, DQ + b * s_dqb, s_dqh, s_dqn, rstd_q, NW_Q, DNW_Q + b * H * D, COUNTER,
-                   b, H, N, D, d, d_ok, BLOCK_M, BLOCK_D, BLOCK_H)
+    tl.store(DW + bh * GW * GW + groups[:, None] * GW + groups[None, :], dw,
+             mask=(groups[:, None] < GW) & (groups[None, :] < GW))
+    batch_total(DW, COUNTER, b, B, H, GW * GW, DMIX, BLOCK_G * BLOCK_G)
+    if NORM:  # (the image's one token range: the blocked form's norm backward with one segment, one split)
+        norm_backward(Q + b * s_qb, s_qh, s_qn, DQ + b * s_dqb, s_dqh, s_dqn, Q, 0, N, 0, N, rstd_q, NW_Q, DNW_Q,
+                      NCOUNTER_Q, NWG_Q, b, H, D, 1, 1, 0, d, d_ok, False, BLOCK_M, BLOCK_H, BLOCK_D)
     tl.debug_barrier()  # (each query's 1/den and dden, stored by this program's threads, before any reads them)
     for start in range(0, N, BLOCK_M):
         cols = start + tl.arange(0, BLOCK_M)
         _dkv_tile(q_base, s_qn, k_base, s_kn, v_base, s_vn, g_base, s_gn, DK + b * s_dkb + h * s_dkh, s_dkn,
-                  DV + b * s_dvb + h * s_dvh, s_dvn, SEG, W, MASK, LW, b, h, s_mb, cols, rden_at, dden_at, N, G, D, P,
+                  DV + b * s_dvb + h * s_dvh, s_dvn, SEG, W, MASK, LW, b, h, s_mb, cols, rden_at, dden_at, N, GW, D, P,
                   ROWS, COLS, d, d_ok, feature_eps, rstd_q, w_q, rstd_k, w_k, FEATURE, HAS_MASK, NORM, LEPE, KS,
                   BLOCK_M, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
     if NORM:
-        _norm_tail(K + b * s_kb, s_kh, s_kn, DK + b * s_dkb, s_dkh, s_dkn, rstd_k, NW_K, DNW_K + b * H * D, COUNTER,
-                   B + b, H, N, D, d, d_ok, BLOCK_M, BLOCK_D, BLOCK_H)
+        norm_backward(K + b * s_kb, s_kh, s_kn, DK + b * s_dkb, s_dkh, s_dkn, K, 0, N, 0, N, rstd_k, NW_K, DNW_K,
+                      NCOUNTER_K, NWG_K, b, H, D, 1, 1, 0, d, d_ok, False, BLOCK_M, BLOCK_H, BLOCK_D)
     if LEPE:  # (last: no accumulator is live any more)
         conv_weight_taps(v_base, s_vn, g_base, s_gn, d, d_ok, MASK, s_mb, b, N, D, P, ROWS, COLS,
                          DLW + bh * D * KS * KS, DLB + bh * D, KS, HAS_MASK, BLOCK_M, BLOCK_D)
+        lepe_batch_total(DLW, DLB, LWG, LBG, COUNTER, B + 1, B, H, D, KS, BLOCK_H * BLOCK_D)
 
 
 @triton.jit
 def _dq_tile(q_base, s_qn, k_base, s_kn, v_base, s_vn, g_base, s_gn, dq_base, s_dqn, SEG, W, MASK, b, s_mb, rows,
-             rden_at, dden_at, groups, N, G, d, d_ok, feature_eps, eps, rstd_q, w_q, rstd_k, w_k,
+             rden_at, dden_at, groups, N, GW, d, d_ok, feature_eps, eps, rstd_q, w_q, rstd_k, w_k,
              FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, TILE: tl.constexpr,
              PRECISION: tl.constexpr, EMULATE: tl.constexpr):
@@ -222,7 +232,7 @@ def _dq_tile(q_base, s_qn, k_base, s_kn, v_base, s_vn, g_base, s_gn, dq_base, s_
     tile = row_ok[:, None] & d_ok[None, :]
     _, phi_q = _side(q_base, s_qn, rows, row_ok, d, d_ok, feature_eps, FEATURE, rstd_q, w_q, NORM)
     seg_q = tl.load(SEG + rows, mask=row_ok, other=0)
-    num, den = _attend(phi_q, seg_q, k_base, v_base, SEG, W, MASK, b, s_mb, s_kn, s_vn, N, G, d, d_ok, feature_eps,
+    num, den = _attend(phi_q, seg_q, k_base, v_base, SEG, W, MASK, b, s_mb, s_kn, s_vn, N, GW, d, d_ok, feature_eps,
                        FEATURE, HAS_MASK, BLOCK_M, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE, rstd_k, w_k, NORM)
     rden = 1.0 / (den + eps)
     g = tl.load(g_base + rows[:, None] * s_gn + d[None, :], mask=tile, other=0.0).to(tl.float32)
@@ -239,7 +249,7 @@ def _dq_tile(q_base, s_qn, k_base, s_kn, v_base, s_vn, g_base, s_gn, dq_base, s_
         k_rows, phi_k = _side(k_base, s_kn, cols, ok, d, d_ok, feature_eps, FEATURE, rstd_k, w_k, NORM)
         v = tl.load(v_base + cols[:, None] * s_vn + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
         seg_k = tl.load(SEG + cols, mask=cols < N, other=0)
-        w = _weights(W, seg_q, seg_k, G)
+        w = _weights(W, seg_q, seg_k, GW)
         p = _dot(phi_q.to(TILE), tl.trans(phi_k).to(TILE), PRECISION, EMULATE)
         da = tl.where(ok[None, :], _dot(dnum.to(TILE), tl.trans(v).to(TILE), PRECISION, EMULATE) + dden[:, None],
                       0.0)
@@ -256,7 +266,7 @@ def _dq_tile(q_base, s_qn, k_base, s_kn, v_base, s_vn, g_base, s_gn, dq_base, s_
 
 @triton.jit
 def _dkv_tile(q_base, s_qn, k_base, s_kn, v_base, s_vn, g_base, s_gn, dk_base, s_dkn, dv_base, s_dvn, SEG, W, MASK,
-              LW, b, h, s_mb, cols, rden_at, dden_at, N, G, D, P, ROWS, COLS, d, d_ok, feature_eps, rstd_q, w_q,
+              LW, b, h, s_mb, cols, rden_at, dden_at, N, GW, D, P, ROWS, COLS, d, d_ok, feature_eps, rstd_q, w_q,
               rstd_k, w_k, FEATURE: tl.constexpr, HAS_MASK: tl.constexpr, NORM: tl.constexpr, LEPE: tl.constexpr,
               KS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
@@ -278,7 +288,7 @@ def _dkv_tile(q_base, s_qn, k_base, s_kn, v_base, s_vn, g_base, s_gn, dk_base, s
         dnum = g * tl.load(rden_at + rows, mask=row_ok, other=0.0)[:, None]
         dden = tl.load(dden_at + rows, mask=row_ok, other=0.0)
         seg_q = tl.load(SEG + rows, mask=row_ok, other=0)
-        w = _weights(W, seg_q, seg_k, G)  # (BLOCK_N queries, BLOCK_M keys)
+        w = _weights(W, seg_q, seg_k, GW)  # (BLOCK_N queries, BLOCK_M keys)
         a = _dot(phi_q.to(TILE), tl.trans(phi_k).to(TILE), PRECISION, EMULATE) * w
         dv += _dot(tl.trans(a).to(TILE), dnum.to(TILE), PRECISION, EMULATE)
         da = tl.where(row_ok[:, None], _dot(dnum.to(TILE), tl.trans(v).to(TILE), PRECISION, EMULATE)
@@ -292,23 +302,3 @@ def _dkv_tile(q_base, s_qn, k_base, s_kn, v_base, s_vn, g_base, s_gn, dk_base, s
     tl.store(dk_base + cols[:, None] * s_dkn + d[None, :], dk.to(dk_base.dtype.element_ty), mask=store)
     tl.store(dv_base + cols[:, None] * s_dvn + d[None, :], tl.where(ok[:, None], dv, 0.0)
              .to(dv_base.dtype.element_ty), mask=store)
-
-
-@triton.jit
-def _norm_tail(x_at, s_xh, s_xn, g_at, s_gh, s_gn, rstd_at, NW, DW, COUNTER, which, H, N, D, d, d_ok,
-               BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
-    """The RMSNorm over heads' backward, y = x̂·w with x̂ = x·rstd, of one image's N tokens, once every head's
-    program has written its g (the gradient of y, at g_at + head·s_gh): the last of the H programs to take its
-    ticket (COUNTER + ``which``, one per image and side, zero from the forward) makes every head's
-    dx = rstd·(g·w − x̂·Σ_c g·w·x̂ / C) in place, the sum over all C = H·D channels of a token taken first over every
-    head, and writes the image's dw = Σ_t g·x̂ (DW: H·D float32). No float atomics: each sum in a fixed order,
-    whichever program is last. g was written by other programs of this launch: read from L2 (``.cg``)."""
-    if _last_program(COUNTER, which, H):
-        heads = tl.arange(0, BLOCK_H)
-        dw = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # (each head's row, summed over the tiles in order)
-        for start in range(0, N, BLOCK_M):
-            t = start + tl.arange(0, BLOCK_M)
-            dw = norm_backward_tokens(x_at, s_xh, s_xn, g_at, s_gh, s_gn, t, t < N, rstd_at, NW, H, D, d, d_ok, heads,
-                                      dw)
-        tl.store(DW + heads[:, None] * D + d[None, :], dw, mask=(heads[:, None] < H) & d_ok[None, :])
-        _ticket_back(COUNTER, which)

@@ -9,7 +9,10 @@ blocked op it applies MHLA's RMSNorm to q and k itself, as their tiles load (eac
 the forward kernel, which reads every head's tiles: no normalised copy crosses memory, forward or backward; the
 norm's backward runs in the one backward kernel's epilogues), and autograd keeps only the raw q, k and v and the
 1/rms (no output, no state: backward reads the forward out again), registered like the other ops: torch.compile
-and torch.export see one op, and a plain eager call skips the dispatcher (:func:`.dispatch.direct`).
+and torch.export see one op, and a plain eager call skips the dispatcher (:func:`.dispatch.direct`). As the blocked
+op, it runs no torch op around its two launches: W̃ and the norm weights are read as given (W̃'s class-token row and
+column of ones made as the kernels load it), and the gradients of W̃, the norm weights and LePE come summed over the
+batch by the backward's last programs (:func:`..linear.tickets.batch_total`).
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from typing import Optional
 
 import torch
 
+from ...blocks import extended_block_mix
 from ..calls import _direct_function, _eager_gradients, call_op
 from ..dispatch import KernelUnavailable, direct, launch, launch_settings, triton_next_power_of_2
 from ..grid.op import grid_conv_eager
 from ..launch_plan import pairwise_launches, tile_kwargs
-from ..layout import _mask_arg, _output_like, _strides, lepe_args, lepe_gradients, unit_rows
+from ..layout import _mask_arg, _output_like, _strides, lepe_args, unit_rows
 from ..linear import eager as fused_eager
+from ..linear.launches import block_g, norm_launch_args, norm_pair, rstd_rows, tickets
 from ..norms.lean import through_rms_pair
 
 MAX_SEGMENTS = 64  # W̃'s gradient is summed through one-hot dots of G padded to a power of two: 64 at most
@@ -56,61 +61,35 @@ def pairwise_is_cheaper(tokens: int, segments: int, head_dim: int, dtype: torch.
     return 4 * tokens * tokens * head_dim < FLOPS_PER_STATE_BYTE * 16 * segments * head_dim * (head_dim + 1)
 
 
-def _block_g(segments: int) -> int:
-    """W̃'s side padded to a dot's (the one-hot dots that sum its gradient)."""
-    return max(16, triton_next_power_of_2(segments))
-
-
-def _rstd(q: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor]) -> torch.Tensor:
-    """What the forward keeps for backward besides q, k, v: (2·B·N + 2·B,) float32, the 1/rms over all heads of q's
-    and of k's tokens, which the forward kernel takes as it reads them, then the backward's two tickets per image
-    (int32, zeroed by the forward kernel: :func:`_norm_args`); an empty tensor without the norm."""
-    if q_weight is None or k_weight is None:
-        return q.new_empty((0,), dtype=torch.float32)
-    B, N = q.shape[0], q.shape[2]
-    return q.new_empty((2 * B * N + 2 * B,), dtype=torch.float32)
-
-
-NormArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]
-
-
-def _norm_args(q: torch.Tensor, k: torch.Tensor, rstd: torch.Tensor, q_weight: Optional[torch.Tensor],
-               k_weight: Optional[torch.Tensor]) -> NormArgs:
-    """(q's rstd, k's rstd, q's weight, k's weight, the tickets, NORM) of the kernels, views of :func:`_rstd`'s
-    tensor: placeholders (q) without the norm."""
-    if q_weight is None or k_weight is None:
-        return q, q, q, q, q, False
-    B, N = q.shape[0], q.shape[2]
-    table = rstd[:2 * B * N].view(2, B, N)
-    return (table[0], table[1], q_weight.to(torch.float32).contiguous(), k_weight.to(torch.float32).contiguous(),
-            rstd[2 * B * N:].view(torch.int32), True)
-
-
 def run_pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Optional[torch.Tensor],
                  segments: torch.Tensor, mixing: torch.Tensor, feature: int, feature_eps: float, eps: float,
                  q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None,
                  norm_eps: float = 0.0, lepe_weight: Optional[torch.Tensor] = None,
                  lepe_bias: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0,
                  prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, rstd): o_i = Σ_j A_ij v_j / (Σ_j A_ij + ε), A_ij = φ(q_i)·φ(k_j)·mixing[s(i), s(j)], for (B, H, N, d)
-    q, k, v, ``segments`` the (N,) int32 segment of each token and ``mixing`` W̃ (G, G); q and k first get MHLA's
-    RMSNorm over heads when their weights are given (applied as the kernel loads them), and rstd, each token's
-    1/rms of q and of k and the backward's tickets (:func:`_rstd`; empty without the norm). With
+    """(o, rstd): o_i = Σ_j A_ij v_j / (Σ_j A_ij + ε), A_ij = φ(q_i)·φ(k_j)·W̃[s(i), s(j)], for (B, H, N, d)
+    q, k, v, ``segments`` the (N,) int32 segment of each token and ``mixing`` W̃ (G, G), or W (G − 1, G − 1) of
+    the first G − 1 segments, the last one's row and column of W̃ ones (MHLA's class token:
+    :func:`...blocks.extended_block_mix`, made as the kernels load W); q and k first get MHLA's RMSNorm over heads
+    when their weights are given (applied as the kernel loads them), and rstd, each token's 1/rms of q and of k
+    (:func:`..linear.launches.rstd_rows`: (2, B, N); empty without the norm). With
     ``lepe_weight`` (C, 1, KS, KS), o's grid tokens (the last rows × cols after ``prefix``) also get MHLA's LePE,
     the depthwise conv of the (masked) v on the grid, in the kernel's epilogue: no pass of its own."""
     from .kernels import pairwise_fwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     q, k, v = unit_rows(q), unit_rows(k), unit_rows(v)
     lepe = lepe_args(q, lepe_weight, lepe_bias, rows, cols, prefix)
-    rstd = _rstd(q, q_weight, k_weight)
-    *norm, normed = _norm_args(q, k, rstd, q_weight, k_weight)
+    rstd = rstd_rows(q, q_weight, k_weight)
+    q_norm, k_norm = norm_pair(q_weight, k_weight, rstd)
+    normed = q_norm is not None
+    norm = (q_norm[0], k_norm[0], q_norm[1], k_norm[1]) if normed else (q,) * 4  # (1/rms of q, of k; the weights)
     plan = pairwise_launches(q, normed)  # (decided once per head dim, dtype, norm and settings)
     B, H, N, D = q.shape
     o = _output_like(q)
     mask, s_mb = _mask_arg(key_valid, k)
     launch(pairwise_fwd_kernel, (B if normed else B * H, -(-N // plan.block_m)),  # (with the norm, a program per
         # image's query tile)
-        q, k, v, mask, segments, _table(mixing), *norm, lepe.filters, lepe.bias, o,
+        q, k, v, mask, segments, mixing.contiguous(), *norm, lepe.filters, lepe.bias, o,
         *_strides(q, k, v), s_mb, *_strides(o),
         H, N, D, mixing.shape[0], prefix, rows, cols, feature_eps, eps, norm_eps,
         FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, LEPE=lepe.on, KS=lepe.size,
@@ -119,19 +98,24 @@ def run_pairwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: O
     return o, rstd
 
 
-def _table(mixing: torch.Tensor) -> torch.Tensor:
-    return mixing.to(torch.float32).contiguous()
-
-
 pairwise_attention = torch.library.custom_op("vitconvert::pairwise_attention", mutates_args=())(run_pairwise)
 
 
 @pairwise_attention.register_fake
 def _(q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight=None, k_weight=None, norm_eps=0.0,
       lepe_weight=None, lepe_bias=None, rows=0, cols=0, prefix=0):
-    B, _, N, _ = q.shape
-    normed = q_weight is not None and k_weight is not None
-    return _output_like(q), q.new_empty((2 * B * N + 2 * B,) if normed else (0,), dtype=torch.float32)
+    return _output_like(q), rstd_rows(q, q_weight, k_weight)
+
+
+def _lepe_rows(q: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows of the filter's gradient (B·H, d, KS·KS), of the bias' (B·H, d), their sums over the batch (H·d, KS·KS),
+    (H·d)) float32 of the backward kernel, which sums the rows; with one image its rows are the sums (views: the
+    kernel's sum of one row writes it back where it is, no copy)."""
+    B, H, _, D = q.shape
+    rows = q.new_empty((B * H, D, size * size), dtype=torch.float32), q.new_empty((B * H, D), dtype=torch.float32)
+    if B == 1:
+        return (*rows, rows[0].view(H * D, size * size), rows[1].view(H * D))
+    return (*rows, q.new_empty((H * D, size * size), dtype=torch.float32), q.new_empty((H * D,), dtype=torch.float32))
 
 
 def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
@@ -141,41 +125,44 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
                           lepe_weight: Optional[torch.Tensor] = None, rows: int = 0, cols: int = 0, prefix: int = 0
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                      torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv, dW̃, dq_weight, dk_weight, dlepe_weight, dlepe_bias (float32) of :func:`pairwise_attention`: one
-    launch, a program per batch·head (:func:`.kernels.pairwise_bwd_kernel`: the query tiles, which read the forward
-    out again, then the key tiles, with LePE's backward and each side's norm backward), normalising q and k as they
-    load (with the forward's ``rstd``); what is left to torch is summing the weights' gradients over the batch (the
-    weights' gradients empty without the norm or LePE)."""
+    """dq, dk, dv, dW̃, dq_weight, dk_weight, dlepe_weight, dlepe_bias of :func:`pairwise_attention`: one launch, a
+    program per batch·head (:func:`.kernels.pairwise_bwd_kernel`: the query tiles, which read the forward out again,
+    then the key tiles, with LePE's backward and each side's norm backward), normalising q and k as they load (with
+    the forward's ``rstd``), and no torch op after it: dW̃ and the norm weights' gradients come summed over the batch
+    by its last programs in the weights' dtypes, LePE's in float32 (the weights' gradients empty without the norm or
+    LePE)."""
     from .kernels import pairwise_bwd_kernel  # lazy: start-up time
 
     q, k, v, do = unit_rows(q), unit_rows(k), unit_rows(v), unit_rows(do)
-    *norm, normed = _norm_args(q, k, rstd, q_weight, k_weight)
-    G = mixing.shape[0]
+    normed = q_weight is not None and k_weight is not None
+    if normed and (rstd is None or rstd.shape != (2, q.shape[0], q.shape[2])):
+        raise ValueError("the pairwise op's backward with the RMSNorm needs the forward's rstd (2, B, N)")
+    q_norm, k_norm = norm_pair(q_weight, k_weight, rstd)
+    GW = mixing.shape[0]
     B, H, N, D = q.shape
     plan = pairwise_launches(q, normed)
     dq, dk, dv = _output_like(q), _output_like(k), _output_like(v)
     den = q.new_empty((2, B * H, N), dtype=torch.float32)  # each query's 1/den and dden, for the key tiles
-    dmixing = q.new_empty((B * H, G, G), dtype=torch.float32)
-    dweights = [q.new_empty((B, H * D) if normed else (0,), dtype=torch.float32) for _ in range(2)]  # the norm's
+    mixing_rows = q.new_empty((B * H + B, GW * GW), dtype=torch.float32)  # (each batch·head's dW̃, then each image's)
+    dmixing = torch.empty_like(mixing)
+    q_args = norm_launch_args(q_norm, den, B, H, D, 1, 0)  # (RSTD, NW, DNW, NCOUNTER, NWG: an image is one range)
+    k_args = norm_launch_args(k_norm, den, B, H, D, 1, 2 * B + 1)
+    used = 4 * B + 2  # (the two norms' tickets, then B + 1 for dW̃'s sum and one for LePE's)
     mask, s_mb = _mask_arg(key_valid, k)
     lepe = lepe_args(q, lepe_weight, None, rows, cols, prefix)
-    dlepe = [q.new_empty((B, H * D, lepe.size ** 2) if lepe.on else (0,), dtype=torch.float32),
-             q.new_empty((B, H * D) if lepe.on else (0,), dtype=torch.float32)]
+    dlepe = _lepe_rows(q, lepe.size) if lepe.on else (den,) * 4
     launch(pairwise_bwd_kernel, (B * H,),
-        q, k, v, mask, segments, _table(mixing), *norm, lepe.filters, do, dq, dk, dv, den, dmixing,
-        *(dlepe if lepe.on else (den, den)), *(dweights if normed else (den, den)),
+        q, k, v, mask, segments, mixing.contiguous(), *q_args, *k_args, lepe.filters, do, dq, dk, dv, den,
+        mixing_rows, tickets(used + B + 2, q.device)[used:used + B + 2], dmixing, *dlepe,
         *_strides(q, k, v), s_mb, *_strides(do, dq, dk, dv),
-        B, H, N, D, G, prefix, rows, cols, feature_eps, eps,
+        B, H, N, D, GW, prefix, rows, cols, feature_eps, eps,
         FEATURE=feature, HAS_MASK=key_valid is not None, NORM=normed, LEPE=lepe.on, KS=lepe.size,
-        BLOCK_M=plan.backward_block_m, BLOCK_N=plan.backward_block_n, BLOCK_D=plan.block_d, BLOCK_G=_block_g(G),
+        BLOCK_M=plan.backward_block_m, BLOCK_N=plan.backward_block_n, BLOCK_D=plan.block_d, BLOCK_G=block_g(GW),
         BLOCK_H=triton_next_power_of_2(H), **tile_kwargs(plan.backward_tile), num_warps=plan.backward_warps)
-    dmixing = dmixing.sum(0).to(mixing.dtype)
-    lepe_grads = lepe_gradients(*dlepe, lepe_weight)
-    if not normed:
-        return dq, dk, dv, dmixing, q.new_empty((0,)), q.new_empty((0,)), *lepe_grads
-    dq_weight, dk_weight = (part.view(-1) if B == 1 else part.sum(0) for part in dweights)  # (each image's, in a
-    # fixed order)
-    return dq, dk, dv, dmixing, dq_weight.to(q_weight.dtype), dk_weight.to(k_weight.dtype), *lepe_grads
+    dnorm = (q_args[4], k_args[4]) if normed else (q.new_empty((0,)), q.new_empty((0,)))
+    if not lepe.on:
+        return dq, dk, dv, dmixing, *dnorm, q.new_empty((0,)), q.new_empty((0,))
+    return dq, dk, dv, dmixing, *dnorm, dlepe[2].view(lepe_weight.shape), dlepe[3]
 
 
 pairwise_attention_backward = torch.library.custom_op("vitconvert::pairwise_attention_backward", mutates_args=())(
@@ -247,7 +234,9 @@ def pairwise_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid:
     if key_valid is not None:
         phi_k = phi_k * key_valid[:, None, :, None].to(phi_k.dtype)
     seg = segments.long()
-    scores = (phi_q @ phi_k.transpose(-2, -1)) * mixing.to(torch.float32)[seg][:, seg]
+    table = extended_block_mix(mixing.to(torch.float32))  # (segment G − 1 reads ones where W is (G − 1)², as the
+    # kernels make them; an unused row and column where it is G × G)
+    scores = (phi_q @ phi_k.transpose(-2, -1)) * table[seg][:, seg]
     return ((scores @ v.to(torch.float32)) / (scores.sum(-1, keepdim=True) + eps)).to(v.dtype)
 
 
