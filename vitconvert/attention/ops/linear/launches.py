@@ -209,9 +209,10 @@ def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[t
                          do: Optional[torch.Tensor] = None, norm: Optional[Norm] = None
                          ) -> tuple[torch.Tensor, torch.Tensor, tuple, Optional[torch.Tensor]]:
     """:func:`state_gradients`, and with ``on_grid`` (an index table, and ``do``) LePE's backward in the same launch:
-    dv gets its taps of do, and (dweight (H·d, KS·KS), dbias (H·d)) float32, each batch·head's summed from its chunks'
-    rows by its last program and those over the batch by the last of all (else an empty tuple); with ``norm`` k gets
-    MHLA's RMSNorm as it loads and its backward, as :func:`readout_gradients` q's, and dnorm_weight (else None)."""
+    dv gets its taps of do, and (dweight (H·d, KS·KS), dbias (H·d)) in the weight's dtype, each batch·head's summed
+    from its chunks' rows by its last program and those over the batch by the last of all (else an empty tuple); with
+    ``norm`` k gets MHLA's RMSNorm as it loads and its backward, as :func:`readout_gradients` q's, and dnorm_weight
+    (else None)."""
     from .split_kernels import state_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     k, v = unit_rows(k), unit_rows(v)
@@ -229,9 +230,9 @@ def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[t
         do = unit_rows(do)
         part = k.new_empty((B * H * segments * splits * chunks, (size * size + 1) * D), dtype=torch.float32)
         rows = k.new_empty((B * H, D, size * size), dtype=torch.float32), k.new_empty((B * H, D), dtype=torch.float32)
-        dweight = k.new_empty((H * D, size * size), dtype=torch.float32)
-        dbias = k.new_empty((H * D,), dtype=torch.float32)
         filters, grid = on_grid.lepe.filters, (on_grid.prefix, on_grid.rows, on_grid.cols)
+        dweight = k.new_empty((H * D, size * size), dtype=filters.dtype)  # (no cast after: the kernel stores them so)
+        dbias = k.new_empty((H * D,), dtype=filters.dtype)
     else:
         do = part = dweight = dbias = filters = dz
         rows, grid = (dz, dz), (0, 0, 0)
