@@ -186,11 +186,16 @@ _tickets: dict[torch.device, torch.Tensor] = {}  # device -> the split kernels' 
 def tickets(count: int, device: torch.device) -> torch.Tensor:
     """At least ``count`` int32 counters at zero, one per (batch·head, segment) of a split kernel: the last program
     of each segment puts its counter back to zero (split_kernels.py), so they are made once per device and reused by
-    every launch (no fill between launches). Launches on one stream take turns; two streams running these kernels
-    at once would share them."""
+    every launch (no fill between launches). They grow geometrically, to the power of two at or above twice what a
+    launch asks (at least 4096): a training step's backward asks more than its forward (the norm's and W̃'s
+    tickets besides the segments'), but under twice as many where each head is one token range and there are two
+    heads or more (as wherever the count passes 4096 on a GPU), so a new shape allocates once in its first step,
+    and steady-state steps allocate nothing. Launches on one stream take turns; two streams running these kernels at
+    once would share them."""
     found = _tickets.get(device)
     if found is None or found.numel() < count:
-        found = _tickets[device] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
+        found = _tickets[device] = torch.zeros(max(1 << (2 * count - 1).bit_length(), 4096), dtype=torch.int32,
+                                               device=device)
     return found
 
 
