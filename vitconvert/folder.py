@@ -348,16 +348,17 @@ def upgrade_folder(folder: Path) -> Optional[dict[str, Any]]:
     vitconvert's marker kept as the user's). Returns what it was (``{"format_version": 1, ...}``, or
     ``{"saved_by": "timm"}``), or None when it was already current (nothing is written).
 
-    A symlink to the folder upgrades the real folder. The three files are written beside it, then each moved
-    in: weights first, then config.json, then README.md, so an interrupted upgrade leaves a folder that loads
-    and that upgrade finishes. timm's pickle (pytorch_model.bin) is written as model.safetensors and kept."""
+    A symlink to the folder upgrades the real folder. The three files are written beside it, then moved in:
+    weights, config.json, README.md, so an interrupted upgrade leaves a folder that loads and that upgrade finishes
+    (timm's pickle, pytorch_model.bin, written as model.safetensors and kept, counts until config.json records it)."""
     folder = Path(folder).expanduser().resolve()  # through a link: the real folder, never the link replaced
     if in_hub_cache(folder):
         raise VitconvertError(f"{folder} is a snapshot in the Hub cache: upgrade a copy: download it to a "
                               f"folder of your own (`hf download REPO` with {param('local_dir', 'DIR')}), then "
                               "upgrade that folder")
     config = read_config(folder)
-    pickled = weights_in(folder).name == TIMM_PICKLE  # kept: load reads model.safetensors first, push leaves it out
+    pickled = weights_in(folder).name == TIMM_PICKLE or ((folder / TIMM_PICKLE).is_file() and TIMM_PICKLE != (
+        (config.get("vitconvert") or {}).get("upgraded_from") or {}).get("weights"))  # (not recorded: a stopped run)
     if pickled_by_timm(folder, config):
         model = load_timm_pickle(folder, config)
     else:

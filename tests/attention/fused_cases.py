@@ -66,6 +66,21 @@ def assert_matches_oracle(out, inputs, oracle, tol: float, grad_tol: Optional[fl
         assert rel_error(g, w) < (2 * tol if grad_tol is None else grad_tol)
     return got
 
+def explicit_lepe(v, weight, bias, key_valid, grid, prefix):
+    """The depthwise conv of the masked v on the grid as an explicit sum over zero-padded shifts (prefix: 0)."""
+    B, H, N, d = v.shape
+    size = weight.shape[-1]
+    spatial = v[:, :, prefix:] * (1.0 if key_valid is None else key_valid[:, None, prefix:, None].to(v.dtype))
+    image = spatial.transpose(1, 2).reshape(B, *grid, H * d)
+    padded = torch.nn.functional.pad(image, (0, 0, size // 2, size // 2, size // 2, size // 2))
+    out = bias.expand_as(image)
+    for i in range(size):
+        for j in range(size):
+            out = out + padded[:, i:i + grid[0], j:j + grid[1]] * weight[:, 0, i, j]
+    out = out.reshape(B, N - prefix, H, d).transpose(1, 2)
+    return torch.cat((torch.zeros_like(v[:, :, :prefix]), out), dim=2)
+
+
 ORACLES = {
     "elu": (fused.ELU_PLUS_ONE, elu_feature_literal),
     "relu": (fused.RELU, relu_feature),
@@ -113,7 +128,8 @@ def launches_and_ops(forward, inputs: tuple) -> tuple[dict[str, list[str]], torc
             out = forward()
         runs["forward"] = list(events)
         events.clear()
-        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE, out.dtype)  # (no cast
+        # by autograd in the recorded backward)
         with Ops():
             grads = torch.autograd.grad(out, inputs, grad)
         runs["backward"] = list(events)

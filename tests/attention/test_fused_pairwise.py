@@ -15,7 +15,7 @@ from vitconvert.attention.ops.pairwise.reference import pairwise_reference
 from vitconvert.errors import VitconvertError
 
 from . import helpers
-from .fused_cases import ALLOCATIONS, launches_and_ops
+from .fused_cases import ALLOCATIONS, explicit_lepe, launches_and_ops
 from .helpers import rel_error
 
 DEVICE = helpers.kernels_device()
@@ -115,21 +115,6 @@ def test_the_pairwise_and_blocked_ops_agree_and_the_pairwise_keeps_only_the_raw_
                                       mask, token_segments(grid, counts, prefix, q.device), mixing,
                                       fused.RELU_PLUS_EPS, EPS, EPS)
     assert rel_error(out, outside) < 1e-6
-
-
-def explicit_lepe(v, weight, bias, key_valid, grid, prefix):
-    """The depthwise conv of the masked v on the grid as an explicit sum over zero-padded shifts (prefix: 0)."""
-    B, H, N, d = v.shape
-    size = weight.shape[-1]
-    spatial = v[:, :, prefix:] * (1.0 if key_valid is None else key_valid[:, None, prefix:, None].to(v.dtype))
-    image = spatial.transpose(1, 2).reshape(B, *grid, H * d)
-    padded = torch.nn.functional.pad(image, (0, 0, size // 2, size // 2, size // 2, size // 2))
-    out = bias.expand_as(image)
-    for i in range(size):
-        for j in range(size):
-            out = out + padded[:, i:i + grid[0], j:j + grid[1]] * weight[:, 0, i, j]
-    out = out.reshape(B, N - prefix, H, d).transpose(1, 2)
-    return torch.cat((torch.zeros_like(v[:, :, :prefix]), out), dim=2)
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])

@@ -165,3 +165,37 @@ def test_ttt_split_heads_sum_their_partials_in_the_kernels_and_put_the_tickets_b
     for name, mine, want in zip(["q", "k", "v", "W", "q filter", "q bias", "k filter", "k bias"], got,
                                 torch.autograd.grad(expected, copies, grad.double()), strict=True):
         assert rel_error(mine, want) < 5e-6, name
+
+
+def test_a_new_shape_makes_its_tickets_once_in_its_first_step_and_never_after(monkeypatch):
+    """Two training steps of MHLA's blocked op with the norm at a shape whose forward asks more than 4096 tickets (2
+    images × 2 heads × 1025 segments) and whose backward asks more still (W̃'s and the norm's besides): the counters
+    the forward makes serve its backward and the next step (they grow to a power of two with room, not to the
+    count), so the first step allocates them once and the second not at all. Launches skipped, as
+    op_traffic.py --sizes-only: only the host's sizes matter."""
+    from vitconvert.attention.blocks import segment_index
+    from vitconvert.attention.ops.linear import launches
+
+    monkeypatch.setattr(launches, "_tickets", {})
+    asked, made_here = [], launches.tickets
+    monkeypatch.setattr(launches, "tickets", lambda count, device: asked.append(count) or made_here(count, device))
+    B, H, d, grid, prefix = 2, 2, 16, (32, 32), 1
+    N = prefix + grid[0] * grid[1]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, d, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    mixing = torch.rand(1024, 1024, generator=g).to(DEVICE).requires_grad_()
+    norms = [torch.ones(H * d, device=DEVICE).requires_grad_() for _ in range(2)]
+    index = segment_index(grid, grid, prefix, q.device)
+    made = []
+    with dispatch.launches_through(lambda *args, **kwargs: None, DEVICE):
+        dispatch.current().programs = 528  # (an H100's: one token range a head at these counts)
+        for _ in range(2):
+            out = fused.segmented_attention(q, k, v, None, index, mixing, fused.RELU_PLUS_EPS, 1e-6, 1e-6, *norms,
+                                            1e-6)
+            made.append(launches._tickets[q.device])
+            forward, asked[:] = max(asked), []
+            out.backward(torch.ones_like(out))
+            made.append(launches._tickets[q.device])
+            assert max(asked) > forward >= B * H * (grid[0] * grid[1] + 1) > 4096
+            asked.clear()
+    assert all(t is made[0] for t in made)

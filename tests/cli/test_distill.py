@@ -28,10 +28,11 @@ def invoke(*args):
 
 
 
-def assert_no_top5_of_3_classes(printed: dict, config: dict, card: str, lines: str) -> None:
-    """3 classes: the top 5 always hold the label; no 100% top-5 in the JSON, the card or its Hub metadata, or
-    the lines distill prints."""
+def assert_no_top5_of_3_classes(printed: dict, config: dict, card: str, lines: str, info: str) -> None:
+    """3 classes: the top 5 always hold the label; no 100% top-5 in the JSON, the card or its Hub metadata, the
+    lines distill prints, or the results line of ``vitconvert info``."""
     assert "top5 n/a (3 classes)" in lines
+    assert "top-5 n/a (3 classes)" in info
     assert (printed["top5"], config["metrics"]["top5"]) == (None, None)
     assert "| top5 | n/a (3 classes) |" in card
     assert "top_5_accuracy" not in card and "Top-5" not in card
@@ -66,7 +67,8 @@ def test_distill_defaults_to_the_last_convert_and_writes_a_run_folder(setup, tmp
                           "changed recipe (epochs: 1 -> 2)")
     forced = invoke("distill", "--data", images, *QUICK, "--resume", "--epochs", "2", "--force")
     assert forced.exit_code == 0, forced.output
-    assert_no_top5_of_3_classes(printed, config, card, forced.output)
+    assert_no_top5_of_3_classes(printed, config, card, forced.output,
+                                runner.invoke(app, ["info", str(run)], env={"COLUMNS": "400"}).output)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [1, 2]
     first_of_second = next(r for r in records if r["kind"] == "step" and r["epoch"] == 2)

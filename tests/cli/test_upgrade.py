@@ -157,6 +157,46 @@ def test_a_vitconvert_folder_holding_timms_pickle_loads_and_is_upgraded_to_safet
     assert json.loads(invoke("upgrade", folder, "--json").stdout)["upgraded"] is False
 
 
+def test_an_upgrade_of_timms_pickle_stopped_before_config_json_is_finished_by_a_rerun(tmp_path, monkeypatch):
+    """Upgrading a vitconvert folder that holds only pytorch_model.bin, stopped (Ctrl-C) after model.safetensors
+    moved in but before config.json: the folder loads, and a rerun finishes the upgrade (config.json records the
+    pickle it was written from) instead of saying there is nothing to do; a third run has nothing to do."""
+    import os
+
+    import torch
+    from safetensors.torch import load_file
+
+    from vitconvert import folder as folder_module
+
+    student, _ = vitconvert.convert(tiny_model("vit"), "elu")
+    folder = vitconvert.save(student, tmp_path / "m")
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    moved, replace = [], os.replace
+
+    def stopped_after_the_weights(src, dst):
+        if moved:
+            raise KeyboardInterrupt
+        moved.append(Path(dst).name)
+        replace(src, dst)
+
+    monkeypatch.setattr(folder_module.os, "replace", stopped_after_the_weights)
+    with pytest.raises(KeyboardInterrupt):
+        folder_module.upgrade_folder(folder)
+    monkeypatch.setattr(folder_module.os, "replace", replace)
+    assert moved == ["model.safetensors"]
+    assert "upgraded_from" not in json.loads((folder / "config.json").read_text())["vitconvert"]
+    x = image_batch(student)
+    assert torch.equal(vitconvert.load(folder)(x), student.eval()(x))
+    result = invoke("upgrade", folder, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["upgraded"] is True
+    config = json.loads((folder / "config.json").read_text())["vitconvert"]
+    assert config["upgraded_from"]["weights"] == "pytorch_model.bin"
+    assert torch.equal(vitconvert.load(folder)(x), student(x))
+    assert json.loads(invoke("upgrade", folder, "--json").stdout)["upgraded"] is False
+
+
 def assert_one_line_error_text(result) -> str:
     assert result.exit_code != 0 and len(result.stderr.strip().splitlines()) == 1, result.output
     return result.stderr

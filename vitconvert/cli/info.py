@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..top_k import top_k_text
 from .common import LINEAR_MODEL_HELP, JsonOpt, console, loading_libraries, plural, report_table, user_errors
 
 if TYPE_CHECKING:
@@ -97,10 +98,12 @@ def as_fractions(metrics: dict) -> dict:
     return {k: round(v / 100, 6) if k in PERCENTS and isinstance(v, (int, float)) else v for k, v in metrics.items()}
 
 
-def results_text(metrics: dict) -> str:
-    """``top-1 92.50%, top-5 99.10% on digits (val) after 3 epochs``."""
-    acc = ", ".join(f"{name} {metrics[k]:.2f}%" for k, name in (("top1", "top-1"), ("top5", "top-5"))
-                    if isinstance(metrics.get(k), (int, float)))
+def results_text(metrics: dict, classes: Any) -> str:
+    """``top-1 92.50%, top-5 99.10% on digits (val) after 3 epochs``; a top-5 left unmeasured (null: ``classes`` ≤ 5)
+    reads ``n/a (3 classes)``, as eval's table and the model card say it (:mod:`...top_k`)."""
+    shown = [(name, metrics[k]) for k, name in (("top1", "top-1"), ("top5", "top-5"))
+             if isinstance(metrics.get(k), (int, float)) or (k == "top5" and k in metrics and metrics[k] is None)]
+    acc = ", ".join(f"{name} {top_k_text(value, classes, 1.0)}" for name, value in shown)
     where = f" on {metrics['dataset']} ({metrics.get('split', 'val')})" if metrics.get("dataset") else ""
     epochs = metrics.get("epochs")
     return acc + where + (f" after {plural(epochs, 'epoch')}" if isinstance(epochs, int) else "")
@@ -160,7 +163,8 @@ def info(folder: str = typer.Argument(..., help=LINEAR_MODEL_HELP), as_json: Jso
         "init": pairs(block.get("init") or {}),
         "attention layers": block.get("depth") or block.get("replaced"),
         "linear layers": hybrid_layers(block) or "all",
-        **({"results": results_text(block["metrics"])} if isinstance(block.get("metrics"), dict) else {}),
+        **({"results": results_text(block["metrics"], cfg.get("num_classes"))}
+           if isinstance(block.get("metrics"), dict) else {}),
         "weights": f"{weights.stat().st_size / 2**20:.1f} MiB ({weights.name})" if weights.exists() else "missing",
         "written by": ", ".join(f"{k} {v}" for k, v in (block.get("versions") or {}).items()),
     }

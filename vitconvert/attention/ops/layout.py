@@ -42,8 +42,9 @@ def valid_keys(key_valid: torch.Tensor) -> torch.Tensor:
 
 
 class Lepe(NamedTuple):
-    """LePE's arguments of the kernels: (H·d, KS·KS) float32 filters, float32 bias, whether on, KS (placeholders
-    when off or without a bias)."""
+    """LePE's arguments of the kernels: (H·d, KS·KS) filters and the bias in the module's dtype (the kernels convert
+    them to float32 as they load them: no cast per call for a model cast to bf16), whether on, KS (placeholders when
+    off or without a bias)."""
     filters: torch.Tensor
     bias: torch.Tensor
     on: bool
@@ -57,5 +58,5 @@ def lepe_args(q: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[to
         return Lepe(q, q, False, 1)
     if q.shape[2] - prefix != rows * cols:  # (the kernels would read the rest as grid tokens off its edge)
         raise ValueError(f"{q.shape[2]} tokens do not form {prefix} prefix tokens and a {rows}x{cols} grid")
-    filters = weight.reshape(weight.shape[0], -1).to(torch.float32).contiguous()
-    return Lepe(filters, filters if bias is None else bias.to(torch.float32).contiguous(), True, weight.shape[-1])
+    filters = weight.contiguous().view(weight.shape[0], -1)  # (a view of the module's weight: no torch op)
+    return Lepe(filters, filters if bias is None else bias.contiguous(), True, weight.shape[-1])

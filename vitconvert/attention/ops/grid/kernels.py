@@ -99,10 +99,10 @@ def conv_taps(x_at, s_xn, t, d, d_ok, WEIGHT, BIAS, MASK, s_mb, b, h, N, D, P, R
         r, row_ok = _row(spatial, row, i - KS // 2, ROWS)
         for j in range(KS):
             src, ok = _source(MASK, b, s_mb, r, row_ok, col, j - KS // 2, P, COLS, HAS_MASK)
-            w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + i * KS + j, mask=d_ok, other=0.0)
+            w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + i * KS + j, mask=d_ok, other=0.0).to(tl.float32)
             acc += _normed(x_at, s_xn, src, ok, d, d_ok, mean, rstd, NORM) * w[None, :]
     if HAS_BIAS:
-        bias = tl.load(BIAS + h * D + d, mask=d_ok, other=0.0)
+        bias = tl.load(BIAS + h * D + d, mask=d_ok, other=0.0).to(tl.float32)
         acc += tl.where(spatial[:, None], bias[None, :], 0.0)
     return acc
 
@@ -120,7 +120,7 @@ def conv_taps_backward(dy_at, s_gn, t, d, d_ok, WEIGHT, MASK, s_mb, b, h, N, D, 
     dx = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     for tap in range(KS * KS):  # (loops, as grid_conv_bwd_kernel's: unrolled taps spill)
         i, j = tap // KS, tap % KS
-        w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + tap, mask=d_ok, other=0.0)
+        w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + tap, mask=d_ok, other=0.0).to(tl.float32)
         r_in, in_ok = _row(valid, row, KS // 2 - i, ROWS)  # (the grid tokens whose tap (i, j) reads these)
         src, ok = _source(MASK, b, s_mb, r_in, in_ok, col, KS // 2 - j, P, COLS, False)
         dx += tl.load(dy_at + src[:, None] * s_gn + d[None, :], mask=ok[:, None] & d_ok[None, :],

@@ -186,11 +186,16 @@ _tickets: dict[torch.device, torch.Tensor] = {}  # device -> the split kernels' 
 def tickets(count: int, device: torch.device) -> torch.Tensor:
     """At least ``count`` int32 counters at zero, one per (batch·head, segment) of a split kernel: the last program
     of each segment puts its counter back to zero (split_kernels.py), so they are made once per device and reused by
-    every launch (no fill between launches). Launches on one stream take turns; two streams running these kernels
-    at once would share them."""
+    every launch (no fill between launches). They grow geometrically, to the power of two at or above twice what a
+    launch asks (at least 4096): a training step's backward asks more than its forward (the norm's and W̃'s
+    tickets besides the segments'), but under twice as many where each head is one token range and there are two
+    heads or more (as wherever the count passes 4096 on a GPU), so a new shape allocates once in its first step,
+    and steady-state steps allocate nothing. Launches on one stream take turns; two streams running these kernels at
+    once would share them."""
     found = _tickets.get(device)
     if found is None or found.numel() < count:
-        found = _tickets[device] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
+        found = _tickets[device] = torch.zeros(max(1 << (2 * count - 1).bit_length(), 4096), dtype=torch.int32,
+                                               device=device)
     return found
 
 
@@ -209,9 +214,10 @@ def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[t
                          do: Optional[torch.Tensor] = None, norm: Optional[Norm] = None
                          ) -> tuple[torch.Tensor, torch.Tensor, tuple, Optional[torch.Tensor]]:
     """:func:`state_gradients`, and with ``on_grid`` (an index table, and ``do``) LePE's backward in the same launch:
-    dv gets its taps of do, and (dweight (H·d, KS·KS), dbias (H·d)) float32, each batch·head's summed from its chunks'
-    rows by its last program and those over the batch by the last of all (else an empty tuple); with ``norm`` k gets
-    MHLA's RMSNorm as it loads and its backward, as :func:`readout_gradients` q's, and dnorm_weight (else None)."""
+    dv gets its taps of do, and (dweight (H·d, KS·KS), dbias (H·d)) in the weight's dtype, each batch·head's summed
+    from its chunks' rows by its last program and those over the batch by the last of all (else an empty tuple); with
+    ``norm`` k gets MHLA's RMSNorm as it loads and its backward, as :func:`readout_gradients` q's, and dnorm_weight
+    (else None)."""
     from .split_kernels import state_bwd_kernel  # lazy: start-up time (triton loads only when a kernel runs)
 
     k, v = unit_rows(k), unit_rows(v)
@@ -229,9 +235,9 @@ def lepe_state_gradients(k: torch.Tensor, v: torch.Tensor, key_valid: Optional[t
         do = unit_rows(do)
         part = k.new_empty((B * H * segments * splits * chunks, (size * size + 1) * D), dtype=torch.float32)
         rows = k.new_empty((B * H, D, size * size), dtype=torch.float32), k.new_empty((B * H, D), dtype=torch.float32)
-        dweight = k.new_empty((H * D, size * size), dtype=torch.float32)
-        dbias = k.new_empty((H * D,), dtype=torch.float32)
         filters, grid = on_grid.lepe.filters, (on_grid.prefix, on_grid.rows, on_grid.cols)
+        dweight = k.new_empty((H * D, size * size), dtype=filters.dtype)  # (no cast after: the kernel stores them so)
+        dbias = k.new_empty((H * D,), dtype=filters.dtype)
     else:
         do = part = dweight = dbias = filters = dz
         rows, grid = (dz, dz), (0, 0, 0)

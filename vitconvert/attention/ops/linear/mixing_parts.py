@@ -130,7 +130,7 @@ def lepe_key_taps(g_at, s_gn, v, tok, inside, d, d_ok, LW, LPART, out, MASK, s_m
         for j in range(KS):
             src, ok = _source(MASK, b, s_mb, r_in, in_ok, col, KS // 2 - j, P, COLS, False)
             g = tl.load(g_rows + src[:, None] * s_gn, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-            dv += g * tl.load(weights + i * KS + j, mask=d_ok, other=0.0)[None, :]
+            dv += g * tl.load(weights + i * KS + j, mask=d_ok, other=0.0).to(tl.float32)[None, :]
             tl.store(share + (i * KS + j) * D, tl.sum(g * v, axis=0), mask=d_ok)
     own = tl.load(g_rows + tok[:, None] * s_gn, mask=spatial[:, None] & d_ok[None, :], other=0.0)
     tl.store(share + KS * KS * D, tl.sum(own.to(tl.float32), axis=0), mask=d_ok)
@@ -162,8 +162,8 @@ def lepe_filter_total(LPART, DLW, DLB, bh, SEGMENTS, SPLITS, CHUNKS, per, L, d, 
 def lepe_batch_total(DLW, DLB, LWG, LBG, COUNTER, which, B, H, D, KS: tl.constexpr, BLOCK: tl.constexpr):
     """After a batch·head's filter gradient is in DLW, DLB (:func:`lepe_filter_total`, or the pairwise backward's
     :func:`..grid.kernels.conv_weight_taps`), the last of the B·H (a ticket at COUNTER + ``which``) sums them over
-    the batch in order (an image's H·D·KS·KS and H·D floats are one row) into LWG (H·D, KS·KS) and LBG (H·D)
-    float32: the weight's gradient, no torch op after the launch."""
+    the batch in order (an image's H·D·KS·KS and H·D floats are one row) into LWG (H·D, KS·KS) and LBG (H·D) in
+    their dtype (the weight's): its gradient, no torch op after the launch."""
     if _last_program(COUNTER, which, B * H):
         _rows_total(DLW, 0, B, H * D * KS * KS, LWG, BLOCK)
         _rows_total(DLB, 0, B, H * D, LBG, BLOCK)

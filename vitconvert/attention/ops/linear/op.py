@@ -221,13 +221,14 @@ def run_blocked_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: 
                          rows: int = 0, cols: int = 0, prefix: int = 0
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                     torch.Tensor, torch.Tensor]:
-    """dq, dk, dv, dW̃, dq_weight, dk_weight, dlepe_weight, dlepe_bias (the weights' float32; empty without the norm
-    or LePE) of :func:`blocked_attention` in three launches, no torch op between: the mixed states again (each
-    segment's unmixed one kept), the read-out's backward (its last program of a batch·head: dS_s = Σ_a W̃[a, s] dR_a
-    and dW̃), the states' backward (LePE's: dv's taps of do, the filter's gradient summed by its last program; the
-    norm's: dq, dk by the last program of each token range's heads: :mod:`.norm_parts`); dW̃ and the norm weights'
-    gradients come summed over the batch by the kernels' last programs (:func:`.tickets.batch_total`). With the
-    norm, q and k are the raw ones, normalised as they load with the forward's ``rstd``, which it then needs."""
+    """dq, dk, dv, dW̃, dq_weight, dk_weight, dlepe_weight, dlepe_bias (the weights' dtypes, LePE's bias as its weight;
+    empty without the norm or LePE) of :func:`blocked_attention` in three launches, no torch op between: the mixed
+    states again (each segment's unmixed one kept), the read-out's backward (its last program of a batch·head: dS_s =
+    Σ_a W̃[a, s] dR_a and dW̃), the states' backward (LePE's: dv's taps of do, the filter's gradient summed by its
+    last program; the norm's: dq, dk by the last program of each token range's heads: :mod:`.norm_parts`); dW̃ and
+    the norm weights' gradients come summed over the batch by the kernels' last programs
+    (:func:`.tickets.batch_total`). With the norm, q and k are the raw ones, normalised as they load with the
+    forward's ``rstd``, which it then needs."""
     on_grid = _on_grid(q, v, key_valid, index, lepe_weight, None, rows, cols, prefix)
     q_norm, k_norm = norm_pair(q_weight, k_weight, rstd)
     if q_norm is not None and (rstd is None or rstd.shape != (2, q.shape[0], q.shape[2])):
@@ -253,8 +254,7 @@ def _(q, k, v, do, key_valid, index, mixing, feature, feature_eps, eps, q_weight
     norm = ((q.new_empty((0,)),) * 2 if q_weight is None or k_weight is None else
             (torch.empty_like(q_weight), torch.empty_like(k_weight)))
     lepe = ((q.new_empty((0,)),) * 2 if lepe_weight is None else
-            (torch.empty_like(lepe_weight, dtype=torch.float32), q.new_empty((lepe_weight.shape[0],),
-                                                                            dtype=torch.float32)))
+            (torch.empty_like(lepe_weight), q.new_empty((lepe_weight.shape[0],), dtype=lepe_weight.dtype)))
     return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(mixing), *norm, *lepe)
 
 

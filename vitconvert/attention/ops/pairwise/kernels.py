@@ -114,10 +114,9 @@ def pairwise_fwd_kernel(
     ``NORM`` for every head of one image: q and k are MHLA's RMSNorm over heads, normalised as they load, and the
     program first takes the 1/rms over all heads of its query tile and of every key (RSTD_Q, RSTD_K: (B, N)
     float32, written for backward; each program of an image writes the same keys' values, and reads its own back):
-    one launch reads k, no pass of its own. ``LEPE``: plus MHLA's LePE, the KS×KS
-    depthwise conv of v (LW: (H·D, KS·KS), LB: (H·D,) float32) over the ROWS×COLS grid after P prefix tokens, in the
-    epilogue
-    (:func:`..grid.kernels.conv_taps`: v's rows again, from cache)."""
+    one launch reads k, no pass of its own. ``LEPE``: plus MHLA's LePE, the KS×KS depthwise conv of v (LW: (H·D,
+    KS·KS), LB: (H·D,) in the module's dtype, read as float32) over the ROWS×COLS grid after P prefix tokens, in the
+    epilogue (:func:`..grid.kernels.conv_taps`: v's rows again, from cache)."""
     program, tile_m = tl.program_id(0), tl.program_id(1)
     if NORM:  # (a program per image: every head's, as the norm's 1/rms is every head's)
         b, first, heads = program, 0, H
@@ -176,7 +175,7 @@ def pairwise_bwd_kernel(
     ``LEPE``: dv also gets the LePE conv's transposed taps of do, the conv's dw and dbias of this batch·head go to
     DLW (B·H, D, KS·KS) and DLB (B·H, D) float32, in the weight's own layout (:func:`..grid.kernels.conv_weight_taps`),
     and the last of the B·H programs (ticket COUNTER + B + 1) sums them over the batch into LWG (H·D, KS·KS) and LBG
-    (H·D) float32 (:func:`..linear.mixing_parts.lepe_batch_total`)."""
+    (H·D) in the weight's dtype (:func:`..linear.mixing_parts.lepe_batch_total`)."""
     bh = tl.program_id(0)
     b, h = bh // H, bh % H
     d = tl.arange(0, BLOCK_D)

@@ -107,15 +107,16 @@ def _(q, k, v, key_valid, segments, mixing, feature, feature_eps, eps, q_weight=
     return _output_like(q), rstd_rows(q, q_weight, k_weight)
 
 
-def _lepe_rows(q: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(rows of the filter's gradient (B·H, d, KS·KS), of the bias' (B·H, d), their sums over the batch (H·d, KS·KS),
-    (H·d)) float32 of the backward kernel, which sums the rows; with one image its rows are the sums (views: the
-    kernel's sum of one row writes it back where it is, no copy)."""
+def _lepe_rows(q: torch.Tensor, size: int, dtype: torch.dtype
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows of the filter's gradient (B·H, d, KS·KS), of the bias' (B·H, d), float32, and their sums over the batch
+    (H·d, KS·KS), (H·d) in the weight's ``dtype``) of the backward kernel, which sums the rows; with one image and a
+    float32 weight its rows are the sums (views: the kernel's sum of one row writes it back where it is, no copy)."""
     B, H, _, D = q.shape
     rows = q.new_empty((B * H, D, size * size), dtype=torch.float32), q.new_empty((B * H, D), dtype=torch.float32)
-    if B == 1:
+    if B == 1 and dtype == torch.float32:
         return (*rows, rows[0].view(H * D, size * size), rows[1].view(H * D))
-    return (*rows, q.new_empty((H * D, size * size), dtype=torch.float32), q.new_empty((H * D,), dtype=torch.float32))
+    return (*rows, q.new_empty((H * D, size * size), dtype=dtype), q.new_empty((H * D,), dtype=dtype))
 
 
 def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
@@ -129,8 +130,8 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     program per batch·head (:func:`.kernels.pairwise_bwd_kernel`: the query tiles, which read the forward out again,
     then the key tiles, with LePE's backward and each side's norm backward), normalising q and k as they load (with
     the forward's ``rstd``), and no torch op after it: dW̃ and the norm weights' gradients come summed over the batch
-    by its last programs in the weights' dtypes, LePE's in float32 (the weights' gradients empty without the norm or
-    LePE)."""
+    by its last programs in the weights' dtypes, LePE's bias' in its weight's (the weights' gradients empty without
+    the norm or LePE)."""
     from .kernels import pairwise_bwd_kernel  # lazy: start-up time
 
     q, k, v, do = unit_rows(q), unit_rows(k), unit_rows(v), unit_rows(do)
@@ -150,7 +151,7 @@ def run_pairwise_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do:
     used = 4 * B + 2  # (the two norms' tickets, then B + 1 for dW̃'s sum and one for LePE's)
     mask, s_mb = _mask_arg(key_valid, k)
     lepe = lepe_args(q, lepe_weight, None, rows, cols, prefix)
-    dlepe = _lepe_rows(q, lepe.size) if lepe.on else (den,) * 4
+    dlepe = _lepe_rows(q, lepe.size, lepe.filters.dtype) if lepe.on else (den,) * 4
     launch(pairwise_bwd_kernel, (B * H,),
         q, k, v, mask, segments, mixing.contiguous(), *q_args, *k_args, lepe.filters, do, dq, dk, dv, den,
         mixing_rows, tickets(used + B + 2, q.device)[used:used + B + 2], dmixing, *dlepe,
@@ -175,8 +176,7 @@ def _(q, k, v, do, key_valid, segments, mixing, feature, feature_eps, eps, q_wei
     weights = [q.new_empty((0,)) if w is None or k_weight is None or q_weight is None else torch.empty_like(w)
                for w in (q_weight, k_weight)]
     lepe = ((q.new_empty((0,)),) * 2 if lepe_weight is None else
-            (torch.empty_like(lepe_weight, dtype=torch.float32), q.new_empty((lepe_weight.shape[0],),
-                                                                            dtype=torch.float32)))
+            (torch.empty_like(lepe_weight), q.new_empty((lepe_weight.shape[0],), dtype=lepe_weight.dtype)))
     return (*(_output_like(t) for t in (q, k, v)), torch.empty_like(mixing), *weights, *lepe)
 
 
