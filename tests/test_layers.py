@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("data and model plumbing", ["data", "init", "timm_registry", "capture", "recipe_report"]),
     ("model card", ["card"]),
     ("model folder", ["folder"]),
+    ("folder upgrade", ["folder_upgrade"]),  # `vitconvert upgrade`: older layouts rewritten as folder.py writes
     ("softmax sources", ["sources"]),
     ("any model", ["loading"]),
     ("jobs", ["conversion", "evaluate", "compare", "export", "hub"]),

@@ -137,7 +137,7 @@ def test_upgrade_of_a_format2_folder_keeps_weights_other_files_and_an_edited_car
     is not ours stays; a card the user took over (no generated-card marker) stays theirs."""
     from safetensors.torch import load_file
 
-    from vitconvert.folder import upgrade_folder
+    from vitconvert.folder_upgrade import upgrade_folder
 
     folder = tmp_path / "elu"
     shutil.copytree(FORMAT2 / "elu", folder)

@@ -166,7 +166,7 @@ def test_an_upgrade_of_timms_pickle_stopped_before_config_json_is_finished_by_a_
     import torch
     from safetensors.torch import load_file
 
-    from vitconvert import folder as folder_module
+    from vitconvert import folder_upgrade as folder_module
 
     student, _ = vitconvert.convert(tiny_model("vit"), "elu")
     folder = vitconvert.save(student, tmp_path / "m")

@@ -39,7 +39,7 @@ def upgrade(folder: str = typer.Argument(..., help="a vitconvert model or run fo
     Example: vitconvert upgrade ./deit_small_patch16_224-elu
     """
     with loading_libraries():
-        from ..folder import upgrade_folder  # lazy: start-up time (and --help's)
+        from ..folder_upgrade import upgrade_folder  # lazy: start-up time (and --help's)
 
     path = folder_of(folder)
     old = upgrade_folder(path)
