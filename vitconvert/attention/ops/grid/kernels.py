@@ -295,7 +295,7 @@ def grid_conv_bwd_kernel(
     dx_hat = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     for tap in range(KS * KS):
         i, j = tap // KS, tap % KS
-        w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + tap, mask=d_ok, other=0.0)
+        w = tl.load(WEIGHT + (h * D + d) * (KS * KS) + tap, mask=d_ok, other=0.0).to(tl.float32)
         if WRITE_DX or NORM:  # (the grid tokens whose tap (i, j) reads these: any, valid or not)
             r_in, in_ok = _row(valid, row, KS // 2 - i, ROWS)
             src, ok = _source(MASK, b, s_mb, r_in, in_ok, col, KS // 2 - j, P, COLS, False)
@@ -350,7 +350,8 @@ def _norm_sums(SUMS_OUT, SUMS_IN, COUNTER, bh, tile, TILES, BH, s1, s2, count, d
 @triton.jit
 def _filter_totals(DW, DBIAS, DWF, DBF, h, PARTS, d, d_ok, D, KS: tl.constexpr):
     """Head h's filter gradient (its channels' rows of DWF, (H·D, KS·KS), the weight's own layout) and bias gradient
-    (DBF, (H·D)): its PARTS programs' partials summed in their order (deterministic; no float atomics)."""
+    (DBF, (H·D)), in the weight's dtype: its PARTS programs' partials summed in their order (deterministic; no float
+    atomics)."""
     for tap in range(KS * KS):
         tl.store(DWF + (h * D + d) * (KS * KS) + tap,
                  _summed(DW, h * PARTS, PARTS, tap * D, KS * KS * D, d, d_ok), mask=d_ok)

@@ -45,8 +45,9 @@ def statistics(x: torch.Tensor, key_valid: Optional[torch.Tensor], eps: float,
 
 
 def _filters(weight: torch.Tensor) -> torch.Tensor:
-    """The (C, 1, KS, KS) depthwise weight as the kernels read it: (C, KS·KS) float32, C = H·d head-major."""
-    return weight.reshape(weight.shape[0], -1).to(torch.float32).contiguous()
+    """The (C, 1, KS, KS) depthwise weight as the kernels read it: (C, KS·KS) in its own dtype, C = H·d head-major
+    (a view of the module's weight, no torch op: the kernels convert it to float32 as they load it)."""
+    return weight.contiguous().view(weight.shape[0], -1)
 
 
 def _geometry(x: torch.Tensor) -> tuple[int, ...]:
@@ -60,7 +61,8 @@ def _geometry(x: torch.Tensor) -> tuple[int, ...]:
 def run_grid_conv_backward(x: torch.Tensor, weight: torch.Tensor, key_valid: Optional[torch.Tensor],
                            stats: torch.Tensor, dy: torch.Tensor, rows: int, cols: int, prefix: int,
                            norm: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dx (x's dtype, stored as (B, N, H, d)), dw (the weight's shape) and dbias (float32) of the residual conv y = x̂ +
+    """dx (x's dtype, stored as (B, N, H, d)), dw (the weight's shape) and dbias (the weight's dtype: the kernel
+    stores them so, no cast after) of the residual conv y = x̂ +
     bias + conv(x̂·m) of (B, H, N, d) ``x`` whose last rows × cols tokens are the grid (:func:`grid_conv_eager`
     without a base), given dy; ``norm``: x̂ is TTT's instance norm of x, of ``stats`` (:func:`statistics`)."""
     from ..linear.launches import tickets  # lazy: start-up time
@@ -72,8 +74,8 @@ def run_grid_conv_backward(x: torch.Tensor, weight: torch.Tensor, key_valid: Opt
     dx = _output_like(x)
     dw = x.new_empty((H * B * tiles, size * size, D), dtype=torch.float32)  # (the programs' partials, summed by the
     dbias = x.new_empty((H * B * tiles, D), dtype=torch.float32)  # last of each head's into dweight and dbias_total)
-    dweight = x.new_empty(weight.shape, dtype=torch.float32)
-    dbias_total = x.new_empty((H * D,), dtype=torch.float32)
+    dweight = x.new_empty(weight.shape, dtype=weight.dtype)
+    dbias_total = x.new_empty((H * D,), dtype=weight.dtype)
     sums = x.new_empty((3, B * H * tiles, D), dtype=torch.float32) if norm else dbias
     summed = x.new_empty((3, B * H, D), dtype=torch.float32) if norm else dbias
     mask, s_mb = _mask_arg(key_valid, x)

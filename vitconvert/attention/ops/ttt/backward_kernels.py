@@ -300,9 +300,9 @@ def ttt_bwd_kernel(
     (3, H, D, D)): neither W' nor dW' crosses memory, and the fast weights are read once. With ``CONV`` and
     ``K_CONV`` the convs' backward too (:func:`_through_the_conv`), last: the convolved q's gradient waits in dk's
     rows, the convolved k's in S (a q-sized scratch), and dq, dk and the filters' gradients of this (batch, head)
-    (DQW, DKW: (H·D, 9), DQB, DKB: (H·D,) the biases', float32) come from them in this program. With one image
-    the gradients of W and the filters are written where they belong; with more, each image's into its row of PART
-    (:func:`_image_parts`) and the last of a head's programs sums them over the batch (:func:`_batch_summed`)."""
+    (DQW, DKW: (H·D, 9), DQB, DKB: (H·D,) the biases', in the filters' dtype) come from them in this program. With
+    one image W's and the filters' gradients are written where they belong; with more, each image's into its row of
+    PART (:func:`_image_parts`) and the last of a head's programs sums them over the batch (:func:`_batch_summed`)."""
     bh, _, b_, h, d, d_ok, _, _ = _program(H, N, D, N, BLOCK_D)
     mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
     u1, u2, u3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,

@@ -87,7 +87,7 @@ def _queries(q_base, tok, tile, d, d_ok, s_qn, QW, QB, MASK, s_mb, b_, h, N, D, 
              CONV: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_D: tl.constexpr):
     """One chunk of query rows in float32, zero outside ``tile``; with ``CONV`` TTT's residual 3×3 depthwise conv
-    of q on the grid (QW: (H·D, 9) float32 filters, QB its bias) added as the tile loads."""
+    of q on the grid (QW: (H·D, 9) filters, QB its bias, read as float32) added as the tile loads."""
     q = _rows(q_base, tok, tile, d, s_qn)
     if CONV:
         none = tl.zeros_like(d).to(tl.float32)

@@ -84,9 +84,10 @@ def _step_args(step: Union[float, torch.Tensor], like: torch.Tensor) -> tuple[to
 
 def _filters(weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
              like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A (H·d, 1, 3, 3) depthwise conv as the kernels read it: (H·d, 9) float32 filters and bias (placeholders)."""
-    filters = like if weight is None else weight.reshape(weight.shape[0], -1).to(torch.float32).contiguous()
-    return filters, like if bias is None else bias.to(torch.float32).contiguous()
+    """A (H·d, 1, 3, 3) depthwise conv as the kernels read it: (H·d, 9) filters and bias in the module's dtype
+    (views, no torch op: the kernels convert them to float32 as they load them), or placeholders."""
+    filters = like if weight is None else weight.contiguous().view(weight.shape[0], -1)
+    return filters, like if bias is None else bias.contiguous()
 
 
 class _Step:
@@ -223,7 +224,7 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
                dq.stride(1), dq.stride(2))
     tiles = tile_args(q, half_tiles=True)
     d_updated = q.new_empty((B * H, 3, D, D), dtype=torch.float32)  # dW' (the split path's or one program's)
-    dweights = q.new_empty((3, H, D, D), dtype=torch.float32)  # dW1, dW2, dW3 (summed by the kernels' last programs)
+    dweights = q.new_empty((3, H, D, D), dtype=w1.dtype)  # dW1, dW2, dW3 (summed by the kernels' last programs)
     convs = [f for f in (q_filter, k_filter) if f is not None]
     d_filters = None  # the convs' gradients where the one kernel gives them
 
@@ -232,8 +233,8 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         from ..linear.launches import tickets  # lazy: start-up time
 
         scratch = _output_like(q) if convs else dq  # (a placeholder without: unread)
-        filters = [q.new_empty(shape, dtype=torch.float32) if f is not None else dweights  # (q's filters, bias, then
-                   for f in (q_filter, k_filter) for shape in ((H * D, 9), (H * D,))]  # k's; placeholders float32)
+        filters = [q.new_empty(shape, dtype=f.dtype) if f is not None else dweights  # (q's filters, bias, then k's,
+                   for f in (q_filter, k_filter) for shape in ((H * D, 9), (H * D,))]  # in the weight's dtype)
         part, counter = dweights, dq.new_empty((1,), dtype=torch.int32)  # (one image: placeholders, unread)
         if B > 1:
             part = q.new_empty((B, part_width(H, D, len(convs))), dtype=torch.float32)
@@ -263,13 +264,13 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         _sums_backward(step, d_updated, dk, dv, dweights)
 
     _one_program(ONE_KERNEL, whole, in_parts, step)
-    grads = [dq, dk, dv, dweights.to(w1.dtype), *(q.new_empty((0,)) for _ in range(4))]  # (outputs of their own)
+    grads = [dq, dk, dv, dweights, *(q.new_empty((0,)) for _ in range(4))]  # (outputs of their own)
     for at, t, filters, bias, norm in ((0, q, q_filter, q_bias, False), (1, k, k_filter, k_bias, True)):
         if filters is not None and d_filters is not None:
             d_filter, d_bias = d_filters[2 * at:2 * at + 2]
-            grads[4 + 2 * at] = d_filter.view(filters.shape).to(filters.dtype)
+            grads[4 + 2 * at] = d_filter.view(filters.shape)
             if bias is not None:
-                grads[5 + 2 * at] = d_bias.to(bias.dtype)
+                grads[5 + 2 * at] = d_bias.to(bias.dtype)  # (no op where it is the weight's, as a module's is)
         elif filters is not None:
             try:
                 grads[at], d_filter, d_bias = run_grid_conv_backward(t, filters, key_valid, stats, grads[at], rows,
@@ -277,7 +278,7 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
             except KernelUnavailable as e:
                 e.op = "grid_conv"  # (the grid op's kernel: that op goes off, the step keeps its kernels)
                 raise
-            grads[4 + 2 * at] = d_filter.to(filters.dtype)
+            grads[4 + 2 * at] = d_filter  # (in the weight's dtype: the kernel stores it so)
             if bias is not None:
                 grads[5 + 2 * at] = d_bias.to(bias.dtype)
     return grads
