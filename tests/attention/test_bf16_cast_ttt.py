@@ -1,6 +1,7 @@
 """TTT's step with its q/k convs on a module cast to bf16 (``model.to(torch.bfloat16)``): the convs' weights and
 biases (and the fast weights) handed over as they are, read and their gradients stored in bf16 by the kernels (TTT's
-and, on the split path, the grid op's), no torch op per call."""
+and, on the split path, the grid op's), no torch op per call, with a padding mask too (each image's step lr·s/n
+counted from its mask row in the kernels)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .fused_cases import (
     TOL,
     kernels_here,  # noqa: F401  (an autouse fixture: the kernels on this device)
     launches_and_ops,
+    padding_mask,
 )
 from .helpers import rel_error
 
@@ -24,13 +26,15 @@ STEP_KERNELS = {"one program a head": ["ttt_bwd_kernel"],
                 "split": ["swiglu_readout_bwd_kernel", "grid_conv_bwd_kernel"]}
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["no mask", "padding mask"])
 @pytest.mark.parametrize("path", list(STEP_KERNELS))
-def test_ttt_reads_the_convs_of_a_bf16_cast_module_in_bf16_and_runs_no_torch_op(path):
+def test_ttt_reads_the_convs_of_a_bf16_cast_module_in_bf16_and_runs_no_torch_op(path, masked):
     """A TTT module cast to bf16 hands its q/k convs' weights and biases and its fast weights to the step as they
     are: the kernels read them in bf16 (float32 in registers) and store their gradients so, with one program a head
     (the whole backward in one kernel) and with heads split over token ranges (the convs' backward in the grid op's
     kernel), so no torch op but allocations and views runs in either pass (no cast of the filters per call); values
-    and every gradient against the float64 eager step within the bf16 bars."""
+    and every gradient against the float64 eager step within the bf16 bars. With a padding mask (the images' valid
+    keys differ) the same: each kernel counts its image's valid keys for the step lr·s/n (no torch op for it)."""
     from vitconvert.attention.ops.linear.launches import tickets
 
     grid, prefix, B, H, d = (6, 6), 2, 2, 2, 16
@@ -51,7 +55,7 @@ def test_ttt_reads_the_convs_of_a_bf16_cast_module_in_bf16_and_runs_no_torch_op(
               module.k_conv.weight, module.k_conv.bias)
     assert all(p.dtype == torch.bfloat16 for p in params)
     q, k, v = (torch.randn(B, H, N, d, generator=g).to(DEVICE, torch.bfloat16).requires_grad_() for _ in range(3))
-    mask = None  # (a mask's per-image step size, _step_size, is torch ops of its own, whatever the dtype)
+    mask = padding_mask(B, N) if masked else None
     w1, w2, w3, q_filter, q_bias, k_filter, k_bias = params
     scale, lr, eps = d ** -0.5, 0.7, module.key_norm_eps
     tickets(4096, q.device)  # (made before the recording: a first call's zeros are no op of the step)

@@ -100,7 +100,7 @@ def _summed_square(P, OUT, first, count, which, D, BLOCK_D: tl.constexpr):
 
 @triton.jit
 def ttt_readout_bwd_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, Q, QW, QB, DO, DQ, DW,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, Q, QW, QB, DO, DQ, DW,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_qb, s_qh, s_qn, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
     B, H, N, D, P, ROWS, COLS,
     K_CONV: tl.constexpr, K_BIAS: tl.constexpr, CONV: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -111,7 +111,7 @@ def ttt_readout_bwd_kernel(
     (grid: (B·H,); DW: (BH, 3, 1, D, D))."""
     bh, _, b_, h, d, d_ok, _, _ = _program(H, N, D, N, BLOCK_D)
     mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
-    w1, w2, w3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+    w1, w2, w3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
                                  s_mb, step, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV, K_BIAS, HAS_MASK,
                                  BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
     dw1, dw2, dw3 = _read_out_backward(Q + b_ * s_qb + h * s_qh, DO + b_ * s_gb + h * s_gh, DQ + b_ * s_dqb + h * s_dqh,
@@ -147,15 +147,15 @@ def _store_key_rows(base, tok, tile, end, d, d_ok, stride, x):
 
 
 @triton.jit
-def _sums_backward_start(W1, W2, W3, DG, STEPS, STATS, step, B, H, N, D, tokens_per_split, K_CONV: tl.constexpr,
-                         HAS_MASK: tl.constexpr, BLOCK_D: tl.constexpr):
+def _sums_backward_start(W1, W2, W3, DG, MASK, s_mb, STATS, step, B, H, N, D, tokens_per_split, K_CONV: tl.constexpr,
+                         HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """What the sums' backward kernels share: their program (:func:`.kernels._program`), W1, W2, W3, dĜ = step·dW'
     (DG: dW', (BH, 3, D, D)), dW' in the first range's part of dW, zero in the others (the ranges' and the batch's
     sum of the parts is then dW = dW' + the chain's), all float32, and the keys' statistics (μ, r)."""
     bh, split, b_, h, d, d_ok, begin, end = _program(H, N, D, tokens_per_split, BLOCK_D)
     w1, w2, w3 = _initial(W1, W2, W3, h, d, d_ok, D)
     du1, du2, du3 = _three(DG, bh * 3, d, d_ok, D)
-    s = _step_of(STEPS, b_, step, HAS_MASK)
+    s = _step_of(MASK, s_mb, b_, step, N, HAS_MASK, BLOCK_N)
     leading = tl.where(split == 0, 1.0, 0.0)
     mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
     return (bh, split, b_, h, d, d_ok, begin, end, w1, w2, w3, du1 * s, du2 * s, du3 * s, du1 * leading,
@@ -212,7 +212,7 @@ def _put_weight_partials(P, first, apart, dw1, dw2, dw3, d, d_ok, D, KEYS: tl.co
 
 
 @triton.jit
-def _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT, s_kb, s_kh, s_kn, s_vb,
+def _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, DK, DV, DW, COUNTER, DWT, s_kb, s_kh, s_kn, s_vb,
                    s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS,
                    tokens_per_split, P, ROWS, COLS, K_CONV: tl.constexpr, K_BIAS: tl.constexpr, KEYS: tl.constexpr,
                    VALUES: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -221,8 +221,8 @@ def _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW,
     its partial dW into DW (3, H·B·SPLITS, D, D: a head's images and ranges side by side); the last of a head's
     B·SPLITS programs (a ticket in COUNTER) sums them in that order into DWT (3, H, D, D), the gradient of W."""
     (bh, split, b_, h, d, d_ok, begin, end, w1, w2, w3, dg1, dg2, dg3, dw1, dw2, dw3, mean,
-     rstd) = _sums_backward_start(W1, W2, W3, DG, STEPS, STATS, step, B, H, N, D, tokens_per_split, K_CONV, HAS_MASK,
-                                  BLOCK_D)
+     rstd) = _sums_backward_start(W1, W2, W3, DG, MASK, s_mb, STATS, step, B, H, N, D, tokens_per_split, K_CONV,
+                                  HAS_MASK, BLOCK_N, BLOCK_D)
     dw1, dw2, dw3 = _through_the_sums(K, V, MASK, KW, KB, DK, DV, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, s_dkb,
                                       s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, b_, h, N, D, P, ROWS, COLS, begin, end, d,
                                       d_ok, w1, w2, w3, dg1, dg2, dg3, dw1, dw2, dw3, mean, rstd, K_CONV, K_BIAS, KEYS,
@@ -240,7 +240,7 @@ def _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW,
 
 @triton.jit
 def inner_sums_bwd_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, DK, DV, DW, COUNTER, DWT,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     B, H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
     K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -249,7 +249,7 @@ def inner_sums_bwd_kernel(
     """dk, dv and the partial dW of one (batch·head, token range) (:func:`_sums_backward`); where its twelve d×d
     operands do not fit a GPU's shared memory, :func:`inner_sums_bwd_keys_kernel` and
     :func:`inner_sums_bwd_values_kernel` take its place."""
-    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT, s_kb, s_kh, s_kn, s_vb,
+    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, DK, DV, DW, COUNTER, DWT, s_kb, s_kh, s_kn, s_vb,
                    s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS,
                    tokens_per_split, P, ROWS, COLS, K_CONV, K_BIAS, True, True, HAS_MASK, BLOCK_N, BLOCK_D, TILE,
                    PRECISION, EMULATE)
@@ -257,14 +257,14 @@ def inner_sums_bwd_kernel(
 
 @triton.jit
 def inner_sums_bwd_keys_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, DK, DV, DW, COUNTER, DWT,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     B, H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
     K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """:func:`inner_sums_bwd_kernel`'s dk and partial dW1, dW2, on ten d×d operands (DV unread)."""
-    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT, s_kb, s_kh, s_kn, s_vb,
+    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, DK, DV, DW, COUNTER, DWT, s_kb, s_kh, s_kn, s_vb,
                    s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS,
                    tokens_per_split, P, ROWS, COLS, K_CONV, K_BIAS, True, False, HAS_MASK, BLOCK_N, BLOCK_D, TILE,
                    PRECISION, EMULATE)
@@ -272,14 +272,14 @@ def inner_sums_bwd_keys_kernel(
 
 @triton.jit
 def inner_sums_bwd_values_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, DK, DV, DW, COUNTER, DWT,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     B, H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
     K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """:func:`inner_sums_bwd_kernel`'s dv and partial dW3, on seven d×d operands (DK unread)."""
-    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, STEPS, DK, DV, DW, COUNTER, DWT, s_kb, s_kh, s_kn, s_vb,
+    _sums_backward(K, V, MASK, W1, W2, W3, KW, KB, STATS, DG, DK, DV, DW, COUNTER, DWT, s_kb, s_kh, s_kn, s_vb,
                    s_vh, s_vn, s_mb, step, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, B, H, N, D, SPLITS,
                    tokens_per_split, P, ROWS, COLS, K_CONV, K_BIAS, False, True, HAS_MASK, BLOCK_N, BLOCK_D, TILE,
                    PRECISION, EMULATE)
@@ -287,7 +287,7 @@ def inner_sums_bwd_values_kernel(
 
 @triton.jit
 def ttt_bwd_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, Q, QW, QB, DO, DQ, DK, DV, DW, S, DQW, DQB, DKW, DKB, PART, COUNTER,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, Q, QW, QB, DO, DQ, DK, DV, DW, S, DQW, DQB, DKW, DKB, PART, COUNTER,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_qb, s_qh, s_qn, s_gb, s_gh, s_gn, s_dqb, s_dqh, s_dqn,
     s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn, s_sb, s_sh, s_sn, s_pb,
     B, H, N, D, P, ROWS, COLS,
@@ -305,7 +305,7 @@ def ttt_bwd_kernel(
     PART (:func:`_image_parts`) and the last of a head's programs sums them over the batch (:func:`_batch_summed`)."""
     bh, _, b_, h, d, d_ok, _, _ = _program(H, N, D, N, BLOCK_D)
     mean, rstd = _statistics(STATS, B, H, D, b_, h, d, d_ok, K_CONV)
-    u1, u2, u3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+    u1, u2, u3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
                                  s_mb, step, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV, K_BIAS, HAS_MASK,
                                  BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
     q_base, s_at = Q + b_ * s_qb + h * s_qh, S + b_ * s_sb + h * s_sh
@@ -319,7 +319,7 @@ def ttt_bwd_kernel(
     du1, du2, du3 = _read_out_backward(q_base, DO + b_ * s_gb + h * s_gh, q_out, s_qn, s_gn, s_q_out, QW, QB, MASK,
                                        s_mb, b_, h, N, D, P, ROWS, COLS, 0, N, d, d_ok, u1, u2, u3, CONV, HAS_BIAS,
                                        HAS_MASK, BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
-    s = _step_of(STEPS, b_, step, HAS_MASK)
+    s = _step_of(MASK, s_mb, b_, step, N, HAS_MASK, BLOCK_N)
     w1, w2, w3 = _initial(W1, W2, W3, h, d, d_ok, D)
     if K_CONV:
         KT, s_tb, s_th, s_tn = S, s_sb, s_sh, s_sn

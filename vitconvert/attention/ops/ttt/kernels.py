@@ -50,11 +50,16 @@ def _initial(W1, W2, W3, h, d, d_ok, D):
 
 
 @triton.jit
-def _step_of(STEPS, b_, step, HAS_MASK: tl.constexpr):
-    """lr·s/n of batch b_: ``step`` (a float) without a mask, STEPS[b_] ((B,) float32) with one."""
+def _step_of(MASK, s_mb, b_, step, N, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """lr·s/n of batch b_: ``step`` (lr·s/N, a float) without a mask; with one, ``step`` is lr·s and n its image's
+    valid keys, at least 1 (:func:`..layout.valid_keys`), counted here from its mask row: no torch op per call."""
     s = step
     if HAS_MASK:
-        s = tl.load(STEPS + b_)
+        n = tl.zeros((BLOCK_N,), dtype=tl.int32)
+        for start in range(0, N, BLOCK_N):
+            tok = start + tl.arange(0, BLOCK_N)
+            n += (tl.load(MASK + b_ * s_mb + tok, mask=tok < N, other=0) != 0).to(tl.int32)
+        s = step / tl.maximum(tl.sum(n, axis=0), 1).to(tl.float32)
     return s
 
 
@@ -172,7 +177,7 @@ def key_sums(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, s_kb, s_kh, s_kn, s_vb,
 
 
 @triton.jit
-def updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb,
+def updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb,
                     step, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV: tl.constexpr, K_BIAS: tl.constexpr,
                     HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
                     PRECISION: tl.constexpr, EMULATE: tl.constexpr):
@@ -180,14 +185,14 @@ def updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_k
     g1, g2, g3 = key_sums(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, N, D,
                           P, ROWS, COLS, b_, h, d, d_ok, 0, N, K_CONV, K_BIAS, HAS_MASK, BLOCK_N, BLOCK_D, TILE,
                           PRECISION, EMULATE)
-    s = _step_of(STEPS, b_, step, HAS_MASK)
+    s = _step_of(MASK, s_mb, b_, step, N, HAS_MASK, BLOCK_N)
     w1, w2, w3 = _initial(W1, W2, W3, h, d, d_ok, D)  # (float32 again: the TILE copies may be rounded)
     return w1 + s * g1, w2 + s * g2, w3 + s * g3
 
 
 @triton.jit
 def inner_sums_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, G, COUNTER, WP, KEPT,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, G, COUNTER, WP, KEPT,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step,
     B, H, N, D, SPLITS, tokens_per_split, P, ROWS, COLS,
     K_CONV: tl.constexpr, K_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, KEEP: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -204,17 +209,18 @@ def inner_sums_kernel(
                           TILE, PRECISION, EMULATE)
     _put_partials(G, bh, split, SPLITS, g1, g2, g3, d, d_ok, D)
     if _last_program(COUNTER, bh, SPLITS):
-        _updated_from_partials(G, WP, KEPT, W1, W2, W3, STEPS, step, bh, b_, h, SPLITS, D, HAS_MASK, KEEP, BLOCK_D)
+        _updated_from_partials(G, WP, KEPT, W1, W2, W3, MASK, s_mb, step, bh, b_, h, N, SPLITS, D, HAS_MASK, KEEP,
+                               BLOCK_N, BLOCK_D)
         _ticket_back(COUNTER, bh)
 
 
 @triton.jit
-def _updated_from_partials(G, WP, KEPT, W1, W2, W3, STEPS, step, bh, b_, h, SPLITS, D, HAS_MASK: tl.constexpr,
-                           KEEP: tl.constexpr, BLOCK_D: tl.constexpr):
+def _updated_from_partials(G, WP, KEPT, W1, W2, W3, MASK, s_mb, step, bh, b_, h, N, SPLITS, D,
+                           HAS_MASK: tl.constexpr, KEEP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """W'_j = W_j + step·Σ_ranges Ĝ_j of one batch·head, summed in the ranges' order (deterministic), one matrix at a
     time (entry bh·3 + j of WP, and of KEPT with ``KEEP``: the backward's copy, in the dtype its tiles take, rounded
     as they would round it), as flat rows of the d×d entries (:func:`flat_square`)."""
-    s = _step_of(STEPS, b_, step, HAS_MASK)
+    s = _step_of(MASK, s_mb, b_, step, N, HAS_MASK, BLOCK_N)
     at, ok = flat_square(D, BLOCK_D)
     for j in tl.static_range(3):
         W = W1 if j == 0 else (W2 if j == 1 else W3)
@@ -286,7 +292,7 @@ def key_norm(K, MASK, STATS, s_kb, s_kh, s_kn, s_mb, eps, B, H, N, D, b_, h, d, 
 
 @triton.jit
 def ttt_fwd_kernel(
-    K, V, MASK, W1, W2, W3, KW, KB, STATS, STEPS, Q, QW, QB, O,
+    K, V, MASK, W1, W2, W3, KW, KB, STATS, Q, QW, QB, O,
     s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_mb, step, s_qb, s_qh, s_qn, s_ob, s_oh, s_on, eps,
     B, H, N, D, P, ROWS, COLS,
     K_CONV: tl.constexpr, K_BIAS: tl.constexpr, CONV: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -298,7 +304,7 @@ def ttt_fwd_kernel(
     bh, _, b_, h, d, d_ok, _, _ = _program(H, N, D, N, BLOCK_D)
     mean, rstd = key_norm(K, MASK, STATS, s_kb, s_kh, s_kn, s_mb, eps, B, H, N, D, b_, h, d, d_ok, K_CONV, HAS_MASK,
                           BLOCK_N, BLOCK_D)
-    w1, w2, w3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, STEPS, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+    w1, w2, w3 = updated_weights(K, V, MASK, W1, W2, W3, KW, KB, mean, rstd, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
                                  s_mb, step, N, D, P, ROWS, COLS, b_, h, d, d_ok, K_CONV, K_BIAS, HAS_MASK,
                                  BLOCK_N, BLOCK_D, TILE, PRECISION, EMULATE)
     _read_out(Q + b_ * s_qb + h * s_qh, O + b_ * s_ob + h * s_oh, s_qn, s_on, QW, QB, MASK, s_mb, b_, h, N, D, P,

@@ -26,7 +26,7 @@ TTT's kernels off and takes that step's gradients from the op's eager form.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 
@@ -34,7 +34,7 @@ from ..calls import _direct_function, _eager_gradients, call_op
 from ..dispatch import KernelUnavailable, direct, fits, launch, tile_args, too_big
 from ..grid.op import grid_conv_eager, run_grid_conv_backward, statistics
 from ..launch_plan import LinearLaunches, kept_dtype, linear_launches
-from ..layout import _mask_arg, _output_like, unit_rows, valid_keys
+from ..layout import _mask_arg, _output_like, unit_rows
 from .closed_form import stepped_readout
 
 ONE_PASS = "ttt_step: the sums' backward in one kernel"  # (dispatch.fits: where it does not, two kernels)
@@ -43,13 +43,11 @@ ONE_KERNEL = "ttt_step: a head's backward in one kernel"  # (where it does not f
 PARTIAL_SQUARES = 3  # Ĝ1, Ĝ2, Ĝ3: the d×d float32 sums a token range writes (launch_plan.shortest_range weighs them)
 
 
-def _step_size(key_valid: Optional[torch.Tensor], tokens: int, scale: float,
-               lr: float) -> Union[float, torch.Tensor]:
-    """lr·s/n, so that W' = W + (lr·s/n)·Ĝ: the step −lr times the inner loss's factor −s/n, n the valid keys
-    (a float, or (B, 1, 1, 1, 1) with a mask)."""
-    if key_valid is None:
-        return lr * scale / tokens
-    return (lr * scale) / valid_keys(key_valid).view(-1, 1, 1, 1, 1)
+def _step_size(key_valid: Optional[torch.Tensor], tokens: int, scale: float, lr: float) -> float:
+    """The kernels' ``step``: lr·s/n, so that W' = W + (lr·s/n)·Ĝ (the step −lr times the inner loss's factor −s/n,
+    n the valid keys); with a mask lr·s, each kernel dividing by its image's n, counted from the mask row (no torch
+    op per call)."""
+    return lr * scale / (tokens if key_valid is None else 1)
 
 
 def _launches(q: torch.Tensor) -> LinearLaunches:
@@ -74,14 +72,6 @@ def _kept_updated(q: torch.Tensor, plan: LinearLaunches) -> torch.Tensor:
     return q.new_empty((B * H, 3, D, D), dtype=kept_dtype(q.dtype))
 
 
-def _step_args(step: Union[float, torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """The kernels' (STEPS, step) of :func:`_step_size`'s value: a (B,) tensor with a mask (``step`` unread), a float
-    without one (STEPS a placeholder)."""
-    if isinstance(step, float):
-        return like, step
-    return step.reshape(-1).contiguous(), 0.0
-
-
 def _filters(weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
              like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A (H·d, 1, 3, 3) depthwise conv as the kernels read it: (H·d, 9) filters and bias in the module's dtype
@@ -101,7 +91,7 @@ class _Step:
         self.geometry = _geometry(q, self.plan)
         B, H, N, D, _, _, block_n, block_d, warps = self.geometry
         mask, s_mb = _mask_arg(key_valid, k)
-        self.steps, self.scalar = _step_args(_step_size(key_valid, N, scale, lr), k)
+        self.scalar = _step_size(key_valid, N, scale, lr)
         self.stats = stats if k_filter is not None else k  # (a placeholder: K_CONV off)
         self.keys = (k, v, mask, *(w.contiguous() for w in weights), *_filters(k_filter, k_bias, k), self.stats)
         self.key_strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), s_mb)
@@ -125,7 +115,7 @@ class _Step:
         B, H, N, D, splits, per, *_ = self.geometry
         G = self.k.new_empty((B * H, 3, splits, D, D), dtype=torch.float32)
         updated = self.k.new_empty((B * H, 3, D, D), dtype=torch.float32)
-        launch(inner_sums_kernel, (B * H, splits), *self.keys, self.steps, G, tickets(B * H, self.k.device), updated,
+        launch(inner_sums_kernel, (B * H, splits), *self.keys, G, tickets(B * H, self.k.device), updated,
                updated if kept is None else kept, *self.key_strides, self.scalar, B, H, N, D, splits, per, *self.grid,
                **self.key_flags, KEEP=kept is not None, **self.blocks, **tile_args(self.k))
         return updated
@@ -170,7 +160,7 @@ def run_ttt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: Option
     o_strides = (o.stride(0), o.stride(1), o.stride(2))
 
     def fused_launch() -> None:
-        launch(ttt_fwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, o, *step.key_strides, step.scalar,
+        launch(ttt_fwd_kernel, (B * H,), *step.keys, *step.queries, o, *step.key_strides, step.scalar,
                *q_strides, *o_strides, key_norm_eps, B, H, N, D, *step.grid, **step.key_flags, **step.q_flags,
                **step.blocks, **tile_args(q))
 
@@ -239,14 +229,14 @@ def run_ttt_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         if B > 1:
             part = q.new_empty((B, part_width(H, D, len(convs))), dtype=torch.float32)
             counter = tickets(H, q.device)[:H]  # (a head's ticket each)
-        launch(ttt_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, dk, dv, dweights, scratch,
+        launch(ttt_bwd_kernel, (B * H,), *step.keys, *step.queries, do, dq, dk, dv, dweights, scratch,
                *filters, part, counter, *step.key_strides, step.scalar, *strides,
                *_key_gradient_strides(dk, dv), *scratch.stride()[:3], part.stride(0), B, H, N, D, *step.grid,
                **step.key_flags, **step.q_flags, **step.blocks, **tiles)
         d_filters = filters if convs else None
 
     def fused_launch() -> None:
-        launch(ttt_readout_bwd_kernel, (B * H,), *step.keys, step.steps, *step.queries, do, dq, d_updated,
+        launch(ttt_readout_bwd_kernel, (B * H,), *step.keys, *step.queries, do, dq, d_updated,
                *step.key_strides, step.scalar, *strides, B, H, N, D, *step.grid, **step.key_flags, **step.q_flags,
                **step.blocks, **tiles)
 
@@ -303,7 +293,7 @@ def _sums_backward(step: _Step, d_updated: torch.Tensor, dk: torch.Tensor, dv: t
     parts = dk.new_empty((3, H * B * splits, D, D), dtype=torch.float32)
 
     def run(kernel, gradient_k: torch.Tensor, gradient_v: torch.Tensor) -> None:
-        launch(kernel, (B * H, splits), *step.keys, d_updated, step.steps, gradient_k, gradient_v, parts,
+        launch(kernel, (B * H, splits), *step.keys, d_updated, gradient_k, gradient_v, parts,
                tickets(H, dk.device), dweights, *step.key_strides, step.scalar, *_key_gradient_strides(dk, dv), B, H,
                N, D, splits, per, *step.grid, **step.key_flags, **step.blocks, **tile_args(step.k, half_tiles=True))
 
