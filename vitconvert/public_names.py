@@ -11,8 +11,8 @@ from typing import Any
 
 # A path as vitconvert records one: absolute (POSIX or Windows), home-relative, ./ or ../, local-dir:, file://
 LOCAL = re.compile(r"^(local-dir:|file://|~|\.{1,2}(?:[/\\]|$)|/|[A-Za-z]:[/\\])")
-# huggingface_hub's cache layout: .../models--ORG--NAME/snapshots/REVISION/...
 LOCAL_MARK = " (local)"  # what follows a local path's name: `src (local)`
+# huggingface_hub's cache layout: .../models--ORG--NAME/snapshots/REVISION/...
 SNAPSHOT = re.compile(r"models--(?P<org>[^/\\]+?)--(?P<name>[^/\\]+)[/\\]snapshots[/\\]")
 
 
